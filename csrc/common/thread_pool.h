@@ -1,0 +1,38 @@
+// The project's CPU thread pool. TF's intra-op pool is not reachable through the C API, so the CPU
+// kernels share this one persistent pool.
+//
+// Invariants:
+//  - Sized by TF_METAL_OPS_NUM_THREADS, else the number of CPUs this process may run on (affinity mask).
+//  - Several TF executor threads may call ParallelFor at once; the caller always works on its own job,
+//    so nested or concurrent calls cannot deadlock, and a job never waits on a worker that is not coming.
+//  - Survives fork: the child rebuilds the pool lazily on first use. Never destroyed, so interpreter
+//    exit cannot race a worker against static destructors.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace tfmo {
+
+// Threads a ParallelFor may use, the calling thread included (>= 1).
+int NumThreads();
+
+// Sets the thread count for subsequent calls (n <= 0 restores the default). Thread-safe.
+void SetNumThreads(int n);
+
+// Calls fn(begin, end) on disjoint ranges covering [0, n), each of at least `grain` items (except the last),
+// on up to NumThreads() threads. Returns when all ranges are done. Chunking depends only on n, grain and
+// NumThreads(): a kernel that must be bitwise deterministic across thread counts must not let its results
+// depend on chunk boundaries (use ParallelParts with a fixed part count instead).
+void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t begin, int64_t end)>& fn);
+
+// Calls fn(part) for every part in [0, parts), in parallel; which thread runs which part is unspecified.
+void ParallelParts(int64_t parts, const std::function<void(int64_t part)>& fn);
+
+}  // namespace tfmo
+
+// C entry points for Python (ctypes on the loaded library).
+extern "C" {
+__attribute__((visibility("default"))) int tfmo_get_num_threads(void);
+__attribute__((visibility("default"))) void tfmo_set_num_threads(int n);
+}

@@ -1,0 +1,14 @@
+// Op definition: Zero_out(to_zero: T) -> zeroed: T, same shape; the first element in flat order is kept,
+// every other element is zero. A 0-d input is returned unchanged; an empty input gives an empty output.
+#include "common/op_names.h"
+#include "common/shape_fns.h"
+#include "common/tfc.h"
+
+static const tfmo::OnLoad kRegister([] {
+  TF_OpDefinitionBuilder* b = TF_NewOpDefinitionBuilder(TFMO_OP_ZERO_OUT);
+  TF_OpDefinitionBuilderAddAttr(b, "T: {int32, int64, float, half}");
+  TF_OpDefinitionBuilderAddInput(b, "to_zero: T");
+  TF_OpDefinitionBuilderAddOutput(b, "zeroed: T");
+  TF_OpDefinitionBuilderSetShapeInferenceFunction(b, &tfmo::UnchangedShape);
+  tfmo::RegisterOp(b);
+});
