@@ -1,0 +1,47 @@
+// Lets one header of per-element math compile as C++ (CPU kernels, g++/clang) and as Metal Shading
+// Language (metal_kernels/*.metal, and the MSL emulation in tools/msl_emu which defines __METAL_VERSION__).
+//
+// Rules for shared headers (csrc/shared/*.h):
+//  - functions are `TFMO_FN` and take scalars, small structs, or pointers qualified with TFMO_THREAD
+//    (thread-private arrays); never device/threadgroup memory, never globals;
+//  - integer types: uint32_t / int32_t / uint64_t are not MSL spellings, so use `uint` and `int`
+//    (32-bit in both) and `ulong` only when needed (typedef'd below for C++);
+//  - math through the tfmo_* wrappers below, so both sides call the float overloads.
+#pragma once
+
+#if defined(__METAL_VERSION__)
+#include <metal_stdlib>
+#define TFMO_FN inline
+#define TFMO_THREAD thread
+#define TFMO_CONSTANT constant
+TFMO_FN float tfmo_floor(float x) { return metal::floor(x); }
+TFMO_FN float tfmo_exp(float x) { return metal::exp(x); }
+TFMO_FN float tfmo_log(float x) { return metal::log(x); }
+TFMO_FN float tfmo_ceil(float x) { return metal::ceil(x); }
+TFMO_FN float tfmo_fabs(float x) { return metal::fabs(x); }
+TFMO_FN float tfmo_exp2(float x) { return metal::exp2(x); }
+TFMO_FN float tfmo_log2(float x) { return metal::log2(x); }
+TFMO_FN float tfmo_fmin(float a, float b) { return metal::fmin(a, b); }
+TFMO_FN float tfmo_fmax(float a, float b) { return metal::fmax(a, b); }
+TFMO_FN bool tfmo_isfinite(float x) { return metal::isfinite(x); }
+TFMO_FN bool tfmo_isnan(float x) { return metal::isnan(x); }
+#else
+#include <cmath>
+#include <cstdint>
+typedef uint32_t uint;
+typedef uint64_t ulong;
+#define TFMO_FN inline
+#define TFMO_THREAD
+#define TFMO_CONSTANT constexpr
+TFMO_FN float tfmo_floor(float x) { return std::floor(x); }
+TFMO_FN float tfmo_exp(float x) { return std::exp(x); }
+TFMO_FN float tfmo_log(float x) { return std::log(x); }
+TFMO_FN float tfmo_ceil(float x) { return std::ceil(x); }
+TFMO_FN float tfmo_fabs(float x) { return std::fabs(x); }
+TFMO_FN float tfmo_exp2(float x) { return std::exp2(x); }
+TFMO_FN float tfmo_log2(float x) { return std::log2(x); }
+TFMO_FN float tfmo_fmin(float a, float b) { return std::fmin(a, b); }
+TFMO_FN float tfmo_fmax(float a, float b) { return std::fmax(a, b); }
+TFMO_FN bool tfmo_isfinite(float x) { return std::isfinite(x); }
+TFMO_FN bool tfmo_isnan(float x) { return std::isnan(x); }
+#endif

@@ -1,0 +1,138 @@
+"""Builds the op library ``tf_metal_ops/libtf_metal_ops.so`` from csrc/ against TensorFlow's C API.
+
+Linux: CPU kernels, linked to libtensorflow_framework.so.2.
+macOS: CPU kernels + Metal host code (csrc/metal/*.mm) and the Metal kernels (metal_kernels/*.metal), either
+precompiled to tf_metal_ops.metallib (when `xcrun metal` exists) or embedded as source for compilation at
+first use. Source files are discovered, so adding an op needs no change here.
+"""
+
+import glob
+import importlib.metadata
+import importlib.util
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+IS_MAC = sys.platform == "darwin"
+LIB_NAME = "libtf_metal_ops.so"
+
+
+def _rel(*parts):
+    return os.path.join(*parts)  # setuptools wants paths relative to setup.py
+
+
+def tensorflow_dirs():
+    """(include dir, lib dir, version) of the TensorFlow in the build environment, without importing it."""
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("tf-metal-ops: building needs TensorFlow >= 2.16 in the build environment (see pyproject.toml)")
+    tf_dir = list(spec.submodule_search_locations)[0]
+    version = "unknown"
+    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-macos"):
+        try:
+            version = importlib.metadata.version(dist)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return os.path.join(tf_dir, "include"), tf_dir, version
+
+
+def metal_tools():
+    spec = importlib.util.spec_from_file_location("metal_sources", os.path.join(ROOT, "tools", "metal_sources.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class BuildOpLibrary(build_ext):
+    """Builds a plain shared library (not a Python extension module) with per-language flags."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1
+
+    def get_ext_filename(self, fullname):
+        return os.path.join(*fullname.split(".")[:-1], LIB_NAME)
+
+    def build_extensions(self):
+        self.compiler.src_extensions.append(".mm")
+        original_compile = self.compiler._compile
+
+        def compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts):
+            extra = list(extra_postargs)
+            if src.endswith(".mm"):
+                extra += ["-x", "objective-c++", "-fobjc-arc", "-fblocks"]
+            return original_compile(obj, src, ext, cc_args, extra, pp_opts)
+
+        self.compiler._compile = compile_one
+        # Python's own CFLAGS may carry C-only flags; the library is C++.
+        for attr in ("compiler_so", "compiler"):
+            cmd = getattr(self.compiler, attr, None)
+            if cmd:
+                setattr(self.compiler, attr, [a for a in cmd if a not in ("-Wstrict-prototypes",)])
+        super().build_extensions()
+        if IS_MAC:
+            self._build_metallib()
+
+    def _build_metallib(self):
+        tools = metal_tools()
+        out_dir = os.path.dirname(self.get_ext_fullpath(self.extensions[0].name))
+        metallib = os.path.join(out_dir, "tf_metal_ops.metallib")
+        ok = tools.build_metallib(sorted(glob.glob(_rel("metal_kernels", "*.metal"))), METAL_INCLUDE_DIRS, metallib)
+        if not ok and os.path.exists(metallib):
+            os.remove(metallib)  # a stale one would shadow the embedded sources
+
+
+METAL_INCLUDE_DIRS = [_rel("metal_kernels"), _rel("csrc", "shared")]
+
+
+def extension():
+    tf_include, tf_lib, tf_version = tensorflow_dirs()
+    version = {}
+    exec(open(os.path.join(ROOT, "tf_metal_ops", "_version.py")).read(), version)
+    sources = sorted(glob.glob(_rel("csrc", "**", "*.cc"), recursive=True))
+    if not IS_MAC:  # csrc/metal/ is the Metal host code
+        sources = [s for s in sources if not s.startswith(_rel("csrc", "metal") + os.sep)]
+    compile_args = ["-std=c++17", "-O3", "-fvisibility=hidden", "-fPIC", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+    define_macros = [
+        ("NDEBUG", None),
+        ("TFMO_VERSION", '"%s"' % version["__version__"]),
+        ("TFMO_BUILT_WITH_TF", '"%s"' % tf_version),
+    ]
+    link_args = []
+    libraries = []
+    library_dirs = []
+    if IS_MAC:
+        generated = os.path.join("build", "generated", "metal_embedded_sources.cc")
+        os.makedirs(os.path.dirname(generated), exist_ok=True)
+        metal_files = sorted(glob.glob(_rel("metal_kernels", "*.metal")))
+        metal_tools().write_embedded_source(generated, metal_files, METAL_INCLUDE_DIRS)
+        sources += sorted(glob.glob(_rel("csrc", "**", "*.mm"), recursive=True)) + [generated]
+        define_macros.append(("TFMO_WITH_METAL", "1"))
+        compile_args += ["-mmacosx-version-min=12.0"]
+        link_args += [
+            "-undefined", "dynamic_lookup", "-mmacosx-version-min=12.0",
+            "-framework", "Metal", "-framework", "Foundation",
+        ]
+    else:
+        library_dirs = [tf_lib]
+        link_args += ["-l:libtensorflow_framework.so.2", "-Wl,-rpath,$ORIGIN/../tensorflow"]
+        libraries = ["pthread"]
+    return Extension(
+        "tf_metal_ops.libtf_metal_ops",
+        sources=sources,
+        include_dirs=[tf_include, _rel("csrc"), _rel("csrc", "shared")],
+        define_macros=define_macros,
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
+        libraries=libraries,
+        library_dirs=library_dirs,
+        language="c++",
+    )
+
+
+setup(ext_modules=[extension()], cmdclass={"build_ext": BuildOpLibrary})

@@ -1,0 +1,22 @@
+"""tf-metal-ops: TensorFlow custom ops with Metal (Mac GPU) and multithreaded CPU kernels.
+
+The op library is compiled at install time (``pip install .``) against TensorFlow's C API, so one binary
+loads in every TensorFlow >= 2.16. ``library_path()`` gives its path for ``tf.load_op_library``.
+"""
+
+from tf_metal_ops._library import OpLibraryError, library_path
+from tf_metal_ops._version import __version__
+from tf_metal_ops.backend import backend_info
+from tf_metal_ops.threads import get_num_threads, num_threads, set_num_threads
+from tf_metal_ops.zero_out import zero_out
+
+__all__ = [
+    "OpLibraryError",
+    "__version__",
+    "backend_info",
+    "get_num_threads",
+    "library_path",
+    "num_threads",
+    "set_num_threads",
+    "zero_out",
+]
