@@ -64,8 +64,8 @@ class BuildOpLibrary(build_ext):
 
         def compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts):
             extra = list(extra_postargs)
-            if src.endswith(".mm"):
-                extra += ["-x", "objective-c++", "-fobjc-arc", "-fblocks"]
+            if src.endswith(".mm"):  # clang treats .mm as Objective-C++ by its extension
+                extra += ["-fobjc-arc", "-fblocks"]
             return original_compile(obj, src, ext, cc_args, extra, pp_opts)
 
         self.compiler._compile = compile_one
