@@ -24,3 +24,27 @@ def pytest_configure(config):
             f"{e}\n(imported tf_metal_ops from {os.path.dirname(tf_metal_ops.__file__)}; run `pip install .` "
             "and start pytest with the `pytest` command, not `python -m pytest`, from the repo root)"
         )
+
+
+# --- native toolchain (Mac compile check, MSL emulation, sanitizer builds) --------------------------------
+# Without clang-16 these checks skip and say how to enable them; CI sets TFMO_REQUIRE_MAC_CHECKS=1 so a
+# missing toolchain fails the run instead of passing it silently.
+REQUIRE_NATIVE_CHECKS = os.environ.get("TFMO_REQUIRE_MAC_CHECKS") == "1"
+
+
+def skip_or_fail(reason: str):
+    """Skips the test with `reason`, or fails it when CI requires the native checks."""
+    if REQUIRE_NATIVE_CHECKS:
+        pytest.fail(f"{reason} (required: TFMO_REQUIRE_MAC_CHECKS=1)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def clang16():
+    """Path of clang++-16 (the compiler of the Mac checks, the MSL emulation and the sanitizer builds)."""
+    import shutil
+
+    path = shutil.which("clang++-16")
+    if path is None:
+        skip_or_fail("clang++-16 not found: `apt-get install clang-16` to run the native checks")
+    return path
