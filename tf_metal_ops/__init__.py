@@ -7,16 +7,28 @@ loads in every TensorFlow >= 2.16. ``library_path()`` gives its path for ``tf.lo
 from tf_metal_ops._library import OpLibraryError, library_path
 from tf_metal_ops._version import __version__
 from tf_metal_ops.backend import backend_info
+from tf_metal_ops.render import (
+    VolumeRenderResult,
+    distortion_loss,
+    distortion_loss_tf,
+    volume_render,
+    volume_render_tf,
+)
 from tf_metal_ops.threads import get_num_threads, num_threads, set_num_threads
 from tf_metal_ops.zero_out import zero_out
 
 __all__ = [
     "OpLibraryError",
+    "VolumeRenderResult",
     "__version__",
     "backend_info",
+    "distortion_loss",
+    "distortion_loss_tf",
     "get_num_threads",
     "library_path",
     "num_threads",
     "set_num_threads",
+    "volume_render",
+    "volume_render_tf",
     "zero_out",
 ]

@@ -4,3 +4,10 @@
 #pragma once
 
 #define TFMO_OP_ZERO_OUT "Zero_out"
+#define TFMO_OP_VOLUME_RENDER "Volume_render"
+#define TFMO_OP_VOLUME_RENDER_GRAD "Volume_render_grad"
+#define TFMO_OP_DISTORTION_LOSS "Distortion_loss"
+#define TFMO_OP_DISTORTION_LOSS_GRAD "Distortion_loss_grad"
+#define TFMO_OP_HASH_GRID_ENCODE "Hash_grid_encode"
+#define TFMO_OP_HASH_GRID_ENCODE_GRAD_PARAMS "Hash_grid_encode_grad_params"
+#define TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS "Hash_grid_encode_grad_positions"

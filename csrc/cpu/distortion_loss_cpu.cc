@@ -1,0 +1,140 @@
+// CPU kernels of Distortion_loss and Distortion_loss_grad (semantics: csrc/ops/render_ops.cc, math:
+// csrc/shared/volume_render_math.h): O(S) per ray, rays split over the project pool; per-ray results do not
+// depend on the thread count.
+#include <algorithm>
+#include <atomic>
+
+#include "common/op_names.h"
+#include "common/tfc.h"
+#include "common/thread_pool.h"
+#include "ops/render_validate.h"
+#include "shared/volume_render_math.h"
+
+namespace {
+
+using tfmo::TensorRef;
+
+int64_t RayGrain(int64_t S) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, S)); }
+
+// Index of the lowest ray with a decreasing t (-1: none), noted concurrently.
+class FirstBadRay {
+ public:
+  void Note(int64_t r) {
+    int64_t cur = ray_.load(std::memory_order_relaxed);
+    while ((cur < 0 || r < cur) && !ray_.compare_exchange_weak(cur, r, std::memory_order_relaxed)) {}
+  }
+  int64_t get() const { return ray_.load(); }
+
+ private:
+  std::atomic<int64_t> ray_{-1};
+};
+
+bool Unsorted(const float* t, int64_t S) {
+  bool bad = false;
+  for (int64_t i = 0; i < S; ++i) bad |= t[i + 1] < t[i];
+  return bad;
+}
+
+void FailUnsorted(TF_OpKernelContext* ctx, const char* op, const float* t, int64_t r, int64_t S) {
+  const float* tt = t + r * (S + 1);
+  int64_t i = 0;
+  while (i < S && !(tt[i + 1] < tt[i])) ++i;
+  tfmo::Fail(ctx, TF_INVALID_ARGUMENT,
+             "%s: t must be non-decreasing along each ray, got t[%lld, %lld] = %g > t[%lld, %lld] = %g", op,
+             static_cast<long long>(r), static_cast<long long>(i), static_cast<double>(tt[i]),
+             static_cast<long long>(r), static_cast<long long>(i + 1), static_cast<double>(tt[i + 1]));
+}
+
+void DlCompute(void*, TF_OpKernelContext* ctx) {
+  const char* op = "distortion_loss";
+  TensorRef w, t;
+  if (!tfmo::GetInput(ctx, 0, &w) || !tfmo::GetInput(ctx, 1, &t)) return;
+  int64_t R = 0, S = 0;
+  if (!tfmo::render::ValidateDistortionLoss(ctx, op, w, t, &R, &S)) return;
+  TensorRef loss;
+  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {R}, &loss) || R == 0) return;
+  const float* w_all = w.data<float>();
+  const float* t_all = t.data<float>();
+  float* out = loss.data<float>();
+  FirstBadRay bad;
+  tfmo::ParallelFor(R, RayGrain(S), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* wr = w_all + r * S;
+      const float* tt = t_all + r * (S + 1);
+      if (Unsorted(tt, S)) {
+        bad.Note(r);
+        continue;
+      }
+      DlScan s = dl_scan_begin();
+      for (int64_t k = 0; k < S; ++k) dl_scan_step(&s, wr[k], tt[k + 1] - tt[k]);
+      out[r] = s.loss;
+    }
+  });
+  if (bad.get() >= 0) FailUnsorted(ctx, op, t_all, bad.get(), S);
+}
+
+void DlGradCompute(void*, TF_OpKernelContext* ctx) {
+  const char* op = "distortion_loss_grad";
+  TensorRef w, t, g;
+  if (!tfmo::GetInput(ctx, 0, &w) || !tfmo::GetInput(ctx, 1, &t) || !tfmo::GetInput(ctx, 2, &g)) return;
+  int64_t R = 0, S = 0;
+  if (!tfmo::render::ValidateDistortionLoss(ctx, op, w, t, &R, &S) ||
+      !tfmo::render::CheckFloat(ctx, op, "grad_loss", g) ||
+      !tfmo::render::CheckShape(ctx, op, "grad_loss", g, {R}, tfmo::render::Dims({R}).c_str()))
+    return;
+  TensorRef gw, gt;
+  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {R, S}, &gw) ||
+      !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {R, S + 1}, &gt) || R == 0)
+    return;
+  const float* w_all = w.data<float>();
+  const float* t_all = t.data<float>();
+  const float* g_all = g.data<float>();
+  float* gw_all = gw.data<float>();
+  float* gt_all = gt.data<float>();
+  FirstBadRay bad;
+  tfmo::ParallelFor(R, RayGrain(S), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* wr = w_all + r * S;
+      const float* tt = t_all + r * (S + 1);
+      float* gwr = gw_all + r * S;       // holds A_k between the passes
+      float* gtr = gt_all + r * (S + 1);  // gtr[k] holds W_{<k} between the passes (k < S)
+      if (Unsorted(tt, S)) {
+        bad.Note(r);
+        continue;
+      }
+      const float gl = g_all[r];
+      DlScan s = dl_scan_begin();
+      for (int64_t k = 0; k < S; ++k) {
+        gtr[k] = s.W;
+        gwr[k] = dl_scan_step(&s, wr[k], tt[k + 1] - tt[k]);
+      }
+      DlRevScan rs = dl_rev_begin();
+      float gm_hi = 0.0f, w_hi = 0.0f;  // dL/dm_{k+1}, w_{k+1}
+      for (int64_t k = S - 1; k >= 0; --k) {
+        const float delta = tt[k + 1] - tt[k];
+        float B, W_after;
+        dl_rev_step(&rs, wr[k], delta, &B, &W_after);
+        const float gm = dl_grad_m(wr[k], gtr[k], W_after);
+        gwr[k] = gl * dl_grad_w(wr[k], delta, gwr[k], B);
+        gtr[k + 1] = gl * dl_grad_t(gm, wr[k], gm_hi, w_hi);
+        gm_hi = gm;
+        w_hi = wr[k];
+      }
+      gtr[0] = gl * dl_grad_t(0.0f, 0.0f, gm_hi, w_hi);
+    }
+  });
+  if (bad.get() >= 0) FailUnsorted(ctx, op, t_all, bad.get(), S);
+}
+
+static const tfmo::OnLoad kRegister([] {
+  tfmo::KernelSpec spec;
+  spec.op = TFMO_OP_DISTORTION_LOSS;
+  spec.device = "CPU";
+  spec.compute = &DlCompute;
+  tfmo::RegisterKernel(spec);
+  spec.op = TFMO_OP_DISTORTION_LOSS_GRAD;
+  spec.compute = &DlGradCompute;
+  tfmo::RegisterKernel(spec);
+});
+
+}  // namespace

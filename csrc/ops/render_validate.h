@@ -1,0 +1,111 @@
+// Host-side argument checks of the rendering ops, shared by the CPU kernels and the Metal host code
+// (shapes and dtypes only: value checks such as sorted t happen per ray inside the kernels).
+// Every failure names the op and the argument, and fails the kernel with InvalidArgument.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "common/tfc.h"
+
+namespace tfmo::render {
+
+enum BackgroundMode : int { kNoBackground = 0, kSharedBackground = 1, kPerRayBackground = 2 };
+
+struct VrDims {
+  int64_t R = 0, S = 0, C = 0;
+  BackgroundMode bg = kNoBackground;
+};
+
+inline bool CheckFloat(TF_OpKernelContext* ctx, const char* op, const char* name, const TensorRef& t) {
+  if (t.dtype() == TF_FLOAT) return true;
+  return Fail(ctx, TF_INVALID_ARGUMENT, "%s: %s must be float32, got %s", op, name, DataTypeName(t.dtype()));
+}
+
+inline bool CheckShape(TF_OpKernelContext* ctx, const char* op, const char* name, const TensorRef& t,
+                       std::initializer_list<int64_t> want, const char* spelled) {
+  bool ok = t.rank() == static_cast<int>(want.size());
+  int i = 0;
+  for (int64_t d : want) ok = ok && t.dim(i++) == d;
+  if (ok) return true;
+  return Fail(ctx, TF_INVALID_ARGUMENT, "%s: %s must have shape %s, got %s", op, name, spelled,
+              ShapeString(t).c_str());
+}
+
+inline std::string Dims(std::initializer_list<int64_t> d) {
+  std::string s = "[";
+  for (int64_t x : d) s += (s.size() > 1 ? ", " : "") + std::to_string(x);
+  return s + "]";
+}
+
+// densities [R,S], colors [R,S,C] with C >= 1, t [R,S+1], background [C], [R,C] or [0].
+inline bool ValidateVolumeRender(TF_OpKernelContext* ctx, const char* op, const TensorRef& dens,
+                                 const TensorRef& cols, const TensorRef& t, const TensorRef& bg, VrDims* d) {
+  if (!CheckFloat(ctx, op, "densities", dens) || !CheckFloat(ctx, op, "colors", cols) ||
+      !CheckFloat(ctx, op, "t", t) || !CheckFloat(ctx, op, "background", bg))
+    return false;
+  if (dens.rank() != 2)
+    return Fail(ctx, TF_INVALID_ARGUMENT, "%s: densities must have rank 2 [rays, samples], got shape %s", op,
+                ShapeString(dens).c_str());
+  d->R = dens.dim(0);
+  d->S = dens.dim(1);
+  if (cols.rank() != 3 || cols.dim(0) != d->R || cols.dim(1) != d->S || cols.dim(2) < 1)
+    return Fail(ctx, TF_INVALID_ARGUMENT,
+                "%s: colors must have shape [rays, samples, channels] = [%lld, %lld, C] with C >= 1 "
+                "(matching densities), got %s",
+                op, static_cast<long long>(d->R), static_cast<long long>(d->S), ShapeString(cols).c_str());
+  d->C = cols.dim(2);
+  if (!CheckShape(ctx, op, "t (interval edges, one more than samples)", t, {d->R, d->S + 1},
+                  Dims({d->R, d->S + 1}).c_str()))
+    return false;
+  if (bg.rank() == 1 && bg.dim(0) == 0) {
+    d->bg = kNoBackground;
+  } else if (bg.rank() == 1 && bg.dim(0) == d->C) {
+    d->bg = kSharedBackground;
+  } else if (bg.rank() == 2 && bg.dim(0) == d->R && bg.dim(1) == d->C) {
+    d->bg = kPerRayBackground;
+  } else {
+    return Fail(ctx, TF_INVALID_ARGUMENT,
+                "%s: background must have shape [C] = [%lld], [rays, C] = [%lld, %lld], or [0] for none; got %s",
+                op, static_cast<long long>(d->C), static_cast<long long>(d->R), static_cast<long long>(d->C),
+                ShapeString(bg).c_str());
+  }
+  return true;
+}
+
+// The upstream gradients of Volume_render_grad (inputs 4..7).
+inline bool ValidateVolumeRenderUpstream(TF_OpKernelContext* ctx, const char* op, const VrDims& d,
+                                         const TensorRef& gc, const TensorRef& gd, const TensorRef& go,
+                                         const TensorRef& gw) {
+  return CheckFloat(ctx, op, "grad_color", gc) && CheckFloat(ctx, op, "grad_depth", gd) &&
+         CheckFloat(ctx, op, "grad_opacity", go) && CheckFloat(ctx, op, "grad_weights", gw) &&
+         CheckShape(ctx, op, "grad_color", gc, {d.R, d.C}, Dims({d.R, d.C}).c_str()) &&
+         CheckShape(ctx, op, "grad_depth", gd, {d.R}, Dims({d.R}).c_str()) &&
+         CheckShape(ctx, op, "grad_opacity", go, {d.R}, Dims({d.R}).c_str()) &&
+         CheckShape(ctx, op, "grad_weights", gw, {d.R, d.S}, Dims({d.R, d.S}).c_str());
+}
+
+// weights [R,S], t [R,S+1].
+inline bool ValidateDistortionLoss(TF_OpKernelContext* ctx, const char* op, const TensorRef& w,
+                                   const TensorRef& t, int64_t* R, int64_t* S) {
+  if (!CheckFloat(ctx, op, "weights", w) || !CheckFloat(ctx, op, "t", t)) return false;
+  if (w.rank() != 2)
+    return Fail(ctx, TF_INVALID_ARGUMENT, "%s: weights must have rank 2 [rays, samples], got shape %s", op,
+                ShapeString(w).c_str());
+  *R = w.dim(0);
+  *S = w.dim(1);
+  return CheckShape(ctx, op, "t (interval edges, one more than samples)", t, {*R, *S + 1},
+                    Dims({*R, *S + 1}).c_str());
+}
+
+// termination_threshold attr: finite, in [0, 1].
+inline bool ReadThreshold(TF_OpKernelConstruction* c, const char* op, float* thr) {
+  if (!GetAttr(c, "termination_threshold", thr)) return false;
+  if (!(*thr >= 0.0f && *thr <= 1.0f))
+    return ConstructionFail(c, TF_INVALID_ARGUMENT, "%s: termination_threshold must be in [0, 1], got %g", op,
+                            static_cast<double>(*thr));
+  return true;
+}
+
+}  // namespace tfmo::render

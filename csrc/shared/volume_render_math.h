@@ -1,0 +1,159 @@
+// Per-sample math of the NeRF rendering ops (Volume_render, Distortion_loss and their gradients), shared by the
+// CPU kernels (csrc/cpu/*_cpu.cc) and the Metal kernels (metal_kernels/*.metal). Rules: device_compat.h.
+// The per-ray loops live in the kernels (they read device memory); everything numeric is here, so the CPU
+// and the GPU compute the same expressions in the same order.
+//
+// Conventions (both ops):
+//  - A ray has S samples; sample i covers the interval [t_i, t_{i+1}] of the edges t[0..S];
+//    delta_i = t_{i+1} - t_i, midpoint m_i = (t_i + t_{i+1}) / 2.
+//  - t must be non-decreasing along a ray (delta_i >= 0); VolumeRender also needs densities >= 0. The CPU
+//    kernels reject violations with InvalidArgument; a GPU kernel cannot fail the op, so the Metal kernels
+//    write NaN into every output of an offending ray (and its gradients) instead. NaN inputs propagate.
+//
+// VolumeRender, ray-local, with tau_i = sigma_i delta_i >= 0:
+//   alpha_i = 1 - exp(-tau_i)            (a polynomial for small tau: no cancellation, exact 0 for tau = 0)
+//   T_i     = exp(-sum_{j<i} tau_j)      (exp of a running sum: no product of many factors; a huge or even
+//                                         infinite tau gives alpha = 1, T = 0, never NaN)
+//   w_i     = T_i alpha_i
+//   early termination: the ray stops before the first sample i with T_i < threshold (0 disables: T >= 0).
+//   Samples from there on get w = 0 and no gradient; T_final = T at the stop (or after the last sample),
+//   so opacity = 1 - T_final = sum_i w_i up to rounding.
+//   colour_c = sum_i w_i c_ic + T_final bg_c;  depth = sum_i w_i m_i (not normalised);
+//   opacity = 1 - T_final (= 1 - exp(-cum) through vr_alpha: accurate for tiny opacities too).
+// Backward (upstream gC[c], gD, gO, gW[i]); v_i = sum_c gC_c c_ic + gD m_i + gO + gW_i, b = sum_c gC_c bg_c:
+//   dL/dtau_i = T_{i+1} v_i - sum_{k>i} w_k v_k - T_final b        (reverse scan, O(S))
+//   dL/dsigma_i = delta_i dL/dtau_i;  dL/dc_ic = w_i gC_c;  dL/dbg_c = T_final gC_c
+//   dL/dt_j = sigma_{j-1} dL/dtau_{j-1} - sigma_j dL/dtau_j + gD (w_{j-1} + w_j) / 2   (out-of-range terms 0)
+//   The stop index is treated as a constant (the function is piecewise smooth in it), as in the forward.
+//
+// DistortionLoss (mip-NeRF 360), per ray: L = sum_{i,j} w_i w_j |m_i - m_j| + (1/3) sum_i w_i^2 delta_i.
+//   With sorted midpoints: A_k = sum_{j<k} w_j (m_k - m_j) obeys A_k = A_{k-1} + W_{<k} (m_k - m_{k-1}), and
+//   L = sum_k (2 w_k A_k + w_k^2 delta_k / 3). Every term is >= 0 for w >= 0: no cancellation, and no
+//   dependence on the absolute position of t (only on differences). m_k - m_{k-1} = (delta_{k-1} + delta_k) / 2.
+//   Backward: B_k = sum_{j>k} w_j (m_j - m_k) by the mirrored recurrence in a reverse scan;
+//   dL/dw_k = 2 (A_k + B_k) + (2/3) w_k delta_k;
+//   dL/dm_k = 2 w_k (W_{<k} - W_{>k});  dL/dt_j = (dL/dm_{j-1} + dL/dm_j) / 2 + (w_{j-1}^2 - w_j^2) / 3.
+#pragma once
+
+#include "device_compat.h"
+
+// ---------------------------------------------------------------------------------------------------------
+// VolumeRender
+
+// 1 - exp(-tau) for tau >= 0, given e = exp(-tau). Below 1/8 a 6-term Taylor series (relative error < 1e-9,
+// exact 0 at 0); above it 1 - e loses at most ~3 bits. MSL has no expm1, hence this.
+TFMO_FN float vr_alpha(float tau, float e) {
+  if (tau < 0.125f) {
+    return tau * (1.0f - tau * 0.5f * (1.0f - tau * (1.0f / 3.0f) *
+                  (1.0f - tau * 0.25f * (1.0f - tau * 0.2f * (1.0f - tau * (1.0f / 6.0f))))));
+  }
+  return 1.0f - e;
+}
+
+TFMO_FN float vr_tau(float sigma, float delta) { return sigma * delta; }
+
+TFMO_FN float vr_mid(float t0, float t1) { return 0.5f * (t0 + t1); }
+
+// Running state of the forward scan along one ray.
+struct VrScan {
+  float cum;  // sum of tau over the samples composited so far
+  float T;    // exp(-cum): transmittance in front of the next sample
+};
+
+TFMO_FN VrScan vr_scan_begin() {
+  VrScan s;
+  s.cum = 0.0f;
+  s.T = 1.0f;
+  return s;
+}
+
+// True when the ray stops before the next sample (threshold 0 never stops).
+TFMO_FN bool vr_terminated(VrScan s, float threshold) { return s.T < threshold; }
+
+// Composites one sample (call only while !vr_terminated): returns its weight w = T alpha and advances s.
+TFMO_FN float vr_scan_step(TFMO_THREAD VrScan* s, float sigma, float delta) {
+  const float tau = vr_tau(sigma, delta);
+  const float w = s->T * vr_alpha(tau, tfmo_exp(-tau));
+  s->cum += tau;
+  s->T = tfmo_exp(-s->cum);
+  return w;
+}
+
+// Opacity 1 - T_final = 1 - exp(-cum), accurate also when it is tiny.
+TFMO_FN float vr_opacity(VrScan s) { return vr_alpha(s.cum, s.T); }
+
+// dL/dtau_i from the transmittance behind the sample, its value v_i, the suffix sum_{k>i} w_k v_k and
+// T_final * b (see the header comment).
+TFMO_FN float vr_grad_tau(float T_next, float v, float suffix, float tail) { return T_next * v - suffix - tail; }
+
+// Input validity of one sample (see conventions): densities >= 0, t non-decreasing. NaN passes (propagates).
+TFMO_FN bool vr_sample_invalid(float sigma, float delta) { return sigma < 0.0f || delta < 0.0f; }
+
+// ---------------------------------------------------------------------------------------------------------
+// DistortionLoss
+
+// Forward scan state: W = sum_{j<k} w_j, A = sum_{j<k} w_j (m_k - m_j) (after dl_scan_step for k: for k+1).
+struct DlScan {
+  float W;
+  float A;
+  float prev_delta;  // delta_{k-1} (0 before the first sample)
+  float loss;
+};
+
+TFMO_FN DlScan dl_scan_begin() {
+  DlScan s;
+  s.W = 0.0f;
+  s.A = 0.0f;
+  s.prev_delta = 0.0f;
+  s.loss = 0.0f;
+  return s;
+}
+
+// Sample k with weight w and interval length delta: returns A_k (used by the backward) and adds its loss terms.
+TFMO_FN float dl_scan_step(TFMO_THREAD DlScan* s, float w, float delta) {
+  s->A += s->W * (0.5f * (s->prev_delta + delta));  // m_k - m_{k-1}; at k = 0 W = 0
+  const float A = s->A;
+  s->loss += w * (2.0f * A + w * delta * (1.0f / 3.0f));
+  s->W += w;
+  s->prev_delta = delta;
+  return A;
+}
+
+// Reverse scan state: W = sum_{j>k} w_j, B = sum_{j>k} w_j (m_j - m_k).
+struct DlRevScan {
+  float W;
+  float B;
+  float next_delta;  // delta_{k+1} (0 after the last sample)
+};
+
+TFMO_FN DlRevScan dl_rev_begin() {
+  DlRevScan s;
+  s.W = 0.0f;
+  s.B = 0.0f;
+  s.next_delta = 0.0f;
+  return s;
+}
+
+// Sample k (visited S-1 down to 0): returns B_k in *B and W_{>k} in *W_after; then folds w_k in.
+TFMO_FN void dl_rev_step(TFMO_THREAD DlRevScan* s, float w, float delta, TFMO_THREAD float* B,
+                         TFMO_THREAD float* W_after) {
+  s->B += s->W * (0.5f * (delta + s->next_delta));  // m_{k+1} - m_k
+  *B = s->B;
+  *W_after = s->W;
+  s->W += w;
+  s->next_delta = delta;
+}
+
+// dL/dw_k (before the upstream factor).
+TFMO_FN float dl_grad_w(float w, float delta, float A, float B) {
+  return 2.0f * (A + B) + (2.0f / 3.0f) * w * delta;
+}
+
+// dL/dm_k (before the upstream factor) from W_{<k} and W_{>k}.
+TFMO_FN float dl_grad_m(float w, float W_before, float W_after) { return 2.0f * w * (W_before - W_after); }
+
+// dL/dt_j (before the upstream factor) from the neighbouring samples j-1 ("lo") and j ("hi");
+// pass gm = w = 0 for a missing neighbour.
+TFMO_FN float dl_grad_t(float gm_lo, float w_lo, float gm_hi, float w_hi) {
+  return 0.5f * (gm_lo + gm_hi) + (w_lo * w_lo - w_hi * w_hi) * (1.0f / 3.0f);
+}
