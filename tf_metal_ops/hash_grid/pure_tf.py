@@ -1,0 +1,159 @@
+"""The hash-grid encoding in plain TensorFlow ops (tf.gather + arithmetic; gradients by autodiff).
+
+What a user without custom ops would write, vectorised over points, levels and corners: the fallback when the op
+library cannot load, a test oracle beside ``reference`` and the speed baseline of the benchmark. Works eagerly, in
+``tf.function`` and with ``jit_compile=True``. Conventions: ``tf_metal_ops.hash_grid.config`` module docstring.
+
+Levels are processed in two groups, each one batched computation: the non-hashed (coarse) levels and the hashed
+levels. Resolutions grow with the level (per_level_scale >= 1), so the hashed levels are the trailing ones.
+Hashing is done in uint32 (TF's uint32 multiply wraps mod 2^32 on CPU and in XLA); a hashed level's size is
+2^log2_hashmap_size, so ``mod size`` is a mask.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tf_metal_ops.hash_grid.config import HASH_PRIMES, HashGridConfig
+from tf_metal_ops.hash_grid.reference import n_active_levels
+
+__all__ = ["encode", "hash_grid_encode"]
+
+
+def _corner_bits(d):
+    return np.array([[(c >> i) & 1 for i in range(d)] for c in range(1 << d)], dtype=np.int32)  # [2^D, D]
+
+
+def _group(x, params, cfg: HashGridConfig, levels, hashed, compute_dtype):
+    """Encodes the levels ``levels`` (all hashed or all not): ``[N, len(levels), F]`` in compute_dtype."""
+    d = cfg.n_input_dims
+    scales = tf.constant([cfg.scale(l) for l in levels], tf.float32)
+    pos = x[:, None, :] * scales[None, :, None] + 0.5  # [N, m, D] float32 (the convention's float32 step)
+    grid_f = tf.floor(pos)
+    frac = tf.cast(pos - grid_f, compute_dtype)  # exact; d(frac)/d(pos) = 1 (floor has no gradient)
+    grid = tf.cast(grid_f, tf.int32)  # 0 <= grid <= resolution <= 2^24
+
+    if cfg.interpolation == "nearest":
+        corners = grid[:, :, None, :]  # [N, m, 1, D]
+        weights = None
+    else:
+        bits = _corner_bits(d)
+        corners = grid[:, :, None, :] + bits  # [N, m, 2^D, D]
+        w = frac * frac * (3.0 - 2.0 * frac) if cfg.interpolation == "smoothstep" else frac
+        w01 = tf.stack([1.0 - w, w], axis=-1)  # [N, m, D, 2]
+        weights = None
+        for i in range(d):  # weight of corner c = prod_i w01[..., i, bit_i(c)]
+            factor = tf.gather(w01[:, :, i, :], bits[:, i], axis=-1)  # [N, m, 2^D]
+            weights = factor if weights is None else weights * factor
+
+    if hashed:
+        size = 1 << cfg.log2_hashmap_size
+        assert all(cfg.params_in_level(l) == size for l in levels)
+        c = tf.cast(corners, tf.uint32)
+        h = c[..., 0]  # prime 1
+        for i in range(1, d):
+            h = tf.bitwise.bitwise_xor(h, c[..., i] * tf.constant(HASH_PRIMES[i], tf.uint32))
+        rows = tf.cast(tf.bitwise.bitwise_and(h, tf.constant(size - 1, tf.uint32)), tf.int32)
+    else:
+        strides = np.array([cfg.dense_strides(l) for l in levels], dtype=np.int64)  # [m, D]
+        sizes = np.array([cfg.params_in_level(l) for l in levels], dtype=np.int64)  # [m]
+        bound = int(((np.array([cfg.resolution(l) for l in levels]) + 1)[:, None] * strides).sum(axis=1).max())
+        itype = tf.int32 if bound < 2**31 else tf.int64  # the exact index sum fits itype
+        c = tf.cast(corners, itype)
+        idx = tf.reduce_sum(c * tf.constant(strides[:, None, :], itype), axis=-1)  # [N, m, 2^D | 1]
+        rows = tf.cast(tf.math.floormod(idx, tf.constant(sizes[:, None], itype)), tf.int32)
+    rows = rows + tf.constant([[cfg.offsets[l]] for l in levels], tf.int32)
+
+    vals = tf.gather(params, rows)  # [N, m, 2^D | 1, F]
+    if vals.dtype != compute_dtype:
+        vals = tf.cast(vals, compute_dtype)
+    if weights is None:
+        return vals[:, :, 0, :]
+    return tf.einsum("nmc,nmcf->nmf", weights, vals)
+
+
+def encode(positions, params, config: HashGridConfig, max_level=None):
+    """Encodes ``positions [N, D]`` with table ``params [total_entries, F]`` → ``[N, L*F]`` in params' dtype.
+
+    ``max_level`` (as the op): None = all levels; an int k = the first k levels; a float m = levels l < m*L + 1e-3
+    (tcnn's fraction). Inactive levels output 0 and get no gradient. A Python number skips the inactive levels'
+    work; a scalar tensor (int32 or float) computes all levels and masks them.
+    float16 params are gathered in float16 and accumulated in float32; float64 params compute in float64.
+    """
+    cfg = config
+    x = tf.convert_to_tensor(positions)
+    if x.dtype != tf.float32:
+        raise TypeError(f"hash_grid_encode: positions must be float32, got {x.dtype.name}")
+    params = tf.convert_to_tensor(params)
+    if params.dtype not in (tf.float16, tf.float32, tf.float64):
+        raise TypeError(f"hash_grid_encode: params must be float16/float32/float64, got {params.dtype.name}")
+    if x.shape.rank is not None and (x.shape.rank != 2 or x.shape[-1] not in (None, cfg.n_input_dims)):
+        raise ValueError(f"hash_grid_encode: positions must be [N, {cfg.n_input_dims}], got shape {x.shape}")
+    if params.shape.rank is not None and not params.shape.is_compatible_with(cfg.params_shape):
+        raise ValueError(
+            f"hash_grid_encode: params must be {list(cfg.params_shape)} for this config, got shape {params.shape}"
+        )
+    compute_dtype = tf.float64 if params.dtype == tf.float64 else tf.float32
+    n_levels, f = cfg.n_levels, cfg.n_features_per_level
+
+    # Out-of-range policy: NaN -> 0, clamp to [0, 1] (its gradient is zero outside [0, 1]).
+    x = tf.clip_by_value(tf.where(tf.math.is_nan(x), tf.zeros_like(x), x), 0.0, 1.0)
+
+    mask = None
+    if max_level is None or isinstance(max_level, (int, float, np.integer, np.floating)):
+        n_active = n_active_levels(n_levels, max_level)
+    else:
+        n_active = n_levels
+        max_level = tf.convert_to_tensor(max_level)
+        if max_level.shape.rank not in (None, 0):
+            raise ValueError(f"hash_grid_encode: max_level must be a scalar, got shape {max_level.shape}")
+        if max_level.dtype.is_integer:
+            mask = tf.range(n_levels) < tf.cast(max_level, tf.int32)  # [L]
+        else:
+            limit = tf.cast(max_level, tf.float32) * float(n_levels) + 1e-3
+            mask = tf.range(n_levels, dtype=tf.float32) < limit
+
+    hashed = cfg.hashed_levels
+    groups = [[l for l in range(n_active) if not hashed[l]], [l for l in range(n_active) if hashed[l]]]
+    parts = [_group(x, params, cfg, g, h, compute_dtype) for g, h in zip(groups, (False, True)) if g]
+    n = tf.shape(x)[0]
+    if n_active < n_levels:
+        parts.append(tf.zeros(tf.stack([n, n_levels - n_active, f]), compute_dtype))
+    out = parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)  # [N, L, F]; non-hashed levels come first
+    if mask is not None:
+        out = tf.where(mask[None, :, None], out, tf.zeros_like(out))
+    out = tf.reshape(out, tf.stack([n, n_levels * f]))
+    return tf.cast(out, params.dtype) if out.dtype != params.dtype else out
+
+
+def hash_grid_encode(
+    positions,
+    params,
+    *,
+    n_levels=16,
+    n_features_per_level=2,
+    log2_hashmap_size=19,
+    base_resolution=16,
+    per_level_scale=2.0,
+    grid_type="hash",
+    interpolation="linear",
+    max_level=None,
+    name=None,
+):
+    """Pure-TF drop-in for ``tf_metal_ops.hash_grid_encode`` (same signature and semantics)."""
+    x = tf.convert_to_tensor(positions)
+    if x.shape.rank != 2 or x.shape[-1] is None:
+        raise ValueError(f"hash_grid_encode: positions must be [N, D] with a static D, got shape {x.shape}")
+    cfg = HashGridConfig(
+        x.shape[-1],
+        n_levels=n_levels,
+        n_features_per_level=n_features_per_level,
+        log2_hashmap_size=log2_hashmap_size,
+        base_resolution=base_resolution,
+        per_level_scale=per_level_scale,
+        grid_type=grid_type,
+        interpolation=interpolation,
+    )
+    with tf.name_scope(name or "hash_grid_encode_pure_tf"):
+        return encode(x, params, cfg, max_level=max_level)

@@ -1,0 +1,164 @@
+"""NumPy float64 reference of the hash-grid encoding and its gradients: the test oracle.
+
+Written for clarity: a Python loop over levels and corners, vectorised over points. Conventions are those of
+``tf_metal_ops.hash_grid.config`` (module docstring). Everything is float64 except the one step the kernels do in
+float32 and that decides which cell a point falls in: ``pos = x * scale + 0.5``. Its rounding is emulated
+(``pos_rounding``): ``"separate"`` (default) rounds the product and the sum separately (plain float32 code: the
+CPU kernel built without FMA contraction, TF eager); ``"fma"`` rounds once (tcnn's ``fmaf``; XLA and clang on arm64
+contract ``x*s + 0.5`` to an FMA). The two differ in about one value of ``pos`` in 10^6, which only matters for
+nearest interpolation exactly at a cell boundary.
+
+Functions take ``(positions, params, config=None, *, max_level=None, pos_rounding=..., **options)``; ``config`` is a
+``HashGridConfig`` or built from ``options`` (the ``hash_grid_encode`` keyword arguments) and the positions' last dim.
+``max_level`` selects the active levels, as the op does: None = all; an int k = the first k levels (l < k, clipped
+to 0..L); a float m = tcnn's fraction, levels l < m*L + 1e-3 (float32 arithmetic). Inactive levels output 0, get
+no parameter gradient and add nothing to the position gradient.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tf_metal_ops.hash_grid.config import HASH_PRIMES, HashGridConfig
+
+__all__ = ["encode", "grad_params", "grad_positions", "level_corners", "make_config", "n_active_levels"]
+
+
+def make_config(positions, config=None, **options) -> HashGridConfig:
+    if config is not None:
+        if options:
+            raise TypeError(f"pass either config or options, not both (got {sorted(options)})")
+        return config
+    return HashGridConfig(int(np.shape(positions)[-1]), **options)
+
+
+def _clamped(positions):
+    """Out-of-range policy: NaN -> 0, then clamp to [0, 1]. Returns (x float32, in_range mask for the gradient)."""
+    x = np.asarray(positions, dtype=np.float32)
+    in_range = (x >= 0) & (x <= 1)  # False for NaN and +-inf
+    x = np.clip(np.where(np.isnan(x), np.float32(0), x), 0, 1).astype(np.float32)
+    return x, in_range
+
+
+def _pos(x32, scale, pos_rounding):
+    s = np.float32(scale)
+    if pos_rounding == "fma":  # float32*float32 is exact in float64; one rounding of the sum
+        return (x32.astype(np.float64) * np.float64(s) + 0.5).astype(np.float32)
+    if pos_rounding == "separate":
+        return (x32 * s).astype(np.float32) + np.float32(0.5)
+    raise ValueError(f"pos_rounding must be 'fma' or 'separate', got {pos_rounding!r}")
+
+
+def _index(cfg: HashGridConfig, level: int, corner):
+    """Row in the level's table (before adding offsets[level]) of integer corners [N, D] (int64, exact)."""
+    size = cfg.params_in_level(level)
+    if cfg.is_hashed(level):
+        h = np.zeros(corner.shape[0], dtype=np.int64)
+        for i in range(cfg.n_input_dims):
+            h ^= (corner[:, i] * HASH_PRIMES[i]) & 0xFFFFFFFF  # corner < 2^31, prime < 2^32: no int64 overflow
+        return h % size
+    idx = np.zeros(corner.shape[0], dtype=np.int64)
+    for i, stride in enumerate(cfg.dense_strides(level)):
+        idx = (idx + (corner[:, i] * stride) % size) % size  # corner, stride < 2^31: each product fits int64
+    return idx
+
+
+def level_corners(positions, cfg: HashGridConfig, level: int, pos_rounding="separate"):
+    """Yields, for each interpolation corner of one level, ``(rows [N] int64 into the flat table, weight [N],
+    dweight [N, D])`` where ``dweight[:, i]`` is d(weight)/d(x_i) for in-range x (float64)."""
+    x, _ = _clamped(positions)
+    n, d = x.shape
+    scale = cfg.scale(level)
+    pos = _pos(x, scale, pos_rounding)
+    grid = np.floor(pos)
+    frac = (pos - grid).astype(np.float64)  # exact in float32
+    grid = grid.astype(np.int64)
+    offset = cfg.offsets[level]
+    if cfg.interpolation == "nearest":
+        yield offset + _index(cfg, level, grid), np.ones(n), np.zeros((n, d))
+        return
+    if cfg.interpolation == "smoothstep":
+        w, dw = frac * frac * (3 - 2 * frac), 6 * frac * (1 - frac)
+    else:
+        w, dw = frac, np.ones_like(frac)
+    dw = dw * np.float64(np.float32(scale))  # d(frac)/dx = scale
+    for c in range(1 << d):
+        bits = np.array([(c >> i) & 1 for i in range(d)], dtype=np.int64)
+        factors = np.where(bits == 1, w, 1 - w)  # [N, D]
+        dfactors = np.where(bits == 1, dw, -dw)
+        weight = np.prod(factors, axis=1)
+        dweight = np.empty((n, d))
+        for i in range(d):
+            others = np.prod(np.delete(factors, i, axis=1), axis=1) if d > 1 else np.ones(n)
+            dweight[:, i] = dfactors[:, i] * others
+        yield offset + _index(cfg, level, grid + bits), weight, dweight
+
+
+def n_active_levels(n_levels, max_level):
+    """Number of active (leading) levels for a max_level of None, an int (level count) or a float (fraction)."""
+    if max_level is None:
+        return n_levels
+    if isinstance(max_level, (bool, np.bool_)):
+        raise TypeError("max_level must be an int (level count) or a float (fraction of the levels)")
+    if isinstance(max_level, (int, np.integer)):
+        return int(min(max(int(max_level), 0), n_levels))
+    limit = np.float32(max_level) * np.float32(n_levels) + np.float32(1e-3)
+    return int(sum(1 for l in range(n_levels) if np.float32(l) < limit))
+
+
+def _active_levels(cfg, max_level):
+    return range(n_active_levels(cfg.n_levels, max_level))
+
+
+def _check(positions, params, cfg):
+    positions = np.asarray(positions)
+    params = np.asarray(params)
+    if positions.ndim != 2 or positions.shape[1] != cfg.n_input_dims:
+        raise ValueError(f"positions must be [N, {cfg.n_input_dims}], got {positions.shape}")
+    if params.shape != cfg.params_shape:
+        raise ValueError(f"params must be {cfg.params_shape}, got {params.shape}")
+    return positions, params.astype(np.float64)
+
+
+def encode(positions, params, config=None, *, max_level=None, pos_rounding="separate", **options):
+    """Forward: ``[N, L*F]`` float64, level-major."""
+    cfg = make_config(positions, config, **options)
+    positions, table = _check(positions, params, cfg)
+    f = cfg.n_features_per_level
+    out = np.zeros((positions.shape[0], cfg.n_output_dims))
+    for level in _active_levels(cfg, max_level):
+        acc = out[:, level * f : (level + 1) * f]
+        for rows, weight, _ in level_corners(positions, cfg, level, pos_rounding):
+            acc += weight[:, None] * table[rows]
+    return out
+
+
+def grad_params(positions, params, dy, config=None, *, max_level=None, pos_rounding="separate", **options):
+    """d(sum(dy * encode))/d(params): ``[total_entries, F]`` float64 (scatter-add of weight * dy)."""
+    cfg = make_config(positions, config, **options)
+    positions, table = _check(positions, params, cfg)
+    dy = np.asarray(dy, dtype=np.float64).reshape(positions.shape[0], cfg.n_output_dims)
+    f = cfg.n_features_per_level
+    grad = np.zeros_like(table)
+    for level in _active_levels(cfg, max_level):
+        dy_l = dy[:, level * f : (level + 1) * f]
+        for rows, weight, _ in level_corners(positions, cfg, level, pos_rounding):
+            np.add.at(grad, rows, weight[:, None] * dy_l)
+    return grad
+
+
+def grad_positions(positions, params, dy, config=None, *, max_level=None, pos_rounding="separate", **options):
+    """d(sum(dy * encode))/d(positions): ``[N, D]`` float64; zero for out-of-range/NaN coordinates and for
+    nearest interpolation."""
+    cfg = make_config(positions, config, **options)
+    positions, table = _check(positions, params, cfg)
+    dy = np.asarray(dy, dtype=np.float64).reshape(positions.shape[0], cfg.n_output_dims)
+    f = cfg.n_features_per_level
+    grad = np.zeros(positions.shape)
+    for level in _active_levels(cfg, max_level):
+        dy_l = dy[:, level * f : (level + 1) * f]
+        for rows, _, dweight in level_corners(positions, cfg, level, pos_rounding):
+            g = np.sum(table[rows] * dy_l, axis=1)  # [N]
+            grad += dweight * g[:, None]
+    _, in_range = _clamped(positions)
+    return np.where(in_range, grad, 0.0)
