@@ -48,3 +48,31 @@ def clang16():
     if path is None:
         skip_or_fail("clang++-16 not found: `apt-get install clang-16` to run the native checks")
     return path
+
+
+# --- MSL emulation (tools/msl_emu; helpers in tests/msl_emu_build.py) ----------------------------------------
+@pytest.fixture(scope="session")
+def msl_emu(clang16):
+    """msl_emu_build.Toolchain bound to clang++-16: .build(driver, defines=...) -> exe, .run(exe, inputs=...)."""
+    import msl_emu_build
+
+    return msl_emu_build.Toolchain(clang16)
+
+
+# --- Mac host compile check (tools/check_mac_host.py; tests/test_mac_host_check.py) -----------------------
+@pytest.fixture(scope="session")
+def mac_host_check():
+    """The tools/check_mac_host.py module, its toolchain found (clang++-16, the macOS SDK unpacked into the user
+    cache, TensorFlow's C API headers); skips (or fails under TFMO_REQUIRE_MAC_CHECKS=1) when one is missing."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "check_mac_host", os.path.join(REPO_ROOT, "tools", "check_mac_host.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        module.toolchain()
+    except module.ToolchainMissing as e:
+        skip_or_fail(f"Mac host compile check unavailable: {e}")
+    return module

@@ -1,0 +1,369 @@
+// msl_emu: the launcher. Runs a grid of threadgroups on the CPU; the threads of one threadgroup are fibers
+// (ucontext) so that threadgroup_barrier is a real rendezvous. Part of <metal_stdlib>; README.md explains.
+//
+// Invariants:
+//  - one threadgroup runs at a time per worker OS thread; all its threads are fibers on that OS thread, so
+//    kernel-scope `threadgroup` variables (expanded to `static thread_local`) are shared by exactly the
+//    threads of the group that is running on that worker;
+//  - a fiber runs until it returns or calls threadgroup_barrier; a barrier releases only when every
+//    thread of the group waits at it (at the same call site). A thread that returns while others wait,
+//    or threads waiting at different barrier call sites, is reported as an error (UB in MSL);
+//  - errors print "msl_emu: error: ..." on stderr and end the process with exit status 70;
+//  - fiber stacks are mmap'd with a guard page below, allocated once per worker and reused by every group.
+#pragma once
+
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <source_location>
+#include <thread>
+#include <vector>
+
+#include "msl_emu/types.h"
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MSL_EMU_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define MSL_EMU_ASAN 1
+#endif
+#if defined(MSL_EMU_ASAN)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+namespace msl_emu {
+
+inline constexpr int kErrorExitCode = 70;
+
+[[noreturn]] inline void fatal(const char* fmt, ...) {
+  std::fflush(stdout);
+  std::fputs("msl_emu: error: ", stderr);
+  va_list ap;
+  va_start(ap, fmt);
+  std::vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  std::fputc('\n', stderr);
+  std::fflush(stderr);
+  std::_Exit(kErrorExitCode);
+}
+
+// Values of the MSL kernel-argument attributes for one thread ([[thread_position_in_grid]] etc.).
+struct ThreadCtx {
+  uint3 thread_position_in_grid;
+  uint3 thread_position_in_threadgroup;
+  uint3 threadgroup_position_in_grid;
+  uint3 threads_per_threadgroup;           // actual size of this group (smaller at a non-uniform edge)
+  uint3 dispatch_threads_per_threadgroup;  // size given at dispatch
+  uint3 threadgroups_per_grid;
+  uint3 threads_per_grid;
+  uint thread_index_in_threadgroup;  // x fastest, over the actual group size
+  uint threads_per_simdgroup;        // SIMD width reported to kernels (no SIMD-group functions exist)
+  uint simdgroup_index_in_threadgroup;
+  uint thread_index_in_simdgroup;
+};
+
+enum class Order { forward, reverse, shuffle };
+
+struct Options {
+  unsigned workers = 1;            // OS threads running groups concurrently (MSL_EMU_WORKERS)
+  Order order = Order::forward;    // order fibers are resumed in, per barrier phase (MSL_EMU_ORDER)
+  uint64_t seed = 0;               // for Order::shuffle (MSL_EMU_SEED)
+  size_t stack_bytes = 256 << 10;  // per fiber (MSL_EMU_STACK_KB)
+  uint simd_width = 32;            // reported only
+
+  static Options from_env() {
+    Options o;
+    if (const char* s = std::getenv("MSL_EMU_WORKERS")) o.workers = unsigned(std::strtoul(s, nullptr, 10));
+    if (o.workers == 0) o.workers = std::max(1u, std::thread::hardware_concurrency());
+    if (const char* s = std::getenv("MSL_EMU_ORDER")) {
+      if (!std::strcmp(s, "forward")) o.order = Order::forward;
+      else if (!std::strcmp(s, "reverse")) o.order = Order::reverse;
+      else if (!std::strcmp(s, "shuffle")) o.order = Order::shuffle;
+      else fatal("MSL_EMU_ORDER=%s: expected forward, reverse or shuffle", s);
+    }
+    if (const char* s = std::getenv("MSL_EMU_SEED")) o.seed = std::strtoull(s, nullptr, 10);
+    if (const char* s = std::getenv("MSL_EMU_STACK_KB")) o.stack_bytes = size_t(std::strtoul(s, nullptr, 10)) << 10;
+    if (o.stack_bytes < (32u << 10)) fatal("fiber stack of %zu bytes is too small", o.stack_bytes);
+    return o;
+  }
+};
+
+namespace detail {
+
+inline constexpr uint kMaxThreadsPerGroup = 1024;  // Metal's limit on Apple GPUs
+
+using KernelFn = void (*)(void* user, const ThreadCtx& t);
+
+inline uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+class GroupRunner;
+inline thread_local GroupRunner* tls_runner = nullptr;
+
+class GroupRunner {
+ public:
+  explicit GroupRunner(const Options& o) : opt_(o) {
+    page_ = size_t(sysconf(_SC_PAGESIZE));
+    stack_bytes_ = (o.stack_bytes + page_ - 1) / page_ * page_;
+  }
+  GroupRunner(const GroupRunner&) = delete;
+  GroupRunner& operator=(const GroupRunner&) = delete;
+  ~GroupRunner() {
+    for (auto& f : fibers_)
+      if (f.map) munmap(f.map, stack_bytes_ + page_);
+  }
+
+  // Runs the n threads described by ctx[0..n) as one threadgroup; returns when all have returned.
+  void run_group(const ThreadCtx* ctx, uint n, KernelFn fn, void* user, uint64_t group_linear) {
+    ensure_fibers(n);
+    fn_ = fn;
+    user_ = user;
+    n_ = n;
+    for (uint i = 0; i < n; ++i) {
+      Fiber& f = fibers_[i];
+      f.ctx = &ctx[i];
+      f.state = State::ready;
+      std::memset(&f.uc, 0, sizeof f.uc);
+      if (getcontext(&f.uc) != 0) fatal("getcontext failed");
+      f.uc.uc_stack.ss_sp = f.stack;
+      f.uc.uc_stack.ss_size = stack_bytes_;
+      f.uc.uc_link = nullptr;
+      makecontext(&f.uc, reinterpret_cast<void (*)()>(&GroupRunner::entry), 1, int(i));
+    }
+    order_.resize(n);
+    GroupRunner* saved = tls_runner;
+    tls_runner = this;
+    uint64_t rng = opt_.seed ^ (group_linear * 0x2545F4914F6CDD1Dull);
+    for (uint phase = 0;; ++phase) {
+      for (uint i = 0; i < n; ++i) order_[i] = opt_.order == Order::reverse ? n - 1 - i : i;
+      if (opt_.order == Order::shuffle)
+        for (uint i = n; i > 1; --i) std::swap(order_[i - 1], order_[splitmix64(rng) % i]);
+      for (uint i : order_)
+        if (fibers_[i].state == State::ready) resume(i);
+      uint waiting = 0, done = 0, first_wait = n, first_done = n;
+      for (uint i = 0; i < n; ++i) {
+        if (fibers_[i].state == State::waiting) waiting++, first_wait = first_wait == n ? i : first_wait;
+        if (fibers_[i].state == State::done) done++, first_done = first_done == n ? i : first_done;
+      }
+      if (waiting == 0) break;  // every thread returned
+      const Fiber& w = fibers_[first_wait];
+      if (done > 0) {
+        fatal("divergent threadgroup_barrier: in threadgroup (%u,%u,%u), thread %u (index in group) returned "
+              "while %u of %u threads wait at the barrier at %s:%u:%u (barrier phase %u); every thread of a "
+              "threadgroup must reach every barrier",
+              ctx[0].threadgroup_position_in_grid.x, ctx[0].threadgroup_position_in_grid.y,
+              ctx[0].threadgroup_position_in_grid.z, ctx[first_done].thread_index_in_threadgroup, waiting, n,
+              w.site.file_name(), unsigned(w.site.line()), unsigned(w.site.column()), phase);
+      }
+      for (uint i = 0; i < n; ++i) {
+        const Fiber& f = fibers_[i];
+        if (f.site.line() != w.site.line() || f.site.column() != w.site.column() ||
+            std::strcmp(f.site.file_name(), w.site.file_name()) != 0) {
+          fatal("divergent threadgroup_barrier: threads of threadgroup (%u,%u,%u) wait at different barriers: "
+                "thread %u at %s:%u:%u, thread %u at %s:%u:%u",
+                ctx[0].threadgroup_position_in_grid.x, ctx[0].threadgroup_position_in_grid.y,
+                ctx[0].threadgroup_position_in_grid.z, ctx[first_wait].thread_index_in_threadgroup,
+                w.site.file_name(), unsigned(w.site.line()), unsigned(w.site.column()),
+                ctx[i].thread_index_in_threadgroup, f.site.file_name(), unsigned(f.site.line()),
+                unsigned(f.site.column()));
+        }
+      }
+      for (uint i = 0; i < n; ++i) fibers_[i].state = State::ready;
+    }
+    tls_runner = saved;
+  }
+
+  // Called by threadgroup_barrier on a fiber: park until the whole group has arrived.
+  void barrier(std::source_location site) {
+    Fiber& f = fibers_[current_];
+    f.site = site;
+    f.state = State::waiting;
+    switch_to_scheduler(f, /*dying=*/false);
+  }
+
+ private:
+  enum class State { ready, waiting, done };
+  struct Fiber {
+    void* map = nullptr;    // mapping incl. guard page
+    void* stack = nullptr;  // usable stack (above the guard page)
+    ucontext_t uc;
+    const ThreadCtx* ctx = nullptr;
+    State state = State::done;
+    std::source_location site;
+    void* fake_stack = nullptr;  // ASan fake-stack handle while switched out
+  };
+
+  void ensure_fibers(uint n) {
+    if (fibers_.size() >= n) return;
+    const size_t old = fibers_.size();
+    fibers_.resize(n);
+    for (size_t i = old; i < n; ++i) {
+      void* m = mmap(nullptr, stack_bytes_ + page_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+      if (m == MAP_FAILED) fatal("mmap of a %zu-byte fiber stack failed", stack_bytes_);
+      mprotect(m, page_, PROT_NONE);  // guard page: stack overflow faults instead of corrupting memory
+      fibers_[i].map = m;
+      fibers_[i].stack = static_cast<char*>(m) + page_;
+    }
+  }
+
+  static void entry(int index) {
+    GroupRunner* r = tls_runner;
+#if defined(MSL_EMU_ASAN)
+    __sanitizer_finish_switch_fiber(nullptr, &r->sched_bottom_, &r->sched_size_);
+#endif
+    Fiber& f = r->fibers_[index];
+    r->fn_(r->user_, *f.ctx);
+    f.state = State::done;
+    r->switch_to_scheduler(f, /*dying=*/true);
+    __builtin_unreachable();
+  }
+
+  void resume(uint i) {
+    Fiber& f = fibers_[i];
+    current_ = i;
+#if defined(MSL_EMU_ASAN)
+    void* fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, f.stack, stack_bytes_);
+#endif
+    if (swapcontext(&sched_uc_, &f.uc) != 0) fatal("swapcontext failed");
+#if defined(MSL_EMU_ASAN)
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+  }
+
+  void switch_to_scheduler(Fiber& f, bool dying) {
+#if defined(MSL_EMU_ASAN)
+    __sanitizer_start_switch_fiber(dying ? nullptr : &f.fake_stack, sched_bottom_, sched_size_);
+#endif
+    (void)dying;
+    if (swapcontext(&f.uc, &sched_uc_) != 0) fatal("swapcontext failed");
+#if defined(MSL_EMU_ASAN)
+    __sanitizer_finish_switch_fiber(f.fake_stack, &sched_bottom_, &sched_size_);
+#endif
+  }
+
+  Options opt_;
+  size_t page_ = 4096, stack_bytes_ = 0;
+  std::vector<Fiber> fibers_;
+  std::vector<uint> order_;
+  ucontext_t sched_uc_{};  // zeroed: ASan's swapcontext interceptor reads uc_stack of the target
+  const void* sched_bottom_ = nullptr;
+  size_t sched_size_ = 0;
+  KernelFn fn_ = nullptr;
+  void* user_ = nullptr;
+  uint n_ = 0, current_ = 0;
+};
+
+inline uint dim(uint3 v, int d) { return d == 0 ? v.x : d == 1 ? v.y : v.z; }
+
+inline void check_group_size(uint3 tg) {
+  if (tg.x == 0 || tg.y == 0 || tg.z == 0) fatal("threads_per_threadgroup has a zero dimension");
+  if (uint64_t(tg.x) * tg.y * tg.z > kMaxThreadsPerGroup)
+    fatal("threads_per_threadgroup (%u,%u,%u) exceeds %u threads", tg.x, tg.y, tg.z, kMaxThreadsPerGroup);
+}
+
+// Runs groups [0, groups) (3-D, x fastest); threads beyond `grid` (non-uniform edge) are not launched.
+inline void run_grid(uint3 groups, uint3 tg, uint3 grid, KernelFn fn, void* user, const Options& opt) {
+  const uint64_t total = uint64_t(groups.x) * groups.y * groups.z;
+  if (total == 0) return;
+  auto worker = [&](std::atomic<uint64_t>& next) {
+    GroupRunner runner(opt);
+    std::vector<ThreadCtx> ctx;
+    for (uint64_t g; (g = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
+      const uint3 gp = {uint(g % groups.x), uint(g / groups.x % groups.y), uint(g / groups.x / groups.y)};
+      uint3 actual;
+      for (int d = 0; d < 3; ++d) {
+        const uint64_t base = uint64_t(dim(gp, d)) * dim(tg, d);
+        actual[d] = uint(std::min<uint64_t>(dim(tg, d), dim(grid, d) - base));
+      }
+      const uint n = actual.x * actual.y * actual.z;
+      ctx.resize(n);
+      uint i = 0;
+      for (uint z = 0; z < actual.z; ++z)
+        for (uint y = 0; y < actual.y; ++y)
+          for (uint x = 0; x < actual.x; ++x, ++i) {
+            ThreadCtx& t = ctx[i];
+            t.thread_position_in_threadgroup = uint3{x, y, z};
+            t.threadgroup_position_in_grid = gp;
+            t.thread_position_in_grid = gp * tg + uint3{x, y, z};
+            t.threads_per_threadgroup = actual;
+            t.dispatch_threads_per_threadgroup = tg;
+            t.threadgroups_per_grid = groups;
+            t.threads_per_grid = grid;
+            t.thread_index_in_threadgroup = i;
+            t.threads_per_simdgroup = opt.simd_width;
+            t.simdgroup_index_in_threadgroup = i / opt.simd_width;
+            t.thread_index_in_simdgroup = i % opt.simd_width;
+          }
+      runner.run_group(ctx.data(), n, fn, user, g);
+    }
+  };
+  std::atomic<uint64_t> next{0};
+  const unsigned nw = unsigned(std::min<uint64_t>(opt.workers, total));
+  if (nw <= 1) {
+    worker(next);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (unsigned w = 0; w < nw; ++w) pool.emplace_back([&] { worker(next); });
+  for (auto& t : pool) t.join();
+}
+
+template <class F>
+void trampoline(void* user, const ThreadCtx& t) {
+  (*static_cast<F*>(user))(t);
+}
+
+inline uint3 to_uint3(uint3 v) { return v; }
+inline uint3 to_uint3(uint v) { return uint3{v, 1, 1}; }
+inline uint3 to_uint3(uint2 v) { return uint3{v.x, v.y, 1}; }
+
+}  // namespace detail
+
+// Metal's dispatchThreads: `grid` threads in total, groups of `threads_per_threadgroup`; the last group
+// along each dimension is clipped (non-uniform threadgroups), its threads_per_threadgroup is the clipped size.
+// An empty grid is an error, as in Metal's API validation: skip the dispatch on the host instead.
+// `kernel_call(const ThreadCtx&)` is invoked once per thread.
+template <class G, class T, class F>
+void dispatch_threads(G grid_size, T threads_per_threadgroup, F&& kernel_call, const Options& opt = Options::from_env()) {
+  const uint3 grid = detail::to_uint3(grid_size), tg = detail::to_uint3(threads_per_threadgroup);
+  detail::check_group_size(tg);
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0)
+    fatal("dispatch_threads with an empty grid (%u,%u,%u): Metal rejects it, skip the dispatch", grid.x, grid.y, grid.z);
+  const uint3 groups = (grid + tg - 1) / tg;
+  using Fn = std::remove_reference_t<F>;
+  detail::run_grid(groups, tg, grid, &detail::trampoline<Fn>, const_cast<void*>(static_cast<const void*>(&kernel_call)),
+                   opt);
+}
+
+// Metal's dispatchThreadgroups: every group is full; threads_per_grid = groups * threads_per_threadgroup.
+template <class G, class T, class F>
+void dispatch_threadgroups(G threadgroups, T threads_per_threadgroup, F&& kernel_call,
+                           const Options& opt = Options::from_env()) {
+  const uint3 groups = detail::to_uint3(threadgroups), tg = detail::to_uint3(threads_per_threadgroup);
+  detail::check_group_size(tg);
+  if (groups.x == 0 || groups.y == 0 || groups.z == 0)
+    fatal("dispatch_threadgroups with an empty grid (%u,%u,%u): Metal rejects it, skip the dispatch", groups.x,
+          groups.y, groups.z);
+  const uint3 grid = groups * tg;
+  using Fn = std::remove_reference_t<F>;
+  detail::run_grid(groups, tg, grid, &detail::trampoline<Fn>, const_cast<void*>(static_cast<const void*>(&kernel_call)),
+                   opt);
+}
+
+}  // namespace msl_emu
