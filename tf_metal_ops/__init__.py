@@ -7,6 +7,8 @@ loads in every TensorFlow >= 2.16. ``library_path()`` gives its path for ``tf.lo
 from tf_metal_ops._library import OpLibraryError, library_path
 from tf_metal_ops._version import __version__
 from tf_metal_ops.backend import backend_info
+from tf_metal_ops.hash_grid.config import hash_grid_table_layout
+from tf_metal_ops.hash_grid.ops import hash_grid_encode
 from tf_metal_ops.render import (
     VolumeRenderResult,
     distortion_loss,
@@ -25,6 +27,8 @@ __all__ = [
     "distortion_loss",
     "distortion_loss_tf",
     "get_num_threads",
+    "hash_grid_encode",
+    "hash_grid_table_layout",
     "library_path",
     "num_threads",
     "set_num_threads",

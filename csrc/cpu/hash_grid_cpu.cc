@@ -1,0 +1,284 @@
+// CPU kernels of the hash-grid ops (semantics: csrc/ops/hash_grid_op.cc, math: csrc/shared/hash_grid_math.h).
+//
+// Structure (memory-latency bound: per point and level 2^D random reads of F values):
+//  - level by level, so one level's table is hot in cache at a time; points split among the project pool's
+//    threads in tiles of kTile: first the corner indices and weights of the whole tile (index arithmetic the
+//    compiler can vectorise), then the gathers;
+//  - float16 tables are converted to float32 on load, accumulation is float32, results rounded on store;
+//  - param gradient, deterministic: every table row is summed by exactly one task in point order, whatever the
+//    thread count. Tasks own (level, row range) pairs; each walks all points of its level in order and adds
+//    the contributions that land in its rows. With at least 2 levels per thread a task is a whole level (no
+//    redundant work); with fewer levels the level's rows are split and the corner math is recomputed.
+//  - position gradient: levels in order for every point (deterministic), recomputing the weight derivatives.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <type_traits>
+
+#include "common/half.h"
+#include "common/op_names.h"
+#include "common/tfc.h"
+#include "common/thread_pool.h"
+#include "hash_grid_math.h"
+#include "ops/hash_grid_kernel.h"
+
+namespace {
+
+using tfmo::hash_grid::Call;
+using tfmo::hash_grid::Config;
+
+constexpr int kTile = 64;
+
+template <typename T> inline float Load(const T* p);
+template <> inline float Load<float>(const float* p) { return *p; }
+template <> inline float Load<uint16_t>(const uint16_t* p) { return tfmo::HalfToFloat(*p); }
+template <typename T> inline T Store(float v);
+template <> inline float Store<float>(float v) { return v; }
+template <> inline uint16_t Store<uint16_t>(float v) { return tfmo::FloatToHalf(v); }
+
+// Corner rows (level offset included) and weights of a tile of points for one level.
+template <int D>
+struct TileCorners {
+  static constexpr int kCorners = 1 << D;
+  uint row[kCorners][kTile];
+  float w[kCorners][kTile];
+  HgPoint pt[kTile];
+
+  // Points [begin, begin+count) of positions [N, D].
+  void Compute(const float* pos, int64_t begin, int count, const HgLevel& lv, int interp, int nc) {
+    for (int i = 0; i < count; ++i) {
+      float x[HG_MAX_DIMS];
+      for (int d = 0; d < D; ++d) x[d] = pos[(begin + i) * D + d];
+      hg_point(x, D, lv.scale, interp, &pt[i]);
+    }
+    for (int c = 0; c < nc; ++c) {
+      for (int i = 0; i < count; ++i) {
+        row[c][i] = lv.offset + hg_corner_index(lv, &pt[i], (uint)c);
+        w[c][i] = nc == 1 ? 1.0f : hg_corner_weight(&pt[i], (uint)c, D);
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Forward.
+template <int D, int F, typename T>
+void Encode(const Call& call, T* out) {
+  const int L = call.cfg->n_levels;
+  const int interp = call.cfg->interpolation;
+  const int nc = (int)hg_num_corners(D, interp);
+  const float* pos = call.positions.data<float>();
+  const T* table = call.params.data<T>();
+  const int64_t n = call.n;
+  const int64_t stride = (int64_t)L * F;
+  for (int l = 0; l < L; ++l) {
+    const HgLevel lv = call.levels[l];
+    const bool active = l < call.n_active;
+    tfmo::ParallelFor(n, 4 * kTile, [&](int64_t b, int64_t e) {
+      auto tc = std::make_unique<TileCorners<D>>();
+      for (int64_t t = b; t < e; t += kTile) {
+        const int count = (int)std::min<int64_t>(kTile, e - t);
+        T* o = out + t * stride + (int64_t)l * F;
+        if (!active) {
+          for (int i = 0; i < count; ++i)
+            for (int f = 0; f < F; ++f) o[i * stride + f] = Store<T>(0.0f);
+          continue;
+        }
+        tc->Compute(pos, t, count, lv, interp, nc);
+        for (int i = 0; i < count; ++i) {
+          float acc[F] = {};
+          for (int c = 0; c < nc; ++c) {
+            const T* v = table + (int64_t)tc->row[c][i] * F;
+            const float w = tc->w[c][i];
+            for (int f = 0; f < F; ++f) acc[f] += w * Load<T>(v + f);
+          }
+          for (int f = 0; f < F; ++f) o[i * stride + f] = Store<T>(acc[f]);
+        }
+      }
+    });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// d/dparams. `acc` is float32 [rows, F], zero on entry; dy [N, L*F] in T.
+template <int D, int F, typename T>
+void GradParams(const Call& call, const T* dy, float* acc) {
+  const int L = call.cfg->n_levels;
+  const int active = call.n_active;
+  const int interp = call.cfg->interpolation;
+  const int nc = (int)hg_num_corners(D, interp);
+  const float* pos = call.positions.data<float>();
+  const int64_t n = call.n;
+  if (active == 0 || n == 0) return;
+  // dy for the active levels, level-major float32 [active][N][F]: each task then streams its level's slice.
+  std::unique_ptr<float[]> g(new float[(size_t)active * n * F]);
+  tfmo::ParallelFor(n, 1024, [&](int64_t b, int64_t e) {
+    for (int l = 0; l < active; ++l)
+      for (int64_t i = b; i < e; ++i)
+        for (int f = 0; f < F; ++f) g[((size_t)l * n + i) * F + f] = Load<T>(dy + i * L * F + l * F + f);
+  });
+  // Tasks: (level, split). Larger levels first so the longest tasks start early.
+  const int threads = tfmo::NumThreads();
+  const int splits = std::max(1, (2 * threads + active - 1) / active);
+  std::vector<int> order(active);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return call.levels[a].size > call.levels[b].size; });
+  tfmo::ParallelParts((int64_t)active * splits, [&](int64_t task) {
+    const int l = order[task / splits];
+    const int s = (int)(task % splits);
+    const HgLevel lv = call.levels[l];
+    // Rows [lo, hi) of the table (absolute); splits == 1 covers the whole level.
+    const uint lo = lv.offset + (uint)((uint64_t)lv.size * s / splits);
+    const uint hi = lv.offset + (uint)((uint64_t)lv.size * (s + 1) / splits);
+    const float* gl = g.get() + (size_t)l * n * F;
+    auto tc = std::make_unique<TileCorners<D>>();
+    for (int64_t t = 0; t < n; t += kTile) {
+      const int count = (int)std::min<int64_t>(kTile, n - t);
+      tc->Compute(pos, t, count, lv, interp, nc);
+      for (int i = 0; i < count; ++i) {
+        const float* gi = gl + (t + i) * F;
+        for (int c = 0; c < nc; ++c) {
+          const uint r = tc->row[c][i];
+          if (splits > 1 && (r < lo || r >= hi)) continue;
+          float* a = acc + (int64_t)r * F;
+          const float w = tc->w[c][i];
+          for (int f = 0; f < F; ++f) a[f] += w * gi[f];
+        }
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// d/dpositions: out float32 [N, D] (written here).
+template <int D, int F, typename T>
+void GradPositions(const Call& call, const T* dy, float* out) {
+  const int L = call.cfg->n_levels;
+  const int interp = call.cfg->interpolation;
+  const int nc = 1 << D;
+  const float* pos = call.positions.data<float>();
+  const T* table = call.params.data<T>();
+  const int64_t n = call.n;
+  const int64_t stride = (int64_t)L * F;
+  tfmo::ParallelFor(n * D, 1 << 16, [&](int64_t b, int64_t e) { std::fill(out + b, out + e, 0.0f); });
+  if (interp == HG_INTERP_NEAREST) return;  // piecewise constant in x
+  for (int l = 0; l < call.n_active; ++l) {
+    const HgLevel lv = call.levels[l];
+    tfmo::ParallelFor(n, 4 * kTile, [&](int64_t b, int64_t e) {
+      auto tc = std::make_unique<TileCorners<D>>();
+      for (int64_t t = b; t < e; t += kTile) {
+        const int count = (int)std::min<int64_t>(kTile, e - t);
+        tc->Compute(pos, t, count, lv, interp, nc);
+        for (int i = 0; i < count; ++i) {
+          const T* gy = dy + (t + i) * stride + (int64_t)l * F;
+          float gyf[F];
+          for (int f = 0; f < F; ++f) gyf[f] = Load<T>(gy + f);
+          float dx[D] = {};
+          for (int c = 0; c < nc; ++c) {
+            const T* v = table + (int64_t)tc->row[c][i] * F;
+            float s = 0.0f;  // <dy, value of corner c>
+            for (int f = 0; f < F; ++f) s += gyf[f] * Load<T>(v + f);
+            for (int k = 0; k < D; ++k) dx[k] += hg_corner_dweight(&tc->pt[i], (uint)c, D, k) * s;
+          }
+          float* o = out + (t + i) * D;
+          for (int k = 0; k < D; ++k) o[k] += dx[k];
+        }
+      }
+    });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Dispatch on (D, F, T).
+template <template <int, int, typename> class K, typename... Args>
+void Dispatch(const Call& call, Args... args) {
+  const int F = call.cfg->n_features;
+  const bool half = call.cfg->dtype == TF_HALF;
+#define TFMO_HG_CASE(DD, FF)                                             \
+  if (call.dims == DD && F == FF) {                                      \
+    if (half) K<DD, FF, uint16_t>::Run(call, args...);                   \
+    else K<DD, FF, float>::Run(call, args...);                           \
+    return;                                                              \
+  }
+#define TFMO_HG_CASES(DD) TFMO_HG_CASE(DD, 1) TFMO_HG_CASE(DD, 2) TFMO_HG_CASE(DD, 4) TFMO_HG_CASE(DD, 8)
+  TFMO_HG_CASES(1) TFMO_HG_CASES(2) TFMO_HG_CASES(3) TFMO_HG_CASES(4)
+#undef TFMO_HG_CASES
+#undef TFMO_HG_CASE
+}
+
+template <int D, int F, typename T>
+struct EncodeK {
+  static void Run(const Call& c, void* out) { Encode<D, F, T>(c, static_cast<T*>(out)); }
+};
+template <int D, int F, typename T>
+struct GradParamsK {
+  static void Run(const Call& c, const void* dy, float* acc) { GradParams<D, F, T>(c, static_cast<const T*>(dy), acc); }
+};
+template <int D, int F, typename T>
+struct GradPositionsK {
+  static void Run(const Call& c, const void* dy, float* out) {
+    GradPositions<D, F, T>(c, static_cast<const T*>(dy), out);
+  }
+};
+
+void EncodeCompute(void* state, TF_OpKernelContext* ctx) {
+  Call call;
+  if (!tfmo::hash_grid::Prepare(ctx, state, false, "hash_grid_encode", &call)) return;
+  const Config& cfg = *call.cfg;
+  tfmo::TensorRef out;
+  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, (int64_t)cfg.n_levels * cfg.n_features}, &out)) return;
+  if (call.n == 0) return;
+  Dispatch<EncodeK>(call, out.raw());
+}
+
+void GradParamsCompute(void* state, TF_OpKernelContext* ctx) {
+  Call call;
+  if (!tfmo::hash_grid::Prepare(ctx, state, true, "hash_grid_encode (gradient w.r.t. params)", &call)) return;
+  const Config& cfg = *call.cfg;
+  tfmo::TensorRef out;
+  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.rows, (int64_t)cfg.n_features}, &out)) return;
+  const int64_t elems = call.rows * cfg.n_features;
+  const bool half = cfg.dtype == TF_HALF;
+  std::unique_ptr<float[]> tmp;
+  float* acc = half ? (tmp.reset(new float[elems]), tmp.get()) : out.data<float>();
+  tfmo::ParallelFor(elems, 1 << 16, [&](int64_t b, int64_t e) { std::fill(acc + b, acc + e, 0.0f); });
+  Dispatch<GradParamsK>(call, call.grad.raw(), acc);
+  if (half) {
+    uint16_t* o = out.data<uint16_t>();
+    tfmo::ParallelFor(elems, 1 << 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) o[i] = tfmo::FloatToHalf(acc[i]);
+    });
+  }
+}
+
+void GradPositionsCompute(void* state, TF_OpKernelContext* ctx) {
+  Call call;
+  if (!tfmo::hash_grid::Prepare(ctx, state, true, "hash_grid_encode (gradient w.r.t. positions)", &call)) return;
+  tfmo::TensorRef out;
+  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {call.n, (int64_t)call.dims}, &out)) return;
+  if (call.n == 0) return;
+  Dispatch<GradPositionsK>(call, call.grad.raw(), out.data<float>());
+}
+
+static const tfmo::OnLoad kRegister([] {
+  const struct { const char* op; void (*compute)(void*, TF_OpKernelContext*); } kernels[] = {
+      {TFMO_OP_HASH_GRID_ENCODE, &EncodeCompute},
+      {TFMO_OP_HASH_GRID_ENCODE_GRAD_PARAMS, &GradParamsCompute},
+      {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS, &GradPositionsCompute},
+  };
+  for (const auto& k : kernels) {
+    tfmo::KernelSpec spec;
+    spec.op = k.op;
+    spec.device = "CPU";
+    spec.create = &tfmo::hash_grid::CreateConfig;
+    spec.compute = k.compute;
+    spec.destroy = &tfmo::hash_grid::DeleteConfig;
+    spec.type_attr = "T";
+    spec.types = {TF_FLOAT, TF_HALF};
+    tfmo::RegisterKernel(spec);
+  }
+});
+
+}  // namespace

@@ -1,0 +1,203 @@
+// Multiresolution hash-grid encoding (Instant-NGP): the per-point math, written once and compiled both as C++
+// (CPU kernels, g++/clang) and as Metal Shading Language (metal_kernels/hash_grid.metal). Rules for this header
+// are at the top of device_compat.h. Semantics follow tiny-cuda-nn `encodings/grid.h` (reference only, not copied).
+//
+// Coordinate convention (stated once, used everywhere):
+//  - positions x in [0,1]^D; a position outside [0,1] is clamped to [0,1] and NaN becomes 0 (so indices are
+//    always in range). The derivative w.r.t. a clamped coordinate (x < 0, x > 1, NaN) is 0.
+//  - level l (0-based): scale_l = 2^(l*log2(b)) * N_min - 1, resolution_l = ceil(scale_l) + 1 (the "-1" makes
+//    N_min count grid vertices). scale_l is evaluated in float64 on the host and rounded to float32 (tcnn
+//    evaluates it in float32; the two agree unless tcnn's float rounding pushes scale across an integer).
+//  - pos = x*scale_l + 0.5 (the half-cell offset staggers the levels), grid = floor(pos), frac = pos - grid.
+//    Vertex g of a level sits at x = (g - 0.5)/scale_l; grid coordinates lie in [0, resolution_l].
+//  - Level table sizes: min(round_up_8(resolution^D), cap) entries, cap = 2^log2_hashmap_size (hash),
+//    N_min^D (tiled), none (dense, beyond 2^31-1 an error). res^D is saturated at 2^31-1 before rounding.
+//  - Indexing of corner c with grid coordinates g (all uint32 arithmetic wraps, as in CUDA):
+//      strided: sum over dims d while res^d <= size of g_d * res^d, then mod size;
+//      hash (grid type hash and res^D > size): XOR_d g_d * pi_d, pi = (1, 2654435761, 805459861, 3674653429),
+//      then mod size (size is then 2^log2_hashmap_size, so mod is a mask).
+//    The dense/hash decision and the strides are computed on the host in 64-bit arithmetic (tcnn computes the
+//    stride in uint32 and can overflow for very fine levels, silently switching to dense indexing).
+//  - Interpolation: linear w = frac; smoothstep w = frac^2 (3 - 2 frac); nearest: only the corner `grid`
+//    (= floor(pos), tcnn's definition) with weight 1 and zero position derivative.
+//    Corner c (bit d of c set = upper vertex in dim d) has weight prod_d (bit ? w_d : 1 - w_d).
+//  - Feature layout: table row (level offset + index) holds F features; output column l*F + f.
+#pragma once
+
+#include "device_compat.h"
+
+#define HG_MAX_DIMS 4
+#define HG_MAX_LEVELS 32
+
+// Grid types.
+#define HG_GRID_HASH 0
+#define HG_GRID_DENSE 1
+#define HG_GRID_TILED 2
+// Interpolations.
+#define HG_INTERP_NEAREST 0
+#define HG_INTERP_LINEAR 1
+#define HG_INTERP_SMOOTHSTEP 2
+// Per-level index modes (decided on the host).
+#define HG_INDEX_HASH 0     // coherent prime hash, size is a power of two: index = hash & (size - 1)
+#define HG_INDEX_DENSE 1    // all D dims strided, sum < 2*size: index = sum, minus size once if >= size
+#define HG_INDEX_TILED 2    // first n_stride_dims dims strided, 64-bit sum mod size (only grid type tiled)
+
+// One level's constants. Same layout in C++ and MSL (only 4-byte members): the Metal host passes an array of
+// these in a buffer.
+struct HgLevel {
+  uint offset;          // first table row of the level
+  uint size;            // rows in the level
+  uint resolution;      // ceil(scale) + 1
+  uint mode;            // HG_INDEX_*
+  uint n_stride_dims;   // dims contributing to the strided index
+  float scale;          // scale_l (float32)
+  uint stride[HG_MAX_DIMS];  // res^d for d < n_stride_dims
+};
+
+// Per (point, level): grid coordinates, upper-corner weights and their derivatives w.r.t. x_d.
+struct HgPoint {
+  uint grid[HG_MAX_DIMS];
+  float w[HG_MAX_DIMS];    // interpolated frac: weight of the upper vertex
+  float dw[HG_MAX_DIMS];   // d w / d x_d (includes scale; 0 for clamped coordinates and nearest)
+};
+
+// Clamp policy: [0,1], NaN -> 0. Returns whether x was inside [0,1] (its derivative then passes through).
+TFMO_FN float hg_clamp01(float x, TFMO_THREAD bool* inside) {
+  *inside = x >= 0.0f && x <= 1.0f;  // false for NaN
+  return x >= 0.0f ? (x <= 1.0f ? x : 1.0f) : 0.0f;  // NaN fails x >= 0 -> 0
+}
+
+TFMO_FN float hg_interp_weight(float t, int interp) {
+  return interp == HG_INTERP_SMOOTHSTEP ? t * t * (3.0f - 2.0f * t) : t;
+}
+// d weight / d frac.
+TFMO_FN float hg_interp_dweight(float t, int interp) {
+  return interp == HG_INTERP_SMOOTHSTEP ? 6.0f * t * (1.0f - t) : (interp == HG_INTERP_LINEAR ? 1.0f : 0.0f);
+}
+
+// One coordinate: x (raw) -> grid coordinate, weight, derivative. pos >= 0.5 > 0 so truncation is floor.
+TFMO_FN void hg_coord(float x_raw, float scale, int interp, TFMO_THREAD uint* grid, TFMO_THREAD float* w,
+                      TFMO_THREAD float* dw) {
+  bool inside;
+  float x = hg_clamp01(x_raw, &inside);
+  float pos = x * scale + 0.5f;
+  uint g = (uint)pos;
+  float frac = pos - (float)g;
+  *grid = g;
+  *w = hg_interp_weight(frac, interp);
+  *dw = inside ? scale * hg_interp_dweight(frac, interp) : 0.0f;
+}
+
+TFMO_FN void hg_point(const TFMO_THREAD float* x, int dims, float scale, int interp, TFMO_THREAD HgPoint* p) {
+  for (int d = 0; d < HG_MAX_DIMS; ++d) {
+    if (d < dims) {
+      hg_coord(x[d], scale, interp, &p->grid[d], &p->w[d], &p->dw[d]);
+    } else {
+      p->grid[d] = 0; p->w[d] = 0.0f; p->dw[d] = 0.0f;
+    }
+  }
+}
+
+// Coherent prime hash of grid coordinates (uint32 wraparound multiply, as tcnn).
+TFMO_FN uint hg_hash(uint g0, uint g1, uint g2, uint g3) {
+  return g0 ^ (g1 * 2654435761u) ^ (g2 * 805459861u) ^ (g3 * 3674653429u);
+}
+
+// Table index (row within the level) of grid coordinates g (unused dims are 0; a 0 contributes nothing to
+// the hash, and unused dims are beyond n_stride_dims).
+TFMO_FN uint hg_index(HgLevel lv, uint g0, uint g1, uint g2, uint g3) {
+  if (lv.mode == HG_INDEX_HASH) return hg_hash(g0, g1, g2, g3) & (lv.size - 1u);
+  if (lv.mode == HG_INDEX_DENSE) {
+    uint s = g0 + g1 * lv.stride[1] + g2 * lv.stride[2] + g3 * lv.stride[3];  // < 2*size <= 2^32 (host checks)
+    return s >= lv.size ? s - lv.size : s;
+  }
+  ulong s = (ulong)g0;
+  if (lv.n_stride_dims > 1) s += (ulong)g1 * (ulong)lv.stride[1];
+  if (lv.n_stride_dims > 2) s += (ulong)g2 * (ulong)lv.stride[2];
+  if (lv.n_stride_dims > 3) s += (ulong)g3 * (ulong)lv.stride[3];
+  return (uint)(s % (ulong)lv.size);
+}
+
+// Row within the level of corner c (bit d set: upper vertex in dim d).
+TFMO_FN uint hg_corner_index(HgLevel lv, const TFMO_THREAD HgPoint* p, uint c) {
+  return hg_index(lv, p->grid[0] + (c & 1u), p->grid[1] + ((c >> 1) & 1u), p->grid[2] + ((c >> 2) & 1u),
+                  p->grid[3] + ((c >> 3) & 1u));
+}
+
+// Interpolation weight of corner c (nearest: corner 0 only, weight 1; callers use hg_num_corners).
+TFMO_FN float hg_corner_weight(const TFMO_THREAD HgPoint* p, uint c, int dims) {
+  float w = 1.0f;
+  for (int d = 0; d < HG_MAX_DIMS; ++d)
+    if (d < dims) w *= ((c >> d) & 1u) ? p->w[d] : 1.0f - p->w[d];
+  return w;
+}
+
+// d(weight of corner c) / d x_k.
+TFMO_FN float hg_corner_dweight(const TFMO_THREAD HgPoint* p, uint c, int dims, int k) {
+  float w = ((c >> k) & 1u) ? p->dw[k] : -p->dw[k];
+  for (int d = 0; d < HG_MAX_DIMS; ++d)
+    if (d < dims && d != k) w *= ((c >> d) & 1u) ? p->w[d] : 1.0f - p->w[d];
+  return w;
+}
+
+TFMO_FN uint hg_num_corners(int dims, int interp) { return interp == HG_INTERP_NEAREST ? 1u : (1u << dims); }
+
+#if !defined(__METAL_VERSION__)
+// ---- Host side (C++ only): the level table of a configuration. ----
+#include <cmath>
+#include <cstdint>
+
+// Fills levels[0..n_levels) and returns the total row count, or -1 when a size exceeds int32 (the table or
+// its params tensor [total, F] would not be addressable with 32-bit indices). Preconditions (validated by the
+// caller): 1 <= dims <= 4, 1 <= n_levels <= 32, base_resolution >= 1, per_level_scale >= 1, every scale_l
+// <= 2^24, 0 <= log2_hashmap_size <= 30.
+inline int64_t hg_level_table(int dims, int n_levels, int n_features, int log2_hashmap_size, int base_resolution,
+                              float per_level_scale, int grid_type, HgLevel* levels) {
+  const int64_t kMaxParams = int64_t{0xFFFFFFFFu} / 2;  // tcnn's cap on res^D before rounding
+  int64_t offset = 0;
+  const double log2_b = std::log2((double)per_level_scale);
+  for (int l = 0; l < n_levels; ++l) {
+    HgLevel lv{};
+    const float scale = (float)(std::exp2((double)l * log2_b) * (double)base_resolution - 1.0);
+    const int64_t res = (int64_t)std::ceil(scale) + 1;
+    // res^D, saturated at kMaxParams.
+    int64_t dense = 1;
+    for (int d = 0; d < dims; ++d) dense = (dense > kMaxParams / res) ? kMaxParams + 1 : dense * res;
+    int64_t size = (dense > kMaxParams ? kMaxParams : dense);
+    size = (size + 7) / 8 * 8;
+    if (grid_type == HG_GRID_TILED) {
+      int64_t tile = 1;  // N_min^D, saturated like res^D (tcnn does not round it to a multiple of 8)
+      for (int d = 0; d < dims; ++d)
+        tile = (tile > kMaxParams / base_resolution) ? kMaxParams + 1 : tile * base_resolution;
+      if (tile < size) size = tile;
+    } else if (grid_type == HG_GRID_HASH) {
+      const int64_t t = int64_t{1} << log2_hashmap_size;
+      if (t < size) size = t;
+    }
+    // Strides while stride <= size (tcnn's loop condition), computed exactly.
+    int64_t stride = 1;
+    int n_stride = 0;
+    for (int d = 0; d < dims && stride <= size; ++d) {
+      lv.stride[d] = (uint)stride;
+      ++n_stride;
+      stride = (stride > (int64_t{1} << 40) / res) ? (int64_t{1} << 40) : stride * res;
+    }
+    lv.offset = (uint)offset;
+    lv.size = (uint)size;
+    lv.resolution = (uint)res;
+    lv.scale = scale;
+    lv.n_stride_dims = (uint)n_stride;
+    if (grid_type == HG_GRID_HASH && size < stride) {
+      lv.mode = HG_INDEX_HASH;  // size == 2^log2_hashmap_size here (a power of two)
+    } else if (n_stride == dims && dense <= size) {
+      lv.mode = HG_INDEX_DENSE;  // sum_d g_d res^d <= res (res^D - 1)/(res - 1) < 2 res^D <= 2 size
+    } else {
+      lv.mode = HG_INDEX_TILED;
+    }
+    levels[l] = lv;
+    offset += size;
+    if (offset > INT32_MAX || offset * n_features > INT32_MAX) return -1;
+  }
+  return offset;
+}
+#endif

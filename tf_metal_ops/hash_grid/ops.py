@@ -1,0 +1,137 @@
+"""``hash_grid_encode``: the compiled multiresolution hash-grid op (CPU kernels everywhere, Metal kernels on a Mac).
+
+Conventions (coordinates, level table, hashing, interpolation, clamp policy): ``tf_metal_ops.hash_grid.config``.
+Gradients w.r.t. both ``params`` and ``positions`` are registered (eager, ``tf.function``, SavedModel). The CPU
+parameter gradient is bitwise deterministic (independent of run and thread count); the Metal one uses float
+atomics, so its float32 rounding order varies.
+
+Custom ops have no XLA kernel: a function compiled with ``jit_compile=True`` cannot contain this op. Keep XLA for the
+rest of a model by jit-compiling those parts as separate inner functions and calling them from a plain
+``tf.function`` that also calls ``hash_grid_encode``.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import tensorflow as tf
+
+from tf_metal_ops._library import ops
+from tf_metal_ops.hash_grid.config import HashGridConfig
+
+__all__ = ["hash_grid_encode"]
+
+_ATTRS = (
+    "n_levels",
+    "n_features_per_level",
+    "log2_hashmap_size",
+    "base_resolution",
+    "per_level_scale",
+    "grid_type",
+    "interpolation",
+)
+
+
+def _max_level_tensor(max_level, n_levels):
+    """max_level -> scalar int32 (level count) or float32 (tcnn fraction) tensor."""
+    if max_level is None:
+        return tf.constant(n_levels, tf.int32)
+    if isinstance(max_level, bool):
+        raise ValueError("hash_grid_encode: max_level must be an int (level count) or a float (fraction), got a bool")
+    if isinstance(max_level, numbers.Integral):
+        return tf.constant(int(max_level), tf.int32)
+    if isinstance(max_level, numbers.Real):
+        return tf.constant(float(max_level), tf.float32)
+    t = tf.convert_to_tensor(max_level)
+    if t.dtype not in (tf.int32, tf.float32):
+        raise ValueError(f"hash_grid_encode: max_level must be int32 or float32, got {t.dtype.name}")
+    if t.shape.rank not in (None, 0):
+        raise ValueError(f"hash_grid_encode: max_level must be a scalar, got shape {t.shape}")
+    return t
+
+
+def hash_grid_encode(
+    positions,
+    params,
+    *,
+    n_levels=16,
+    n_features_per_level=2,
+    log2_hashmap_size=19,
+    base_resolution=16,
+    per_level_scale=2.0,
+    grid_type="hash",
+    interpolation="linear",
+    max_level=None,
+    name=None,
+):
+    """Encodes ``positions [N, D]`` (float32 in [0,1], D = 1..4) with the tables ``params [total_entries, F]``
+    (float32 or float16) into ``[N, n_levels * F]`` in params' dtype, level-major.
+
+    ``params`` must have ``hash_grid_table_layout(D, ...).params_shape``. Positions outside [0,1] are clamped
+    (NaN -> 0) and get zero position gradient. ``max_level``: None = all levels; an int k = the first k levels
+    (clipped to 0..n_levels); a float m = tcnn's fraction, levels l < m*n_levels + 1e-3; a scalar tensor of
+    either kind. Finer levels output zero and get no gradient. Bad arguments raise ValueError here when visible
+    statically, else InvalidArgumentError from the kernel.
+    """
+    options = dict(
+        n_levels=n_levels,
+        n_features_per_level=n_features_per_level,
+        log2_hashmap_size=log2_hashmap_size,
+        base_resolution=base_resolution,
+        per_level_scale=per_level_scale,
+        grid_type=grid_type,
+        interpolation=interpolation,
+    )
+    with tf.name_scope(name or "hash_grid_encode"):
+        positions = tf.convert_to_tensor(positions)
+        if positions.dtype != tf.float32:
+            raise ValueError(f"hash_grid_encode: positions must be float32, got {positions.dtype.name}")
+        params = tf.convert_to_tensor(params)
+        if params.dtype not in (tf.float32, tf.float16):
+            raise ValueError(f"hash_grid_encode: params must be float32 or float16, got {params.dtype.name}")
+        if positions.shape.rank is not None and positions.shape.rank != 2:
+            raise ValueError(f"hash_grid_encode: positions must have rank 2 [N, D], got shape {positions.shape}")
+        if params.shape.rank is not None and params.shape.rank != 2:
+            raise ValueError(f"hash_grid_encode: params must have rank 2 [total_entries, F], got shape {params.shape}")
+        d = positions.shape[-1] if positions.shape.rank == 2 else None
+        if d is not None and not 1 <= d <= 4:
+            raise ValueError(f"hash_grid_encode: positions must have 1 to 4 columns (D), got shape {positions.shape}")
+        # Validates the options (ValueError); with a static D also the params shape.
+        cfg = HashGridConfig(d if d is not None else 1, **options)
+        if d is not None and params.shape.rank == 2 and not params.shape.is_compatible_with(cfg.params_shape):
+            raise ValueError(
+                f"hash_grid_encode: params must have shape {list(cfg.params_shape)} for this config "
+                f"(D={d}, {', '.join(f'{k}={v!r}' for k, v in options.items())}), got {params.shape}"
+            )
+        level = _max_level_tensor(max_level, cfg.n_levels)
+        out = ops().hash_grid_encode(
+            positions,
+            params,
+            level,
+            **{k: getattr(cfg, k) for k in _ATTRS},
+        )
+        out.set_shape([positions.shape[0] if positions.shape.rank == 2 else None, cfg.n_output_dims])
+        return out
+
+
+def _attrs(op):
+    out = {}
+    for k in _ATTRS:
+        v = op.get_attr(k)
+        out[k] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
+@tf.RegisterGradient("Hash_grid_encode")
+def _hash_grid_encode_grad(op, dy):
+    positions, params, max_level = op.inputs
+    attrs = _attrs(op)
+    # Eager backprop tells which inputs need no gradient; graphs prune the unused gradient op anyway.
+    skip = set(getattr(op, "skip_input_indices", None) or ())
+    g_pos = None
+    g_params = None
+    if 0 not in skip:
+        g_pos = ops().hash_grid_encode_grad_positions(dy, positions, params, max_level, **attrs)
+    if 1 not in skip:
+        g_params = ops().hash_grid_encode_grad_params(dy, positions, params, max_level, **attrs)
+    return [g_pos, g_params, None]
