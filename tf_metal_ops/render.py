@@ -8,7 +8,7 @@ Conventions (both ops). A batch has R rays of S samples; sample i of a ray cover
 edges ``t`` [R, S+1], with delta_i = t_{i+1} - t_i and midpoint m_i = (t_i + t_{i+1}) / 2. ``t`` must be
 non-decreasing along each ray and densities must be >= 0: the CPU kernels raise InvalidArgumentError otherwise; the
 Metal kernels (which cannot fail an op from the GPU) return NaN for every output of an offending ray.
-All tensors are float32.
+All tensors are float32 (NumPy arrays and Python lists are converted; a TF tensor of another dtype is a ValueError).
 """
 
 from __future__ import annotations
