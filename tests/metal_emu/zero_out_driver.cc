@@ -11,7 +11,7 @@ template <class T, class K>
 static void run(msl_emu::Harness& h, K kernel_fn, uint tg) {
   const std::vector<T> in = h.input<T>("x");
   std::vector<T> out(in.size());
-  std::memset(out.data(), 0x5A, out.size() * sizeof(T));  // poison
+  if (!out.empty()) std::memset(out.data(), 0x5A, out.size() * sizeof(T));  // poison (memset(nullptr) is UB)
   const uint n = uint(in.size());
   if (n > 0) {
     msl_emu::dispatch_threads(n, tg, [&](const msl_emu::ThreadCtx& t) {
