@@ -1,0 +1,288 @@
+"""NeRF models (Keras 3, TensorFlow backend): the keras.io positional-encoding MLP baseline and an Instant-NGP
+style hash-grid model.
+
+Both are ``keras.Model`` subclasses called as ``model(rays_o, rays_d, training=...)`` on a batch of rays
+(``[R, 3]`` origins and unit directions, see :mod:`nerf.data.rays`) and return a dict with ``color`` [R,3],
+``depth`` [R], ``opacity`` [R], ``weights`` [R,S] and the sample distances ``t`` [R,S]. Their constructor arguments
+are plain JSON values (``get_config``), so :func:`save_model`/:func:`load_model` store a config + weights file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+# ------------------------------------------------------------------------------------------------ shared pieces
+
+
+def stratified_t(t_near, t_far, n_samples: int, perturb: bool):
+    """Stratified samples ``[R, S]`` between per-ray ``t_near``/``t_far`` ``[R]``: one per equal bin, uniformly
+    jittered inside its bin when ``perturb`` (training) and at the bin centre otherwise."""
+    R = tf.shape(t_near)[0]
+    if perturb:
+        u = tf.random.uniform([R, n_samples], dtype=t_near.dtype)
+    else:
+        u = tf.fill([R, n_samples], tf.constant(0.5, t_near.dtype))
+    k = tf.range(n_samples, dtype=t_near.dtype)[None, :]
+    return t_near[:, None] + (t_far - t_near)[:, None] * (k + u) / n_samples
+
+
+def composite_tf(sigma, rgb, t, t_far, background=None):
+    """Plain-TF alpha compositing (as in the NeRF paper / keras.io example), what a user writes by hand.
+
+    ``sigma`` [R,S] densities, ``rgb`` [R,S,3], ``t`` [R,S] sample distances; sample i covers
+    ``[t_i, t_{i+1})``, the last one ``[t_{S-1}, t_far)``. Returns color (over ``background``), depth, opacity,
+    weights.
+    """
+    delta = tf.concat([t[:, 1:] - t[:, :-1], t_far[:, None] - t[:, -1:]], axis=-1)
+    alpha = 1.0 - tf.exp(-sigma * delta)
+    trans = tf.math.cumprod(1.0 - alpha + 1e-10, axis=-1, exclusive=True)
+    weights = alpha * trans
+    color = tf.reduce_sum(weights[..., None] * rgb, axis=-2)
+    opacity = tf.reduce_sum(weights, axis=-1)
+    depth = tf.reduce_sum(weights * t, axis=-1)
+    if background is not None:
+        color = color + (1.0 - opacity)[:, None] * background
+    return color, depth, opacity, weights
+
+
+def positional_encoding(x, n_freqs: int):
+    """keras.io NeRF encoding: ``[x, sin(2^i x), cos(2^i x)]`` for i < n_freqs (no pi, as in that example)."""
+    parts = [x]
+    for i in range(n_freqs):
+        parts += [tf.sin(2.0**i * x), tf.cos(2.0**i * x)]
+    return tf.concat(parts, axis=-1)
+
+
+def sh_encoding_deg4(d):
+    """Real spherical harmonics of degree < 4 (16 values) of unit directions ``[..., 3]`` (tiny-cuda-nn's form)."""
+    x, y, z = d[..., 0], d[..., 1], d[..., 2]
+    xy, xz, yz, x2, y2, z2 = x * y, x * z, y * z, x * x, y * y, z * z
+    return tf.stack([
+        tf.fill(tf.shape(x), tf.constant(0.28209479177387814, d.dtype)),
+        -0.48860251190291987 * y, 0.48860251190291987 * z, -0.48860251190291987 * x,
+        1.0925484305920792 * xy, -1.0925484305920792 * yz, 0.94617469575755997 * z2 - 0.31539156525251999,
+        -1.0925484305920792 * xz, 0.54627421529603959 * (x2 - y2),
+        0.59004358992664352 * y * (-3.0 * x2 + y2), 2.8906114426405538 * xy * z,
+        0.45704579946446572 * y * (1.0 - 5.0 * z2), 0.3731763325901154 * z * (5.0 * z2 - 3.0),
+        0.45704579946446572 * x * (1.0 - 5.0 * z2), 1.4453057213202769 * z * (x2 - y2),
+        0.59004358992664352 * x * (-x2 + 3.0 * y2),
+    ], axis=-1)
+
+
+@tf.custom_gradient
+def trunc_exp(x):
+    """exp with its input clipped to ±15 (forward and gradient): the Instant-NGP density activation."""
+    y = tf.exp(tf.clip_by_value(x, -15.0, 15.0))
+
+    def grad(g):
+        return g * y
+
+    return y, grad
+
+
+def ray_aabb(rays_o, rays_d, bound: float):
+    """Entry/exit distances ``[R]`` of rays through the box ``[-bound, bound]^3`` (exit < entry: miss)."""
+    inv = 1.0 / tf.where(tf.abs(rays_d) < 1e-9, tf.fill(tf.shape(rays_d), 1e-9), rays_d)
+    t1, t2 = (-bound - rays_o) * inv, (bound - rays_o) * inv
+    return tf.reduce_max(tf.minimum(t1, t2), -1), tf.reduce_min(tf.maximum(t1, t2), -1)
+
+
+# ------------------------------------------------------------------------------------------------ baseline MLP
+
+
+@keras.saving.register_keras_serializable(package="nerf_example")
+class MLPNeRF(keras.Model):
+    """The keras.io "NeRF" example: positional encoding (16 frequencies) of the sample position, 8 × Dense(64,
+    relu) with the encoded input concatenated back in after layer 4, Dense(4) → sigmoid colour and relu density,
+    stratified samples between near and far, plain TF compositing. No view direction, as in that example."""
+
+    def __init__(self, n_freqs=16, width=64, depth=8, skip=4, n_samples=32, near=2.0, far=6.0,
+                 background=(1.0, 1.0, 1.0), **kwargs):
+        super().__init__(**kwargs)
+        self.cfg = dict(n_freqs=n_freqs, width=width, depth=depth, skip=skip, n_samples=n_samples,
+                        near=float(near), far=float(far), background=[float(b) for b in background])
+        self.dense = [keras.layers.Dense(width, activation="relu", name=f"dense_{i}") for i in range(depth)]
+        self.out = keras.layers.Dense(4, name="out")
+
+    def field(self, x):
+        enc = positional_encoding(x, self.cfg["n_freqs"])
+        h = enc
+        for i, layer in enumerate(self.dense):
+            h = layer(h)
+            if i + 1 == self.cfg["skip"]:
+                h = tf.concat([h, enc], axis=-1)
+        raw = self.out(h)
+        return tf.nn.relu(raw[..., 3]), tf.sigmoid(raw[..., :3])
+
+    def call(self, rays_o, rays_d, training=False):
+        c = self.cfg
+        R = tf.shape(rays_o)[0]
+        t_near, t_far = tf.fill([R], c["near"]), tf.fill([R], c["far"])
+        t = stratified_t(t_near, t_far, c["n_samples"], perturb=training)
+        pts = rays_o[:, None, :] + rays_d[:, None, :] * t[..., None]
+        sigma, rgb = self.field(pts)
+        color, depth, opacity, weights = composite_tf(sigma, rgb, t, t_far, tf.constant(c["background"]))
+        return dict(color=color, depth=depth, opacity=opacity, weights=weights, t=t)
+
+    def build_for_rays(self):
+        self(tf.zeros([1, 3]), tf.constant([[0.0, 0.0, -1.0]]))
+
+    def table_variables(self):
+        return []
+
+    def get_config(self):
+        return {**super().get_config(), **self.cfg}
+
+
+# ------------------------------------------------------------------------------------------------- hash model
+
+
+@keras.saving.register_keras_serializable(package="nerf_example")
+class HashNeRF(keras.Model):
+    """Instant-NGP style: multiresolution hash-grid encoding of the position (in the box ``[-bound, bound]^3``),
+    a small density MLP (one hidden layer of 64 → 16 outputs, the first is log-density through ``trunc_exp``, all
+    16 are the geometry feature) and a colour MLP (2 × 64) on the feature plus the spherical-harmonics encoding of
+    the view direction; ``n_samples`` stratified samples per ray inside the box (∩ [near, far]).
+
+    ``implementation="op"``: ``tf_metal_ops`` hash-grid op + ``tf_metal_ops.volume_render`` (+ ``distortion_loss``);
+    ``"pure_tf"``: the package's pure-TF hash grid + plain TF compositing — everything XLA-compilable, the
+    strongest model a user can write without the custom ops.
+    """
+
+    def __init__(self, n_levels=16, n_features_per_level=2, log2_hashmap_size=17, base_resolution=16,
+                 finest_resolution=512, n_samples=64, near=2.0, far=6.0, bound=1.0, background=(1.0, 1.0, 1.0),
+                 implementation="op", hidden=64, **kwargs):
+        super().__init__(**kwargs)
+        from tf_metal_ops.hash_grid.layer import HashGridEncoding
+
+        per_level_scale = math.exp(math.log(finest_resolution / base_resolution) / max(n_levels - 1, 1))
+        self.cfg = dict(n_levels=n_levels, n_features_per_level=n_features_per_level,
+                        log2_hashmap_size=log2_hashmap_size, base_resolution=base_resolution,
+                        finest_resolution=finest_resolution, n_samples=n_samples, near=float(near), far=float(far),
+                        bound=float(bound), background=[float(b) for b in background],
+                        implementation=implementation, hidden=hidden)
+        self.encoding = HashGridEncoding(n_levels=n_levels, n_features_per_level=n_features_per_level,
+                                         log2_hashmap_size=log2_hashmap_size, base_resolution=base_resolution,
+                                         per_level_scale=per_level_scale, implementation=implementation,
+                                         name="hash_grid")
+        self.density_mlp = [keras.layers.Dense(hidden, activation="relu", name="density_0"),
+                            keras.layers.Dense(16, name="density_out")]
+        self.color_mlp = [keras.layers.Dense(hidden, activation="relu", name="color_0"),
+                          keras.layers.Dense(hidden, activation="relu", name="color_1"),
+                          keras.layers.Dense(3, name="color_out")]
+
+    def field(self, pts, dirs):
+        """Density ``[...]`` and colour ``[..., 3]`` at world points ``[..., 3]`` seen along ``dirs`` [..., 3]."""
+        b = self.cfg["bound"]
+        x = (pts / b + 1.0) * 0.5
+        inside = tf.reduce_all((x >= 0.0) & (x <= 1.0), axis=-1)
+        h = self.encoding(tf.clip_by_value(x, 0.0, 1.0))
+        for layer in self.density_mlp:
+            h = layer(h)
+        sigma = trunc_exp(h[..., 0]) * tf.cast(inside, h.dtype)
+        c = tf.concat([h, sh_encoding_deg4(dirs)], axis=-1)
+        for layer in self.color_mlp:
+            c = layer(c)
+        return sigma, tf.sigmoid(c)
+
+    def sample(self, rays_o, rays_d, training):
+        c = self.cfg
+        t0, t1 = ray_aabb(rays_o, rays_d, c["bound"])
+        t_near = tf.maximum(t0, c["near"])
+        t_far = tf.maximum(tf.minimum(t1, c["far"]), t_near + 1e-4)  # rays missing the box: an empty segment
+        return stratified_t(t_near, t_far, c["n_samples"], perturb=training), t_far
+
+    def call(self, rays_o, rays_d, training=False):
+        c = self.cfg
+        t, t_far = self.sample(rays_o, rays_d, training)
+        pts = rays_o[:, None, :] + rays_d[:, None, :] * t[..., None]
+        dirs = tf.broadcast_to(rays_d[:, None, :], tf.shape(pts))
+        sigma, rgb = self.field(pts, dirs)
+        bg = tf.constant(c["background"])
+        if c["implementation"] == "pure_tf":
+            color, depth, opacity, weights = composite_tf(sigma, rgb, t, t_far, bg)
+        else:
+            import tf_metal_ops
+
+            t_ext = tf.concat([t, t_far[:, None]], axis=-1)
+            color, depth, opacity, weights = render_op(tf_metal_ops, sigma, rgb, t, t_ext, bg)
+        return dict(color=color, depth=depth, opacity=opacity, weights=weights, t=t)
+
+    def build_for_rays(self):
+        self(tf.constant([[0.0, 0.0, 4.0]]), tf.constant([[0.0, 0.0, -1.0]]))
+
+    def table_variables(self):
+        return [self.encoding.table]
+
+    def get_config(self):
+        return {**super().get_config(), **self.cfg}
+
+
+def render_op(tfmo, sigma, rgb, t, t_ext, bg):
+    """``tf_metal_ops.volume_render``; adapts to its ``t`` convention (S sample positions or S+1 bin edges)."""
+    R = tf.shape(sigma)[0]
+    background = tf.broadcast_to(bg, [R, 3])
+    return tfmo.volume_render(sigma, rgb, t, background=background)
+
+
+# ----------------------------------------------------------------------------------------------- save / load
+
+MODELS = {"mlp": MLPNeRF, "hash": HashNeRF}
+
+
+def build_model(kind: str, **cfg) -> keras.Model:
+    model = MODELS[kind](**cfg)
+    model.build_for_rays()
+    return model
+
+
+def save_model(model: keras.Model, directory: str) -> str:
+    """``directory/model.json`` (kind + config) and ``directory/model.weights.h5``."""
+    os.makedirs(directory, exist_ok=True)
+    kind = {v: k for k, v in MODELS.items()}[type(model)]
+    cfg = {k: v for k, v in model.get_config().items() if k in model.cfg}
+    with open(os.path.join(directory, "model.json"), "w") as f:
+        json.dump({"kind": kind, "config": cfg}, f, indent=1)
+    path = os.path.join(directory, "model.weights.h5")
+    model.save_weights(path)
+    return path
+
+
+def load_model(directory: str) -> keras.Model:
+    with open(os.path.join(directory, "model.json")) as f:
+        meta = json.load(f)
+    model = build_model(meta["kind"], **meta["config"])
+    model.load_weights(os.path.join(directory, "model.weights.h5"))
+    return model
+
+
+def render_image(model, H, W, focal, c2w, chunk: int = 4096):
+    """Render a full view with a trained model → (rgb [H,W,3], depth [H,W], opacity [H,W]) numpy arrays."""
+    from nerf.data.rays import get_rays
+
+    o, d = get_rays(H, W, focal, c2w)
+    o, d = o.reshape(-1, 3), d.reshape(-1, 3)
+    fn = _eval_fn(model)
+    outs = [fn(tf.constant(o[i:i + chunk]), tf.constant(d[i:i + chunk])) for i in range(0, len(o), chunk)]
+    rgb = np.concatenate([x[0].numpy() for x in outs]).reshape(H, W, 3)
+    depth = np.concatenate([x[1].numpy() for x in outs]).reshape(H, W)
+    acc = np.concatenate([x[2].numpy() for x in outs]).reshape(H, W)
+    return np.clip(rgb, 0, 1), depth, acc
+
+
+def _eval_fn(model):
+    fn = getattr(model, "_nerf_eval_fn", None)
+    if fn is None:
+        @tf.function(reduce_retracing=True)
+        def fn(o, d):
+            out = model(o, d, training=False)
+            return out["color"], out["depth"], out["opacity"]
+
+        model._nerf_eval_fn = fn
+    return fn

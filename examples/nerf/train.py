@@ -1,0 +1,356 @@
+#!/usr/bin/env python
+"""Train a NeRF on the built-in scene (or real data) with tf-metal-ops.
+
+    python examples/nerf/train.py --quick                       # hash-grid model, ~3 minutes on 2 CPU cores
+    python examples/nerf/train.py --model mlp --minutes 10      # the keras.io-style baseline
+    python examples/nerf/train.py --data lego/ --downscale 8    # a NeRF-synthetic folder (or a tiny_nerf .npz)
+
+Writes ``OUT/metrics.json`` (per evaluation: step, epoch, training and wall-clock seconds, train loss and PSNR, test
+PSNR), ``OUT/renders/*.png`` (ground truth | prediction), ``OUT/psnr.png`` (test PSNR vs training time) and
+``OUT/model/`` (config + weights; reloaded at the end to render a novel view, ``renders/novel_view.png``).
+
+Budgets (``--minutes``) count training time only (evaluations are excluded), so models with different evaluation
+costs get the same training time. An epoch is one pass over all training rays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/ → `import nerf`
+
+import numpy as np  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", default="builtin", help="'builtin', a tiny-NeRF .npz file or a Blender-layout folder")
+    p.add_argument("--model", choices=("hash", "mlp"), default="hash")
+    p.add_argument("--impl", choices=("op", "pure_tf"), default="op",
+                   help="hash model: tf_metal_ops kernels, or pure TF (hash grid + compositing) in an XLA train step")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--minutes", type=float, help="training-time budget")
+    budget.add_argument("--epochs", type=float, help="passes over all training rays")
+    budget.add_argument("--steps", type=int, help="number of training steps")
+    p.add_argument("--quick", action="store_true", help="2.5 minutes of training, small evaluations (~3 min total)")
+    p.add_argument("--out", default=None, help="output folder (default runs/<model>-<time>)")
+    p.add_argument("--strategy", choices=("default", "mirrored"), default="default")
+    p.add_argument("--replicas", type=int, default=2, help="logical CPU devices for --strategy mirrored without GPUs")
+    # model
+    p.add_argument("--samples", type=int, default=None, help="samples per ray (default: mlp 32, hash 64)")
+    p.add_argument("--batch-rays", type=int, default=4096)
+    p.add_argument("--levels", type=int, default=16)
+    p.add_argument("--features", type=int, default=2, help="features per level")
+    p.add_argument("--log2-table", type=int, default=17, help="log2 of the hash table size per level")
+    p.add_argument("--base-res", type=int, default=16)
+    p.add_argument("--finest-res", type=int, default=512)
+    p.add_argument("--bound", type=float, default=None, help="hash model: scene box [-b,b]^3 (builtin 1, else 1.5)")
+    p.add_argument("--lr", type=float, default=None, help="MLP learning rate (default: mlp 5e-4, hash 1e-2)")
+    p.add_argument("--lr-table", type=float, default=3e-2, help="hash model: hash-table learning rate")
+    p.add_argument("--distortion", type=float, default=0.0, help="hash model: weight of the distortion loss")
+    p.add_argument("--jit", choices=("auto", "on", "off"), default="auto",
+                   help="XLA for the train step (auto: whole step unless it contains custom ops)")
+    # data
+    p.add_argument("--background", default="white", help="white, black or r,g,b in [0,1]")
+    p.add_argument("--downscale", type=int, default=1, help="area-downscale real data by this integer factor")
+    p.add_argument("--seed", type=int, default=0)
+    # evaluation
+    p.add_argument("--eval-every", type=float, default=None, help="seconds of training between evaluations")
+    p.add_argument("--eval-views", type=int, default=4, help="test views used by the periodic evaluations")
+    p.add_argument("--final-views", type=int, default=None, help="test views of the final evaluation (default all)")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs one line per evaluation)")
+    args = p.parse_args(argv)
+    if args.quick:
+        if args.minutes is None and args.epochs is None and args.steps is None:
+            args.minutes = 2.5
+        args.eval_views = min(args.eval_views, 2)
+        args.final_views = args.final_views or 8
+    if args.minutes is None and args.epochs is None and args.steps is None:
+        args.minutes = 10.0
+    if args.samples is None:
+        args.samples = 32 if args.model == "mlp" else 64
+    if args.lr is None:
+        args.lr = 5e-4 if args.model == "mlp" else 1e-2
+    if args.out is None:
+        args.out = os.path.join("runs", f"{args.model}{'-' + args.impl if args.model == 'hash' else ''}-"
+                                f"{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        args.background_rgb = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}.get(args.background) or tuple(
+            float(v) for v in args.background.split(","))
+        assert len(args.background_rgb) == 3
+    except (ValueError, AssertionError):
+        p.error(f"--background must be white, black or r,g,b, got {args.background!r}")
+    return args
+
+
+def psnr(mse):
+    return -10.0 * math.log10(max(float(mse), 1e-10))
+
+
+def side_by_side(gt, pred):
+    gap = np.ones((gt.shape[0], 2, 3), np.float32)
+    return (np.clip(np.concatenate([gt, gap, pred], axis=1), 0, 1) * 255).round().astype(np.uint8)
+
+
+class Trainer:
+    def __init__(self, args, dataset):
+        import keras
+        import tensorflow as tf
+
+        from nerf import models
+        from nerf.data.rays import get_rays
+
+        self.args, self.ds, self.tf = args, dataset, tf
+        if args.strategy == "mirrored":
+            self.strategy = tf.distribute.MirroredStrategy()
+        else:
+            self.strategy = tf.distribute.get_strategy()
+        n_rep = self.strategy.num_replicas_in_sync
+        if args.batch_rays % n_rep:
+            raise SystemExit(f"error: --batch-rays {args.batch_rays} is not a multiple of the {n_rep} replicas")
+
+        o, d = get_rays(dataset.H, dataset.W, dataset.focal, dataset.train.poses)
+        self.rays_o = tf.constant(o.reshape(-1, 3))
+        self.rays_d = tf.constant(d.reshape(-1, 3))
+        self.rgb = tf.constant(dataset.train.images.reshape(-1, 3).astype(np.float32))
+        self.n_rays = int(self.rgb.shape[0])
+
+        common = dict(n_samples=args.samples, near=dataset.near, far=dataset.far,
+                      background=[float(b) for b in dataset.background])
+        if args.model == "mlp":
+            cfg = common
+        else:
+            bound = args.bound if args.bound is not None else (1.0 if dataset.name == "builtin" else 1.5)
+            cfg = dict(common, n_levels=args.levels, n_features_per_level=args.features,
+                       log2_hashmap_size=args.log2_table, base_resolution=args.base_res,
+                       finest_resolution=args.finest_res, bound=bound, implementation=args.impl)
+        with self.strategy.scope():
+            keras.utils.set_random_seed(args.seed)
+            self.model = models.build_model(args.model, **cfg)
+            table = {id(v) for v in self.model.table_variables()}
+            self.table_vars = [v for v in self.model.trainable_variables if id(v) in table]
+            self.mlp_vars = [v for v in self.model.trainable_variables if id(v) not in table]
+            b2 = 0.999 if args.model == "mlp" else 0.99
+            eps = 1e-7 if args.model == "mlp" else 1e-15
+            self.opt = keras.optimizers.Adam(args.lr, beta_2=b2, epsilon=eps)
+            self.opt.build(self.mlp_vars)
+            self.opt_table = None
+            if self.table_vars:
+                self.opt_table = keras.optimizers.Adam(args.lr_table, beta_2=0.99, epsilon=1e-15)
+                self.opt_table.build(self.table_vars)
+        self.n_params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
+        uses_custom_ops = args.model == "hash" and args.impl == "op"
+        self.jit = args.jit == "on" or (args.jit == "auto" and not uses_custom_ops)
+        self._make_step()
+
+    def _make_step(self):
+        tf, args, model = self.tf, self.args, self.model
+        strategy = self.strategy
+        n_rep = strategy.num_replicas_in_sync
+        dist_w = float(args.distortion)
+
+        def replica_step(o, d, y):
+            with tf.GradientTape() as tape:
+                out = model(o, d, training=True)
+                mse = tf.reduce_mean(tf.square(out["color"] - y))
+                loss = mse
+                if dist_w > 0:
+                    loss = loss + dist_w * tf.reduce_mean(distortion(out["weights"], out["t"]))
+                scaled = loss / n_rep
+            varlist = self.mlp_vars + self.table_vars
+            grads = tape.gradient(scaled, varlist)
+            self.opt.apply_gradients(zip(grads[:len(self.mlp_vars)], self.mlp_vars))
+            if self.table_vars:
+                self.opt_table.apply_gradients(zip(grads[len(self.mlp_vars):], self.table_vars))
+            return mse
+
+        def distortion(w, t):
+            if args.impl == "op":
+                import tf_metal_ops
+
+                return tf_metal_ops.distortion_loss(w, t)
+            import tf_metal_ops
+
+            return tf_metal_ops.distortion_loss_tf(w, t)
+
+        def step(idx):
+            def per_replica(i):
+                return replica_step(tf.gather(self.rays_o, i), tf.gather(self.rays_d, i), tf.gather(self.rgb, i))
+
+            per = strategy.run(per_replica, args=(idx,))
+            return strategy.reduce(tf.distribute.ReduceOp.MEAN, per, axis=None)
+
+        self.step = tf.function(step, jit_compile=self.jit if n_rep == 1 else None)
+
+    def batches(self):
+        """Endless distributed batches of ray indices, reshuffled every epoch."""
+        tf = self.tf
+        ds = (tf.data.Dataset.range(self.n_rays).shuffle(self.n_rays, seed=self.args.seed, reshuffle_each_iteration=True)
+              .repeat().batch(self.args.batch_rays, drop_remainder=True).prefetch(4))
+        return iter(self.strategy.experimental_distribute_dataset(ds))
+
+    def evaluate(self, n_views):
+        from nerf.models import render_image
+
+        test = self.ds.test
+        n = len(test) if n_views is None else min(n_views, len(test))
+        preds, psnrs = [], []
+        for k in range(n):
+            rgb, _, _ = render_image(self.model, self.ds.H, self.ds.W, self.ds.focal, test.poses[k])
+            preds.append(rgb)
+            psnrs.append(psnr(np.mean((rgb - test.images[k]) ** 2)))
+        return float(np.mean(psnrs)), preds
+
+
+def run(argv=None):
+    args = parse_args(argv)
+    if args.strategy == "mirrored":
+        import tensorflow as tf
+
+        if not tf.config.list_physical_devices("GPU") and args.replicas > 1:
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas)
+
+    import imageio.v3 as iio
+    from tqdm import tqdm
+
+    from nerf.data import DatasetError, load_dataset
+    from nerf import models
+
+    t_start = time.perf_counter()
+    try:
+        if args.data == "builtin":
+            ds = load_dataset("builtin", background=args.background_rgb, seed=args.seed, verbose=True)
+        else:
+            ds = load_dataset(args.data, background=args.background_rgb, downscale_factor=args.downscale)
+    except DatasetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    print(ds.summary(), flush=True)
+    os.makedirs(os.path.join(args.out, "renders"), exist_ok=True)
+
+    tr = Trainer(args, ds)
+    print(f"model {args.model}{' (' + args.impl + ')' if args.model == 'hash' else ''}: {tr.n_params:,} parameters, "
+          f"{args.samples} samples/ray, {args.batch_rays} rays/step, XLA train step: {tr.jit}, "
+          f"replicas: {tr.strategy.num_replicas_in_sync}", flush=True)
+    steps_per_epoch = tr.n_rays / args.batch_rays
+    budget_s = args.minutes * 60 if args.minutes is not None else None
+    max_steps = args.steps if args.steps is not None else (
+        math.ceil(args.epochs * steps_per_epoch) if args.epochs is not None else None)
+    eval_every = args.eval_every or (budget_s / 8 if budget_s else None)
+    eval_every_steps = None if eval_every else max(1, (max_steps or 1) // 8)
+
+    metrics = {"config": {k: v for k, v in vars(args).items()}, "dataset": ds.summary(), "n_params": tr.n_params,
+               "rays_per_epoch": tr.n_rays, "evals": []}
+    batches = tr.batches()
+    # compile before the clock starts (tracing/XLA compilation is not training time)
+    t0 = time.perf_counter()
+    loss = float(tr.step(next(batches)))
+    compile_s = time.perf_counter() - t0
+    step, train_s, losses = 1, 0.0, []
+    last_eval_s, last_eval_step = 0.0, 0
+    wall0 = time.perf_counter()
+    bar = tqdm(total=max_steps if max_steps else round(budget_s), unit="step" if max_steps else "s",
+               disable=args.no_progress, dynamic_ncols=True, bar_format=None if max_steps else
+               "{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]")
+
+    def do_eval(final=False):
+        n_views = args.final_views if final else args.eval_views
+        t = time.perf_counter()
+        test_psnr, preds = tr.evaluate(n_views)
+        eval_s = time.perf_counter() - t
+        tl = float(np.mean(losses[-50:])) if losses else loss
+        rec = dict(step=step, epoch=step / steps_per_epoch, train_seconds=round(train_s, 3),
+                   wall_seconds=round(time.perf_counter() - wall0, 3), train_loss=tl, train_psnr=psnr(tl),
+                   test_psnr=test_psnr, eval_views=len(preds), eval_seconds=round(eval_s, 3))
+        metrics["evals"].append(rec)
+        iio.imwrite(os.path.join(args.out, "renders", f"step_{step:06d}.png"), side_by_side(ds.test.images[0], preds[0]))
+        if final:
+            for k, pr in enumerate(preds):
+                iio.imwrite(os.path.join(args.out, "renders", f"test_{k:03d}.png"), side_by_side(ds.test.images[k], pr))
+        msg = (f"step {step} epoch {rec['epoch']:.2f} train {train_s:.0f}s: loss {tl:.5f} (train PSNR "
+               f"{rec['train_psnr']:.2f}) test PSNR {test_psnr:.2f} dB on {len(preds)} views")
+        (bar.write if not args.no_progress else print)(msg)
+        with open(os.path.join(args.out, "metrics.json"), "w") as f:
+            json.dump(metrics, f, indent=1)
+        return rec
+
+    while True:
+        if max_steps is not None and step >= max_steps:
+            break
+        if budget_s is not None and train_s >= budget_s:
+            break
+        t = time.perf_counter()
+        loss = float(tr.step(next(batches)))  # float() waits for the step: honest timing
+        train_s += time.perf_counter() - t
+        losses.append(loss)
+        step += 1
+        if not math.isfinite(loss):
+            print(f"error: the loss became {loss} at step {step}", file=sys.stderr)
+            raise SystemExit(1)
+        if step % 10 == 0 or max_steps:
+            tl = float(np.mean(losses[-50:]))
+            bar.set_postfix(loss=f"{tl:.4f}", psnr=f"{psnr(tl):.2f}", epoch=f"{step / steps_per_epoch:.2f}",
+                            refresh=False)
+            if max_steps:
+                bar.update(step - bar.n)
+            else:
+                bar.update(min(train_s, budget_s) - bar.n)
+        if (eval_every and train_s - last_eval_s >= eval_every) or (
+                eval_every_steps and step - last_eval_step >= eval_every_steps):
+            do_eval()
+            last_eval_s, last_eval_step = train_s, step
+    bar.close()
+    final = do_eval(final=True)
+
+    # PSNR vs training time
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ev = metrics["evals"]
+    ax.plot([e["train_seconds"] / 60 for e in ev], [e["test_psnr"] for e in ev], "o-", label="test PSNR")
+    ax.plot([e["train_seconds"] / 60 for e in ev], [e["train_psnr"] for e in ev], "--", alpha=0.6, label="train PSNR")
+    ax.set(xlabel="training time (min)", ylabel="PSNR (dB)", title=f"NeRF {args.model} on {ds.name}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "psnr.png"), dpi=100)
+    plt.close(fig)
+
+    # save, reload, render a novel view (a camera of none of the splits)
+    from nerf.data.rays import spherical_pose
+
+    model_dir = os.path.join(args.out, "model")
+    models.save_model(tr.model, model_dir)
+    reloaded = models.load_model(model_dir)
+    novel = spherical_pose(float(np.linalg.norm(ds.test.poses[0][:3, 3])), 0.123, math.radians(42.0))
+    rgb_a, _, _ = models.render_image(tr.model, ds.H, ds.W, ds.focal, novel)
+    rgb_b, depth, _ = models.render_image(reloaded, ds.H, ds.W, ds.focal, novel)
+    reload_diff = float(np.max(np.abs(rgb_a - rgb_b)))
+    iio.imwrite(os.path.join(args.out, "renders", "novel_view.png"), (rgb_b * 255).round().astype(np.uint8))
+    epochs = step / steps_per_epoch
+    metrics["final"] = dict(final, steps=step, epochs=epochs, train_seconds=train_s, compile_seconds=compile_s,
+                            seconds_per_epoch=train_s / max(epochs - 1 / steps_per_epoch, 1e-9),
+                            seconds_per_step=train_s / max(step - 1, 1),
+                            total_seconds=time.perf_counter() - t_start, reload_max_abs_diff=reload_diff)
+    with open(os.path.join(args.out, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=1)
+    fm = metrics["final"]
+    print(f"done: test PSNR {fm['test_psnr']:.2f} dB ({fm['eval_views']} views) after {fm['steps']} steps = "
+          f"{fm['epochs']:.2f} epochs in {train_s:.0f} s of training ({fm['seconds_per_epoch']:.1f} s/epoch, "
+          f"{1000 * fm['seconds_per_step']:.0f} ms/step); total {fm['total_seconds']:.0f} s; reloaded model renders "
+          f"the novel view within {reload_diff:.1e}; outputs in {args.out}", flush=True)
+    return metrics
+
+
+if __name__ == "__main__":
+    run()
