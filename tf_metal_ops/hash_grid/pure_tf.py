@@ -65,12 +65,21 @@ def _group(x, params, cfg: HashGridConfig, levels, hashed, compute_dtype):
         rows = tf.cast(tf.math.floormod(idx, tf.constant(sizes[:, None], itype)), tf.int32)
     rows = rows + tf.constant([[cfg.offsets[l]] for l in levels], tf.int32)
 
-    vals = tf.gather(params, rows)  # [N, m, 2^D | 1, F]
-    if vals.dtype != compute_dtype:
-        vals = tf.cast(vals, compute_dtype)
+    vals = tf.gather(params, rows)  # [N, m, 2^D | 1, F] (float16 params arrive here already cast, see encode)
     if weights is None:
         return vals[:, :, 0, :]
     return tf.einsum("nmc,nmcf->nmf", weights, vals)
+
+
+@tf.custom_gradient
+def _to_float32_dense_grad(params):
+    """float16 table -> float32, with the gradient summed densely in float32 and rounded to float16 once
+    (TF's own gather gradient would accumulate the scattered terms in float16)."""
+
+    def grad(dy):
+        return tf.cast(tf.convert_to_tensor(dy), params.dtype)
+
+    return tf.cast(params, tf.float32), grad
 
 
 def encode(positions, params, config: HashGridConfig, max_level=None):
@@ -79,7 +88,8 @@ def encode(positions, params, config: HashGridConfig, max_level=None):
     ``max_level`` (as the op): None = all levels; an int k = the first k levels; a float m = levels l < m*L + 1e-3
     (tcnn's fraction). Inactive levels output 0 and get no gradient. A Python number skips the inactive levels'
     work; a scalar tensor (int32 or float) computes all levels and masks them.
-    float16 params are gathered in float16 and accumulated in float32; float64 params compute in float64.
+    float16 params: computed and accumulated in float32 (forward and gradient), output and gradient rounded to
+    float16 once; float64 params compute in float64.
     """
     cfg = config
     x = tf.convert_to_tensor(positions)
@@ -114,9 +124,10 @@ def encode(positions, params, config: HashGridConfig, max_level=None):
             limit = tf.cast(max_level, tf.float32) * float(n_levels) + 1e-3
             mask = tf.range(n_levels, dtype=tf.float32) < limit
 
+    table = _to_float32_dense_grad(params) if params.dtype == tf.float16 else params
     hashed = cfg.hashed_levels
     groups = [[l for l in range(n_active) if not hashed[l]], [l for l in range(n_active) if hashed[l]]]
-    parts = [_group(x, params, cfg, g, h, compute_dtype) for g, h in zip(groups, (False, True)) if g]
+    parts = [_group(x, table, cfg, g, h, compute_dtype) for g, h in zip(groups, (False, True)) if g]
     n = tf.shape(x)[0]
     if n_active < n_levels:
         parts.append(tf.zeros(tf.stack([n, n_levels - n_active, f]), compute_dtype))
