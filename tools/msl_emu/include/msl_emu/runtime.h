@@ -262,8 +262,8 @@ class GroupRunner {
   std::vector<Fiber> fibers_;
   std::vector<uint> order_;
   ucontext_t sched_uc_{};  // zeroed: ASan's swapcontext interceptor reads uc_stack of the target
-  const void* sched_bottom_ = nullptr;
-  size_t sched_size_ = 0;
+  [[maybe_unused]] const void* sched_bottom_ = nullptr;  // ASan builds only
+  [[maybe_unused]] size_t sched_size_ = 0;
   KernelFn fn_ = nullptr;
   void* user_ = nullptr;
   uint n_ = 0, current_ = 0;
