@@ -46,8 +46,8 @@ MH_MAGIC_64 = 0xFEEDFACF
 CPU_TYPES = {"arm64": 0x0100000C, "x86_64": 0x01000007}  # CPU_TYPE_ARM64, CPU_TYPE_X86_64
 EXPECT_RE = re.compile(r"//\s*expect-error:\s*(.+?)\s*$")
 HOW_TO = (
-    "install clang 16 (`apt-get install clang-16`), and point MACOS_SDK_TGZ at MacOSX13.3.sdk.min.tgz "
-    "(or MACOS_SDK at an unpacked SDK)"
+    "to enable the Mac host check: `apt-get install clang-16` (or set CLANGXX), and set MACOS_SDK_TGZ to "
+    "MacOSX13.3.sdk.min.tgz (or MACOS_SDK to an unpacked SDK)"
 )
 
 
