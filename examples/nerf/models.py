@@ -21,25 +21,30 @@ import tensorflow as tf
 
 
 def stratified_t(t_near, t_far, n_samples: int, perturb: bool):
-    """Stratified samples ``[R, S]`` between per-ray ``t_near``/``t_far`` ``[R]``: one per equal bin, uniformly
-    jittered inside its bin when ``perturb`` (training) and at the bin centre otherwise."""
+    """Stratified samples between per-ray ``t_near``/``t_far`` ``[R]``: one per equal bin, uniformly jittered inside
+    its bin when ``perturb`` (training), at the bin centre otherwise.
+
+    Returns ``(t, edges)``: sample distances ``[R, S]`` and interval edges ``[R, S+1]`` (``t_near``, the midpoints
+    between consecutive samples, ``t_far``) — sample i stands for ``[edges_i, edges_{i+1}]``, the convention of
+    ``tf_metal_ops.volume_render``. Without jitter the edges are exactly the bin boundaries.
+    """
     R = tf.shape(t_near)[0]
     if perturb:
         u = tf.random.uniform([R, n_samples], dtype=t_near.dtype)
     else:
         u = tf.fill([R, n_samples], tf.constant(0.5, t_near.dtype))
     k = tf.range(n_samples, dtype=t_near.dtype)[None, :]
-    return t_near[:, None] + (t_far - t_near)[:, None] * (k + u) / n_samples
+    t = t_near[:, None] + (t_far - t_near)[:, None] * (k + u) / n_samples
+    edges = tf.concat([t_near[:, None], 0.5 * (t[:, 1:] + t[:, :-1]), t_far[:, None]], axis=-1)
+    return t, edges
 
 
-def composite_tf(sigma, rgb, t, t_far, background=None):
-    """Plain-TF alpha compositing (as in the NeRF paper / keras.io example), what a user writes by hand.
-
-    ``sigma`` [R,S] densities, ``rgb`` [R,S,3], ``t`` [R,S] sample distances; sample i covers
-    ``[t_i, t_{i+1})``, the last one ``[t_{S-1}, t_far)``. Returns color (over ``background``), depth, opacity,
-    weights.
+def composite_tf(sigma, rgb, edges, t, background=None):
+    """Plain-TF alpha compositing as in the NeRF paper / keras.io example (cumprod of 1 - alpha), what a user writes
+    by hand. ``sigma`` [R,S] densities, ``rgb`` [R,S,3], interval ``edges`` [R,S+1], sample distances ``t`` [R,S].
+    Returns color (over ``background``), depth, opacity, weights.
     """
-    delta = tf.concat([t[:, 1:] - t[:, :-1], t_far[:, None] - t[:, -1:]], axis=-1)
+    delta = edges[:, 1:] - edges[:, :-1]
     alpha = 1.0 - tf.exp(-sigma * delta)
     trans = tf.math.cumprod(1.0 - alpha + 1e-10, axis=-1, exclusive=True)
     weights = alpha * trans
@@ -103,9 +108,9 @@ class MLPNeRF(keras.Model):
     stratified samples between near and far, plain TF compositing. No view direction, as in that example."""
 
     def __init__(self, n_freqs=16, width=64, depth=8, skip=4, n_samples=32, near=2.0, far=6.0,
-                 background=(1.0, 1.0, 1.0), **kwargs):
+                 background=(1.0, 1.0, 1.0), jitter=True, **kwargs):
         super().__init__(**kwargs)
-        self.cfg = dict(n_freqs=n_freqs, width=width, depth=depth, skip=skip, n_samples=n_samples,
+        self.cfg = dict(n_freqs=n_freqs, width=width, depth=depth, skip=skip, n_samples=n_samples, jitter=bool(jitter),
                         near=float(near), far=float(far), background=[float(b) for b in background])
         self.dense = [keras.layers.Dense(width, activation="relu", name=f"dense_{i}") for i in range(depth)]
         self.out = keras.layers.Dense(4, name="out")
@@ -124,11 +129,11 @@ class MLPNeRF(keras.Model):
         c = self.cfg
         R = tf.shape(rays_o)[0]
         t_near, t_far = tf.fill([R], c["near"]), tf.fill([R], c["far"])
-        t = stratified_t(t_near, t_far, c["n_samples"], perturb=training)
+        t, edges = stratified_t(t_near, t_far, c["n_samples"], perturb=training and c["jitter"])
         pts = rays_o[:, None, :] + rays_d[:, None, :] * t[..., None]
         sigma, rgb = self.field(pts)
-        color, depth, opacity, weights = composite_tf(sigma, rgb, t, t_far, tf.constant(c["background"]))
-        return dict(color=color, depth=depth, opacity=opacity, weights=weights, t=t)
+        color, depth, opacity, weights = composite_tf(sigma, rgb, edges, t, tf.constant(c["background"]))
+        return dict(color=color, depth=depth, opacity=opacity, weights=weights, t=t, edges=edges)
 
     def build_for_rays(self):
         self(tf.zeros([1, 3]), tf.constant([[0.0, 0.0, -1.0]]))
@@ -151,13 +156,14 @@ class HashNeRF(keras.Model):
     the view direction; ``n_samples`` stratified samples per ray inside the box (∩ [near, far]).
 
     ``implementation="op"``: ``tf_metal_ops`` hash-grid op + ``tf_metal_ops.volume_render`` (+ ``distortion_loss``);
-    ``"pure_tf"``: the package's pure-TF hash grid + plain TF compositing — everything XLA-compilable, the
-    strongest model a user can write without the custom ops.
+    ``"pure_tf"``: the package's pure-TF hash grid + ``volume_render_tf`` (the same compositing math in plain TF ops)
+    — everything XLA-compilable, the strongest model a user can write without the custom ops. With ``"op"`` and
+    ``xla_inner`` the parts before and after the hash-grid op run as inner XLA-compiled functions.
     """
 
     def __init__(self, n_levels=16, n_features_per_level=2, log2_hashmap_size=17, base_resolution=16,
                  finest_resolution=512, n_samples=64, near=2.0, far=6.0, bound=1.0, background=(1.0, 1.0, 1.0),
-                 implementation="op", hidden=64, **kwargs):
+                 implementation="op", hidden=64, xla_inner=False, jitter=True, **kwargs):
         super().__init__(**kwargs)
         from tf_metal_ops.hash_grid.layer import HashGridEncoding
 
@@ -166,7 +172,8 @@ class HashNeRF(keras.Model):
                         log2_hashmap_size=log2_hashmap_size, base_resolution=base_resolution,
                         finest_resolution=finest_resolution, n_samples=n_samples, near=float(near), far=float(far),
                         bound=float(bound), background=[float(b) for b in background],
-                        implementation=implementation, hidden=hidden)
+                        implementation=implementation, hidden=hidden, xla_inner=bool(xla_inner),
+                        jitter=bool(jitter))
         self.encoding = HashGridEncoding(n_levels=n_levels, n_features_per_level=n_features_per_level,
                                          log2_hashmap_size=log2_hashmap_size, base_resolution=base_resolution,
                                          per_level_scale=per_level_scale, implementation=implementation,
@@ -177,42 +184,56 @@ class HashNeRF(keras.Model):
                           keras.layers.Dense(hidden, activation="relu", name="color_1"),
                           keras.layers.Dense(3, name="color_out")]
 
-    def field(self, pts, dirs):
-        """Density ``[...]`` and colour ``[..., 3]`` at world points ``[..., 3]`` seen along ``dirs`` [..., 3]."""
-        b = self.cfg["bound"]
-        x = (pts / b + 1.0) * 0.5
-        inside = tf.reduce_all((x >= 0.0) & (x <= 1.0), axis=-1)
-        h = self.encoding(tf.clip_by_value(x, 0.0, 1.0))
-        for layer in self.density_mlp:
-            h = layer(h)
-        sigma = trunc_exp(h[..., 0]) * tf.cast(inside, h.dtype)
-        c = tf.concat([h, sh_encoding_deg4(dirs)], axis=-1)
-        for layer in self.color_mlp:
-            c = layer(c)
-        return sigma, tf.sigmoid(c)
-
-    def sample(self, rays_o, rays_d, training):
+    def _pre(self, rays_o, rays_d, training):
+        """Samples, normalised positions in [0,1]^3, inside-the-box mask, SH of the view direction."""
         c = self.cfg
         t0, t1 = ray_aabb(rays_o, rays_d, c["bound"])
         t_near = tf.maximum(t0, c["near"])
         t_far = tf.maximum(tf.minimum(t1, c["far"]), t_near + 1e-4)  # rays missing the box: an empty segment
-        return stratified_t(t_near, t_far, c["n_samples"], perturb=training), t_far
+        t, edges = stratified_t(t_near, t_far, c["n_samples"], perturb=training and c["jitter"])
+        pts = rays_o[:, None, :] + rays_d[:, None, :] * t[..., None]
+        x = (pts / c["bound"] + 1.0) * 0.5
+        inside = tf.cast(tf.reduce_all((x >= 0.0) & (x <= 1.0), axis=-1), tf.float32)
+        x = tf.reshape(tf.clip_by_value(x, 0.0, 1.0), [-1, 3])
+        sh = sh_encoding_deg4(rays_d)
+        return t, edges, x, inside, sh
+
+    def _post(self, feat, inside, sh):
+        """Density MLP on the hash features, colour MLP on (geometry feature, SH(direction))."""
+        S = self.cfg["n_samples"]
+        h = feat
+        for layer in self.density_mlp:
+            h = layer(h)
+        h = tf.reshape(h, [-1, S, 16])
+        sigma = trunc_exp(h[..., 0]) * inside
+        sh = tf.broadcast_to(sh[:, None, :], tf.concat([tf.shape(h)[:2], [16]], 0))
+        c = tf.concat([h, sh], axis=-1)
+        for layer in self.color_mlp:
+            c = layer(c)
+        return sigma, tf.sigmoid(c)
 
     def call(self, rays_o, rays_d, training=False):
         c = self.cfg
-        t, t_far = self.sample(rays_o, rays_d, training)
-        pts = rays_o[:, None, :] + rays_d[:, None, :] * t[..., None]
-        dirs = tf.broadcast_to(rays_d[:, None, :], tf.shape(pts))
-        sigma, rgb = self.field(pts, dirs)
-        bg = tf.constant(c["background"])
-        if c["implementation"] == "pure_tf":
-            color, depth, opacity, weights = composite_tf(sigma, rgb, t, t_far, bg)
+        op = c["implementation"] == "op"
+        if op and c.get("xla_inner", False):
+            # custom ops have no XLA kernel: compile the parts around them as separate inner XLA functions
+            if not hasattr(self, "_pre_xla"):
+                self._pre_xla = {True: tf.function(lambda o, d: self._pre(o, d, True), jit_compile=True),
+                                 False: tf.function(lambda o, d: self._pre(o, d, False), jit_compile=True)}
+                self._post_xla = tf.function(self._post, jit_compile=True)
+            pre, post = self._pre_xla[bool(training)], self._post_xla
+            t, edges, x, inside, sh = pre(rays_o, rays_d)
         else:
-            import tf_metal_ops
+            post = self._post
+            t, edges, x, inside, sh = self._pre(rays_o, rays_d, training)
+        feat = self.encoding(x)
+        sigma, rgb = post(feat, inside, sh)
+        bg = tf.constant(c["background"])
+        import tf_metal_ops
 
-            t_ext = tf.concat([t, t_far[:, None]], axis=-1)
-            color, depth, opacity, weights = render_op(tf_metal_ops, sigma, rgb, t, t_ext, bg)
-        return dict(color=color, depth=depth, opacity=opacity, weights=weights, t=t)
+        render = tf_metal_ops.volume_render if op else tf_metal_ops.volume_render_tf
+        color, depth, opacity, weights = render(sigma, rgb, edges, background=bg)
+        return dict(color=color, depth=depth, opacity=opacity, weights=weights, t=t, edges=edges)
 
     def build_for_rays(self):
         self(tf.constant([[0.0, 0.0, 4.0]]), tf.constant([[0.0, 0.0, -1.0]]))
@@ -222,13 +243,6 @@ class HashNeRF(keras.Model):
 
     def get_config(self):
         return {**super().get_config(), **self.cfg}
-
-
-def render_op(tfmo, sigma, rgb, t, t_ext, bg):
-    """``tf_metal_ops.volume_render``; adapts to its ``t`` convention (S sample positions or S+1 bin edges)."""
-    R = tf.shape(sigma)[0]
-    background = tf.broadcast_to(bg, [R, 3])
-    return tfmo.volume_render(sigma, rgb, t, background=background)
 
 
 # ----------------------------------------------------------------------------------------------- save / load

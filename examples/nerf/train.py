@@ -54,12 +54,17 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=None, help="MLP learning rate (default: mlp 5e-4, hash 1e-2)")
     p.add_argument("--lr-table", type=float, default=3e-2, help="hash model: hash-table learning rate")
     p.add_argument("--distortion", type=float, default=0.0, help="hash model: weight of the distortion loss")
+    p.add_argument("--xla-inner", action="store_true",
+                   help="hash model with ops: XLA-compile the parts around the custom ops as inner functions")
     p.add_argument("--jit", choices=("auto", "on", "off"), default="auto",
                    help="XLA for the train step (auto: whole step unless it contains custom ops)")
     # data
     p.add_argument("--background", default="white", help="white, black or r,g,b in [0,1]")
     p.add_argument("--downscale", type=int, default=1, help="area-downscale real data by this integer factor")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scene-res", type=int, default=100, help="built-in scene: image size (square)")
+    p.add_argument("--no-jitter", action="store_true",
+                   help="no stratified jitter (deterministic samples; for tests and strategy comparisons)")
     # evaluation
     p.add_argument("--eval-every", type=float, default=None, help="seconds of training between evaluations")
     p.add_argument("--eval-views", type=int, default=4, help="test views used by the periodic evaluations")
@@ -121,7 +126,7 @@ class Trainer:
         self.rgb = tf.constant(dataset.train.images.reshape(-1, 3).astype(np.float32))
         self.n_rays = int(self.rgb.shape[0])
 
-        common = dict(n_samples=args.samples, near=dataset.near, far=dataset.far,
+        common = dict(n_samples=args.samples, near=dataset.near, far=dataset.far, jitter=not args.no_jitter,
                       background=[float(b) for b in dataset.background])
         if args.model == "mlp":
             cfg = common
@@ -129,7 +134,8 @@ class Trainer:
             bound = args.bound if args.bound is not None else (1.0 if dataset.name == "builtin" else 1.5)
             cfg = dict(common, n_levels=args.levels, n_features_per_level=args.features,
                        log2_hashmap_size=args.log2_table, base_resolution=args.base_res,
-                       finest_resolution=args.finest_res, bound=bound, implementation=args.impl)
+                       finest_resolution=args.finest_res, bound=bound, implementation=args.impl,
+                       xla_inner=args.xla_inner)
         with self.strategy.scope():
             keras.utils.set_random_seed(args.seed)
             self.model = models.build_model(args.model, **cfg)
@@ -161,7 +167,7 @@ class Trainer:
                 mse = tf.reduce_mean(tf.square(out["color"] - y))
                 loss = mse
                 if dist_w > 0:
-                    loss = loss + dist_w * tf.reduce_mean(distortion(out["weights"], out["t"]))
+                    loss = loss + dist_w * tf.reduce_mean(distortion(out["weights"], out["edges"]))
                 scaled = loss / n_rep
             varlist = self.mlp_vars + self.table_vars
             grads = tape.gradient(scaled, varlist)
@@ -171,13 +177,9 @@ class Trainer:
             return mse
 
         def distortion(w, t):
-            if args.impl == "op":
-                import tf_metal_ops
-
-                return tf_metal_ops.distortion_loss(w, t)
             import tf_metal_ops
 
-            return tf_metal_ops.distortion_loss_tf(w, t)
+            return (tf_metal_ops.distortion_loss if args.impl == "op" else tf_metal_ops.distortion_loss_tf)(w, t)
 
         def step(idx):
             def per_replica(i):
@@ -226,7 +228,8 @@ def run(argv=None):
     t_start = time.perf_counter()
     try:
         if args.data == "builtin":
-            ds = load_dataset("builtin", background=args.background_rgb, seed=args.seed, verbose=True)
+            ds = load_dataset("builtin", background=args.background_rgb, seed=args.seed, verbose=True,
+                              H=args.scene_res, W=args.scene_res)
         else:
             ds = load_dataset(args.data, background=args.background_rgb, downscale_factor=args.downscale)
     except DatasetError as e:
@@ -253,7 +256,7 @@ def run(argv=None):
     t0 = time.perf_counter()
     loss = float(tr.step(next(batches)))
     compile_s = time.perf_counter() - t0
-    step, train_s, losses = 1, 0.0, []
+    step, train_s, losses = 1, 0.0, [loss]
     last_eval_s, last_eval_step = 0.0, 0
     wall0 = time.perf_counter()
     bar = tqdm(total=max_steps if max_steps else round(budget_s), unit="step" if max_steps else "s",
@@ -338,6 +341,7 @@ def run(argv=None):
     reload_diff = float(np.max(np.abs(rgb_a - rgb_b)))
     iio.imwrite(os.path.join(args.out, "renders", "novel_view.png"), (rgb_b * 255).round().astype(np.uint8))
     epochs = step / steps_per_epoch
+    metrics["train_losses"] = [float(v) for v in losses]
     metrics["final"] = dict(final, steps=step, epochs=epochs, train_seconds=train_s, compile_seconds=compile_s,
                             seconds_per_epoch=train_s / max(epochs - 1 / steps_per_epoch, 1e-9),
                             seconds_per_step=train_s / max(step - 1, 1),

@@ -1,0 +1,126 @@
+#!/usr/bin/env python
+"""Train the NeRF variants with the same training-time budget and compare them.
+
+    python examples/nerf/compare.py --minutes 10 --out runs/compare
+
+Runs, one after another (each in its own process, so none inherits another's threads or compiled functions):
+
+* ``mlp``         — the keras.io-style positional-encoding MLP (XLA-compiled train step);
+* ``hash-op``     — the hash-grid model with the tf_metal_ops kernels (hash grid, volume_render);
+* ``hash-puretf`` — the same hash-grid model in pure TF (the package's pure-TF hash grid, plain-TF compositing)
+                    with an XLA-compiled train step: the strongest thing a user can write without the custom ops.
+
+Writes ``OUT/<variant>/`` (each run's train.py outputs), ``OUT/compare.png`` (test PSNR vs training time) and
+``OUT/compare.md`` + ``OUT/compare.json`` (final PSNR, PSNR at fractions of the budget, s/epoch, ms/step).
+Extra arguments after ``--`` go to every train.py run (e.g. ``-- --data lego/ --downscale 8``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+VARIANTS = {
+    "mlp": ["--model", "mlp"],
+    "hash-op": ["--model", "hash", "--impl", "op"],
+    "hash-puretf": ["--model", "hash", "--impl", "pure_tf"],
+}
+
+
+def psnr_at(evals, seconds):
+    """Test PSNR of the last evaluation at or before ``seconds`` of training (None if there is none)."""
+    before = [e for e in evals if e["train_seconds"] <= seconds + 1e-6]
+    return before[-1]["test_psnr"] if before else None
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description="Same-budget comparison of the NeRF variants")
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--out", default="runs/compare")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
+    p.add_argument("--eval-every", type=float, default=None, help="seconds (default: budget / 10)")
+    p.add_argument("--progress", action="store_true", help="show each run's tqdm bar")
+    args = p.parse_args(argv)
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+    budget = args.minutes * 60
+    eval_every = args.eval_every or budget / 10
+    train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+    os.makedirs(args.out, exist_ok=True)
+
+    results = {}
+    for name in names:
+        out = os.path.join(args.out, name)
+        cmd = [sys.executable, train_py, *VARIANTS[name], "--minutes", str(args.minutes), "--eval-every",
+               str(eval_every), "--out", out, *([] if args.progress else ["--no-progress"]), *extra]
+        print(f"=== {name}: {' '.join(cmd[1:])}", flush=True)
+        r = subprocess.run(cmd)
+        if r.returncode != 0:
+            print(f"error: the {name} run failed (exit code {r.returncode})", file=sys.stderr)
+            raise SystemExit(1)
+        with open(os.path.join(out, "metrics.json")) as f:
+            results[name] = json.load(f)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, m in results.items():
+        ev = m["evals"]
+        ax.plot([e["train_seconds"] / 60 for e in ev], [e["test_psnr"] for e in ev], "o-", label=name)
+    ax.set(xlabel="training time (min)", ylabel="test PSNR (dB)",
+           title=f"NeRF, equal {args.minutes:g}-minute budget ({results[names[0]]['dataset'].split(':')[0]})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "compare.png"), dpi=110)
+    plt.close(fig)
+
+    fracs = (0.25, 0.5, 1.0)
+    rows, table = [], {}
+    header = ("| variant | params | steps | epochs | s/epoch | ms/step | " +
+              " | ".join(f"PSNR @ {f * args.minutes:g} min" for f in fracs) + " |")
+    rows += [header, "|" + "---|" * (6 + len(fracs))]
+    for name, m in results.items():
+        fm = m["final"]
+        at = [psnr_at(m["evals"][:-1], f * budget) if f < 1 else fm["test_psnr"] for f in fracs]
+        table[name] = dict(n_params=m["n_params"], steps=fm["steps"], epochs=fm["epochs"],
+                           seconds_per_epoch=fm["seconds_per_epoch"], ms_per_step=1000 * fm["seconds_per_step"],
+                           final_test_psnr=fm["test_psnr"], final_eval_views=fm["eval_views"],
+                           psnr_at={f"{f:g}": v for f, v in zip(fracs, at)})
+        rows.append(f"| {name} | {m['n_params']:,} | {fm['steps']} | {fm['epochs']:.2f} | "
+                    f"{fm['seconds_per_epoch']:.1f} | {1000 * fm['seconds_per_step']:.0f} | " +
+                    " | ".join("-" if v is None else f"{v:.2f}" for v in at) + " |")
+    notes = []
+    if "hash-op" in table and "mlp" in table:
+        t = table
+        notes.append(f"hash-op vs mlp: {t['hash-op']['final_test_psnr'] - t['mlp']['final_test_psnr']:+.2f} dB; "
+                     f"time per epoch mlp / hash-op = "
+                     f"{t['mlp']['seconds_per_epoch'] / t['hash-op']['seconds_per_epoch']:.2f}x")
+    if "hash-op" in table and "hash-puretf" in table:
+        t = table
+        notes.append(f"hash-op vs hash-puretf (XLA): {t['hash-op']['final_test_psnr'] - t['hash-puretf']['final_test_psnr']:+.2f}"
+                     f" dB; time per epoch puretf / op = "
+                     f"{t['hash-puretf']['seconds_per_epoch'] / t['hash-op']['seconds_per_epoch']:.2f}x")
+    text = "\n".join(rows + [""] + notes) + "\n"
+    with open(os.path.join(args.out, "compare.md"), "w") as f:
+        f.write(f"Equal training-time budget: {args.minutes:g} min per variant (evaluations excluded).\n\n" + text)
+    with open(os.path.join(args.out, "compare.json"), "w") as f:
+        json.dump({"minutes": args.minutes, "variants": table}, f, indent=1)
+    print(text, end="")
+    print(f"plot: {os.path.join(args.out, 'compare.png')}")
+    return table
+
+
+if __name__ == "__main__":
+    main()
