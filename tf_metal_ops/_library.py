@@ -52,4 +52,6 @@ def native():
     lib.tfmo_get_num_threads.restype = ctypes.c_int
     lib.tfmo_set_num_threads.argtypes = [ctypes.c_int]
     lib.tfmo_build_info.restype = ctypes.c_char_p
+    if hasattr(lib, "tfmo_metal_info"):  # only in macOS builds
+        lib.tfmo_metal_info.restype = ctypes.c_char_p
     return lib

@@ -104,6 +104,8 @@ def backend_info() -> dict:
         info["metal_usable"], info["metal_reason"] = False, "the op library did not load"
         return info
     info["build"] = build
+    if hasattr(_library.native(), "tfmo_metal_info"):  # Metal device, GPU family, metallib location
+        info["metal_device"] = json.loads(_library.native().tfmo_metal_info().decode())
     info["num_threads"] = int(_library.native().tfmo_get_num_threads())
     info["kernels"] = {op: _registered_kernels(op) for op in op_types(module)}
     info["metal_usable"], info["metal_reason"] = _metal_status(tf, build)
