@@ -37,6 +37,29 @@ template <typename T> inline T Store(float v);
 template <> inline float Store<float>(float v) { return v; }
 template <> inline uint16_t Store<uint16_t>(float v) { return tfmo::FloatToHalf(v); }
 
+// Per-thread scratch memory reused across calls (a fresh multi-MB allocation per call costs page faults on
+// every first touch). Kept for the thread's lifetime; grows to the largest request seen.
+template <typename T>
+T* Scratch(size_t n, int slot) {
+  struct Buf { std::unique_ptr<T[]> p; size_t n = 0; };
+  thread_local Buf bufs[2];
+  Buf& b = bufs[slot];
+  if (b.n < n) { b.p.reset(); b.p.reset(new T[n]); b.n = n; }
+  return b.p.get();
+}
+
+// [N, L*F] (T) -> level-major float32 [active][N][F] for the first `active` levels.
+template <int F, typename T>
+void ToLevelMajor(const T* src, int64_t n, int L, int active, float* dst) {
+  tfmo::ParallelFor(n, 2048, [&](int64_t b, int64_t e) {
+    for (int l = 0; l < active; ++l) {
+      float* d = dst + ((size_t)l * n) * F;
+      for (int64_t i = b; i < e; ++i)
+        for (int f = 0; f < F; ++f) d[i * F + f] = Load<T>(src + i * L * F + l * F + f);
+    }
+  });
+}
+
 // Corner rows (level offset included) and weights of a tile of points for one level.
 template <int D>
 struct TileCorners {
@@ -62,42 +85,47 @@ struct TileCorners {
 };
 
 // ---------------------------------------------------------------------------------------------------------
-// Forward.
+// Forward. Results go level-major into scratch [active][N][F] (each level pass then writes one contiguous
+// stream instead of 8 bytes into every output row), then one pass interleaves them into [N, L*F].
 template <int D, int F, typename T>
 void Encode(const Call& call, T* out) {
   const int L = call.cfg->n_levels;
+  const int active = call.n_active;
   const int interp = call.cfg->interpolation;
   const int nc = (int)hg_num_corners(D, interp);
   const float* pos = call.positions.data<float>();
   const T* table = call.params.data<T>();
   const int64_t n = call.n;
-  const int64_t stride = (int64_t)L * F;
-  for (int l = 0; l < L; ++l) {
+  T* tmp = Scratch<T>((size_t)active * n * F, 0);
+  for (int l = 0; l < active; ++l) {
     const HgLevel lv = call.levels[l];
-    const bool active = l < call.n_active;
+    T* o = tmp + (size_t)l * n * F;
     tfmo::ParallelFor(n, 4 * kTile, [&](int64_t b, int64_t e) {
-      auto tc = std::make_unique<TileCorners<D>>();
+      TileCorners<D> tc;
       for (int64_t t = b; t < e; t += kTile) {
         const int count = (int)std::min<int64_t>(kTile, e - t);
-        T* o = out + t * stride + (int64_t)l * F;
-        if (!active) {
-          for (int i = 0; i < count; ++i)
-            for (int f = 0; f < F; ++f) o[i * stride + f] = Store<T>(0.0f);
-          continue;
-        }
-        tc->Compute(pos, t, count, lv, interp, nc);
+        tc.Compute(pos, t, count, lv, interp, nc);
         for (int i = 0; i < count; ++i) {
           float acc[F] = {};
           for (int c = 0; c < nc; ++c) {
-            const T* v = table + (int64_t)tc->row[c][i] * F;
-            const float w = tc->w[c][i];
+            const T* v = table + (int64_t)tc.row[c][i] * F;
+            const float w = tc.w[c][i];
             for (int f = 0; f < F; ++f) acc[f] += w * Load<T>(v + f);
           }
-          for (int f = 0; f < F; ++f) o[i * stride + f] = Store<T>(acc[f]);
+          for (int f = 0; f < F; ++f) o[(t + i) * F + f] = Store<T>(acc[f]);
         }
       }
     });
   }
+  const T zero = Store<T>(0.0f);
+  tfmo::ParallelFor(n, 2048, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      T* row = out + i * L * F;
+      for (int l = 0; l < active; ++l)
+        for (int f = 0; f < F; ++f) row[l * F + f] = tmp[((size_t)l * n + i) * F + f];
+      for (int k = active * F; k < L * F; ++k) row[k] = zero;
+    }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -112,12 +140,8 @@ void GradParams(const Call& call, const T* dy, float* acc) {
   const int64_t n = call.n;
   if (active == 0 || n == 0) return;
   // dy for the active levels, level-major float32 [active][N][F]: each task then streams its level's slice.
-  std::unique_ptr<float[]> g(new float[(size_t)active * n * F]);
-  tfmo::ParallelFor(n, 1024, [&](int64_t b, int64_t e) {
-    for (int l = 0; l < active; ++l)
-      for (int64_t i = b; i < e; ++i)
-        for (int f = 0; f < F; ++f) g[((size_t)l * n + i) * F + f] = Load<T>(dy + i * L * F + l * F + f);
-  });
+  float* g = Scratch<float>((size_t)active * n * F, 1);
+  ToLevelMajor<F, T>(dy, n, L, active, g);
   // Tasks: (level, split). Larger levels first so the longest tasks start early.
   const int threads = tfmo::NumThreads();
   const int splits = std::max(1, (2 * threads + active - 1) / active);
@@ -132,18 +156,18 @@ void GradParams(const Call& call, const T* dy, float* acc) {
     // Rows [lo, hi) of the table (absolute); splits == 1 covers the whole level.
     const uint lo = lv.offset + (uint)((uint64_t)lv.size * s / splits);
     const uint hi = lv.offset + (uint)((uint64_t)lv.size * (s + 1) / splits);
-    const float* gl = g.get() + (size_t)l * n * F;
-    auto tc = std::make_unique<TileCorners<D>>();
+    const float* gl = g + (size_t)l * n * F;
+    TileCorners<D> tc;
     for (int64_t t = 0; t < n; t += kTile) {
       const int count = (int)std::min<int64_t>(kTile, n - t);
-      tc->Compute(pos, t, count, lv, interp, nc);
+      tc.Compute(pos, t, count, lv, interp, nc);
       for (int i = 0; i < count; ++i) {
         const float* gi = gl + (t + i) * F;
         for (int c = 0; c < nc; ++c) {
-          const uint r = tc->row[c][i];
+          const uint r = tc.row[c][i];
           if (splits > 1 && (r < lo || r >= hi)) continue;
           float* a = acc + (int64_t)r * F;
-          const float w = tc->w[c][i];
+          const float w = tc.w[c][i];
           for (int f = 0; f < F; ++f) a[f] += w * gi[f];
         }
       }
@@ -161,27 +185,29 @@ void GradPositions(const Call& call, const T* dy, float* out) {
   const float* pos = call.positions.data<float>();
   const T* table = call.params.data<T>();
   const int64_t n = call.n;
-  const int64_t stride = (int64_t)L * F;
   tfmo::ParallelFor(n * D, 1 << 16, [&](int64_t b, int64_t e) { std::fill(out + b, out + e, 0.0f); });
-  if (interp == HG_INTERP_NEAREST) return;  // piecewise constant in x
+  if (interp == HG_INTERP_NEAREST || call.n_active == 0) return;  // nearest: piecewise constant in x
+  float* g = Scratch<float>((size_t)call.n_active * n * F, 1);
+  ToLevelMajor<F, T>(dy, n, L, call.n_active, g);
   for (int l = 0; l < call.n_active; ++l) {
+    const float* gl = g + (size_t)l * n * F;
     const HgLevel lv = call.levels[l];
     tfmo::ParallelFor(n, 4 * kTile, [&](int64_t b, int64_t e) {
-      auto tc = std::make_unique<TileCorners<D>>();
+      TileCorners<D> tc;
       for (int64_t t = b; t < e; t += kTile) {
         const int count = (int)std::min<int64_t>(kTile, e - t);
-        tc->Compute(pos, t, count, lv, interp, nc);
+        tc.Compute(pos, t, count, lv, interp, nc);
         for (int i = 0; i < count; ++i) {
-          const T* gy = dy + (t + i) * stride + (int64_t)l * F;
-          float gyf[F];
-          for (int f = 0; f < F; ++f) gyf[f] = Load<T>(gy + f);
-          float dx[D] = {};
+          const float* gyf = gl + (t + i) * F;
+          float sc[1 << D];  // <dy, value of corner c>
           for (int c = 0; c < nc; ++c) {
-            const T* v = table + (int64_t)tc->row[c][i] * F;
-            float s = 0.0f;  // <dy, value of corner c>
-            for (int f = 0; f < F; ++f) s += gyf[f] * Load<T>(v + f);
-            for (int k = 0; k < D; ++k) dx[k] += hg_corner_dweight(&tc->pt[i], (uint)c, D, k) * s;
+            const T* v = table + (int64_t)tc.row[c][i] * F;
+            float acc = 0.0f;
+            for (int f = 0; f < F; ++f) acc += gyf[f] * Load<T>(v + f);
+            sc[c] = acc;
           }
+          float dx[HG_MAX_DIMS] = {};
+          hg_accumulate_dx(&tc.pt[i], sc, D, dx);
           float* o = out + (t + i) * D;
           for (int k = 0; k < D; ++k) o[k] += dx[k];
         }

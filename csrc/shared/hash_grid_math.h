@@ -39,8 +39,8 @@
 #define HG_INTERP_SMOOTHSTEP 2
 // Per-level index modes (decided on the host).
 #define HG_INDEX_HASH 0     // coherent prime hash, size is a power of two: index = hash & (size - 1)
-#define HG_INDEX_DENSE 1    // all D dims strided, sum < 2*size: index = sum, minus size once if >= size
-#define HG_INDEX_TILED 2    // first n_stride_dims dims strided, 64-bit sum mod size (only grid type tiled)
+#define HG_INDEX_DENSE 1    // strided sum < 2*size (host-checked): index = sum, minus size once if >= size
+#define HG_INDEX_TILED 2    // strided, 64-bit sum mod size (only grid type tiled reaches this)
 
 // One level's constants. Same layout in C++ and MSL (only 4-byte members): the Metal host passes an array of
 // these in a buffer.
@@ -108,7 +108,7 @@ TFMO_FN uint hg_hash(uint g0, uint g1, uint g2, uint g3) {
 TFMO_FN uint hg_index(HgLevel lv, uint g0, uint g1, uint g2, uint g3) {
   if (lv.mode == HG_INDEX_HASH) return hg_hash(g0, g1, g2, g3) & (lv.size - 1u);
   if (lv.mode == HG_INDEX_DENSE) {
-    uint s = g0 + g1 * lv.stride[1] + g2 * lv.stride[2] + g3 * lv.stride[3];  // < 2*size <= 2^32 (host checks)
+    uint s = g0 + g1 * lv.stride[1] + g2 * lv.stride[2] + g3 * lv.stride[3];  // < 2*size (host checks)
     return s >= lv.size ? s - lv.size : s;
   }
   ulong s = (ulong)g0;
@@ -132,12 +132,24 @@ TFMO_FN float hg_corner_weight(const TFMO_THREAD HgPoint* p, uint c, int dims) {
   return w;
 }
 
-// d(weight of corner c) / d x_k.
-TFMO_FN float hg_corner_dweight(const TFMO_THREAD HgPoint* p, uint c, int dims, int k) {
-  float w = ((c >> k) & 1u) ? p->dw[k] : -p->dw[k];
-  for (int d = 0; d < HG_MAX_DIMS; ++d)
-    if (d < dims && d != k) w *= ((c >> d) & 1u) ? p->w[d] : 1.0f - p->w[d];
-  return w;
+// Position gradient of one (point, level): given s[c] = <dL/d(output features), value of corner c> for every
+// corner, adds dL/dx_k = dw_k * sum over corner pairs differing in dim k of (s[upper] - s[lower]) * (weight of
+// the other dims) to dx[k]. Differences first (as tcnn): corners that alias to the same row cancel exactly.
+TFMO_FN void hg_accumulate_dx(const TFMO_THREAD HgPoint* p, const TFMO_THREAD float* s, int dims,
+                              TFMO_THREAD float* dx) {
+  for (int k = 0; k < HG_MAX_DIMS; ++k) {
+    if (k >= dims) break;
+    const uint bit = 1u << k;
+    float acc = 0.0f;
+    for (uint c = 0; c < (1u << dims); ++c) {
+      if (c & bit) continue;
+      float w = 1.0f;
+      for (int d = 0; d < HG_MAX_DIMS; ++d)
+        if (d < dims && d != k) w *= ((c >> d) & 1u) ? p->w[d] : 1.0f - p->w[d];
+      acc += w * (s[c | bit] - s[c]);
+    }
+    dx[k] += p->dw[k] * acc;
+  }
 }
 
 TFMO_FN uint hg_num_corners(int dims, int interp) { return interp == HG_INTERP_NEAREST ? 1u : (1u << dims); }
@@ -174,11 +186,13 @@ inline int64_t hg_level_table(int dims, int n_levels, int n_features, int log2_h
       const int64_t t = int64_t{1} << log2_hashmap_size;
       if (t < size) size = t;
     }
-    // Strides while stride <= size (tcnn's loop condition), computed exactly.
-    int64_t stride = 1;
+    // Strides while stride <= size (tcnn's loop condition), computed exactly; bound = the largest strided sum
+    // (coordinates reach res at the upper edge).
+    int64_t stride = 1, bound = 0;
     int n_stride = 0;
     for (int d = 0; d < dims && stride <= size; ++d) {
       lv.stride[d] = (uint)stride;
+      bound += res * stride;
       ++n_stride;
       stride = (stride > (int64_t{1} << 40) / res) ? (int64_t{1} << 40) : stride * res;
     }
@@ -189,10 +203,10 @@ inline int64_t hg_level_table(int dims, int n_levels, int n_features, int log2_h
     lv.n_stride_dims = (uint)n_stride;
     if (grid_type == HG_GRID_HASH && size < stride) {
       lv.mode = HG_INDEX_HASH;  // size == 2^log2_hashmap_size here (a power of two)
-    } else if (n_stride == dims && dense <= size) {
-      lv.mode = HG_INDEX_DENSE;  // sum_d g_d res^d <= res (res^D - 1)/(res - 1) < 2 res^D <= 2 size
+    } else if (bound < 2 * size) {
+      lv.mode = HG_INDEX_DENSE;  // one conditional subtraction is the modulo (size <= 2^31 - 1: no overflow)
     } else {
-      lv.mode = HG_INDEX_TILED;
+      lv.mode = HG_INDEX_TILED;  // e.g. tiled levels finer than the tile, or a tile of N_min^D < 8 rows
     }
     levels[l] = lv;
     offset += size;

@@ -1,0 +1,498 @@
+"""The compiled Hash_grid_encode op (CPU kernels) against the NumPy float64 reference, plus gradients, determinism,
+clamp policy, max_level, level offsets, errors and graph/SavedModel use.
+
+Tolerances (params uniform in [-1, 1], dy standard normal; the reference emulates the kernels' float32
+``pos = x*scale + 0.5`` with rounding "separate", as g++ compiles it without FMA contraction):
+  forward, float32 params: atol 2e-6 (float32 accumulation of <= 16 weighted corner values);
+  float16 params: the same float16 table in float64, rtol 2^-10 + atol 1e-6 (one rounding of a float32 result);
+  d/dparams: float32 rtol 1e-5 + atol 2e-5; float16 rtol 2^-9 + atol 1e-3 (rows accumulate many points);
+  d/dpositions: rtol 1e-4 + atol 1e-5 * max|reference| (terms scale with the level scale and cancel).
+"""
+
+import zlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_metal_ops
+from tf_metal_ops._library import ops
+from tf_metal_ops.hash_grid import HashGridConfig, reference
+
+GRID_TYPES = ("hash", "dense", "tiled")
+INTERPOLATIONS = ("linear", "smoothstep", "nearest")
+
+
+def seeded(*key):
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def random_positions(rng, n, d):
+    """Mostly inside [0, 1], some outside, NaN/inf, exact 0 and 1 (the clamp policy is part of the contract)."""
+    x = rng.uniform(-0.05, 1.05, (n, d)).astype(np.float32)
+    if n >= 8:
+        x[0, 0] = np.nan
+        x[1, -1] = np.inf
+        x[2, 0] = -np.inf
+        x[3] = 0.0
+        x[4] = 1.0
+        x[5, 0] = 0.5
+    return x
+
+
+def random_config(rng, d, grid_type, interpolation):
+    while True:
+        kwargs = dict(
+            n_levels=int(rng.integers(1, 9)),
+            n_features_per_level=int(rng.choice([1, 2, 4, 8])),
+            log2_hashmap_size=int(rng.integers(3, 15)),
+            base_resolution=int(rng.integers(1, 20)),
+            per_level_scale=float(rng.uniform(1.0, 2.2)),
+            grid_type=grid_type,
+            interpolation=interpolation,
+        )
+        try:
+            cfg = HashGridConfig(d, **kwargs)
+        except ValueError:
+            continue
+        if cfg.total_entries <= 2_000_000:
+            return cfg
+
+
+def raw_kwargs(cfg):
+    return cfg.op_kwargs()
+
+
+def encode(x, p, cfg, max_level=None):
+    return tf_metal_ops.hash_grid_encode(x, p, max_level=max_level, **cfg.op_kwargs())
+
+
+def grads(x, p, dy, cfg, max_level=None):
+    x = tf.constant(x)
+    p = tf.constant(p)
+    with tf.GradientTape() as tape:
+        tape.watch([x, p])
+        y = encode(x, p, cfg, max_level)
+    gx, gp = tape.gradient(y, [x, p], output_gradients=tf.constant(dy))
+    return y.numpy(), gx.numpy(), gp.numpy()
+
+
+# ---- agreement with the float64 reference -------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("interpolation", INTERPOLATIONS)
+@pytest.mark.parametrize("grid_type", GRID_TYPES)
+@pytest.mark.parametrize("d", [1, 2, 3, 4])
+def test_matches_reference(d, grid_type, interpolation, dtype):
+    for trial in range(3):
+        rng = seeded(d, grid_type, interpolation, dtype, trial)
+        cfg = random_config(rng, d, grid_type, interpolation)
+        n = int(rng.integers(1, 300))
+        x = random_positions(rng, n, d)
+        p = rng.uniform(-1, 1, cfg.params_shape).astype(dtype)
+        dy = rng.standard_normal((n, cfg.n_output_dims)).astype(dtype)
+        max_level = [None, int(rng.integers(0, cfg.n_levels + 1)), float(rng.uniform(0, 1))][trial]
+        y, gx, gp = grads(x, p, dy, cfg, max_level)
+        assert y.dtype == np.dtype(dtype) and y.shape == (n, cfg.n_output_dims)
+        assert gp.dtype == np.dtype(dtype) and gx.dtype == np.float32
+        ref_y = reference.encode(x, p, cfg, max_level=max_level)
+        ref_gp = reference.grad_params(x, p, dy, cfg, max_level=max_level)
+        ref_gx = reference.grad_positions(x, p, dy, cfg, max_level=max_level)
+        if dtype == "float32":
+            np.testing.assert_allclose(y, ref_y, rtol=0, atol=2e-6)
+            np.testing.assert_allclose(gp, ref_gp, rtol=1e-5, atol=2e-5)
+        else:
+            np.testing.assert_allclose(y.astype(np.float64), ref_y, rtol=2**-10, atol=1e-6)
+            np.testing.assert_allclose(gp.astype(np.float64), ref_gp, rtol=2**-9, atol=1e-3)
+        np.testing.assert_allclose(gx, ref_gx, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(ref_gx).max()))
+        if interpolation == "nearest":
+            assert not np.any(gx)
+
+
+def test_default_config_matches_reference():
+    """The default (Instant-NGP) config, where levels switch from dense to hashed."""
+    cfg = HashGridConfig(3)
+    rng = seeded("default")
+    x = rng.uniform(0, 1, (2000, 3)).astype(np.float32)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    dy = rng.standard_normal((2000, 32)).astype(np.float32)
+    assert any(cfg.hashed_levels) and not all(cfg.hashed_levels)
+    y, gx, gp = grads(x, p, dy, cfg)
+    np.testing.assert_allclose(y, reference.encode(x, p, cfg), atol=2e-6)
+    ref_gx = reference.grad_positions(x, p, dy, cfg)
+    np.testing.assert_allclose(gx, ref_gx, rtol=1e-4, atol=1e-5 * np.abs(ref_gx).max())
+    # Compare the scattered gradient only where the reference is non-zero (the table is mostly untouched).
+    ref_gp = reference.grad_params(x, p, dy, cfg)
+    np.testing.assert_allclose(gp, ref_gp, rtol=1e-5, atol=2e-5)
+    assert np.count_nonzero(gp) > 1000
+
+
+# ---- level table: the kernel's offsets and sizes are config.py's ---------------------------------------------
+@pytest.mark.parametrize("grid_type", GRID_TYPES)
+@pytest.mark.parametrize("d", [1, 2, 3, 4])
+def test_level_offsets_match_config(d, grid_type):
+    """A table that is 1 on exactly level l's rows [offsets[l], offsets[l+1]) and 0 elsewhere encodes to 1 in
+    level l's columns and 0 elsewhere (weights sum to 1): the kernel reads each level inside config's range."""
+    rng = seeded("offsets", d, grid_type)
+    cfg = random_config(rng, d, grid_type, "linear")
+    x = rng.uniform(0, 1, (257, d)).astype(np.float32)
+    f = cfg.n_features_per_level
+    for level in range(cfg.n_levels):
+        p = np.zeros(cfg.params_shape, np.float32)
+        p[cfg.offsets[level] : cfg.offsets[level + 1]] = 1.0
+        y = encode(x, p, cfg).numpy()
+        expected = np.zeros_like(y)
+        expected[:, level * f : (level + 1) * f] = 1.0
+        np.testing.assert_allclose(y, expected, atol=1e-6, err_msg=f"level {level} of {cfg}")
+
+
+def test_params_rows_error_states_expected_count():
+    """The kernel's own row count (seen through its error message) equals config.total_entries."""
+    for trial in range(12):
+        rng = seeded("rows", trial)
+        d = int(rng.integers(1, 5))
+        cfg = random_config(rng, d, str(rng.choice(GRID_TYPES)), "linear")
+        x = np.zeros((3, d), np.float32)
+        p = np.zeros((cfg.total_entries + 1, cfg.n_features_per_level), np.float32)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=rf"params has {cfg.total_entries + 1} rows, but the config needs {cfg.total_entries}\b"):
+            ops().hash_grid_encode(x, p, cfg.n_levels, **raw_kwargs(cfg))
+
+
+# ---- gradients with tf.test.compute_gradient ------------------------------------------------------------------
+def _interior_points(rng, cfg, n):
+    """Points whose frac is >= 0.02 away from a cell boundary at every level (finite differences stay smooth)."""
+    out = []
+    while len(out) < n:
+        x = rng.uniform(0.02, 0.98, cfg.n_input_dims).astype(np.float32)
+        ok = True
+        for s in cfg.scales:
+            pos = x * np.float32(s) + np.float32(0.5)
+            frac = pos - np.floor(pos)
+            ok &= bool(np.all((frac > 0.02) & (frac < 0.98)))
+        if ok:
+            out.append(x)
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("interpolation", INTERPOLATIONS)
+@pytest.mark.parametrize("grid_type", GRID_TYPES)
+def test_compute_gradient(grid_type, interpolation):
+    d = 2
+    cfg = HashGridConfig(
+        d, n_levels=3, n_features_per_level=2, log2_hashmap_size=4, base_resolution=3, per_level_scale=1.6,
+        grid_type=grid_type, interpolation=interpolation,
+    )
+    if grid_type == "hash":
+        assert any(cfg.hashed_levels)
+    rng = seeded("cg", grid_type, interpolation)
+    x = _interior_points(rng, cfg, 5)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+
+    def f_x(xx):
+        return encode(xx, p, cfg)
+
+    def f_p(pp):
+        return encode(x, pp, cfg)
+
+    (ta,), (tn,) = tf.test.compute_gradient(f_x, [tf.constant(x)], delta=1e-3)
+    np.testing.assert_allclose(ta, tn, rtol=2e-2, atol=2e-2)
+    if interpolation == "nearest":
+        assert not np.any(ta)
+    else:
+        assert np.abs(ta).max() > 0.1
+    (ta,), (tn,) = tf.test.compute_gradient(f_p, [tf.constant(p)], delta=1e-2)
+    np.testing.assert_allclose(ta, tn, rtol=1e-3, atol=1e-3)
+    assert np.count_nonzero(ta) > 0
+
+
+# ---- determinism of the CPU parameter gradient ----------------------------------------------------------------
+@pytest.mark.parametrize("n_levels", [1, 8])
+def test_param_grad_deterministic_across_runs_and_threads(n_levels):
+    """Bitwise identical d/dparams over repeated runs and thread counts 1, 2, 3 (a tiny hash table so that many
+    points collide on every row; n_levels=1 exercises the split-level path)."""
+    cfg = HashGridConfig(3, n_levels=n_levels, n_features_per_level=2, log2_hashmap_size=6, base_resolution=8,
+                         per_level_scale=1.5)
+    rng = seeded("det", n_levels)
+    n = 30000
+    x = rng.uniform(0, 1, (n, 3)).astype(np.float32)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    dy = rng.standard_normal((n, cfg.n_output_dims)).astype(np.float32)
+    results = []
+    for threads in (1, 2, 3, 2, 1):
+        with tf_metal_ops.num_threads(threads):
+            results.append(ops().hash_grid_encode_grad_params(dy, x, p, n_levels, **raw_kwargs(cfg)).numpy())
+    for r in results[1:]:
+        np.testing.assert_array_equal(r.view(np.uint32), results[0].view(np.uint32))
+    np.testing.assert_allclose(results[0], reference.grad_params(x, p, dy, cfg), rtol=1e-4, atol=1e-3)
+    # Float32 sums of thousands of terms: an order-dependent implementation would differ in the last bits.
+    assert np.abs(results[0]).max() > 10
+
+
+def test_position_grad_and_forward_independent_of_threads():
+    cfg = HashGridConfig(3, n_levels=6, log2_hashmap_size=10)
+    rng = seeded("threads-fwd")
+    x = rng.uniform(0, 1, (5000, 3)).astype(np.float32)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    dy = rng.standard_normal((5000, cfg.n_output_dims)).astype(np.float32)
+    out = []
+    for threads in (1, 2):
+        with tf_metal_ops.num_threads(threads):
+            out.append(grads(x, p, dy, cfg))
+    for a, b in zip(*out):
+        np.testing.assert_array_equal(a, b)
+
+
+# ---- clamp policy ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("interpolation", ["linear", "smoothstep"])
+def test_out_of_range_positions_are_clamped(interpolation):
+    cfg = HashGridConfig(3, n_levels=4, log2_hashmap_size=8, base_resolution=4, interpolation=interpolation)
+    rng = seeded("clamp", interpolation)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    x = np.array(
+        [[-0.5, 0.3, 0.7], [1.5, 0.3, 0.7], [np.nan, 0.3, 0.7], [np.inf, 0.3, 0.7], [-np.inf, 0.3, 0.7],
+         [0.0, 0.3, 0.7], [1.0, 0.3, 0.7], [-1e30, 2e30, np.nan]],
+        np.float32,
+    )
+    clamped = np.array(
+        [[0.0, 0.3, 0.7], [1.0, 0.3, 0.7], [0.0, 0.3, 0.7], [1.0, 0.3, 0.7], [0.0, 0.3, 0.7],
+         [0.0, 0.3, 0.7], [1.0, 0.3, 0.7], [0.0, 1.0, 0.0]],
+        np.float32,
+    )
+    dy = rng.standard_normal((len(x), cfg.n_output_dims)).astype(np.float32)
+    y, gx, gp = grads(x, p, dy, cfg)
+    y_c, gx_c, gp_c = grads(clamped, p, dy, cfg)
+    np.testing.assert_array_equal(y, y_c)
+    np.testing.assert_array_equal(gp, gp_c)
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(gx))
+    outside = ~((x >= 0) & (x <= 1))
+    assert np.all(gx[outside] == 0)
+    np.testing.assert_array_equal(gx[~outside], gx_c[~outside])
+    assert np.abs(gx[~outside]).max() > 0  # in-range coordinates keep their gradient
+
+
+# ---- max_level --------------------------------------------------------------------------------------------------
+def test_max_level_semantics():
+    cfg = HashGridConfig(2, n_levels=4, n_features_per_level=2, log2_hashmap_size=8)
+    rng = seeded("max_level")
+    x = rng.uniform(0, 1, (50, 2)).astype(np.float32)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    dy = rng.standard_normal((50, 8)).astype(np.float32)
+    full, gx_full, _ = grads(x, p, dy, cfg)
+    # (max_level, active levels): int = level count (clipped), float = tcnn fraction l < m*L + 1e-3.
+    cases = [(0, 0), (1, 1), (3, 3), (4, 4), (9, 4), (-2, 0), (0.0, 1), (0.25, 2), (0.5, 3), (0.74, 3),
+             (1.0, 4), (2.5, 4), (tf.constant(2), 2), (tf.constant(0.5), 3)]
+    for m, k in cases:
+        y, gx, gp = grads(x, p, dy, cfg, m)
+        np.testing.assert_array_equal(y[:, : 2 * k], full[:, : 2 * k], err_msg=str(m))
+        assert not np.any(y[:, 2 * k :]), m
+        assert not np.any(gp[cfg.offsets[k] :]), m  # finer levels get no gradient
+        if k:
+            assert np.any(gp[: cfg.offsets[k]])
+        np.testing.assert_allclose(gx, reference.grad_positions(x, p, dy, cfg, max_level=k), rtol=1e-4, atol=1e-3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_level must not be NaN"):
+        encode(x, p, cfg, float("nan"))
+
+
+def test_max_level_tensor_in_tf_function():
+    cfg = HashGridConfig(2, n_levels=4, log2_hashmap_size=8)
+    rng = seeded("max_level_fn")
+    x = tf.constant(rng.uniform(0, 1, (20, 2)).astype(np.float32))
+    p = tf.constant(rng.uniform(-1, 1, cfg.params_shape).astype(np.float32))
+
+    @tf.function
+    def f(m):
+        return encode(x, p, cfg, m)
+
+    for k in range(5):
+        y = f(tf.constant(k)).numpy()
+        np.testing.assert_allclose(y, reference.encode(x.numpy(), p.numpy(), cfg, max_level=k), atol=2e-6)
+
+
+# ---- graph mode, SavedModel ------------------------------------------------------------------------------------
+def test_static_shape_and_graph_gradients():
+    cfg = HashGridConfig(3, n_levels=5, n_features_per_level=4, log2_hashmap_size=10)
+    p = tf.Variable(seeded("graph").uniform(-1, 1, cfg.params_shape).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+    def f(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = encode(x, p, cfg)
+            loss = tf.reduce_sum(y * y)
+        assert y.shape.as_list() == [None, 20]
+        return y, tape.gradient(loss, [x, p])
+
+    x = seeded("graph-x").uniform(0, 1, (40, 3)).astype(np.float32)
+    y, (gx, gp) = f(x)
+    dy = 2 * reference.encode(x, p.numpy(), cfg)
+    np.testing.assert_allclose(y.numpy(), dy / 2, atol=2e-6)
+    np.testing.assert_allclose(gp.numpy(), reference.grad_params(x, p.numpy(), dy, cfg), rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(gx.numpy(), reference.grad_positions(x, p.numpy(), dy, cfg), rtol=1e-4, atol=1e-3)
+
+
+def test_raw_op_shape_inference():
+    cfg = HashGridConfig(3, n_levels=5, n_features_per_level=4, log2_hashmap_size=10)
+
+    @tf.function(input_signature=[tf.TensorSpec([7, 3], tf.float32), tf.TensorSpec([None, 4], tf.float32)])
+    def f(x, p):
+        y = ops().hash_grid_encode(x, p, 5, **raw_kwargs(cfg))
+        assert y.shape.as_list() == [7, None]  # L is an attr the C API shape function cannot read
+        gp = ops().hash_grid_encode_grad_params(tf.zeros([7, 20]), x, p, 5, **raw_kwargs(cfg))
+        gx = ops().hash_grid_encode_grad_positions(tf.zeros([7, 20]), x, p, 5, **raw_kwargs(cfg))
+        assert gp.shape.as_list() == [None, 4] and gx.shape.as_list() == [7, 3]
+        return y
+
+    f.get_concrete_function()
+    with pytest.raises(ValueError, match="rank"):
+        tf.function(lambda: ops().hash_grid_encode(tf.zeros([7]), tf.zeros([4, 2]), 1, **raw_kwargs(cfg)))()
+
+
+def test_saved_model_gradients(tmp_path):
+    cfg = HashGridConfig(3, n_levels=4, log2_hashmap_size=8)
+    rng = seeded("saved")
+
+    class M(tf.Module):
+        def __init__(self):
+            self.p = tf.Variable(rng.uniform(-1, 1, cfg.params_shape).astype(np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+        def __call__(self, x):
+            return encode(x, self.p, cfg)
+
+    tf.saved_model.save(M(), str(tmp_path))
+    loaded = tf.saved_model.load(str(tmp_path))
+    x = tf.constant(rng.uniform(0, 1, (30, 3)).astype(np.float32))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = loaded(x)
+        loss = tf.reduce_sum(y)
+    gx, gp = tape.gradient(loss, [x, loaded.p])
+    p = loaded.p.numpy()
+    dy = np.ones((30, cfg.n_output_dims))
+    np.testing.assert_allclose(y.numpy(), reference.encode(x.numpy(), p, cfg), atol=2e-6)
+    np.testing.assert_allclose(gp.numpy(), reference.grad_params(x.numpy(), p, dy, cfg), rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(gx.numpy(), reference.grad_positions(x.numpy(), p, dy, cfg), rtol=1e-4, atol=1e-3)
+
+
+def test_unneeded_gradient_is_skipped_eagerly():
+    """Only the gradient that is asked for is computed (the other grad op would fail on purpose here)."""
+    cfg = HashGridConfig(2, n_levels=2, log2_hashmap_size=6)
+    x = tf.constant([[0.2, 0.4]])
+    p = tf.Variable(np.ones(cfg.params_shape, np.float32))
+    with tf.GradientTape() as tape:
+        y = encode(x, p, cfg)
+    (gp,) = tape.gradient(y, [p])
+    assert gp.shape == cfg.params_shape
+
+
+# ---- empty batch and errors --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_empty_batch(dtype):
+    cfg = HashGridConfig(3, n_levels=3, n_features_per_level=4, log2_hashmap_size=8)
+    p = np.ones(cfg.params_shape, dtype)
+    x = np.zeros((0, 3), np.float32)
+    y, gx, gp = grads(x, p, np.zeros((0, 12), dtype), cfg)
+    assert y.shape == (0, 12) and gx.shape == (0, 3) and gp.shape == cfg.params_shape
+    assert not np.any(gp)
+
+
+def _cfg_kwargs(**over):
+    kw = dict(n_levels=2, n_features_per_level=2, log2_hashmap_size=6, base_resolution=4, per_level_scale=1.5,
+              grid_type="hash", interpolation="linear")
+    kw.update(over)
+    return kw
+
+
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        (dict(n_features_per_level=3), "n_features_per_level must be 1, 2, 4 or 8, got 3"),
+        (dict(n_levels=0), "n_levels must be in 1..32, got 0"),
+        (dict(n_levels=33), "n_levels must be in 1..32, got 33"),
+        (dict(log2_hashmap_size=25), "log2_hashmap_size must be in 1..24, got 25"),
+        (dict(log2_hashmap_size=0), "log2_hashmap_size must be in 1..24, got 0"),
+        (dict(base_resolution=0), "base_resolution must be in 1..2\\^24, got 0"),
+        (dict(per_level_scale=0.5), "per_level_scale must be a finite number >= 1"),
+        (dict(n_levels=32, per_level_scale=2.0), "finest level's scale"),
+        (dict(grid_type="octree"), 'grid_type must be "hash", "dense" or "tiled", got "octree"'),
+        (dict(interpolation="cubic"), 'interpolation must be "linear", "smoothstep" or "nearest", got "cubic"'),
+    ],
+)
+def test_bad_attrs(over, message):
+    kw = _cfg_kwargs(**over)
+    x = np.zeros((2, 2), np.float32)
+    p = np.zeros((64, kw["n_features_per_level"]), np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):  # the kernel's own check
+        ops().hash_grid_encode(x, p, 1, **kw)
+    with pytest.raises(ValueError):  # the wrapper's check
+        tf_metal_ops.hash_grid_encode(x, p, **kw)
+
+
+def test_bad_inputs_kernel():
+    kw = _cfg_kwargs()
+    cfg = HashGridConfig(2, **kw)
+    rows, f = cfg.params_shape
+    good_x = np.zeros((4, 2), np.float32)
+    good_p = np.zeros((rows, f), np.float32)
+    cases = [
+        (np.zeros((4,), np.float32), good_p, 1, r"positions must have rank 2 \[N, D\], got shape \[4\]"),
+        (np.zeros((4, 5), np.float32), good_p, 1, r"positions must have 1 to 4 columns \(D\), got shape \[4, 5\]"),
+        (np.zeros((4, 0), np.float32), good_p, 1, "positions must have 1 to 4 columns"),
+        (good_x, np.zeros((rows, 4), np.float32), 1, r"params must have shape \[table_rows, n_features_per_level=2\]"),
+        (good_x, np.zeros((rows * f,), np.float32), 1, "params must have shape"),
+        (good_x, np.zeros((rows - 8, f), np.float32), 1, f"params has {rows - 8} rows, but the config needs {rows}"),
+        (good_x, good_p, np.array([1, 2], np.int32), r"max_level must be a scalar, got shape \[2\]"),
+    ]
+    for x, p, m, message in cases:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            # Eager: no shape function runs, the kernel validates.
+            ops().hash_grid_encode(x, p, m, **kw)
+    dy_bad = np.zeros((4, 3), np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"grad must have shape \[4, 4\], got \[4, 3\]"):
+        ops().hash_grid_encode_grad_params(dy_bad, good_x, good_p, 1, **kw)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"grad must have shape \[4, 4\]"):
+        ops().hash_grid_encode_grad_positions(dy_bad, good_x, good_p, 1, **kw)
+    with pytest.raises((TypeError, tf.errors.InvalidArgumentError)):
+        ops().hash_grid_encode(tf.constant(good_x, tf.float64), good_p, 1, **kw)
+
+
+def test_bad_inputs_wrapper():
+    kw = _cfg_kwargs()
+    cfg = HashGridConfig(2, **kw)
+    x = np.zeros((4, 2), np.float32)
+    p = np.zeros(cfg.params_shape, np.float32)
+    with pytest.raises(ValueError, match="positions must be float32, got float64"):
+        tf_metal_ops.hash_grid_encode(x.astype(np.float64), p, **kw)
+    with pytest.raises(ValueError, match="params must be float32 or float16, got float64"):
+        tf_metal_ops.hash_grid_encode(x, p.astype(np.float64), **kw)
+    with pytest.raises(ValueError, match="positions must have rank 2"):
+        tf_metal_ops.hash_grid_encode(x[0], p, **kw)
+    with pytest.raises(ValueError, match="1 to 4 columns"):
+        tf_metal_ops.hash_grid_encode(np.zeros((4, 5), np.float32), p, **kw)
+    with pytest.raises(ValueError, match=rf"params must have shape \[{cfg.total_entries}, 2\]"):
+        tf_metal_ops.hash_grid_encode(x, p[:-1], **kw)
+    with pytest.raises(ValueError, match="max_level must be int32 or float32"):
+        tf_metal_ops.hash_grid_encode(x, p, max_level=tf.constant(1, tf.int64), **kw)
+    with pytest.raises(ValueError, match="bool"):
+        tf_metal_ops.hash_grid_encode(x, p, max_level=True, **kw)
+
+
+def test_table_too_large_fails_before_allocating():
+    kw = _cfg_kwargs(grid_type="dense", n_levels=8, base_resolution=64, per_level_scale=2.0)
+    x = np.zeros((2, 4), np.float32)
+    p = np.zeros((8, 2), np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="needs more than 2\\^31-1 values"):
+        ops().hash_grid_encode(x, p, 1, **kw)
+    with pytest.raises(ValueError, match="parameters"):
+        tf_metal_ops.hash_grid_encode(x, p, **kw)
+
+
+def test_errors_in_graph_mode_come_from_the_kernel():
+    """With an unknown D the wrapper cannot check params; the kernel does."""
+    kw = _cfg_kwargs()
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    def f(x):
+        return tf_metal_ops.hash_grid_encode(x, tf.zeros([10, 2]), **kw)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="params has 10 rows, but the config needs"):
+        f(tf.zeros([3, 2]))
