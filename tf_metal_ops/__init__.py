@@ -7,6 +7,7 @@ loads in every TensorFlow >= 2.16. ``library_path()`` gives its path for ``tf.lo
 from tf_metal_ops._library import OpLibraryError, library_path
 from tf_metal_ops._version import __version__
 from tf_metal_ops.backend import backend_info
+from tf_metal_ops.hash_grid import HashGridConfig, HashGridEncoding
 from tf_metal_ops.hash_grid.config import hash_grid_table_layout
 from tf_metal_ops.hash_grid.ops import hash_grid_encode
 from tf_metal_ops.render import (
@@ -20,6 +21,8 @@ from tf_metal_ops.threads import get_num_threads, num_threads, set_num_threads
 from tf_metal_ops.zero_out import zero_out
 
 __all__ = [
+    "HashGridConfig",
+    "HashGridEncoding",
     "OpLibraryError",
     "VolumeRenderResult",
     "__version__",
@@ -36,3 +39,13 @@ __all__ = [
     "volume_render_tf",
     "zero_out",
 ]
+
+# Load the op library now when it is installed, so `import tf_metal_ops` is all a process needs before
+# tf.saved_model.load of a graph containing the ops (their gradients are registered by the imports above).
+# Without the library the package still imports (the Keras layer then falls back to pure TF).
+try:
+    from tf_metal_ops._library import ops as _ops
+
+    _ops()
+except OpLibraryError:
+    pass

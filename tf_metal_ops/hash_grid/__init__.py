@@ -9,7 +9,8 @@ from tf_metal_ops.hash_grid.config import (
     hash_grid_table_layout,
     per_level_scale_from_finest_resolution,
 )
-from tf_metal_ops.hash_grid.layer import HashGridEncoding
+from tf_metal_ops.hash_grid.layer import HashGridEncoding  # registers the Keras serializable
+from tf_metal_ops.hash_grid.ops import hash_grid_encode  # registers the op's gradient
 
 __all__ = [
     "HashGridConfig",
@@ -21,12 +22,3 @@ __all__ = [
     "pure_tf",
     "reference",
 ]
-
-
-def __getattr__(name):
-    # ops.py (the compiled op's wrapper) is imported on first use, so this package imports without it.
-    if name == "hash_grid_encode":
-        from tf_metal_ops.hash_grid.ops import hash_grid_encode
-
-        return hash_grid_encode
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -91,7 +91,10 @@ class HashGridEncoding(keras.layers.Layer):
         self.implementation = implementation
         self.resolved_implementation, self._encode = resolve_implementation(implementation)
         self.supports_jit = self.resolved_implementation == "pure_tf"  # keras' jit_compile="auto" reads this
-        self._convert_input_args = False  # keep max_level an int and positions float32
+        # keras would cast inputs to the compute dtype (float16 under mixed precision) and max_level to a float:
+        # call() converts positions to float32 itself and passes max_level through.
+        self._convert_input_args = False
+        self._allow_non_tensor_positional_args = True
         self.hash_grid_config = None
 
     def build(self, input_shape):
