@@ -54,6 +54,18 @@ struct HgLevel {
   uint stride[HG_MAX_DIMS];  // res^d for d < n_stride_dims
 };
 
+// Scalar arguments of the Metal kernels (metal_kernels/hash_grid.metal), set by csrc/metal/hash_grid_metal.mm.
+struct HgArgs {
+  uint n;             // points
+  uint dims;          // D
+  uint n_features;    // F
+  uint n_levels;      // L (output columns L*F)
+  uint n_active;      // levels l < n_active are active
+  uint interpolation; // HG_INTERP_*
+  uint count;         // element count for the elementwise helper kernels
+  uint pad;
+};
+
 // Per (point, level): grid coordinates, upper-corner weights and their derivatives w.r.t. x_d.
 struct HgPoint {
   uint grid[HG_MAX_DIMS];
@@ -154,8 +166,9 @@ TFMO_FN void hg_accumulate_dx(const TFMO_THREAD HgPoint* p, const TFMO_THREAD fl
 
 TFMO_FN uint hg_num_corners(int dims, int interp) { return interp == HG_INTERP_NEAREST ? 1u : (1u << dims); }
 
-#if !defined(__METAL_VERSION__)
-// ---- Host side (C++ only): the level table of a configuration. ----
+#if !defined(__METAL_VERSION__) || defined(HG_HOST_LEVEL_TABLE)
+// ---- Host side (C++ only): the level table of a configuration. HG_HOST_LEVEL_TABLE exposes it to the MSL
+// emulation drivers (tests/metal_emu), which compile the Metal source as C++. ----
 #include <cmath>
 #include <cstdint>
 
