@@ -37,6 +37,25 @@
 
 #include "device_compat.h"
 
+// Kernel parameters of the Metal kernels (one struct, bound with setBytes; same layout in C++ and MSL).
+struct VrParams {
+  uint R, S, C;
+  uint bg_mode;     // 0: none, 1: shared [C], 2: per ray [R, C] (tfmo::render::BackgroundMode)
+  float threshold;  // termination_threshold
+};
+struct DlParams {
+  uint R, S;
+};
+
+// Quiet NaN: what the Metal kernels write for a ray with invalid input (see conventions).
+TFMO_FN float vr_nan() {
+#if defined(__METAL_VERSION__)
+  return as_type<float>(0x7fc00000u);
+#else
+  return __builtin_nanf("");
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // VolumeRender
 
