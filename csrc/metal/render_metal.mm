@@ -1,0 +1,190 @@
+// GPU (Metal) kernel hosts of Volume_render, Volume_render_grad, Distortion_loss, Distortion_loss_grad
+// (semantics: csrc/ops/render_ops.cc; kernels: metal_kernels/volume_render.metal, distortion_loss.metal).
+// Shapes are validated here exactly as on the CPU (render_validate.h). Value checks (sorted t, densities >= 0)
+// happen per ray on the GPU, which cannot fail the op: offending rays get NaN outputs (documented in the
+// kernels and in tf_metal_ops/render.py).
+// Empty tensors have no MTLBuffer: an empty input or output is bound as `t` (never empty when R > 0: it has
+// S + 1 >= 1 columns); the kernels never touch it because the matching loops are empty. R == 0 skips the dispatch.
+#include "common/op_names.h"
+#include "common/tfc.h"
+#include "metal/metal_host.h"
+#include "ops/render_validate.h"
+#include "shared/volume_render_math.h"
+
+namespace {
+
+using tfmo::TensorRef;
+
+struct VrAttrs {
+  float threshold = 0.0f;
+};
+
+void* VrCreate(TF_OpKernelConstruction* c) {
+  auto* a = new VrAttrs;
+  if (!tfmo::render::ReadThreshold(c, "volume_render", &a->threshold)) {
+    delete a;
+    return nullptr;
+  }
+  return a;
+}
+void VrDelete(void* p) { delete static_cast<VrAttrs*>(p); }
+
+// Binds t at `index`, or `fallback` when t is empty (see the header comment).
+void BindOr(tfmo::metal::Encoder& e, uint32_t index, const TensorRef& t, const TensorRef& fallback) {
+  e.buffer(index, t.num_elements() > 0 ? t : fallback);
+}
+
+// The kernels index rays with 32-bit uints (their inner offsets are 64-bit).
+bool CheckDims(TF_OpKernelContext* ctx, const char* op, int64_t R, int64_t S, int64_t C) {
+  return tfmo::metal::CheckGridSize(ctx, op, "the number of rays", static_cast<uint64_t>(R)) &&
+         tfmo::metal::CheckGridSize(ctx, op, "the number of interval edges per ray", static_cast<uint64_t>(S + 1)) &&
+         tfmo::metal::CheckGridSize(ctx, op, "the number of channels", static_cast<uint64_t>(C));
+}
+
+VrParams MakeVrParams(const tfmo::render::VrDims& d, float threshold) {
+  VrParams p;
+  p.R = static_cast<uint32_t>(d.R);
+  p.S = static_cast<uint32_t>(d.S);
+  p.C = static_cast<uint32_t>(d.C);
+  p.bg_mode = static_cast<uint32_t>(d.bg);
+  p.threshold = threshold;
+  return p;
+}
+
+void VrMetal(void* attrs, TF_OpKernelContext* ctx) {
+  const char* op = "volume_render";
+  TensorRef dens, cols, t, bg;
+  if (!tfmo::GetInput(ctx, 0, &dens) || !tfmo::GetInput(ctx, 1, &cols) || !tfmo::GetInput(ctx, 2, &t) ||
+      !tfmo::GetInput(ctx, 3, &bg))
+    return;
+  tfmo::render::VrDims d;
+  if (!tfmo::render::ValidateVolumeRender(ctx, op, dens, cols, t, bg, &d)) return;
+  TensorRef color, depth, opacity, weights;
+  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {d.R, d.C}, &color) ||
+      !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {d.R}, &depth) ||
+      !tfmo::AllocateOutput(ctx, 2, TF_FLOAT, {d.R}, &opacity) ||
+      !tfmo::AllocateOutput(ctx, 3, TF_FLOAT, {d.R, d.S}, &weights))
+    return;
+  if (d.R == 0 || !CheckDims(ctx, op, d.R, d.S, d.C)) return;
+  const VrParams params = MakeVrParams(d, static_cast<VrAttrs*>(attrs)->threshold);
+  tfmo::metal::Dispatch(ctx, "volume_render_forward", {}, [&](tfmo::metal::Encoder& e) {
+    BindOr(e, 0, dens, t);
+    BindOr(e, 1, cols, t);
+    e.buffer(2, t);
+    BindOr(e, 3, bg, t);
+    e.buffer(4, color);
+    e.buffer(5, depth);
+    e.buffer(6, opacity);
+    BindOr(e, 7, weights, t);
+    e.value(8, params);
+    e.threads(static_cast<uint64_t>(d.R));
+  });
+}
+
+void VrGradMetal(void* attrs, TF_OpKernelContext* ctx) {
+  const char* op = "volume_render_grad";
+  TensorRef in[8];
+  for (int i = 0; i < 8; ++i)
+    if (!tfmo::GetInput(ctx, i, &in[i])) return;
+  const TensorRef &dens = in[0], &cols = in[1], &t = in[2], &bg = in[3];
+  tfmo::render::VrDims d;
+  if (!tfmo::render::ValidateVolumeRender(ctx, op, dens, cols, t, bg, &d) ||
+      !tfmo::render::ValidateVolumeRenderUpstream(ctx, op, d, in[4], in[5], in[6], in[7]))
+    return;
+  TensorRef g_dens, g_cols, g_t, g_bg;
+  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {d.R, d.S}, &g_dens) ||
+      !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {d.R, d.S, d.C}, &g_cols) ||
+      !tfmo::AllocateOutput(ctx, 2, TF_FLOAT, {d.R, d.S + 1}, &g_t) ||
+      !tfmo::AllocateOutput(ctx, 3, TF_FLOAT, {d.R, d.C}, &g_bg))
+    return;
+  if (d.R == 0 || !CheckDims(ctx, op, d.R, d.S, d.C)) return;
+  const VrParams params = MakeVrParams(d, static_cast<VrAttrs*>(attrs)->threshold);
+  tfmo::metal::Dispatch(ctx, "volume_render_backward", {}, [&](tfmo::metal::Encoder& e) {
+    BindOr(e, 0, dens, t);
+    BindOr(e, 1, cols, t);
+    e.buffer(2, t);
+    BindOr(e, 3, bg, t);
+    e.buffer(4, in[4]);
+    e.buffer(5, in[5]);
+    e.buffer(6, in[6]);
+    BindOr(e, 7, in[7], t);
+    BindOr(e, 8, g_dens, g_t);
+    BindOr(e, 9, g_cols, g_t);
+    e.buffer(10, g_t);
+    e.buffer(11, g_bg);
+    e.value(12, params);
+    e.threads(static_cast<uint64_t>(d.R));
+  });
+}
+
+void DlMetal(void*, TF_OpKernelContext* ctx) {
+  const char* op = "distortion_loss";
+  TensorRef w, t;
+  if (!tfmo::GetInput(ctx, 0, &w) || !tfmo::GetInput(ctx, 1, &t)) return;
+  int64_t R = 0, S = 0;
+  if (!tfmo::render::ValidateDistortionLoss(ctx, op, w, t, &R, &S)) return;
+  TensorRef loss;
+  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {R}, &loss)) return;
+  if (R == 0 || !CheckDims(ctx, op, R, S, 1)) return;
+  DlParams params;
+  params.R = static_cast<uint32_t>(R);
+  params.S = static_cast<uint32_t>(S);
+  tfmo::metal::Dispatch(ctx, "distortion_loss_forward", {}, [&](tfmo::metal::Encoder& e) {
+    BindOr(e, 0, w, t);
+    e.buffer(1, t);
+    e.buffer(2, loss);
+    e.value(3, params);
+    e.threads(static_cast<uint64_t>(R));
+  });
+}
+
+void DlGradMetal(void*, TF_OpKernelContext* ctx) {
+  const char* op = "distortion_loss_grad";
+  TensorRef w, t, g;
+  if (!tfmo::GetInput(ctx, 0, &w) || !tfmo::GetInput(ctx, 1, &t) || !tfmo::GetInput(ctx, 2, &g)) return;
+  int64_t R = 0, S = 0;
+  if (!tfmo::render::ValidateDistortionLoss(ctx, op, w, t, &R, &S) ||
+      !tfmo::render::CheckFloat(ctx, op, "grad_loss", g) ||
+      !tfmo::render::CheckShape(ctx, op, "grad_loss", g, {R}, tfmo::render::Dims({R}).c_str()))
+    return;
+  TensorRef gw, gt;
+  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {R, S}, &gw) || !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {R, S + 1}, &gt))
+    return;
+  if (R == 0 || !CheckDims(ctx, op, R, S, 1)) return;
+  DlParams params;
+  params.R = static_cast<uint32_t>(R);
+  params.S = static_cast<uint32_t>(S);
+  tfmo::metal::Dispatch(ctx, "distortion_loss_backward", {}, [&](tfmo::metal::Encoder& e) {
+    BindOr(e, 0, w, t);
+    e.buffer(1, t);
+    e.buffer(2, g);
+    BindOr(e, 3, gw, gt);
+    e.buffer(4, gt);
+    e.value(5, params);
+    e.threads(static_cast<uint64_t>(R));
+  });
+}
+
+const tfmo::OnLoad kRegister([] {
+  tfmo::KernelSpec spec;
+  spec.device = "GPU";
+  spec.op = TFMO_OP_VOLUME_RENDER;
+  spec.create = &VrCreate;
+  spec.destroy = &VrDelete;
+  spec.compute = &VrMetal;
+  tfmo::RegisterKernel(spec);
+  spec.op = TFMO_OP_VOLUME_RENDER_GRAD;
+  spec.compute = &VrGradMetal;
+  tfmo::RegisterKernel(spec);
+
+  tfmo::KernelSpec dl;
+  dl.device = "GPU";
+  dl.op = TFMO_OP_DISTORTION_LOSS;
+  dl.compute = &DlMetal;
+  tfmo::RegisterKernel(dl);
+  dl.op = TFMO_OP_DISTORTION_LOSS_GRAD;
+  dl.compute = &DlGradMetal;
+  tfmo::RegisterKernel(dl);
+});
+
+}  // namespace
