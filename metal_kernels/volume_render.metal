@@ -15,7 +15,7 @@ using namespace metal;
 #include "volume_render_math.h"
 
 // Channels accumulated in registers; more channels accumulate in the output row itself.
-constant uint kVrLocalChannels = 4;
+enum : uint { kVrLocalChannels = 4 };
 
 inline bool vr_ray_invalid(device const float* sg, device const float* tt, uint S) {
   bool bad = false;
