@@ -21,54 +21,67 @@ from tf_metal_ops.hash_grid.reference import n_active_levels
 __all__ = ["encode", "hash_grid_encode"]
 
 
-def _corner_bits(d):
-    return np.array([[(c >> i) & 1 for i in range(d)] for c in range(1 << d)], dtype=np.int32)  # [2^D, D]
-
-
 def _group(x, params, cfg: HashGridConfig, levels, hashed, compute_dtype):
-    """Encodes the levels ``levels`` (all hashed or all not): ``[N, len(levels), F]`` in compute_dtype."""
+    """Encodes the levels ``levels`` (all hashed or all not): ``[N, len(levels), F]`` in compute_dtype.
+
+    Work is on [N, m] tensors per dimension: each dim contributes a "lower" and an "upper" index term (hash:
+    g*pi and (g+1)*pi = g*pi + pi mod 2^32; strided: g*stride and g*stride + stride) and weight factor
+    (1-w, w); a corner's index combines one term per dim (XOR / sum) and its weight is the product.
+    """
     d = cfg.n_input_dims
     scales = tf.constant([cfg.scale(l) for l in levels], tf.float32)
-    pos = x[:, None, :] * scales[None, :, None] + 0.5  # [N, m, D] float32 (the convention's float32 step)
+    pos = x[:, None, :] * scales[:, None] + 0.5  # [N, m, D] float32 (the convention's float32 step)
     grid_f = tf.floor(pos)
     frac = tf.cast(pos - grid_f, compute_dtype)  # exact; d(frac)/d(pos) = 1 (floor has no gradient)
-    grid = tf.cast(grid_f, tf.int32)  # 0 <= grid <= resolution <= 2^24
+    grid = tf.cast(grid_f, tf.int32)  # 0 <= grid <= resolution <= 2^24 + 1
+    nearest = cfg.interpolation == "nearest"
 
-    if cfg.interpolation == "nearest":
-        corners = grid[:, :, None, :]  # [N, m, 1, D]
-        weights = None
-    else:
-        bits = _corner_bits(d)
-        corners = grid[:, :, None, :] + bits  # [N, m, 2^D, D]
-        w = frac * frac * (3.0 - 2.0 * frac) if cfg.interpolation == "smoothstep" else frac
-        w01 = tf.stack([1.0 - w, w], axis=-1)  # [N, m, D, 2]
-        weights = None
-        for i in range(d):  # weight of corner c = prod_i w01[..., i, bit_i(c)]
-            factor = tf.gather(w01[:, :, i, :], bits[:, i], axis=-1)  # [N, m, 2^D]
-            weights = factor if weights is None else weights * factor
-
+    terms = []  # per dim: (lower term, upper term), [N, m] each
     if hashed:
         size = 1 << cfg.log2_hashmap_size
-        assert all(cfg.params_in_level(l) == size for l in levels)
-        c = tf.cast(corners, tf.uint32)
-        h = c[..., 0]  # prime 1
-        for i in range(1, d):
-            h = tf.bitwise.bitwise_xor(h, c[..., i] * tf.constant(HASH_PRIMES[i], tf.uint32))
-        rows = tf.cast(tf.bitwise.bitwise_and(h, tf.constant(size - 1, tf.uint32)), tf.int32)
+        assert all(cfg.params_in_level(l) == size for l in levels)  # hashed levels have the full size 2^k
+        for i in range(d):
+            g = tf.cast(grid[:, :, i], tf.uint32)
+            lo = g if i == 0 else g * tf.constant(HASH_PRIMES[i], tf.uint32)  # uint32 multiply wraps mod 2^32
+            terms.append((lo, None if nearest else lo + tf.constant(HASH_PRIMES[i], tf.uint32)))
+        combine = tf.bitwise.bitwise_xor
     else:
         strides = np.array([cfg.dense_strides(l) for l in levels], dtype=np.int64)  # [m, D]
         sizes = np.array([cfg.params_in_level(l) for l in levels], dtype=np.int64)  # [m]
         bound = int(((np.array([cfg.resolution(l) for l in levels]) + 1)[:, None] * strides).sum(axis=1).max())
-        itype = tf.int32 if bound < 2**31 else tf.int64  # the exact index sum fits itype
-        c = tf.cast(corners, itype)
-        idx = tf.reduce_sum(c * tf.constant(strides[:, None, :], itype), axis=-1)  # [N, m, 2^D | 1]
-        rows = tf.cast(tf.math.floormod(idx, tf.constant(sizes[:, None], itype)), tf.int32)
-    rows = rows + tf.constant([[cfg.offsets[l]] for l in levels], tf.int32)
+        itype = tf.int32 if bound < 2**31 else tf.int64  # the exact strided sum fits itype
+        g_all = tf.cast(grid, itype)
+        for i in range(d):
+            stride = tf.constant(strides[:, i], itype)  # [m]; 0 for dims beyond a tiled level's strided dims
+            lo = g_all[:, :, i] * stride
+            terms.append((lo, None if nearest else lo + stride))
+        combine = tf.add
 
-    vals = tf.gather(params, rows)  # [N, m, 2^D | 1, F] (float16 params arrive here already cast, see encode)
-    if weights is None:
+    # Corners: index = combine of one term per dim, weight = product of one factor per dim.
+    idx = [terms[0][0]] if nearest else list(terms[0])
+    for lo, hi in terms[1:]:
+        idx = [combine(a, lo) for a in idx] + ([] if nearest else [combine(a, hi) for a in idx])
+    rows = tf.stack(idx, axis=-1)  # [N, m, C]
+    if hashed:
+        rows = tf.cast(tf.bitwise.bitwise_and(rows, tf.constant(size - 1, tf.uint32)), tf.int32)
+    else:
+        rows = tf.cast(tf.math.floormod(rows, tf.constant(sizes[:, None], itype)), tf.int32)
+    rows = rows + tf.constant([[cfg.offsets[l]] for l in levels], tf.int32)
+    vals = tf.gather(params, rows)  # [N, m, C, F] (float16 params arrive here already cast, see encode)
+    if nearest:
         return vals[:, :, 0, :]
-    return tf.einsum("nmc,nmcf->nmf", weights, vals)
+
+    w = frac * frac * (3.0 - 2.0 * frac) if cfg.interpolation == "smoothstep" else frac
+    weights = None
+    for i in range(d):  # same corner order as idx: dim i's bit doubles the list
+        wi = w[:, :, i]
+        factors = (1.0 - wi, wi)
+        if weights is None:
+            weights = list(factors)
+        else:
+            weights = [a * factors[0] for a in weights] + [a * factors[1] for a in weights]
+    weights = tf.stack(weights, axis=-1)  # [N, m, C]
+    return tf.reduce_sum(weights[..., None] * vals, axis=2)
 
 
 @tf.custom_gradient
