@@ -63,6 +63,8 @@ def test_forward_matches_reference(implementation):
     y = layer(x)
     assert y.shape == (100, 12) and y.dtype == tf.float32
     np.testing.assert_allclose(y.numpy(), reference.encode(x, layer.table.numpy(), cfg), atol=2e-6)
+    fresh = HashGridEncoding(**SMALL, implementation=implementation)
+    assert fresh(x[:5]).shape == (5, 12)  # builds from a NumPy input on first call
     # leading dims: [B, S, D] -> [B, S, L*F]
     y3 = layer(x.reshape(10, 10, 3))
     assert y3.shape == (10, 10, 12)
@@ -231,3 +233,27 @@ def test_docs_xla_example(tmp_path):
     with pytest.raises(Exception, match="(?i)xla|jit|kernel|compil"):
         tf.function(lambda p: tf_metal_ops.hash_grid_encode(x, p, n_levels=4, log2_hashmap_size=10),
                     jit_compile=True)(params)
+
+
+def test_auto_falls_back_without_library(tmp_path):
+    """Without the op library the package still imports and "auto" uses pure TF (with a warning); "op" raises."""
+    script = textwrap.dedent(
+        """
+        import warnings, numpy as np
+        import tf_metal_ops
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            layer = tf_metal_ops.HashGridEncoding(n_levels=4, log2_hashmap_size=10)
+        assert layer.resolved_implementation == "pure_tf" and layer.supports_jit
+        assert any("pure-TF" in str(w.message) for w in caught)
+        assert layer(np.full((3, 2), 0.5, np.float32)).shape == (3, 8)
+        try:
+            tf_metal_ops.HashGridEncoding(implementation="op")
+        except tf_metal_ops.OpLibraryError:
+            print("OK")
+        """
+    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_METAL_OPS_LIBRARY=str(tmp_path / "missing.so"))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                          cwd=str(tmp_path), timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]

@@ -91,10 +91,8 @@ class HashGridEncoding(keras.layers.Layer):
         self.implementation = implementation
         self.resolved_implementation, self._encode = resolve_implementation(implementation)
         self.supports_jit = self.resolved_implementation == "pure_tf"  # keras' jit_compile="auto" reads this
-        # keras would cast inputs to the compute dtype (float16 under mixed precision) and max_level to a float:
-        # call() converts positions to float32 itself and passes max_level through.
-        self._convert_input_args = False
-        self._allow_non_tensor_positional_args = True
+        # autocast=False: keras converts arrays to tensors without casting floats to the compute dtype (positions
+        # stay float32 under mixed precision) and passes Python numbers (max_level) through unchanged.
         self.hash_grid_config = None
 
     def build(self, input_shape):
