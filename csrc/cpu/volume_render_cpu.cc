@@ -186,23 +186,61 @@ TFMO_INLINE void WeightsArray(float* w, const float* T, const float* tau, int64_
 
 // Thread-local scratch of one ray (S floats each; T has S+1).
 struct RayScratch {
-  std::vector<float> tau, T, w, v;
-  explicit RayScratch(int64_t S) : tau(S), T(S + 1), w(S), v(S) {}
+  std::vector<float> tau, cum, T, w, v, suf;
+  explicit RayScratch(int64_t S) : tau(S), cum(S + 1), T(S + 1), w(S), v(S), suf(S) {}
 };
 
-// Fills tau[i], T[i] = exp(-sum_{j<i} tau_j) for i <= S, w[i] = T_i alpha_i (0 from the stop on), and returns the
-// number n of composited samples (the stop index). T[n] is T_final.
-TFMO_INLINE int64_t RayForward(const float* sg, const float* tt, int64_t S, float thr, RayScratch* sc) {
-  float* tau = sc->tau.data();
-  float* T = sc->T.data();
-  float* w = sc->w.data();
-  for (int64_t i = 0; i < S; ++i) tau[i] = vr_tau(sg[i], tt[i + 1] - tt[i]);
-  float cum = 0.0f;
-  for (int64_t i = 0; i < S; ++i) {  // serial: T temporarily holds -cum
-    T[i] = -cum;
-    cum += tau[i];
+// Running sums: four interleaved chains over the four quarters of the array, then the quarter offsets added.
+// Breaks the add-latency chain (the serial part of a ray) about 4x. Sums of non-negative terms stay
+// non-decreasing along the array, so T = exp(-cum) stays non-increasing (early termination relies on it).
+// out[i] = sum_{j<i} x[j] for i <= n. out must not alias x.
+TFMO_INLINE void ExclusivePrefix(const float* x, float* out, int64_t n) {
+  const int64_t q = n / 4;
+  float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+  for (int64_t j = 0; j < q; ++j) {
+    out[j] = c0, c0 += x[j];
+    out[q + j] = c1, c1 += x[q + j];
+    out[2 * q + j] = c2, c2 += x[2 * q + j];
+    out[3 * q + j] = c3, c3 += x[3 * q + j];
   }
-  T[S] = -cum;
+  for (int64_t i = 4 * q; i < n; ++i) out[i] = c3, c3 += x[i];
+  float off = c0;
+  for (int64_t i = q; i < 2 * q; ++i) out[i] += off;
+  off += c1;
+  for (int64_t i = 2 * q; i < 3 * q; ++i) out[i] += off;
+  off += c2;
+  for (int64_t i = 3 * q; i < n; ++i) out[i] += off;
+  out[n] = off + c3;
+}
+
+// out[i] = sum_{j>i} x[j] for i < n (the mirror image of ExclusivePrefix). out must not alias x.
+TFMO_INLINE void ExclusiveSuffix(const float* x, float* out, int64_t n) {
+  const int64_t q = n / 4;
+  float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+  for (int64_t j = 1; j <= q; ++j) {
+    out[n - j] = c0, c0 += x[n - j];
+    out[n - q - j] = c1, c1 += x[n - q - j];
+    out[n - 2 * q - j] = c2, c2 += x[n - 2 * q - j];
+    out[n - 3 * q - j] = c3, c3 += x[n - 3 * q - j];
+  }
+  for (int64_t i = n - 4 * q - 1; i >= 0; --i) out[i] = c3, c3 += x[i];
+  float off = c0;
+  for (int64_t i = n - 2 * q; i < n - q; ++i) out[i] += off;
+  off += c1;
+  for (int64_t i = n - 3 * q; i < n - 2 * q; ++i) out[i] += off;
+  off += c2;
+  for (int64_t i = 0; i < n - 3 * q; ++i) out[i] += off;
+}
+
+// Fills tau[i], cum[i] = sum_{j<i} tau_j and T[i] = exp(-cum[i]) for i <= S, w[i] = T_i alpha_i (0 from the stop
+// on), and returns the number n of composited samples (the stop index). T[n] is T_final.
+TFMO_INLINE int64_t RayForward(const float* sg, const float* tt, int64_t S, float thr, RayScratch* sc, float* w) {
+  float* tau = sc->tau.data();
+  float* cum = sc->cum.data();
+  float* T = sc->T.data();
+  for (int64_t i = 0; i < S; ++i) tau[i] = vr_tau(sg[i], tt[i + 1] - tt[i]);
+  ExclusivePrefix(tau, cum, S);
+  for (int64_t i = 0; i <= S; ++i) T[i] = -cum[i];
   NegExpArray(T, S + 1);
   int64_t n = S;
   if (thr > 0.0f) {  // T is non-increasing: the first T_i < thr is where the ray stops
@@ -212,13 +250,6 @@ TFMO_INLINE int64_t RayForward(const float* sg, const float* tt, int64_t S, floa
   WeightsArray(w, T, tau, n);
   for (int64_t i = n; i < S; ++i) w[i] = 0.0f;
   return n;
-}
-
-// sum_{j<n} tau_j, recomputed in the same order as RayForward (for the opacity at a stop before S).
-TFMO_INLINE float CumBefore(const float* tau, int64_t n) {
-  float cum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) cum += tau[i];
-  return cum;
 }
 
 struct VrFwdJob {
@@ -246,9 +277,8 @@ TFMO_SIMD_CLONES void VrForwardRays(const VrFwdJob& j, int64_t r0, int64_t r1) {
       bad.Note(r);
       continue;
     }
-    const int64_t n = RayForward(sg, tt, S, thr, &sc);
-    const float* w = sc.w.data();
-    std::memcpy(w_out + r * S, w, sizeof(float) * S);
+    float* w = w_out + r * S;
+    const int64_t n = RayForward(sg, tt, S, thr, &sc, w);
     float dep = 0.0f;
     for (int64_t i = 0; i < n; ++i) dep += w[i] * vr_mid(tt[i], tt[i + 1]);
     if (C == 3) {
@@ -269,7 +299,7 @@ TFMO_SIMD_CLONES void VrForwardRays(const VrFwdJob& j, int64_t r0, int64_t r1) {
     if (b)
       for (int64_t c = 0; c < C; ++c) col[c] += T_final * b[c];
     depth_out[r] = dep;
-    opac_out[r] = vr_opacity(VrScan{CumBefore(sc.tau.data(), n), T_final});
+    opac_out[r] = vr_opacity(VrScan{sc.cum[n], T_final});
   }
 }
 
@@ -303,9 +333,9 @@ TFMO_SIMD_CLONES void VrGradRays(const VrGradJob& j, int64_t r0, int64_t r1) {
       bad.Note(r);
       continue;
     }
-    const int64_t n = RayForward(sg, tt, S, thr, &sc);
+    float* w = sc.w.data();
+    const int64_t n = RayForward(sg, tt, S, thr, &sc, w);
     const float* T = sc.T.data();
-    const float* w = sc.w.data();
     float* v = sc.v.data();
     const float T_final = T[n];
     const float* b = BackgroundRow(d, bg_all, r);
@@ -336,13 +366,12 @@ TFMO_SIMD_CLONES void VrGradRays(const VrGradJob& j, int64_t r0, int64_t r1) {
         v[i] = g_depth * vr_mid(tt[i], tt[i + 1]) + g_opac + gwr[i] + dot;
       }
     }
-    // Reverse scan: v[i] becomes dL/dtau_i.
-    float suffix = 0.0f;  // sum_{k>i} w_k v_k
-    for (int64_t i = n - 1; i >= 0; --i) {
-      const float vi = v[i];
-      v[i] = vr_grad_tau(T[i + 1], vi, suffix, tail);
-      suffix += w[i] * vi;
-    }
+    // Reverse scan: v[i] becomes dL/dtau_i, with suf[i] = sum_{k>i} w_k v_k.
+    float* suf = sc.suf.data();
+    float* wv = sc.cum.data();  // cum is not needed any more
+    for (int64_t i = 0; i < n; ++i) wv[i] = w[i] * v[i];
+    ExclusiveSuffix(wv, suf, n);
+    for (int64_t i = 0; i < n; ++i) v[i] = vr_grad_tau(T[i + 1], v[i], suf[i], tail);
     for (int64_t i = 0; i < n; ++i) gs[i] = (tt[i + 1] - tt[i]) * v[i];
     // dL/dt_j = sigma_{j-1} gtau_{j-1} - sigma_j gtau_j + gD (w_{j-1} + w_j) / 2, zero past the stop.
     if (n > 0) {
