@@ -105,7 +105,8 @@ sys.path.insert(0, os.path.join(EXAMPLES, "nerf"))
 
 @pytest.mark.parametrize("model", ["hash", "mlp"])
 def test_train_end_to_end_outputs(tmp_path, model):
-    m = run_train(tmp_path, "--model", model, "--steps", "24", "--log2-table", "14")
+    extra = ["--distortion", "0.001"] if model == "hash" else ["--jit", "off"]  # XLA compile time: not tested here
+    m = run_train(tmp_path, "--model", model, "--steps", "24", "--log2-table", "14", *extra)
     out = tmp_path / "out"
     with open(out / "metrics.json") as f:
         saved = json.load(f)
@@ -132,6 +133,13 @@ def test_hash_model_learns_the_scene(tmp_path):
     """A few hundred fast steps on a 24x24 built-in scene: well beyond the ~10 dB of a blank guess."""
     m = run_train(tmp_path, "--model", "hash", "--steps", "150", "--log2-table", "14", "--batch-rays", "512")
     assert m["final"]["test_psnr"] > 17.0, m["evals"]
+
+
+def test_pure_tf_hash_variant_trains_under_xla_with_distortion(tmp_path, capsys):
+    m = run_train(tmp_path, "--model", "hash", "--impl", "pure_tf", "--distortion", "0.01", "--steps", "8",
+                  "--log2-table", "12")
+    assert "XLA train step: True" in capsys.readouterr().out
+    assert np.all(np.isfinite(m["train_losses"])) and m["final"]["reload_max_abs_diff"] < 1e-6
 
 
 def test_bad_data_path_is_one_line_error(tmp_path, capsys):

@@ -293,7 +293,10 @@ def render_image(model, H, W, focal, c2w, chunk: int = 4096):
 def _eval_fn(model):
     fn = getattr(model, "_nerf_eval_fn", None)
     if fn is None:
-        @tf.function(reduce_retracing=True)
+        # XLA for models without custom ops (they have no XLA kernel)
+        jit = not (isinstance(model, HashNeRF) and model.cfg["implementation"] == "op")
+
+        @tf.function(reduce_retracing=True, jit_compile=jit)
         def fn(o, d):
             out = model(o, d, training=False)
             return out["color"], out["depth"], out["opacity"]
