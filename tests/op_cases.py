@@ -14,7 +14,40 @@ def _zero_out():
     return [x], lambda x: [tf_metal_ops.zero_out(x)]
 
 
-CASES = {"zero_out": _zero_out}
+def _rays(r=256, s=32, seed=0):
+    rng = np.random.default_rng(seed)
+    sigma = rng.gamma(1.0, 2.0, (r, s)).astype(np.float32)
+    rgb = rng.random((r, s, 3), dtype=np.float32)
+    t = np.sort(rng.uniform(2.0, 6.0, (r, s + 1)), axis=1).astype(np.float32)
+    bg = rng.random(3, dtype=np.float32)
+    return sigma, rgb, t, bg
+
+
+def _volume_render():
+    def fn(sigma, rgb, t, bg):
+        with tf.GradientTape() as tape:
+            tape.watch([sigma, rgb, bg])
+            out = tf_metal_ops.volume_render(sigma, rgb, t, bg, termination_threshold=1e-3)
+            loss = tf.reduce_sum(out.color**2) + tf.reduce_sum(out.depth) + tf.reduce_sum(out.weights**2)
+        return [*out, *tape.gradient(loss, [sigma, rgb, bg])]
+
+    return list(_rays()), fn
+
+
+def _distortion_loss():
+    sigma, _, t, _ = _rays(seed=1)
+    w = (sigma / sigma.sum(axis=1, keepdims=True)).astype(np.float32)
+
+    def fn(w, t):
+        with tf.GradientTape() as tape:
+            tape.watch([w, t])
+            loss = tf_metal_ops.distortion_loss(w, t)
+        return [loss, *tape.gradient(loss, [w, t])]
+
+    return [w, t], fn
+
+
+CASES = {"zero_out": _zero_out, "volume_render": _volume_render, "distortion_loss": _distortion_loss}
 
 
 def run_eager(name):
