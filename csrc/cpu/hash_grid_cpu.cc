@@ -28,7 +28,8 @@ namespace {
 using tfmo::hash_grid::Call;
 using tfmo::hash_grid::Config;
 
-constexpr int kTile = 64;
+constexpr int kTile = 256;
+constexpr int kPrefetch = 16;  // points ahead
 
 template <typename T> inline float Load(const T* p);
 template <> inline float Load<float>(const float* p) { return *p; }
@@ -60,25 +61,70 @@ void ToLevelMajor(const T* src, int64_t n, int L, int active, float* dst) {
   });
 }
 
-// Corner rows (level offset included) and weights of a tile of points for one level.
+// Corner rows (level offset included) and weights of a tile of points for one level. Structure-of-arrays and
+// one loop per (dimension | corner) with the index mode and interpolation hoisted, so the compiler vectorises
+// the per-point math of csrc/shared/hash_grid_math.h across the tile.
 template <int D>
 struct TileCorners {
   static constexpr int kCorners = 1 << D;
+  float x[D][kTile];
+  uint g[D][kTile];
+  float w[D][kTile];
+  float dw[D][kTile];
   uint row[kCorners][kTile];
-  float w[kCorners][kTile];
-  HgPoint pt[kTile];
+  float wt[kCorners][kTile];
+
+  HgPoint Point(int i) const {
+    HgPoint p{};
+    for (int d = 0; d < D; ++d) { p.grid[d] = g[d][i]; p.w[d] = w[d][i]; p.dw[d] = dw[d][i]; }
+    return p;
+  }
+
+  template <int kMode>
+  void Rows(const HgLevel& lv, int count, int nc) {
+    for (int c = 0; c < nc; ++c) {
+      const uint b0 = c & 1, b1 = (c >> 1) & 1, b2 = (c >> 2) & 1, b3 = (c >> 3) & 1;
+      uint* r = row[c];
+      for (int i = 0; i < count; ++i) {
+        const uint g0 = g[0][i] + b0;
+        const uint g1 = D > 1 ? g[D > 1 ? 1 : 0][i] + b1 : 0u;
+        const uint g2 = D > 2 ? g[D > 2 ? 2 : 0][i] + b2 : 0u;
+        const uint g3 = D > 3 ? g[D > 3 ? 3 : 0][i] + b3 : 0u;
+        uint idx;
+        if (kMode == HG_INDEX_HASH) idx = hg_index_hash(lv, g0, g1, g2, g3);
+        else if (kMode == HG_INDEX_DENSE) idx = hg_index_dense(lv, g0, g1, g2, g3);
+        else idx = hg_index_tiled(lv, g0, g1, g2, g3);
+        r[i] = lv.offset + idx;
+      }
+    }
+  }
 
   // Points [begin, begin+count) of positions [N, D].
   void Compute(const float* pos, int64_t begin, int count, const HgLevel& lv, int interp, int nc) {
-    for (int i = 0; i < count; ++i) {
-      float x[HG_MAX_DIMS];
-      for (int d = 0; d < D; ++d) x[d] = pos[(begin + i) * D + d];
-      hg_point(x, D, lv.scale, interp, &pt[i]);
+    for (int i = 0; i < count; ++i)
+      for (int d = 0; d < D; ++d) x[d][i] = pos[(begin + i) * D + d];
+    for (int d = 0; d < D; ++d) {
+      if (interp == HG_INTERP_SMOOTHSTEP) {
+        for (int i = 0; i < count; ++i) hg_coord(x[d][i], lv.scale, HG_INTERP_SMOOTHSTEP, &g[d][i], &w[d][i], &dw[d][i]);
+      } else if (interp == HG_INTERP_LINEAR) {
+        for (int i = 0; i < count; ++i) hg_coord(x[d][i], lv.scale, HG_INTERP_LINEAR, &g[d][i], &w[d][i], &dw[d][i]);
+      } else {
+        for (int i = 0; i < count; ++i) hg_coord(x[d][i], lv.scale, HG_INTERP_NEAREST, &g[d][i], &w[d][i], &dw[d][i]);
+      }
+    }
+    if (lv.mode == HG_INDEX_HASH) Rows<HG_INDEX_HASH>(lv, count, nc);
+    else if (lv.mode == HG_INDEX_DENSE) Rows<HG_INDEX_DENSE>(lv, count, nc);
+    else Rows<HG_INDEX_TILED>(lv, count, nc);
+    if (nc == 1) {
+      for (int i = 0; i < count; ++i) wt[0][i] = 1.0f;
+      return;
     }
     for (int c = 0; c < nc; ++c) {
+      float* out = wt[c];
       for (int i = 0; i < count; ++i) {
-        row[c][i] = lv.offset + hg_corner_index(lv, &pt[i], (uint)c);
-        w[c][i] = nc == 1 ? 1.0f : hg_corner_weight(&pt[i], (uint)c, D);
+        float v = 1.0f;  // = hg_corner_weight, in the same multiplication order
+        for (int d = 0; d < D; ++d) v *= ((c >> d) & 1) ? w[d][i] : 1.0f - w[d][i];
+        out[i] = v;
       }
     }
   }
@@ -106,10 +152,12 @@ void Encode(const Call& call, T* out) {
         const int count = (int)std::min<int64_t>(kTile, e - t);
         tc.Compute(pos, t, count, lv, interp, nc);
         for (int i = 0; i < count; ++i) {
+          if (i + kPrefetch < count)  // random rows: start their cache misses a few points ahead
+            for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
           float acc[F] = {};
           for (int c = 0; c < nc; ++c) {
             const T* v = table + (int64_t)tc.row[c][i] * F;
-            const float w = tc.w[c][i];
+            const float w = tc.wt[c][i];
             for (int f = 0; f < F; ++f) acc[f] += w * Load<T>(v + f);
           }
           for (int f = 0; f < F; ++f) o[(t + i) * F + f] = Store<T>(acc[f]);
@@ -162,12 +210,14 @@ void GradParams(const Call& call, const T* dy, float* acc) {
       const int count = (int)std::min<int64_t>(kTile, n - t);
       tc.Compute(pos, t, count, lv, interp, nc);
       for (int i = 0; i < count; ++i) {
+        if (i + kPrefetch < count)
+          for (int c = 0; c < nc; ++c) __builtin_prefetch(acc + (int64_t)tc.row[c][i + kPrefetch] * F, 1);
         const float* gi = gl + (t + i) * F;
         for (int c = 0; c < nc; ++c) {
           const uint r = tc.row[c][i];
           if (splits > 1 && (r < lo || r >= hi)) continue;
           float* a = acc + (int64_t)r * F;
-          const float w = tc.w[c][i];
+          const float w = tc.wt[c][i];
           for (int f = 0; f < F; ++f) a[f] += w * gi[f];
         }
       }
@@ -198,6 +248,8 @@ void GradPositions(const Call& call, const T* dy, float* out) {
         const int count = (int)std::min<int64_t>(kTile, e - t);
         tc.Compute(pos, t, count, lv, interp, nc);
         for (int i = 0; i < count; ++i) {
+          if (i + kPrefetch < count)
+            for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
           const float* gyf = gl + (t + i) * F;
           float sc[1 << D];  // <dy, value of corner c>
           for (int c = 0; c < nc; ++c) {
@@ -207,7 +259,8 @@ void GradPositions(const Call& call, const T* dy, float* out) {
             sc[c] = acc;
           }
           float dx[HG_MAX_DIMS] = {};
-          hg_accumulate_dx(&tc.pt[i], sc, D, dx);
+          const HgPoint pt = tc.Point(i);
+          hg_accumulate_dx(&pt, sc, D, dx);
           float* o = out + (t + i) * D;
           for (int k = 0; k < D; ++k) o[k] += dx[k];
         }

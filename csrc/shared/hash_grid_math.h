@@ -116,18 +116,25 @@ TFMO_FN uint hg_hash(uint g0, uint g1, uint g2, uint g3) {
 }
 
 // Table index (row within the level) of grid coordinates g (unused dims are 0; a 0 contributes nothing to
-// the hash, and unused dims are beyond n_stride_dims).
-TFMO_FN uint hg_index(HgLevel lv, uint g0, uint g1, uint g2, uint g3) {
-  if (lv.mode == HG_INDEX_HASH) return hg_hash(g0, g1, g2, g3) & (lv.size - 1u);
-  if (lv.mode == HG_INDEX_DENSE) {
-    uint s = g0 + g1 * lv.stride[1] + g2 * lv.stride[2] + g3 * lv.stride[3];  // < 2*size (host checks)
-    return s >= lv.size ? s - lv.size : s;
-  }
+// the hash, and unused dims are beyond n_stride_dims). One function per mode, so loops can hoist the mode.
+TFMO_FN uint hg_index_hash(HgLevel lv, uint g0, uint g1, uint g2, uint g3) {
+  return hg_hash(g0, g1, g2, g3) & (lv.size - 1u);
+}
+TFMO_FN uint hg_index_dense(HgLevel lv, uint g0, uint g1, uint g2, uint g3) {
+  uint s = g0 + g1 * lv.stride[1] + g2 * lv.stride[2] + g3 * lv.stride[3];  // < 2*size (host checks)
+  return s >= lv.size ? s - lv.size : s;
+}
+TFMO_FN uint hg_index_tiled(HgLevel lv, uint g0, uint g1, uint g2, uint g3) {
   ulong s = (ulong)g0;
   if (lv.n_stride_dims > 1) s += (ulong)g1 * (ulong)lv.stride[1];
   if (lv.n_stride_dims > 2) s += (ulong)g2 * (ulong)lv.stride[2];
   if (lv.n_stride_dims > 3) s += (ulong)g3 * (ulong)lv.stride[3];
   return (uint)(s % (ulong)lv.size);
+}
+TFMO_FN uint hg_index(HgLevel lv, uint g0, uint g1, uint g2, uint g3) {
+  if (lv.mode == HG_INDEX_HASH) return hg_index_hash(lv, g0, g1, g2, g3);
+  if (lv.mode == HG_INDEX_DENSE) return hg_index_dense(lv, g0, g1, g2, g3);
+  return hg_index_tiled(lv, g0, g1, g2, g3);
 }
 
 // Row within the level of corner c (bit d set: upper vertex in dim d).

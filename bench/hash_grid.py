@@ -1,0 +1,151 @@
+"""Hash-grid encoding speed on the CPU: the op vs pure TF (plain tf.function and XLA) vs a bare gather loop.
+
+    python bench/hash_grid.py [--points 262144] [--repeats 7] [--dtypes float32,float16] [--threads 1,2]
+
+Config (issue 3): D=3, L=16, F=2, log2 T=19, N_min=16, b=1.5, 2^18 points uniform in [0,1]^3. Every number is the
+median of --repeats runs in this process after one warm-up run:
+  op fwd / fwd+bwd   tf_metal_ops.hash_grid_encode in a tf.function; fwd+bwd = forward + d(loss)/d(params) with
+                     loss = sum(encoded * fixed random weights) (positions are constants: no position gradient);
+  pure-TF            tf_metal_ops.hash_grid.pure_tf in tf.function, plain and jit_compile=True (XLA), same loss;
+  gather loop        bench/gather_loop.cc (built here with g++ -O3): only the forward's table reads with tcnn
+                     indexing, no interpolation and no output, level by level like the op;
+and the op at 1 and 2 threads (tf_metal_ops.num_threads; TF's own pools keep their size).
+Targets: op fwd+bwd >= 2.5x faster than the faster pure-TF variant; op fwd <= 2x the gather loop; >= 1.8x from
+the second thread. The machine may be shared: rerun when the spread (min..max) is wide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tf_metal_ops  # noqa: E402
+from tf_metal_ops.hash_grid import HashGridConfig, pure_tf  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CONFIG = dict(n_levels=16, n_features_per_level=2, log2_hashmap_size=19, base_resolution=16, per_level_scale=1.5)
+
+
+def timed(fn, repeats):
+    fn()  # warm-up (tracing, compilation, scratch buffers)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, out)  # wait for the result
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), min(times), max(times)
+
+
+def fmt(stat):
+    med, lo, hi = stat
+    return f"{med * 1e3:8.1f} ms  (min {lo * 1e3:.1f}, max {hi * 1e3:.1f})"
+
+
+def build_gather_loop():
+    exe = os.path.join(tempfile.mkdtemp(prefix="tfmo-bench-"), "gather_loop")
+    cmd = ["g++", "-std=c++17", "-O3", "-pthread", "-I" + os.path.join(ROOT, "csrc"),
+           "-I" + os.path.join(ROOT, "csrc", "shared"), os.path.join(HERE, "gather_loop.cc"), "-o", exe]
+    subprocess.run(cmd, check=True)
+    return exe
+
+
+def gather_loop(exe, points, threads, repeats, fp16):
+    out = subprocess.run([exe, str(points), str(threads), str(repeats + 1), "1" if fp16 else "0"],
+                         check=True, capture_output=True, text=True).stdout.split("\n")
+    ms = [float(line.split()[0]) / 1e3 for line in out if line.strip()][1:]  # drop the warm-up run
+    return statistics.median(ms), min(ms), max(ms)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--points", type=int, default=1 << 18)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--dtypes", default="float32,float16")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--skip-pure-tf", action="store_true")
+    args = ap.parse_args(argv)
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    cfg = HashGridConfig(3, **CONFIG)
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.uniform(0, 1, (args.points, 3)).astype(np.float32))
+    weights = rng.standard_normal((args.points, cfg.n_output_dims)).astype(np.float32)
+    print(f"hash grid: D=3 {CONFIG} N={args.points}, table {cfg.params_shape}; TF {tf.__version__}, "
+          f"{os.cpu_count()} CPUs, default threads {tf_metal_ops.get_num_threads()}; medians of {args.repeats}")
+    try:
+        exe = build_gather_loop()
+    except (OSError, subprocess.CalledProcessError) as e:
+        exe = None
+        print(f"gather loop: not built ({e})")
+
+    for dtype_name in args.dtypes.split(","):
+        dtype = tf.as_dtype(dtype_name)
+        params = tf.Variable(tf.cast(rng.uniform(-1e-4, 1e-4, cfg.params_shape), dtype))
+        w = tf.constant(weights, dtype)
+        kw = cfg.op_kwargs()
+
+        def make(encode, jit=False):
+            @tf.function(jit_compile=jit)
+            def fwd():
+                return encode(x, params, **kw)
+
+            @tf.function(jit_compile=jit)
+            def fwd_bwd():
+                with tf.GradientTape() as tape:
+                    y = encode(x, params, **kw)
+                    loss = tf.reduce_sum(tf.cast(y * w, tf.float32))
+                return tape.gradient(loss, params)
+
+            return fwd, fwd_bwd
+
+        print(f"\n[{dtype_name} table]")
+        results = {}
+        op_fwd, op_fb = make(tf_metal_ops.hash_grid_encode)
+        for t in thread_counts:
+            with tf_metal_ops.num_threads(t):
+                results[("op fwd", t)] = timed(op_fwd, args.repeats)
+                results[("op fwd+bwd", t)] = timed(op_fb, args.repeats)
+            print(f"  op fwd         {t} thr: {fmt(results[('op fwd', t)])}")
+            print(f"  op fwd+bwd     {t} thr: {fmt(results[('op fwd+bwd', t)])}")
+        if exe:
+            for t in thread_counts:
+                results[("gather", t)] = gather_loop(exe, args.points, t, args.repeats, dtype == tf.float16)
+                print(f"  gather loop    {t} thr: {fmt(results[('gather', t)])}")
+        if not args.skip_pure_tf:
+            for name, jit in (("pure-TF", False), ("pure-TF XLA", True)):
+                f, fb = make(pure_tf.hash_grid_encode, jit)
+                results[(name + " fwd", 0)] = timed(f, args.repeats)
+                results[(name + " fwd+bwd", 0)] = timed(fb, args.repeats)
+                print(f"  {name + ' fwd':<22}: {fmt(results[(name + ' fwd', 0)])}")
+                print(f"  {name + ' fwd+bwd':<22}: {fmt(results[(name + ' fwd+bwd', 0)])}")
+
+        tmax = max(thread_counts)
+        med = {k: v[0] for k, v in results.items()}
+        print(f"  ratios ({tmax} threads):")
+        if not args.skip_pure_tf:
+            best = min(med[("pure-TF fwd+bwd", 0)], med[("pure-TF XLA fwd+bwd", 0)])
+            r = best / med[("op fwd+bwd", tmax)]
+            print(f"    fwd+bwd: faster pure-TF / op = {r:.2f}x   (target >= 2.5x)")
+        if exe:
+            r = med[("op fwd", tmax)] / med[("gather", tmax)]
+            print(f"    fwd: op / gather loop = {r:.2f}x   (target <= 2x)")
+        if 1 in thread_counts and tmax > 1:
+            for k in ("op fwd", "op fwd+bwd"):
+                print(f"    {k}: 1 thread / {tmax} threads = {med[(k, 1)] / med[(k, tmax)]:.2f}x   (target >= 1.8x)")
+            if exe:
+                print(f"    gather loop: 1 thread / {tmax} threads = {med[('gather', 1)] / med[('gather', tmax)]:.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
