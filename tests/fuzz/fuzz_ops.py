@@ -14,12 +14,16 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import warnings  # noqa: E402
+
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import tf_metal_ops  # noqa: E402
+
+warnings.filterwarnings("ignore", category=RuntimeWarning)  # casts of huge values while generating
 
 EXPECTED_ERRORS = (ValueError, TypeError, tf.errors.InvalidArgumentError)
 
@@ -79,7 +83,100 @@ def fuzz_zero_out(examples, seed_value):
     run()
 
 
-FUZZERS = {"zero_out": fuzz_zero_out}
+@st.composite
+def ray_batch(draw):
+    """Mostly well-formed render inputs with one thing at a time possibly wrong."""
+    r, s, c = draw(st.integers(0, 5)), draw(st.integers(0, 6)), draw(st.integers(0, 4))
+    shapes = {"densities": [r, s], "colors": [r, s, c], "t": [r, s + 1]}
+    broken = draw(st.sampled_from([None, "densities", "colors", "t"]))
+    if broken:  # wrong rank or a wrong dimension
+        shape = list(shapes[broken])
+        if draw(st.booleans()):
+            shape = shape[:-1] if len(shape) > 1 else shape + [2]
+        else:
+            i = draw(st.integers(0, len(shape) - 1))
+            shape[i] += draw(st.sampled_from([-1, 1, 3]))
+        shapes[broken] = [max(d, 0) for d in shape]
+    dtype = draw(st.sampled_from(["float32"] * 6 + ["float64", "float16", "int32"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    density_scale = draw(st.sampled_from([0.0, 1.0, 1e4, 1e38]))
+    out = {
+        "densities": (rng.random(shapes["densities"]) * density_scale).astype(dtype),
+        "colors": rng.random(shapes["colors"]).astype(dtype),
+        "t": np.sort(rng.uniform(0, draw(st.sampled_from([1.0, 1e6])), shapes["t"]), axis=-1).astype(dtype),
+    }
+    special = draw(st.sampled_from([None, "nan", "inf", "negative", "unsorted"]))
+    if dtype == "int32" and special in ("nan", "inf"):
+        special = None
+    for name in ("densities", "t"):
+        a = out[name]
+        if a.size and special and draw(st.booleans()):
+            flat = a.reshape(-1)
+            flat[draw(st.integers(0, flat.size - 1))] = {
+                "nan": np.nan, "inf": np.inf, "negative": -1.0, "unsorted": -1e3}[special]
+    bg = draw(st.sampled_from([None, "shared", "per_ray", "bad"]))
+    if bg == "shared":
+        out["background"] = rng.random([c]).astype(np.float32)
+    elif bg == "per_ray":
+        out["background"] = rng.random([r, c]).astype(np.float32)
+    elif bg == "bad":
+        out["background"] = rng.random([c + 1, 2, 1]).astype(np.float32)
+    return out
+
+
+RENDER_ARGS = ["densities", "colors", r"\bt\b", "background", "termination_threshold", "weights"]
+
+
+def fuzz_volume_render(examples, seed_value):
+    @seed(seed_value)
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(b=ray_batch(), thr=st.sampled_from([0.0, 1e-4, 0.5, 1.0, -0.1, 2.0, float("nan")]))
+    def run(b, thr):
+        try:
+            out = tf_metal_ops.volume_render(b["densities"], b["colors"], b["t"], b.get("background"),
+                                             termination_threshold=thr)
+        except Exception as e:
+            expect_clean_error(e, RENDER_ARGS)
+            return
+        r, s = b["densities"].shape
+        c = b["colors"].shape[2]
+        assert out.color.shape == (r, c) and out.weights.shape == (r, s)
+        assert out.depth.shape == (r,) and out.opacity.shape == (r,)
+        # Documented policy: NaN/inf inputs propagate; finite accepted inputs give finite outputs.
+        if all(np.isfinite(np.asarray(v, np.float64)).all() for v in b.values()):
+            for name, v in zip(out._fields, out):
+                assert np.isfinite(v.numpy()).all(), f"non-finite {name} for finite inputs"
+            w = out.weights.numpy()
+            assert (w >= 0).all() and (out.opacity.numpy() <= 1 + 1e-6).all()
+
+    run()
+
+
+def fuzz_distortion_loss(examples, seed_value):
+    @seed(seed_value)
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(b=ray_batch())
+    def run(b):
+        w, t = b["densities"], b["t"]
+        try:
+            loss = tf_metal_ops.distortion_loss(w, t)
+        except Exception as e:
+            expect_clean_error(e, RENDER_ARGS)
+            return
+        assert loss.shape == (w.shape[0],)
+        # Finite inputs of moderate size give a finite loss (NaN/inf propagate, as in TF's own ops).
+        if np.isfinite(w).all() and np.isfinite(t).all() and np.abs(w).max(initial=0) <= 1e4 \
+                and np.abs(t).max(initial=0) <= 1e6:
+            assert np.isfinite(loss.numpy()).all()
+
+    run()
+
+
+FUZZERS = {
+    "zero_out": fuzz_zero_out,
+    "volume_render": fuzz_volume_render,
+    "distortion_loss": fuzz_distortion_loss,
+}
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
