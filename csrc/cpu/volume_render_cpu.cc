@@ -103,7 +103,8 @@ const float* BackgroundRow(const VrDims& d, const float* bg, int64_t r) {
 // |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (truncation error < 1e-8 relative), times 2^n from the
 // exponent bits. About 2 ulp; exp(x) = 0 below -87.3 (no denormals), NaN passes through.
 TFMO_INLINE float NegExp(float x) {
-  const float xc = x < -87.3f ? -87.3f : (x > 0.0f ? 0.0f : x);
+  // NaN takes the clamped path too, so the int conversion and the shift below stay defined.
+  const float xc = (x < -87.3f || x != x) ? -87.3f : (x > 0.0f ? 0.0f : x);
   const int n = static_cast<int>(xc * 1.44269504f - 0.5f);  // round to nearest for xc <= 0 (trunc toward 0)
   const float fn = static_cast<float>(n);
   const float r = (xc - fn * 0.693145752f) - fn * 1.42860677e-6f;  // ln2 split hi/lo
@@ -134,7 +135,7 @@ TFMO_INLINE VecF Select(VecI mask, VecF a, VecF b) { return (VecF)((mask & (VecI
 TFMO_INLINE VecF NegExpV(VecF x) {
   const VecI under = x < -87.3f;
   const VecI nan = x != x;
-  VecF xc = Select(under, VecF{} - 87.3f, x);
+  VecF xc = Select(under | nan, VecF{} - 87.3f, x);  // NaN lanes too: conversion and shift stay defined
   xc = Select(xc > 0.0f, VecF{}, xc);
   const VecI n = __builtin_convertvector(xc * 1.44269504f - 0.5f, VecI);
   const VecF fn = __builtin_convertvector(n, VecF);
