@@ -8,10 +8,11 @@ forward+backward, it times:
 all in one process, and prints the median of --repeats runs (after warm-up) and the ratios baseline / op.
 Other processes may share the machine: medians, not means.
 
-    python bench/render_ops.py [--rays 65536] [--samples 128] [--channels 3] [--repeats 9]
+    python bench/render_ops.py [--rays 65536] [--samples 128] [--channels 3] [--repeats 9] [--json OUT]
 """
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -86,6 +87,7 @@ def main():
     p.add_argument("--samples", type=int, default=128)
     p.add_argument("--channels", type=int, default=3)
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--json", help="also write the medians (ms) to this file (bench/run_all.py collects them)")
     args = p.parse_args()
     R, S, C = args.rays, args.samples, args.channels
     print(f"TensorFlow {tf.__version__}, tf_metal_ops {tfmo.__version__}, op threads {tfmo.get_num_threads()}, "
@@ -119,6 +121,10 @@ def main():
     print(f"VolumeRender fwd+bwd targets: >= 5x plain graph: {vr['tf'] / vr['op']:.2f}x "
           f"({'met' if vr['tf'] >= 5 * vr['op'] else 'NOT met'}); faster than XLA: {vr['tf+xla'] / vr['op']:.2f}x "
           f"({'met' if vr['tf+xla'] > vr['op'] else 'NOT met'})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": {"rays": R, "samples": S, "channels": C, "repeats": args.repeats},
+                       "rows": [{"op": n, "mode": mode, "median_ms": m} for n, mode, m in rows]}, f, indent=1)
 
 
 if __name__ == "__main__":

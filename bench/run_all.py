@@ -1,0 +1,147 @@
+"""Runs every benchmark and writes bench/results.json, bench/results.md and bench/results.png.
+
+    python bench/run_all.py [--nerf-minutes 10] [--quick]
+
+Benchmarks (each a script of its own, run in a fresh process, each printing ratios against baselines measured in
+the same run): hash grid (bench/hash_grid.py), rendering ops (bench/render_ops.py), call overhead
+(bench/call_overhead.py), and the NeRF comparison at equal wall-clock budget (examples/nerf/compare.py).
+--quick shrinks sizes and budgets for a smoke run (the numbers are then not the reported ones).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def run(name, cmd, json_path):
+    print(f"=== {name}: {' '.join(cmd)}", flush=True)
+    subprocess.run([sys.executable, *cmd], check=True, cwd=tempfile.gettempdir())
+    with open(json_path) as f:
+        return json.load(f)
+
+
+def machine():
+    import tensorflow as tf
+
+    import tf_metal_ops
+
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    return {"date": datetime.date.today().isoformat(), "platform": platform.platform(), "cpu": cpu,
+            "cores": os.cpu_count(), "python": platform.python_version(), "tensorflow": tf.__version__,
+            "tf_metal_ops": tf_metal_ops.__version__, "op_threads": tf_metal_ops.get_num_threads()}
+
+
+def markdown(results):
+    m = results["machine"]
+    lines = [f"# Benchmark results\n",
+             f"{m['date']}, {m['cpu']} ({m['cores']} cores), {m['platform']}, Python {m['python']}, "
+             f"TensorFlow {m['tensorflow']}, tf-metal-ops {m['tf_metal_ops']} ({m['op_threads']} op threads). "
+             "Medians of several runs in one process; ratios against baselines measured in the same run.\n"]
+    if "hash_grid" in results:
+        lines += ["## Hash grid (D=3, L=16, F=2, log2 T=19, N_min=16, b=1.5)\n",
+                  "```", json.dumps(results["hash_grid"], indent=1), "```\n"]
+    if "render_ops" in results:
+        r = results["render_ops"]
+        c = r["config"]
+        lines += [f"## Rendering ops (R={c['rays']}, S={c['samples']}, C={c['channels']})\n",
+                  "| op | mode | op (ms) | plain graph (ms) | XLA (ms) | graph / op | XLA / op |", "|---|---|---|---|---|---|---|"]
+        for row in r["rows"]:
+            t = row["median_ms"]
+            lines.append(f"| {row['op']} | {row['mode']} | {t['op']:.1f} | {t['tf']:.1f} | {t['tf+xla']:.1f} | "
+                         f"{t['tf'] / t['op']:.2f}x | {t['tf+xla'] / t['op']:.2f}x |")
+        lines.append("")
+    if "call_overhead" in results:
+        r = results["call_overhead"]
+        lines += ["## Call overhead (eager, 4-element tensor)\n", "| call | µs | vs tf.identity |", "|---|---|---|"]
+        base = r["median_us"]["tf.identity"]
+        lines += [f"| {k} | {v:.2f} | {v / base:.2f}x |" for k, v in r["median_us"].items()]
+        lines.append("")
+    if "nerf" in results:
+        r = results["nerf"]
+        lines += [f"## NeRF, equal {r['minutes']:g}-minute training budget (built-in scene)\n",
+                  "| variant | steps | s/epoch | ms/step | final test PSNR (dB) |", "|---|---|---|---|---|"]
+        for k, v in r["variants"].items():
+            lines.append(f"| {k} | {v['steps']} | {v['seconds_per_epoch']:.1f} | {v['ms_per_step']:.0f} | "
+                         f"{v['final_test_psnr']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, values = [], []
+    for row in results.get("render_ops", {}).get("rows", []):
+        t = row["median_ms"]
+        labels.append(f"{row['op']}\n{row['mode']}")
+        values.append((t["tf"] / t["op"], t["tf+xla"] / t["op"]))
+    for row in results.get("hash_grid", {}).get("summary", []):
+        labels.append(f"hash_grid {row['dtype']}\n{row['mode']}")
+        values.append((row["speedup_vs_graph"], row["speedup_vs_xla"]))
+    if not labels:
+        return
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(labels)), 4))
+    xs = range(len(labels))
+    ax.bar([x - 0.2 for x in xs], [v[0] for v in values], 0.4, label="vs plain tf.function")
+    ax.bar([x + 0.2 for x in xs], [v[1] for v in values], 0.4, label="vs XLA")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(list(xs), labels, fontsize=8)
+    ax.set_ylabel("speed-up of the op (×)")
+    ax.set_title("tf-metal-ops CPU kernels vs pure TensorFlow (same run)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nerf-minutes", type=float, default=10.0)
+    p.add_argument("--skip-nerf", action="store_true")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default=HERE)
+    args = p.parse_args()
+    tmp = tempfile.mkdtemp(prefix="tfmo-bench-")
+    results = {"machine": machine()}
+    q = args.quick
+    results["call_overhead"] = run("call overhead", [os.path.join(HERE, "call_overhead.py"), "--json",
+                                   os.path.join(tmp, "call.json")] + (["--calls", "500", "--repeats", "3"] if q else []),
+                                   os.path.join(tmp, "call.json"))
+    results["render_ops"] = run("render ops", [os.path.join(HERE, "render_ops.py"), "--json",
+                                os.path.join(tmp, "render.json")] + (["--rays", "4096", "--repeats", "3"] if q else []),
+                                os.path.join(tmp, "render.json"))
+    results["hash_grid"] = run("hash grid", [os.path.join(HERE, "hash_grid.py"), "--json",
+                               os.path.join(tmp, "hash.json")] + (["--points", "16384", "--repeats", "3"] if q else []),
+                               os.path.join(tmp, "hash.json"))
+    if not args.skip_nerf:
+        out = os.path.join(tmp, "nerf")
+        minutes = 0.5 if q else args.nerf_minutes
+        results["nerf"] = run("NeRF comparison", [os.path.join(ROOT, "examples", "nerf", "compare.py"),
+                              "--minutes", str(minutes), "--out", out], os.path.join(out, "compare.json"))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(markdown(results))
+    plot(results, os.path.join(args.out, "results.png"))
+    print(f"wrote {os.path.join(args.out, 'results.md')}, results.json, results.png")
+
+
+if __name__ == "__main__":
+    main()
