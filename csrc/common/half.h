@@ -8,44 +8,38 @@
 
 namespace tfmo {
 
+inline uint32_t Bits(float f) { uint32_t b; std::memcpy(&b, &f, 4); return b; }
+inline float FromBits(uint32_t b) { float f; std::memcpy(&f, &b, 4); return f; }
+// All-ones when c, else 0: selects without branches (table values are often a random mix of subnormal and
+// normal halves, which would make a branch unpredictable).
+inline uint32_t Mask(bool c) { return 0u - (uint32_t)c; }
+
 inline float HalfToFloat(uint16_t h) {
   // Normal halves: shift exponent/mantissa into float position and rebias (+112 in the exponent field).
-  // Subnormal halves: m * 2^-24, computed from the integer mantissa so that no float subnormal is involved
-  // (TF runs kernels with flush-to-zero / denormals-are-zero set).
+  // Subnormal halves: m * 2^-24 from the integer mantissa, so no float subnormal is involved (TF runs kernels
+  // with flush-to-zero / denormals-are-zero set). Inf/NaN: all-ones exponent, payload kept.
   const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   const uint32_t em = (uint32_t)(h & 0x7FFFu);
-  uint32_t bits = (em << 13) + (112u << 23);
-  if (em >= 0x7C00u) bits = 0x7F800000u | (em << 13);  // inf / NaN (payload kept)
-  float f;
-  std::memcpy(&f, &bits, 4);
-  if (em < 0x0400u) f = (float)em * 0x1p-24f;  // zero / subnormal
-  std::memcpy(&bits, &f, 4);
-  bits |= sign;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  const uint32_t normal = (em << 13) + (112u << 23);
+  const uint32_t special = 0x7F800000u | (em << 13);
+  const uint32_t sub = Bits((float)em * 0x1p-24f);
+  const uint32_t is_sub = Mask(em < 0x0400u), is_special = Mask(em >= 0x7C00u);
+  return FromBits(sign | (normal & ~(is_sub | is_special)) | (sub & is_sub) | (special & is_special));
 }
 
 inline uint16_t FloatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
+  uint32_t x = Bits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   x &= 0x7FFFFFFFu;
-  if (x >= 0x7F800000u) return (uint16_t)(sign | 0x7C00u | (x > 0x7F800000u ? 0x200u : 0u));  // inf / NaN
-  if (x >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);  // rounds to >= 65520: overflow to inf
-  if (x < 0x38800000u) {
-    // Result is subnormal (or zero): let the float adder do the rounding at the 2^-24 quantum. (A float-subnormal
-    // x, read as 0 under denormals-are-zero, rounds to 0 either way.)
-    float a;
-    std::memcpy(&a, &x, 4);
-    a += 0.5f;  // 0.5 = 2^-1: aligns the half-subnormal quantum 2^-24 with float's ulp at 0.5
-    uint32_t b;
-    std::memcpy(&b, &a, 4);
-    return (uint16_t)(sign | (b - 0x3F000000u));
-  }
-  // Normal: rebias exponent (127 -> 15) and round the 13 dropped bits to nearest even.
-  const uint32_t odd = (x >> 13) & 1u;
-  x += 0xC8000FFFu + odd;  // -(112 << 23) + 0xFFF + odd, mod 2^32
-  return (uint16_t)(sign | (x >> 13));
+  // Normal result: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even.
+  const uint32_t normal = (x + 0xC8000FFFu + ((x >> 13) & 1u)) >> 13;  // -(112 << 23) + 0xFFF + odd, mod 2^32
+  // Subnormal (or zero) result: let the float adder round at the 2^-24 quantum (2^-24 is float's ulp at 0.5).
+  // A float-subnormal x, read as 0 under denormals-are-zero, rounds to 0 either way.
+  const uint32_t sub = Bits(FromBits(x) + 0.5f) - 0x3F000000u;
+  // Inf/NaN keep their class (NaN quiet); finite values that round to >= 65520 overflow to inf.
+  const uint32_t special = 0x7C00u | (x > 0x7F800000u ? 0x200u : 0u);
+  const uint32_t is_special = Mask(x >= 0x477FF000u), is_sub = Mask(x < 0x38800000u);
+  return (uint16_t)(sign | (normal & ~(is_sub | is_special)) | (sub & is_sub) | (special & is_special));
 }
 
 }  // namespace tfmo

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <numeric>
 #include <type_traits>
 
@@ -38,16 +39,32 @@ template <typename T> inline T Store(float v);
 template <> inline float Store<float>(float v) { return v; }
 template <> inline uint16_t Store<uint16_t>(float v) { return tfmo::FloatToHalf(v); }
 
-// Per-thread scratch memory reused across calls (a fresh multi-MB allocation per call costs page faults on
-// every first touch). Kept for the thread's lifetime; grows to the largest request seen.
+// Scratch memory: per calling thread, reused across calls (a fresh multi-MB allocation per call costs a page
+// fault on every first touch). Up to kMaxCachedBytes per slot stays allocated for the thread's lifetime (TF's
+// executor threads: one buffer per op kind per thread); larger requests are freed when the call ends.
+constexpr size_t kMaxCachedBytes = size_t{256} << 20;
+
 template <typename T>
-T* Scratch(size_t n, int slot) {
-  struct Buf { std::unique_ptr<T[]> p; size_t n = 0; };
-  thread_local Buf bufs[2];
-  Buf& b = bufs[slot];
-  if (b.n < n) { b.p.reset(); b.p.reset(new T[n]); b.n = n; }
-  return b.p.get();
-}
+class Scratch {
+ public:
+  Scratch(size_t n, int slot) {
+    if (n * sizeof(T) > kMaxCachedBytes) {
+      own_.reset(new T[n]);
+      ptr_ = own_.get();
+      return;
+    }
+    struct Buf { std::unique_ptr<T[]> p; size_t n = 0; };
+    thread_local Buf bufs[2];
+    Buf& b = bufs[slot];
+    if (b.n < n) { b.p.reset(); b.p.reset(new T[n]); b.n = n; }
+    ptr_ = b.p.get();
+  }
+  T* get() const { return ptr_; }
+
+ private:
+  std::unique_ptr<T[]> own_;
+  T* ptr_ = nullptr;
+};
 
 // [N, L*F] (T) -> level-major float32 [active][N][F] for the first `active` levels.
 template <int F, typename T>
@@ -130,6 +147,22 @@ struct TileCorners {
   }
 };
 
+// The F values of each of the nc corners of tile point i, as float32: val[c*F + f]. float16 tables gather the
+// raw bits first and convert them in one fixed-length loop the compiler vectorises.
+template <int D, int F, typename T>
+inline void GatherCorners(const T* table, const TileCorners<D>& tc, int i, int nc, float* val) {
+  constexpr int kN = (1 << D) * F;
+  if (std::is_same<T, uint16_t>::value && nc == (1 << D)) {
+    T raw[kN];
+    for (int c = 0; c < (1 << D); ++c)
+      for (int f = 0; f < F; ++f) raw[c * F + f] = table[(int64_t)tc.row[c][i] * F + f];
+    for (int k = 0; k < kN; ++k) val[k] = Load<T>(raw + k);
+    return;
+  }
+  for (int c = 0; c < nc; ++c)
+    for (int f = 0; f < F; ++f) val[c * F + f] = Load<T>(table + (int64_t)tc.row[c][i] * F + f);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Forward. Results go level-major into scratch [active][N][F] (each level pass then writes one contiguous
 // stream instead of 8 bytes into every output row), then one pass interleaves them into [N, L*F].
@@ -142,7 +175,8 @@ void Encode(const Call& call, T* out) {
   const float* pos = call.positions.data<float>();
   const T* table = call.params.data<T>();
   const int64_t n = call.n;
-  T* tmp = Scratch<T>((size_t)active * n * F, 0);
+  Scratch<T> tmp_buf((size_t)active * n * F, 0);
+  T* tmp = tmp_buf.get();
   for (int l = 0; l < active; ++l) {
     const HgLevel lv = call.levels[l];
     T* o = tmp + (size_t)l * n * F;
@@ -154,11 +188,12 @@ void Encode(const Call& call, T* out) {
         for (int i = 0; i < count; ++i) {
           if (i + kPrefetch < count)  // random rows: start their cache misses a few points ahead
             for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
+          float val[(1 << D) * F];
+          GatherCorners<D, F, T>(table, tc, i, nc, val);
           float acc[F] = {};
           for (int c = 0; c < nc; ++c) {
-            const T* v = table + (int64_t)tc.row[c][i] * F;
             const float w = tc.wt[c][i];
-            for (int f = 0; f < F; ++f) acc[f] += w * Load<T>(v + f);
+            for (int f = 0; f < F; ++f) acc[f] += w * val[c * F + f];
           }
           for (int f = 0; f < F; ++f) o[(t + i) * F + f] = Store<T>(acc[f]);
         }
@@ -188,7 +223,8 @@ void GradParams(const Call& call, const T* dy, float* acc) {
   const int64_t n = call.n;
   if (active == 0 || n == 0) return;
   // dy for the active levels, level-major float32 [active][N][F]: each task then streams its level's slice.
-  float* g = Scratch<float>((size_t)active * n * F, 1);
+  Scratch<float> g_buf((size_t)active * n * F, 1);
+  float* g = g_buf.get();
   ToLevelMajor<F, T>(dy, n, L, active, g);
   // Tasks: (level, split). Larger levels first so the longest tasks start early.
   const int threads = tfmo::NumThreads();
@@ -237,7 +273,8 @@ void GradPositions(const Call& call, const T* dy, float* out) {
   const int64_t n = call.n;
   tfmo::ParallelFor(n * D, 1 << 16, [&](int64_t b, int64_t e) { std::fill(out + b, out + e, 0.0f); });
   if (interp == HG_INTERP_NEAREST || call.n_active == 0) return;  // nearest: piecewise constant in x
-  float* g = Scratch<float>((size_t)call.n_active * n * F, 1);
+  Scratch<float> g_buf((size_t)call.n_active * n * F, 1);
+  float* g = g_buf.get();
   ToLevelMajor<F, T>(dy, n, L, call.n_active, g);
   for (int l = 0; l < call.n_active; ++l) {
     const float* gl = g + (size_t)l * n * F;
@@ -251,11 +288,12 @@ void GradPositions(const Call& call, const T* dy, float* out) {
           if (i + kPrefetch < count)
             for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
           const float* gyf = gl + (t + i) * F;
+          float val[(1 << D) * F];
+          GatherCorners<D, F, T>(table, tc, i, nc, val);
           float sc[1 << D];  // <dy, value of corner c>
           for (int c = 0; c < nc; ++c) {
-            const T* v = table + (int64_t)tc.row[c][i] * F;
             float acc = 0.0f;
-            for (int f = 0; f < F; ++f) acc += gyf[f] * Load<T>(v + f);
+            for (int f = 0; f < F; ++f) acc += gyf[f] * val[c * F + f];
             sc[c] = acc;
           }
           float dx[HG_MAX_DIMS] = {};
@@ -309,7 +347,11 @@ void EncodeCompute(void* state, TF_OpKernelContext* ctx) {
   tfmo::TensorRef out;
   if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, (int64_t)cfg.n_levels * cfg.n_features}, &out)) return;
   if (call.n == 0) return;
-  Dispatch<EncodeK>(call, out.raw());
+  try {
+    Dispatch<EncodeK>(call, out.raw());
+  } catch (const std::bad_alloc&) {  // scratch memory (allocated on this thread, before any parallel work)
+    tfmo::Fail(ctx, TF_RESOURCE_EXHAUSTED, "hash_grid_encode: out of memory for %lld points", (long long)call.n);
+  }
 }
 
 void GradParamsCompute(void* state, TF_OpKernelContext* ctx) {
@@ -320,10 +362,19 @@ void GradParamsCompute(void* state, TF_OpKernelContext* ctx) {
   if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.rows, (int64_t)cfg.n_features}, &out)) return;
   const int64_t elems = call.rows * cfg.n_features;
   const bool half = cfg.dtype == TF_HALF;
-  std::unique_ptr<float[]> tmp;
-  float* acc = half ? (tmp.reset(new float[elems]), tmp.get()) : out.data<float>();
+  std::unique_ptr<float[]> tmp(half ? new (std::nothrow) float[elems] : nullptr);
+  if (half && !tmp) {
+    tfmo::Fail(ctx, TF_RESOURCE_EXHAUSTED, "hash_grid_encode gradient: out of memory for the float32 accumulator");
+    return;
+  }
+  float* acc = half ? tmp.get() : out.data<float>();
   tfmo::ParallelFor(elems, 1 << 16, [&](int64_t b, int64_t e) { std::fill(acc + b, acc + e, 0.0f); });
-  Dispatch<GradParamsK>(call, call.grad.raw(), acc);
+  try {
+    Dispatch<GradParamsK>(call, call.grad.raw(), acc);
+  } catch (const std::bad_alloc&) {
+    tfmo::Fail(ctx, TF_RESOURCE_EXHAUSTED, "hash_grid_encode gradient: out of memory for %lld points", (long long)call.n);
+    return;
+  }
   if (half) {
     uint16_t* o = out.data<uint16_t>();
     tfmo::ParallelFor(elems, 1 << 16, [&](int64_t b, int64_t e) {
@@ -338,7 +389,11 @@ void GradPositionsCompute(void* state, TF_OpKernelContext* ctx) {
   tfmo::TensorRef out;
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {call.n, (int64_t)call.dims}, &out)) return;
   if (call.n == 0) return;
-  Dispatch<GradPositionsK>(call, call.grad.raw(), out.data<float>());
+  try {
+    Dispatch<GradPositionsK>(call, call.grad.raw(), out.data<float>());
+  } catch (const std::bad_alloc&) {
+    tfmo::Fail(ctx, TF_RESOURCE_EXHAUSTED, "hash_grid_encode gradient: out of memory for %lld points", (long long)call.n);
+  }
 }
 
 static const tfmo::OnLoad kRegister([] {
