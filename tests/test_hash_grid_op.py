@@ -496,3 +496,47 @@ def test_errors_in_graph_mode_come_from_the_kernel():
 
     with pytest.raises(tf.errors.InvalidArgumentError, match="params has 10 rows, but the config needs"):
         f(tf.zeros([3, 2]))
+
+
+def test_baseline_and_avx2_paths_agree_bitwise(tmp_path):
+    """The CPU kernels have a baseline and an AVX2 build of the same loops (chosen at run time); a subprocess
+    with TF_METAL_OPS_NO_AVX2=1 must produce bit-identical forward and gradients."""
+    import os
+    import subprocess
+    import sys
+
+    script = r'''
+import sys, numpy as np, tensorflow as tf
+import tf_metal_ops
+from tf_metal_ops.hash_grid import HashGridConfig
+out = {}
+for d, dtype, gt, interp in [(3, "float32", "hash", "linear"), (2, "float16", "tiled", "smoothstep"),
+                             (4, "float32", "dense", "nearest"), (1, "float16", "hash", "linear")]:
+    cfg = HashGridConfig(d, n_levels=5, n_features_per_level=4, log2_hashmap_size=9, base_resolution=3,
+                         per_level_scale=1.7, grid_type=gt, interpolation=interp)
+    rng = np.random.default_rng(d)
+    x = tf.constant(rng.uniform(-0.1, 1.1, (777, d)).astype(np.float32))
+    p = tf.constant(rng.uniform(-1, 1, cfg.params_shape).astype(dtype))
+    dy = tf.constant(rng.standard_normal((777, cfg.n_output_dims)).astype(dtype))
+    with tf.GradientTape() as tape:
+        tape.watch([x, p])
+        y = tf_metal_ops.hash_grid_encode(x, p, **cfg.op_kwargs())
+    gx, gp = tape.gradient(y, [x, p], output_gradients=dy)
+    for k, v in (("y", y), ("gx", gx), ("gp", gp)):
+        out[f"{d}{dtype}{gt}{interp}{k}"] = v.numpy()
+np.savez(sys.argv[1], **out)
+'''
+    results = []
+    for no_avx2 in (False, True):
+        env = dict(os.environ)
+        env.pop("TF_METAL_OPS_NO_AVX2", None)
+        if no_avx2:
+            env["TF_METAL_OPS_NO_AVX2"] = "1"
+        path = str(tmp_path / f"out{int(no_avx2)}.npz")
+        subprocess.run([sys.executable, "-c", script, path], check=True, env=env, cwd=str(tmp_path),
+                       capture_output=True)
+        results.append(np.load(path))
+    assert set(results[0].files) == set(results[1].files) and len(results[0].files) == 12
+    for k in results[0].files:
+        a, b = results[0][k], results[1][k]
+        assert a.dtype == b.dtype and np.array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}")), k

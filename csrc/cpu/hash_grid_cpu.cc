@@ -11,6 +11,7 @@
 //    redundant work); with fewer levels the level's rows are split and the corner math is recomputed.
 //  - position gradient: levels in order for every point (deterministic), recomputing the weight derivatives.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -28,6 +29,40 @@ namespace {
 
 using tfmo::hash_grid::Call;
 using tfmo::hash_grid::Config;
+
+// Hot loops are always-inline bodies instantiated twice (see TFMO_HG_VARIANTS): plain (baseline ISA) and, on
+// x86-64 with GCC, with target("avx2"), chosen at run time. Same source and same float operation order, so the
+// two give bitwise identical results (no FMA contraction: ISO C++ mode compiles with -ffp-contract=off).
+#define TFMO_HG_INLINE inline __attribute__((always_inline))
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TFMO_HG_HAVE_AVX2 1
+#define TFMO_HG_AVX2 __attribute__((target("avx2,bmi,bmi2"), noinline))
+#endif
+
+bool UseAvx2() {
+#ifdef TFMO_HG_HAVE_AVX2
+  // TF_METAL_OPS_NO_AVX2=1 forces the baseline path (tests compare the two bit for bit).
+  static const bool avx2 = __builtin_cpu_supports("avx2") && std::getenv("TF_METAL_OPS_NO_AVX2") == nullptr;
+  return avx2;
+#else
+  return false;
+#endif
+}
+
+// Declares NAME_plain(ARGS) and NAME_avx2(ARGS) calling the always-inline BODY, and NAME(ARGS) choosing one.
+#ifdef TFMO_HG_HAVE_AVX2
+#define TFMO_HG_VARIANTS(NAME, BODY)                                                            \
+  template <int D, int F, typename T, typename... A>                                            \
+  __attribute__((noinline)) void NAME##_plain(A... a) { BODY<D, F, T>(a...); }                  \
+  template <int D, int F, typename T, typename... A>                                            \
+  TFMO_HG_AVX2 void NAME##_avx2(A... a) { BODY<D, F, T>(a...); }                                 \
+  template <int D, int F, typename T, typename... A>                                            \
+  void NAME(A... a) { UseAvx2() ? NAME##_avx2<D, F, T>(a...) : NAME##_plain<D, F, T>(a...); }
+#else
+#define TFMO_HG_VARIANTS(NAME, BODY)                                                            \
+  template <int D, int F, typename T, typename... A>                                            \
+  void NAME(A... a) { BODY<D, F, T>(a...); }
+#endif
 
 constexpr int kTile = 256;
 constexpr int kPrefetch = 16;  // points ahead
@@ -98,7 +133,7 @@ struct TileCorners {
   }
 
   template <int kMode>
-  void Rows(const HgLevel& lv, int count, int nc) {
+  TFMO_HG_INLINE void Rows(const HgLevel& lv, int count, int nc) {
     for (int c = 0; c < nc; ++c) {
       const uint b0 = c & 1, b1 = (c >> 1) & 1, b2 = (c >> 2) & 1, b3 = (c >> 3) & 1;
       uint* r = row[c];
@@ -117,7 +152,7 @@ struct TileCorners {
   }
 
   // Points [begin, begin+count) of positions [N, D].
-  void Compute(const float* pos, int64_t begin, int count, const HgLevel& lv, int interp, int nc) {
+  TFMO_HG_INLINE void Compute(const float* pos, int64_t begin, int count, const HgLevel& lv, int interp, int nc) {
     for (int i = 0; i < count; ++i)
       for (int d = 0; d < D; ++d) x[d][i] = pos[(begin + i) * D + d];
     for (int d = 0; d < D; ++d) {
@@ -150,7 +185,7 @@ struct TileCorners {
 // The F values of each of the nc corners of tile point i, as float32: val[c*F + f]. float16 tables gather the
 // raw bits first and convert them in one fixed-length loop the compiler vectorises.
 template <int D, int F, typename T>
-inline void GatherCorners(const T* table, const TileCorners<D>& tc, int i, int nc, float* val) {
+TFMO_HG_INLINE void GatherCorners(const T* table, const TileCorners<D>& tc, int i, int nc, float* val) {
   constexpr int kN = (1 << D) * F;
   if (std::is_same<T, uint16_t>::value && nc == (1 << D)) {
     T raw[kN];
@@ -162,6 +197,88 @@ inline void GatherCorners(const T* table, const TileCorners<D>& tc, int i, int n
   for (int c = 0; c < nc; ++c)
     for (int f = 0; f < F; ++f) val[c * F + f] = Load<T>(table + (int64_t)tc.row[c][i] * F + f);
 }
+
+// Forward of points [b, e) of one level into o [N][F] (level-major).
+template <int D, int F, typename T>
+TFMO_HG_INLINE void EncodeRangeBody(const HgLevel* lvp, int interp, int nc, const float* pos, const T* table, T* o,
+                                    int64_t b, int64_t e) {
+  const HgLevel lv = *lvp;
+  TileCorners<D> tc;
+  for (int64_t t = b; t < e; t += kTile) {
+    const int count = (int)std::min<int64_t>(kTile, e - t);
+    tc.Compute(pos, t, count, lv, interp, nc);
+    for (int i = 0; i < count; ++i) {
+      if (i + kPrefetch < count)  // random rows: start their cache misses a few points ahead
+        for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
+      float val[(1 << D) * F];
+      GatherCorners<D, F, T>(table, tc, i, nc, val);
+      float acc[F] = {};
+      for (int c = 0; c < nc; ++c) {
+        const float w = tc.wt[c][i];
+        for (int f = 0; f < F; ++f) acc[f] += w * val[c * F + f];
+      }
+      for (int f = 0; f < F; ++f) o[(t + i) * F + f] = Store<T>(acc[f]);
+    }
+  }
+}
+TFMO_HG_VARIANTS(EncodeRange, EncodeRangeBody)
+
+// d/dparams of all points [0, n) of one level, for table rows [lo, hi) only when split.
+template <int D, int F, typename T>
+TFMO_HG_INLINE void ScatterLevelBody(const HgLevel* lvp, int interp, int nc, const float* pos, const float* gl,
+                                     float* acc, int64_t n, uint lo, uint hi, bool split) {
+  const HgLevel lv = *lvp;
+  TileCorners<D> tc;
+  for (int64_t t = 0; t < n; t += kTile) {
+    const int count = (int)std::min<int64_t>(kTile, n - t);
+    tc.Compute(pos, t, count, lv, interp, nc);
+    for (int i = 0; i < count; ++i) {
+      if (i + kPrefetch < count)
+        for (int c = 0; c < nc; ++c) __builtin_prefetch(acc + (int64_t)tc.row[c][i + kPrefetch] * F, 1);
+      const float* gi = gl + (t + i) * F;
+      for (int c = 0; c < nc; ++c) {
+        const uint r = tc.row[c][i];
+        if (split && (r < lo || r >= hi)) continue;
+        float* a = acc + (int64_t)r * F;
+        const float w = tc.wt[c][i];
+        for (int f = 0; f < F; ++f) a[f] += w * gi[f];
+      }
+    }
+  }
+}
+TFMO_HG_VARIANTS(ScatterLevel, ScatterLevelBody)
+
+// d/dpositions contribution of one level for points [b, e), added to out [N][D].
+template <int D, int F, typename T>
+TFMO_HG_INLINE void GradPosRangeBody(const HgLevel* lvp, int interp, const float* pos, const T* table,
+                                     const float* gl, float* out, int64_t b, int64_t e) {
+  const HgLevel lv = *lvp;
+  const int nc = 1 << D;
+  TileCorners<D> tc;
+  for (int64_t t = b; t < e; t += kTile) {
+    const int count = (int)std::min<int64_t>(kTile, e - t);
+    tc.Compute(pos, t, count, lv, interp, nc);
+    for (int i = 0; i < count; ++i) {
+      if (i + kPrefetch < count)
+        for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
+      const float* gyf = gl + (t + i) * F;
+      float val[(1 << D) * F];
+      GatherCorners<D, F, T>(table, tc, i, nc, val);
+      float sc[1 << D];  // <dy, value of corner c>
+      for (int c = 0; c < nc; ++c) {
+        float acc = 0.0f;
+        for (int f = 0; f < F; ++f) acc += gyf[f] * val[c * F + f];
+        sc[c] = acc;
+      }
+      float dx[HG_MAX_DIMS] = {};
+      const HgPoint pt = tc.Point(i);
+      hg_accumulate_dx(&pt, sc, D, dx);
+      float* o = out + (t + i) * D;
+      for (int k = 0; k < D; ++k) o[k] += dx[k];
+    }
+  }
+}
+TFMO_HG_VARIANTS(GradPosRange, GradPosRangeBody)
 
 // ---------------------------------------------------------------------------------------------------------
 // Forward. Results go level-major into scratch [active][N][F] (each level pass then writes one contiguous
@@ -181,23 +298,7 @@ void Encode(const Call& call, T* out) {
     const HgLevel lv = call.levels[l];
     T* o = tmp + (size_t)l * n * F;
     tfmo::ParallelFor(n, 4 * kTile, [&](int64_t b, int64_t e) {
-      TileCorners<D> tc;
-      for (int64_t t = b; t < e; t += kTile) {
-        const int count = (int)std::min<int64_t>(kTile, e - t);
-        tc.Compute(pos, t, count, lv, interp, nc);
-        for (int i = 0; i < count; ++i) {
-          if (i + kPrefetch < count)  // random rows: start their cache misses a few points ahead
-            for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
-          float val[(1 << D) * F];
-          GatherCorners<D, F, T>(table, tc, i, nc, val);
-          float acc[F] = {};
-          for (int c = 0; c < nc; ++c) {
-            const float w = tc.wt[c][i];
-            for (int f = 0; f < F; ++f) acc[f] += w * val[c * F + f];
-          }
-          for (int f = 0; f < F; ++f) o[(t + i) * F + f] = Store<T>(acc[f]);
-        }
-      }
+      EncodeRange<D, F, T>(&lv, interp, nc, pos, table, o, b, e);
     });
   }
   const T zero = Store<T>(0.0f);
@@ -241,23 +342,7 @@ void GradParams(const Call& call, const T* dy, float* acc) {
     const uint lo = lv.offset + (uint)((uint64_t)lv.size * s / splits);
     const uint hi = lv.offset + (uint)((uint64_t)lv.size * (s + 1) / splits);
     const float* gl = g + (size_t)l * n * F;
-    TileCorners<D> tc;
-    for (int64_t t = 0; t < n; t += kTile) {
-      const int count = (int)std::min<int64_t>(kTile, n - t);
-      tc.Compute(pos, t, count, lv, interp, nc);
-      for (int i = 0; i < count; ++i) {
-        if (i + kPrefetch < count)
-          for (int c = 0; c < nc; ++c) __builtin_prefetch(acc + (int64_t)tc.row[c][i + kPrefetch] * F, 1);
-        const float* gi = gl + (t + i) * F;
-        for (int c = 0; c < nc; ++c) {
-          const uint r = tc.row[c][i];
-          if (splits > 1 && (r < lo || r >= hi)) continue;
-          float* a = acc + (int64_t)r * F;
-          const float w = tc.wt[c][i];
-          for (int f = 0; f < F; ++f) a[f] += w * gi[f];
-        }
-      }
-    }
+    ScatterLevel<D, F, T>(&lv, interp, nc, pos, gl, acc, n, lo, hi, splits > 1);
   });
 }
 
@@ -267,7 +352,6 @@ template <int D, int F, typename T>
 void GradPositions(const Call& call, const T* dy, float* out) {
   const int L = call.cfg->n_levels;
   const int interp = call.cfg->interpolation;
-  const int nc = 1 << D;
   const float* pos = call.positions.data<float>();
   const T* table = call.params.data<T>();
   const int64_t n = call.n;
@@ -280,29 +364,7 @@ void GradPositions(const Call& call, const T* dy, float* out) {
     const float* gl = g + (size_t)l * n * F;
     const HgLevel lv = call.levels[l];
     tfmo::ParallelFor(n, 4 * kTile, [&](int64_t b, int64_t e) {
-      TileCorners<D> tc;
-      for (int64_t t = b; t < e; t += kTile) {
-        const int count = (int)std::min<int64_t>(kTile, e - t);
-        tc.Compute(pos, t, count, lv, interp, nc);
-        for (int i = 0; i < count; ++i) {
-          if (i + kPrefetch < count)
-            for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
-          const float* gyf = gl + (t + i) * F;
-          float val[(1 << D) * F];
-          GatherCorners<D, F, T>(table, tc, i, nc, val);
-          float sc[1 << D];  // <dy, value of corner c>
-          for (int c = 0; c < nc; ++c) {
-            float acc = 0.0f;
-            for (int f = 0; f < F; ++f) acc += gyf[f] * val[c * F + f];
-            sc[c] = acc;
-          }
-          float dx[HG_MAX_DIMS] = {};
-          const HgPoint pt = tc.Point(i);
-          hg_accumulate_dx(&pt, sc, D, dx);
-          float* o = out + (t + i) * D;
-          for (int k = 0; k < D; ++k) o[k] += dx[k];
-        }
-      }
+      GradPosRange<D, F, T>(&lv, interp, pos, table, gl, out, b, e);
     });
   }
 }
