@@ -39,15 +39,13 @@ using tfmo::hash_grid::Config;
 #define TFMO_HG_AVX2 __attribute__((target("avx2,bmi,bmi2"), noinline))
 #endif
 
-bool UseAvx2() {
 #ifdef TFMO_HG_HAVE_AVX2
+bool UseAvx2() {
   // TF_METAL_OPS_NO_AVX2=1 forces the baseline path (tests compare the two bit for bit).
   static const bool avx2 = __builtin_cpu_supports("avx2") && std::getenv("TF_METAL_OPS_NO_AVX2") == nullptr;
   return avx2;
-#else
-  return false;
-#endif
 }
+#endif
 
 // Declares NAME_plain(ARGS) and NAME_avx2(ARGS) calling the always-inline BODY, and NAME(ARGS) choosing one.
 #ifdef TFMO_HG_HAVE_AVX2
