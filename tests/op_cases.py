@@ -47,7 +47,29 @@ def _distortion_loss():
     return [w, t], fn
 
 
-CASES = {"zero_out": _zero_out, "volume_render": _volume_render, "distortion_loss": _distortion_loss}
+HASH_GRID = dict(n_levels=8, n_features_per_level=2, log2_hashmap_size=12, base_resolution=4, per_level_scale=1.7)
+
+
+def _hash_grid(dtype):
+    def case():
+        rng = np.random.default_rng(2)
+        cfg = tf_metal_ops.HashGridConfig(n_input_dims=3, **HASH_GRID)
+        x = rng.random((2048, 3), dtype=np.float32)
+        params = rng.uniform(-1, 1, cfg.params_shape).astype(dtype)
+
+        def fn(x, params):
+            with tf.GradientTape() as tape:
+                tape.watch([x, params])
+                y = tf_metal_ops.hash_grid_encode(x, params, **HASH_GRID)
+                loss = tf.reduce_sum(tf.cast(y, tf.float32) ** 2)
+            return [y, *tape.gradient(loss, [x, params])]
+
+        return [x, params], fn
+
+    return case
+
+
+CASES = {"zero_out": _zero_out, "hash_grid_f32": _hash_grid(np.float32), "hash_grid_f16": _hash_grid(np.float16), "volume_render": _volume_render, "distortion_loss": _distortion_loss}
 
 
 def run_eager(name):

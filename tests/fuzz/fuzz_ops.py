@@ -28,8 +28,12 @@ warnings.filterwarnings("ignore", category=RuntimeWarning)  # casts of huge valu
 EXPECTED_ERRORS = (ValueError, TypeError, tf.errors.InvalidArgumentError)
 
 
+OUTCOMES = {"returned": 0, "rejected": 0}  # shown at the end, so a run that only ever rejects is visible
+
+
 def expect_clean_error(exc, names):
     """A raised error is fine when it is of an expected class and its message names an argument."""
+    OUTCOMES["rejected"] += 1
     assert isinstance(exc, EXPECTED_ERRORS), f"unexpected {type(exc).__name__}: {exc}"
     msg = str(exc)
     assert any(re.search(n, msg) for n in names), f"message names no argument {names}: {msg[:300]}"
@@ -79,6 +83,7 @@ def fuzz_zero_out(examples, seed_value):
         if x.size:
             expected.reshape(-1)[0] = x.reshape(-1)[0]
         np.testing.assert_array_equal(y, expected)
+        OUTCOMES["returned"] += 1
 
     run()
 
@@ -88,7 +93,8 @@ def ray_batch(draw):
     """Mostly well-formed render inputs with one thing at a time possibly wrong."""
     r, s, c = draw(st.integers(0, 5)), draw(st.integers(0, 6)), draw(st.integers(0, 4))
     shapes = {"densities": [r, s], "colors": [r, s, c], "t": [r, s + 1]}
-    broken = draw(st.sampled_from([None, "densities", "colors", "t"]))
+    fault = draw(st.sampled_from([None] * 6 + ["shape", "dtype", "special", "background"]))
+    broken = draw(st.sampled_from(["densities", "colors", "t"])) if fault == "shape" else None
     if broken:  # wrong rank or a wrong dimension
         shape = list(shapes[broken])
         if draw(st.booleans()):
@@ -97,7 +103,7 @@ def ray_batch(draw):
             i = draw(st.integers(0, len(shape) - 1))
             shape[i] += draw(st.sampled_from([-1, 1, 3]))
         shapes[broken] = [max(d, 0) for d in shape]
-    dtype = draw(st.sampled_from(["float32"] * 6 + ["float64", "float16", "int32"]))
+    dtype = draw(st.sampled_from(["float64", "float16", "int32"])) if fault == "dtype" else "float32"
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     density_scale = draw(st.sampled_from([0.0, 1.0, 1e4, 1e38]))
     out = {
@@ -105,7 +111,7 @@ def ray_batch(draw):
         "colors": rng.random(shapes["colors"]).astype(dtype),
         "t": np.sort(rng.uniform(0, draw(st.sampled_from([1.0, 1e6])), shapes["t"]), axis=-1).astype(dtype),
     }
-    special = draw(st.sampled_from([None, "nan", "inf", "negative", "unsorted"]))
+    special = draw(st.sampled_from(["nan", "inf", "negative", "unsorted"])) if fault == "special" else None
     if dtype == "int32" and special in ("nan", "inf"):
         special = None
     for name in ("densities", "t"):
@@ -114,7 +120,7 @@ def ray_batch(draw):
             flat = a.reshape(-1)
             flat[draw(st.integers(0, flat.size - 1))] = {
                 "nan": np.nan, "inf": np.inf, "negative": -1.0, "unsorted": -1e3}[special]
-    bg = draw(st.sampled_from([None, "shared", "per_ray", "bad"]))
+    bg = draw(st.sampled_from([None, "shared", "per_ray"] + (["bad"] if fault == "background" else [])))
     if bg == "shared":
         out["background"] = rng.random([c]).astype(np.float32)
     elif bg == "per_ray":
@@ -130,7 +136,7 @@ RENDER_ARGS = ["densities", "colors", r"\bt\b", "background", "termination_thres
 def fuzz_volume_render(examples, seed_value):
     @seed(seed_value)
     @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(b=ray_batch(), thr=st.sampled_from([0.0, 1e-4, 0.5, 1.0, -0.1, 2.0, float("nan")]))
+    @given(b=ray_batch(), thr=st.sampled_from([0.0, 0.0, 1e-4, 0.5, 1.0] * 3 + [-0.1, 2.0, float("nan")]))
     def run(b, thr):
         try:
             out = tf_metal_ops.volume_render(b["densities"], b["colors"], b["t"], b.get("background"),
@@ -148,6 +154,7 @@ def fuzz_volume_render(examples, seed_value):
                 assert np.isfinite(v.numpy()).all(), f"non-finite {name} for finite inputs"
             w = out.weights.numpy()
             assert (w >= 0).all() and (out.opacity.numpy() <= 1 + 1e-6).all()
+        OUTCOMES["returned"] += 1
 
     run()
 
@@ -168,12 +175,98 @@ def fuzz_distortion_loss(examples, seed_value):
         if np.isfinite(w).all() and np.isfinite(t).all() and np.abs(w).max(initial=0) <= 1e4 \
                 and np.abs(t).max(initial=0) <= 1e6:
             assert np.isfinite(loss.numpy()).all()
+        OUTCOMES["returned"] += 1
+
+    run()
+
+
+HASH_ARGS = ["positions", "params", "n_levels", "n_features_per_level", "log2_hashmap_size", "base_resolution",
+             "per_level_scale", "grid_type", "interpolation", "max_level"]
+
+
+@st.composite
+def hash_grid_call(draw):
+    """A valid config and inputs with at most one fault (half the time none): an invalid option, a wrong
+    shape/dtype, a params size that does not match, or a bad max_level. Positions always range far outside [0,1]
+    and include NaN/inf sometimes (a documented, valid input)."""
+    opts = dict(
+        n_levels=draw(st.integers(1, 6)),
+        n_features_per_level=draw(st.sampled_from([1, 2, 4, 8])),
+        log2_hashmap_size=draw(st.integers(4, 12)),
+        base_resolution=draw(st.sampled_from([1, 2, 5, 16])),
+        per_level_scale=draw(st.sampled_from([1.0, 1.3, 2.0, 3.5])),
+        grid_type=draw(st.sampled_from(["hash", "dense", "tiled"])),
+        interpolation=draw(st.sampled_from(["linear", "smoothstep", "nearest"])),
+    )
+    d = draw(st.integers(1, 4))
+    n = draw(st.sampled_from([0, 1, 7, 64]))
+    x_dtype, params_dtype = "float32", draw(st.sampled_from(["float32", "float16"]))
+    max_level = draw(st.sampled_from([None, 0, 1, 3, 100, -2, 0.0, 0.5, 1.0]))
+    rows_delta, x_rank_wrong = 0, False
+    fault = draw(st.sampled_from([None] * 9 + ["option", "d", "rows", "x_dtype", "params_dtype", "rank", "max_level"]))
+    if fault == "option":
+        key, bad = draw(st.sampled_from([
+            ("n_levels", 0), ("n_levels", 33), ("n_features_per_level", 3), ("log2_hashmap_size", 25),
+            ("log2_hashmap_size", 0), ("base_resolution", 0), ("per_level_scale", 0.5),
+            ("per_level_scale", float("nan")), ("per_level_scale", float("inf")), ("grid_type", "bogus"),
+            ("interpolation", "cubic"), ("base_resolution", 2**26)]))
+        opts[key] = bad
+    elif fault == "d":
+        d = draw(st.sampled_from([0, 5]))
+    elif fault == "rows":
+        rows_delta = draw(st.sampled_from([-1, 1, 8]))
+    elif fault == "x_dtype":
+        x_dtype = draw(st.sampled_from(["float64", "float16", "int32"]))
+    elif fault == "params_dtype":
+        params_dtype = draw(st.sampled_from(["float64", "int32"]))
+    elif fault == "rank":
+        x_rank_wrong = True
+    elif fault == "max_level":
+        max_level = draw(st.sampled_from([float("nan"), "2", True]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    x = rng.uniform(-0.5, 1.5, (n, d)) * draw(st.sampled_from([1.0, 1.0, 1e6]))
+    if x.size and draw(st.booleans()):
+        x.reshape(-1)[rng.integers(0, x.size)] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    x = x.astype(x_dtype) if x_dtype != "int32" else np.nan_to_num(x).astype(np.int32)
+    if x_rank_wrong:
+        x = x.reshape(-1)
+    try:
+        rows, f = tf_metal_ops.HashGridConfig(n_input_dims=d, **opts).params_shape
+    except ValueError:
+        rows, f = 64, 2
+    params = rng.uniform(-1, 1, (max(rows + rows_delta, 0), f)).astype(params_dtype)
+    return x, params, opts, max_level
+
+
+def fuzz_hash_grid(examples, seed_value):
+    @seed(seed_value)
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(call=hash_grid_call())
+    def run(call):
+        x, params, opts, max_level = call
+        try:
+            with tf.GradientTape() as tape:
+                xt, pt = tf.constant(x), tf.constant(params)
+                tape.watch([xt, pt])
+                y = tf_metal_ops.hash_grid_encode(xt, pt, max_level=max_level, **opts)
+                loss = tf.reduce_sum(tf.cast(y, tf.float32))
+            gx, gp = tape.gradient(loss, [xt, pt])
+        except Exception as e:
+            expect_clean_error(e, HASH_ARGS)
+            return
+        n = x.shape[0]
+        assert y.shape == (n, opts["n_levels"] * opts["n_features_per_level"]) and y.dtype == params.dtype
+        assert gx.shape == x.shape and gp.shape == params.shape
+        # Documented policy: positions are clamped to [0,1] (NaN -> 0), so finite tables give finite outputs.
+        assert np.isfinite(y.numpy()).all() and np.isfinite(gx.numpy()).all()
+        OUTCOMES["returned"] += 1
 
     run()
 
 
 FUZZERS = {
     "zero_out": fuzz_zero_out,
+    "hash_grid": fuzz_hash_grid,
     "volume_render": fuzz_volume_render,
     "distortion_loss": fuzz_distortion_loss,
 }
@@ -185,5 +278,6 @@ if __name__ == "__main__":
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     FUZZERS[a.op](a.examples, a.seed)
-    print(f"fuzz {a.op}: {a.examples} examples passed")
+    print(f"fuzz {a.op}: {a.examples} examples passed "
+          f"({OUTCOMES['returned']} returned a checked result, {OUTCOMES['rejected']} rejected cleanly)")
     sys.exit(0)
