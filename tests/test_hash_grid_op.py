@@ -540,3 +540,18 @@ np.savez(sys.argv[1], **out)
     for k in results[0].files:
         a, b = results[0][k], results[1][k]
         assert a.dtype == b.dtype and np.array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}")), k
+
+
+def test_second_derivative_is_an_explicit_error():
+    """Gradients of the gradient ops are not implemented: TF says so instead of silently returning zeros."""
+    cfg = HashGridConfig(2, n_levels=2, log2_hashmap_size=6)
+    x = tf.constant([[0.3, 0.4]])
+    p = tf.constant(np.ones(cfg.params_shape, np.float32))
+    with pytest.raises(LookupError, match="Hash_grid_encode_grad_positions"):
+        with tf.GradientTape() as outer:
+            outer.watch(p)
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                y = encode(x, p, cfg)
+            g = inner.gradient(y, x)
+        outer.gradient(g, p)

@@ -7,7 +7,19 @@ atomics, so its float32 rounding order varies.
 
 Custom ops have no XLA kernel: a function compiled with ``jit_compile=True`` cannot contain this op. Keep XLA for the
 rest of a model by jit-compiling those parts as separate inner functions and calling them from a plain
-``tf.function`` that also calls ``hash_grid_encode``.
+``tf.function`` that also calls ``hash_grid_encode``::
+
+    mlp_xla = tf.function(lambda h: mlp(h), jit_compile=True)   # XLA-compiled part
+
+    @tf.function                                                 # plain graph around it
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = hash_grid_encode(x, table, **opts)              # custom op (CPU or Metal kernels)
+            loss = tf.reduce_mean(tf.square(mlp_xla(h) - target))
+        return tape.gradient(loss, [table] + mlp.trainable_variables)
+
+Second derivatives (gradients of the position gradient, e.g. eikonal losses) are not implemented: the gradient
+ops have no registered gradient, so TensorFlow raises LookupError instead of returning a wrong value.
 """
 
 from __future__ import annotations
