@@ -311,7 +311,9 @@ void Encode(const Call& call, T* out) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// d/dparams. `acc` is float32 [rows, F], zero on entry; dy [N, L*F] in T.
+// d/dparams into `acc`, float32 [rows, F] (every row written: each task zeroes its rows right before scattering
+// into them, so zeroing and first-touch page faults are spread over the threads; inactive levels are zeroed
+// at the end); dy [N, L*F] in T.
 template <int D, int F, typename T>
 void GradParams(const Call& call, const T* dy, float* acc) {
   const int L = call.cfg->n_levels;
@@ -320,7 +322,11 @@ void GradParams(const Call& call, const T* dy, float* acc) {
   const int nc = (int)hg_num_corners(D, interp);
   const float* pos = call.positions.data<float>();
   const int64_t n = call.n;
-  if (active == 0 || n == 0) return;
+  const int64_t rows_active = active > 0 ? (int64_t)call.levels[active - 1].offset + call.levels[active - 1].size : 0;
+  tfmo::ParallelFor((call.rows - rows_active) * F, 1 << 16, [&](int64_t b, int64_t e) {
+    std::fill(acc + rows_active * F + b, acc + rows_active * F + e, 0.0f);
+  });
+  if (active == 0) return;
   // dy for the active levels, level-major float32 [active][N][F]: each task then streams its level's slice.
   Scratch<float> g_buf((size_t)active * n * F, 1);
   float* g = g_buf.get();
@@ -339,6 +345,8 @@ void GradParams(const Call& call, const T* dy, float* acc) {
     // Rows [lo, hi) of the table (absolute); splits == 1 covers the whole level.
     const uint lo = lv.offset + (uint)((uint64_t)lv.size * s / splits);
     const uint hi = lv.offset + (uint)((uint64_t)lv.size * (s + 1) / splits);
+    std::fill(acc + (int64_t)lo * F, acc + (int64_t)hi * F, 0.0f);
+    if (n == 0) return;
     const float* gl = g + (size_t)l * n * F;
     ScatterLevel<D, F, T>(&lv, interp, nc, pos, gl, acc, n, lo, hi, splits > 1);
   });
@@ -428,7 +436,6 @@ void GradParamsCompute(void* state, TF_OpKernelContext* ctx) {
     return;
   }
   float* acc = half ? tmp.get() : out.data<float>();
-  tfmo::ParallelFor(elems, 1 << 16, [&](int64_t b, int64_t e) { std::fill(acc + b, acc + e, 0.0f); });
   try {
     Dispatch<GradParamsK>(call, call.grad.raw(), acc);
   } catch (const std::bad_alloc&) {
