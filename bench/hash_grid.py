@@ -1,6 +1,6 @@
 """Hash-grid encoding speed on the CPU: the op vs pure TF (plain tf.function and XLA) vs a bare gather loop.
 
-    python bench/hash_grid.py [--points 262144] [--repeats 7] [--dtypes float32,float16] [--threads 1,2]
+    python bench/hash_grid.py [--points 262144] [--repeats 7] [--dtypes float32,float16] [--threads 1,2] [--json OUT]
 
 Config (issue 3): D=3, L=16, F=2, log2 T=19, N_min=16, b=1.5, 2^18 points uniform in [0,1]^3. Every number is the
 median of --repeats runs in this process after one warm-up run:
@@ -18,6 +18,7 @@ the second thread. The machine may be shared: rerun when the spread (min..max) i
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -76,7 +77,9 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="float32,float16")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--skip-pure-tf", action="store_true")
+    ap.add_argument("--json", help="also write the medians (ms) and ratios here (bench/run_all.py collects them)")
     args = ap.parse_args(argv)
+    report = {"config": dict(CONFIG, points=args.points, repeats=args.repeats), "median_ms": {}, "summary": []}
     thread_counts = [int(t) for t in args.threads.split(",")]
     cfg = HashGridConfig(3, **CONFIG)
     rng = np.random.default_rng(0)
@@ -133,6 +136,13 @@ def main(argv=None):
 
         tmax = max(thread_counts)
         med = {k: v[0] for k, v in results.items()}
+        report["median_ms"][dtype_name] = {f"{k} ({t} thr)" if t else k: v * 1e3 for (k, t), v in med.items()}
+        if not args.skip_pure_tf:
+            for mode in ("fwd", "fwd+bwd"):
+                op = med[(f"op {mode}", tmax)]
+                report["summary"].append({"dtype": dtype_name, "mode": mode,
+                                          "speedup_vs_graph": med[(f"pure-TF {mode}", 0)] / op,
+                                          "speedup_vs_xla": med[(f"pure-TF XLA {mode}", 0)] / op})
         print(f"  ratios ({tmax} threads):")
         if not args.skip_pure_tf:
             best = min(med[("pure-TF fwd+bwd", 0)], med[("pure-TF XLA fwd+bwd", 0)])
@@ -146,6 +156,9 @@ def main(argv=None):
                 print(f"    {k}: 1 thread / {tmax} threads = {med[(k, 1)] / med[(k, tmax)]:.2f}x   (target >= 1.8x)")
             if exe:
                 print(f"    gather loop: 1 thread / {tmax} threads = {med[('gather', 1)] / med[('gather', tmax)]:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":

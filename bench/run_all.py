@@ -51,8 +51,20 @@ def markdown(results):
              f"TensorFlow {m['tensorflow']}, tf-metal-ops {m['tf_metal_ops']} ({m['op_threads']} op threads). "
              "Medians of several runs in one process; ratios against baselines measured in the same run.\n"]
     if "hash_grid" in results:
-        lines += ["## Hash grid (D=3, L=16, F=2, log2 T=19, N_min=16, b=1.5)\n",
-                  "```", json.dumps(results["hash_grid"], indent=1), "```\n"]
+        r = results["hash_grid"]
+        c = r["config"]
+        dtypes = list(r["median_ms"])
+        lines += [f"## Hash grid (D=3, L={c['n_levels']}, F={c['n_features_per_level']}, "
+                  f"log2 T={c['log2_hashmap_size']}, N_min={c['base_resolution']}, b={c['per_level_scale']}, "
+                  f"{c['points']} points)\n",
+                  "| median (ms) | " + " | ".join(f"{d} table" for d in dtypes) + " |", "|---" * (len(dtypes) + 1) + "|"]
+        for key in r["median_ms"][dtypes[0]]:
+            lines.append(f"| {key} | " + " | ".join(f"{r['median_ms'][d].get(key, float('nan')):.1f}" for d in dtypes)
+                         + " |")
+        lines += ["", "| speed-up of the op | dtype | vs plain tf.function | vs XLA |", "|---|---|---|---|"]
+        lines += [f"| {row['mode']} | {row['dtype']} | {row['speedup_vs_graph']:.2f}x | {row['speedup_vs_xla']:.2f}x |"
+                  for row in r["summary"]]
+        lines.append("")
     if "render_ops" in results:
         r = results["render_ops"]
         c = r["config"]
