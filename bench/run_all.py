@@ -126,6 +126,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nerf-minutes", type=float, default=10.0)
     p.add_argument("--skip-nerf", action="store_true")
+    p.add_argument("--nerf-json", help="use this compare.json (from examples/nerf/compare.py) instead of rerunning")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=HERE)
     args = p.parse_args()
@@ -141,7 +142,10 @@ def main():
     results["hash_grid"] = run("hash grid", [os.path.join(HERE, "hash_grid.py"), "--json",
                                os.path.join(tmp, "hash.json")] + (["--points", "16384", "--repeats", "3"] if q else []),
                                os.path.join(tmp, "hash.json"))
-    if not args.skip_nerf:
+    if args.nerf_json:
+        with open(args.nerf_json) as f:
+            results["nerf"] = json.load(f)
+    elif not args.skip_nerf:
         out = os.path.join(tmp, "nerf")
         minutes = 0.5 if q else args.nerf_minutes
         results["nerf"] = run("NeRF comparison", [os.path.join(ROOT, "examples", "nerf", "compare.py"),
