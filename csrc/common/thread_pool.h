@@ -9,6 +9,7 @@
 //    exit cannot race a worker against static destructors.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 
@@ -28,6 +29,20 @@ void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t begi
 
 // Calls fn(part) for every part in [0, parts), in parallel; which thread runs which part is unspecified.
 void ParallelParts(int64_t parts, const std::function<void(int64_t part)>& fn);
+
+// The lowest index noted by any thread (-1 while none), e.g. the first invalid row found by a parallel
+// validation: the error message then names the same row whatever the thread count.
+class FirstIndex {
+ public:
+  void Note(int64_t i) {
+    int64_t cur = index_.load(std::memory_order_relaxed);
+    while ((cur < 0 || i < cur) && !index_.compare_exchange_weak(cur, i, std::memory_order_relaxed)) {}
+  }
+  int64_t get() const { return index_.load(); }
+
+ private:
+  std::atomic<int64_t> index_{-1};
+};
 
 }  // namespace tfmo
 

@@ -16,18 +16,8 @@ using tfmo::TensorRef;
 
 int64_t RayGrain(int64_t S) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, S)); }
 
-// Index of the lowest ray with a decreasing t (-1: none), noted concurrently.
-class FirstBadRay {
- public:
-  void Note(int64_t r) {
-    int64_t cur = ray_.load(std::memory_order_relaxed);
-    while ((cur < 0 || r < cur) && !ray_.compare_exchange_weak(cur, r, std::memory_order_relaxed)) {}
-  }
-  int64_t get() const { return ray_.load(); }
-
- private:
-  std::atomic<int64_t> ray_{-1};
-};
+// Lowest offending ray found by any thread (-1: none); reported after the parallel loop.
+using FirstBadRay = tfmo::FirstIndex;
 
 bool Unsorted(const float* t, int64_t S) {
   bool bad = false;

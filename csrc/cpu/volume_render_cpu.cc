@@ -29,35 +29,15 @@ namespace {
 using tfmo::TensorRef;
 using tfmo::render::VrDims;
 
-struct VrAttrs {
-  float threshold = 0.0f;
-};
-
-void* VrCreate(TF_OpKernelConstruction* c) {
-  auto* a = new VrAttrs;
-  if (!tfmo::render::ReadThreshold(c, "volume_render", &a->threshold)) {
-    delete a;
-    return nullptr;
-  }
-  return a;
-}
-void VrDelete(void* p) { delete static_cast<VrAttrs*>(p); }
+using tfmo::render::VrAttrs;
+using tfmo::render::VrCreate;
+using tfmo::render::VrDelete;
 
 // Rays per work item: enough samples to amortise the hand-off.
 int64_t RayGrain(int64_t S, int64_t C) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, S * (C + 2))); }
 
-// Lowest offending ray found by any thread (-1: none).
-class FirstBadRay {
- public:
-  void Note(int64_t r) {
-    int64_t cur = ray_.load(std::memory_order_relaxed);
-    while ((cur < 0 || r < cur) && !ray_.compare_exchange_weak(cur, r, std::memory_order_relaxed)) {}
-  }
-  int64_t get() const { return ray_.load(); }
-
- private:
-  std::atomic<int64_t> ray_{-1};
-};
+// Lowest offending ray found by any thread (-1: none); reported after the parallel loop.
+using FirstBadRay = tfmo::FirstIndex;
 
 TFMO_INLINE bool RayInvalid(const float* sigma, const float* t, int64_t S) {
   int bad = 0;  // an int, not a bool, so the loop vectorises

@@ -15,19 +15,9 @@ namespace {
 
 using tfmo::TensorRef;
 
-struct VrAttrs {
-  float threshold = 0.0f;
-};
-
-void* VrCreate(TF_OpKernelConstruction* c) {
-  auto* a = new VrAttrs;
-  if (!tfmo::render::ReadThreshold(c, "volume_render", &a->threshold)) {
-    delete a;
-    return nullptr;
-  }
-  return a;
-}
-void VrDelete(void* p) { delete static_cast<VrAttrs*>(p); }
+using tfmo::render::VrAttrs;
+using tfmo::render::VrCreate;
+using tfmo::render::VrDelete;
 
 // Binds t at `index`, or `fallback` when t is empty (see the header comment).
 void BindOr(tfmo::metal::Encoder& e, uint32_t index, const TensorRef& t, const TensorRef& fallback) {

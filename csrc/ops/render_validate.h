@@ -108,4 +108,18 @@ inline bool ReadThreshold(TF_OpKernelConstruction* c, const char* op, float* thr
   return true;
 }
 
+// Kernel state of Volume_render and Volume_render_grad (CPU and GPU): the validated threshold attr.
+struct VrAttrs {
+  float threshold = 0.0f;
+};
+inline void* VrCreate(TF_OpKernelConstruction* c) {
+  auto* a = new VrAttrs;
+  if (!ReadThreshold(c, "volume_render", &a->threshold)) {
+    delete a;
+    return nullptr;
+  }
+  return a;
+}
+inline void VrDelete(void* p) { delete static_cast<VrAttrs*>(p); }
+
 }  // namespace tfmo::render
