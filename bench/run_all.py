@@ -46,7 +46,7 @@ def machine():
 
 def markdown(results):
     m = results["machine"]
-    lines = [f"# Benchmark results\n",
+    lines = ["# Benchmark results\n",
              f"{m['date']}, {m['cpu']} ({m['cores']} cores), {m['platform']}, Python {m['python']}, "
              f"TensorFlow {m['tensorflow']}, tf-metal-ops {m['tf_metal_ops']} ({m['op_threads']} op threads). "
              "Medians of several runs in one process; ratios against baselines measured in the same run.\n"]

@@ -9,7 +9,6 @@ Tolerances (params uniform in [-1, 1], dy standard normal; the reference emulate
   d/dpositions: rtol 1e-4 + atol 1e-5 * max|reference| (terms scale with the level scale and cancel).
 """
 
-import zlib
 
 import numpy as np
 import pytest
@@ -19,25 +18,7 @@ import tf_metal_ops
 from tf_metal_ops._library import ops
 from tf_metal_ops.hash_grid import HashGridConfig, reference
 
-GRID_TYPES = ("hash", "dense", "tiled")
-INTERPOLATIONS = ("linear", "smoothstep", "nearest")
-
-
-def seeded(*key):
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
-
-
-def random_positions(rng, n, d):
-    """Mostly inside [0, 1], some outside, NaN/inf, exact 0 and 1 (the clamp policy is part of the contract)."""
-    x = rng.uniform(-0.05, 1.05, (n, d)).astype(np.float32)
-    if n >= 8:
-        x[0, 0] = np.nan
-        x[1, -1] = np.inf
-        x[2, 0] = -np.inf
-        x[3] = 0.0
-        x[4] = 1.0
-        x[5, 0] = 0.5
-    return x
+from hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_positions, seeded
 
 
 def random_config(rng, d, grid_type, interpolation):

@@ -13,7 +13,6 @@ The reference emulates the float32 computation of ``pos = x*scale + 0.5`` (round
 import inspect
 import itertools
 import math
-import zlib
 
 import numpy as np
 import pytest
@@ -22,25 +21,7 @@ import tensorflow as tf
 from tf_metal_ops.hash_grid import HashGridConfig, pure_tf, reference
 from tf_metal_ops.hash_grid.config import HASH_PRIMES
 
-GRID_TYPES = ("hash", "dense", "tiled")
-INTERPOLATIONS = ("linear", "smoothstep", "nearest")
-
-
-def seeded(*key):
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
-
-
-def random_positions(rng, n, d):
-    """Mostly inside [0, 1], some outside, NaN/inf, exact 0 and 1 (the clamp policy is part of the contract)."""
-    x = rng.uniform(-0.05, 1.05, (n, d)).astype(np.float32)
-    if n >= 8:
-        x[0, 0] = np.nan
-        x[1, -1] = np.inf
-        x[2, 0] = -np.inf
-        x[3] = 0.0
-        x[4] = 1.0
-        x[5, 0] = 0.5
-    return x
+from hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_positions, seeded
 
 
 def random_config(rng, d=None, grid_type=None, interpolation=None):

@@ -9,7 +9,6 @@ What this cannot show (tools/msl_emu/README.md, "Limits"): GPU rounding and fast
 the emulated order (the scatter uses atomics by construction: see hg_atomic_add), address-space mistakes.
 """
 
-import zlib
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ import tensorflow as tf
 
 from tf_metal_ops._library import ops
 from tf_metal_ops.hash_grid import HashGridConfig
-from tf_metal_ops.hash_grid.config import GRID_TYPES, INTERPOLATIONS
+from hash_grid_cases import GRID_TYPES, INTERPOLATIONS, seeded
 
 GRID_CODE = {"hash": 0, "dense": 1, "tiled": 2}
 INTERP_CODE = {"nearest": 0, "linear": 1, "smoothstep": 2}
@@ -29,10 +28,6 @@ def driver(request, msl_emu):
     """The driver built for MSL 3.0 (atomic_float) and for MSL 2.4 (CAS loop on atomic_uint)."""
     defines = [] if request.param == "msl300" else ["MSL_EMU_VERSION=240"]
     return msl_emu.build(DRIVER, defines=defines)
-
-
-def seeded(*key):
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 def random_case(rng, dtype):

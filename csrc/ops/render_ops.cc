@@ -38,14 +38,20 @@ bool Sub(TF_ShapeInferenceContext* ctx, const Shape& s, int64_t begin, int64_t e
   return TF_GetCode(status) == TF_OK;
 }
 
+// Inputs densities [R,S], colors [R,S,C], t [R,S+1] of both VolumeRender ops, plus [R] and [R,C].
+bool VolumeRenderInputs(TF_ShapeInferenceContext* ctx, TF_Status* status, Shape* dens, Shape* cols, Shape* t,
+                        Shape* r, Shape* rc) {
+  Shape c;
+  if (!InputWithRank(ctx, 0, 2, dens, status) || !InputWithRank(ctx, 1, 3, cols, status) ||
+      !InputWithRank(ctx, 2, 2, t, status) || !Sub(ctx, *dens, 0, 1, r, status) || !Sub(ctx, *cols, 2, 3, &c, status))
+    return false;
+  TF_ShapeInferenceContextConcatenateShapes(ctx, r->h, c.h, rc->h, status);
+  return TF_GetCode(status) == TF_OK;
+}
+
 void VolumeRenderShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
-  Shape dens, cols, t, r, c, rc;
-  if (!InputWithRank(ctx, 0, 2, &dens, status) || !InputWithRank(ctx, 1, 3, &cols, status) ||
-      !InputWithRank(ctx, 2, 2, &t, status))
-    return;
-  if (!Sub(ctx, dens, 0, 1, &r, status) || !Sub(ctx, cols, 2, 3, &c, status)) return;
-  TF_ShapeInferenceContextConcatenateShapes(ctx, r.h, c.h, rc.h, status);
-  if (TF_GetCode(status) != TF_OK) return;
+  Shape dens, cols, t, r, rc;
+  if (!VolumeRenderInputs(ctx, status, &dens, &cols, &t, &r, &rc)) return;
   TF_ShapeInferenceContextSetOutput(ctx, 0, rc.h, status);
   TF_ShapeInferenceContextSetOutput(ctx, 1, r.h, status);
   TF_ShapeInferenceContextSetOutput(ctx, 2, r.h, status);
@@ -53,13 +59,8 @@ void VolumeRenderShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
 }
 
 void VolumeRenderGradShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
-  Shape dens, cols, t, r, c, rc;
-  if (!InputWithRank(ctx, 0, 2, &dens, status) || !InputWithRank(ctx, 1, 3, &cols, status) ||
-      !InputWithRank(ctx, 2, 2, &t, status))
-    return;
-  if (!Sub(ctx, dens, 0, 1, &r, status) || !Sub(ctx, cols, 2, 3, &c, status)) return;
-  TF_ShapeInferenceContextConcatenateShapes(ctx, r.h, c.h, rc.h, status);
-  if (TF_GetCode(status) != TF_OK) return;
+  Shape dens, cols, t, r, rc;
+  if (!VolumeRenderInputs(ctx, status, &dens, &cols, &t, &r, &rc)) return;
   TF_ShapeInferenceContextSetOutput(ctx, 0, dens.h, status);
   TF_ShapeInferenceContextSetOutput(ctx, 1, cols.h, status);
   TF_ShapeInferenceContextSetOutput(ctx, 2, t.h, status);
