@@ -65,17 +65,9 @@ void DlCompute(void*, TF_OpKernelContext* ctx) {
 
 void DlGradCompute(void*, TF_OpKernelContext* ctx) {
   const char* op = "distortion_loss_grad";
-  TensorRef w, t, g;
-  if (!tfmo::GetInput(ctx, 0, &w) || !tfmo::GetInput(ctx, 1, &t) || !tfmo::GetInput(ctx, 2, &g)) return;
+  TensorRef w, t, g, gw, gt;
   int64_t R = 0, S = 0;
-  if (!tfmo::render::ValidateDistortionLoss(ctx, op, w, t, &R, &S) ||
-      !tfmo::render::CheckFloat(ctx, op, "grad_loss", g) ||
-      !tfmo::render::CheckShape(ctx, op, "grad_loss", g, {R}, tfmo::render::Dims({R}).c_str()))
-    return;
-  TensorRef gw, gt;
-  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {R, S}, &gw) ||
-      !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {R, S + 1}, &gt) || R == 0)
-    return;
+  if (!tfmo::render::PrepareDistortionLossGrad(ctx, op, &w, &t, &g, &gw, &gt, &R, &S) || R == 0) return;
   const float* w_all = w.data<float>();
   const float* t_all = t.data<float>();
   const float* g_all = g.data<float>();

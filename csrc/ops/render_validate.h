@@ -99,6 +99,17 @@ inline bool ValidateDistortionLoss(TF_OpKernelContext* ctx, const char* op, cons
                     Dims({*R, *S + 1}).c_str());
 }
 
+// Distortion_loss_grad: reads and validates (weights, t, grad_loss), allocates (grad_weights [R,S], grad_t [R,S+1]).
+// Returns false after failing ctx.
+inline bool PrepareDistortionLossGrad(TF_OpKernelContext* ctx, const char* op, TensorRef* w, TensorRef* t,
+                                      TensorRef* g, TensorRef* gw, TensorRef* gt, int64_t* R, int64_t* S) {
+  if (!GetInput(ctx, 0, w) || !GetInput(ctx, 1, t) || !GetInput(ctx, 2, g)) return false;
+  if (!ValidateDistortionLoss(ctx, op, *w, *t, R, S) || !CheckFloat(ctx, op, "grad_loss", *g) ||
+      !CheckShape(ctx, op, "grad_loss", *g, {*R}, Dims({*R}).c_str()))
+    return false;
+  return AllocateOutput(ctx, 0, TF_FLOAT, {*R, *S}, gw) && AllocateOutput(ctx, 1, TF_FLOAT, {*R, *S + 1}, gt);
+}
+
 // termination_threshold attr: finite, in [0, 1].
 inline bool ReadThreshold(TF_OpKernelConstruction* c, const char* op, float* thr) {
   if (!GetAttr(c, "termination_threshold", thr)) return false;
