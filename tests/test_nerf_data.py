@@ -114,7 +114,7 @@ def test_scene_is_rich():
 
 
 def test_full_generation_time_and_cache(tmp_path, capsys):
-    """The default scene (124 views of 100x100, 2x2 supersampled) generates in well under a minute and is cached."""
+    """The default scene (124 views of 100x100, 4x4 supersampled) generates in well under a minute and is cached."""
     ds = load_dataset("builtin", cache=str(tmp_path))
     secs = ds.info["gen_seconds"]
     with capsys.disabled():

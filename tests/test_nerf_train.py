@@ -135,6 +135,17 @@ def test_hash_model_learns_the_scene(tmp_path):
     assert m["final"]["test_psnr"] > 17.0, m["evals"]
 
 
+def test_learning_rate_decays_over_the_budget(tmp_path):
+    m = run_train(tmp_path, "--model", "hash", "--steps", "10", "--log2-table", "12", "--lr", "0.02",
+                  "--lr-decay", "0.05")
+    lrs = [e["lr"] for e in m["evals"]]
+    assert all(a > b for a, b in zip(lrs, lrs[1:])), lrs
+    # the last step ran at progress 9/10 of the budget
+    np.testing.assert_allclose(lrs[-1], 0.02 * 0.05 ** 0.9, rtol=1e-5)
+    with pytest.raises(SystemExit):
+        run_train(tmp_path, "--steps", "2", "--lr-decay", "0")
+
+
 def test_pure_tf_hash_variant_trains_under_xla_with_distortion(tmp_path, capsys):
     m = run_train(tmp_path, "--model", "hash", "--impl", "pure_tf", "--distortion", "0.01", "--steps", "8",
                   "--log2-table", "12")

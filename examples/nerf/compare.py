@@ -36,6 +36,12 @@ def psnr_at(evals, seconds):
     return before[-1]["test_psnr"] if before else None
 
 
+def time_to_reach(evals, target):
+    """Training seconds of the first evaluation with test PSNR ≥ ``target`` (None if none reaches it)."""
+    hit = [e["train_seconds"] for e in evals if e["test_psnr"] >= target]
+    return hit[0] if hit else None
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -45,6 +51,8 @@ def main(argv=None):
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
     p.add_argument("--eval-every", type=float, default=None, help="seconds (default: budget / 10)")
+    p.add_argument("--eval-views", type=int, default=16,
+                   help="test views of every evaluation (the same views each time, so the curves are comparable)")
     p.add_argument("--progress", action="store_true", help="show each run's tqdm bar")
     args = p.parse_args(argv)
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -60,7 +68,8 @@ def main(argv=None):
     for name in names:
         out = os.path.join(args.out, name)
         cmd = [sys.executable, train_py, *VARIANTS[name], "--minutes", str(args.minutes), "--eval-every",
-               str(eval_every), "--out", out, *([] if args.progress else ["--no-progress"]), *extra]
+               str(eval_every), "--eval-views", str(args.eval_views),
+               "--final-views", str(args.eval_views), "--out", out, *([] if args.progress else ["--no-progress"]), *extra]
         print(f"=== {name}: {' '.join(cmd[1:])}", flush=True)
         r = subprocess.run(cmd)
         if r.returncode != 0:
@@ -112,6 +121,12 @@ def main(argv=None):
         notes.append(f"hash-op vs hash-puretf (XLA): {t['hash-op']['final_test_psnr'] - t['hash-puretf']['final_test_psnr']:+.2f}"
                      f" dB; time per epoch puretf / op = "
                      f"{t['hash-puretf']['seconds_per_epoch'] / t['hash-op']['seconds_per_epoch']:.2f}x")
+        target = t["hash-puretf"]["final_test_psnr"]
+        reach = time_to_reach(results["hash-op"]["evals"], target)
+        t["hash-op"]["seconds_to_puretf_final"] = reach
+        notes.append(f"hash-op reaches hash-puretf's final {target:.2f} dB after "
+                     + (f"{reach / 60:.1f} min of training ({budget / reach:.1f}x sooner)" if reach else
+                        "- (not within the budget)"))
     text = "\n".join(rows + [""] + notes) + "\n"
     with open(os.path.join(args.out, "compare.md"), "w") as f:
         f.write(f"Equal training-time budget: {args.minutes:g} min per variant (evaluations excluded).\n\n" + text)

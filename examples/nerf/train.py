@@ -53,6 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--bound", type=float, default=None, help="hash model: scene box [-b,b]^3 (builtin 1, else 1.5)")
     p.add_argument("--lr", type=float, default=None, help="MLP learning rate (default: mlp 5e-4, hash 1e-2)")
     p.add_argument("--lr-table", type=float, default=3e-2, help="hash model: hash-table learning rate")
+    p.add_argument("--lr-decay", type=float, default=None,
+                   help="learning rates decay exponentially to this fraction of their start value over the budget "
+                        "(training time for --minutes, steps otherwise); default: hash 0.1, mlp 1 (constant)")
     p.add_argument("--distortion", type=float, default=0.0, help="hash model: weight of the distortion loss")
     p.add_argument("--xla-inner", action="store_true",
                    help="hash model with ops: XLA-compile the parts around the custom ops as inner functions")
@@ -63,6 +66,7 @@ def parse_args(argv=None):
     p.add_argument("--downscale", type=int, default=1, help="area-downscale real data by this integer factor")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scene-res", type=int, default=100, help="built-in scene: image size (square)")
+    p.add_argument("--scene-ss", type=int, default=4, help="built-in scene: rays per pixel and axis of the ground truth")
     p.add_argument("--no-jitter", action="store_true",
                    help="no stratified jitter (deterministic samples; for tests and strategy comparisons)")
     # evaluation
@@ -82,6 +86,10 @@ def parse_args(argv=None):
         args.samples = 32 if args.model == "mlp" else 64
     if args.lr is None:
         args.lr = 5e-4 if args.model == "mlp" else 1e-2
+    if args.lr_decay is None:
+        args.lr_decay = 1.0 if args.model == "mlp" else 0.1
+    if not 0.0 < args.lr_decay <= 1.0:
+        p.error(f"--lr-decay must be in (0, 1], got {args.lr_decay}")
     if args.out is None:
         args.out = os.path.join("runs", f"{args.model}{'-' + args.impl if args.model == 'hash' else ''}-"
                                 f"{time.strftime('%Y%m%d-%H%M%S')}")
@@ -151,6 +159,7 @@ class Trainer:
                 self.opt_table = keras.optimizers.Adam(args.lr_table, beta_2=0.99, epsilon=1e-15)
                 self.opt_table.build(self.table_vars)
         self.n_params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
+        self.lr_start = [(self.opt, args.lr)] + ([(self.opt_table, args.lr_table)] if self.opt_table else [])
         uses_custom_ops = args.model == "hash" and args.impl == "op"
         self.jit = args.jit == "on" or (args.jit == "auto" and not uses_custom_ops)
         self._make_step()
@@ -189,6 +198,12 @@ class Trainer:
             return strategy.reduce(tf.distribute.ReduceOp.MEAN, per, axis=None)
 
         self.step = tf.function(step, jit_compile=self.jit if n_rep == 1 else None)
+
+    def set_progress(self, fraction):
+        """Learning rates for ``fraction`` ∈ [0, 1] of the budget: start · decay^fraction."""
+        factor = self.args.lr_decay ** min(max(fraction, 0.0), 1.0)
+        for opt, lr in self.lr_start:
+            opt.learning_rate = lr * factor
 
     def batches(self):
         """Endless distributed batches of ray indices, reshuffled every epoch."""
@@ -229,7 +244,7 @@ def run(argv=None):
     try:
         if args.data == "builtin":
             ds = load_dataset("builtin", background=args.background_rgb, seed=args.seed, verbose=True,
-                              H=args.scene_res, W=args.scene_res)
+                              H=args.scene_res, W=args.scene_res, ss=args.scene_ss)
         else:
             ds = load_dataset(args.data, background=args.background_rgb, downscale_factor=args.downscale)
     except DatasetError as e:
@@ -271,7 +286,8 @@ def run(argv=None):
         tl = float(np.mean(losses[-50:])) if losses else loss
         rec = dict(step=step, epoch=step / steps_per_epoch, train_seconds=round(train_s, 3),
                    wall_seconds=round(time.perf_counter() - wall0, 3), train_loss=tl, train_psnr=psnr(tl),
-                   test_psnr=test_psnr, eval_views=len(preds), eval_seconds=round(eval_s, 3))
+                   test_psnr=test_psnr, eval_views=len(preds), eval_seconds=round(eval_s, 3),
+                   lr=float(tr.opt.learning_rate.numpy()))
         metrics["evals"].append(rec)
         iio.imwrite(os.path.join(args.out, "renders", f"step_{step:06d}.png"), side_by_side(ds.test.images[0], preds[0]))
         if final:
@@ -289,6 +305,7 @@ def run(argv=None):
             break
         if budget_s is not None and train_s >= budget_s:
             break
+        tr.set_progress(train_s / budget_s if budget_s is not None else step / max_steps)
         t = time.perf_counter()
         loss = float(tr.step(next(batches)))  # float() waits for the step: honest timing
         train_s += time.perf_counter() - t
