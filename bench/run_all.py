@@ -83,11 +83,17 @@ def markdown(results):
         lines.append("")
     if "nerf" in results:
         r = results["nerf"]
+        fracs = list(next(iter(r["variants"].values()))["psnr_at"])
         lines += [f"## NeRF, equal {r['minutes']:g}-minute training budget (built-in scene)\n",
-                  "| variant | steps | s/epoch | ms/step | final test PSNR (dB) |", "|---|---|---|---|---|"]
+                  "| variant | steps | s/epoch | ms/step | " +
+                  " | ".join(f"test PSNR @ {float(f) * r['minutes']:g} min" for f in fracs) + " |",
+                  "|---" * (4 + len(fracs)) + "|"]
         for k, v in r["variants"].items():
-            lines.append(f"| {k} | {v['steps']} | {v['seconds_per_epoch']:.1f} | {v['ms_per_step']:.0f} | "
-                         f"{v['final_test_psnr']:.2f} |")
+            lines.append(f"| {k} | {v['steps']} | {v['seconds_per_epoch']:.1f} | {v['ms_per_step']:.0f} | " +
+                         " | ".join("-" if v["psnr_at"][f] is None else f"{v['psnr_at'][f]:.2f}" for f in fracs) + " |")
+        reach = r["variants"].get("hash-op", {}).get("seconds_to_puretf_final")
+        if reach:
+            lines.append(f"\nhash-op reaches hash-puretf's {r['minutes']:g}-minute PSNR after {reach / 60:.1f} min.")
         lines.append("")
     return "\n".join(lines)
 

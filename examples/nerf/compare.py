@@ -30,9 +30,10 @@ VARIANTS = {
 }
 
 
-def psnr_at(evals, seconds):
-    """Test PSNR of the last evaluation at or before ``seconds`` of training (None if there is none)."""
-    before = [e for e in evals if e["train_seconds"] <= seconds + 1e-6]
+def psnr_at(evals, seconds, slack):
+    """Test PSNR of the last evaluation at or before ``seconds`` of training (None if there is none). An evaluation
+    due at ``seconds`` runs after the step that crosses it, so up to ``slack`` seconds late counts as on time."""
+    before = [e for e in evals if e["train_seconds"] <= seconds + slack]
     return before[-1]["test_psnr"] if before else None
 
 
@@ -50,17 +51,19 @@ def main(argv=None):
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
-    p.add_argument("--eval-every", type=float, default=None, help="seconds (default: budget / 10)")
+    p.add_argument("--eval-every", type=float, default=None, help="seconds (default: budget / 20)")
     p.add_argument("--eval-views", type=int, default=16,
                    help="test views of every evaluation (the same views each time, so the curves are comparable)")
     p.add_argument("--progress", action="store_true", help="show each run's tqdm bar")
+    p.add_argument("--reuse", action="store_true",
+                   help="variants whose OUT/<variant>/metrics.json holds a finished run are not run again")
     args = p.parse_args(argv)
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
         p.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
     budget = args.minutes * 60
-    eval_every = args.eval_every or budget / 10
+    eval_every = args.eval_every or budget / 20
     train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
     os.makedirs(args.out, exist_ok=True)
 
@@ -70,12 +73,19 @@ def main(argv=None):
         cmd = [sys.executable, train_py, *VARIANTS[name], "--minutes", str(args.minutes), "--eval-every",
                str(eval_every), "--eval-views", str(args.eval_views),
                "--final-views", str(args.eval_views), "--out", out, *([] if args.progress else ["--no-progress"]), *extra]
+        metrics_path = os.path.join(out, "metrics.json")
+        if args.reuse and os.path.isfile(metrics_path):
+            with open(metrics_path) as f:
+                results[name] = json.load(f)
+            if "final" in results[name] and results[name]["config"]["minutes"] == args.minutes:
+                print(f"=== {name}: reusing {metrics_path}", flush=True)
+                continue
         print(f"=== {name}: {' '.join(cmd[1:])}", flush=True)
         r = subprocess.run(cmd)
         if r.returncode != 0:
             print(f"error: the {name} run failed (exit code {r.returncode})", file=sys.stderr)
             raise SystemExit(1)
-        with open(os.path.join(out, "metrics.json")) as f:
+        with open(metrics_path) as f:
             results[name] = json.load(f)
 
     import matplotlib
@@ -95,14 +105,15 @@ def main(argv=None):
     fig.savefig(os.path.join(args.out, "compare.png"), dpi=110)
     plt.close(fig)
 
-    fracs = (0.25, 0.5, 1.0)
+    fracs = (0.2, 0.5, 1.0)
     rows, table = [], {}
     header = ("| variant | params | steps | epochs | s/epoch | ms/step | " +
               " | ".join(f"PSNR @ {f * args.minutes:g} min" for f in fracs) + " |")
     rows += [header, "|" + "---|" * (6 + len(fracs))]
     for name, m in results.items():
         fm = m["final"]
-        at = [psnr_at(m["evals"][:-1], f * budget) if f < 1 else fm["test_psnr"] for f in fracs]
+        at = [psnr_at(m["evals"][:-1], f * budget, 2 * fm["seconds_per_step"]) if f < 1 else fm["test_psnr"]
+              for f in fracs]
         table[name] = dict(n_params=m["n_params"], steps=fm["steps"], epochs=fm["epochs"],
                            seconds_per_epoch=fm["seconds_per_epoch"], ms_per_step=1000 * fm["seconds_per_step"],
                            final_test_psnr=fm["test_psnr"], final_eval_views=fm["eval_views"],

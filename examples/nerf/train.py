@@ -64,7 +64,8 @@ def parse_args(argv=None):
     # data
     p.add_argument("--background", default="white", help="white, black or r,g,b in [0,1]")
     p.add_argument("--downscale", type=int, default=1, help="area-downscale real data by this integer factor")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="weights, ray order and sample jitter")
+    p.add_argument("--scene-seed", type=int, default=0, help="built-in scene: training cameras")
     p.add_argument("--scene-res", type=int, default=100, help="built-in scene: image size (square)")
     p.add_argument("--scene-ss", type=int, default=4, help="built-in scene: rays per pixel and axis of the ground truth")
     p.add_argument("--no-jitter", action="store_true",
@@ -243,7 +244,7 @@ def run(argv=None):
     t_start = time.perf_counter()
     try:
         if args.data == "builtin":
-            ds = load_dataset("builtin", background=args.background_rgb, seed=args.seed, verbose=True,
+            ds = load_dataset("builtin", background=args.background_rgb, seed=args.scene_seed, verbose=True,
                               H=args.scene_res, W=args.scene_res, ss=args.scene_ss)
         else:
             ds = load_dataset(args.data, background=args.background_rgb, downscale_factor=args.downscale)
