@@ -1,0 +1,65 @@
+"""examples/nerf/compare.py: the report it builds from the runs' metrics.json (runs given with --reuse)."""
+
+import json
+import os
+import sys
+
+import pytest
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+sys.path.insert(0, os.path.join(EXAMPLES, "nerf"))
+
+import compare  # noqa: E402
+
+
+def fake_run(minutes, ms_per_step, curve):
+    """metrics.json of a finished train.py run: evaluations every 10 % of the budget, one step late."""
+    budget = minutes * 60
+    step_s = ms_per_step / 1000
+    evals = [dict(step=round((k * budget / 10) / step_s), train_seconds=k * budget / 10 + 0.5 * step_s,
+                  test_psnr=p) for k, p in enumerate(curve, start=1)]
+    steps = round(budget / step_s)
+    evals[-1].update(step=steps, train_seconds=budget)
+    final = dict(evals[-1], steps=steps, epochs=steps / 100, seconds_per_epoch=100 * step_s,
+                 seconds_per_step=step_s, eval_views=16)
+    return dict(config=dict(minutes=minutes), dataset="builtin: fake", n_params=123, evals=evals, final=final)
+
+
+def test_report_from_reused_runs(tmp_path, capsys):
+    curves = {"mlp": [10 + k for k in range(10)],
+              "hash-op": [20 + k for k in range(10)],
+              "hash-puretf": [20 + k / 2 for k in range(10)]}
+    speed = {"mlp": 300, "hash-op": 100, "hash-puretf": 250}
+    for name, curve in curves.items():
+        os.makedirs(tmp_path / name)
+        with open(tmp_path / name / "metrics.json", "w") as f:
+            json.dump(fake_run(10, speed[name], curve), f)
+    table = compare.main(["--minutes", "10", "--out", str(tmp_path), "--reuse"])
+    out = capsys.readouterr().out
+    assert "train.py" not in out and out.count("reusing") == 3  # nothing was run
+    # PSNR at 2 and 5 minutes: the evaluations due then (half a step late), not the ones before
+    assert table["hash-op"]["psnr_at"] == {"0.2": 21, "0.5": 24, "1": 29}
+    assert table["hash-puretf"]["psnr_at"] == {"0.2": 20.5, "0.5": 22.0, "1": 24.5}
+    # hash-op passes puretf's final 24.5 dB at its 6th evaluation (6 min)
+    assert table["hash-op"]["seconds_to_puretf_final"] == pytest.approx(360.05)
+    md = (tmp_path / "compare.md").read_text()
+    assert "| hash-op | 123 | 6000 | 60.00 | 10.0 | 100 | 21.00 | 24.00 | 29.00 |" in md
+    assert "hash-op vs mlp: +10.00 dB; time per epoch mlp / hash-op = 3.00x" in md
+    assert "hash-op vs hash-puretf (XLA): +4.50 dB; time per epoch puretf / op = 2.50x" in md
+    assert "after 6.0 min of training (1.7x sooner)" in md
+    assert os.path.getsize(tmp_path / "compare.png") > 1000
+
+
+def test_a_run_of_another_budget_is_not_reused(tmp_path, monkeypatch):
+    os.makedirs(tmp_path / "mlp")
+    with open(tmp_path / "mlp" / "metrics.json", "w") as f:
+        json.dump(fake_run(5, 300, list(range(10))), f)
+    calls = []
+
+    class Done:
+        returncode = 1
+
+    monkeypatch.setattr(compare.subprocess, "run", lambda cmd: calls.append(cmd) or Done())
+    with pytest.raises(SystemExit):
+        compare.main(["--minutes", "10", "--out", str(tmp_path), "--reuse", "--variants", "mlp"])
+    assert len(calls) == 1 and "--minutes" in calls[0]
