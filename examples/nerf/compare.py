@@ -71,8 +71,8 @@ def main(argv=None):
     for name in names:
         out = os.path.join(args.out, name)
         cmd = [sys.executable, train_py, *VARIANTS[name], "--minutes", str(args.minutes), "--eval-every",
-               str(eval_every), "--eval-views", str(args.eval_views),
-               "--final-views", str(args.eval_views), "--out", out, *([] if args.progress else ["--no-progress"]), *extra]
+               str(eval_every), "--eval-views", str(args.eval_views), "--final-views", str(args.eval_views),
+               "--out", out, *([] if args.progress else ["--no-progress"]), *extra]
         metrics_path = os.path.join(out, "metrics.json")
         if args.reuse and os.path.isfile(metrics_path):
             with open(metrics_path) as f:

@@ -67,7 +67,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="weights, ray order and sample jitter")
     p.add_argument("--scene-seed", type=int, default=0, help="built-in scene: training cameras")
     p.add_argument("--scene-res", type=int, default=100, help="built-in scene: image size (square)")
-    p.add_argument("--scene-ss", type=int, default=4, help="built-in scene: rays per pixel and axis of the ground truth")
+    p.add_argument("--scene-ss", type=int, default=None,
+                   help="built-in scene: rays per pixel and axis of the ground truth (default: the scene's, 4)")
     p.add_argument("--no-jitter", action="store_true",
                    help="no stratified jitter (deterministic samples; for tests and strategy comparisons)")
     # evaluation
@@ -244,8 +245,10 @@ def run(argv=None):
     t_start = time.perf_counter()
     try:
         if args.data == "builtin":
-            ds = load_dataset("builtin", background=args.background_rgb, seed=args.scene_seed, verbose=True,
-                              H=args.scene_res, W=args.scene_res, ss=args.scene_ss)
+            scene = dict(H=args.scene_res, W=args.scene_res)
+            if args.scene_ss is not None:
+                scene["ss"] = args.scene_ss
+            ds = load_dataset("builtin", background=args.background_rgb, seed=args.scene_seed, verbose=True, **scene)
         else:
             ds = load_dataset(args.data, background=args.background_rgb, downscale_factor=args.downscale)
     except DatasetError as e:
