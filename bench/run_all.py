@@ -89,8 +89,9 @@ def markdown(results):
                   " | ".join(f"test PSNR @ {float(f) * r['minutes']:g} min" for f in fracs) + " |",
                   "|---" * (4 + len(fracs)) + "|"]
         for k, v in r["variants"].items():
-            lines.append(f"| {k} | {v['steps']} | {v['seconds_per_epoch']:.1f} | {v['ms_per_step']:.0f} | " +
-                         " | ".join("-" if v["psnr_at"][f] is None else f"{v['psnr_at'][f]:.2f}" for f in fracs) + " |")
+            at = ("-" if v["psnr_at"][f] is None else f"{v['psnr_at'][f]:.2f}" for f in fracs)
+            lines.append(f"| {k} | {v['steps']} | {v['seconds_per_epoch']:.1f} | {v['ms_per_step']:.0f} | "
+                         + " | ".join(at) + " |")
         reach = r["variants"].get("hash-op", {}).get("seconds_to_puretf_final")
         if reach:
             lines.append(f"\nhash-op reaches hash-puretf's {r['minutes']:g}-minute PSNR after {reach / 60:.1f} min.")

@@ -142,6 +142,7 @@ def test_learning_rate_decays_over_the_budget(tmp_path):
     assert len(lrs) >= 5 and all(a > b for a, b in zip(lrs, lrs[1:])), lrs
     # the last step ran at progress 9/10 of the budget
     np.testing.assert_allclose(m["evals"][-1]["lr"], 0.02 * 0.05 ** 0.9, rtol=1e-5)
+    np.testing.assert_allclose(m["evals"][-1]["lr_table"], 3e-2 * 0.05 ** 0.9, rtol=1e-5)  # the table's own rate
     with pytest.raises(SystemExit):
         run_train(tmp_path, "--steps", "2", "--lr-decay", "0")
 

@@ -291,7 +291,8 @@ def run(argv=None):
         rec = dict(step=step, epoch=step / steps_per_epoch, train_seconds=round(train_s, 3),
                    wall_seconds=round(time.perf_counter() - wall0, 3), train_loss=tl, train_psnr=psnr(tl),
                    test_psnr=test_psnr, eval_views=len(preds), eval_seconds=round(eval_s, 3),
-                   lr=float(tr.opt.learning_rate.numpy()))
+                   lr=float(tr.opt.learning_rate.numpy()),
+                   lr_table=float(tr.opt_table.learning_rate.numpy()) if tr.opt_table else None)
         metrics["evals"].append(rec)
         iio.imwrite(os.path.join(args.out, "renders", f"step_{step:06d}.png"), side_by_side(ds.test.images[0], preds[0]))
         if final:
