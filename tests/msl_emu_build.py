@@ -33,6 +33,32 @@ from typing import Iterable, Mapping
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_glue():
+    """tf_metal_ops.emulated_gpu.glue: from the importable package (installed, or the repo root on sys.path) when
+    it has it, else from this checkout's file (an installed package that predates it)."""
+    try:
+        from tf_metal_ops.emulated_gpu import glue
+        return glue
+    except ImportError:
+        import importlib.util
+        import sys
+
+        path = REPO / "tf_metal_ops" / "emulated_gpu" / "glue.py"
+        name = "tfmo_checkout_emulated_gpu_glue"
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        return sys.modules[name]
+
+
+# `threadgroup T* p` -> `MSL_EMU_TGP T* p` (one implementation, shared with the emulated GPU's glue).
+_GLUE = _load_glue()
+rewrite_threadgroup_pointers = _GLUE.rewrite_threadgroup_pointers
+
 EMU_INCLUDE = REPO / "tools" / "msl_emu" / "include"
 EMU_DIR = REPO / "tools" / "msl_emu"
 SHARED_DIR = REPO / "csrc" / "shared"
@@ -58,13 +84,6 @@ HARNESS_ERROR_EXIT = 2  # msl_emu::Harness::fail
 # ASan prints this once per process when fibers switch; it is expected (the fibers are annotated).
 ASAN_FIBER_WARNING = re.compile(r"^==\d+==WARNING: ASan doesn't fully support makecontext/swapcontext.*\n", re.M)
 
-# `threadgroup` followed by a type and then * or &: a pointer/reference to threadgroup memory.
-_TG_POINTER = re.compile(
-    r"\bthreadgroup\b(?=(?:\s+(?:const|volatile)\b)*\s+[A-Za-z_][\w:]*(?:\s*<[^<>;{}()]*>)?"
-    r"(?:\s+(?:const|volatile)\b)*\s*[*&])"
-)
-
-
 class DriverError(RuntimeError):
     """A driver failed to build or exited non-zero; the message carries the command and its stderr."""
 
@@ -84,13 +103,8 @@ def cache_dir() -> Path:
     return p
 
 
-def rewrite_threadgroup_pointers(text: str) -> str:
-    """`threadgroup T* p` / `threadgroup T& r` -> `MSL_EMU_TGP T* p` (storage declarations are left alone)."""
-    return _TG_POINTER.sub("MSL_EMU_TGP", text)
-
-
 def _source_files(driver: Path) -> list[Path]:
-    files: set[Path] = {driver}
+    files: set[Path] = {driver, Path(_GLUE.__file__).resolve()}  # glue.py: the staging rewrite
     for d in (EMU_DIR, SHARED_DIR, KERNELS_DIR, driver.parent):
         if d.is_dir():
             files.update(p for p in d.rglob("*") if p.is_file() and not p.name.startswith("."))

@@ -9,7 +9,11 @@
 //    thread of the group waits at it (at the same call site). A thread that returns while others wait,
 //    or threads waiting at different barrier call sites, is reported as an error (UB in MSL);
 //  - errors print "msl_emu: error: ..." on stderr and end the process with exit status 70;
-//  - fiber stacks are mmap'd with a guard page below, allocated once per worker and reused by every group.
+//  - fiber stacks are mmap'd with a guard page below, allocated once per worker and reused by every group;
+//  - barrier-free fast path (Options::barrier_free, for kernels whose source never calls threadgroup_barrier):
+//    no fibers; a group's threads run one after another, to completion, directly on the worker thread, in the
+//    MSL_EMU_ORDER order. A threadgroup_barrier reached in this mode is a fatal error (the caller's barrier
+//    detection was wrong), never a silent race.
 #pragma once
 
 #include <sys/mman.h>
@@ -80,6 +84,7 @@ struct Options {
   uint64_t seed = 0;               // for Order::shuffle (MSL_EMU_SEED)
   size_t stack_bytes = 256 << 10;  // per fiber (MSL_EMU_STACK_KB)
   uint simd_width = 32;            // reported only
+  bool barrier_free = false;       // fast path: no fibers; threadgroup_barrier is fatal (see header comment)
 
   static Options from_env() {
     Options o;
@@ -187,8 +192,39 @@ class GroupRunner {
     tls_runner = saved;
   }
 
+  // Fast path: runs the n threads of group `gp` (actual size `actual`) one after another on this OS thread, in
+  // opt_.order; make_ctx(i, t) fills the context of the i-th thread (x fastest).
+  template <class MakeCtx>
+  void run_group_direct(uint n, KernelFn fn, void* user, uint64_t group_linear, MakeCtx&& make_ctx) {
+    GroupRunner* saved = tls_runner;
+    tls_runner = this;
+    direct_ = true;
+    ThreadCtx t;
+    if (opt_.order == Order::shuffle) {
+      order_.resize(n);
+      for (uint i = 0; i < n; ++i) order_[i] = i;
+      uint64_t rng = opt_.seed ^ (group_linear * 0x2545F4914F6CDD1Dull);
+      for (uint i = n; i > 1; --i) std::swap(order_[i - 1], order_[splitmix64(rng) % i]);
+      for (uint i = 0; i < n; ++i) make_ctx(order_[i], t), direct_ctx_ = &t, fn(user, t);
+    } else if (opt_.order == Order::reverse) {
+      for (uint i = n; i-- > 0;) make_ctx(i, t), direct_ctx_ = &t, fn(user, t);
+    } else {
+      for (uint i = 0; i < n; ++i) make_ctx(i, t), direct_ctx_ = &t, fn(user, t);
+    }
+    direct_ = false;
+    tls_runner = saved;
+  }
+
   // Called by threadgroup_barrier on a fiber: park until the whole group has arrived.
   void barrier(std::source_location site) {
+    if (direct_) {
+      const ThreadCtx& t = *direct_ctx_;
+      fatal("threadgroup_barrier at %s:%u:%u reached in barrier-free mode (threadgroup (%u,%u,%u), thread %u): the "
+            "kernel was launched on the fast path because its source was detected as never calling "
+            "threadgroup_barrier; that detection is wrong",
+            site.file_name(), unsigned(site.line()), unsigned(site.column()), t.threadgroup_position_in_grid.x,
+            t.threadgroup_position_in_grid.y, t.threadgroup_position_in_grid.z, t.thread_index_in_threadgroup);
+    }
     Fiber& f = fibers_[current_];
     f.site = site;
     f.state = State::waiting;
@@ -267,6 +303,8 @@ class GroupRunner {
   KernelFn fn_ = nullptr;
   void* user_ = nullptr;
   uint n_ = 0, current_ = 0;
+  bool direct_ = false;                     // inside run_group_direct
+  const ThreadCtx* direct_ctx_ = nullptr;   // the thread running in direct mode (for the barrier error)
 };
 
 inline uint dim(uint3 v, int d) { return d == 0 ? v.x : d == 1 ? v.y : v.z; }
@@ -292,24 +330,26 @@ inline void run_grid(uint3 groups, uint3 tg, uint3 grid, KernelFn fn, void* user
         actual[d] = uint(std::min<uint64_t>(dim(tg, d), dim(grid, d) - base));
       }
       const uint n = actual.x * actual.y * actual.z;
+      auto make_ctx = [&](uint i, ThreadCtx& t) {
+        const uint x = i % actual.x, y = i / actual.x % actual.y, z = i / actual.x / actual.y;
+        t.thread_position_in_threadgroup = uint3{x, y, z};
+        t.threadgroup_position_in_grid = gp;
+        t.thread_position_in_grid = gp * tg + uint3{x, y, z};
+        t.threads_per_threadgroup = actual;
+        t.dispatch_threads_per_threadgroup = tg;
+        t.threadgroups_per_grid = groups;
+        t.threads_per_grid = grid;
+        t.thread_index_in_threadgroup = i;
+        t.threads_per_simdgroup = opt.simd_width;
+        t.simdgroup_index_in_threadgroup = i / opt.simd_width;
+        t.thread_index_in_simdgroup = i % opt.simd_width;
+      };
+      if (opt.barrier_free) {
+        runner.run_group_direct(n, fn, user, g, make_ctx);
+        continue;
+      }
       ctx.resize(n);
-      uint i = 0;
-      for (uint z = 0; z < actual.z; ++z)
-        for (uint y = 0; y < actual.y; ++y)
-          for (uint x = 0; x < actual.x; ++x, ++i) {
-            ThreadCtx& t = ctx[i];
-            t.thread_position_in_threadgroup = uint3{x, y, z};
-            t.threadgroup_position_in_grid = gp;
-            t.thread_position_in_grid = gp * tg + uint3{x, y, z};
-            t.threads_per_threadgroup = actual;
-            t.dispatch_threads_per_threadgroup = tg;
-            t.threadgroups_per_grid = groups;
-            t.threads_per_grid = grid;
-            t.thread_index_in_threadgroup = i;
-            t.threads_per_simdgroup = opt.simd_width;
-            t.simdgroup_index_in_threadgroup = i / opt.simd_width;
-            t.thread_index_in_simdgroup = i % opt.simd_width;
-          }
+      for (uint i = 0; i < n; ++i) make_ctx(i, ctx[i]);
       runner.run_group(ctx.data(), n, fn, user, g);
     }
   };
@@ -319,8 +359,9 @@ inline void run_grid(uint3 groups, uint3 tg, uint3 grid, KernelFn fn, void* user
     worker(next);
     return;
   }
-  std::vector<std::thread> pool;
-  for (unsigned w = 0; w < nw; ++w) pool.emplace_back([&] { worker(next); });
+  std::vector<std::thread> pool;  // the calling thread is worker 0
+  for (unsigned w = 1; w < nw; ++w) pool.emplace_back([&] { worker(next); });
+  worker(next);
   for (auto& t : pool) t.join();
 }
 

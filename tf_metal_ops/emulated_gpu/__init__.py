@@ -1,0 +1,1 @@
+"""Emulated Metal GPU device for TensorFlow (msl_emu on the CPU)."""
