@@ -94,9 +94,11 @@ def extension():
     tf_include, tf_lib, tf_version = tensorflow_dirs()
     version = {}
     exec(open(os.path.join(ROOT, "tf_metal_ops", "_version.py")).read(), version)
-    sources = sorted(glob.glob(_rel("csrc", "**", "*.cc"), recursive=True))
-    if not IS_MAC:  # csrc/metal/ is the Metal host code
-        sources = [s for s in sources if not s.startswith(_rel("csrc", "metal") + os.sep)]
+    # csrc/gpu/ (GPU host code) goes with a GPU backend: csrc/metal/ on macOS; csrc/emulated/ is the opt-in
+    # emulated GPU (tf_metal_ops/emulated_gpu), compiled at first use, never here.
+    gpu_dirs = ("gpu", "metal", "emulated")
+    sources = [s for s in sorted(glob.glob(_rel("csrc", "**", "*.cc"), recursive=True))
+               if s.split(os.sep)[1] not in gpu_dirs]
     compile_args = ["-std=c++17", "-O3", "-fvisibility=hidden", "-fPIC", "-Wall", "-Wextra", "-Wno-unused-parameter"]
     define_macros = [
         ("NDEBUG", None),
@@ -111,7 +113,8 @@ def extension():
         os.makedirs(os.path.dirname(generated), exist_ok=True)
         metal_files = sorted(glob.glob(_rel("metal_kernels", "*.metal")))
         metal_tools().write_embedded_source(generated, metal_files, METAL_INCLUDE_DIRS)
-        sources += sorted(glob.glob(_rel("csrc", "**", "*.mm"), recursive=True)) + [generated]
+        sources += sorted(glob.glob(_rel("csrc", "gpu", "*.cc"))) + sorted(glob.glob(_rel("csrc", "metal", "*.mm")))
+        sources += [generated]
         define_macros.append(("TFMO_WITH_METAL", "1"))
         compile_args += ["-mmacosx-version-min=12.0"]
         link_args += [

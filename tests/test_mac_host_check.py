@@ -44,7 +44,8 @@ def test_sources_compile_for_both_mac_targets(mac_host_check):
     code, out = run_check()
     assert code == 0, out
     sources = [os.path.relpath(p, REPO_ROOT) for p in mac_host_check.discover_sources()]
-    assert "csrc/metal/metal_host.mm" in sources and "csrc/metal/zero_out_metal.mm" in sources
+    assert "csrc/metal/metal_backend.mm" in sources and "csrc/gpu/zero_out_gpu.cc" in sources
+    assert not [s for s in sources if s.startswith("csrc/emulated/")]  # Linux-only emulated GPU
     assert any(s.startswith("csrc/cpu/") and s.endswith(".cc") for s in sources)
     for source in sources + ["metal_embedded_sources.cc"]:
         for target in TARGETS:
@@ -76,14 +77,14 @@ def test_broken_file_is_rejected_with_its_error(mac_host_check, path):
 
 
 def test_documented_example_op_compiles(mac_host_check):
-    """docs/metal_host.md's example (tests/mac_check/good_example_op.mm) uses the host layer as documented."""
-    code, out = run_check(os.path.join(REPO_ROOT, "tests", "mac_check", "good_example_op.mm"))
+    """docs/metal_host.md's example (tests/mac_check/good_example_op.cc) uses the host layer as documented."""
+    code, out = run_check(os.path.join(REPO_ROOT, "tests", "mac_check", "good_example_op.cc"))
     assert code == 0, out
     assert out.count("PASS  ") == len(TARGETS), out
 
 
 def test_expect_fail_mode_is_not_vacuous(mac_host_check):
-    code, out = run_check("--expect-fail", os.path.join(REPO_ROOT, "csrc", "metal", "zero_out_metal.mm"))
+    code, out = run_check("--expect-fail", os.path.join(REPO_ROOT, "csrc", "gpu", "zero_out_gpu.cc"))
     assert code == 1
     assert "compiled, but it must be rejected" in out
 

@@ -141,9 +141,11 @@ def toolchain():
 
 # ---- Sources -----------------------------------------------------------------------------------------------
 def discover_sources():
+    """The macOS build's sources: every csrc/**/*.mm and *.cc except csrc/emulated/ (the Linux-only emulated GPU)."""
     files = glob.glob(os.path.join(ROOT, "csrc", "**", "*.mm"), recursive=True)
     files += glob.glob(os.path.join(ROOT, "csrc", "**", "*.cc"), recursive=True)
-    return sorted(files)
+    emulated = os.path.join(ROOT, "csrc", "emulated") + os.sep
+    return sorted(f for f in files if not f.startswith(emulated))
 
 
 def generate_embedded_source(out_dir: str) -> str:

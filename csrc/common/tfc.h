@@ -54,6 +54,7 @@ class TensorRef {
   void reset() { if (t_) TF_DeleteTensor(t_); t_ = nullptr; }
   TF_Tensor* get() const { return t_; }
   TF_Tensor** out() { reset(); return &t_; }
+  TF_Tensor* release() { TF_Tensor* t = t_; t_ = nullptr; return t; }  // the caller deletes it
   explicit operator bool() const { return t_ != nullptr; }
 
   TF_DataType dtype() const { return TF_TensorType(t_); }

@@ -2,7 +2,8 @@
 // and to Metal (an index given as a string) must be rejected.
 // expect-error: requires 2 arguments, but 1 was provided
 // expect-error: cannot initialize a parameter of type 'NSUInteger'
-#include "metal/metal_host.h"
+#import <Metal/Metal.h>
+#include "common/tfc.h"
 
 void BrokenArguments(TF_OpKernelContext* ctx, id<MTLComputeCommandEncoder> enc, uint32_t n) {
   (void)TF_GetStream(ctx);

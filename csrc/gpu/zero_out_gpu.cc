@@ -1,8 +1,8 @@
-// GPU (Metal) kernel host of Zero_out (semantics in csrc/ops/zero_out_op.cc; kernels in
-// metal_kernels/zero_out.metal: zero_out_<dtype>(in [[buffer(0)]], out [[buffer(1)]], n [[buffer(2)]])).
+// GPU kernel host of ZeroOut (semantics: csrc/ops/zero_out_op.cc; kernels: metal_kernels/zero_out.metal,
+// zero_out_<dtype>(in [[buffer(0)]], out [[buffer(1)]], n [[buffer(2)]]): one thread per element).
 #include "common/op_names.h"
 #include "common/tfc.h"
-#include "metal/metal_host.h"
+#include "gpu/gpu_host.h"
 
 namespace {
 
@@ -16,7 +16,7 @@ const char* KernelName(TF_DataType dtype) {
   }
 }
 
-void ZeroOutMetal(void*, TF_OpKernelContext* ctx) {
+void ZeroOutGpu(void*, TF_OpKernelContext* ctx) {
   tfmo::TensorRef in;
   if (!tfmo::GetInput(ctx, 0, &in)) return;
   const char* kernel = KernelName(in.dtype());
@@ -29,21 +29,18 @@ void ZeroOutMetal(void*, TF_OpKernelContext* ctx) {
   if (!tfmo::AllocateOutput(ctx, 0, in.dtype(), in.shape(), &out)) return;
   const int64_t n = in.num_elements();
   if (n == 0) return;  // nothing to encode (and no buffers to bind)
-  if (!tfmo::metal::CheckGridSize(ctx, "zero_out", "the number of elements", static_cast<uint64_t>(n))) return;
+  if (!tfmo::gpu::CheckGridSize(ctx, "zero_out", "the number of elements", static_cast<uint64_t>(n))) return;
   const uint32_t count = static_cast<uint32_t>(n);
-  tfmo::metal::Dispatch(ctx, kernel, {}, [&](tfmo::metal::Encoder& e) {
-    e.buffer(0, in);
-    e.buffer(1, out);
-    e.value(2, count);
-    e.threads(count);
-  });
+  tfmo::gpu::Call call(ctx, "zero_out");
+  call.pass(kernel).buffer(0, in).buffer(1, out).value(2, count).threads(count);
+  call.Run();
 }
 
 const tfmo::OnLoad kRegister([] {
   tfmo::KernelSpec spec;
   spec.op = TFMO_OP_ZERO_OUT;
   spec.device = "GPU";
-  spec.compute = &ZeroOutMetal;
+  spec.compute = &ZeroOutGpu;
   spec.type_attr = "T";
   spec.types = {TF_INT32, TF_FLOAT, TF_INT64, TF_HALF};
   tfmo::RegisterKernel(spec);

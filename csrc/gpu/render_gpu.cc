@@ -1,4 +1,4 @@
-// GPU (Metal) kernel hosts of Volume_render, Volume_render_grad, Distortion_loss, Distortion_loss_grad
+// GPU kernel hosts of Volume_render, Volume_render_grad, Distortion_loss, Distortion_loss_grad
 // (semantics: csrc/ops/render_ops.cc; kernels: metal_kernels/volume_render.metal, distortion_loss.metal).
 // Shapes are validated here exactly as on the CPU (render_validate.h). Value checks (sorted t, densities >= 0)
 // happen per ray on the GPU, which cannot fail the op: offending rays get NaN outputs (documented in the
@@ -7,7 +7,7 @@
 // S + 1 >= 1 columns); the kernels never touch it because the matching loops are empty. R == 0 skips the dispatch.
 #include "common/op_names.h"
 #include "common/tfc.h"
-#include "metal/metal_host.h"
+#include "gpu/gpu_host.h"
 #include "ops/render_validate.h"
 #include "shared/volume_render_math.h"
 
@@ -20,15 +20,15 @@ using tfmo::render::VrCreate;
 using tfmo::render::VrDelete;
 
 // Binds t at `index`, or `fallback` when t is empty (see the header comment).
-void BindOr(tfmo::metal::Encoder& e, uint32_t index, const TensorRef& t, const TensorRef& fallback) {
-  e.buffer(index, t.num_elements() > 0 ? t : fallback);
+void BindOr(tfmo::gpu::Pass& p, uint32_t index, const TensorRef& t, const TensorRef& fallback) {
+  p.buffer(index, t.num_elements() > 0 ? t : fallback);
 }
 
 // The kernels index rays with 32-bit uints (their inner offsets are 64-bit).
 bool CheckDims(TF_OpKernelContext* ctx, const char* op, int64_t R, int64_t S, int64_t C) {
-  return tfmo::metal::CheckGridSize(ctx, op, "the number of rays", static_cast<uint64_t>(R)) &&
-         tfmo::metal::CheckGridSize(ctx, op, "the number of interval edges per ray", static_cast<uint64_t>(S + 1)) &&
-         tfmo::metal::CheckGridSize(ctx, op, "the number of channels", static_cast<uint64_t>(C));
+  return tfmo::gpu::CheckGridSize(ctx, op, "the number of rays", static_cast<uint64_t>(R)) &&
+         tfmo::gpu::CheckGridSize(ctx, op, "the number of interval edges per ray", static_cast<uint64_t>(S + 1)) &&
+         tfmo::gpu::CheckGridSize(ctx, op, "the number of channels", static_cast<uint64_t>(C));
 }
 
 VrParams MakeVrParams(const tfmo::render::VrDims& d, float threshold) {
@@ -41,7 +41,7 @@ VrParams MakeVrParams(const tfmo::render::VrDims& d, float threshold) {
   return p;
 }
 
-void VrMetal(void* attrs, TF_OpKernelContext* ctx) {
+void VrGpu(void* attrs, TF_OpKernelContext* ctx) {
   const char* op = "volume_render";
   TensorRef dens, cols, t, bg;
   if (!tfmo::GetInput(ctx, 0, &dens) || !tfmo::GetInput(ctx, 1, &cols) || !tfmo::GetInput(ctx, 2, &t) ||
@@ -57,21 +57,22 @@ void VrMetal(void* attrs, TF_OpKernelContext* ctx) {
     return;
   if (d.R == 0 || !CheckDims(ctx, op, d.R, d.S, d.C)) return;
   const VrParams params = MakeVrParams(d, static_cast<VrAttrs*>(attrs)->threshold);
-  tfmo::metal::Dispatch(ctx, "volume_render_forward", {}, [&](tfmo::metal::Encoder& e) {
-    BindOr(e, 0, dens, t);
-    BindOr(e, 1, cols, t);
-    e.buffer(2, t);
-    BindOr(e, 3, bg, t);
-    e.buffer(4, color);
-    e.buffer(5, depth);
-    e.buffer(6, opacity);
-    BindOr(e, 7, weights, t);
-    e.value(8, params);
-    e.threads(static_cast<uint64_t>(d.R));
-  });
+  tfmo::gpu::Call call(ctx, op);
+  tfmo::gpu::Pass& p = call.pass("volume_render_forward");
+  BindOr(p, 0, dens, t);
+  BindOr(p, 1, cols, t);
+  p.buffer(2, t);
+  BindOr(p, 3, bg, t);
+  p.buffer(4, color);
+  p.buffer(5, depth);
+  p.buffer(6, opacity);
+  BindOr(p, 7, weights, t);
+  p.value(8, params);
+  p.threads(static_cast<uint64_t>(d.R));
+  call.Run();
 }
 
-void VrGradMetal(void* attrs, TF_OpKernelContext* ctx) {
+void VrGradGpu(void* attrs, TF_OpKernelContext* ctx) {
   const char* op = "volume_render_grad";
   TensorRef in[8];
   for (int i = 0; i < 8; ++i)
@@ -89,25 +90,26 @@ void VrGradMetal(void* attrs, TF_OpKernelContext* ctx) {
     return;
   if (d.R == 0 || !CheckDims(ctx, op, d.R, d.S, d.C)) return;
   const VrParams params = MakeVrParams(d, static_cast<VrAttrs*>(attrs)->threshold);
-  tfmo::metal::Dispatch(ctx, "volume_render_backward", {}, [&](tfmo::metal::Encoder& e) {
-    BindOr(e, 0, dens, t);
-    BindOr(e, 1, cols, t);
-    e.buffer(2, t);
-    BindOr(e, 3, bg, t);
-    e.buffer(4, in[4]);
-    e.buffer(5, in[5]);
-    e.buffer(6, in[6]);
-    BindOr(e, 7, in[7], t);
-    BindOr(e, 8, g_dens, g_t);
-    BindOr(e, 9, g_cols, g_t);
-    e.buffer(10, g_t);
-    e.buffer(11, g_bg);
-    e.value(12, params);
-    e.threads(static_cast<uint64_t>(d.R));
-  });
+  tfmo::gpu::Call call(ctx, op);
+  tfmo::gpu::Pass& p = call.pass("volume_render_backward");
+  BindOr(p, 0, dens, t);
+  BindOr(p, 1, cols, t);
+  p.buffer(2, t);
+  BindOr(p, 3, bg, t);
+  p.buffer(4, in[4]);
+  p.buffer(5, in[5]);
+  p.buffer(6, in[6]);
+  BindOr(p, 7, in[7], t);
+  BindOr(p, 8, g_dens, g_t);
+  BindOr(p, 9, g_cols, g_t);
+  p.buffer(10, g_t);
+  p.buffer(11, g_bg);
+  p.value(12, params);
+  p.threads(static_cast<uint64_t>(d.R));
+  call.Run();
 }
 
-void DlMetal(void*, TF_OpKernelContext* ctx) {
+void DlGpu(void*, TF_OpKernelContext* ctx) {
   const char* op = "distortion_loss";
   TensorRef w, t;
   if (!tfmo::GetInput(ctx, 0, &w) || !tfmo::GetInput(ctx, 1, &t)) return;
@@ -119,16 +121,17 @@ void DlMetal(void*, TF_OpKernelContext* ctx) {
   DlParams params;
   params.R = static_cast<uint32_t>(R);
   params.S = static_cast<uint32_t>(S);
-  tfmo::metal::Dispatch(ctx, "distortion_loss_forward", {}, [&](tfmo::metal::Encoder& e) {
-    BindOr(e, 0, w, t);
-    e.buffer(1, t);
-    e.buffer(2, loss);
-    e.value(3, params);
-    e.threads(static_cast<uint64_t>(R));
-  });
+  tfmo::gpu::Call call(ctx, op);
+  tfmo::gpu::Pass& p = call.pass("distortion_loss_forward");
+  BindOr(p, 0, w, t);
+  p.buffer(1, t);
+  p.buffer(2, loss);
+  p.value(3, params);
+  p.threads(static_cast<uint64_t>(R));
+  call.Run();
 }
 
-void DlGradMetal(void*, TF_OpKernelContext* ctx) {
+void DlGradGpu(void*, TF_OpKernelContext* ctx) {
   const char* op = "distortion_loss_grad";
   TensorRef w, t, g, gw, gt;
   int64_t R = 0, S = 0;
@@ -137,15 +140,16 @@ void DlGradMetal(void*, TF_OpKernelContext* ctx) {
   DlParams params;
   params.R = static_cast<uint32_t>(R);
   params.S = static_cast<uint32_t>(S);
-  tfmo::metal::Dispatch(ctx, "distortion_loss_backward", {}, [&](tfmo::metal::Encoder& e) {
-    BindOr(e, 0, w, t);
-    e.buffer(1, t);
-    e.buffer(2, g);
-    BindOr(e, 3, gw, gt);
-    e.buffer(4, gt);
-    e.value(5, params);
-    e.threads(static_cast<uint64_t>(R));
-  });
+  tfmo::gpu::Call call(ctx, op);
+  tfmo::gpu::Pass& p = call.pass("distortion_loss_backward");
+  BindOr(p, 0, w, t);
+  p.buffer(1, t);
+  p.buffer(2, g);
+  BindOr(p, 3, gw, gt);
+  p.buffer(4, gt);
+  p.value(5, params);
+  p.threads(static_cast<uint64_t>(R));
+  call.Run();
 }
 
 const tfmo::OnLoad kRegister([] {
@@ -154,19 +158,19 @@ const tfmo::OnLoad kRegister([] {
   spec.op = TFMO_OP_VOLUME_RENDER;
   spec.create = &VrCreate;
   spec.destroy = &VrDelete;
-  spec.compute = &VrMetal;
+  spec.compute = &VrGpu;
   tfmo::RegisterKernel(spec);
   spec.op = TFMO_OP_VOLUME_RENDER_GRAD;
-  spec.compute = &VrGradMetal;
+  spec.compute = &VrGradGpu;
   tfmo::RegisterKernel(spec);
 
   tfmo::KernelSpec dl;
   dl.device = "GPU";
   dl.op = TFMO_OP_DISTORTION_LOSS;
-  dl.compute = &DlMetal;
+  dl.compute = &DlGpu;
   tfmo::RegisterKernel(dl);
   dl.op = TFMO_OP_DISTORTION_LOSS_GRAD;
-  dl.compute = &DlGradMetal;
+  dl.compute = &DlGradGpu;
   tfmo::RegisterKernel(dl);
 });
 

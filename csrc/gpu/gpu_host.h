@@ -1,0 +1,172 @@
+// GPU host layer, backend-neutral: what every op's GPU host code (csrc/gpu/<op>_gpu.cc) uses to validate, allocate
+// and describe its passes. One backend per build executes the description:
+//   - Metal (csrc/metal/metal_backend.mm, macOS): tensorflow-metal's stream, one compute encoder, one commit;
+//   - emulated (csrc/emulated/emu_backend.cc, any OS): the Metal-emulating TF device, kernels run by tools/msl_emu.
+// Conventions: docs/metal_host.md.
+//
+//   tfmo::gpu::Call call(ctx, "zero_out");
+//   call.pass("zero_out_float32").buffer(0, in).buffer(1, out).value<uint32_t>(2, n).threads(n);
+//   call.Run();   // false after failing ctx with a message
+//
+// Invariants:
+//  - A Call is one op invocation: all its passes go into one compute encoder in order (each pass sees the
+//    previous passes' writes) and are committed once. Nothing waits for the GPU unless TF_METAL_OPS_SYNC=1.
+//  - Tensors bound to a pass are borrowed: the op keeps its TensorRefs alive until Run() returns (TF keeps device
+//    memory valid for work already enqueued on the stream). Scratch buffers belong to the Call and are released
+//    only after the GPU has finished the call's work.
+//  - Binding an empty tensor is an error (Metal has no buffer for it): skip passes that have no work, or bind a
+//    non-empty stand-in the kernel will not touch. A pass whose grid has a zero dimension is skipped.
+//  - Errors never abort: the first one is kept and Run() reports it through TF_OpKernelContext_Failure.
+//  - Kernel parameters at [[buffer(n)]] must match what is bound at slot n (element type, size); the emulated
+//    backend checks this for every dispatch, Metal does not.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "common/tfc.h"
+
+namespace tfmo::gpu {
+
+constexpr uint32_t kMaxBufferSlots = 31;  // [[buffer(0..30)]]
+constexpr size_t kMaxBytes = 4096;        // setBytes limit
+
+// Function-constant values for one pipeline, by index ([[function_constant(i)]] in MSL). Setting an index twice
+// keeps the last value. Part of the pipeline cache key.
+class Specialization {
+ public:
+  enum class Type : uint8_t { kInt, kUInt, kBool, kFloat };
+  struct Constant {
+    uint32_t index;
+    Type type;
+    uint32_t bits;  // the value's 32-bit pattern (bool: 0/1)
+    bool operator==(const Constant& o) const { return index == o.index && type == o.type && bits == o.bits; }
+  };
+
+  Specialization& Int(uint32_t index, int32_t v);
+  Specialization& UInt(uint32_t index, uint32_t v);
+  Specialization& Bool(uint32_t index, bool v);
+  Specialization& Float(uint32_t index, float v);
+
+  bool empty() const { return constants_.empty(); }
+  const std::vector<Constant>& constants() const { return constants_; }  // sorted by index
+  std::string Key() const;                                               // canonical text, "" when empty
+
+ private:
+  Specialization& Set(uint32_t index, Type type, uint32_t bits);
+  std::vector<Constant> constants_;
+};
+
+// What one buffer slot of a pass holds.
+struct Binding {
+  enum class Kind : uint8_t { kNone, kTensor, kBytes };
+  Kind kind = Kind::kNone;
+  TF_Tensor* tensor = nullptr;  // kTensor: device memory (TF_TensorData is backend-specific)
+  TF_DataType dtype = TF_FLOAT;  // kTensor: element type
+  size_t size = 0;               // bytes of the tensor or of the data
+  std::vector<unsigned char> data;  // kBytes: a copy
+};
+
+class Call;
+
+// One kernel dispatch: function, specialisation, slots, grid. Build it through Call::pass(); the setters return
+// *this so a pass reads as one statement.
+class Pass {
+ public:
+  enum class Grid : uint8_t { kNone, kThreads, kThreadgroups };
+
+  Pass& buffer(uint32_t slot, const TensorRef& t);
+  Pass& bytes(uint32_t slot, const void* data, size_t length);  // 1..4096 bytes, copied
+  template <class T>
+  Pass& value(uint32_t slot, const T& v) {
+    static_assert(std::is_trivially_copyable<T>::value, "value<T>: T must be trivially copyable");
+    return bytes(slot, &v, sizeof(T));
+  }
+  Pass& threadgroup_memory(uint32_t slot, size_t length);  // [[threadgroup(slot)]], rounded up to 16 bytes
+
+  // dispatchThreads: one thread per grid point; `group` = threads per threadgroup, 0 = the backend's default
+  // (a multiple of the SIMD width), clamped to the pipeline's maximum. Each dimension must fit in 32 bits.
+  Pass& threads(uint64_t n, uint32_t group = 0);
+  Pass& threads(std::array<uint64_t, 3> grid, std::array<uint32_t, 3> group = {0, 0, 0});
+  // dispatchThreadgroups: whole groups of exactly `group` threads (kernels with barriers / threadgroup memory).
+  Pass& threadgroups(std::array<uint64_t, 3> groups, std::array<uint32_t, 3> group);
+
+  const std::string& function() const { return function_; }
+  const Specialization& specialization() const { return spec_; }
+  const std::array<Binding, kMaxBufferSlots>& buffers() const { return buffers_; }
+  const std::array<size_t, kMaxBufferSlots>& threadgroup_lengths() const { return tg_lengths_; }
+  Grid grid_kind() const { return grid_kind_; }
+  const std::array<uint64_t, 3>& grid() const { return grid_; }    // threads, or groups
+  const std::array<uint32_t, 3>& group() const { return group_; }  // 0 = backend default (threads only)
+  bool empty() const;  // a zero dimension: nothing to dispatch
+
+ private:
+  friend class Call;
+  Pass(Call* call, std::string function, Specialization spec)
+      : call_(call), function_(std::move(function)), spec_(std::move(spec)) {}
+  bool CheckSlot(uint32_t slot, const char* what);
+
+  Call* call_;
+  std::string function_;
+  Specialization spec_;
+  std::array<Binding, kMaxBufferSlots> buffers_{};
+  std::array<size_t, kMaxBufferSlots> tg_lengths_{};
+  Grid grid_kind_ = Grid::kNone;
+  std::array<uint64_t, 3> grid_{0, 0, 0};
+  std::array<uint32_t, 3> group_{0, 0, 0};
+};
+
+// One op invocation on the GPU: scratch buffers and passes, executed by the build's backend.
+class Call {
+ public:
+  Call(TF_OpKernelContext* ctx, const char* op) : ctx_(ctx), op_(op) {}
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+  // A device buffer of `elements` values for this call only, released after the GPU finished the call.
+  // Returns nullptr after recording the error (Run() then reports it).
+  const TensorRef* scratch(TF_DataType dtype, int64_t elements);
+  // Appends a pass (kept in order). The reference stays valid for the Call's lifetime.
+  Pass& pass(const char* function, Specialization spec = {});
+  // Validates and hands the passes to the backend: one encoder, one commit. Returns false after failing ctx.
+  bool Run();
+
+  // Records an error (the first wins); Run() fails ctx with it.
+  void fail(TF_Code code, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+  bool ok() const { return code_ == TF_OK; }
+
+  // For backends.
+  TF_OpKernelContext* ctx() const { return ctx_; }
+  const char* op() const { return op_; }
+  const std::vector<std::unique_ptr<Pass>>& passes() const { return passes_; }
+  // Hands the scratch tensors to the backend, which deletes them (TF_DeleteTensor) once the GPU is done.
+  std::vector<TF_Tensor*> TakeScratch();
+
+ private:
+  TF_OpKernelContext* ctx_;
+  const char* op_;
+  std::vector<std::unique_ptr<TensorRef>> scratch_;
+  std::vector<std::unique_ptr<Pass>> passes_;
+  TF_Code code_ = TF_OK;
+  std::string error_;
+};
+
+// Threads per threadgroup for a dispatchThreads pass: `group` with zeros replaced by the default (x: a multiple of
+// `width` up to 256 for 1-D grids, else `width`; y: what fits under `max_threads`; z: 1), clipped to the grid and
+// shrunk (z, then y, then x) until the product is at most `max_threads`. Both backends use it.
+std::array<uint32_t, 3> ResolveGroup(const std::array<uint64_t, 3>& grid, std::array<uint32_t, 3> group,
+                                     uint32_t max_threads, uint32_t width);
+
+// Fails ctx unless n fits in a 32-bit grid dimension / kernel index; `what` names the quantity in the message.
+bool CheckGridSize(TF_OpKernelContext* ctx, const char* op, const char* what, uint64_t n);
+
+// Implemented by the build's backend: executes call.passes() on the device of call.ctx() (the passes are already
+// validated by Call::Run). Returns false after failing ctx.
+bool Execute(Call& call);
+
+}  // namespace tfmo::gpu

@@ -1,0 +1,143 @@
+// GPU kernel host of the hash-grid ops (semantics: csrc/ops/hash_grid_op.cc; kernels and their buffer layout:
+// metal_kernels/hash_grid.metal; validation and level tables shared with the CPU kernels:
+// csrc/ops/hash_grid_kernel.h). max_level lives in host memory (read here to get the active level count).
+//
+// Passes (empty work is skipped: Metal rejects empty grids and empty tensors have no buffer):
+//   encode:          grid (N, L), threadgroups 1-D along the points so a group stays on one level;
+//   grad_params:     float32 accumulator zeroed, grid (N, n_active) scatter with float atomics, then (float16
+//                    tables) a conversion pass into the output; the float32 output is its own accumulator;
+//   grad_positions:  grid N, one thread per point looping over the active levels.
+#include <cstdint>
+#include <string>
+
+#include "common/op_names.h"
+#include "common/tfc.h"
+#include "gpu/gpu_host.h"
+#include "ops/hash_grid_kernel.h"
+
+namespace {
+
+using tfmo::hash_grid::Call;
+using tfmo::hash_grid::Config;
+
+std::string Suffixed(const char* base, TF_DataType dtype) {
+  return std::string(base) + (dtype == TF_HALF ? "_float16" : "_float32");
+}
+
+HgArgs MakeArgs(const Call& call) {
+  HgArgs a{};
+  a.n = static_cast<uint32_t>(call.n);
+  a.dims = static_cast<uint32_t>(call.dims);
+  a.n_features = static_cast<uint32_t>(call.cfg->n_features);
+  a.n_levels = static_cast<uint32_t>(call.cfg->n_levels);
+  a.n_active = static_cast<uint32_t>(call.n_active);
+  a.interpolation = static_cast<uint32_t>(call.cfg->interpolation);
+  return a;
+}
+
+// Level table bytes for setBytes (<= 32 levels * 40 bytes).
+size_t LevelBytes(const Call& call) { return sizeof(HgLevel) * static_cast<size_t>(call.cfg->n_levels); }
+
+bool CheckSizes(TF_OpKernelContext* ctx, const char* op, const Call& call) {
+  const uint64_t n = static_cast<uint64_t>(call.n);
+  const uint64_t cols = static_cast<uint64_t>(call.cfg->n_levels) * call.cfg->n_features;
+  return tfmo::gpu::CheckGridSize(ctx, op, "the number of points", n) &&
+         tfmo::gpu::CheckGridSize(ctx, op, "points * output columns", n * cols) &&
+         tfmo::gpu::CheckGridSize(ctx, op, "points * D", n * static_cast<uint64_t>(call.dims));
+}
+
+void EncodeGpu(void* state, TF_OpKernelContext* ctx) {
+  const char* op = "hash_grid_encode";
+  Call call;
+  if (!tfmo::hash_grid::Prepare(ctx, state, false, op, &call)) return;
+  const Config& cfg = *call.cfg;
+  tfmo::TensorRef out;
+  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, static_cast<int64_t>(cfg.n_levels) * cfg.n_features}, &out))
+    return;
+  if (call.n == 0 || !CheckSizes(ctx, op, call)) return;
+  tfmo::gpu::Call gpu(ctx, op);
+  gpu.pass(Suffixed("hash_grid_encode", cfg.dtype).c_str())
+      .buffer(0, call.positions)
+      .buffer(1, call.params)
+      .bytes(2, call.levels, LevelBytes(call))
+      .value(3, MakeArgs(call))
+      .buffer(4, out)
+      .threads({static_cast<uint64_t>(call.n), static_cast<uint64_t>(cfg.n_levels), 1}, {256, 1, 1});
+  gpu.Run();
+}
+
+void GradParamsGpu(void* state, TF_OpKernelContext* ctx) {
+  const char* op = "hash_grid_encode (gradient w.r.t. params)";
+  Call call;
+  if (!tfmo::hash_grid::Prepare(ctx, state, true, op, &call)) return;
+  const Config& cfg = *call.cfg;
+  tfmo::TensorRef out;
+  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.rows, static_cast<int64_t>(cfg.n_features)}, &out)) return;
+  const int64_t elems = call.rows * cfg.n_features;  // >= 8 rows: never empty
+  if (!CheckSizes(ctx, op, call)) return;
+  tfmo::gpu::Call gpu(ctx, op);
+  // float32 accumulator: the output itself, or a scratch buffer for float16 tables.
+  const tfmo::TensorRef* acc = cfg.dtype == TF_HALF ? gpu.scratch(TF_FLOAT, elems) : &out;
+  if (acc == nullptr) return (void)gpu.Run();  // reports the allocation failure
+  HgArgs args = MakeArgs(call);
+  args.count = static_cast<uint32_t>(elems);
+  gpu.pass("hash_grid_fill_zero").buffer(0, *acc).value(1, args).threads(static_cast<uint64_t>(elems));
+  if (call.n > 0 && call.n_active > 0) {
+    gpu.pass(Suffixed("hash_grid_grad_params", cfg.dtype).c_str())
+        .buffer(0, call.grad)
+        .buffer(1, call.positions)
+        .bytes(2, call.levels, LevelBytes(call))
+        .value(3, args)
+        .buffer(4, *acc)
+        .threads({static_cast<uint64_t>(call.n), static_cast<uint64_t>(call.n_active), 1}, {256, 1, 1});
+  }
+  if (cfg.dtype == TF_HALF) {
+    gpu.pass("hash_grid_float_to_half").buffer(0, *acc).buffer(1, out).value(2, args).threads(static_cast<uint64_t>(elems));
+  }
+  gpu.Run();
+}
+
+void GradPositionsGpu(void* state, TF_OpKernelContext* ctx) {
+  const char* op = "hash_grid_encode (gradient w.r.t. positions)";
+  Call call;
+  if (!tfmo::hash_grid::Prepare(ctx, state, true, op, &call)) return;
+  const Config& cfg = *call.cfg;
+  tfmo::TensorRef out;
+  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {call.n, static_cast<int64_t>(call.dims)}, &out)) return;
+  if (call.n == 0 || !CheckSizes(ctx, op, call)) return;
+  tfmo::gpu::Call gpu(ctx, op);
+  gpu.pass(Suffixed("hash_grid_grad_positions", cfg.dtype).c_str())
+      .buffer(0, call.grad)
+      .buffer(1, call.positions)
+      .buffer(2, call.params)
+      .bytes(3, call.levels, LevelBytes(call))
+      .value(4, MakeArgs(call))
+      .buffer(5, out)
+      .threads(static_cast<uint64_t>(call.n));
+  gpu.Run();
+}
+
+const tfmo::OnLoad kRegister([] {
+  const struct {
+    const char* op;
+    void (*compute)(void*, TF_OpKernelContext*);
+  } kernels[] = {
+      {TFMO_OP_HASH_GRID_ENCODE, &EncodeGpu},
+      {TFMO_OP_HASH_GRID_ENCODE_GRAD_PARAMS, &GradParamsGpu},
+      {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS, &GradPositionsGpu},
+  };
+  for (const auto& k : kernels) {
+    tfmo::KernelSpec spec;
+    spec.op = k.op;
+    spec.device = "GPU";
+    spec.create = &tfmo::hash_grid::CreateConfig;
+    spec.compute = k.compute;
+    spec.destroy = &tfmo::hash_grid::DeleteConfig;
+    spec.type_attr = "T";
+    spec.types = {TF_FLOAT, TF_HALF};
+    spec.host_memory = {"max_level"};
+    tfmo::RegisterKernel(spec);
+  }
+});
+
+}  // namespace
