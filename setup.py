@@ -14,6 +14,7 @@ import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 IS_MAC = sys.platform == "darwin"
@@ -89,6 +90,23 @@ class BuildOpLibrary(build_ext):
 
 METAL_INCLUDE_DIRS = [_rel("metal_kernels"), _rel("csrc", "shared")]
 
+# What the emulated GPU (tf_metal_ops/emulated_gpu, opt-in) compiles at first use, shipped as package data under
+# tf_metal_ops/_sources/ so that it works from an installed wheel. Our own sources only (no SDK, nothing vendored).
+EMULATED_GPU_SOURCES = ["csrc/**/*.h", "csrc/**/*.cc", "metal_kernels/*.metal", "tools/msl_emu/**/*"]
+
+
+class BuildPy(build_py):
+    """build_py that also copies the emulated GPU's sources into the package (tf_metal_ops/_sources/)."""
+
+    def run(self):
+        super().run()
+        target = os.path.join(self.build_lib, "tf_metal_ops", "_sources")
+        for pattern in EMULATED_GPU_SOURCES:
+            for src in glob.glob(os.path.join(ROOT, pattern), recursive=True):
+                if os.path.isfile(src) and "__pycache__" not in src:
+                    rel = os.path.relpath(src, ROOT)
+                    self.copy_file(src, os.path.join(target, rel), preserve_mode=False)
+
 
 def extension():
     tf_include, tf_lib, tf_version = tensorflow_dirs()
@@ -138,4 +156,4 @@ def extension():
     )
 
 
-setup(ext_modules=[extension()], cmdclass={"build_ext": BuildOpLibrary})
+setup(ext_modules=[extension()], cmdclass={"build_ext": BuildOpLibrary, "build_py": BuildPy})

@@ -49,3 +49,9 @@ try:
     _ops()
 except OpLibraryError:
     pass
+
+# TF_METAL_OPS_EMULATED_GPU=1: the Metal-emulating GPU device (development and tests; tf_metal_ops/emulated_gpu).
+from tf_metal_ops import emulated_gpu as _emulated_gpu  # noqa: E402
+
+if _emulated_gpu.requested():
+    _emulated_gpu.enable()

@@ -1,1 +1,266 @@
-"""Emulated Metal GPU device for TensorFlow (msl_emu on the CPU)."""
+"""The Metal-emulating GPU device: run the package's GPU code path inside TensorFlow on any Linux machine.
+
+Opt-in, for development and tests: set ``TF_METAL_OPS_EMULATED_GPU=1`` before ``import tf_metal_ops`` (or call
+``enable()`` before TensorFlow runs its first op). The first use compiles, into the package cache, and loads
+
+1. the device: a PluggableDevice (``csrc/emulated/device_plugin.cc``) registering device type ``"GPU"``, whose
+   memory lives at addresses that fault when host code reads them and whose streams are serial queues;
+2. the op library's GPU kernels (``csrc/gpu/*.cc``, the same host code the Metal build compiles) on the emulated
+   backend (``csrc/emulated/emu_backend.cc``), with the unchanged ``metal_kernels/*.metal`` compiled as C++ through
+   tools/msl_emu, each dispatch checked against the kernel's ``[[buffer(n)]]`` signature.
+
+Then every TF program sees ``/GPU:0`` and the ops placed there run their Metal kernels on the CPU. It is slow (a
+kernel thread is a C++ call) and cannot show GPU rounding, races that the emulated order hides, or anything of the
+Metal backend itself (tensorflow-metal's stream, MTLBuffers, pipelines): see docs/emulated_gpu.md.
+
+Needs clang++ >= 16 (``apt-get install clang-16``, or ``TF_METAL_OPS_CLANGXX``). The build is cached under
+``$TF_METAL_OPS_CACHE`` (default ``$XDG_CACHE_HOME/tf-metal-ops``), keyed by the sources, compiler and TensorFlow.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+ENV_SWITCH = "TF_METAL_OPS_EMULATED_GPU"
+DEVICE_LIBRARY = "libtfmo_emulated_device.so"
+KERNEL_LIBRARY = "libtf_metal_ops_emulated_gpu.so"
+PLATFORM_NAME = "TFMO_EMULATED_METAL"
+
+
+class EmulatedGPUError(RuntimeError):
+    """The emulated GPU device could not be built or loaded; the message says why and what to do."""
+
+
+def requested() -> bool:
+    """True when the environment asks for the emulated GPU (TF_METAL_OPS_EMULATED_GPU=1)."""
+    return os.environ.get(ENV_SWITCH, "") == "1"
+
+
+# ---- sources -------------------------------------------------------------------------------------------------
+def source_root() -> Path:
+    """Where csrc/, metal_kernels/ and tools/msl_emu/ are: the wheel's package data (tf_metal_ops/_sources), or the
+    source checkout this package was installed from in editable mode."""
+    pkg = Path(__file__).resolve().parents[1]
+    for root in (pkg / "_sources", pkg.parent):
+        if (root / "csrc" / "emulated" / "emu_backend.cc").is_file() and (root / "tools" / "msl_emu").is_dir():
+            return root
+    raise EmulatedGPUError(
+        f"tf_metal_ops: the emulated GPU's sources are missing (looked in {pkg / '_sources'} and {pkg.parent}); "
+        "reinstall tf-metal-ops from a wheel or source tree built by this version's setup.py"
+    )
+
+
+def _sources(root: Path) -> dict[str, list[Path]]:
+    csrc = root / "csrc"
+    return {
+        "device": [csrc / "emulated" / "device_plugin.cc"],
+        "host": sorted((csrc / "gpu").glob("*.cc")) + [csrc / "common" / "tfc.cc", csrc / "emulated" / "emu_backend.cc"],
+        "metal": sorted((root / "metal_kernels").glob("*.metal")),
+    }
+
+
+# ---- toolchain -----------------------------------------------------------------------------------------------
+def find_compiler() -> str:
+    """clang++ >= 16 (msl_emu needs clang's ext_vector_type and C++20); a clear error when there is none."""
+    override = os.environ.get("TF_METAL_OPS_CLANGXX")
+    names = [override] if override else ["clang++-16", "clang++-17", "clang++-18", "clang++-19", "clang++"]
+    for name in names:
+        path = shutil.which(name) or (name if name and os.path.isfile(name) else None)
+        if path is None:
+            continue
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False).stdout
+        major = _clang_major(out)
+        if major is not None and major >= 16:
+            return path
+        if override:
+            raise EmulatedGPUError(f"tf_metal_ops: TF_METAL_OPS_CLANGXX={override} is not clang >= 16 ({out.strip()})")
+    raise EmulatedGPUError(
+        "tf_metal_ops: TF_METAL_OPS_EMULATED_GPU=1 needs clang++ >= 16 to build the emulated GPU device "
+        "(Debian/Ubuntu: `apt-get install clang-16`; or point TF_METAL_OPS_CLANGXX at a clang++ >= 16)"
+    )
+
+
+def _clang_major(version_text: str):
+    import re
+
+    m = re.search(r"clang version (\d+)", version_text)
+    return int(m.group(1)) if m else None
+
+
+def _tensorflow_dirs() -> tuple[str, str]:
+    import tensorflow as tf
+
+    return tf.sysconfig.get_include(), tf.sysconfig.get_lib()
+
+
+def cache_root() -> Path:
+    base = os.environ.get("TF_METAL_OPS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tf-metal-ops"
+    )
+    return Path(base) / "emulated-gpu"
+
+
+# ---- build ---------------------------------------------------------------------------------------------------
+def _key(compiler: str, tf_include: str, tf_lib: str, root: Path) -> str:
+    h = hashlib.sha256()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    import tensorflow as tf
+
+    for part in (os.path.realpath(compiler), version, tf.__version__, tf_include, tf_lib, sys.version):
+        h.update(part.encode() + b"\0")
+    for sub in ("csrc", "metal_kernels", "tools/msl_emu"):
+        for f in sorted((root / sub).rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts:
+                h.update(str(f.relative_to(root)).encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    h.update(Path(__file__).with_name("glue.py").read_bytes())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()[:20]
+
+
+def _run(cmd: list[str], what: str) -> None:
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise EmulatedGPUError(f"tf_metal_ops: building the emulated GPU failed ({what}):\n$ {' '.join(cmd)}\n"
+                               f"{res.stdout}{res.stderr}")
+
+
+def build(verbose: bool = False) -> dict[str, Path]:
+    """Compiles the device and the GPU kernel library into the cache (once per content hash); returns their paths."""
+    from tf_metal_ops.emulated_gpu import glue
+
+    root = source_root()
+    compiler = find_compiler()
+    tf_include, tf_lib = _tensorflow_dirs()
+    out = cache_root() / _key(compiler, tf_include, tf_lib, root)
+    paths = {"device": out / DEVICE_LIBRARY, "kernels": out / KERNEL_LIBRARY}
+    if all(p.is_file() for p in paths.values()):
+        return paths
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=out.parent))
+    try:
+        if verbose:
+            print(f"tf_metal_ops: building the emulated GPU into {out} (first use; about a minute)", file=sys.stderr)
+        src = _sources(root)
+        link = [f"-L{tf_lib}", "-l:libtensorflow_framework.so.2", f"-Wl,-rpath,{tf_lib}", "-lpthread"]
+        common = ["-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter", "-DNDEBUG"]
+        tf_flags = [f"-I{tf_include}", f"-I{root / 'csrc'}", f"-I{root / 'csrc' / 'shared'}"]
+        units = glue.generate(src["metal"], work / "glue", root=root)
+        emu_includes = [f"-I{d}" for d in glue.include_dirs(root=root)]
+        jobs = []  # (source, object, flags)
+        for f in src["host"]:
+            jobs.append((f, work / (f.stem + ".o"), ["-std=c++20", *common, *tf_flags]))
+        jobs.append((glue.launch_source(root), work / "kernel_launch.o", [*glue.base_flags(), "-O2", *emu_includes]))
+        for u in units:
+            jobs.append((u.source, work / (u.source.stem + ".o"), [*glue.base_flags(), "-O2", *u.flags]))
+        jobs.append((src["device"][0], work / "device_plugin.o", ["-std=c++17", *common, f"-I{tf_include}"]))
+
+        def compile_one(job):
+            source, obj, flags = job
+            _run([compiler, *flags, "-c", str(source), "-o", str(obj)], f"compiling {source.name}")
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            list(pool.map(compile_one, jobs))
+        objects = [str(o) for _, o, _ in jobs if o.name != "device_plugin.o"]
+        _run([compiler, "-shared", "-o", str(work / KERNEL_LIBRARY), *objects, *link], "linking the GPU kernels")
+        _run([compiler, "-shared", "-o", str(work / DEVICE_LIBRARY), str(work / "device_plugin.o"), *link],
+             "linking the device")
+        staged = out.with_name(out.name + ".tmp-" + work.name)
+        staged.mkdir()
+        for name in (KERNEL_LIBRARY, DEVICE_LIBRARY):
+            shutil.copy2(work / name, staged / name)
+        try:
+            os.rename(staged, out)  # atomic: a concurrent builder's result is as good as ours
+        except OSError:
+            shutil.rmtree(staged, ignore_errors=True)
+            if not all(p.is_file() for p in paths.values()):
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return paths
+
+
+# ---- load ----------------------------------------------------------------------------------------------------
+_lock = threading.Lock()
+_loaded: dict[str, Path] = {}
+
+
+def enable(verbose: bool = True) -> dict[str, str]:
+    """Builds (first use) and loads the emulated GPU device and the GPU kernels. Idempotent. Call it before
+    TensorFlow runs its first op (importing tf_metal_ops with TF_METAL_OPS_EMULATED_GPU=1 does)."""
+    with _lock:
+        if _loaded:
+            return {k: str(v) for k, v in _loaded.items()}
+        import tensorflow as tf
+        from tensorflow.python.framework import load_library
+
+        from tf_metal_ops import _library
+
+        if tf.config.list_physical_devices("GPU"):
+            raise EmulatedGPUError(
+                "tf_metal_ops: this TensorFlow already has a GPU device "
+                f"({tf.config.list_physical_devices('GPU')[0].name}); the emulated GPU registers device type \"GPU\" "
+                "and needs a TensorFlow without one (tensorflow-cpu, or CUDA_VISIBLE_DEVICES='')"
+            )
+        paths = build(verbose=verbose)
+        _library.ops()  # op definitions first: the GPU kernels register for them
+        load_library.load_pluggable_device_library(str(paths["device"]))
+        if not tf.config.list_physical_devices("GPU"):
+            raise EmulatedGPUError(
+                "tf_metal_ops: the emulated GPU device loaded but TensorFlow lists no GPU: TensorFlow had already "
+                f"initialised its devices. Set {ENV_SWITCH}=1 before the first TensorFlow op (import tf_metal_ops "
+                "first, or call tf_metal_ops.emulated_gpu.enable() at the top of the program)"
+            )
+        tf.load_op_library(str(paths["kernels"]))
+        _loaded.update(paths)
+        return {k: str(v) for k, v in paths.items()}
+
+
+def enabled() -> bool:
+    """True once enable() has loaded the device in this process."""
+    return bool(_loaded)
+
+
+@functools.lru_cache(maxsize=None)
+def _handle(which: str) -> ctypes.CDLL:
+    if not _loaded:
+        raise EmulatedGPUError("tf_metal_ops: the emulated GPU is not enabled in this process")
+    mode = getattr(os, "RTLD_NOLOAD", 0)
+    lib = ctypes.CDLL(str(_loaded[which]), mode=mode)
+    return lib
+
+
+def dispatch_counts() -> dict[str, int]:
+    """Kernel name -> number of dispatches the emulated GPU ran in this process (the GPU path really ran)."""
+    lib = _handle("kernels")
+    lib.tfmo_emu_dispatch_counts.restype = ctypes.c_char_p
+    return json.loads(lib.tfmo_emu_dispatch_counts().decode())
+
+
+def device_stats() -> dict:
+    """The emulated device's memory and stream statistics (live allocations, deferred frees, work run, failures)."""
+    lib = _handle("device")
+    lib.tfmo_emu_device_stats.restype = ctypes.c_char_p
+    return json.loads(lib.tfmo_emu_device_stats().decode())
+
+
+def info() -> dict:
+    """For backend_info(): whether the emulated GPU is requested/enabled, and where its libraries are."""
+    out = {"requested": requested(), "enabled": enabled()}
+    if _loaded:
+        out.update({k: str(v) for k, v in _loaded.items()})
+        try:
+            out["dispatches"] = sum(dispatch_counts().values())
+        except Exception as e:  # report, never raise
+            out["error"] = str(e)
+    return out
