@@ -177,7 +177,7 @@ std::string Check(const table::KernelDesc& kd, const LaunchDesc& d) {
       return Format("%s: function constant %u is given, but %s declares no [[function_constant(%u)]]", k, c.index,
                     f.path, c.index);
     if (decl->type != c.type)
-      return Format("%s: function constant %u '%s' is %s, but a %s value is given", k, c.index, decl->name,
+      return Format("%s: function constant %u '%s' is %s, but the value given is %s", k, c.index, decl->name,
                     TypeName(decl->type), TypeName(c.type));
   }
   for (size_t j = 0; j < f.num_constants; ++j) {

@@ -35,15 +35,19 @@ _TG_POINTER = re.compile(
     r"\bthreadgroup\b(?=(?:\s+(?:const|volatile)\b)*\s+[A-Za-z_][\w:]*(?:\s*<[^<>;{}()]*>)?"
     r"(?:\s+(?:const|volatile)\b)*\s*[*&])"
 )
+# The [[threadgroup(n)]] attribute: the macro would turn it into [[static thread_local(n)]].
+_TG_ATTRIBUTE = re.compile(r"\[\[(\s*)threadgroup(\s*\()")
 
 
 def rewrite_threadgroup_pointers(text: str) -> str:
-    """`threadgroup T* p` / `threadgroup T& r` -> `MSL_EMU_TGP T* p` (storage declarations are left alone).
+    """`threadgroup T* p` / `threadgroup T& r` -> `MSL_EMU_TGP T* p` (storage declarations are left alone), and
+    the attribute `[[threadgroup(n)]]` -> `[[msl_emu_threadgroup(n)]]` (an unknown, ignored attribute).
 
     msl_emu's <metal_stdlib> expands `threadgroup` to `static thread_local`, which is right for kernel-scope
-    threadgroup variables and wrong (illegal or shared) for pointers/references to threadgroup memory.
+    threadgroup variables and wrong (illegal or shared) for pointers/references to threadgroup memory and inside
+    the attribute. Line structure is kept, so #line mappings stay exact.
     """
-    return _TG_POINTER.sub("MSL_EMU_TGP", text)
+    return _TG_ATTRIBUTE.sub(r"[[\1msl_emu_threadgroup\2", _TG_POINTER.sub("MSL_EMU_TGP", text))
 
 
 class GlueError(ValueError):
@@ -159,8 +163,9 @@ def launch_source(root: Path | None = None) -> Path:
 
 
 # ---- parsing --------------------------------------------------------------------------------------------------
-def _strip_comments(text: str) -> str:
-    """Comments (and string/char literal contents) -> spaces, keeping every newline, so offsets map to lines."""
+def _strip_comments(text: str, blank_strings: bool = True) -> str:
+    """Comments (and, if blank_strings, string/char literal contents) -> spaces, keeping every newline, so offsets
+    map to lines."""
     out = []
     i, n = 0, len(text)
     while i < n:
@@ -180,7 +185,8 @@ def _strip_comments(text: str) -> str:
             while j < n and text[j] != c and text[j] != "\n":
                 j += 2 if text[j] == "\\" else 1
             j = min(j + 1, n)
-            out.append(c + re.sub(r"[^\n]", " ", text[i + 1:j - 1]) + (text[j - 1] if j - 1 > i else ""))
+            body = text[i + 1:j - 1]
+            out.append(c + (re.sub(r"[^\n]", " ", body) if blank_strings else body) + (text[j - 1] if j - 1 > i else ""))
             i = j
         else:
             out.append(c)
@@ -273,8 +279,8 @@ def _includes_barrier(path: Path, search: list[Path], seen: set[Path]) -> bool:
     if path in seen:
         return False
     seen.add(path)
-    text = _strip_comments(path.read_text())
-    if _BARRIER.search(text):
+    text = _strip_comments(path.read_text(), blank_strings=False)
+    if _BARRIER.search(_strip_comments(text)):
         return True
     for inc in _INCLUDE.findall(text):
         for d in [path.parent, *search]:
@@ -484,6 +490,7 @@ def content_hash(units: Iterable[GeneratedUnit], extra: Iterable[str | Path] = (
     for d in (root / "tools" / "msl_emu", root / "csrc" / "shared", root / "csrc" / "emulated",
               root / "metal_kernels"):
         files.update(p for p in d.rglob("*") if p.is_file() and not p.name.startswith("."))
+    files.add(Path(__file__).resolve())
     files.update(Path(e) for e in extra)
     for f in sorted(files):
         h.update(str(f).encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
