@@ -496,6 +496,9 @@ struct TfmoEmuStream {
   TfmoEmuCommandBuffer* open_cb = nullptr;
   std::vector<TfmoEmuCommandBuffer*> cb_pool;  // recycled command buffers (handles stay valid memory)
   std::vector<std::unique_ptr<TfmoEmuCommandBuffer>> cb_owned;
+  // Buffers committed inside the current queue_sync (the worker is parked at its gate): they run first when the
+  // gate opens, or inline, before the buffer of a commit_and_wait inside the same queue_sync.
+  std::vector<TfmoEmuCommandBuffer*> session_commits;
   bool failed = false;
   std::string error;
   StreamStats stats;
@@ -609,6 +612,8 @@ TfmoEmuStream* CheckStream(TfmoEmuStream* s) {
   return s != nullptr && s->magic == TFMO_EMU_STREAM_MAGIC ? s : nullptr;
 }
 
+std::unique_ptr<Item> CommandBufferItem(TfmoEmuStream* s, TfmoEmuCommandBuffer* cb);
+
 // --- TfmoEmuStreamApi ---------------------------------------------------------------------------------------------
 void ApiQueueSync(TfmoEmuStream* s, void (*fn)(void* arg), void* arg) {
   if (CheckStream(s) == nullptr || fn == nullptr) return;
@@ -646,8 +651,15 @@ void ApiQueueSync(TfmoEmuStream* s, void (*fn)(void* arg), void* arg) {
   fn(arg);
   tls_queue_sync_stream = saved;
   {
+    // Buffers committed during fn go first, in commit order, right behind the gate (nothing ran in between).
     std::lock_guard<std::mutex> l(s->mu);
     ++s->stats.queue_syncs;
+    std::vector<TfmoEmuCommandBuffer*> commits;
+    commits.swap(s->session_commits);
+    for (size_t i = commits.size(); i-- > 0;) {
+      s->fifo.push_front(CommandBufferItem(s, commits[i]));
+      ++s->enqueued;
+    }
   }
   std::lock_guard<std::mutex> l(gate->mu);
   gate->released = true;
@@ -701,6 +713,15 @@ TfmoEmuCommandBuffer* TakeOpenLocked(TfmoEmuStream* s) {
   return cb;
 }
 
+std::unique_ptr<Item> CommandBufferItem(TfmoEmuStream* s, TfmoEmuCommandBuffer* cb) {
+  return MakeItem(false, [s, cb]() -> std::string {
+    std::string err = RunCommandBuffer(s, cb);
+    std::lock_guard<std::mutex> l(s->mu);
+    RecycleLocked(s, cb);
+    return err.empty() ? "" : "command buffer failed: " + err;
+  });
+}
+
 void ApiCommit(TfmoEmuStream* s) {
   if (CheckStream(s) == nullptr) return;
   TfmoEmuCommandBuffer* cb;
@@ -712,13 +733,30 @@ void ApiCommit(TfmoEmuStream* s) {
       RecycleLocked(s, cb);
       return;
     }
+    if (tls_queue_sync_stream == s) {  // the FIFO is parked behind this thread's gate: keep commit order
+      s->session_commits.push_back(cb);
+      return;
+    }
   }
-  Enqueue(s, MakeItem(false, [s, cb]() -> std::string {
-            std::string err = RunCommandBuffer(s, cb);
-            std::lock_guard<std::mutex> l(s->mu);
-            RecycleLocked(s, cb);
-            return err.empty() ? "" : "command buffer failed: " + err;
-          }));
+  Enqueue(s, CommandBufferItem(s, cb));
+}
+
+// Runs a command buffer on the thread that owns the queue, accounted as one stream item.
+std::string RunInline(TfmoEmuStream* s, TfmoEmuCommandBuffer* cb) {
+  std::string err = RunCommandBuffer(s, cb);
+  std::lock_guard<std::mutex> l(s->mu);
+  RecycleLocked(s, cb);
+  ++s->enqueued;
+  ++s->completed;
+  ++s->stats.items_run;
+  if (!err.empty()) {
+    ++s->stats.item_failures;
+    if (!s->failed) {
+      s->failed = true;
+      s->error = "command buffer failed: " + err;
+    }
+  }
+  return err;
 }
 
 int ApiCommitAndWait(TfmoEmuStream* s, char* error, size_t error_len) {
@@ -736,21 +774,16 @@ int ApiCommitAndWait(TfmoEmuStream* s, char* error, size_t error_len) {
   if (tls_queue_sync_stream == s || tls_running_stream == s) {
     // Inside queue_sync (the worker is parked at this thread's gate) or on the worker itself: everything enqueued
     // before has run and nothing else can run, so the buffer runs here, in order.
-    if (cb != nullptr) {
-      err = RunCommandBuffer(s, cb);
+    std::vector<TfmoEmuCommandBuffer*> earlier;
+    {
       std::lock_guard<std::mutex> l(s->mu);
-      RecycleLocked(s, cb);
-      ++s->enqueued;
-      ++s->completed;
-      ++s->stats.items_run;
-      if (!err.empty()) {
-        ++s->stats.item_failures;
-        if (!s->failed) {
-          s->failed = true;
-          s->error = "command buffer failed: " + err;
-        }
-      }
+      earlier.swap(s->session_commits);
     }
+    for (TfmoEmuCommandBuffer* e : earlier) {  // committed earlier in this queue_sync: they run first
+      std::string e_err = RunInline(s, e);
+      if (!e_err.empty()) LogError("stream " + std::to_string(s->id) + ": command buffer failed: " + e_err);
+    }
+    if (cb != nullptr) err = RunInline(s, cb);
   } else {
     // From a thread that does not own the queue: enqueue (after everything before) and wait for it.
     if (cb == nullptr) {
