@@ -132,10 +132,12 @@ class GeneratedUnit:
 
 # ---- repository layout ---------------------------------------------------------------------------------------
 def source_root() -> Path:
-    """The directory holding tools/msl_emu, csrc and metal_kernels (a source checkout; TFMO_SOURCE_ROOT overrides)."""
+    """The directory holding tools/msl_emu, csrc and metal_kernels: $TFMO_SOURCE_ROOT, else the installed package's
+    data (tf_metal_ops/_sources), else the source checkout this file is in."""
     env = os.environ.get("TFMO_SOURCE_ROOT")
     candidates = [Path(env)] if env else []
-    candidates.append(Path(__file__).resolve().parents[2])
+    pkg = Path(__file__).resolve().parents[1]
+    candidates += [pkg / "_sources", pkg.parent]
     for c in candidates:
         if (c / "tools" / "msl_emu" / "include" / "metal_stdlib").is_file() and (c / "csrc" / "emulated").is_dir():
             return c
@@ -479,10 +481,10 @@ def generate(metal_files: Iterable[str | Path], out_dir: str | Path, *, root: Pa
     return units
 
 
-def content_hash(units: Iterable[GeneratedUnit], extra: Iterable[str | Path] = ()) -> str:
+def content_hash(units: Iterable[GeneratedUnit], extra: Iterable[str | Path] = (), *, root: Path | None = None) -> str:
     """Hash of the generated sources, staged files and every file their build can read (for build caches)."""
     h = hashlib.sha256()
-    root = source_root()
+    root = root or source_root()
     files: set[Path] = set()
     for u in units:
         files.update((u.source, u.staged, u.metal_file))
