@@ -104,8 +104,9 @@ class BuildPy(build_py):
         for pattern in EMULATED_GPU_SOURCES:
             for src in glob.glob(os.path.join(ROOT, pattern), recursive=True):
                 if os.path.isfile(src) and "__pycache__" not in src:
-                    rel = os.path.relpath(src, ROOT)
-                    self.copy_file(src, os.path.join(target, rel), preserve_mode=False)
+                    dst = os.path.join(target, os.path.relpath(src, ROOT))
+                    self.mkpath(os.path.dirname(dst))
+                    self.copy_file(src, dst, preserve_mode=False)
 
 
 def extension():
