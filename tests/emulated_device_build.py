@@ -103,11 +103,12 @@ def _compile(cxx: str, args: Sequence[str], sources: Sequence[Path], name: str, 
     return target
 
 
-def build_plugin(cxx: str | None = None, out_dir: Path | None = None) -> Path:
-    """Compiles the plugin (warnings are errors; any compiler output fails the build); returns the .so path."""
+def build_plugin(cxx: str | None = None, out_dir: Path | None = None, extra_flags: Sequence[str] = ()) -> Path:
+    """Compiles the plugin (warnings are errors; any compiler output fails the build); returns the .so path.
+    extra_flags: e.g. ("-g", "-fsanitize=thread") for a sanitizer build (the native test then needs the same)."""
     cxx = cxx or find_compiler()
     include, libdir = _tf()
-    args = [*PLUGIN_FLAGS, f"-I{include}", str(PLUGIN_SOURCE), f"-L{libdir}", "-l:libtensorflow_framework.so.2",
+    args = [*PLUGIN_FLAGS, *extra_flags, f"-I{include}", str(PLUGIN_SOURCE), f"-L{libdir}", "-l:libtensorflow_framework.so.2",
             "-lpthread"]
     return _compile(cxx, args, [PLUGIN_SOURCE], f"tfmo_emu_device_{Path(cxx).name}", out_dir, suffix=".so")
 

@@ -52,6 +52,18 @@ def test_native_scenario(plugin, native_test, scenario):
     _check(run, f"PASS {scenario}")
 
 
+def test_native_scenarios_under_thread_sanitizer(clang16, tmp_path):
+    flags = ("-g", "-fsanitize=thread")
+    so = edb.build_plugin(clang16, extra_flags=flags)
+    exe = edb.build_native_test(clang16, extra_flags=flags)
+    for scenario in ["ordering", "failure", "deferred_free", "events"]:
+        run = subprocess.run([str(exe), str(so), scenario], capture_output=True, text=True, timeout=TIMEOUT,
+                             env={"TF_METAL_OPS_EMU_MEMORY_MB": "64", "TF_CPP_MIN_LOG_LEVEL": "2",
+                                  "TSAN_OPTIONS": "halt_on_error=1", "PATH": "/usr/bin:/bin"})
+        _check(run, f"PASS {scenario}")
+        assert "WARNING: ThreadSanitizer" not in run.stderr, run.stderr[-6000:]
+
+
 # --- inside TensorFlow -------------------------------------------------------------------------------------------------
 STATS = """
 import ctypes, json

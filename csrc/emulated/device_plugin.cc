@@ -476,6 +476,41 @@ struct Item {
 };
 }  // namespace
 
+// What a queue_sync enqueues: the worker parks here while the caller runs fn, and runs the tasks the caller posts
+// (commit_and_wait inside fn), so that work always runs on the stream's own thread.
+struct TfmoEmuSyncGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool reached = false, released = false;
+  std::deque<std::function<void()>> tasks;
+  uint64_t posted = 0, done = 0;
+
+  void ParkWorker() {
+    std::unique_lock<std::mutex> l(mu);
+    reached = true;
+    cv.notify_all();
+    for (;;) {
+      cv.wait(l, [&] { return released || !tasks.empty(); });
+      if (tasks.empty()) return;
+      std::function<void()> task = std::move(tasks.front());
+      tasks.pop_front();
+      l.unlock();
+      task();
+      l.lock();
+      ++done;
+      cv.notify_all();
+    }
+  }
+  // Called by the queue_sync owner: runs task on the parked worker and waits for it.
+  void RunOnWorker(std::function<void()> task) {
+    std::unique_lock<std::mutex> l(mu);
+    tasks.push_back(std::move(task));
+    uint64_t ticket = ++posted;
+    cv.notify_all();
+    cv.wait(l, [&] { return done >= ticket; });
+  }
+};
+
 struct TfmoEmuCommandBuffer {
   TfmoEmuStream* stream = nullptr;
   std::vector<EncodedWork> works;
@@ -499,6 +534,7 @@ struct TfmoEmuStream {
   // Buffers committed inside the current queue_sync (the worker is parked at its gate): they run first when the
   // gate opens, or inline, before the buffer of a commit_and_wait inside the same queue_sync.
   std::vector<TfmoEmuCommandBuffer*> session_commits;
+  std::shared_ptr<TfmoEmuSyncGate> session_gate;  // the gate of the current queue_sync (its owner's use only)
   bool failed = false;
   std::string error;
   StreamStats stats;
@@ -628,17 +664,9 @@ void ApiQueueSync(TfmoEmuStream* s, void (*fn)(void* arg), void* arg) {
     fn(arg);
     return;
   }
-  struct Gate {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool reached = false, released = false;
-  };
-  auto gate = std::make_shared<Gate>();
+  auto gate = std::make_shared<TfmoEmuSyncGate>();
   Enqueue(s, MakeItem(false, [gate]() -> std::string {
-            std::unique_lock<std::mutex> l(gate->mu);
-            gate->reached = true;
-            gate->cv.notify_all();
-            gate->cv.wait(l, [&] { return gate->released; });
+            gate->ParkWorker();
             return "";
           }));
   {
@@ -648,11 +676,16 @@ void ApiQueueSync(TfmoEmuStream* s, void (*fn)(void* arg), void* arg) {
   // The worker is parked at the gate: this thread owns the queue, after everything enqueued before.
   TfmoEmuStream* saved = tls_queue_sync_stream;
   tls_queue_sync_stream = s;
+  {
+    std::lock_guard<std::mutex> l(s->mu);
+    s->session_gate = gate;
+  }
   fn(arg);
   tls_queue_sync_stream = saved;
   {
     // Buffers committed during fn go first, in commit order, right behind the gate (nothing ran in between).
     std::lock_guard<std::mutex> l(s->mu);
+    s->session_gate.reset();
     ++s->stats.queue_syncs;
     std::vector<TfmoEmuCommandBuffer*> commits;
     commits.swap(s->session_commits);
@@ -773,17 +806,29 @@ int ApiCommitAndWait(TfmoEmuStream* s, char* error, size_t error_len) {
   std::string err;
   if (tls_queue_sync_stream == s || tls_running_stream == s) {
     // Inside queue_sync (the worker is parked at this thread's gate) or on the worker itself: everything enqueued
-    // before has run and nothing else can run, so the buffer runs here, in order.
-    std::vector<TfmoEmuCommandBuffer*> earlier;
-    {
+    // before has run and nothing else can run, so the buffers run now, in commit order, on the stream's thread.
+    auto run = [&] {
+      std::vector<TfmoEmuCommandBuffer*> earlier;
+      {
+        std::lock_guard<std::mutex> l(s->mu);
+        earlier.swap(s->session_commits);
+      }
+      for (TfmoEmuCommandBuffer* e : earlier) {  // committed earlier in this queue_sync: they run first
+        std::string e_err = RunInline(s, e);
+        if (!e_err.empty()) LogError("stream " + std::to_string(s->id) + ": command buffer failed: " + e_err);
+      }
+      if (cb != nullptr) err = RunInline(s, cb);
+    };
+    std::shared_ptr<TfmoEmuSyncGate> gate;
+    if (tls_queue_sync_stream == s) {
       std::lock_guard<std::mutex> l(s->mu);
-      earlier.swap(s->session_commits);
+      gate = s->session_gate;
     }
-    for (TfmoEmuCommandBuffer* e : earlier) {  // committed earlier in this queue_sync: they run first
-      std::string e_err = RunInline(s, e);
-      if (!e_err.empty()) LogError("stream " + std::to_string(s->id) + ": command buffer failed: " + e_err);
+    if (gate != nullptr && tls_running_stream != s) {
+      gate->RunOnWorker(run);  // on the stream's own thread, parked at this queue_sync's gate
+    } else {
+      run();  // already on the stream's thread (re-entrant use from work)
     }
-    if (cb != nullptr) err = RunInline(s, cb);
   } else {
     // From a thread that does not own the queue: enqueue (after everything before) and wait for it.
     if (cb == nullptr) {

@@ -508,7 +508,9 @@ void ScenarioOrdering(Plugin* p) {
   });
   TestWork w_read;
   float seen = 0;
+  pthread_t worker_thread{};
   w_read.fn = [&](TfmoEmuStream* st, char* e, size_t n) {
+    worker_thread = pthread_self();
     void* hp = h->api->map(st, d, 64, e, n);
     if (hp == nullptr) return 1;
     memcpy(&seen, hp, 4);
@@ -537,7 +539,12 @@ void ScenarioOrdering(Plugin* p) {
   // 2. commit_and_wait inside queue_sync: work ran when it returns, in order, after earlier async commits.
   TestWork a, b, c;
   a.fn = [&](TfmoEmuStream*, char*, size_t) { log.Add("a"); return 0; };
-  b.fn = [&](TfmoEmuStream*, char*, size_t) { log.Add("b"); return 0; };
+  std::atomic<bool> b_on_worker{false};
+  b.fn = [&](TfmoEmuStream*, char*, size_t) {
+    b_on_worker = pthread_equal(pthread_self(), worker_thread) && !pthread_equal(pthread_self(), caller);
+    log.Add("b");
+    return 0;
+  };
   c.fn = [&](TfmoEmuStream*, char*, size_t) { log.Add("c"); return 0; };
   QueueSync(h, [&] {
     h->api->encode(h->api->current_command_buffer(h->self), a.Make());
@@ -552,6 +559,7 @@ void ScenarioOrdering(Plugin* p) {
     // commit_and_wait with nothing encoded returns at once
     CHECK(h->api->commit_and_wait(h->self, e, sizeof e) == 0);
   });
+  CHECK(b_on_worker);  // work runs on the stream's own thread, also under commit_and_wait inside queue_sync
   CHECK(a.runs == 1 && a.releases == 1 && b.runs == 1 && b.releases == 1 && c.runs == 1 && c.releases == 1);
 
   // 3. commit_and_wait from a thread outside queue_sync waits for the buffer and everything before it.
