@@ -1443,6 +1443,9 @@ TFMO_EXPORT const char* tfmo_emu_device_stats(void) {
   return out.c_str();
 }
 
+// Waits until every stream has run everything enqueued so far (tf_metal_ops.emulated_gpu.synchronize()).
+TFMO_EXPORT void tfmo_emu_device_synchronize(void) { SeSynchronizeAllActivity(nullptr, nullptr); }
+
 // Waits for every stream to drain, then returns how many allocations are still not freed (live or deferred),
 // listing up to 20 of them on stderr.
 TFMO_EXPORT int64_t tfmo_emu_device_check_leaks(void) {

@@ -240,8 +240,16 @@ def _handle(which: str) -> ctypes.CDLL:
     return lib
 
 
-def dispatch_counts() -> dict[str, int]:
-    """Kernel name -> number of dispatches the emulated GPU ran in this process (the GPU path really ran)."""
+def synchronize() -> None:
+    """Waits until the device has run everything enqueued so far (ops return before their kernels ran)."""
+    _handle("device").tfmo_emu_device_synchronize()
+
+
+def dispatch_counts(sync: bool = True) -> dict[str, int]:
+    """Kernel name -> number of dispatches the emulated GPU ran in this process (the GPU path really ran).
+    Synchronises first unless sync=False: kernels run asynchronously on the device's streams."""
+    if sync:
+        synchronize()
     lib = _handle("kernels")
     lib.tfmo_emu_dispatch_counts.restype = ctypes.c_char_p
     return json.loads(lib.tfmo_emu_dispatch_counts().decode())

@@ -1,0 +1,407 @@
+"""Checks of the GPU code path on the Metal-emulating device, run in a subprocess by tests/test_emulated_gpu.py:
+
+    TF_METAL_OPS_EMULATED_GPU=1 python tests/emulated_gpu_checks.py CHECK [SEED]
+
+Each check compares the ops on /GPU:0 (the package's GPU host code + the unchanged Metal kernels, emulated) with
+the same ops on /CPU:0, and asserts that the GPU kernels really ran (the emulated backend's dispatch counters and
+the result's device). Exit status 0 and a last line "ok CHECK ..." on success; an AssertionError otherwise.
+
+Tolerances: forward passes and d/dpositions compute the same float32 expressions in the same order as the CPU
+kernels (rtol 1e-5, atol 1e-6; float16 outputs within 1e-3 relative); d/dparams sums with float atomics in an
+order that differs from the CPU's point order (rtol 1e-4, atol 1e-5; float16 tables 2e-3).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+os.environ.setdefault("TF_METAL_OPS_EMULATED_GPU", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tf_metal_ops as t  # noqa: E402
+from tf_metal_ops import emulated_gpu  # noqa: E402
+from tf_metal_ops.hash_grid import HashGridConfig  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_positions  # noqa: E402
+
+GPU, CPU = "/GPU:0", "/CPU:0"
+
+
+class Dispatches:
+    """Counts the emulated GPU's kernel dispatches made inside the block."""
+
+    def __enter__(self):
+        self.before = emulated_gpu.dispatch_counts()
+        return self
+
+    def __exit__(self, *exc):
+        after = emulated_gpu.dispatch_counts()
+        self.delta = {k: v - self.before.get(k, 0) for k, v in after.items() if v - self.before.get(k, 0)}
+
+    def require(self, *kernels):
+        for k in kernels:
+            assert self.delta.get(k, 0) > 0, f"kernel {k} did not run on the emulated GPU (ran: {self.delta})"
+
+
+def close(a, b, rtol, atol, what):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    assert a.shape == b.shape, f"{what}: shapes {a.shape} vs {b.shape}"
+    bad = ~np.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+    assert not bad.any(), f"{what}: {bad.sum()} of {a.size} differ, max |diff| {np.nanmax(np.abs(a - b)):.3g}"
+
+
+def on_gpu(x):
+    assert x.device.endswith("GPU:0"), f"result on {x.device}, not on the emulated GPU"
+
+
+# ---- hash grid -------------------------------------------------------------------------------------------------
+def hash_grid_run(device, cfg, x, p, dy, max_level):
+    with tf.device(device):
+        xv, pv, dyv = tf.constant(x), tf.constant(p), tf.constant(dy)
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch([xv, pv])
+            y = t.hash_grid_encode(xv, pv, max_level=max_level, **cfg.op_kwargs())
+        gp, gx = tape.gradient(y, [pv, xv], output_gradients=dyv)
+    return y, gp, gx
+
+
+def random_hash_grid_case(rng, d, grid_type, interpolation, dtype):
+    while True:
+        try:
+            cfg = HashGridConfig(
+                d, n_levels=int(rng.integers(1, 7)), n_features_per_level=int(rng.choice([1, 2, 4, 8])),
+                log2_hashmap_size=int(rng.integers(3, 12)), base_resolution=int(rng.integers(1, 12)),
+                per_level_scale=float(rng.uniform(1.0, 2.0)), grid_type=grid_type, interpolation=interpolation)
+        except ValueError:
+            continue
+        if cfg.total_entries <= 150_000:
+            break
+    n = int(rng.choice([1, 63, 65, 300]))
+    x = random_positions(rng, n, d)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(dtype)
+    dy = rng.standard_normal((n, cfg.n_output_dims)).astype(dtype)
+    kind = rng.integers(0, 3)  # max_level as int, float, tensor
+    if kind == 0:
+        max_level = int(rng.integers(0, cfg.n_levels + 1))
+    elif kind == 1:
+        max_level = float(rng.uniform(0, 1.2))
+    else:
+        max_level = tf.constant(float(rng.uniform(0, 1.2)), tf.float32)
+    return cfg, x, p, dy, max_level
+
+
+def check_hash_grid(seed):
+    rng = np.random.default_rng(seed)
+    cases = 0
+    for d in (1, 2, 3, 4):
+        for grid_type in GRID_TYPES:
+            for interpolation in INTERPOLATIONS:
+                for dtype in (np.float32, np.float16):
+                    cfg, x, p, dy, max_level = random_hash_grid_case(rng, d, grid_type, interpolation, dtype)
+                    what = f"D={d} {grid_type} {interpolation} {np.dtype(dtype).name} levels={cfg.n_levels} " \
+                           f"F={cfg.n_features_per_level} N={x.shape[0]} max_level={max_level!r}"
+                    suffix = "float16" if dtype == np.float16 else "float32"
+                    with Dispatches() as ran:
+                        yg, gpg, gxg = hash_grid_run(GPU, cfg, x, p, dy, max_level)
+                    ran.require(f"hash_grid_encode_{suffix}", "hash_grid_fill_zero", f"hash_grid_grad_positions_{suffix}")
+                    if dtype == np.float16:
+                        ran.require("hash_grid_float_to_half")
+                    for v in (yg, gpg, gxg):
+                        on_gpu(v)
+                    yc, gpc, gxc = hash_grid_run(CPU, cfg, x, p, dy, max_level)
+                    f16 = dtype == np.float16
+                    close(yg, yc, 1e-3 if f16 else 1e-5, 1e-3 if f16 else 1e-6, "forward " + what)
+                    close(gpg, gpc, 2e-3 if f16 else 1e-4, 2e-3 if f16 else 1e-5, "d/dparams " + what)
+                    close(gxg, gxc, 1e-4 if f16 else 1e-5, 1e-4 if f16 else 1e-5, "d/dpositions " + what)
+                    cases += 1
+    # Hashed levels really occur (the finest level of a fine grid with a small table).
+    cfg = HashGridConfig(3, n_levels=4, log2_hashmap_size=6, base_resolution=8, per_level_scale=2.0)
+    assert any(cfg.layout().hashed), cfg.layout()
+    x = random_positions(rng, 500, 3)
+    for dtype in (np.float32, np.float16):
+        p = rng.uniform(-1, 1, cfg.params_shape).astype(dtype)
+        dy = rng.standard_normal((500, cfg.n_output_dims)).astype(dtype)
+        g = hash_grid_run(GPU, cfg, x, p, dy, 4)
+        c = hash_grid_run(CPU, cfg, x, p, dy, 4)
+        for a, b, what in zip(g, c, ("forward", "d/dparams", "d/dpositions")):
+            close(a, b, 2e-3, 2e-3, f"hashed {what} {np.dtype(dtype).name}")
+        cases += 1
+    return f"{cases} configurations"
+
+
+def check_hash_grid_edges(seed):
+    """Empty batches, NaN/inf positions (documented: clamped, NaN -> 0, zero gradient), errors on the GPU."""
+    cfg = HashGridConfig(3, n_levels=4, log2_hashmap_size=8, base_resolution=4, per_level_scale=1.5)
+    rng = np.random.default_rng(seed)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    for n in (0,):
+        x = np.zeros((n, 3), np.float32)
+        y, gp, gx = hash_grid_run(GPU, cfg, x, p, np.zeros((n, cfg.n_output_dims), np.float32), 4)
+        assert y.shape == (0, cfg.n_output_dims) and gx.shape == (0, 3)
+        assert not np.asarray(gp).any(), "empty batch: the table gradient must be all zeros"
+    x = np.array([[np.nan, 0.5, 0.5], [np.inf, -np.inf, 0.2], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]], np.float32)
+    dy = rng.standard_normal((4, cfg.n_output_dims)).astype(np.float32)
+    yg, _, gxg = hash_grid_run(GPU, cfg, x, p, dy, 4)
+    clamped = np.array([[0.0, 0.5, 0.5], [1.0, 0.0, 0.2], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]], np.float32)
+    yc = hash_grid_run(CPU, cfg, clamped, p, dy, 4)[0]
+    close(yg, yc, 1e-6, 1e-6, "NaN/inf positions are clamped like [0,1] positions")
+    gxg = np.asarray(gxg)
+    assert np.all(np.isfinite(gxg)) and gxg[0, 0] == 0 and gxg[1, 0] == 0 and gxg[1, 1] == 0, gxg
+    with tf.device(GPU):
+        try:
+            from tf_metal_ops._library import ops  # the raw op: the kernel validates, not the wrapper
+
+            ops().hash_grid_encode(tf.constant(x), tf.constant(p[:-8]), tf.constant(4), **cfg.op_kwargs())
+        except tf.errors.InvalidArgumentError as e:
+            assert "rows" in str(e), e
+        else:
+            raise AssertionError("a table of the wrong size must fail on the GPU too")
+    return "empty, NaN/inf, wrong table size"
+
+
+# ---- rendering ----------------------------------------------------------------------------------------------------
+def render_case(rng, r, s, c):
+    sigma = rng.gamma(1.0, 2.0, (r, s)).astype(np.float32)
+    rgb = rng.random((r, s, c), dtype=np.float32)
+    tt = np.sort(rng.uniform(2.0, 6.0, (r, s + 1)), axis=1).astype(np.float32)
+    return sigma, rgb, tt
+
+
+def volume_render_run(device, sigma, rgb, tt, bg, threshold):
+    with tf.device(device):
+        args = [tf.constant(v) for v in (sigma, rgb, tt)]
+        bgv = None if bg is None else tf.constant(bg)
+        watched = args + ([bgv] if bgv is not None else [])
+        with tf.GradientTape() as tape:
+            tape.watch(watched)
+            out = t.volume_render(*args, bgv, termination_threshold=threshold)
+            loss = (tf.reduce_sum(out.color ** 2) + tf.reduce_sum(out.depth) + tf.reduce_sum(out.opacity * 0.5)
+                    + tf.reduce_sum(out.weights ** 2))
+        grads = tape.gradient(loss, watched)
+    return [*out, *grads]
+
+
+def check_volume_render(seed):
+    rng = np.random.default_rng(seed)
+    cases = 0
+    for r, s, c in ((1, 1, 1), (37, 16, 3), (300, 64, 4)):
+        sigma, rgb, tt = render_case(rng, r, s, c)
+        backgrounds = {"none": None, "shared": rng.random(c, dtype=np.float32),
+                       "per-ray": rng.random((r, c), dtype=np.float32)}
+        for name, bg in backgrounds.items():
+            for threshold in (0.0, 1e-2):
+                with Dispatches() as ran:
+                    g = volume_render_run(GPU, sigma, rgb, tt, bg, threshold)
+                ran.require("volume_render_forward", "volume_render_backward")
+                for i, v in enumerate(g[:7]):  # outputs, d/d(densities, colours, t); a shared background's
+                    # gradient is summed over rays by a standard TF op, which the CPU wheel has only on the CPU
+                    assert v.device.endswith("GPU:0"), f"volume_render output/grad {i} R={r} S={s} bg={name} on {v.device}"
+                cpu = volume_render_run(CPU, sigma, rgb, tt, bg, threshold)
+                for i, (a, b) in enumerate(zip(g, cpu)):
+                    close(a, b, 1e-5, 1e-5, f"volume_render output/grad {i} R={r} S={s} C={c} bg={name} thr={threshold}")
+                cases += 1
+    # Empty work: no rays, no samples.
+    for r, s in ((0, 8), (5, 0)):
+        sigma, rgb, tt = render_case(rng, r, s, 3)
+        g = volume_render_run(GPU, sigma, rgb, tt, np.ones(3, np.float32), 0.0)
+        cpu = volume_render_run(CPU, sigma, rgb, tt, np.ones(3, np.float32), 0.0)
+        for a, b in zip(g, cpu):
+            close(a, b, 0, 0, f"volume_render R={r} S={s}")
+    # Invalid rays: the GPU cannot fail the op, so the documented policy is NaN outputs for that ray (the CPU raises).
+    sigma, rgb, tt = render_case(rng, 4, 8, 3)
+    sigma[1, 3] = -1.0
+    tt[2, [4, 5]] = tt[2, [5, 4]]
+    g = volume_render_run(GPU, sigma, rgb, tt, None, 0.0)
+    color = np.asarray(g[0])
+    assert np.isnan(color[1]).all() and np.isnan(color[2]).all(), color
+    assert np.isfinite(color[[0, 3]]).all(), color
+    try:
+        volume_render_run(CPU, sigma, rgb, tt, None, 0.0)
+    except tf.errors.InvalidArgumentError:
+        pass
+    else:
+        raise AssertionError("the CPU kernel must reject negative densities / unsorted t")
+    return f"{cases} configurations, empty work, invalid rays"
+
+
+def check_distortion_loss(seed):
+    rng = np.random.default_rng(seed)
+    for r, s in ((1, 1), (64, 33), (0, 4), (3, 0)):
+        sigma, _, tt = render_case(rng, r, s, 1)
+        w = (sigma / np.maximum(sigma.sum(axis=1, keepdims=True), 1e-6)).astype(np.float32)
+        res = {}
+        for device in (GPU, CPU):
+            with tf.device(device):
+                wv, tv = tf.constant(w), tf.constant(tt)
+                with tf.GradientTape() as tape:
+                    tape.watch([wv, tv])
+                    loss = t.distortion_loss(wv, tv)
+                res[device] = [loss, *tape.gradient(loss, [wv, tv])]
+        if r and s:
+            for v in res[GPU]:
+                on_gpu(v)
+        for i, (a, b) in enumerate(zip(res[GPU], res[CPU])):
+            close(a, b, 1e-5, 1e-6, f"distortion_loss output/grad {i} R={r} S={s}")
+    return "4 shapes"
+
+
+def check_zero_out(seed):
+    rng = np.random.default_rng(seed)
+    for dtype in (np.int32, np.int64, np.float32, np.float16):
+        for shape in ((), (1,), (3, 0), (5000,), (7, 9, 11)):
+            x = (rng.standard_normal(shape) * 100).astype(dtype)
+            with tf.device(GPU):
+                xv = tf.constant(x)
+                with Dispatches() as ran:
+                    y = t.zero_out(xv)
+                g = None
+                if dtype in (np.float32, np.float16):
+                    with tf.GradientTape() as tape:
+                        tape.watch(xv)
+                        z = t.zero_out(xv)
+                    g = tape.gradient(z, xv)
+            want = np.zeros_like(x).reshape(-1)
+            if x.size:
+                want[0] = x.reshape(-1)[0]
+            assert np.array_equal(np.asarray(y).reshape(-1), want), (dtype, shape)
+            # TF keeps int32 (and small int64) tensors in host memory and runs their ops on the CPU.
+            if dtype in (np.float32, np.float16) and x.size > 1:  # (eager keeps a scalar's op on the CPU)
+                on_gpu(y)
+                ran.require(f"zero_out_{ {np.int64: 'int64', np.float32: 'float32', np.float16: 'float16'}[dtype] }")
+            if g is not None and x.size:
+                gw = np.zeros(x.size, dtype)
+                gw[0] = 1
+                assert np.array_equal(np.asarray(g).reshape(-1), gw), (dtype, shape)
+    return "4 dtypes x 5 shapes"
+
+
+# ---- models, saved models, threads ---------------------------------------------------------------------------
+def check_layer_and_savedmodel(seed):
+    import tempfile
+
+    rng = np.random.default_rng(seed)
+    x = rng.random((256, 3), dtype=np.float32)
+    target = np.sin(4 * x).sum(axis=1, keepdims=True).astype(np.float32)
+    with tf.device(CPU):
+        model = tf.keras.Sequential([
+            tf.keras.Input((3,)),
+            t.HashGridEncoding(n_levels=4, log2_hashmap_size=10, base_resolution=4),
+            tf.keras.layers.Dense(1),
+        ])
+        before = model(x).numpy()
+        # Variables stay on the CPU: the CPU wheel has no GPU kernels for variable updates (docs/emulated_gpu.md).
+        model.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss="mse")
+        model.optimizer.build(model.trainable_variables)
+    with tf.device(GPU), Dispatches() as ran:
+        hist = model.fit(x, target, epochs=5, batch_size=64, verbose=0)
+    ran.require("hash_grid_encode_float32", "hash_grid_grad_params_float32")
+    assert hist.history["loss"][-1] < hist.history["loss"][0], hist.history
+    with tf.device(CPU):
+        cpu_out = model(x).numpy()
+    assert not np.allclose(before, cpu_out)
+
+    class Encoder(tf.Module):
+        def __init__(self, layer):
+            self.layer = layer
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+        def __call__(self, x):
+            return self.layer(x)
+
+    module = Encoder(model.layers[0])
+    with tempfile.TemporaryDirectory() as d, tf.device(CPU):
+        tf.saved_model.save(module, d)  # exported on the CPU
+        loaded = tf.saved_model.load(d)
+        with tf.device(GPU), Dispatches() as ran:
+            y = loaded(tf.constant(x))
+        ran.require("hash_grid_encode_float32")
+        close(y, model.layers[0](x), 1e-5, 1e-6, "SavedModel reloaded on the GPU vs the layer on the CPU")
+    return "fit, SavedModel"
+
+
+def check_nerf_steps(seed):
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, repo)
+    from examples.nerf import models
+
+    rng = np.random.default_rng(seed)
+    tf.keras.utils.set_random_seed(seed)
+    with tf.device(CPU):
+        model = models.build_model("hash", n_levels=8, log2_hashmap_size=12, finest_resolution=64, n_samples=16,
+                                   hidden=32)
+    rays_o = np.tile(np.array([[0.0, 0.0, 4.0]], np.float32), (256, 1))
+    dirs = rng.standard_normal((256, 3)).astype(np.float32) * 0.2
+    dirs[:, 2] = -1.0
+    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    target = rng.random((256, 3), dtype=np.float32)
+    opt = tf.keras.optimizers.Adam(1e-2)
+    losses = []
+    with tf.device(GPU), Dispatches() as ran:
+        for _ in range(4):
+            with tf.GradientTape() as tape:
+                out = model(tf.constant(rays_o), tf.constant(dirs), training=True)
+                loss = tf.reduce_mean((out["color"] - target) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            losses.append(float(loss))
+    ran.require("hash_grid_encode_float32", "hash_grid_grad_params_float32", "volume_render_forward",
+                "volume_render_backward")
+    assert losses[-1] < losses[0], losses
+    return f"losses {losses[0]:.4f} -> {losses[-1]:.4f}"
+
+
+def check_threads(seed):
+    """8 threads calling ops on the device at once: every result identical to the single-threaded one."""
+    rng = np.random.default_rng(seed)
+    cfg = HashGridConfig(3, n_levels=6, log2_hashmap_size=10, base_resolution=4, per_level_scale=1.6)
+    x = rng.random((2000, 3), dtype=np.float32)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    sigma, rgb, tt = render_case(rng, 200, 16, 3)
+
+    def work():
+        with tf.device(GPU):
+            y = t.hash_grid_encode(tf.constant(x), tf.constant(p), **cfg.op_kwargs())
+            out = t.volume_render(tf.constant(sigma), tf.constant(rgb), tf.constant(tt))
+            z = t.zero_out(tf.constant(x))
+        return [np.asarray(v) for v in (y, out.color, out.weights, z)]
+
+    want = work()
+    results, errors = [None] * 8, []
+
+    def run(i):
+        try:
+            for _ in range(5):
+                got = work()
+                for a, b in zip(got, want):
+                    assert np.array_equal(a, b)
+            results[i] = True
+        except BaseException as e:  # reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=300)
+    assert not errors, errors
+    assert all(results), results
+    stats = emulated_gpu.device_stats()
+    assert all(s["error"] is None for s in stats["streams"]), stats
+    return "8 threads x 5 rounds"
+
+
+CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
+
+if __name__ == "__main__":
+    name = sys.argv[1]
+    seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    assert emulated_gpu.enabled(), "the emulated GPU is not enabled"
+    summary = CHECKS[name](seed)
+    print(f"ok {name} {summary}")
