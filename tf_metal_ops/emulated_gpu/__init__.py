@@ -36,6 +36,8 @@ ENV_SWITCH = "TF_METAL_OPS_EMULATED_GPU"
 DEVICE_LIBRARY = "libtfmo_emulated_device.so"
 KERNEL_LIBRARY = "libtf_metal_ops_emulated_gpu.so"
 PLATFORM_NAME = "TFMO_EMULATED_METAL"
+COVERAGE_SWITCH = "TF_METAL_OPS_EMU_COVERAGE"  # =1: host code with clang source-based coverage (own cache dir)
+COVERAGE_FLAGS = ["-fprofile-instr-generate", "-fcoverage-mapping"]
 
 
 class EmulatedGPUError(RuntimeError):
@@ -142,7 +144,9 @@ def build(verbose: bool = False) -> dict[str, Path]:
     root = source_root()
     compiler = find_compiler()
     tf_include, tf_lib = _tensorflow_dirs()
-    out = cache_root() / _key(compiler, tf_include, tf_lib, root)
+    coverage = os.environ.get(COVERAGE_SWITCH, "") == "1"  # tools/emulated_gpu_coverage.py
+    cov = COVERAGE_FLAGS if coverage else []
+    out = cache_root() / (_key(compiler, tf_include, tf_lib, root) + ("-coverage" if coverage else ""))
     paths = {"device": out / DEVICE_LIBRARY, "kernels": out / KERNEL_LIBRARY}
     if all(p.is_file() for p in paths.values()):
         return paths
@@ -159,7 +163,7 @@ def build(verbose: bool = False) -> dict[str, Path]:
         emu_includes = [f"-I{d}" for d in glue.include_dirs(root=root)]
         jobs = []  # (source, object, flags)
         for f in src["host"]:
-            jobs.append((f, work / (f.stem + ".o"), ["-std=c++20", *common, *tf_flags]))
+            jobs.append((f, work / (f.stem + ".o"), ["-std=c++20", *common, *tf_flags, *cov]))
         jobs.append((glue.launch_source(root), work / "kernel_launch.o", [*glue.base_flags(), "-O2", *emu_includes]))
         for u in units:
             jobs.append((u.source, work / (u.source.stem + ".o"), [*glue.base_flags(), "-O2", *u.flags]))
@@ -172,7 +176,7 @@ def build(verbose: bool = False) -> dict[str, Path]:
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             list(pool.map(compile_one, jobs))
         objects = [str(o) for _, o, _ in jobs if o.name != "device_plugin.o"]
-        _run([compiler, "-shared", "-o", str(work / KERNEL_LIBRARY), *objects, *link], "linking the GPU kernels")
+        _run([compiler, "-shared", *cov, "-o", str(work / KERNEL_LIBRARY), *objects, *link], "linking the GPU kernels")
         _run([compiler, "-shared", "-o", str(work / DEVICE_LIBRARY), str(work / "device_plugin.o"), *link],
              "linking the device")
         staged = out.with_name(out.name + ".tmp-" + work.name)
@@ -215,7 +219,8 @@ def enable(verbose: bool = True) -> dict[str, str]:
         paths = build(verbose=verbose)
         _library.ops()  # op definitions first: the GPU kernels register for them
         load_library.load_pluggable_device_library(str(paths["device"]))
-        if not tf.config.list_physical_devices("GPU"):
+        # Logical, not physical: a context initialised before the plugin loaded lists the device but never uses it.
+        if not tf.config.list_logical_devices("GPU"):
             raise EmulatedGPUError(
                 "tf_metal_ops: the emulated GPU device loaded but TensorFlow lists no GPU: TensorFlow had already "
                 f"initialised its devices. Set {ENV_SWITCH}=1 before the first TensorFlow op (import tf_metal_ops "
