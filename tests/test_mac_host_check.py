@@ -176,3 +176,35 @@ def test_build_metallib_without_xcrun_returns_false_and_removes_stale_outputs(tm
     assert metal_sources.build_metallib([kernel], FIXTURE_DIRS, str(out)) is False
     assert "xcrun" in capsys.readouterr().out
     assert not out.exists() and not stale3.exists()
+
+
+def test_metallib_build_commands_turn_fast_math_off(tmp_path, monkeypatch):
+    """Both metallib variants are compiled with -fno-fast-math (`xcrun metal` defaults to fast math; the kernels
+    rely on IEEE NaN/inf behaviour). The toolchain is faked: only the commands are checked."""
+    commands = []
+
+    class Done:
+        returncode, stdout = 0, ""
+
+    def fake_run(cmd):
+        commands.append(cmd)
+        return Done()
+
+    monkeypatch.setattr(metal_sources, "_metal_toolchain", lambda: None)
+    monkeypatch.setattr(metal_sources, "_run", fake_run)
+    kernel = os.path.join(FIXTURE, "kernels", "fixture.metal")
+    assert metal_sources.build_metallib([kernel], FIXTURE_DIRS, str(tmp_path / metal_sources.METALLIB_NAME))
+    compiles = [c for c in commands if c[:4] == ["xcrun", "-sdk", "macosx", "metal"]]
+    assert sorted(next(a for a in c if a.startswith("-std=")) for c in compiles) == [
+        "-std=macos-metal2.4", "-std=metal3.0"]
+    for c in compiles:
+        assert "-fno-fast-math" in c and "-ffast-math" not in c, c
+        assert c[c.index("-c") + 1] == kernel
+    assert len([c for c in commands if c[:4] == ["xcrun", "-sdk", "macosx", "metallib"]]) == 2
+
+
+def test_metal_compile_command_flags():
+    cmd = metal_sources.metal_compile_command("k.metal", "k.air", ["inc"], "metal3.0", "13.0")
+    assert cmd[:4] == ["xcrun", "-sdk", "macosx", "metal"]
+    assert {"-std=metal3.0", "-mmacosx-version-min=13.0", "-fno-fast-math"} <= set(cmd)
+    assert cmd[cmd.index("-o") + 1] == "k.air" and cmd[cmd.index("-I") + 1] == "inc"

@@ -10,6 +10,7 @@ Pure Python, no third-party imports; setup.py loads it by path. Functions:
 - ``build_metallib(metal_files, include_dirs, out_path) -> bool``: with Xcode's Metal toolchain, builds
   ``out_path`` (MSL 2.4, macOS 12+) and ``tf_metal_ops.metal3.metallib`` beside it (MSL 3.0, macOS 13+, used on
   Metal 3 GPUs); False, with the reason printed, when the toolchain is missing or the baseline build fails.
+  Compiled with ``-fno-fast-math`` (``METAL_COMPILE_FLAGS``): the kernels rely on IEEE NaN/inf behaviour.
 
 Inlining is textual, like the preprocessor's: headers are searched next to the including file, then in
 ``include_dirs``; ``#line`` markers keep run-time compiler messages pointing at the original files. It does not
@@ -181,15 +182,28 @@ def _metal_toolchain():
     return None
 
 
+# Fast math off: `xcrun metal` compiles with fast math by default, which lets the compiler assume no NaN/inf and
+# reassociate. The kernels rely on IEEE behaviour (NaN positions -> 0 with zero gradient, NaN outputs for invalid
+# rays, exp of large arguments -> inf), and the run-time path (metal_backend.mm) sets fastMathEnabled = NO too, so
+# both library variants and the embedded sources compute the same thing.
+METAL_COMPILE_FLAGS = ["-fno-fast-math"]
+
+
+def metal_compile_command(src, air, include_dirs, std, min_macos):
+    """The `xcrun metal` command that compiles one .metal file to ``air`` (pure; tested on Linux)."""
+    cmd = ["xcrun", "-sdk", "macosx", "metal", "-std=" + std, "-mmacosx-version-min=" + min_macos]
+    cmd += METAL_COMPILE_FLAGS + ["-c", src, "-o", air]
+    for d in include_dirs:
+        cmd += ["-I", d]
+    return cmd
+
+
 def _build_one(metal_files, include_dirs, out_path, std, min_macos, tmp_dir):
     """None on success, else the error text."""
     airs = []
     for i, src in enumerate(metal_files):
         air = os.path.join(tmp_dir, "%d_%s.air" % (i, os.path.splitext(os.path.basename(src))[0]))
-        cmd = ["xcrun", "-sdk", "macosx", "metal", "-std=" + std, "-mmacosx-version-min=" + min_macos, "-c", src,
-               "-o", air]
-        for d in include_dirs:
-            cmd += ["-I", d]
+        cmd = metal_compile_command(src, air, include_dirs, std, min_macos)
         r = _run(cmd)
         if r.returncode != 0:
             return "%s\n%s" % (" ".join(cmd), r.stdout)
