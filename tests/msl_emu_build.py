@@ -3,7 +3,7 @@
 A driver is a C++ file (tests/metal_emu/*_driver.cc) that #includes "harness.h" and then a .metal file, runs
 the kernel with msl_emu::dispatch_threads and writes its outputs (pattern: tools/msl_emu/README.md).
 
-    exe = build_driver("tests/metal_emu/zero_out_driver.cc")            # ASan+UBSan, cached
+    exe = build_driver("tests/metal_emu/hash_grid_driver.cc")           # ASan+UBSan, cached
     out = run_driver(exe, inputs={"x": arr}, outputs={"y": arr.dtype}, scalars={"dtype": "float32"})
     out["y"]                                                             # numpy array
 
