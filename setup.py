@@ -92,19 +92,27 @@ METAL_INCLUDE_DIRS = [_rel("metal_kernels"), _rel("csrc", "shared")]
 
 # What the emulated GPU (tf_metal_ops/emulated_gpu, opt-in) compiles at first use, shipped as package data under
 # tf_metal_ops/_sources/ so that it works from an installed wheel. Our own sources only (no SDK, nothing vendored).
-EMULATED_GPU_SOURCES = ["csrc/**/*.h", "csrc/**/*.cc", "metal_kernels/*.metal", "tools/msl_emu/**/*"]
+EMULATED_GPU_SOURCES = ["csrc/**/*.h", "csrc/**/*.cc", "csrc/**/*.mm", "metal_kernels/*.metal", "tools/msl_emu/**/*",
+                        "tools/metal_sources.py"]
+# The op kit's public headers (tf_metal_ops.extension.get_include()), laid out as under csrc/.
+PUBLIC_HEADERS = ["csrc/common/*.h", "csrc/gpu/*.h", "csrc/shared/*.h", "csrc/emulated/*.h"]
 
 
 class BuildPy(build_py):
-    """build_py that also copies the emulated GPU's sources into the package (tf_metal_ops/_sources/)."""
+    """build_py that also copies the emulated GPU's sources (tf_metal_ops/_sources/) and the op kit's headers
+    (tf_metal_ops/include/) into the package."""
 
     def run(self):
         super().run()
-        target = os.path.join(self.build_lib, "tf_metal_ops", "_sources")
-        for pattern in EMULATED_GPU_SOURCES:
+        pkg = os.path.join(self.build_lib, "tf_metal_ops")
+        self._copy(EMULATED_GPU_SOURCES, ROOT, os.path.join(pkg, "_sources"))
+        self._copy(PUBLIC_HEADERS, os.path.join(ROOT, "csrc"), os.path.join(pkg, "include"))
+
+    def _copy(self, patterns, base, target):
+        for pattern in patterns:
             for src in glob.glob(os.path.join(ROOT, pattern), recursive=True):
                 if os.path.isfile(src) and "__pycache__" not in src:
-                    dst = os.path.join(target, os.path.relpath(src, ROOT))
+                    dst = os.path.join(target, os.path.relpath(src, base))
                     self.mkpath(os.path.dirname(dst))
                     self.copy_file(src, dst, preserve_mode=False)
 
