@@ -263,4 +263,6 @@ def load(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Seque
         emulated_gpu.enable()
     path = build(name, sources, extra_cflags=extra_cflags, extra_ldflags=extra_ldflags,
                  build_directory=build_directory, verbose=verbose)
-    return tf.load_op_library(str(path))
+    module = tf.load_op_library(str(path))
+    module.library_path = str(path)  # e.g. for tf_metal_ops.emulated_gpu.dispatch_counts(library=...)
+    return module

@@ -68,7 +68,8 @@ def main():
     y[::17] += 5.0  # outliers: the robust loss shrugs them off
     with tf.device("/CPU:0"):  # variables on the CPU (see docs/emulated_gpu.md for the emulated GPU)
         model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(3)])
-        model.compile(optimizer=tf.keras.optimizers.Adam(0.05), loss=RobustLoss(epsilon=1e-2))
+        # jit_compile=False: a custom op has no XLA kernel (Keras would otherwise XLA-compile the step on a GPU).
+        model.compile(optimizer=tf.keras.optimizers.Adam(0.05), loss=RobustLoss(epsilon=1e-2), jit_compile=False)
         model.optimizer.build(model.trainable_variables)
     device = "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
     with tf.device(device):

@@ -44,15 +44,15 @@ void GradCpu(void* state, TF_OpKernelContext* ctx) {
   });
 }
 
+// loss has shape [N] (the first dimension of predictions).
 void LossShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   TF_ShapeHandle* in = TF_NewShapeHandle();
+  TF_ShapeHandle* out = TF_NewShapeHandle();
   TF_ShapeInferenceContextGetInput(ctx, 0, in, status);
-  TF_DimensionHandle* rows = TF_NewDimensionHandle();
-  if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextDim(ctx, in, 0, rows);
-  TF_ShapeHandle* out = TF_ShapeInferenceContextVectorFromSize(ctx, rows);
+  if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextWithRank(ctx, in, 2, in, status);
+  if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextSubshape(ctx, in, 0, 1, out, status);
   if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextSetOutput(ctx, 0, out, status);
   TF_DeleteShapeHandle(out);
-  TF_DeleteDimensionHandle(rows);
   TF_DeleteShapeHandle(in);
 }
 
