@@ -10,8 +10,9 @@ kernels of the same ops on the same machine and in the same run. Cases:
   hash_grid_encode fwd        2^16 points, D=3, L=16, F=2, log2 T=19, N_min=16, b=1.5, float32 table;
   hash_grid_encode fwd+bwd    the forward + d/dparams (upstream gradient a constant; positions not watched);
   volume_render fwd+bwd       R=2^14 rays, S=64 samples, C=3, no background: forward + the backward op.
-Each call runs in a tf.function under tf.device(...); the timer stops after tf_metal_ops.emulated_gpu.synchronize()
-(the GPU ops return before their kernels ran) and the result's .numpy() for the CPU. Median of --repeats runs after
+Each call runs in a tf.function under tf.device(...) and returns every output (the forward's too, so the function
+keeps it: the backward ops need only the inputs); the timer stops after tf_metal_ops.emulated_gpu.synchronize()
+(the GPU ops return before their kernels ran) and .numpy() of every output (on both devices). Median of --repeats runs after
 one warm-up run (tracing, pipeline set-up), plus min and max; ratio = emulated median / CPU median.
 
 TensorFlow must see the switch before it initialises its devices, so the measurements run in a subprocess of
@@ -94,7 +95,7 @@ def worker(sizes: dict, repeats: int) -> dict:
             with tf.GradientTape() as tape:
                 tape.watch(v["p"])
                 y = t.hash_grid_encode(v["x"], v["p"], **kw)
-            return tape.gradient(y, v["p"], output_gradients=v["dy"])
+            return y, tape.gradient(y, v["p"], output_gradients=v["dy"])  # y too: else the forward is pruned
 
         @tf.function
         def vr_fwd_bwd():
@@ -102,7 +103,7 @@ def worker(sizes: dict, repeats: int) -> dict:
             with tf.GradientTape() as tape:
                 tape.watch(ins)
                 out = t.volume_render(*ins)
-            return tape.gradient(list(out), ins, output_gradients=[v["gc"], v["gd"], v["go"], v["gw"]])
+            return out, tape.gradient(list(out), ins, output_gradients=[v["gc"], v["gd"], v["go"], v["gw"]])
 
         hg = f"{n} points, D=3, L=16, F=2, log2 T={sizes['log2_hashmap_size']}"
         return {
