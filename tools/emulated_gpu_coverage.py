@@ -1,7 +1,7 @@
 """Line coverage of the backend-neutral GPU host code (csrc/gpu/*) when the tests run it on the emulated GPU.
 
     python tools/emulated_gpu_coverage.py [--min 90] [--tests FILE ...] [--missed] [--json OUT]
-    python tools/emulated_gpu_coverage.py --profdata merged.profdata   # report an earlier run again
+    python tools/emulated_gpu_coverage.py --profdata DIR/merged.profdata --library LIB.so   # report a run again
 
 1. Builds the emulated GPU with TF_METAL_OPS_EMU_COVERAGE=1 (tf_metal_ops.emulated_gpu.build(): the host sources,
    csrc/gpu/*.cc + csrc/common/tfc.cc + csrc/emulated/emu_backend.cc, compiled and the kernel library linked with
@@ -192,13 +192,15 @@ def main(argv=None) -> int:
                     help=f"pytest files, relative to the repo root (default: {' '.join(DEFAULT_TESTS)}, those present)")
     ap.add_argument("--pytest-args", default="", help="extra pytest arguments, e.g. \"-k zero_out\"")
     ap.add_argument("--profdata", help="report this merged profile instead of running the tests")
+    ap.add_argument("--library", help="with --profdata: the kernel library that run loaded (printed by the run); "
+                    "default: build/find the current coverage build, which differs once csrc/ changed")
     ap.add_argument("--keep", help="write the profiles here (default: a new temporary directory, kept)")
     ap.add_argument("--missed", action="store_true", help="list the csrc/gpu lines no test executed")
     ap.add_argument("--json", help="also write the per-file summaries and the total here")
     args = ap.parse_args(argv)
 
     profdata_tool, cov_tool = tool("LLVM_PROFDATA", "llvm-profdata-16"), tool("LLVM_COV", "llvm-cov-16")
-    library = build_coverage_library()
+    library = args.library if args.profdata and args.library else build_coverage_library()
     print(f"kernel library (coverage build): {library}")
     status = 0
     if args.profdata:
