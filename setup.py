@@ -87,6 +87,25 @@ class BuildOpLibrary(build_ext):
         if not ok and os.path.exists(metallib):
             os.remove(metallib)  # a stale one would shadow the embedded sources
 
+    def copy_extensions_to_source(self):
+        """In-place builds (`pip install -e .`, `setup.py build_ext --inplace`): setuptools builds in build_lib and
+        copies only the library back; the metallibs must sit next to it too (the Metal backend looks there), and a
+        stale in-place metallib from an earlier build must go (it would shadow the embedded sources)."""
+        super().copy_extensions_to_source()
+        if not IS_MAC:
+            return
+        built_dir = os.path.dirname(os.path.join(self.build_lib, self.get_ext_filename(self.extensions[0].name)))
+        package_dir = self.get_finalized_command("build_py").get_package_dir("tf_metal_ops")
+        for name in METALLIB_NAMES:
+            built, inplace = os.path.join(built_dir, name), os.path.join(package_dir, name)
+            if os.path.exists(built):
+                self.copy_file(built, inplace, level=self.verbose)
+            elif os.path.exists(inplace):
+                os.remove(inplace)
+
+
+METALLIB_NAMES = ("tf_metal_ops.metallib", "tf_metal_ops.metal3.metallib")  # tools/metal_sources.py builds both
+
 
 METAL_INCLUDE_DIRS = [_rel("metal_kernels"), _rel("csrc", "shared")]
 
@@ -144,7 +163,15 @@ def extension():
         sources += [generated]
         define_macros.append(("TFMO_WITH_METAL", "1"))
         compile_args += ["-mmacosx-version-min=12.0"]
+        # As TF's custom-op guide: link TF's framework library (install name @rpath/libtensorflow_framework.2.dylib)
+        # with an rpath to TF's directory, so dyld finds it even when the library is loaded outside
+        # tf.load_op_library. The rpaths: next to the installed tensorflow package (the usual site-packages layout,
+        # like $ORIGIN on Linux), then the build environment's TF (editable installs and local builds).
+        # -undefined dynamic_lookup stays: symbols TF exports from _pywrap libraries resolve at load time.
+        library_dirs = [tf_lib]
         link_args += [
+            "-ltensorflow_framework.2",
+            "-Wl,-rpath,@loader_path/../tensorflow", "-Wl,-rpath," + tf_lib,
             "-undefined", "dynamic_lookup", "-mmacosx-version-min=12.0",
             "-framework", "Metal", "-framework", "Foundation",
         ]
