@@ -266,3 +266,53 @@ def load(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Seque
     module = tf.load_op_library(str(path))
     module.library_path = str(path)  # e.g. for tf_metal_ops.emulated_gpu.dispatch_counts(library=...)
     return module
+
+
+# ---- packaging: build a user's op library at `pip install` time ----------------------------------------------
+def _setuptools_classes():
+    from setuptools import Extension
+    from setuptools.command.build_ext import build_ext as _build_ext
+
+    class OpLibrary(Extension):
+        """An op library in a user's setup.py: ``OpLibrary("my_pkg.my_ops", sources=[...])`` is built by
+        ``BuildExt`` into ``my_pkg/libmy_ops.so`` (+ a metallib on macOS); load it with
+        ``tf.load_op_library(os.path.join(os.path.dirname(__file__), "libmy_ops.so"))``."""
+
+        def __init__(self, name, sources, extra_cflags=(), extra_ldflags=()):
+            super().__init__(name, sources=[str(s) for s in sources])
+            self.extra_cflags, self.extra_ldflags = list(extra_cflags), list(extra_ldflags)
+
+    class BuildExt(_build_ext):
+        """build_ext that builds OpLibrary extensions with tf_metal_ops.extension.build (same flags, backends
+        and checks as load()) and other extensions as usual. Needs tf_metal_ops and TensorFlow at build time
+        (list both in the package's build-system requires)."""
+
+        def build_extension(self, ext):
+            if not isinstance(ext, OpLibrary):
+                return super().build_extension(ext)
+            short = ext.name.split(".")[-1]
+            lib = build(short, [os.path.abspath(s) for s in ext.sources], extra_cflags=ext.extra_cflags,
+                        extra_ldflags=ext.extra_ldflags, build_directory=os.path.abspath(self.build_temp),
+                        verbose=True)
+            dest_dir = os.path.dirname(self.get_ext_fullpath(ext.name))
+            os.makedirs(dest_dir, exist_ok=True)
+            for f in lib.parent.iterdir():
+                if f.suffix in (".so", ".metallib"):
+                    shutil.copy2(f, os.path.join(dest_dir, f.name))
+
+        def get_ext_filename(self, fullname):
+            ext = next((e for e in self.extensions if e.name == fullname), None)
+            if isinstance(ext, OpLibrary):
+                parts = fullname.split(".")
+                return os.path.join(*parts[:-1], f"lib{parts[-1]}.so")
+            return super().get_ext_filename(fullname)
+
+    return OpLibrary, BuildExt
+
+
+def __getattr__(name):  # OpLibrary / BuildExt import setuptools only when asked for
+    if name in ("OpLibrary", "BuildExt"):
+        OpLibrary, BuildExt = _setuptools_classes()
+        globals().update(OpLibrary=OpLibrary, BuildExt=BuildExt)
+        return globals()[name]
+    raise AttributeError(name)
