@@ -167,10 +167,12 @@ def build(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Sequ
     if kinds["objc"] and not IS_MAC:
         kinds["objc"] = []  # Objective-C++ is macOS-only
     cxx = find_cxx(gpu)
-    flags = [*compile_flags(), "-O2", "-fvisibility=hidden", "-DNDEBUG", *extra_cflags]
-    ldflags = [*link_flags(), *extra_ldflags]
+    # TF_METAL_OPS_EMU_COVERAGE=1 (tools/emulated_gpu_coverage.py): host code instrumented, as the package's own.
+    cov = emulated_gpu.COVERAGE_FLAGS if gpu == "emulated" and os.environ.get(emulated_gpu.COVERAGE_SWITCH) == "1" else []
+    flags = [*compile_flags(), "-O2", "-fvisibility=hidden", "-DNDEBUG", *cov, *extra_cflags]
+    ldflags = [*link_flags(), *cov, *extra_ldflags]
     root = Path(build_directory) if build_directory else Path(emulated_gpu.cache_root()).parent / "extensions"
-    out_dir = root / f"{name}-{_key(name, cxx, gpu, kinds, flags, ldflags)}"
+    out_dir = root / f"{name}-{_key(name, cxx, gpu, kinds, flags, ldflags)}{'-coverage' if cov else ''}"
     lib = out_dir / f"lib{name}.so"
     if lib.is_file():
         return lib

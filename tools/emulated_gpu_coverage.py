@@ -35,7 +35,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_TESTS = ["tests/test_emulated_gpu.py", "tests/test_emulated_gpu_errors.py"]
+DEFAULT_TESTS = ["tests/test_emulated_gpu.py", "tests/test_emulated_gpu_errors.py", "tests/test_emulated_gpu_host_layer.py"]
 COVERAGE_ENV = {"TF_METAL_OPS_EMU_COVERAGE": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
@@ -91,9 +91,14 @@ def short(path: str) -> str:
     return path[i:] if i >= 0 else path
 
 
-def export_summary(cov_tool: str, library: str, profdata: str) -> dict[str, dict]:
-    res = subprocess.run([cov_tool, "export", "-summary-only", "-format=text", library, f"-instr-profile={profdata}"],
-                         capture_output=True, text=True, check=True)
+def objects(library: str, extra: list[str]) -> list[str]:
+    """llvm-cov's binaries: the kernel library, then -object for each other instrumented library (op kit builds)."""
+    return [library, *[f"-object={e}" for e in extra]]
+
+
+def export_summary(cov_tool: str, library: str, profdata: str, extra: list[str] = ()) -> dict[str, dict]:
+    res = subprocess.run([cov_tool, "export", "-summary-only", "-format=text", *objects(library, list(extra)),
+                          f"-instr-profile={profdata}"], capture_output=True, text=True, check=True)
     files = {}
     for f in json.loads(res.stdout)["data"][0]["files"]:
         files[f["filename"]] = f["summary"]
@@ -103,10 +108,11 @@ def export_summary(cov_tool: str, library: str, profdata: str) -> dict[str, dict
 LINE = re.compile(r"^\s*(\d+)\|\s*([0-9.]+[kMGTPE]?|)\|")
 
 
-def missed_lines(cov_tool: str, library: str, profdata: str, source: str) -> list[int]:
+def missed_lines(cov_tool: str, library: str, profdata: str, source: str, extra: list[str] = ()) -> list[int]:
     """Lines with an execution count of 0 in `llvm-cov show` (lines without code have no count)."""
-    res = subprocess.run([cov_tool, "show", "-format=text", "-show-instantiations=false", "-use-color=false", library,
-                          f"-instr-profile={profdata}", source], capture_output=True, text=True, check=True)
+    res = subprocess.run([cov_tool, "show", "-format=text", "-show-instantiations=false", "-use-color=false",
+                          *objects(library, list(extra)), f"-instr-profile={profdata}", source],
+                         capture_output=True, text=True, check=True)
     out = []
     for line in res.stdout.splitlines():
         m = LINE.match(line)
@@ -200,6 +206,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     profdata_tool, cov_tool = tool("LLVM_PROFDATA", "llvm-profdata-16"), tool("LLVM_COV", "llvm-cov-16")
+    profile_dir = None
+    if not args.profdata:
+        profile_dir = args.keep or tempfile.mkdtemp(prefix="tfmo-emu-coverage-")
+        # A cache of this run's own: every instrumented library in it (the package's kernel library and the op-kit
+        # libraries the tests build, e.g. the host-layer probe) matches this run's sources and profiles.
+        os.environ["TF_METAL_OPS_CACHE"] = os.path.join(profile_dir, "cache")
     library = args.library if args.profdata and args.library else build_coverage_library()
     print(f"kernel library (coverage build): {library}")
     status = 0
@@ -207,7 +219,6 @@ def main(argv=None) -> int:
         profdata = args.profdata
     else:
         tests = args.tests or [t for t in DEFAULT_TESTS if os.path.isfile(os.path.join(ROOT, t))]
-        profile_dir = args.keep or tempfile.mkdtemp(prefix="tfmo-emu-coverage-")
         os.makedirs(profile_dir, exist_ok=True)
         for old in glob.glob(os.path.join(profile_dir, "*.profraw")):
             os.remove(old)
@@ -217,7 +228,10 @@ def main(argv=None) -> int:
             status = 2
         profdata = merge(profdata_tool, profile_dir)
 
-    files = export_summary(cov_tool, library, profdata)
+    extra = sorted(glob.glob(os.path.join(profile_dir, "cache", "extensions", "*-coverage", "*.so"))) if profile_dir else []
+    for e in extra:
+        print(f"op-kit library (coverage build): {e}")
+    files = export_summary(cov_tool, library, profdata, extra)
     gpu = sorted((short(f), s) for f, s in files.items() if "/csrc/gpu/" in f)
     if not gpu:
         sys.exit("the profile covers no csrc/gpu file: wrong library or profile?")
@@ -234,7 +248,7 @@ def main(argv=None) -> int:
     if args.missed:
         print("\nLines of csrc/gpu/* no test executed:")
         for f in sorted(f for f in files if "/csrc/gpu/" in f):
-            lines = missed_lines(cov_tool, library, profdata, f)
+            lines = missed_lines(cov_tool, library, profdata, f, extra)
             missed[short(f)] = lines
             if lines:
                 print(f"  {short(f)}: {ranges(lines)}")
