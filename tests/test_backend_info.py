@@ -155,3 +155,17 @@ def test_backend_info_on_this_machine():
     assert emu["requested"] == (tf_metal_ops.emulated_gpu.requested())
     if not emu["enabled"]:
         assert emu["usable"] is False and "TF_METAL_OPS_EMULATED_GPU=1" in emu["reason"]
+
+
+def test_community_plugin_warning_before_the_library_loads(monkeypatch, caplog):
+    from tf_metal_ops import _library
+
+    monkeypatch.setattr(backend, "_version", lambda dist: "0.4.1" if dist == "tensorflow-metal-plugin" else None)
+    monkeypatch.setattr(_library.sys, "platform", "darwin")
+    with caplog.at_level("WARNING", logger="tf_metal_ops"):
+        _library._warn_about_community_metal_plugin()
+    assert "tensorflow-metal-plugin 0.4.1 is installed" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(_library.sys, "platform", "linux")
+    _library._warn_about_community_metal_plugin()
+    assert caplog.text == ""

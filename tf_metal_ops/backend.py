@@ -69,8 +69,9 @@ def community_plugin_reason(plugin) -> str:
     dist, version = plugin
     return (
         f"{dist} {version} is installed: its GPU stream is not tensorflow-metal's Objective-C stream protocol "
-        "(a C++ struct and CPU-visible buffer addresses), which the Metal kernels need; the ops run on their CPU "
-        "kernels (for Metal kernels use TensorFlow 2.18-2.19 with tensorflow-metal 1.2.0)"
+        "(a C++ struct and CPU-visible buffer addresses), which the Metal kernels need: ops placed on its GPU "
+        "(TF's default when a GPU exists) fail with an op error; run them on their CPU kernels under "
+        "tf.device('/CPU:0') (for Metal kernels use TensorFlow 2.18-2.19 with tensorflow-metal 1.2.0)"
     )
 
 
