@@ -169,3 +169,29 @@ def test_community_plugin_warning_before_the_library_loads(monkeypatch, caplog):
     monkeypatch.setattr(_library.sys, "platform", "linux")
     _library._warn_about_community_metal_plugin()
     assert caplog.text == ""
+
+
+def test_no_gpu_kernels_switch_leaves_only_cpu_kernels(clang16):
+    """TF_METAL_OPS_NO_GPU_KERNELS=1 (set on macOS when the community plugin is installed): the library registers
+    no GPU kernel, so nothing can be placed on a GPU whose stream the Metal backend cannot drive. Checked on the
+    emulated GPU's kernel library, the one Linux build that has GPU kernels; without the switch it registers them."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import json
+import tensorflow as tf
+from tensorflow.python.framework import kernels
+import tf_metal_ops
+from tf_metal_ops import emulated_gpu
+tf.load_op_library(str(emulated_gpu.build()["kernels"]))
+print(json.dumps(sorted({k.device_type for k in kernels.get_registered_kernels_for_op("ZeroOut").kernel})))
+"""
+    for switch, want in (("1", '["CPU"]'), ("0", '["CPU", "GPU"]')):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_METAL_OPS_NO_GPU_KERNELS=switch,
+                   TF_METAL_OPS_CLANGXX=clang16, TF_METAL_OPS_EMULATED_GPU="0")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env,
+                           cwd=os.path.dirname(os.path.abspath(__file__)))  # not the checkout: the installed package
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.stdout.strip().splitlines()[-1] == want, (switch, r.stdout)

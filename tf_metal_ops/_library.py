@@ -61,7 +61,8 @@ def native():
 def _warn_about_community_metal_plugin():
     """Before the op library loads: the TF >= 2.20 community Metal plugin (tensorflow-metal-plugin /
     metal-pluggable-device) is detected by its installed distribution, never by messaging its stream (a C++ struct:
-    an Objective-C message to it crashes the process). One log line says the Metal kernels are not for it;
+    an Objective-C message to it crashes the process). Then the library registers no GPU kernels
+    (TF_METAL_OPS_NO_GPU_KERNELS=1), so the ops stay on their CPU kernels; one log line says so and
     backend_info() gives the full reason."""
     if sys.platform != "darwin":
         return
@@ -71,7 +72,7 @@ def _warn_about_community_metal_plugin():
     if plugin is not None:
         import logging
 
+        os.environ["TF_METAL_OPS_NO_GPU_KERNELS"] = "1"  # read by the library's kernel registration (tfc.cc)
         logging.getLogger("tf_metal_ops").warning(
-            "tf_metal_ops: %s %s is installed: its GPU stream is not tensorflow-metal's, so the Metal kernels cannot "
-            "run on it (ops placed on its GPU fail with an op error): keep the ops on the CPU (tf.device('/CPU:0')); "
-            "see tf_metal_ops.backend_info()", *plugin)
+            "tf_metal_ops: %s %s is installed: its GPU stream is not tensorflow-metal's, so the Metal kernels are not "
+            "registered and the ops run on their CPU kernels; see tf_metal_ops.backend_info()", *plugin)

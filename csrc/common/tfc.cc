@@ -1,6 +1,8 @@
 #include "common/tfc.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 namespace tfmo {
 
@@ -35,7 +37,16 @@ std::string ShapeString(const TensorRef& t) {
   return s + "]";
 }
 
+// TF_METAL_OPS_NO_GPU_KERNELS=1 (set by tf_metal_ops before loading the library when the GPU plugin is not
+// tensorflow-metal, e.g. the TF >= 2.20 community plugin): GPU kernels are not registered, so TF keeps the ops on
+// their CPU kernels instead of placing them on a GPU whose stream the Metal backend cannot drive.
+bool GpuKernelsDisabled() {
+  const char* v = std::getenv("TF_METAL_OPS_NO_GPU_KERNELS");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 void RegisterKernel(const KernelSpec& spec) {
+  if (std::strcmp(spec.device, "GPU") == 0 && GpuKernelsDisabled()) return;
   auto register_one = [&](TF_DataType type, bool constrained) {
     TF_KernelBuilder* b = TF_NewKernelBuilder(spec.op, spec.device, spec.create, spec.compute, spec.destroy);
     Status s;
