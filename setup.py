@@ -87,24 +87,51 @@ class BuildOpLibrary(build_ext):
         if not ok and os.path.exists(metallib):
             os.remove(metallib)  # a stale one would shadow the embedded sources
 
+    def copy_extensions_to_source(self):
+        """In-place builds (`pip install -e .`, `setup.py build_ext --inplace`): setuptools builds in build_lib and
+        copies only the library back; the metallibs must sit next to it too (the Metal backend looks there), and a
+        stale in-place metallib from an earlier build must go (it would shadow the embedded sources)."""
+        super().copy_extensions_to_source()
+        if not IS_MAC:
+            return
+        built_dir = os.path.dirname(os.path.join(self.build_lib, self.get_ext_filename(self.extensions[0].name)))
+        package_dir = self.get_finalized_command("build_py").get_package_dir("tf_metal_ops")
+        for name in METALLIB_NAMES:
+            built, inplace = os.path.join(built_dir, name), os.path.join(package_dir, name)
+            if os.path.exists(built):
+                self.copy_file(built, inplace, level=self.verbose)
+            elif os.path.exists(inplace):
+                os.remove(inplace)
+
+
+METALLIB_NAMES = ("tf_metal_ops.metallib", "tf_metal_ops.metal3.metallib")  # tools/metal_sources.py builds both
+
 
 METAL_INCLUDE_DIRS = [_rel("metal_kernels"), _rel("csrc", "shared")]
 
 # What the emulated GPU (tf_metal_ops/emulated_gpu, opt-in) compiles at first use, shipped as package data under
 # tf_metal_ops/_sources/ so that it works from an installed wheel. Our own sources only (no SDK, nothing vendored).
-EMULATED_GPU_SOURCES = ["csrc/**/*.h", "csrc/**/*.cc", "metal_kernels/*.metal", "tools/msl_emu/**/*"]
+EMULATED_GPU_SOURCES = ["csrc/**/*.h", "csrc/**/*.cc", "csrc/**/*.mm", "metal_kernels/*.metal", "tools/msl_emu/**/*",
+                        "tools/metal_sources.py"]
+# The op kit's public headers (tf_metal_ops.extension.get_include()), laid out as under csrc/.
+PUBLIC_HEADERS = ["csrc/common/*.h", "csrc/gpu/*.h", "csrc/shared/*.h", "csrc/emulated/*.h"]
 
 
 class BuildPy(build_py):
-    """build_py that also copies the emulated GPU's sources into the package (tf_metal_ops/_sources/)."""
+    """build_py that also copies the emulated GPU's sources (tf_metal_ops/_sources/) and the op kit's headers
+    (tf_metal_ops/include/) into the package."""
 
     def run(self):
         super().run()
-        target = os.path.join(self.build_lib, "tf_metal_ops", "_sources")
-        for pattern in EMULATED_GPU_SOURCES:
+        pkg = os.path.join(self.build_lib, "tf_metal_ops")
+        self._copy(EMULATED_GPU_SOURCES, ROOT, os.path.join(pkg, "_sources"))
+        self._copy(PUBLIC_HEADERS, os.path.join(ROOT, "csrc"), os.path.join(pkg, "include"))
+
+    def _copy(self, patterns, base, target):
+        for pattern in patterns:
             for src in glob.glob(os.path.join(ROOT, pattern), recursive=True):
                 if os.path.isfile(src) and "__pycache__" not in src:
-                    dst = os.path.join(target, os.path.relpath(src, ROOT))
+                    dst = os.path.join(target, os.path.relpath(src, base))
                     self.mkpath(os.path.dirname(dst))
                     self.copy_file(src, dst, preserve_mode=False)
 
@@ -139,7 +166,15 @@ def extension():
         sources += [generated]
         define_macros.append(("TFMO_WITH_METAL", "1"))
         compile_args += ["-mmacosx-version-min=12.0"]
+        # As TF's custom-op guide: link TF's framework library (install name @rpath/libtensorflow_framework.2.dylib)
+        # with an rpath to TF's directory, so dyld finds it even when the library is loaded outside
+        # tf.load_op_library. The rpaths: next to the installed tensorflow package (the usual site-packages layout,
+        # like $ORIGIN on Linux), then the build environment's TF (editable installs and local builds).
+        # -undefined dynamic_lookup stays: symbols TF exports from _pywrap libraries resolve at load time.
+        library_dirs = [tf_lib]
         link_args += [
+            "-ltensorflow_framework.2",
+            "-Wl,-rpath,@loader_path/../tensorflow", "-Wl,-rpath," + tf_lib,
             "-undefined", "dynamic_lookup", "-mmacosx-version-min=12.0",
             "-framework", "Metal", "-framework", "Foundation",
         ]

@@ -4,7 +4,9 @@
 
 Benchmarks (each a script of its own, run in a fresh process, each printing ratios against baselines measured in
 the same run): hash grid (bench/hash_grid.py), rendering ops (bench/render_ops.py), call overhead
-(bench/call_overhead.py), and the NeRF comparison at equal wall-clock budget (examples/nerf/compare.py).
+(bench/call_overhead.py), the NeRF comparison at equal wall-clock budget (examples/nerf/compare.py), and the
+Metal-emulating GPU vs the CPU kernels (bench/emulated_gpu.py; its own subprocess sets TF_METAL_OPS_EMULATED_GPU=1;
+skipped, and said so, without clang++ >= 16; --skip-emulated-gpu leaves it out).
 --quick shrinks sizes and budgets for a smoke run (the numbers are then not the reported ones).
 """
 
@@ -81,6 +83,21 @@ def markdown(results):
         base = r["median_us"]["tf.identity"]
         lines += [f"| {k} | {v:.2f} | {v / base:.2f}x |" for k, v in r["median_us"].items()]
         lines.append("")
+    if "emulated_gpu" in results:
+        r = results["emulated_gpu"]
+        lines.append("## Metal-emulating GPU vs CPU kernels (seconds per op call)\n")
+        if "skipped" in r:
+            lines += [f"Skipped: {r['skipped']}", ""]
+        else:
+            lines += [f"/GPU:0 with TF_METAL_OPS_EMULATED_GPU=1 (the GPU host code and the Metal kernels run on the "
+                      f"CPU, one C++ call per kernel thread; not a GPU speed) vs the same op on /CPU:0, both in one "
+                      f"process; medians of {r['repeats']} runs (min..max).\n",
+                      "| op | size | emulated /GPU:0 (s) | CPU kernels (s) | emulated / CPU |", "|---|---|---|---|---|"]
+            for row in r["rows"]:
+                g, c = row["emulated_gpu"], row["cpu"]
+                lines.append(f"| {row['op']} | {row['size']} | {g['median_s']:.4f} ({g['min_s']:.4f}..{g['max_s']:.4f}) | "
+                             f"{c['median_s']:.4f} ({c['min_s']:.4f}..{c['max_s']:.4f}) | {row['ratio']:.1f}x |")
+            lines.append("")
     if "nerf" in results:
         r = results["nerf"]
         fracs = list(next(iter(r["variants"].values()))["psnr_at"])
@@ -134,6 +151,7 @@ def main():
     p.add_argument("--nerf-minutes", type=float, default=10.0)
     p.add_argument("--skip-nerf", action="store_true")
     p.add_argument("--nerf-json", help="use this compare.json (from examples/nerf/compare.py) instead of rerunning")
+    p.add_argument("--skip-emulated-gpu", action="store_true")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=HERE)
     args = p.parse_args()
@@ -149,6 +167,10 @@ def main():
     results["hash_grid"] = run("hash grid", [os.path.join(HERE, "hash_grid.py"), "--json",
                                os.path.join(tmp, "hash.json")] + (["--points", "16384", "--repeats", "3"] if q else []),
                                os.path.join(tmp, "hash.json"))
+    if not args.skip_emulated_gpu:
+        results["emulated_gpu"] = run("emulated GPU", [os.path.join(HERE, "emulated_gpu.py"), "--json",
+                                      os.path.join(tmp, "emu.json")] + (["--quick", "--repeats", "3"] if q else []),
+                                      os.path.join(tmp, "emu.json"))
     if args.nerf_json:
         with open(args.nerf_json) as f:
             results["nerf"] = json.load(f)

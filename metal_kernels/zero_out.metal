@@ -1,4 +1,4 @@
-// Metal kernels of Zero_out (semantics in csrc/ops/zero_out_op.cc): the output has the input's shape, the
+// Metal kernels of ZeroOut (semantics in csrc/ops/zero_out_op.cc): the output has the input's shape, the
 // first element in flat order is kept and every other element is zero.
 // One thread per element, dispatched with dispatchThreads over n = number of elements (the host skips
 // the dispatch when n == 0). The host binds the kernels by these names, one per dtype:

@@ -1,4 +1,4 @@
-"""The compiled Hash_grid_encode op (CPU kernels) against the NumPy float64 reference, plus gradients, determinism,
+"""The compiled HashGridEncode op (CPU kernels) against the NumPy float64 reference, plus gradients, determinism,
 clamp policy, max_level, level offsets, errors and graph/SavedModel use.
 
 Tolerances (params uniform in [-1, 1], dy standard normal; the reference emulates the kernels' float32
@@ -605,7 +605,7 @@ def test_second_derivative_is_an_explicit_error():
     cfg = HashGridConfig(2, n_levels=2, log2_hashmap_size=6)
     x = tf.constant([[0.3, 0.4]])
     p = tf.constant(np.ones(cfg.params_shape, np.float32))
-    with pytest.raises(LookupError, match="Hash_grid_encode_grad_positions"):
+    with pytest.raises(LookupError, match="HashGridEncodeGradPositions"):
         with tf.GradientTape() as outer:
             outer.watch(p)
             with tf.GradientTape() as inner:

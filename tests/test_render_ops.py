@@ -1,4 +1,4 @@
-"""Volume_render and Distortion_loss: CPU kernels against NumPy float64 references, gradients, errors, graph mode."""
+"""VolumeRender and DistortionLoss: CPU kernels against NumPy float64 references, gradients, errors, graph mode."""
 
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""Zero_out: values for every dtype and rank, graph mode and shape inference, gradient, errors, raw loading."""
+"""ZeroOut: values for every dtype and rank, graph mode and shape inference, gradient, errors, raw loading."""
 
 import zlib
 
@@ -119,7 +119,7 @@ def test_backend_info_reports_kernels_and_metal_reason():
     info = tf_metal_ops.backend_info()
     assert info["tensorflow"] == tf.__version__
     assert info["library_loaded"] and info["library_path"] == tf_metal_ops.library_path()
-    assert info["kernels"]["Zero_out"]["CPU"] == ["float16", "float32", "int32", "int64"]
+    assert info["kernels"]["ZeroOut"]["CPU"] == ["float16", "float32", "int32", "int64"]
     assert info["build"]["version"] == tf_metal_ops.__version__
     assert isinstance(info["metal_usable"], bool) and info["metal_reason"]
     if not info["build"]["metal"]:

@@ -32,6 +32,7 @@ def ops():
     import tensorflow as tf
 
     path = library_path()
+    _warn_about_community_metal_plugin()
     try:
         return tf.load_op_library(path)
     except Exception as e:  # tf raises NotFoundError with the dlopen message
@@ -59,3 +60,22 @@ def native():
     if hasattr(lib, "tfmo_metal_info"):  # only in macOS builds
         lib.tfmo_metal_info.restype = ctypes.c_char_p
     return lib
+
+
+def _warn_about_community_metal_plugin():
+    """Before the op library loads: the TF >= 2.20 community Metal plugin (tensorflow-metal-plugin /
+    metal-pluggable-device) is detected by its installed distribution, never by messaging its stream (a C++ struct:
+    an Objective-C message to it crashes the process). One log line says the Metal kernels are not for it;
+    backend_info() gives the full reason."""
+    if sys.platform != "darwin":
+        return
+    from tf_metal_ops.backend import community_metal_plugin
+
+    plugin = community_metal_plugin()
+    if plugin is not None:
+        import logging
+
+        logging.getLogger("tf_metal_ops").warning(
+            "tf_metal_ops: %s %s is installed: its GPU stream is not tensorflow-metal's, so the Metal kernels cannot "
+            "run on it (ops placed on its GPU fail with an op error): keep the ops on the CPU (tf.device('/CPU:0')); "
+            "see tf_metal_ops.backend_info()", *plugin)

@@ -28,9 +28,10 @@ def _tf_minor(v: str):
 
 
 def op_types(ops_module) -> list[str]:
-    """Op type names in the library (convention: Python name with a capital first letter)."""
+    """Op type names in the library. TF generates the snake_case Python function of each CamelCase op type
+    (``HashGridEncodeGradParams`` -> ``hash_grid_encode_grad_params``); this maps back, underscores dropped."""
     names = [n[len("_dispatcher_for_"):] for n in dir(ops_module) if n.startswith("_dispatcher_for_")]
-    return sorted(n[0].upper() + n[1:] for n in names)
+    return sorted("".join(w[:1].upper() + w[1:] for w in n.split("_")) for n in names)
 
 
 def _registered_kernels(op_type: str):
@@ -48,12 +49,70 @@ def _registered_kernels(op_type: str):
     return {dev: sorted(types) for dev, types in sorted(found.items())}
 
 
-def _metal_status(tf, build):
+# ---- the TF >= 2.20 community Metal plugin ------------------------------------------------------------------
+# Its stream (TF_GetStream) is a C++ struct, not an Objective-C object with tensorflow-metal's stream protocol, and
+# kernels see `contents` addresses, not id<MTLBuffer>: messaging that stream crashes the process. It is detected by
+# its installed distribution (no pointer is ever messaged) and the ops then stay on their CPU kernels.
+COMMUNITY_METAL_PLUGINS = ("tensorflow-metal-plugin", "metal-pluggable-device")
+
+
+def community_metal_plugin():
+    """(distribution, version) of an installed community Metal plugin (TF >= 2.20), or None."""
+    for dist in COMMUNITY_METAL_PLUGINS:
+        v = _version(dist)
+        if v is not None:
+            return dist, v
+    return None
+
+
+def community_plugin_reason(plugin) -> str:
+    dist, version = plugin
+    return (
+        f"{dist} {version} is installed: its GPU stream is not tensorflow-metal's Objective-C stream protocol "
+        "(a C++ struct and CPU-visible buffer addresses), which the Metal kernels need: ops placed on its GPU "
+        "(TF's default when a GPU exists) fail with an op error; run them on their CPU kernels under "
+        "tf.device('/CPU:0') (for Metal kernels use TensorFlow 2.18-2.19 with tensorflow-metal 1.2.0)"
+    )
+
+
+# ---- the GPU probe --------------------------------------------------------------------------------------------
+PROBE_SIZE = 4096  # float32 elements: large enough that TF's eager placer keeps the op on the GPU
+
+
+def probe_gpu(tf, zero_out, device: str = "/GPU:0"):
+    """(ok, reason): runs ZeroOut on ``device`` with float32 data and checks where it ran and what it returned.
+    TF's eager runtime keeps small int32 tensors (and ops that only consume them) on the CPU even under
+    tf.device('/GPU:0'), so the probe uses float data and checks ``result.device``."""
+    import numpy as np
+
+    x = np.arange(1, PROBE_SIZE + 1, dtype=np.float32)
+    try:
+        with tf.device(device):
+            y = zero_out(tf.constant(x))
+            ran_on = y.device
+        values = np.asarray(y.numpy())
+    except Exception as e:  # the op reports why (stream protocol, library, pipeline)
+        return False, f"a ZeroOut probe on {device} failed: {e}"
+    if "device:GPU:" not in (ran_on or ""):  # e.g. /job:localhost/replica:0/task:0/device:GPU:0
+        return False, f"a ZeroOut probe under tf.device('{device}') ran on {ran_on or 'an unknown device'}, not the GPU"
+    expected = np.zeros_like(x)
+    expected[0] = x[0]
+    if values.shape != x.shape or not np.array_equal(values, expected):
+        return False, (f"a ZeroOut probe on {ran_on} returned wrong values (first elements "
+                       f"{values.ravel()[:4].tolist()}, expected {expected[:4].tolist()})")
+    return True, f"a ZeroOut probe ran on {ran_on}"
+
+
+def _metal_status(tf, build, system=None):
     """(usable, reason) for the Metal path of this process."""
-    if sys.platform != "darwin":
-        return False, f"Metal needs macOS; this is {platform.system()} ({platform.machine()})"
+    system = system or sys.platform
+    if system != "darwin":
+        return False, f"unusable: Metal needs macOS; this is {platform.system()} ({platform.machine()})"
     if not build.get("metal"):
         return False, "the op library was built without Metal kernels (build it on macOS with `pip install .`)"
+    plugin = community_metal_plugin()
+    if plugin is not None:
+        return False, community_plugin_reason(plugin)
     tfm = _version("tensorflow-metal")
     if tfm is None:
         return False, "tensorflow-metal is not installed (pip install 'tf-metal-ops[metal]')"
@@ -70,14 +129,10 @@ def _metal_status(tf, build):
         return False, "tensorflow-metal is installed but TensorFlow lists no GPU device"
     from tf_metal_ops.zero_out import zero_out
 
-    try:
-        with tf.device("/GPU:0"):
-            y = zero_out(tf.constant([3, 4], tf.int32))
-        if y.numpy().tolist() != [3, 0] or "GPU" not in y.device:
-            return False, f"a ZeroOut probe on the GPU returned {y.numpy().tolist()} on {y.device}"
-    except Exception as e:  # the op reports why (stream protocol, library, pipeline)
-        return False, f"a ZeroOut probe on the GPU failed: {e}"
-    return True, "Metal kernels run on " + gpus[0].name
+    ok, reason = probe_gpu(tf, zero_out)
+    if not ok:
+        return False, reason
+    return True, f"Metal kernels run on {gpus[0].name} ({reason})"
 
 
 def hash_grid_cpu_paths() -> dict:
@@ -109,6 +164,7 @@ def backend_info() -> dict:
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
         "tensorflow_metal": _version("tensorflow-metal"),
+        "community_metal_plugin": (lambda p: f"{p[0]} {p[1]}" if p else None)(community_metal_plugin()),
         "devices": [d.name for d in tf.config.list_physical_devices()],
     }
     try:
@@ -128,4 +184,24 @@ def backend_info() -> dict:
         info["hash_grid_cpu_path"] = "avx2" if hash_grid_cpu_paths()["avx2_selected"] else "baseline"
     info["kernels"] = {op: _registered_kernels(op) for op in op_types(module)}
     info["metal_usable"], info["metal_reason"] = _metal_status(tf, build)
+    info["emulated_gpu"] = _emulated_gpu_status(tf)
     return info
+
+
+def _emulated_gpu_status(tf) -> dict:
+    """tf_metal_ops.emulated_gpu.info(), plus a GPU probe when the emulated device is enabled in this process."""
+    try:
+        from tf_metal_ops import emulated_gpu
+
+        out = emulated_gpu.info()
+        if out.get("enabled"):
+            from tf_metal_ops.zero_out import zero_out
+
+            out["usable"], out["reason"] = probe_gpu(tf, zero_out)
+        else:
+            out["usable"] = False
+            out["reason"] = ("not enabled (set TF_METAL_OPS_EMULATED_GPU=1 before importing tf_metal_ops; "
+                             "Linux development and tests only)")
+        return out
+    except Exception as e:  # never raise
+        return {"usable": False, "reason": f"emulated GPU status failed: {e}"}

@@ -103,7 +103,7 @@ def volume_render(densities, colors, t, background=None, *, termination_threshol
     return VolumeRenderResult(*out)
 
 
-@tf.RegisterGradient("Volume_render")
+@tf.RegisterGradient("VolumeRender")
 def _volume_render_grad(op, g_color, g_depth, g_opacity, g_weights):
     grads = [g if g is not None else tf.zeros_like(out) for g, out in zip(
         (g_color, g_depth, g_opacity, g_weights), op.outputs)]
@@ -139,7 +139,7 @@ def distortion_loss(weights, t, name=None):
     return ops().distortion_loss(weights, t, name=name)
 
 
-@tf.RegisterGradient("Distortion_loss")
+@tf.RegisterGradient("DistortionLoss")
 def _distortion_loss_grad(op, g_loss):
     g_w, g_t = ops().distortion_loss_grad(op.inputs[0], op.inputs[1], g_loss)
     return [g_w, g_t]

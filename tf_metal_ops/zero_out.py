@@ -24,7 +24,7 @@ def zero_out(x, name=None):
     return ops().zero_out(x, name=name)
 
 
-@tf.RegisterGradient("Zero_out")
+@tf.RegisterGradient("ZeroOut")
 def _zero_out_grad(op, dy):
     if not op.inputs[0].dtype.is_floating:
         return [None]

@@ -1,13 +1,23 @@
-// Op type names. Convention: the Python function name with a capital first letter ("Zero_out"), so that
-// tf.load_op_library(path).zero_out(...) works exactly as in the seed, while the names stay clear of
-// TF's own CamelCase ops and of the tensorflow/custom-op example's "ZeroOut".
+// Op type names: the single place that spells them (op definitions, CPU and GPU kernel registrations).
+//
+// Rule (TensorFlow's convention; follow it for every new op): the op type is CamelCase ("HashGridEncodeGradParams"),
+// and TensorFlow generates the Python function from it in snake_case (tf.load_op_library(path).
+// hash_grid_encode_grad_params, likewise zero_out for ZeroOut). Gradient registrations (tf.RegisterGradient) use
+// the op type. These names are stored in every saved graph and SavedModel: never rename an op once released, add a
+// new one instead.
+//
+// No project prefix: op types share one process-wide registry, and none of these names is one of TensorFlow's own
+// ops (checked against tf.raw_ops of TF 2.21). The exception to keep in mind is ZeroOut, the name of the
+// tensorflow/custom-op example (and of TF's "Create an op" guide): loading that example's library and this one in
+// the same process fails with a duplicate op registration. It is the seed's hello-world and nothing else uses it;
+// a new op whose name is generic enough to collide (another library's or a future TF op) gets a "Tfmo" prefix.
 #pragma once
 
-#define TFMO_OP_ZERO_OUT "Zero_out"
-#define TFMO_OP_VOLUME_RENDER "Volume_render"
-#define TFMO_OP_VOLUME_RENDER_GRAD "Volume_render_grad"
-#define TFMO_OP_DISTORTION_LOSS "Distortion_loss"
-#define TFMO_OP_DISTORTION_LOSS_GRAD "Distortion_loss_grad"
-#define TFMO_OP_HASH_GRID_ENCODE "Hash_grid_encode"
-#define TFMO_OP_HASH_GRID_ENCODE_GRAD_PARAMS "Hash_grid_encode_grad_params"
-#define TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS "Hash_grid_encode_grad_positions"
+#define TFMO_OP_ZERO_OUT "ZeroOut"
+#define TFMO_OP_VOLUME_RENDER "VolumeRender"
+#define TFMO_OP_VOLUME_RENDER_GRAD "VolumeRenderGrad"
+#define TFMO_OP_DISTORTION_LOSS "DistortionLoss"
+#define TFMO_OP_DISTORTION_LOSS_GRAD "DistortionLossGrad"
+#define TFMO_OP_HASH_GRID_ENCODE "HashGridEncode"
+#define TFMO_OP_HASH_GRID_ENCODE_GRAD_PARAMS "HashGridEncodeGradParams"
+#define TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS "HashGridEncodeGradPositions"

@@ -1,4 +1,4 @@
-// CPU kernels of Distortion_loss and Distortion_loss_grad (semantics: csrc/ops/render_ops.cc, math:
+// CPU kernels of DistortionLoss and DistortionLossGrad (semantics: csrc/ops/render_ops.cc, math:
 // csrc/shared/volume_render_math.h): O(S) per ray, rays split over the project pool; per-ray results do not
 // depend on the thread count.
 #include <algorithm>

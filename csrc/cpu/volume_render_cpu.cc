@@ -1,4 +1,4 @@
-// CPU kernels of Volume_render and Volume_render_grad (semantics: csrc/ops/render_ops.cc, math:
+// CPU kernels of VolumeRender and VolumeRenderGrad (semantics: csrc/ops/render_ops.cc, math:
 // csrc/shared/volume_render_math.h). Rays are independent: the project pool splits them into ranges, and each
 // ray is one serial O(S·C) scan, so results do not depend on the thread count.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)

@@ -1,4 +1,4 @@
-// CPU kernel of Zero_out (semantics in csrc/ops/zero_out_op.cc).
+// CPU kernel of ZeroOut (semantics in csrc/ops/zero_out_op.cc).
 #include <cstring>
 
 #include "common/op_names.h"

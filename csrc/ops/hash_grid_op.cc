@@ -1,8 +1,8 @@
 // Op definitions of the multiresolution hash-grid encoding (math and conventions: csrc/shared/hash_grid_math.h).
 //
-// Hash_grid_encode(positions [N, D] float32, params [E, F] T, max_level Tlevel) -> encoded [N, L*F] T
-// Hash_grid_encode_grad_params(grad [N, L*F] T, positions, params, max_level) -> grad_params [E, F] T
-// Hash_grid_encode_grad_positions(grad [N, L*F] T, positions, params, max_level) -> grad_positions [N, D] float32
+// HashGridEncode(positions [N, D] float32, params [E, F] T, max_level Tlevel) -> encoded [N, L*F] T
+// HashGridEncodeGradParams(grad [N, L*F] T, positions, params, max_level) -> grad_params [E, F] T
+// HashGridEncodeGradPositions(grad [N, L*F] T, positions, params, max_level) -> grad_positions [N, D] float32
 //
 // Attrs (validated by the kernels, which fail with InvalidArgument naming the attr): n_levels L in 1..32,
 // n_features_per_level F in {1,2,4,8}, log2_hashmap_size in 1..24, base_resolution >= 1, per_level_scale >= 1

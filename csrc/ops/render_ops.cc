@@ -1,17 +1,17 @@
 // Op definitions of the NeRF rendering ops. Math and conventions: csrc/shared/volume_render_math.h.
 //
-// Volume_render(densities [R,S], colors [R,S,C], t [R,S+1], background) ->
+// VolumeRender(densities [R,S], colors [R,S,C], t [R,S+1], background) ->
 //     color [R,C], depth [R], opacity [R], weights [R,S]
 //   background: [C] (shared), [R,C] (per ray) or [0] (none: composite over black). C >= 1, S >= 1, R >= 0.
 //   attr termination_threshold in [0, 1]: a ray stops before the first sample whose transmittance is below it.
-// Volume_render_grad(densities, colors, t, background, grad_color, grad_depth, grad_opacity, grad_weights) ->
+// VolumeRenderGrad(densities, colors, t, background, grad_color, grad_depth, grad_opacity, grad_weights) ->
 //     grad_densities [R,S], grad_colors [R,S,C], grad_t [R,S+1], grad_background
 //   grad_background is always per ray, [R,C] = T_final * grad_color (the gradient w.r.t. a per-ray background,
 //   whatever background was given). The caller sums it over rays for a shared [C] background and drops it for
 //   none (tf_metal_ops/render.py does): that keeps the kernels one-thread-per-ray and deterministic, with no
 //   cross-ray reduction or atomics.
-// Distortion_loss(weights [R,S], t [R,S+1]) -> loss [R]
-// Distortion_loss_grad(weights, t, grad_loss [R]) -> grad_weights [R,S], grad_t [R,S+1]
+// DistortionLoss(weights [R,S], t [R,S+1]) -> loss [R]
+// DistortionLossGrad(weights, t, grad_loss [R]) -> grad_weights [R,S], grad_t [R,S+1]
 // All tensors float32. The shape functions (graph mode only) check ranks; the kernels check everything.
 #include "common/op_names.h"
 #include "common/tfc.h"

@@ -74,7 +74,7 @@ inline bool ValidateVolumeRender(TF_OpKernelContext* ctx, const char* op, const 
   return true;
 }
 
-// The upstream gradients of Volume_render_grad (inputs 4..7).
+// The upstream gradients of VolumeRenderGrad (inputs 4..7).
 inline bool ValidateVolumeRenderUpstream(TF_OpKernelContext* ctx, const char* op, const VrDims& d,
                                          const TensorRef& gc, const TensorRef& gd, const TensorRef& go,
                                          const TensorRef& gw) {
@@ -99,7 +99,7 @@ inline bool ValidateDistortionLoss(TF_OpKernelContext* ctx, const char* op, cons
                     Dims({*R, *S + 1}).c_str());
 }
 
-// Distortion_loss_grad: reads and validates (weights, t, grad_loss), allocates (grad_weights [R,S], grad_t [R,S+1]).
+// DistortionLossGrad: reads and validates (weights, t, grad_loss), allocates (grad_weights [R,S], grad_t [R,S+1]).
 // Returns false after failing ctx.
 inline bool PrepareDistortionLossGrad(TF_OpKernelContext* ctx, const char* op, TensorRef* w, TensorRef* t,
                                       TensorRef* g, TensorRef* gw, TensorRef* gt, int64_t* R, int64_t* S) {
@@ -119,7 +119,7 @@ inline bool ReadThreshold(TF_OpKernelConstruction* c, const char* op, float* thr
   return true;
 }
 
-// Kernel state of Volume_render and Volume_render_grad (CPU and GPU): the validated threshold attr.
+// Kernel state of VolumeRender and VolumeRenderGrad (CPU and GPU): the validated threshold attr.
 struct VrAttrs {
   float threshold = 0.0f;
 };

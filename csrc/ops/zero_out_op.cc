@@ -1,4 +1,4 @@
-// Op definition: Zero_out(to_zero: T) -> zeroed: T, same shape; the first element in flat order is kept,
+// Op definition: ZeroOut(to_zero: T) -> zeroed: T, same shape; the first element in flat order is kept,
 // every other element is zero. A 0-d input is returned unchanged; an empty input gives an empty output.
 #include "common/op_names.h"
 #include "common/shape_fns.h"

@@ -27,6 +27,7 @@ TFMO_FN float tfmo_fmin(float a, float b) { return metal::fmin(a, b); }
 TFMO_FN float tfmo_fmax(float a, float b) { return metal::fmax(a, b); }
 TFMO_FN bool tfmo_isfinite(float x) { return metal::isfinite(x); }
 TFMO_FN bool tfmo_isnan(float x) { return metal::isnan(x); }
+TFMO_FN float tfmo_sqrt(float x) { return metal::sqrt(x); }
 #else
 #include <cmath>
 #include <cstdint>
@@ -51,4 +52,5 @@ TFMO_FN float tfmo_fmin(float a, float b) { return std::fmin(a, b); }
 TFMO_FN float tfmo_fmax(float a, float b) { return std::fmax(a, b); }
 TFMO_FN bool tfmo_isfinite(float x) { return std::isfinite(x); }
 TFMO_FN bool tfmo_isnan(float x) { return std::isnan(x); }
+TFMO_FN float tfmo_sqrt(float x) { return std::sqrt(x); }
 #endif

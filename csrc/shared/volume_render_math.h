@@ -1,4 +1,4 @@
-// Per-sample math of the NeRF rendering ops (Volume_render, Distortion_loss and their gradients), shared by the
+// Per-sample math of the NeRF rendering ops (VolumeRender, DistortionLoss and their gradients), shared by the
 // CPU kernels (csrc/cpu/*_cpu.cc) and the Metal kernels (metal_kernels/*.metal). Rules: device_compat.h.
 // The per-ray loops live in the kernels (they read device memory). The Metal kernels and the CPU DistortionLoss
 // kernels run these functions as they are; the CPU VolumeRender kernel runs the same formulas on arrays

@@ -250,12 +250,13 @@ def synchronize() -> None:
     _handle("device").tfmo_emu_device_synchronize()
 
 
-def dispatch_counts(sync: bool = True) -> dict[str, int]:
-    """Kernel name -> number of dispatches the emulated GPU ran in this process (the GPU path really ran).
+def dispatch_counts(sync: bool = True, library: str | None = None) -> dict[str, int]:
+    """Kernel name -> number of dispatches the emulated GPU ran in this process (the GPU path really ran), for the
+    package's GPU kernels or, with `library`, for an op library built with tf_metal_ops.extension.
     Synchronises first unless sync=False: kernels run asynchronously on the device's streams."""
     if sync:
         synchronize()
-    lib = _handle("kernels")
+    lib = _handle("kernels") if library is None else ctypes.CDLL(str(library), mode=getattr(os, "RTLD_NOLOAD", 0))
     lib.tfmo_emu_dispatch_counts.restype = ctypes.c_char_p
     return json.loads(lib.tfmo_emu_dispatch_counts().decode())
 

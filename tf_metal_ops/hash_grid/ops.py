@@ -134,7 +134,7 @@ def _attrs(op):
     return out
 
 
-@tf.RegisterGradient("Hash_grid_encode")
+@tf.RegisterGradient("HashGridEncode")
 def _hash_grid_encode_grad(op, dy):
     positions, params, max_level = op.inputs
     attrs = _attrs(op)

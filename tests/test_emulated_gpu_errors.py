@@ -1,0 +1,43 @@
+"""Error paths of the GPU host code on the Metal-emulating device (tf_metal_ops/emulated_gpu): invalid shapes and
+attrs reaching the GPU kernels through the raw ops, work with nothing to dispatch, and device allocation failures,
+each asserting the exact error class and message and that the GPU kernel raised it. Each check runs in a fresh
+process with TF_METAL_OPS_EMULATED_GPU=1 (tests/emulated_gpu_error_checks.py holds the checks).
+
+Needs clang++-16 like the other native checks: skips without it, fails under TFMO_REQUIRE_MAC_CHECKS=1 (CI).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHECKS = os.path.join(HERE, "emulated_gpu_error_checks.py")
+QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
+
+
+@pytest.fixture(scope="module")
+def emulated_gpu(clang16):
+    """Builds the emulated device and GPU kernels once (cached); returns the library paths."""
+    from tf_metal_ops import emulated_gpu
+
+    os.environ.setdefault("TF_METAL_OPS_CLANGXX", clang16)
+    return emulated_gpu.build()
+
+
+CASES = [
+    ("hash_grid_errors", {}),
+    ("hash_grid_empty_work", {}),
+    ("render_errors", {}),
+    ("out_of_memory", {"TF_METAL_OPS_EMU_MEMORY_MB": "12"}),
+]
+
+
+@pytest.mark.parametrize("check,env", CASES, ids=[c for c, _ in CASES])
+def test_gpu_error_path_on_emulated_device(emulated_gpu, check, env):
+    full = dict(os.environ, **QUIET, TF_METAL_OPS_EMULATED_GPU="1", **env)
+    r = subprocess.run([sys.executable, CHECKS, check], capture_output=True, text=True, env=full, timeout=600,
+                       cwd=HERE)
+    assert r.returncode == 0, f"{check} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    assert f"ok {check}" in r.stdout.splitlines()[-1], r.stdout

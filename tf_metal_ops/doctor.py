@@ -1,0 +1,200 @@
+"""Self-check: ``python -m tf_metal_ops.doctor``. On a Mac, run this first and paste its output into a bug report.
+
+Prints the versions (Python, TensorFlow, tensorflow-metal or the community plugin), the Metal device and kernel
+library (``backend_info()``), then runs every op and gradient with random inputs on the CPU (against the pure-TF
+implementations) and on ``/GPU:0`` when there is one (against the CPU kernels; the result must have been placed on
+the GPU), with the time per call, and ends with one line: usable or not, and why.
+
+Exit code: 0 when every check passed and, on an Apple-silicon Mac, the Metal kernels are usable; 1 otherwise.
+On Linux there is no Metal device and that is not an error: the CPU checks (and, with
+``TF_METAL_OPS_EMULATED_GPU=1``, the same checks on the emulated ``/GPU:0``) decide the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+
+def _cases(tf, tfmo):
+    """name -> (inputs, op fn, reference fn, rtol, atol): fn(*tensors) -> list of tensors (values and gradients)."""
+    rng = np.random.default_rng(0)
+    hg = dict(n_levels=8, n_features_per_level=2, log2_hashmap_size=12, base_resolution=4, per_level_scale=1.7)
+    cfg = tfmo.HashGridConfig(n_input_dims=3, **hg)
+    x = rng.random((2048, 3), dtype=np.float32)
+    params = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    r, s = 256, 32
+    sigma = rng.gamma(1.0, 2.0, (r, s)).astype(np.float32)
+    rgb = rng.random((r, s, 3), dtype=np.float32)
+    t = np.sort(rng.uniform(2.0, 6.0, (r, s + 1)), axis=1).astype(np.float32)
+    bg = rng.random(3, dtype=np.float32)
+    w = (sigma / sigma.sum(axis=1, keepdims=True)).astype(np.float32)
+
+    def hash_grid(encode):
+        def fn(x, params):
+            with tf.GradientTape() as tape:
+                tape.watch([x, params])
+                y = encode(x, params, **hg)
+                loss = tf.reduce_sum(y**2)
+            return [y, *(tf.convert_to_tensor(g) for g in tape.gradient(loss, [x, params]))]  # dense
+
+        return fn
+
+    def render(op):
+        def fn(sigma, rgb, t, bg):
+            with tf.GradientTape() as tape:
+                tape.watch([sigma, rgb, bg])
+                out = op(sigma, rgb, t, bg)
+                loss = tf.reduce_sum(out[0] ** 2) + tf.reduce_sum(out[1]) + tf.reduce_sum(out[3] ** 2)
+            return [*out, *tape.gradient(loss, [sigma, rgb, bg])]
+
+        return fn
+
+    def distortion(op):
+        def fn(w, t):
+            with tf.GradientTape() as tape:
+                tape.watch([w, t])
+                loss = op(w, t)
+            return [loss, *tape.gradient(loss, [w, t])]
+
+        return fn
+
+    def zero_out_ref(x):
+        return [tf.concat([x[:1], tf.zeros_like(x[1:])], 0)]
+
+    from tf_metal_ops.hash_grid import pure_tf
+
+    return {
+        "ZeroOut": ([np.arange(1, 4097, dtype=np.float32)], lambda x: [tfmo.zero_out(x)], zero_out_ref, 0, 0),
+        "HashGridEncode (+ gradients)": ([x, params], hash_grid(tfmo.hash_grid_encode),
+                                         hash_grid(pure_tf.hash_grid_encode), 1e-3, 1e-3),  # d/dx: float32 cells
+        "VolumeRender (+ gradient)": ([sigma, rgb, t, bg], render(tfmo.volume_render),
+                                      render(tfmo.volume_render_tf), 1e-4, 1e-5),
+        "DistortionLoss (+ gradient)": ([w, t], distortion(tfmo.distortion_loss),
+                                        distortion(tfmo.distortion_loss_tf), 1e-4, 1e-5),
+    }
+
+
+def _run(tf, fn, inputs, device, repeats=3):
+    """(numpy outputs, seconds per call, devices the outputs were placed on)."""
+    with tf.device(device):
+        tensors = [tf.constant(a) for a in inputs]
+        out = fn(*tensors)  # warm-up (first-call compilation, pipeline creation)
+        values = [o.numpy() for o in out]
+        start = time.perf_counter()
+        for _ in range(repeats):
+            for o in fn(*tensors):
+                o.numpy()
+        per_call = (time.perf_counter() - start) / repeats
+    return values, per_call, sorted({o.device.split("device:")[-1] for o in out})
+
+
+def _agree(a, b, rtol, atol):
+    """None when every output matches, else where the largest difference is."""
+    if len(a) != len(b):
+        return f"{len(a)} outputs vs {len(b)}"
+    for i, (x, y) in enumerate(zip(a, b)):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        if x.shape != y.shape:
+            return f"output {i}: shape {x.shape} vs {y.shape}"
+        if not np.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True):
+            return f"output {i}: max |diff| {np.nanmax(np.abs(x - y)):.3g}"
+    return None
+
+
+def run_checks(tf, tfmo, devices, out=print):
+    """Runs every case on each device; returns the list of failures (strings)."""
+    failures = []
+    cases = _cases(tf, tfmo)
+    for name, (inputs, fn, ref, rtol, atol) in cases.items():
+        try:
+            cpu, cpu_t, placed = _run(tf, fn, inputs, "/CPU:0")
+            ref_values, ref_t, _ = _run(tf, ref, inputs, "/CPU:0", repeats=1)
+            bad = _agree(cpu, ref_values, rtol, atol)
+            out(f"  {name:30s} CPU  {cpu_t * 1e3:9.2f} ms/call  vs pure TF: {bad or 'agree'}")
+            if bad:
+                failures.append(f"{name} on the CPU disagrees with pure TF: {bad}")
+        except Exception as e:
+            out(f"  {name:30s} CPU  FAILED: {type(e).__name__}: {e}")
+            failures.append(f"{name} on the CPU: {type(e).__name__}: {e}")
+            continue
+        for device in devices:
+            try:
+                gpu, gpu_t, placed = _run(tf, fn, inputs, device)
+                bad = _agree(gpu, cpu, rtol, atol)
+                where = ",".join(placed)
+                if not any(p.startswith("GPU") for p in placed):
+                    bad = f"ran on {where}, not the GPU"
+                out(f"  {name:30s} {device} {gpu_t * 1e3:9.2f} ms/call  on {where}  vs CPU: {bad or 'agree'}")
+                if bad:
+                    failures.append(f"{name} on {device}: {bad}")
+            except Exception as e:
+                out(f"  {name:30s} {device} FAILED: {type(e).__name__}: {e}")
+                failures.append(f"{name} on {device}: {type(e).__name__}: {e}")
+    return failures
+
+
+def main(argv=None) -> int:
+    import tensorflow as tf
+
+    import tf_metal_ops as tfmo
+
+    info = tfmo.backend_info()
+    print("tf-metal-ops doctor")
+    print(f"  tf-metal-ops        {tfmo.__version__}")
+    print(f"  Python              {info['python']} on {info['platform']}")
+    print(f"  TensorFlow          {info['tensorflow']}")
+    print(f"  tensorflow-metal    {info['tensorflow_metal'] or 'not installed'}")
+    print(f"  community plugin    {info.get('community_metal_plugin') or 'not installed'}")
+    print(f"  devices             {', '.join(info['devices'])}")
+    if not info["library_loaded"]:
+        print(f"  op library          NOT LOADED: {info['library_error']}")
+        print("RESULT: not usable: the op library did not load (reinstall with `pip install .`)")
+        return 1
+    print(f"  op library          {info['library_path']}")
+    print(f"  build               {json.dumps(info['build'])}")
+    if "metal_device" in info:  # Metal device, GPU family, kernel library variant and load time
+        print(f"  Metal device        {json.dumps(info['metal_device'])}")
+    reason = info["metal_reason"]
+    reason = reason[len("unusable: "):] if reason.startswith("unusable: ") else reason  # (3.9: no removeprefix)
+    print(f"  Metal               {'usable' if info['metal_usable'] else 'not usable'}: {reason}")
+    emu = info.get("emulated_gpu", {})
+    if emu.get("requested") or emu.get("enabled"):
+        print(f"  emulated GPU        {'usable' if emu.get('usable') else 'not usable'}: {emu.get('reason')}")
+    print(f"  CPU threads         {info['num_threads']}")
+
+    gpus = tf.config.list_logical_devices("GPU")
+    devices = ["/GPU:0"] if gpus else []
+    print(f"checks (random inputs; CPU kernels vs pure TF{', GPU vs CPU kernels' if devices else ''}):")
+    start = time.perf_counter()
+    failures = run_checks(tf, tfmo, devices)
+    print(f"  (checks took {time.perf_counter() - start:.1f} s)")
+
+    import platform
+
+    # Metal kernels are expected on Apple-silicon Macs; Intel Macs get the CPU kernels (no tensorflow-metal wheel).
+    on_mac = sys.platform == "darwin" and platform.machine() == "arm64"
+    if failures:
+        print(f"RESULT: not usable: {len(failures)} check(s) failed; first: {failures[0]}")
+        return 1
+    if on_mac and not info["metal_usable"]:
+        print(f"RESULT: CPU kernels usable; Metal kernels not usable: {info['metal_reason']}")
+        return 1
+    if on_mac:
+        print(f"RESULT: usable: Metal and CPU kernels agree ({info['metal_reason']})")
+    elif devices:
+        print(f"RESULT: usable: CPU kernels and the emulated GPU ({gpus[0].name}) pass; no Metal device on "
+              f"{info['platform']} (not an error)")
+    else:
+        print(f"RESULT: usable: CPU kernels pass; no Metal device on {info['platform']} (not an error)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
