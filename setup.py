@@ -145,7 +145,10 @@ def extension():
     gpu_dirs = ("gpu", "metal", "emulated")
     sources = [s for s in sorted(glob.glob(_rel("csrc", "**", "*.cc"), recursive=True))
                if s.split(os.sep)[1] not in gpu_dirs]
-    compile_args = ["-std=c++17", "-O3", "-fvisibility=hidden", "-fPIC", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+    # -ffp-contract=off: the compiler never fuses a*b + c by itself (kernels compiled for several ISAs, e.g. the hash
+    # grid's baseline and AVX2+FMA variants, must give the same bits; fused multiply-adds are explicit: tfmo_fma).
+    compile_args = ["-std=c++17", "-O3", "-ffp-contract=off", "-fvisibility=hidden", "-fPIC", "-Wall", "-Wextra",
+                    "-Wno-unused-parameter"]
     define_macros = [
         ("NDEBUG", None),
         ("TFMO_VERSION", '"%s"' % version["__version__"]),

@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
             const int cnt = (int)std::min<int64_t>(kTile, e - t0);
             uint gs[3][kTile];
             for (int i = 0; i < cnt; ++i)
-              for (int d = 0; d < 3; ++d) gs[d][i] = (uint)(pos[(t0 + i) * D + d] * lv.scale + 0.5f);
+              for (int d = 0; d < 3; ++d) gs[d][i] = (uint)hg_pos(pos[(t0 + i) * D + d], lv.scale);
             for (uint c = 0; c < 8; ++c) {
               if (lv.mode == HG_INDEX_HASH) {
                 for (int i = 0; i < cnt; ++i)

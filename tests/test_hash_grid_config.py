@@ -67,8 +67,10 @@ def test_tiled():
     assert cfg.level_sizes == (9, 9, 9)
     assert cfg.offsets == (0, 9, 18, 27)
     assert cfg.hashed_levels == (False, False, False)
-    # strides included while stride <= size: 1, 3 | 1, 6 | 1 (12 > 9)
-    assert [cfg.dense_strides(l) for l in range(3)] == [(1, 3), (1, 6), (1, 0)]
+    # tcnn's current grid_index: row-major over all D dims (res <= MAX_BASE[2]), wrapped mod 9. (The older loop
+    # stopped at the first stride > size: (1, 0) on level 2; tests/test_hash_grid_tcnn_index.py shows the difference.)
+    assert [cfg.dense_strides(l) for l in range(3)] == [(1, 3), (1, 6), (1, 12)]
+    assert [cfg.index_stride(l) for l in range(3)] == [9, 36, 144]
 
 
 def test_dense():

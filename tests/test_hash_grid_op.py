@@ -2,7 +2,7 @@
 clamp policy, max_level, level offsets, errors and graph/SavedModel use.
 
 Tolerances (params uniform in [-1, 1], dy standard normal; the reference emulates the kernels' float32
-``pos = x*scale + 0.5`` with rounding "separate", as g++ compiles it without FMA contraction):
+``pos = fma(scale, x, 0.5)`` exactly (one rounding, ``reference.fma32``), so both pick the same cells and frac):
   forward, float32 params: atol 2e-6 (float32 accumulation of <= 16 weighted corner values);
   float16 params: the same float16 table in float64, rtol 2^-10 + atol 1e-6 (one rounding of a float32 result);
   d/dparams: float32 rtol 1e-5 + atol 2e-5; float16 rtol 2^-9 + atol 1e-3 (rows accumulate many points);
@@ -222,6 +222,44 @@ def test_position_grad_and_forward_independent_of_threads():
         np.testing.assert_array_equal(a, b)
 
 
+def _bits(a):
+    a = np.asarray(a)
+    return a.view(f"u{a.itemsize}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("d", [1, 2, 3, 4])
+def test_all_outputs_bitwise_deterministic_across_runs_and_threads(d, dtype):
+    """Forward, d/dparams and d/dpositions are bitwise identical over repeated runs and thread counts 1, 2, 3, for
+    every grid type and interpolation, float32 and float16 tables, D = 1..4. Small tables so that many points
+    collide on each row (order-dependent float sums would differ in the last bits); one config with a single
+    level (the split-level path of the param gradient) and one with several; tiled levels finer than the tile."""
+    for grid_type in GRID_TYPES:
+        for interpolation in INTERPOLATIONS:
+            rng = seeded("det-all", d, dtype, grid_type, interpolation)
+            n_levels = 1 if interpolation == "linear" else 4
+            cfg = HashGridConfig(d, n_levels=n_levels, n_features_per_level=2, log2_hashmap_size=5,
+                                 base_resolution=3, per_level_scale=1.7, grid_type=grid_type,
+                                 interpolation=interpolation)
+            n = 3000
+            x = random_positions(rng, n, d)
+            p = rng.uniform(-1, 1, cfg.params_shape).astype(dtype)
+            dy = rng.standard_normal((n, cfg.n_output_dims)).astype(dtype)
+            runs = []
+            for threads in (1, 2, 3, 2, 1):
+                with tf_metal_ops.num_threads(threads):
+                    runs.append(grads(x, p, dy, cfg))
+            for r in runs[1:]:
+                for name, a, b in zip(("y", "d/dpositions", "d/dparams"), runs[0], r):
+                    assert a.dtype == b.dtype and np.array_equal(_bits(a), _bits(b)), (
+                        f"{name} not bitwise reproducible: D={d} {dtype} {grid_type} {interpolation}")
+            y, gx, gp = runs[0]
+            np.testing.assert_allclose(y.astype(np.float64), reference.encode(x, p, cfg),
+                                       rtol=0 if dtype == "float32" else 2**-10, atol=2e-6)
+            # rows collect many points: the sums are large enough for the float32 order to matter
+            assert np.abs(gp.astype(np.float64)).max() > 5
+
+
 # ---- clamp policy ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("interpolation", ["linear", "smoothstep"])
 def test_out_of_range_positions_are_clamped(interpolation):
@@ -354,15 +392,35 @@ def test_saved_model_gradients(tmp_path):
     np.testing.assert_allclose(gx.numpy(), reference.grad_positions(x.numpy(), p, dy, cfg), rtol=1e-4, atol=1e-3)
 
 
-def test_unneeded_gradient_is_skipped_eagerly():
-    """Only the gradient that is asked for is computed (the other grad op would fail on purpose here)."""
+def test_unneeded_gradient_is_skipped_eagerly(monkeypatch):
+    """Only the gradient of a watched input is computed: the gradient ops are wrapped to record their calls (the
+    positive control, both inputs watched, shows the wrapping sees both)."""
     cfg = HashGridConfig(2, n_levels=2, log2_hashmap_size=6)
+    module = ops()
+    calls = []
+    for name in ("hash_grid_encode_grad_positions", "hash_grid_encode_grad_params"):
+        real = getattr(module, name)
+
+        def record(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, record)
     x = tf.constant([[0.2, 0.4]])
-    p = tf.Variable(np.ones(cfg.params_shape, np.float32))
-    with tf.GradientTape() as tape:
-        y = encode(x, p, cfg)
-    (gp,) = tape.gradient(y, [p])
-    assert gp.shape == cfg.params_shape
+    p = tf.constant(np.ones(cfg.params_shape, np.float32))
+
+    def run(watched):
+        calls.clear()
+        with tf.GradientTape() as tape:
+            tape.watch(watched)
+            y = encode(x, p, cfg)
+        grads = tape.gradient(y, watched)
+        assert all(g is not None for g in grads)
+        return sorted(calls)
+
+    assert run([p]) == ["hash_grid_encode_grad_params"]
+    assert run([x]) == ["hash_grid_encode_grad_positions"]
+    assert run([x, p]) == ["hash_grid_encode_grad_params", "hash_grid_encode_grad_positions"]  # positive control
 
 
 # ---- empty batch and errors --------------------------------------------------------------------------------------
@@ -480,21 +538,32 @@ def test_errors_in_graph_mode_come_from_the_kernel():
 
 
 def test_baseline_and_avx2_paths_agree_bitwise(tmp_path):
-    """The CPU kernels have a baseline and an AVX2 build of the same loops (chosen at run time); a subprocess
-    with TF_METAL_OPS_NO_AVX2=1 must produce bit-identical forward and gradients."""
+    """The CPU kernels have a baseline and an AVX2+FMA build of the same loops (chosen at run time); a subprocess
+    with TF_METAL_OPS_NO_AVX2=1 must produce bit-identical forward and gradients. Each subprocess also reports,
+    through tf_metal_ops.backend.hash_grid_cpu_paths(), how many loop calls ran each build: the baseline side
+    must have run only the baseline build, the other side only the AVX2 build (so the two sides cannot silently
+    run the same path). Cases: every grid type and interpolation, both dtypes, tiled levels finer than the tile
+    and beyond MAX_BASE (index 0), fine levels where the fused position matters."""
+    import json
     import os
     import subprocess
     import sys
 
     script = r'''
-import sys, numpy as np, tensorflow as tf
+import json, sys, numpy as np, tensorflow as tf
 import tf_metal_ops
+from tf_metal_ops.backend import hash_grid_cpu_paths
 from tf_metal_ops.hash_grid import HashGridConfig
 out = {}
-for d, dtype, gt, interp in [(3, "float32", "hash", "linear"), (2, "float16", "tiled", "smoothstep"),
-                             (4, "float32", "dense", "nearest"), (1, "float16", "hash", "linear")]:
-    cfg = HashGridConfig(d, n_levels=5, n_features_per_level=4, log2_hashmap_size=9, base_resolution=3,
-                         per_level_scale=1.7, grid_type=gt, interpolation=interp)
+cases = [(3, "float32", "hash", "linear", 1.7, 3), (2, "float16", "tiled", "smoothstep", 1.7, 3),
+         (4, "float32", "dense", "nearest", 1.7, 3), (1, "float16", "hash", "linear", 1.7, 3),
+         (3, "float16", "hash", "smoothstep", 2.0, 16), (2, "float32", "dense", "linear", 1.7, 3),
+         (3, "float32", "tiled", "linear", 2.0, 2), (4, "float16", "tiled", "nearest", 2.5, 3),
+         (1, "float32", "tiled", "smoothstep", 2.0, 4), (2, "float16", "hash", "nearest", 3.0, 16)]
+for d, dtype, gt, interp, b, nmin in cases:
+    n_levels = 11 if (gt == "tiled" and d == 3) else 5   # 3-D tiled: the finest level has resolution 2048 > MAX_BASE
+    cfg = HashGridConfig(d, n_levels=n_levels, n_features_per_level=4, log2_hashmap_size=9, base_resolution=nmin,
+                         per_level_scale=b, grid_type=gt, interpolation=interp)
     rng = np.random.default_rng(d)
     x = tf.constant(rng.uniform(-0.1, 1.1, (777, d)).astype(np.float32))
     p = tf.constant(rng.uniform(-1, 1, cfg.params_shape).astype(dtype))
@@ -504,20 +573,28 @@ for d, dtype, gt, interp in [(3, "float32", "hash", "linear"), (2, "float16", "t
         y = tf_metal_ops.hash_grid_encode(x, p, **cfg.op_kwargs())
     gx, gp = tape.gradient(y, [x, p], output_gradients=dy)
     for k, v in (("y", y), ("gx", gx), ("gp", gp)):
-        out[f"{d}{dtype}{gt}{interp}{k}"] = v.numpy()
+        out[f"{d}{dtype}{gt}{interp}{b}{k}"] = v.numpy()
 np.savez(sys.argv[1], **out)
+print(json.dumps(hash_grid_cpu_paths()))
 '''
-    results = []
+    results, paths = [], []
     for no_avx2 in (False, True):
         env = dict(os.environ)
         env.pop("TF_METAL_OPS_NO_AVX2", None)
         if no_avx2:
             env["TF_METAL_OPS_NO_AVX2"] = "1"
         path = str(tmp_path / f"out{int(no_avx2)}.npz")
-        subprocess.run([sys.executable, "-c", script, path], check=True, env=env, cwd=str(tmp_path),
-                       capture_output=True)
+        run = subprocess.run([sys.executable, "-c", script, path], env=env, cwd=str(tmp_path), capture_output=True,
+                             text=True)
+        assert run.returncode == 0, run.stderr[-4000:]
         results.append(np.load(path))
-    assert set(results[0].files) == set(results[1].files) and len(results[0].files) == 12
+        paths.append(json.loads(run.stdout.strip().splitlines()[-1]))
+    default, baseline = paths
+    assert baseline["baseline_calls"] > 0 and baseline["avx2_calls"] == 0 and not baseline["avx2_selected"], paths
+    if not default["avx2_selected"]:
+        pytest.skip(f"the AVX2+FMA build is not available here (built: {default['avx2_built']}): only one path")
+    assert default["avx2_calls"] > 0 and default["baseline_calls"] == 0, paths
+    assert set(results[0].files) == set(results[1].files) and len(results[0].files) == 30
     for k in results[0].files:
         a, b = results[0][k], results[1][k]
         assert a.dtype == b.dtype and np.array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}")), k

@@ -6,20 +6,22 @@ Tolerances (params uniform in [-1, 1], dy standard normal):
   forward and d/dparams, float16 params: rtol 2^-10 (one float16 rounding of a float32 result) + a small atol;
   d/dparams: atol 2e-5, rtol 1e-5;  d/dpositions: rtol 1e-4 + atol 1e-5 * max|reference| (terms scale with the
   level scale, up to ~10^3 here, and cancel).
-The reference emulates the float32 computation of ``pos = x*scale + 0.5`` (rounding "separate" for eager TF,
-"fma" for XLA, which contracts it), so both pick the same cells and the same frac.
+Both compute ``pos = fma(scale, x, 0.5)`` with one float32 rounding (the convention, as tcnn's ``fmaf``: the reference
+with ``fma32``, pure TF exactly in float64 with round-to-odd, eagerly and under XLA), so both pick the same cells and
+the same frac; the scalar oracle rounds the exact rational value of ``x*scale + 0.5`` (a third construction).
 """
 
 import inspect
 import itertools
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tf_metal_ops.hash_grid import HashGridConfig, pure_tf, reference
-from tf_metal_ops.hash_grid.config import HASH_PRIMES
+from tf_metal_ops.hash_grid.config import HASH_PRIMES, MAX_BASE
 
 from hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_positions, seeded
 
@@ -55,6 +57,30 @@ def random_max_level(rng, cfg):
 
 
 # ---- a third, scalar implementation: tcnn's per-point loop with Python ints ----------------------------------
+def round_f32(v: Fraction) -> float:
+    """The float32 nearest to the rational v (ties to even), by comparing the candidates exactly."""
+    f = np.float32(float(v))
+    cands = [np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf))]
+    return float(min(cands, key=lambda c: (abs(Fraction(float(c)) - v), int(np.float32(c).view(np.uint32)) & 1)))
+
+
+def tcnn_grid_index(c, cfg, level):
+    """tcnn's current grid_index (common_device.h) with Python ints and uint32 masks."""
+    d, res, size = cfg.n_input_dims, cfg.resolution(level), cfg.level_sizes[level]
+    idx, stride = 0, 1
+    if res <= MAX_BASE[d]:
+        for i in range(d):
+            idx = (idx + c[i] * stride) % 2**32
+            stride = stride * res % 2**32
+    else:
+        stride = 0xFFFFFFFF
+    if cfg.grid_type == "hash" and size < stride:
+        idx = 0
+        for i in range(d):
+            idx ^= (c[i] * HASH_PRIMES[i]) % 2**32
+    return idx % size
+
+
 def scalar_encode(x, table, cfg, max_level=None):
     d, f = cfg.n_input_dims, cfg.n_features_per_level
     n_active = reference.n_active_levels(cfg.n_levels, max_level)
@@ -62,26 +88,15 @@ def scalar_encode(x, table, cfg, max_level=None):
     for n, point in enumerate(x):
         xs = [min(max(0.0 if math.isnan(v) else float(v), 0.0), 1.0) for v in point]
         for level in range(n_active):
-            scale, res, size = np.float32(cfg.scale(level)), cfg.resolution(level), cfg.level_sizes[level]
-            pos = [float(np.float32(np.float32(v) * scale) + np.float32(0.5)) for v in xs]
+            scale = Fraction(float(np.float32(cfg.scale(level))))
+            pos = [round_f32(scale * Fraction(v) + Fraction(1, 2)) for v in xs]  # fmaf: one rounding
             grid = [math.floor(p) for p in pos]
             frac = [p - g for p, g in zip(pos, grid)]
             if cfg.interpolation == "smoothstep":
                 frac = [t * t * (3 - 2 * t) for t in frac]
             bit_sets = [(0,) * d] if cfg.interpolation == "nearest" else itertools.product((0, 1), repeat=d)
             for bits in bit_sets:
-                c = [g + b for g, b in zip(grid, bits)]
-                idx, stride = 0, 1
-                for i in range(d):  # tcnn: strided while stride <= size
-                    if stride > size:
-                        break
-                    idx += c[i] * stride
-                    stride *= res
-                if cfg.grid_type == "hash" and size < stride:
-                    idx = 0
-                    for i in range(d):
-                        idx ^= (c[i] * HASH_PRIMES[i]) % 2**32
-                idx %= size
+                idx = tcnn_grid_index([g + b for g, b in zip(grid, bits)], cfg, level)
                 w = 1.0
                 if cfg.interpolation != "nearest":
                     for b, t in zip(bits, frac):
@@ -201,7 +216,6 @@ def test_jit_compile(interpolation):
         return y, gx, tf.convert_to_tensor(gp)
 
     y, gx, gp = fwd_bwd(tf.constant(x), tf.constant(p))
-    # XLA contracts x*scale + 0.5 to an FMA; the result agrees either way except at exact cell boundaries
     np.testing.assert_allclose(y.numpy(), reference.encode(x, p, cfg, pos_rounding="fma"), rtol=0, atol=2e-6)
     np.testing.assert_allclose(gp.numpy(), reference.grad_params(x, p, dy, cfg, pos_rounding="fma"), atol=2e-5)
     rgx = reference.grad_positions(x, p, dy, cfg, pos_rounding="fma")

@@ -135,6 +135,23 @@ def _metal_status(tf, build, system=None):
     return True, f"Metal kernels run on {gpus[0].name} ({reason})"
 
 
+def hash_grid_cpu_paths() -> dict:
+    """Which build of the hash-grid CPU loops runs in this process: ``avx2_built`` (an AVX2+FMA build is compiled
+    in), ``avx2_selected`` (the CPU has AVX2+FMA and ``TF_METAL_OPS_NO_AVX2`` is unset), and the number of loop
+    calls so far that ran the ``baseline_calls`` / ``avx2_calls`` build (a diagnostic: tests use it to prove
+    which path produced a result). Both builds give bitwise identical results."""
+    import ctypes
+
+    from tf_metal_ops import _library
+
+    base, avx2 = ctypes.c_longlong(), ctypes.c_longlong()
+    built, selected = ctypes.c_int(), ctypes.c_int()
+    _library.native().tfmo_hash_grid_cpu_paths(ctypes.byref(base), ctypes.byref(avx2), ctypes.byref(built),
+                                               ctypes.byref(selected))
+    return {"avx2_built": bool(built.value), "avx2_selected": bool(selected.value),
+            "baseline_calls": int(base.value), "avx2_calls": int(avx2.value)}
+
+
 def backend_info() -> dict:
     """TF version, library path and build, registered kernels per op and device, and whether Metal is usable
     (with the reason when it is not). Never raises: problems are reported in the result."""
@@ -163,6 +180,8 @@ def backend_info() -> dict:
     if hasattr(_library.native(), "tfmo_metal_info"):  # Metal device, GPU family, metallib location
         info["metal_device"] = json.loads(_library.native().tfmo_metal_info().decode())
     info["num_threads"] = int(_library.native().tfmo_get_num_threads())
+    if hasattr(_library.native(), "tfmo_hash_grid_cpu_paths"):
+        info["hash_grid_cpu_path"] = "avx2" if hash_grid_cpu_paths()["avx2_selected"] else "baseline"
     info["kernels"] = {op: _registered_kernels(op) for op in op_types(module)}
     info["metal_usable"], info["metal_reason"] = _metal_status(tf, build)
     info["emulated_gpu"] = _emulated_gpu_status(tf)

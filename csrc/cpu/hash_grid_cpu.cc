@@ -11,6 +11,7 @@
 //    redundant work); with fewer levels the level's rows are split and the corner math is recomputed.
 //  - position gradient: levels in order for every point (deterministic), recomputing the weight derivatives.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -31,21 +32,29 @@ using tfmo::hash_grid::Call;
 using tfmo::hash_grid::Config;
 
 // Hot loops are always-inline bodies instantiated twice (see TFMO_HG_VARIANTS): plain (baseline ISA) and, on
-// x86-64 with GCC, with target("avx2"), chosen at run time. Same source and same float operation order, so the
-// two give bitwise identical results (no FMA contraction: ISO C++ mode compiles with -ffp-contract=off).
+// x86-64 with GCC, with target("avx2,fma"), chosen at run time. Same source and same float operation order, so
+// the two give bitwise identical results: the one fused multiply-add of the math (pos = fma(scale, x, 0.5), as
+// tcnn) is explicit (tfmo_fma: the vfmadd instruction in the AVX2 variant, glibc's correctly rounded fmaf in the
+// baseline: the same bits), and the compiler fuses nothing else (setup.py builds with -ffp-contract=off; GCC's
+// default in GNU mode would contract a*b + c only in the FMA-capable variant).
 #define TFMO_HG_INLINE inline __attribute__((always_inline))
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TFMO_HG_HAVE_AVX2 1
-#define TFMO_HG_AVX2 __attribute__((target("avx2,bmi,bmi2"), noinline))
+#define TFMO_HG_AVX2 __attribute__((target("avx2,fma,bmi,bmi2"), noinline))
 #endif
 
 #ifdef TFMO_HG_HAVE_AVX2
 bool UseAvx2() {
   // TF_METAL_OPS_NO_AVX2=1 forces the baseline path (tests compare the two bit for bit).
-  static const bool avx2 = __builtin_cpu_supports("avx2") && std::getenv("TF_METAL_OPS_NO_AVX2") == nullptr;
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                           std::getenv("TF_METAL_OPS_NO_AVX2") == nullptr;
   return avx2;
 }
 #endif
+
+// How many hot-loop calls ran each variant ([0] baseline, [1] AVX2), for tfmo_hash_grid_cpu_paths: lets a test
+// prove which build of the loops actually ran (one relaxed increment per call of a loop over a range of points).
+std::atomic<long long> g_path_calls[2];
 
 // Declares NAME_plain(ARGS) and NAME_avx2(ARGS) calling the always-inline BODY, and NAME(ARGS) choosing one.
 #ifdef TFMO_HG_HAVE_AVX2
@@ -55,11 +64,18 @@ bool UseAvx2() {
   template <int D, int F, typename T, typename... A>                                            \
   TFMO_HG_AVX2 void NAME##_avx2(A... a) { BODY<D, F, T>(a...); }                                 \
   template <int D, int F, typename T, typename... A>                                            \
-  void NAME(A... a) { UseAvx2() ? NAME##_avx2<D, F, T>(a...) : NAME##_plain<D, F, T>(a...); }
+  void NAME(A... a) {                                                                           \
+    const bool avx2 = UseAvx2();                                                                \
+    g_path_calls[avx2 ? 1 : 0].fetch_add(1, std::memory_order_relaxed);                         \
+    avx2 ? NAME##_avx2<D, F, T>(a...) : NAME##_plain<D, F, T>(a...);                             \
+  }
 #else
 #define TFMO_HG_VARIANTS(NAME, BODY)                                                            \
   template <int D, int F, typename T, typename... A>                                            \
-  void NAME(A... a) { BODY<D, F, T>(a...); }
+  void NAME(A... a) {                                                                           \
+    g_path_calls[0].fetch_add(1, std::memory_order_relaxed);                                    \
+    BODY<D, F, T>(a...);                                                                        \
+  }
 #endif
 
 constexpr int kTile = 256;
@@ -483,3 +499,19 @@ static const tfmo::OnLoad kRegister([] {
 });
 
 }  // namespace
+
+// Diagnostics (ctypes, tf_metal_ops.backend.hash_grid_cpu_paths): the hot-loop calls that ran the baseline and the
+// AVX2 build so far in this process, and whether the AVX2 build is compiled in and selected.
+extern "C" __attribute__((visibility("default"))) void tfmo_hash_grid_cpu_paths(long long* baseline_calls,
+                                                                                long long* avx2_calls,
+                                                                                int* avx2_built, int* avx2_selected) {
+  *baseline_calls = g_path_calls[0].load();
+  *avx2_calls = g_path_calls[1].load();
+#ifdef TFMO_HG_HAVE_AVX2
+  *avx2_built = 1;
+  *avx2_selected = UseAvx2() ? 1 : 0;
+#else
+  *avx2_built = 0;
+  *avx2_selected = 0;
+#endif
+}

@@ -6,7 +6,8 @@
 //    (thread-private arrays); never device/threadgroup memory, never globals;
 //  - integer types: uint32_t / int32_t / uint64_t are not MSL spellings, so use `uint` and `int`
 //    (32-bit in both) and `ulong` only when needed (typedef'd below for C++);
-//  - math through the tfmo_* wrappers below, so both sides call the float overloads.
+//  - math through the tfmo_* wrappers below, so both sides call the float overloads; a fused multiply-add only
+//    through tfmo_fma (never rely on the compiler contracting a*b + c: it does so differently per target).
 #pragma once
 
 #if defined(__METAL_VERSION__)
@@ -15,6 +16,7 @@
 #define TFMO_THREAD thread
 #define TFMO_CONSTANT constant
 TFMO_FN float tfmo_floor(float x) { return metal::floor(x); }
+TFMO_FN float tfmo_fma(float a, float b, float c) { return metal::fma(a, b, c); }  // one rounding (MSL: exact)
 TFMO_FN float tfmo_exp(float x) { return metal::exp(x); }
 TFMO_FN float tfmo_log(float x) { return metal::log(x); }
 TFMO_FN float tfmo_ceil(float x) { return metal::ceil(x); }
@@ -35,6 +37,11 @@ typedef uint64_t ulong;
 #define TFMO_THREAD
 #define TFMO_CONSTANT constexpr
 TFMO_FN float tfmo_floor(float x) { return std::floor(x); }
+// a*b + c with one rounding (IEEE fusedMultiplyAdd): an FMA instruction where the function's target has one
+// (e.g. the CPU kernels' target("avx2,fma") variants), else glibc's correctly rounded fmaf. Either way the same
+// bits, so code using it may be compiled for several ISAs and stay bitwise equal. Build with -ffp-contract=off
+// so that the compiler never fuses a*b + c on its own (which it would do only where the target has FMA).
+TFMO_FN float tfmo_fma(float a, float b, float c) { return std::fma(a, b, c); }
 TFMO_FN float tfmo_exp(float x) { return std::exp(x); }
 TFMO_FN float tfmo_log(float x) { return std::log(x); }
 TFMO_FN float tfmo_ceil(float x) { return std::ceil(x); }

@@ -8,16 +8,21 @@
 //  - level l (0-based): scale_l = 2^(l*log2(b)) * N_min - 1, resolution_l = ceil(scale_l) + 1 (the "-1" makes
 //    N_min count grid vertices). scale_l is evaluated in float64 on the host and rounded to float32 (tcnn
 //    evaluates it in float32; the two agree unless tcnn's float rounding pushes scale across an integer).
-//  - pos = x*scale_l + 0.5 (the half-cell offset staggers the levels), grid = floor(pos), frac = pos - grid.
-//    Vertex g of a level sits at x = (g - 0.5)/scale_l; grid coordinates lie in [0, resolution_l].
+//  - pos = fma(scale_l, x, 0.5) in float32 with ONE rounding (tcnn's fmaf; tfmo_fma here), grid = floor(pos),
+//    frac = pos - grid. The half-cell offset staggers the levels; vertex g of a level sits at
+//    x = (g - 0.5)/scale_l; grid coordinates lie in [0, resolution_l].
 //  - Level table sizes: min(round_up_8(resolution^D), cap) entries, cap = 2^log2_hashmap_size (hash),
 //    N_min^D (tiled), none (dense, beyond 2^31-1 an error). res^D is saturated at 2^31-1 before rounding.
-//  - Indexing of corner c with grid coordinates g (all uint32 arithmetic wraps, as in CUDA):
-//      strided: sum over dims d while res^d <= size of g_d * res^d, then mod size;
-//      hash (grid type hash and res^D > size): XOR_d g_d * pi_d, pi = (1, 2654435761, 805459861, 3674653429),
-//      then mod size (size is then 2^log2_hashmap_size, so mod is a mask).
-//    The dense/hash decision and the strides are computed on the host in 64-bit arithmetic (tcnn computes the
-//    stride in uint32 and can overflow for very fine levels, silently switching to dense indexing).
+//  - Indexing of corner c with grid coordinates g: tcnn's current grid_index (common_device.h). With
+//    HG_MAX_BASE[D] = the largest base whose D-th power fits in uint32:
+//      res <= HG_MAX_BASE[D]: index = sum over ALL D dims of g_d * res^d (uint32 arithmetic), stride = res^D;
+//      otherwise:             index = 0,                                          stride = 0xFFFFFFFF;
+//      grid type hash and size < stride: index = XOR_d g_d * pi_d (uint32), pi = (1, 2654435761, 805459861,
+//      3674653429) (size is then 2^log2_hashmap_size);
+//    then index mod size. (For res <= HG_MAX_BASE[D] the uint32 sum cannot actually wrap, even with g_d = res.)
+//    Tiled levels finer than the tile (res^D > size) thus wrap the full row-major index, and tiled levels with
+//    res > HG_MAX_BASE[D] read row 0 for every corner, exactly as tcnn. The host precomputes the strides and
+//    the mode per level (hg_level_table).
 //  - Interpolation: linear w = frac; smoothstep w = frac^2 (3 - 2 frac); nearest: only the corner `grid`
 //    (= floor(pos), tcnn's definition) with weight 1 and zero position derivative.
 //    Corner c (bit d of c set = upper vertex in dim d) has weight prod_d (bit ? w_d : 1 - w_d).
@@ -39,8 +44,8 @@
 #define HG_INTERP_SMOOTHSTEP 2
 // Per-level index modes (decided on the host).
 #define HG_INDEX_HASH 0     // coherent prime hash, size is a power of two: index = hash & (size - 1)
-#define HG_INDEX_DENSE 1    // strided sum < 2*size (host-checked): index = sum, minus size once if >= size
-#define HG_INDEX_TILED 2    // strided, 64-bit sum mod size (only grid type tiled reaches this)
+#define HG_INDEX_DENSE 1    // row-major sum < 2*size (host-checked): index = sum, minus size once if >= size
+#define HG_INDEX_TILED 2    // row-major uint32 sum (strides may be 0: res > HG_MAX_BASE) mod size (tiled levels)
 
 // One level's constants. Same layout in C++ and MSL (only 4-byte members): the Metal host passes an array of
 // these in a buffer.
@@ -49,9 +54,9 @@ struct HgLevel {
   uint size;            // rows in the level
   uint resolution;      // ceil(scale) + 1
   uint mode;            // HG_INDEX_*
-  uint n_stride_dims;   // dims contributing to the strided index
+  uint n_stride_dims;   // D when the row-major index is used (res <= HG_MAX_BASE[D]), else 0 (index 0)
   float scale;          // scale_l (float32)
-  uint stride[HG_MAX_DIMS];  // res^d for d < n_stride_dims
+  uint stride[HG_MAX_DIMS];  // res^d for d < n_stride_dims, 0 beyond (unused dims, or all when index 0)
 };
 
 // Scalar arguments of the Metal kernels (metal_kernels/hash_grid.metal), set by csrc/metal/hash_grid_metal.mm.
@@ -87,12 +92,15 @@ TFMO_FN float hg_interp_dweight(float t, int interp) {
   return interp == HG_INTERP_SMOOTHSTEP ? 6.0f * t * (1.0f - t) : (interp == HG_INTERP_LINEAR ? 1.0f : 0.0f);
 }
 
+// The scaled position: one rounding, as tcnn's fmaf(scale, x, 0.5f).
+TFMO_FN float hg_pos(float x, float scale) { return tfmo_fma(scale, x, 0.5f); }
+
 // One coordinate: x (raw) -> grid coordinate, weight, derivative. pos >= 0.5 > 0 so truncation is floor.
 TFMO_FN void hg_coord(float x_raw, float scale, int interp, TFMO_THREAD uint* grid, TFMO_THREAD float* w,
                       TFMO_THREAD float* dw) {
   bool inside;
   float x = hg_clamp01(x_raw, &inside);
-  float pos = x * scale + 0.5f;
+  float pos = hg_pos(x, scale);
   uint g = (uint)pos;
   float frac = pos - (float)g;
   *grid = g;
@@ -115,21 +123,20 @@ TFMO_FN uint hg_hash(uint g0, uint g1, uint g2, uint g3) {
   return g0 ^ (g1 * 2654435761u) ^ (g2 * 805459861u) ^ (g3 * 3674653429u);
 }
 
-// Table index (row within the level) of grid coordinates g (unused dims are 0; a 0 contributes nothing to
-// the hash, and unused dims are beyond n_stride_dims). One function per mode, so loops can hoist the mode.
+// Table index (row within the level) of grid coordinates g (unused dims are 0: they contribute nothing to
+// the hash, and their strides are 0). One function per mode, so loops can hoist the mode.
 TFMO_FN uint hg_index_hash(HgLevel lv, uint g0, uint g1, uint g2, uint g3) {
   return hg_hash(g0, g1, g2, g3) & (lv.size - 1u);
 }
 TFMO_FN uint hg_index_dense(HgLevel lv, uint g0, uint g1, uint g2, uint g3) {
-  uint s = g0 + g1 * lv.stride[1] + g2 * lv.stride[2] + g3 * lv.stride[3];  // < 2*size (host checks)
+  // stride[0] == 1 in this mode; the sum is < 2*size (host checks)
+  uint s = g0 + g1 * lv.stride[1] + g2 * lv.stride[2] + g3 * lv.stride[3];
   return s >= lv.size ? s - lv.size : s;
 }
 TFMO_FN uint hg_index_tiled(HgLevel lv, uint g0, uint g1, uint g2, uint g3) {
-  ulong s = (ulong)g0;
-  if (lv.n_stride_dims > 1) s += (ulong)g1 * (ulong)lv.stride[1];
-  if (lv.n_stride_dims > 2) s += (ulong)g2 * (ulong)lv.stride[2];
-  if (lv.n_stride_dims > 3) s += (ulong)g3 * (ulong)lv.stride[3];
-  return (uint)(s % (ulong)lv.size);
+  // uint32 arithmetic as tcnn (all strides 0 when res > HG_MAX_BASE[D]: index 0)
+  uint s = g0 * lv.stride[0] + g1 * lv.stride[1] + g2 * lv.stride[2] + g3 * lv.stride[3];
+  return s % lv.size;
 }
 TFMO_FN uint hg_index(HgLevel lv, uint g0, uint g1, uint g2, uint g3) {
   if (lv.mode == HG_INDEX_HASH) return hg_index_hash(lv, g0, g1, g2, g3);
@@ -179,6 +186,12 @@ TFMO_FN uint hg_num_corners(int dims, int interp) { return interp == HG_INTERP_N
 #include <cmath>
 #include <cstdint>
 
+// tcnn's MAX_BASES: the largest base whose D-th power fits in uint32, for D = 0..4.
+inline uint32_t hg_max_base(int dims) {
+  static const uint32_t kMaxBase[HG_MAX_DIMS + 1] = {0u, 0xFFFFFFFFu, 0xFFFFu, 0x659u, 0xFFu};
+  return kMaxBase[dims];
+}
+
 // Fills levels[0..n_levels) and returns the total row count, or -1 when a size exceeds int32 (the table or
 // its params tensor [total, F] would not be addressable with 32-bit indices). Preconditions (validated by the
 // caller): 1 <= dims <= 4, 1 <= n_levels <= 32, base_resolution >= 1, per_level_scale >= 1, every scale_l
@@ -206,27 +219,31 @@ inline int64_t hg_level_table(int dims, int n_levels, int n_features, int log2_h
       const int64_t t = int64_t{1} << log2_hashmap_size;
       if (t < size) size = t;
     }
-    // Strides while stride <= size (tcnn's loop condition), computed exactly; bound = the largest strided sum
-    // (coordinates reach res at the upper edge).
+    // tcnn's grid_index: the row-major strides over all D dims when res <= MAX_BASE[D] (then res^D fits in
+    // uint32), else index 0 and stride 0xFFFFFFFF. bound = the largest row-major sum (coordinates reach res at
+    // the upper edge); it is < 2^32 whenever res <= MAX_BASE[D], so the kernels' uint32 sum never wraps.
     int64_t stride = 1, bound = 0;
-    int n_stride = 0;
-    for (int d = 0; d < dims && stride <= size; ++d) {
-      lv.stride[d] = (uint)stride;
-      bound += res * stride;
-      ++n_stride;
-      stride = (stride > (int64_t{1} << 40) / res) ? (int64_t{1} << 40) : stride * res;
+    const bool row_major = (uint64_t)res <= (uint64_t)hg_max_base(dims);
+    if (row_major) {
+      for (int d = 0; d < dims; ++d) {
+        lv.stride[d] = (uint)stride;
+        bound += res * stride;
+        stride *= res;  // <= 0xFFFFFFFF
+      }
+    } else {
+      stride = 0xFFFFFFFF;
     }
     lv.offset = (uint)offset;
     lv.size = (uint)size;
     lv.resolution = (uint)res;
     lv.scale = scale;
-    lv.n_stride_dims = (uint)n_stride;
+    lv.n_stride_dims = row_major ? (uint)dims : 0u;
     if (grid_type == HG_GRID_HASH && size < stride) {
       lv.mode = HG_INDEX_HASH;  // size == 2^log2_hashmap_size here (a power of two)
-    } else if (bound < 2 * size) {
-      lv.mode = HG_INDEX_DENSE;  // one conditional subtraction is the modulo (size <= 2^31 - 1: no overflow)
+    } else if (row_major && bound < 2 * size) {
+      lv.mode = HG_INDEX_DENSE;  // one conditional subtraction is the modulo (size <= 2^31: no overflow)
     } else {
-      lv.mode = HG_INDEX_TILED;  // e.g. tiled levels finer than the tile, or a tile of N_min^D < 8 rows
+      lv.mode = HG_INDEX_TILED;  // tiled levels finer than the tile (or with index 0), tiles of N_min^D < 8 rows
     }
     levels[l] = lv;
     offset += size;

@@ -4,10 +4,16 @@ hard crash fails the test instead of killing pytest).
     python tests/fuzz/fuzz_ops.py OP --examples 1000 [--seed 0]
 
 Every generated call must either return a documented result (checked here) or raise ValueError (wrapper) /
-tf.errors.InvalidArgumentError (kernel) with a message naming the offending argument. Anything else fails.
+tf.errors.InvalidArgumentError (kernel) with a message naming the offending argument. Anything else fails, and so
+does a rejection of a call the generator knows to be valid (a valid call must return a checked result).
+
+The last line printed is a JSON object of outcome counts (tests/test_fuzz.py asserts them): ``calls``,
+``returned`` (a checked result), ``rejected`` (a clean error), ``valid_calls`` (calls known to be valid: each of
+them returned, or the run failed) and ``faulty_calls`` (calls with an injected fault).
 """
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -28,11 +34,26 @@ warnings.filterwarnings("ignore", category=RuntimeWarning)  # casts of huge valu
 EXPECTED_ERRORS = (ValueError, TypeError, tf.errors.InvalidArgumentError)
 
 
-OUTCOMES = {"returned": 0, "rejected": 0}  # shown at the end, so a run that only ever rejects is visible
+# Printed at the end and asserted by tests/test_fuzz.py, so a run that only ever rejects is a failure.
+OUTCOMES = {"calls": 0, "returned": 0, "rejected": 0, "valid_calls": 0, "faulty_calls": 0}
 
 
-def expect_clean_error(exc, names):
-    """A raised error is fine when it is of an expected class and its message names an argument."""
+def start_call(valid, faulty=False):
+    """Counts one generated call: ``valid`` = known to be valid (it must return), ``faulty`` = a fault was
+    injected (it may be rejected; some faults leave the call valid, e.g. a shape change clamped to the same)."""
+    OUTCOMES["calls"] += 1
+    OUTCOMES["valid_calls"] += bool(valid)
+    OUTCOMES["faulty_calls"] += bool(faulty)
+
+
+def returned():
+    OUTCOMES["returned"] += 1
+
+
+def expect_clean_error(exc, names, valid=False, what=""):
+    """A raised error is fine when the call was not known to be valid, is of an expected class and its message
+    names an argument. A known-valid call that raises fails the run."""
+    assert not valid, f"a valid call was rejected ({what}): {type(exc).__name__}: {str(exc)[:500]}"
     OUTCOMES["rejected"] += 1
     assert isinstance(exc, EXPECTED_ERRORS), f"unexpected {type(exc).__name__}: {exc}"
     msg = str(exc)
@@ -72,18 +93,19 @@ def fuzz_zero_out(examples, seed_value):
               suppress_health_check=list(HealthCheck))
     @given(x=arrays())
     def run(x):
+        valid = x.dtype.name in ("int32", "int64", "float32", "float16")  # the kernel's types; any shape
+        start_call(valid, faulty=not valid)
         try:
             y = tf_metal_ops.zero_out(x).numpy()
         except Exception as e:
-            assert x.dtype.name not in ("int32", "int64", "float32", "float16"), f"{x.dtype} rejected: {e}"
-            expect_clean_error(e, ["zero_out: x"])
+            expect_clean_error(e, ["zero_out: x"], valid, f"{x.dtype} {x.shape}")
             return
         assert y.shape == x.shape and y.dtype == x.dtype
         expected = np.zeros_like(x)
         if x.size:
             expected.reshape(-1)[0] = x.reshape(-1)[0]
         np.testing.assert_array_equal(y, expected)
-        OUTCOMES["returned"] += 1
+        returned()
 
     run()
 
@@ -127,7 +149,18 @@ def ray_batch(draw):
         out["background"] = rng.random([r, c]).astype(np.float32)
     elif bg == "bad":
         out["background"] = rng.random([c + 1, 2, 1]).astype(np.float32)
+    # what was injected: (fault kind or None, the field whose shape was broken, the special value)
+    # (zero channels is invalid for volume_render, documented: "colors needs at least one channel")
+    kind = fault if fault != "background" or bg == "bad" else None
+    if kind is None and c == 0:
+        kind, broken = "shape", "colors"
+    out["_fault"] = (kind, broken, special)
     return out
+
+
+def _fault_of(b):
+    b = dict(b)
+    return b.pop("_fault"), b
 
 
 RENDER_ARGS = ["densities", "colors", r"\bt\b", "background", "termination_threshold", "weights"]
@@ -138,11 +171,15 @@ def fuzz_volume_render(examples, seed_value):
     @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(b=ray_batch(), thr=st.sampled_from([0.0, 0.0, 1e-4, 0.5, 1.0] * 3 + [-0.1, 2.0, float("nan")]))
     def run(b, thr):
+        (fault, _, _), b = _fault_of(b)
+        thr_ok = 0.0 <= thr <= 1.0  # False for NaN
+        start_call(fault is None and thr_ok, faulty=fault is not None or not thr_ok)
         try:
             out = tf_metal_ops.volume_render(b["densities"], b["colors"], b["t"], b.get("background"),
                                              termination_threshold=thr)
         except Exception as e:
-            expect_clean_error(e, RENDER_ARGS)
+            shapes = {k: v.shape for k, v in b.items()}
+            expect_clean_error(e, RENDER_ARGS, fault is None and thr_ok, f"shapes {shapes}, threshold {thr}")
             return
         r, s = b["densities"].shape
         c = b["colors"].shape[2]
@@ -154,7 +191,7 @@ def fuzz_volume_render(examples, seed_value):
                 assert np.isfinite(v.numpy()).all(), f"non-finite {name} for finite inputs"
             w = out.weights.numpy()
             assert (w >= 0).all() and (out.opacity.numpy() <= 1 + 1e-6).all()
-        OUTCOMES["returned"] += 1
+        returned()
 
     run()
 
@@ -164,18 +201,22 @@ def fuzz_distortion_loss(examples, seed_value):
     @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(b=ray_batch())
     def run(b):
+        (fault, broken, _), b = _fault_of(b)
         w, t = b["densities"], b["t"]
+        # faults in colors/background do not concern this op (it takes weights and t only)
+        relevant = fault is not None and fault != "background" and not (fault == "shape" and broken == "colors")
+        start_call(not relevant, faulty=relevant)
         try:
             loss = tf_metal_ops.distortion_loss(w, t)
         except Exception as e:
-            expect_clean_error(e, RENDER_ARGS)
+            expect_clean_error(e, RENDER_ARGS, not relevant, f"weights {w.shape} {w.dtype}, t {t.shape} {t.dtype}")
             return
         assert loss.shape == (w.shape[0],)
         # Finite inputs of moderate size give a finite loss (NaN/inf propagate, as in TF's own ops).
         if np.isfinite(w).all() and np.isfinite(t).all() and np.abs(w).max(initial=0) <= 1e4 \
                 and np.abs(t).max(initial=0) <= 1e6:
             assert np.isfinite(loss.numpy()).all()
-        OUTCOMES["returned"] += 1
+        returned()
 
     run()
 
@@ -232,10 +273,13 @@ def hash_grid_call(draw):
         x = x.reshape(-1)
     try:
         rows, f = tf_metal_ops.HashGridConfig(n_input_dims=d, **opts).params_shape
-    except ValueError:
+        config_ok = True
+    except ValueError:  # an invalid option, or a valid combination whose table is too large (documented)
         rows, f = 64, 2
+        config_ok = False
     params = rng.uniform(-1, 1, (max(rows + rows_delta, 0), f)).astype(params_dtype)
-    return x, params, opts, max_level
+    valid = fault is None and config_ok  # every unfaulted call with a constructible config must return
+    return x, params, opts, max_level, valid, fault
 
 
 def fuzz_hash_grid(examples, seed_value):
@@ -243,7 +287,8 @@ def fuzz_hash_grid(examples, seed_value):
     @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(call=hash_grid_call())
     def run(call):
-        x, params, opts, max_level = call
+        x, params, opts, max_level, valid, fault = call
+        start_call(valid, faulty=fault is not None)
         try:
             with tf.GradientTape() as tape:
                 xt, pt = tf.constant(x), tf.constant(params)
@@ -252,14 +297,15 @@ def fuzz_hash_grid(examples, seed_value):
                 loss = tf.reduce_sum(tf.cast(y, tf.float32))
             gx, gp = tape.gradient(loss, [xt, pt])
         except Exception as e:
-            expect_clean_error(e, HASH_ARGS)
+            expect_clean_error(e, HASH_ARGS, valid, f"x {x.shape} {x.dtype}, params {params.shape} {params.dtype}, "
+                                                   f"{opts}, max_level={max_level!r}")
             return
         n = x.shape[0]
         assert y.shape == (n, opts["n_levels"] * opts["n_features_per_level"]) and y.dtype == params.dtype
         assert gx.shape == x.shape and gp.shape == params.shape
         # Documented policy: positions are clamped to [0,1] (NaN -> 0), so finite tables give finite outputs.
         assert np.isfinite(y.numpy()).all() and np.isfinite(gx.numpy()).all()
-        OUTCOMES["returned"] += 1
+        returned()
 
     run()
 
@@ -276,8 +322,19 @@ if __name__ == "__main__":
     p.add_argument("op", choices=sorted(FUZZERS))
     p.add_argument("--examples", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--inject-rejection", action="store_true",
+                   help="negative control: every op call raises a clean-looking ValueError, so the run must fail")
     a = p.parse_args()
+    if a.inject_rejection:
+        def reject(*args, **kwargs):
+            raise ValueError("injected rejection (zero_out: x, positions, densities)")
+
+        for name in ("zero_out", "hash_grid_encode", "volume_render", "distortion_loss"):
+            setattr(tf_metal_ops, name, reject)
     FUZZERS[a.op](a.examples, a.seed)
-    print(f"fuzz {a.op}: {a.examples} examples passed "
-          f"({OUTCOMES['returned']} returned a checked result, {OUTCOMES['rejected']} rejected cleanly)")
+    assert OUTCOMES["returned"] + OUTCOMES["rejected"] == OUTCOMES["calls"], OUTCOMES
+    print(f"fuzz {a.op}: {OUTCOMES['calls']} calls for {a.examples} requested examples: "
+          f"{OUTCOMES['returned']} returned a checked result, {OUTCOMES['rejected']} rejected cleanly "
+          f"({OUTCOMES['valid_calls']} known valid, all returned; {OUTCOMES['faulty_calls']} with a fault)")
+    print(json.dumps(OUTCOMES))
     sys.exit(0)

@@ -9,24 +9,33 @@ Coordinate convention (Instant-NGP / tiny-cuda-nn, "tcnn"), stated once for the 
 * Level ``l`` (0-based) has ``scale_l = N_min * b**l - 1`` and ``resolution_l = ceil(scale_l) + 1``.
   ``scale_l`` is a float32: ``float32(2 ** (l * log2(float32(b))) * N_min - 1)`` evaluated in double precision and
   rounded once (``b`` is a float32 attribute of the op; the host computes the per-level scales, so CPU and GPU agree).
-* ``pos = x * scale_l + 0.5`` in float32, ``grid = floor(pos)`` (a non-negative integer vector), ``frac = pos - grid``.
-  Linear interpolation blends the ``2^D`` corners ``grid + c`` (c in {0,1}^D) with weights ``prod_i (c_i ? w_i : 1-w_i)``,
-  ``w = frac``; smoothstep uses ``w = frac^2 (3 - 2 frac)``; nearest reads only the corner ``grid`` (zero position
-  gradient).
-* Corner ``g`` of level ``l`` reads row ``offsets[l] + index_l(g)`` of the flat table ``[total_entries, F]``:
+* ``pos = fma(scale_l, x, 0.5)``: float32 with ONE rounding of ``x * scale_l + 0.5`` (tcnn's ``fmaf``; every backend
+  uses a fused multiply-add or emulates it exactly), ``grid = floor(pos)`` (a non-negative integer vector),
+  ``frac = pos - grid``. Linear interpolation blends the ``2^D`` corners ``grid + c`` (c in {0,1}^D) with weights
+  ``prod_i (c_i ? w_i : 1-w_i)``, ``w = frac``; smoothstep uses ``w = frac^2 (3 - 2 frac)``; nearest reads only the
+  corner ``grid`` (zero position gradient).
+* Corner ``g`` of level ``l`` reads row ``offsets[l] + index_l(g)`` of the flat table ``[total_entries, F]``, with
+  tcnn's current ``grid_index`` (``common_device.h``). ``MAX_BASE[D]`` is the largest base whose D-th power fits in
+  uint32 (``MAX_BASE``):
 
-  - hashed levels: ``index = (XOR_i (g_i * pi_i mod 2^32)) mod size_l`` with
+  - if ``resolution_l <= MAX_BASE[D]``: ``index = sum_{i<D} g_i * resolution_l^i`` over ALL D dims (uint32
+    arithmetic) and ``stride = resolution_l^D``; otherwise ``index = 0`` and ``stride = 0xFFFFFFFF``
+    (``index_stride``, ``dense_strides``);
+  - grid_type "hash" and ``size_l < stride``: the level is hashed, ``index = XOR_i (g_i * pi_i mod 2^32)`` with
     ``pi = (1, 2654435761, 805459861, 3674653429)``;
-  - other levels: ``index = (sum_{i<k} g_i * resolution_l^i) mod size_l`` where the sum runs over the leading dims
-    whose stride ``resolution_l^i`` is ``<= size_l`` (all D dims for dense levels; fewer for large tiled levels).
+  - then ``index mod size_l``.
 
-  Integer arithmetic is exact (tcnn does it in uint32, which agrees whenever its stride product does not overflow).
+  So a tiled level finer than its tile (``resolution^D > size``) wraps the full row-major index (older tcnn, and
+  this package before, summed only the leading dims whose stride fit in the level), and a tiled level with
+  ``resolution > MAX_BASE[D]`` reads row 0 for every corner, as tcnn does. For ``resolution <= MAX_BASE[D]`` the
+  uint32 sum cannot wrap (even with ``g_i = resolution``), so the exact integer sum is the same number.
   ``g_i`` can equal ``resolution_l`` at the upper edge; like tcnn, that corner aliases through the modulo.
 * Output ``[N, L*F]``, level-major: level ``l``'s F features at columns ``l*F .. l*F+F-1``.
 
 Table layout per level (tcnn ``GridEncodingTemplated``): ``dense = next_multiple(min(resolution^D, 2^31 - 1), 8)``;
 ``size = dense`` for grid_type "dense", ``min(dense, base_resolution^D)`` for "tiled" and ``min(dense, 2^log2_hashmap_size)``
-for "hash". A level is hashed iff grid_type is "hash" and ``resolution^D > size``. ``offsets`` are the cumulative sizes.
+for "hash". A level is hashed iff grid_type is "hash" and ``size < stride`` (the ``grid_index`` rule above; the same as
+``resolution^D > size``). ``offsets`` are the cumulative sizes.
 """
 
 from __future__ import annotations
@@ -49,6 +58,8 @@ MAX_TOTAL_PARAMS = 2**31 - 1
 # int32 grid coordinates and int64 products coordinate*prime exact. (Same bound as the op.)
 MAX_SCALE = 2.0**24
 HASH_PRIMES = (1, 2654435761, 805459861, 3674653429, 2097192037, 1434869437, 2165219737)
+# tcnn's MAX_BASES (common_device.h, grid_index): for D = 0..10, the largest base whose D-th power fits in uint32.
+MAX_BASE = (0, 0xFFFFFFFF, 0xFFFF, 0x659, 0xFF, 0x54, 0x28, 0x17, 0xF, 0xB, 0x9)
 _DENSE_CAP = 2**31 - 1  # tcnn: uint32 max / 2
 
 
@@ -166,22 +177,22 @@ class HashGridConfig:
             return min(dense, self.base_resolution**self.n_input_dims)
         return min(dense, 1 << self.log2_hashmap_size)
 
+    def index_stride(self, level: int) -> int:
+        """tcnn ``grid_index``'s ``stride``: ``resolution^D`` when ``resolution <= MAX_BASE[D]``, else ``0xFFFFFFFF``."""
+        res, d = self.resolution(level), self.n_input_dims
+        return res**d if res <= MAX_BASE[d] else 0xFFFFFFFF
+
     def is_hashed(self, level: int) -> bool:
-        return self.grid_type == "hash" and self.resolution(level) ** self.n_input_dims > self.params_in_level(level)
+        """grid_type "hash" and ``size < index_stride`` (tcnn ``grid_index``)."""
+        return self.grid_type == "hash" and self.params_in_level(level) < self.index_stride(level)
 
     def dense_strides(self, level: int) -> Tuple[int, ...]:
-        """Per-dim strides of the non-hashed index: ``resolution^i`` for the leading dims whose stride fits
-        in the level (tcnn's ``stride <= hashmap_size`` loop), 0 for the dims after them."""
-        size, res = self.params_in_level(level), self.resolution(level)
-        strides, stride = [], 1
-        for _ in range(self.n_input_dims):
-            if stride > size:
-                strides.append(0)
-                continue
-            strides.append(stride)
-            stride *= res
-        # once a stride exceeds size every later one does too, so the zeros are trailing
-        return tuple(strides)
+        """Per-dim strides of the non-hashed (row-major) index, tcnn ``grid_index``: ``resolution^i`` for all D dims
+        when ``resolution <= MAX_BASE[D]``, else all 0 (every corner reads row 0 of the level)."""
+        res, d = self.resolution(level), self.n_input_dims
+        if res > MAX_BASE[d]:
+            return (0,) * d
+        return tuple(res**i for i in range(d))
 
     # ---- whole-table quantities (cached: the dataclass is frozen) --------------------------------------------
     @functools.cached_property

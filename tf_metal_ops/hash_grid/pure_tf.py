@@ -4,6 +4,12 @@ What a user without custom ops would write, vectorised over points, levels and c
 library cannot load, a test oracle beside ``reference`` and the speed baseline of the benchmark. Works eagerly, in
 ``tf.function`` and with ``jit_compile=True``. Conventions: ``tf_metal_ops.hash_grid.config`` module docstring.
 
+The position ``pos = fma(scale, x, 0.5)`` is rounded once, as the op and tcnn do (TF has no fused multiply-add op):
+computed exactly in float64 (the product of two float32 is exact), the sum rounded to odd and then to float32,
+which is the correctly rounded fma (``_fma_pos``; the same construction as ``reference.fma32``). So the pure-TF path
+picks the same cells and the same ``frac`` as the op, bit for bit, eagerly and under XLA; what differs is only
+the float32 summation order of the interpolation (tests: 2e-6 absolute on outputs of a +-1 table).
+
 Levels are processed in two groups, each one batched computation: the non-hashed (coarse) levels and the hashed
 levels. Resolutions grow with the level (per_level_scale >= 1), so the hashed levels are the trailing ones.
 Hashing is done in uint32 (TF's uint32 multiply wraps mod 2^32 on CPU and in XLA); a hashed level's size is
@@ -21,6 +27,22 @@ from tf_metal_ops.hash_grid.reference import n_active_levels
 __all__ = ["encode", "hash_grid_encode"]
 
 
+def _fma_pos(x, scales):
+    """``fma(scale, x, 0.5)`` in float32 with one rounding: x [N, D] float32 in [0, 1], scales [m] float32 ->
+    [N, m, D] float32. Gradient: d pos / d x = scale."""
+    xs = x[:, None, :] * scales[:, None]  # [N, m, D] float32: only for the gradient (its value cancels)
+    p = tf.cast(tf.stop_gradient(x), tf.float64)[:, None, :] * tf.cast(scales, tf.float64)[:, None]  # exact
+    s = p + 0.5
+    bb = s - p
+    err = (p - (s - bb)) + (0.5 - bb)  # TwoSum: p + 0.5 = s + err exactly
+    bits = tf.bitcast(s, tf.int64)
+    fix = tf.logical_and(tf.not_equal(err, 0.0), tf.equal(tf.bitwise.bitwise_and(bits, 1), 0))
+    # round to odd: an inexact even s moves one ulp towards the exact value (s > 0: +-1 on the bits)
+    bits = tf.where(fix, bits + tf.where(err > 0.0, tf.constant(1, tf.int64), tf.constant(-1, tf.int64)), bits)
+    pos = tf.cast(tf.bitcast(bits, tf.float64), tf.float32)  # round-to-odd then to nearest: the correct fma
+    return pos + (xs - tf.stop_gradient(xs))  # value: pos + 0 (exact); gradient: scale
+
+
 def _group(x, params, cfg: HashGridConfig, levels, hashed, compute_dtype):
     """Encodes the levels ``levels`` (all hashed or all not): ``[N, len(levels), F]`` in compute_dtype.
 
@@ -30,7 +52,7 @@ def _group(x, params, cfg: HashGridConfig, levels, hashed, compute_dtype):
     """
     d = cfg.n_input_dims
     scales = tf.constant([cfg.scale(l) for l in levels], tf.float32)
-    pos = x[:, None, :] * scales[:, None] + 0.5  # [N, m, D] float32 (the convention's float32 step)
+    pos = _fma_pos(x, scales)  # [N, m, D] float32: fma(scale, x, 0.5), one rounding (the convention)
     grid_f = tf.floor(pos)
     frac = tf.cast(pos - grid_f, compute_dtype)  # exact; d(frac)/d(pos) = 1 (floor has no gradient)
     grid = tf.cast(grid_f, tf.int32)  # 0 <= grid <= resolution <= 2^24 + 1
@@ -46,13 +68,15 @@ def _group(x, params, cfg: HashGridConfig, levels, hashed, compute_dtype):
             terms.append((lo, None if nearest else lo + tf.constant(HASH_PRIMES[i], tf.uint32)))
         combine = tf.bitwise.bitwise_xor
     else:
+        # tcnn's row-major index over all D dims (all strides 0 when resolution > MAX_BASE[D]: row 0). The exact
+        # sum is < 2^32 (config docstring), so it equals tcnn's uint32 sum; floormod then wraps it into the level.
         strides = np.array([cfg.dense_strides(l) for l in levels], dtype=np.int64)  # [m, D]
         sizes = np.array([cfg.params_in_level(l) for l in levels], dtype=np.int64)  # [m]
         bound = int(((np.array([cfg.resolution(l) for l in levels]) + 1)[:, None] * strides).sum(axis=1).max())
         itype = tf.int32 if bound < 2**31 else tf.int64  # the exact strided sum fits itype
         g_all = tf.cast(grid, itype)
         for i in range(d):
-            stride = tf.constant(strides[:, i], itype)  # [m]; 0 for dims beyond a tiled level's strided dims
+            stride = tf.constant(strides[:, i], itype)  # [m]
             lo = g_all[:, :, i] * stride
             terms.append((lo, None if nearest else lo + stride))
         combine = tf.add

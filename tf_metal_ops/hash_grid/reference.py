@@ -2,11 +2,12 @@
 
 Written for clarity: a Python loop over levels and corners, vectorised over points. Conventions are those of
 ``tf_metal_ops.hash_grid.config`` (module docstring). Everything is float64 except the one step the kernels do in
-float32 and that decides which cell a point falls in: ``pos = x * scale + 0.5``. Its rounding is emulated
-(``pos_rounding``): ``"separate"`` (default) rounds the product and the sum separately (plain float32 code: the
-CPU kernel built without FMA contraction, TF eager); ``"fma"`` rounds once (tcnn's ``fmaf``; XLA and clang on arm64
-contract ``x*s + 0.5`` to an FMA). The two differ in about one value of ``pos`` in 10^6, which only matters for
-nearest interpolation exactly at a cell boundary.
+float32 and that decides which cell a point falls in: ``pos = fma(scale, x, 0.5)``. Its rounding is emulated
+(``pos_rounding``): ``"fma"`` (default, the convention: tcnn's ``fmaf`` and every backend of this package) rounds
+``x * scale + 0.5`` once to float32 (``fma32``: exact); ``"separate"`` rounds the product and the sum separately
+(plain float32 code without a fused multiply-add, e.g. this package before it followed tcnn here). The two differ in
+about one value of ``pos`` in 10^6 (by one ulp), which moves fine-level weights by ~1e-7 relative and only changes
+a cell for ``pos`` exactly at a cell boundary.
 
 Functions take ``(positions, params, config=None, *, max_level=None, pos_rounding=..., **options)``; ``config`` is a
 ``HashGridConfig`` or built from ``options`` (the ``hash_grid_encode`` keyword arguments) and the positions' last dim.
@@ -21,7 +22,7 @@ import numpy as np
 
 from tf_metal_ops.hash_grid.config import HASH_PRIMES, HashGridConfig
 
-__all__ = ["encode", "grad_params", "grad_positions", "level_corners", "make_config", "n_active_levels"]
+__all__ = ["encode", "fma32", "grad_params", "grad_positions", "level_corners", "make_config", "n_active_levels"]
 
 
 def make_config(positions, config=None, **options) -> HashGridConfig:
@@ -40,17 +41,40 @@ def _clamped(positions):
     return x, in_range
 
 
+def fma32(a, b, c):
+    """``fmaf(a, b, c)`` for float32 arrays: ``a * b + c`` rounded ONCE to float32 (IEEE round to nearest even).
+
+    The product of two float32 is exact in float64; the float64 sum is rounded to odd (TwoSum gives its exact
+    error; an inexact even result moves one ulp towards the exact value), and rounding a round-to-odd float64 to
+    float32 is the correctly rounded result (53 >= 24 + 2 bits; Boldo & Melquiond). A plain float64 sum rounded to
+    float32 would be a double rounding, wrong in rare ties.
+    """
+    a = np.asarray(a, np.float32).astype(np.float64)
+    b = np.asarray(b, np.float32).astype(np.float64)
+    c = np.asarray(c, np.float32).astype(np.float64)
+    p = a * b  # exact
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = p + c
+        bb = s - p
+        err = (p - (s - bb)) + (c - bb)  # exact: p + c = s + err (finite s)
+    odd = (s.view(np.int64) & 1) == 1
+    fix = np.isfinite(s) & (err != 0) & ~odd
+    s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
 def _pos(x32, scale, pos_rounding):
     s = np.float32(scale)
-    if pos_rounding == "fma":  # float32*float32 is exact in float64; one rounding of the sum
-        return (x32.astype(np.float64) * np.float64(s) + 0.5).astype(np.float32)
+    if pos_rounding == "fma":  # one rounding (tcnn's fmaf)
+        return fma32(s, x32, np.float32(0.5))
     if pos_rounding == "separate":
         return (x32 * s).astype(np.float32) + np.float32(0.5)
     raise ValueError(f"pos_rounding must be 'fma' or 'separate', got {pos_rounding!r}")
 
 
 def _index(cfg: HashGridConfig, level: int, corner):
-    """Row in the level's table (before adding offsets[level]) of integer corners [N, D] (int64, exact)."""
+    """Row in the level's table (before adding offsets[level]) of integer corners [N, D] (int64): tcnn's
+    ``grid_index``, uint32 arithmetic emulated with masks."""
     size = cfg.params_in_level(level)
     if cfg.is_hashed(level):
         h = np.zeros(corner.shape[0], dtype=np.int64)
@@ -58,12 +82,12 @@ def _index(cfg: HashGridConfig, level: int, corner):
             h ^= (corner[:, i] * HASH_PRIMES[i]) & 0xFFFFFFFF  # corner < 2^31, prime < 2^32: no int64 overflow
         return h % size
     idx = np.zeros(corner.shape[0], dtype=np.int64)
-    for i, stride in enumerate(cfg.dense_strides(level)):
-        idx = (idx + (corner[:, i] * stride) % size) % size  # corner, stride < 2^31: each product fits int64
-    return idx
+    for i, stride in enumerate(cfg.dense_strides(level)):  # row-major over all D dims (or all strides 0)
+        idx = (idx + corner[:, i] * stride) & 0xFFFFFFFF  # corner <= 2^24 + 1, stride < 2^32: fits int64
+    return idx % size
 
 
-def level_corners(positions, cfg: HashGridConfig, level: int, pos_rounding="separate"):
+def level_corners(positions, cfg: HashGridConfig, level: int, pos_rounding="fma"):
     """Yields, for each interpolation corner of one level, ``(rows [N] int64 into the flat table, weight [N],
     dweight [N, D])`` where ``dweight[:, i]`` is d(weight)/d(x_i) for in-range x (float64)."""
     x, _ = _clamped(positions)
@@ -120,7 +144,7 @@ def _check(positions, params, cfg):
     return positions, params.astype(np.float64)
 
 
-def encode(positions, params, config=None, *, max_level=None, pos_rounding="separate", **options):
+def encode(positions, params, config=None, *, max_level=None, pos_rounding="fma", **options):
     """Forward: ``[N, L*F]`` float64, level-major."""
     cfg = make_config(positions, config, **options)
     positions, table = _check(positions, params, cfg)
@@ -133,7 +157,7 @@ def encode(positions, params, config=None, *, max_level=None, pos_rounding="sepa
     return out
 
 
-def grad_params(positions, params, dy, config=None, *, max_level=None, pos_rounding="separate", **options):
+def grad_params(positions, params, dy, config=None, *, max_level=None, pos_rounding="fma", **options):
     """d(sum(dy * encode))/d(params): ``[total_entries, F]`` float64 (scatter-add of weight * dy)."""
     cfg = make_config(positions, config, **options)
     positions, table = _check(positions, params, cfg)
@@ -147,7 +171,7 @@ def grad_params(positions, params, dy, config=None, *, max_level=None, pos_round
     return grad
 
 
-def grad_positions(positions, params, dy, config=None, *, max_level=None, pos_rounding="separate", **options):
+def grad_positions(positions, params, dy, config=None, *, max_level=None, pos_rounding="fma", **options):
     """d(sum(dy * encode))/d(positions): ``[N, D]`` float64; zero for out-of-range/NaN coordinates and for
     nearest interpolation."""
     cfg = make_config(positions, config, **options)
