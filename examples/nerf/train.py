@@ -310,38 +310,68 @@ class Trainer:
         return d if self.is_chief else os.path.join(d, f"worker-temp-{self.cluster.rank}")
 
     def init_checkpoints(self):
-        """Creates the manager, checks that a resumed run has the same settings, restores the latest checkpoint
-        (every worker reads the chief's). Returns the restored path or None."""
+        """Creates the manager; on the chief, checks that a resumed run has the same settings and restores the
+        latest checkpoint; then (several workers) the chief's state is broadcast to everyone, so the other workers
+        need no copy of the checkpoint files. Returns a description of what was restored, or None."""
         tf = self.tf
         chief_dir = os.path.join(self.args.out, "checkpoints")
         self.ckpt_manager = None
+        if (self.args.ckpt_steps or self.args.ckpt_seconds) and self.is_chief:
+            os.makedirs(chief_dir, exist_ok=True)
+            for name in os.listdir(chief_dir):  # leftovers of a save that was killed midway (never referenced)
+                if name.endswith("_temp") or name.startswith("worker-temp-") or ".tmp" in name:
+                    path = os.path.join(chief_dir, name)
+                    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
         if self.args.ckpt_steps or self.args.ckpt_seconds:
-            if self.is_chief:
-                os.makedirs(chief_dir, exist_ok=True)
-                for name in os.listdir(chief_dir):  # leftovers of a save that was killed midway (never referenced)
-                    if name.endswith("_temp") or name.startswith("worker-temp-") or ".tmp" in name:
-                        path = os.path.join(chief_dir, name)
-                        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
             self.ckpt_manager = tf.train.CheckpointManager(self.ckpt, self.checkpoint_dir(),
                                                            max_to_keep=max(1, self.args.keep_checkpoints))
-        latest = tf.train.latest_checkpoint(chief_dir) if os.path.isdir(chief_dir) else None
-        if latest is None:
-            if self.is_chief and self.ckpt_manager is not None:
+        latest = None
+        if self.is_chief:
+            latest = tf.train.latest_checkpoint(chief_dir) if os.path.isdir(chief_dir) else None
+            if latest is None and self.ckpt_manager is not None:
                 write_json_atomic(os.path.join(chief_dir, "run_config.json"),
                                   {k: getattr(self.args, k) for k in RESUME_KEYS})
-            return None
-        cfg_path = os.path.join(chief_dir, "run_config.json")
-        if os.path.exists(cfg_path):
-            with open(cfg_path) as f:
-                saved = json.load(f)
-            diff = {k: (saved.get(k), getattr(self.args, k)) for k in RESUME_KEYS
-                    if json.loads(json.dumps(getattr(self.args, k))) != saved.get(k)}
-            if diff:
-                raise SystemExit("error: cannot resume " + latest + ": these settings differ from the run that wrote "
-                                 "it (checkpoint, now): " + ", ".join(f"{k} {a!r} vs {b!r}" for k, (a, b) in diff.items())
-                                 + "; use another --out for a new run")
-        self.ckpt.restore(latest).assert_existing_objects_matched()
+            cfg_path = os.path.join(chief_dir, "run_config.json")
+            if latest is not None and os.path.exists(cfg_path):
+                with open(cfg_path) as f:
+                    saved = json.load(f)
+                diff = {k: (saved.get(k), getattr(self.args, k)) for k in RESUME_KEYS
+                        if json.loads(json.dumps(getattr(self.args, k))) != saved.get(k)}
+                if diff:
+                    raise SystemExit("error: cannot resume " + latest + ": these settings differ from the run that "
+                                     "wrote it (checkpoint, now): " + ", ".join(
+                                         f"{k} {a!r} vs {b!r}" for k, (a, b) in diff.items())
+                                     + "; use another --out for a new run")
+            if latest is not None:
+                self.ckpt.restore(latest).assert_existing_objects_matched()
+        if self.cluster is not None and self.cluster.n_workers > 1:
+            self.broadcast_from_chief()
+            if not self.is_chief and int(self.state_step.numpy()) > 0:
+                latest = "the chief's checkpoint"
         return latest
+
+    def checkpointed_variables(self):
+        vs = list(self.model.variables) + list(self.opt.variables)
+        if self.opt_table is not None:
+            vs += list(self.opt_table.variables)
+        return vs + [self.state_step, self.state_train_s, self.state_seed]
+
+    def broadcast_from_chief(self):
+        """Every variable a checkpoint holds takes the chief's value (an all-gather that keeps replica 0's
+        slice: exact bits, any dtype)."""
+        tf, strategy = self.tf, self.strategy
+        variables = self.checkpointed_variables()
+
+        @tf.function
+        def gather():
+            def fn():
+                ctx = tf.distribute.get_replica_context()
+                return [ctx.all_gather(tf.convert_to_tensor(v)[None], axis=0)[0] for v in variables]
+
+            return [strategy.experimental_local_results(x)[0] for x in strategy.run(fn)]
+
+        for v, x in zip(variables, gather()):
+            v.assign(x)
 
     def save_checkpoint(self, step_no, train_s):
         self.state_step.assign(step_no)
