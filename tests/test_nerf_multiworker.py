@@ -173,6 +173,8 @@ def test_killed_worker_stops_the_job_and_a_restart_resumes(tmp_path, env, procs)
     log2 = (tmp_path / "job2.log").read_text()
     assert rc == 0, log2[-4000:]
     assert f"resumed from {out / 'checkpoints' / f'ckpt-{last}'}: step {last}" in log2
+    # the other worker got the chief's restored state by broadcast, without reading checkpoint files
+    assert f"resumed from the chief's checkpoint: step {last}" in (out / "logs" / "worker-1.log").read_text()
     with open(out / "metrics.json") as f:
         m = json.load(f)
     assert m["final"]["steps"] == steps and m["resumed"][-1]["step"] == last and len(m["train_losses"]) == steps
