@@ -450,7 +450,7 @@ def run(argv=None):
 
     tr = Trainer(args, ds, strategy=strategy, cluster=cluster)
     print(f"model {args.model}{' (' + args.impl + ')' if args.model == 'hash' else ''}: {tr.n_params:,} parameters, "
-          f"{args.samples} samples/ray, {args.batch_rays} rays/step, XLA train step: {tr.jit}, "
+          f"{args.samples} samples/ray, {args.batch_rays} rays/step, XLA train step: {tr.jit and tr.strategy.num_replicas_in_sync == 1}, "
           f"replicas: {tr.strategy.num_replicas_in_sync}"
           + (f", all-reduced per step: {tr.allreduce_bytes:,} bytes" if multi else ""), flush=True)
     restored = tr.init_checkpoints()
