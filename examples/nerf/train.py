@@ -210,7 +210,8 @@ class Trainer:
                 self.opt_table.build(self.table_vars)
         self.n_params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
         # gradients all-reduced per step: one float32 value per trainable parameter (dense, the table included)
-        self.allreduce_bytes = int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in self.model.trainable_variables))
+        self.allreduce_bytes = int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
+                                       for v in self.model.trainable_variables))
         # training state beside the model and optimisers: steps done, chief's training seconds (the lr schedule
         # and time budget), the permutation seed; the data position is a function of (seed, step)
         self.state_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -450,7 +451,8 @@ def run(argv=None):
 
     tr = Trainer(args, ds, strategy=strategy, cluster=cluster)
     print(f"model {args.model}{' (' + args.impl + ')' if args.model == 'hash' else ''}: {tr.n_params:,} parameters, "
-          f"{args.samples} samples/ray, {args.batch_rays} rays/step, XLA train step: {tr.jit and tr.strategy.num_replicas_in_sync == 1}, "
+          f"{args.samples} samples/ray, {args.batch_rays} rays/step, "
+          f"XLA train step: {tr.jit and tr.strategy.num_replicas_in_sync == 1}, "
           f"replicas: {tr.strategy.num_replicas_in_sync}"
           + (f", all-reduced per step: {tr.allreduce_bytes:,} bytes" if multi else ""), flush=True)
     restored = tr.init_checkpoints()
