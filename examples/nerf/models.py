@@ -20,16 +20,22 @@ import tensorflow as tf
 # ------------------------------------------------------------------------------------------------ shared pieces
 
 
-def stratified_t(t_near, t_far, n_samples: int, perturb: bool):
+def stratified_t(t_near, t_far, n_samples: int, perturb: bool, seed=None):
     """Stratified samples between per-ray ``t_near``/``t_far`` ``[R]``: one per equal bin, uniformly jittered inside
     its bin when ``perturb`` (training), at the bin centre otherwise.
 
     Returns ``(t, edges)``: sample distances ``[R, S]`` and interval edges ``[R, S+1]`` (``t_near``, the midpoints
     between consecutive samples, ``t_far``) — sample i stands for ``[edges_i, edges_{i+1}]``, the convention of
     ``tf_metal_ops.volume_render``. Without jitter the edges are exactly the bin boundaries.
+
+    ``seed``: an int ``[2]`` tensor makes the jitter a pure function of it (``tf.random.stateless_uniform``), so a
+    training run resumed from a checkpoint, or split over workers, draws exactly the samples it would have drawn;
+    ``None`` uses TF's stateful random ops.
     """
     R = tf.shape(t_near)[0]
-    if perturb:
+    if perturb and seed is not None:
+        u = tf.random.stateless_uniform([R, n_samples], seed=seed, dtype=t_near.dtype)
+    elif perturb:
         u = tf.random.uniform([R, n_samples], dtype=t_near.dtype)
     else:
         u = tf.fill([R, n_samples], tf.constant(0.5, t_near.dtype))
@@ -125,11 +131,11 @@ class MLPNeRF(keras.Model):
         raw = self.out(h)
         return tf.nn.relu(raw[..., 3]), tf.sigmoid(raw[..., :3])
 
-    def call(self, rays_o, rays_d, training=False):
+    def call(self, rays_o, rays_d, training=False, jitter_seed=None):
         c = self.cfg
         R = tf.shape(rays_o)[0]
         t_near, t_far = tf.fill([R], c["near"]), tf.fill([R], c["far"])
-        t, edges = stratified_t(t_near, t_far, c["n_samples"], perturb=training and c["jitter"])
+        t, edges = stratified_t(t_near, t_far, c["n_samples"], perturb=training and c["jitter"], seed=jitter_seed)
         pts = rays_o[:, None, :] + rays_d[:, None, :] * t[..., None]
         sigma, rgb = self.field(pts)
         color, depth, opacity, weights = composite_tf(sigma, rgb, edges, t, tf.constant(c["background"]))
@@ -184,13 +190,13 @@ class HashNeRF(keras.Model):
                           keras.layers.Dense(hidden, activation="relu", name="color_1"),
                           keras.layers.Dense(3, name="color_out")]
 
-    def _pre(self, rays_o, rays_d, training):
+    def _pre(self, rays_o, rays_d, training, jitter_seed=None):
         """Samples, normalised positions in [0,1]^3, inside-the-box mask, SH of the view direction."""
         c = self.cfg
         t0, t1 = ray_aabb(rays_o, rays_d, c["bound"])
         t_near = tf.maximum(t0, c["near"])
         t_far = tf.maximum(tf.minimum(t1, c["far"]), t_near + 1e-4)  # rays missing the box: an empty segment
-        t, edges = stratified_t(t_near, t_far, c["n_samples"], perturb=training and c["jitter"])
+        t, edges = stratified_t(t_near, t_far, c["n_samples"], perturb=training and c["jitter"], seed=jitter_seed)
         pts = rays_o[:, None, :] + rays_d[:, None, :] * t[..., None]
         x = (pts / c["bound"] + 1.0) * 0.5
         inside = tf.cast(tf.reduce_all((x >= 0.0) & (x <= 1.0), axis=-1), tf.float32)
@@ -212,20 +218,21 @@ class HashNeRF(keras.Model):
             c = layer(c)
         return sigma, tf.sigmoid(c)
 
-    def call(self, rays_o, rays_d, training=False):
+    def call(self, rays_o, rays_d, training=False, jitter_seed=None):
+        """``jitter_seed``: optional int ``[2]`` tensor, the stateless seed of the sample jitter (see stratified_t)."""
         c = self.cfg
         op = c["implementation"] == "op"
         if op and c.get("xla_inner", False):
             # custom ops have no XLA kernel: compile the parts around them as separate inner XLA functions
             if not hasattr(self, "_pre_xla"):
-                self._pre_xla = {True: tf.function(lambda o, d: self._pre(o, d, True), jit_compile=True),
-                                 False: tf.function(lambda o, d: self._pre(o, d, False), jit_compile=True)}
+                self._pre_xla = {True: tf.function(lambda o, d, s=None: self._pre(o, d, True, s), jit_compile=True),
+                                 False: tf.function(lambda o, d, s=None: self._pre(o, d, False, s), jit_compile=True)}
                 self._post_xla = tf.function(self._post, jit_compile=True)
             pre, post = self._pre_xla[bool(training)], self._post_xla
-            t, edges, x, inside, sh = pre(rays_o, rays_d)
+            t, edges, x, inside, sh = pre(rays_o, rays_d, jitter_seed)
         else:
             post = self._post
-            t, edges, x, inside, sh = self._pre(rays_o, rays_d, training)
+            t, edges, x, inside, sh = self._pre(rays_o, rays_d, training, jitter_seed)
         feat = self.encoding(x)
         sigma, rgb = post(feat, inside, sh)
         bg = tf.constant(c["background"])

@@ -11,6 +11,10 @@ PSNR), ``OUT/renders/*.png`` (ground truth | prediction), ``OUT/psnr.png`` (test
 
 Budgets (``--minutes``) count training time only (evaluations are excluded), so models with different evaluation
 costs get the same training time. An epoch is one pass over all training rays.
+
+``--strategy multiworker`` trains under ``tf.distribute.MultiWorkerMirroredStrategy`` with the cluster read from
+``TF_CONFIG`` (``launch_local.py`` starts N such workers on this machine); ``--checkpoint-every`` saves
+``OUT/checkpoints`` periodically and a re-run with the same ``--out`` resumes from the latest checkpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 
@@ -40,8 +45,17 @@ def parse_args(argv=None):
     budget.add_argument("--steps", type=int, help="number of training steps")
     p.add_argument("--quick", action="store_true", help="2.5 minutes of training, small evaluations (~3 min total)")
     p.add_argument("--out", default=None, help="output folder (default runs/<model>-<time>)")
-    p.add_argument("--strategy", choices=("default", "mirrored"), default="default")
+    p.add_argument("--strategy", choices=("default", "mirrored", "multiworker"), default="default",
+                   help="multiworker: MultiWorkerMirroredStrategy over the cluster in TF_CONFIG (see launch_local.py)")
     p.add_argument("--replicas", type=int, default=2, help="logical CPU devices for --strategy mirrored without GPUs")
+    p.add_argument("--checkpoint-every", default=None, metavar="N|Ns",
+                   help="checkpoint to OUT/checkpoints every N steps (e.g. 200) or N seconds of training (e.g. 60s); "
+                        "a re-run with the same --out resumes from the latest one (default: 60s with --strategy "
+                        "multiworker, none otherwise; 0 disables)")
+    p.add_argument("--keep-checkpoints", type=int, default=2, help="checkpoints kept in OUT/checkpoints")
+    p.add_argument("--save-worker-weights", action="store_true",
+                   help="every worker (chief included) writes its final weights to OUT/workers/rank-<r>.npz "
+                        "(to check that the replicas stayed in sync)")
     # model
     p.add_argument("--samples", type=int, default=None, help="samples per ray (default: mlp 32, hash 64)")
     p.add_argument("--batch-rays", type=int, default=4096)
@@ -92,6 +106,20 @@ def parse_args(argv=None):
         args.lr_decay = 1.0 if args.model == "mlp" else 0.1
     if not 0.0 < args.lr_decay <= 1.0:
         p.error(f"--lr-decay must be in (0, 1], got {args.lr_decay}")
+    if args.checkpoint_every is None and args.strategy == "multiworker":
+        args.checkpoint_every = "60s"
+    args.ckpt_steps = args.ckpt_seconds = None
+    if args.checkpoint_every not in (None, "0", "0s"):
+        spec = str(args.checkpoint_every).strip()
+        try:
+            if spec.endswith("s"):
+                args.ckpt_seconds = float(spec[:-1])
+                assert args.ckpt_seconds > 0
+            else:
+                args.ckpt_steps = int(spec)
+                assert args.ckpt_steps > 0
+        except (ValueError, AssertionError):
+            p.error(f"--checkpoint-every must be a number of steps (200) or seconds (60s), got {spec!r}")
     if args.out is None:
         args.out = os.path.join("runs", f"{args.model}{'-' + args.impl if args.model == 'hash' else ''}-"
                                 f"{time.strftime('%Y%m%d-%H%M%S')}")
@@ -113,8 +141,24 @@ def side_by_side(gt, pred):
     return (np.clip(np.concatenate([gt, gap, pred], axis=1), 0, 1) * 255).round().astype(np.uint8)
 
 
+def write_json_atomic(path, obj):
+    """Write-to-temp + rename: a reader (or a run killed mid-write) never sees a half-written file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# Arguments a resumed run must share with the run that wrote the checkpoint (weights shapes, data order, samples).
+RESUME_KEYS = ("data", "model", "impl", "samples", "batch_rays", "levels", "features", "log2_table", "base_res",
+               "finest_res", "bound", "seed", "scene_seed", "scene_res", "scene_ss", "background", "downscale",
+               "no_jitter", "minutes", "epochs", "steps", "lr", "lr_table", "lr_decay", "distortion")
+
+
 class Trainer:
-    def __init__(self, args, dataset):
+    def __init__(self, args, dataset, strategy=None, cluster=None):
         import keras
         import tensorflow as tf
 
@@ -122,7 +166,11 @@ class Trainer:
         from nerf.data.rays import get_rays
 
         self.args, self.ds, self.tf = args, dataset, tf
-        if args.strategy == "mirrored":
+        self.cluster = cluster  # nerf.distributed.Cluster with --strategy multiworker
+        self.is_chief = cluster is None or cluster.is_chief
+        if strategy is not None:
+            self.strategy = strategy
+        elif args.strategy == "mirrored":
             self.strategy = tf.distribute.MirroredStrategy()
         else:
             self.strategy = tf.distribute.get_strategy()
@@ -161,6 +209,20 @@ class Trainer:
                 self.opt_table = keras.optimizers.Adam(args.lr_table, beta_2=0.99, epsilon=1e-15)
                 self.opt_table.build(self.table_vars)
         self.n_params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
+        # gradients all-reduced per step: one float32 value per trainable parameter (dense, the table included)
+        self.allreduce_bytes = int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
+                                       for v in self.model.trainable_variables))
+        # training state beside the model and optimisers: steps done, chief's training seconds (the lr schedule
+        # and time budget), the permutation seed; the data position is a function of (seed, step)
+        self.state_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.state_train_s = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="train_seconds")
+        self.state_seed = tf.Variable(args.seed, dtype=tf.int64, trainable=False, name="data_seed")
+        parts = dict(model=self.model, optimizer=self.opt, step=self.state_step, train_seconds=self.state_train_s,
+                     data_seed=self.state_seed)
+        if self.opt_table is not None:
+            parts["optimizer_table"] = self.opt_table
+        self.ckpt = tf.train.Checkpoint(**parts)
+        self._perm_epoch, self._perm = None, None
         self.lr_start = [(self.opt, args.lr)] + ([(self.opt_table, args.lr_table)] if self.opt_table else [])
         uses_custom_ops = args.model == "hash" and args.impl == "op"
         self.jit = args.jit == "on" or (args.jit == "auto" and not uses_custom_ops)
@@ -172,9 +234,9 @@ class Trainer:
         n_rep = strategy.num_replicas_in_sync
         dist_w = float(args.distortion)
 
-        def replica_step(o, d, y):
+        def replica_step(o, d, y, seed):
             with tf.GradientTape() as tape:
-                out = model(o, d, training=True)
+                out = model(o, d, training=True, jitter_seed=seed)
                 mse = tf.reduce_mean(tf.square(out["color"] - y))
                 loss = mse
                 if dist_w > 0:
@@ -192,14 +254,36 @@ class Trainer:
 
             return (tf_metal_ops.distortion_loss if args.impl == "op" else tf_metal_ops.distortion_loss_tf)(w, t)
 
-        def step(idx):
-            def per_replica(i):
-                return replica_step(tf.gather(self.rays_o, i), tf.gather(self.rays_d, i), tf.gather(self.rgb, i))
+        def step(idx, step_no, ctrl):
+            """One synchronous step on the replicas' shares of the global batch. Returns [mean loss, *ctrl of
+            replica 0] on every worker: ``ctrl`` carries the chief's clock so all workers take the same
+            learning rate, stop and checkpoint decisions."""
 
-            per = strategy.run(per_replica, args=(idx,))
-            return strategy.reduce(tf.distribute.ReduceOp.MEAN, per, axis=None)
+            def per_replica(i, ctrl):
+                rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
+                seed = tf.stack([tf.constant(args.seed, tf.int64), step_no * 4096 + rid])  # sample jitter
+                mse = replica_step(tf.gather(self.rays_o, i), tf.gather(self.rays_d, i), tf.gather(self.rgb, i), seed)
+                first = tf.cast(tf.equal(rid, 0), tf.float32)
+                return tf.concat([tf.reshape(mse / n_rep, [1]), ctrl * first], 0)
 
-        self.step = tf.function(step, jit_compile=self.jit if n_rep == 1 else None)
+            per = strategy.run(per_replica, args=(idx, ctrl))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per, axis=None)
+
+        self._step_fn = tf.function(step, jit_compile=self.jit if n_rep == 1 else None)
+
+    def step(self, step_no, ctrl=0.0):
+        """Runs training step ``step_no`` (0-based) on its global batch; returns (loss, ctrl of the chief)."""
+        tf = self.tf
+        idx = self.batch_indices(step_no)
+        n_rep = self.strategy.num_replicas_in_sync
+        per = len(idx) // n_rep
+        if n_rep > 1:
+            idx = self.strategy.experimental_distribute_values_from_function(
+                lambda ctx: tf.constant(idx[ctx.replica_id_in_sync_group * per:(ctx.replica_id_in_sync_group + 1) * per]))
+        else:
+            idx = tf.constant(idx)
+        out = self._step_fn(idx, tf.constant(step_no, tf.int64), tf.constant([ctrl], tf.float32)).numpy()
+        return float(out[0]), float(out[1])
 
     def set_progress(self, fraction):
         """Learning rates for ``fraction`` ∈ [0, 1] of the budget: start · decay^fraction."""
@@ -207,12 +291,98 @@ class Trainer:
         for opt, lr in self.lr_start:
             opt.learning_rate = lr * factor
 
-    def batches(self):
-        """Endless distributed batches of ray indices, reshuffled every epoch."""
+    def batch_indices(self, step_no):
+        """Ray indices of global batch ``step_no``: epoch e is a permutation seeded by (seed, e), cut into
+        batches (the remainder dropped). A pure function of (seed, step), the same on every worker and after a
+        resume; replica r of n trains on the r-th of n equal slices of it."""
+        b = self.args.batch_rays
+        per_epoch = self.n_rays // b
+        epoch, k = divmod(int(step_no), per_epoch)
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([int(self.state_seed.numpy()), epoch]).permutation(self.n_rays)
+            self._perm_epoch = epoch
+        return self._perm[k * b:(k + 1) * b]
+
+    # ---- checkpoints ----------------------------------------------------------------------------------------
+    def checkpoint_dir(self):
+        """Chief: OUT/checkpoints. Other workers save too (MultiWorkerMirroredStrategy may need every worker in a
+        save) but into a temporary OUT/checkpoints/worker-temp-<rank>, deleted after each save."""
+        d = os.path.join(self.args.out, "checkpoints")
+        return d if self.is_chief else os.path.join(d, f"worker-temp-{self.cluster.rank}")
+
+    def init_checkpoints(self):
+        """Creates the manager; on the chief, checks that a resumed run has the same settings and restores the
+        latest checkpoint; then (several workers) the chief's state is broadcast to everyone, so the other workers
+        need no copy of the checkpoint files. Returns a description of what was restored, or None."""
         tf = self.tf
-        ds = (tf.data.Dataset.range(self.n_rays).shuffle(self.n_rays, seed=self.args.seed, reshuffle_each_iteration=True)
-              .repeat().batch(self.args.batch_rays, drop_remainder=True).prefetch(4))
-        return iter(self.strategy.experimental_distribute_dataset(ds))
+        chief_dir = os.path.join(self.args.out, "checkpoints")
+        self.ckpt_manager = None
+        if (self.args.ckpt_steps or self.args.ckpt_seconds) and self.is_chief:
+            os.makedirs(chief_dir, exist_ok=True)
+            for name in os.listdir(chief_dir):  # leftovers of a save that was killed midway (never referenced)
+                if name.endswith("_temp") or name.startswith("worker-temp-") or ".tmp" in name:
+                    path = os.path.join(chief_dir, name)
+                    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        if self.args.ckpt_steps or self.args.ckpt_seconds:
+            self.ckpt_manager = tf.train.CheckpointManager(self.ckpt, self.checkpoint_dir(),
+                                                           max_to_keep=max(1, self.args.keep_checkpoints))
+        latest = None
+        if self.is_chief:
+            latest = tf.train.latest_checkpoint(chief_dir) if os.path.isdir(chief_dir) else None
+            if latest is None and self.ckpt_manager is not None:
+                write_json_atomic(os.path.join(chief_dir, "run_config.json"),
+                                  {k: getattr(self.args, k) for k in RESUME_KEYS})
+            cfg_path = os.path.join(chief_dir, "run_config.json")
+            if latest is not None and os.path.exists(cfg_path):
+                with open(cfg_path) as f:
+                    saved = json.load(f)
+                diff = {k: (saved.get(k), getattr(self.args, k)) for k in RESUME_KEYS
+                        if json.loads(json.dumps(getattr(self.args, k))) != saved.get(k)}
+                if diff:
+                    raise SystemExit("error: cannot resume " + latest + ": these settings differ from the run that "
+                                     "wrote it (checkpoint, now): " + ", ".join(
+                                         f"{k} {a!r} vs {b!r}" for k, (a, b) in diff.items())
+                                     + "; use another --out for a new run")
+            if latest is not None:
+                self.ckpt.restore(latest).assert_existing_objects_matched()
+        if self.cluster is not None and self.cluster.n_workers > 1:
+            self.broadcast_from_chief()
+            if not self.is_chief and int(self.state_step.numpy()) > 0:
+                latest = "the chief's checkpoint"
+        return latest
+
+    def checkpointed_variables(self):
+        vs = list(self.model.variables) + list(self.opt.variables)
+        if self.opt_table is not None:
+            vs += list(self.opt_table.variables)
+        return vs + [self.state_step, self.state_train_s, self.state_seed]
+
+    def broadcast_from_chief(self):
+        """Every variable a checkpoint holds takes the chief's value (an all-gather that keeps replica 0's
+        slice: exact bits, any dtype)."""
+        tf, strategy = self.tf, self.strategy
+        variables = self.checkpointed_variables()
+
+        @tf.function
+        def gather():
+            def fn():
+                ctx = tf.distribute.get_replica_context()
+                return [ctx.all_gather(tf.convert_to_tensor(v)[None], axis=0)[0] for v in variables]
+
+            return [strategy.experimental_local_results(x)[0] for x in strategy.run(fn)]
+
+        for v, x in zip(variables, gather()):
+            v.assign(x)
+
+    def save_checkpoint(self, step_no, train_s):
+        self.state_step.assign(step_no)
+        self.state_train_s.assign(train_s)
+        if self.is_chief:
+            return self.ckpt_manager.save(checkpoint_number=step_no)
+        manager = self.tf.train.CheckpointManager(self.ckpt, self.checkpoint_dir(), max_to_keep=1)
+        path = manager.save(checkpoint_number=step_no)
+        shutil.rmtree(self.checkpoint_dir(), ignore_errors=True)
+        return path
 
     def evaluate(self, n_views):
         from nerf.models import render_image
@@ -229,6 +399,25 @@ class Trainer:
 
 def run(argv=None):
     args = parse_args(argv)
+    cluster = strategy = None
+    if args.strategy == "multiworker":
+        from nerf.distributed import ClusterConfigError, read_tf_config
+
+        try:  # before TensorFlow starts: a bad TF_CONFIG is one clear line, not a hang or a gRPC trace
+            cluster = read_tf_config()
+        except ClusterConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2)
+        import tensorflow as tf
+
+        # created first: the strategy must exist before any other TensorFlow op runs
+        comm = tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
+        print(f"{cluster.name} (rank {cluster.rank} of {cluster.n_workers}{', chief' if cluster.is_chief else ''}) "
+              f"at {cluster.my_address}: cluster up", flush=True)
+        if not cluster.is_chief:
+            args.no_progress = True
     if args.strategy == "mirrored":
         import tensorflow as tf
 
@@ -255,12 +444,18 @@ def run(argv=None):
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
     print(ds.summary(), flush=True)
-    os.makedirs(os.path.join(args.out, "renders"), exist_ok=True)
+    multi = cluster is not None
+    is_chief = not multi or cluster.is_chief
+    if is_chief:
+        os.makedirs(os.path.join(args.out, "renders"), exist_ok=True)
 
-    tr = Trainer(args, ds)
+    tr = Trainer(args, ds, strategy=strategy, cluster=cluster)
     print(f"model {args.model}{' (' + args.impl + ')' if args.model == 'hash' else ''}: {tr.n_params:,} parameters, "
-          f"{args.samples} samples/ray, {args.batch_rays} rays/step, XLA train step: {tr.jit}, "
-          f"replicas: {tr.strategy.num_replicas_in_sync}", flush=True)
+          f"{args.samples} samples/ray, {args.batch_rays} rays/step, "
+          f"XLA train step: {tr.jit and tr.strategy.num_replicas_in_sync == 1}, "
+          f"replicas: {tr.strategy.num_replicas_in_sync}"
+          + (f", all-reduced per step: {tr.allreduce_bytes:,} bytes" if multi else ""), flush=True)
+    restored = tr.init_checkpoints()
     steps_per_epoch = tr.n_rays / args.batch_rays
     budget_s = args.minutes * 60 if args.minutes is not None else None
     max_steps = args.steps if args.steps is not None else (
@@ -270,17 +465,37 @@ def run(argv=None):
 
     metrics = {"config": {k: v for k, v in vars(args).items()}, "dataset": ds.summary(), "n_params": tr.n_params,
                "rays_per_epoch": tr.n_rays, "evals": []}
-    batches = tr.batches()
+    if multi:
+        metrics["cluster"] = dict(workers=cluster.n_workers, addresses=list(cluster.addresses),
+                                  allreduce_bytes_per_step=tr.allreduce_bytes)
+    step, train_s, losses = 0, 0.0, []
+    metrics_path = os.path.join(args.out, "metrics.json")
+    if restored:
+        step, train_s = int(tr.state_step.numpy()), float(tr.state_train_s.numpy())
+        print(f"resumed from {restored}: step {step}, {train_s:.1f} s of training", flush=True)
+        if is_chief and os.path.exists(metrics_path):  # the history up to the checkpoint
+            with open(metrics_path) as f:
+                old = json.load(f)
+            metrics["evals"] = [e for e in old.get("evals", []) if e["step"] <= step]
+            losses = [float(v) for v in old.get("train_losses", [])][:step]
+            metrics["resumed"] = old.get("resumed", [])
+        metrics.setdefault("resumed", []).append(dict(step=step, train_seconds=train_s, checkpoint=restored))
+    step0 = step
     # compile before the clock starts (tracing/XLA compilation is not training time)
+    tr.set_progress(train_s / budget_s if budget_s is not None else step / max_steps)
     t0 = time.perf_counter()
-    loss = float(tr.step(next(batches)))
+    loss, _ = tr.step(step, train_s)
     compile_s = time.perf_counter() - t0
-    step, train_s, losses = 1, 0.0, [loss]
-    last_eval_s, last_eval_step = 0.0, 0
+    step += 1
+    losses.append(loss)
+    sync_s = train_s  # the chief's training clock, as every worker sees it (lr schedule, budget, checkpoints)
+    last_eval_s, last_eval_step = train_s, step0
+    last_ckpt_s, last_ckpt_step = train_s, step0
     wall0 = time.perf_counter()
     bar = tqdm(total=max_steps if max_steps else round(budget_s), unit="step" if max_steps else "s",
                disable=args.no_progress, dynamic_ncols=True, bar_format=None if max_steps else
-               "{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]")
+               "{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]",
+               initial=step0 if max_steps else round(train_s))
 
     def do_eval(final=False):
         n_views = args.final_views if final else args.eval_views
@@ -300,20 +515,32 @@ def run(argv=None):
                 iio.imwrite(os.path.join(args.out, "renders", f"test_{k:03d}.png"), side_by_side(ds.test.images[k], pr))
         msg = (f"step {step} epoch {rec['epoch']:.2f} train {train_s:.0f}s: loss {tl:.5f} (train PSNR "
                f"{rec['train_psnr']:.2f}) test PSNR {test_psnr:.2f} dB on {len(preds)} views")
-        (bar.write if not args.no_progress else print)(msg)
-        with open(os.path.join(args.out, "metrics.json"), "w") as f:
-            json.dump(metrics, f, indent=1)
+        print(msg, flush=True) if args.no_progress else bar.write(msg)
+        metrics["train_losses"] = [float(v) for v in losses]
+        write_json_atomic(metrics_path, metrics)
         return rec
+
+    def checkpoint():
+        nonlocal last_ckpt_s, last_ckpt_step
+        path = tr.save_checkpoint(step, train_s)
+        last_ckpt_s, last_ckpt_step = sync_s, step
+        if is_chief:
+            metrics["train_losses"] = [float(v) for v in losses]
+            write_json_atomic(metrics_path, metrics)
+            msg = f"checkpoint {path} (step {step}, {train_s:.1f} s of training)"
+            print(msg, flush=True) if args.no_progress else bar.write(msg)
 
     while True:
         if max_steps is not None and step >= max_steps:
             break
-        if budget_s is not None and train_s >= budget_s:
+        if budget_s is not None and sync_s >= budget_s:
             break
-        tr.set_progress(train_s / budget_s if budget_s is not None else step / max_steps)
+        tr.set_progress(sync_s / budget_s if budget_s is not None else step / max_steps)
         t = time.perf_counter()
-        loss = float(tr.step(next(batches)))  # float() waits for the step: honest timing
+        loss, chief_s = tr.step(step, train_s)  # the step returns numbers: it has finished, honest timing
         train_s += time.perf_counter() - t
+        # all workers stop/checkpoint on the chief's clock (its time before this step: one step behind)
+        sync_s = chief_s if multi else train_s
         losses.append(loss)
         step += 1
         if not math.isfinite(loss):
@@ -327,11 +554,26 @@ def run(argv=None):
                 bar.update(step - bar.n)
             else:
                 bar.update(min(train_s, budget_s) - bar.n)
-        if (eval_every and train_s - last_eval_s >= eval_every) or (
-                eval_every_steps and step - last_eval_step >= eval_every_steps):
+        if is_chief and ((eval_every and train_s - last_eval_s >= eval_every) or (
+                eval_every_steps and step - last_eval_step >= eval_every_steps)):
             do_eval()
             last_eval_s, last_eval_step = train_s, step
+        if tr.ckpt_manager is not None and (
+                (args.ckpt_steps and step - last_ckpt_step >= args.ckpt_steps) or
+                (args.ckpt_seconds and sync_s - last_ckpt_s >= args.ckpt_seconds)):
+            checkpoint()
     bar.close()
+    if tr.ckpt_manager is not None and last_ckpt_step != step:
+        checkpoint()
+    if args.save_worker_weights:
+        os.makedirs(os.path.join(args.out, "workers"), exist_ok=True)
+        rank = cluster.rank if multi else 0
+        path = os.path.join(args.out, "workers", f"rank-{rank}.npz")
+        np.savez(path + ".tmp.npz", *tr.model.get_weights())
+        os.replace(path + ".tmp.npz", path)
+    if not is_chief:
+        print(f"done: {cluster.name} finished {step} steps in {train_s:.0f} s of training", flush=True)
+        return {"final": dict(steps=step, train_seconds=train_s), "train_losses": losses}
     final = do_eval(final=True)
 
     # PSNR vs training time
@@ -364,12 +606,13 @@ def run(argv=None):
     iio.imwrite(os.path.join(args.out, "renders", "novel_view.png"), (rgb_b * 255).round().astype(np.uint8))
     epochs = step / steps_per_epoch
     metrics["train_losses"] = [float(v) for v in losses]
+    timed = max(step - step0 - 1, 1)  # steps inside train_s in this process (the first one compiled)
     metrics["final"] = dict(final, steps=step, epochs=epochs, train_seconds=train_s, compile_seconds=compile_s,
                             seconds_per_epoch=train_s / max(epochs - 1 / steps_per_epoch, 1e-9),
-                            seconds_per_step=train_s / max(step - 1, 1),
+                            seconds_per_step=(train_s - (metrics["resumed"][-1]["train_seconds"] if restored else 0.0))
+                            / timed,
                             total_seconds=time.perf_counter() - t_start, reload_max_abs_diff=reload_diff)
-    with open(os.path.join(args.out, "metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=1)
+    write_json_atomic(metrics_path, metrics)
     fm = metrics["final"]
     print(f"done: test PSNR {fm['test_psnr']:.2f} dB ({fm['eval_views']} views) after {fm['steps']} steps = "
           f"{fm['epochs']:.2f} epochs in {train_s:.0f} s of training ({fm['seconds_per_epoch']:.1f} s/epoch, "
