@@ -1117,119 +1117,99 @@ bool CheckRange(const void* addr, uint64_t size, TF_Status* status, const char* 
   return true;
 }
 
-void SeMemcpyDtoH(const SP_Device*, SP_Stream stream, void* host_dst, const SP_DeviceMemoryBase* src, uint64_t size,
-                  TF_Status* status) {
-  TfmoEmuStream* s = Impl(stream);
+// A copy or fill of `size` bytes touching one or two device ranges (`ranges[0]` first, e.g. destination then
+// source), performed by `op` on the host memory behind them. Async: validated now, enqueued on stream s, the
+// addresses resolved when the item runs (stream-ordered frees keep them alive until then). Sync: done now.
+struct DeviceRange {
+  const void* address;
+  const char* role;  // "source" / "destination"
+};
+using MemoryOp = std::function<void(void* const host[2])>;
+
+std::string ResolveRanges(const std::vector<DeviceRange>& ranges, uint64_t size, uint64_t epoch, void* host[2]) {
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    std::string err;
+    host[i] = Resolve(reinterpret_cast<uintptr_t>(ranges[i].address), size, epoch, &err);
+    if (host[i] == nullptr) return std::string(ranges[i].role) + ": " + err;
+  }
+  return "";
+}
+
+void EnqueueMemoryOp(TfmoEmuStream* s, TF_Status* status, const std::string& what, uint64_t size,
+                     std::vector<DeviceRange> ranges, MemoryOp op) {
   if (s == nullptr) return SetError(status, TF_INVALID_ARGUMENT, "invalid stream");
   if (size == 0) return;
-  uintptr_t a = reinterpret_cast<uintptr_t>(src->opaque);
-  if (!CheckRange(src->opaque, size, status, "memcpy_dtoh source")) return;
+  for (const DeviceRange& r : ranges)
+    if (!CheckRange(r.address, size, status, (what + " " + r.role).c_str())) return;
   auto item = MakeItem(true, nullptr);
-  uint64_t epoch = item->epoch;
-  item->run = [a, host_dst, size, epoch]() -> std::string {
-    std::string err;
-    void* p = Resolve(a, size, epoch, &err);
-    if (p == nullptr) return "memcpy_dtoh: " + err;
-    memcpy(host_dst, p, size);
+  const uint64_t epoch = item->epoch;
+  item->run = [what, size, ranges = std::move(ranges), op = std::move(op), epoch]() -> std::string {
+    void* host[2] = {nullptr, nullptr};
+    const std::string err = ResolveRanges(ranges, size, epoch, host);
+    if (!err.empty()) return what + " " + err;
+    op(host);
     return "";
   };
   Enqueue(s, std::move(item));
+}
+
+void RunMemoryOp(TF_Status* status, const std::string& what, uint64_t size, const std::vector<DeviceRange>& ranges,
+                 const MemoryOp& op) {
+  if (size == 0) return;
+  void* host[2] = {nullptr, nullptr};
+  const std::string err = ResolveRanges(ranges, size, kNoWork, host);
+  if (!err.empty()) return SetError(status, TF_INVALID_ARGUMENT, what + " " + err);
+  op(host);
+}
+
+void SeMemcpyDtoH(const SP_Device*, SP_Stream stream, void* host_dst, const SP_DeviceMemoryBase* src, uint64_t size,
+                  TF_Status* status) {
+  EnqueueMemoryOp(Impl(stream), status, "memcpy_dtoh", size, {{src->opaque, "source"}},
+                  [host_dst, size](void* const h[2]) { memcpy(host_dst, h[0], size); });
 }
 
 void SeMemcpyHtoD(const SP_Device*, SP_Stream stream, SP_DeviceMemoryBase* dst, const void* host_src, uint64_t size,
                   TF_Status* status) {
-  TfmoEmuStream* s = Impl(stream);
-  if (s == nullptr) return SetError(status, TF_INVALID_ARGUMENT, "invalid stream");
-  if (size == 0) return;
-  uintptr_t a = reinterpret_cast<uintptr_t>(dst->opaque);
-  if (!CheckRange(dst->opaque, size, status, "memcpy_htod destination")) return;
-  auto item = MakeItem(true, nullptr);
-  uint64_t epoch = item->epoch;
-  item->run = [a, host_src, size, epoch]() -> std::string {
-    std::string err;
-    void* p = Resolve(a, size, epoch, &err);
-    if (p == nullptr) return "memcpy_htod: " + err;
-    memcpy(p, host_src, size);
-    return "";
-  };
-  Enqueue(s, std::move(item));
+  EnqueueMemoryOp(Impl(stream), status, "memcpy_htod", size, {{dst->opaque, "destination"}},
+                  [host_src, size](void* const h[2]) { memcpy(h[0], host_src, size); });
 }
 
 void SeMemcpyDtoD(const SP_Device*, SP_Stream stream, SP_DeviceMemoryBase* dst, const SP_DeviceMemoryBase* src,
                   uint64_t size, TF_Status* status) {
-  TfmoEmuStream* s = Impl(stream);
-  if (s == nullptr) return SetError(status, TF_INVALID_ARGUMENT, "invalid stream");
-  if (size == 0) return;
-  uintptr_t d = reinterpret_cast<uintptr_t>(dst->opaque), so = reinterpret_cast<uintptr_t>(src->opaque);
-  if (!CheckRange(dst->opaque, size, status, "memcpy_dtod destination") ||
-      !CheckRange(src->opaque, size, status, "memcpy_dtod source"))
-    return;
-  auto item = MakeItem(true, nullptr);
-  uint64_t epoch = item->epoch;
-  item->run = [d, so, size, epoch]() -> std::string {
-    std::string err;
-    void* pd = Resolve(d, size, epoch, &err);
-    void* ps = pd != nullptr ? Resolve(so, size, epoch, &err) : nullptr;
-    if (ps == nullptr) return "memcpy_dtod: " + err;
-    memmove(pd, ps, size);
-    return "";
-  };
-  Enqueue(s, std::move(item));
+  EnqueueMemoryOp(Impl(stream), status, "memcpy_dtod", size, {{dst->opaque, "destination"}, {src->opaque, "source"}},
+                  [size](void* const h[2]) { memmove(h[0], h[1], size); });
 }
 
 void SeSyncMemcpyDtoH(const SP_Device*, void* host_dst, const SP_DeviceMemoryBase* src, uint64_t size,
                       TF_Status* status) {
-  if (size == 0) return;
-  std::string err;
-  void* p = Resolve(reinterpret_cast<uintptr_t>(src->opaque), size, kNoWork, &err);
-  if (p == nullptr) return SetError(status, TF_INVALID_ARGUMENT, "sync_memcpy_dtoh source: " + err);
-  memcpy(host_dst, p, size);
+  RunMemoryOp(status, "sync_memcpy_dtoh", size, {{src->opaque, "source"}},
+              [host_dst, size](void* const h[2]) { memcpy(host_dst, h[0], size); });
 }
 
 void SeSyncMemcpyHtoD(const SP_Device*, SP_DeviceMemoryBase* dst, const void* host_src, uint64_t size,
                       TF_Status* status) {
-  if (size == 0) return;
-  std::string err;
-  void* p = Resolve(reinterpret_cast<uintptr_t>(dst->opaque), size, kNoWork, &err);
-  if (p == nullptr) return SetError(status, TF_INVALID_ARGUMENT, "sync_memcpy_htod destination: " + err);
-  memcpy(p, host_src, size);
+  RunMemoryOp(status, "sync_memcpy_htod", size, {{dst->opaque, "destination"}},
+              [host_src, size](void* const h[2]) { memcpy(h[0], host_src, size); });
 }
 
 void SeSyncMemcpyDtoD(const SP_Device*, SP_DeviceMemoryBase* dst, const SP_DeviceMemoryBase* src, uint64_t size,
                       TF_Status* status) {
-  if (size == 0) return;
-  std::string err;
-  void* pd = Resolve(reinterpret_cast<uintptr_t>(dst->opaque), size, kNoWork, &err);
-  if (pd == nullptr) return SetError(status, TF_INVALID_ARGUMENT, "sync_memcpy_dtod destination: " + err);
-  void* ps = Resolve(reinterpret_cast<uintptr_t>(src->opaque), size, kNoWork, &err);
-  if (ps == nullptr) return SetError(status, TF_INVALID_ARGUMENT, "sync_memcpy_dtod source: " + err);
-  memmove(pd, ps, size);
+  RunMemoryOp(status, "sync_memcpy_dtod", size, {{dst->opaque, "destination"}, {src->opaque, "source"}},
+              [size](void* const h[2]) { memmove(h[0], h[1], size); });
 }
 
 void EnqueueFill(TfmoEmuStream* s, SP_DeviceMemoryBase* loc, uint64_t size, uint32_t pattern, int width,
                  TF_Status* status, const char* what) {
-  if (s == nullptr) return SetError(status, TF_INVALID_ARGUMENT, "invalid stream");
   if (width == 4 && size % 4 != 0)
     return SetError(status, TF_INVALID_ARGUMENT, std::string(what) + ": size " + std::to_string(size) +
                                                      " is not a multiple of 4");
-  if (size == 0) return;
-  if (!CheckRange(loc->opaque, size, status, what)) return;
-  uintptr_t a = reinterpret_cast<uintptr_t>(loc->opaque);
-  auto item = MakeItem(true, nullptr);
-  uint64_t epoch = item->epoch;
-  std::string name = what;
-  item->run = [a, size, pattern, width, epoch, name]() -> std::string {
-    std::string err;
-    void* p = Resolve(a, size, epoch, &err);
-    if (p == nullptr) return name + ": " + err;
+  EnqueueMemoryOp(s, status, what, size, {{loc->opaque, "destination"}}, [size, pattern, width](void* const h[2]) {
     if (width == 1) {
-      memset(p, static_cast<int>(pattern & 0xFF), size);
+      memset(h[0], static_cast<int>(pattern & 0xFF), size);
     } else {
-      for (uint64_t i = 0; i < size / 4; ++i) memcpy(static_cast<char*>(p) + 4 * i, &pattern, 4);
+      for (uint64_t i = 0; i < size / 4; ++i) memcpy(static_cast<char*>(h[0]) + 4 * i, &pattern, 4);
     }
-    return "";
-  };
-  Enqueue(s, std::move(item));
+  });
 }
 
 void SeMemZero(const SP_Device*, SP_Stream stream, SP_DeviceMemoryBase* loc, uint64_t size, TF_Status* status) {
