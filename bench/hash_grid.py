@@ -8,6 +8,11 @@ median of --repeats runs in this process after one warm-up run:
                      loss = sum(w * encoded^2)/2 with fixed random w, so the gradient op waits for the forward, as in training
                      (positions are constants: no position gradient);
   pure-TF            tf_metal_ops.hash_grid.pure_tf in tf.function, plain and jit_compile=True (XLA), same loss;
+  table gradient     like with like: every fwd+bwd variant returns a dense table gradient. The op's is dense; pure-TF's
+                     tape gives tf.IndexedSlices (one row per gathered corner) for a float32 table but a dense tensor
+                     for a float16 one (its float32 cast densifies), so pure-TF's result is densified with
+                     tf.convert_to_tensor inside the timed function (a no-op when already dense). The header and the
+                     JSON say which kind each variant's tape returned before densifying;
   gather loop        bench/gather_loop.cc (built here with g++ -O3 -march=native): only the forward's table
                      reads with tcnn indexing (same tiling and prefetching as the op), no interpolation, no output;
 and the op at 1 and 2 threads (tf_metal_ops.num_threads; TF's own pools keep their size).
@@ -79,7 +84,9 @@ def main(argv=None):
     ap.add_argument("--skip-pure-tf", action="store_true")
     ap.add_argument("--json", help="also write the medians (ms) and ratios here (bench/run_all.py collects them)")
     args = ap.parse_args(argv)
-    report = {"config": dict(CONFIG, points=args.points, repeats=args.repeats), "median_ms": {}, "summary": []}
+    report = {"config": dict(CONFIG, points=args.points, repeats=args.repeats), "median_ms": {}, "summary": [],
+              "table_gradient": "dense in every variant (pure-TF's densified with tf.convert_to_tensor)",
+              "raw_table_gradient": {}}
     thread_counts = [int(t) for t in args.threads.split(",")]
     cfg = HashGridConfig(3, **CONFIG)
     rng = np.random.default_rng(0)
@@ -99,7 +106,9 @@ def main(argv=None):
         w = tf.constant(weights, dtype)
         kw = cfg.op_kwargs()
 
-        def make(encode, jit=False):
+        raw_kinds = {}  # variant -> type of the tape's table gradient (recorded while tracing)
+
+        def make(encode, jit=False, label="op"):
             @tf.function(jit_compile=jit)
             def fwd():
                 return encode(x, params, **kw)
@@ -109,7 +118,9 @@ def main(argv=None):
                 with tf.GradientTape() as tape:
                     y = encode(x, params, **kw)
                     loss = 0.5 * tf.reduce_sum(tf.cast(w * y * y, tf.float32))  # dy = w*y needs y first
-                return tape.gradient(loss, params)
+                g = tape.gradient(loss, params)
+                raw_kinds[label] = "IndexedSlices" if isinstance(g, tf.IndexedSlices) else "dense"
+                return tf.convert_to_tensor(g)  # dense table gradient in every variant (like with like)
 
             return fwd, fwd_bwd
 
@@ -128,12 +139,16 @@ def main(argv=None):
                 print(f"  gather loop    {t} thr: {fmt(results[('gather', t)])}")
         if not args.skip_pure_tf:
             for name, jit in (("pure-TF", False), ("pure-TF XLA", True)):
-                f, fb = make(pure_tf.hash_grid_encode, jit)
+                f, fb = make(pure_tf.hash_grid_encode, jit, name)
                 results[(name + " fwd", 0)] = timed(f, args.repeats)
                 results[(name + " fwd+bwd", 0)] = timed(fb, args.repeats)
                 print(f"  {name + ' fwd':<22}: {fmt(results[(name + ' fwd', 0)])}")
                 print(f"  {name + ' fwd+bwd':<22}: {fmt(results[(name + ' fwd+bwd', 0)])}")
 
+        report["raw_table_gradient"][dtype_name] = dict(raw_kinds)
+        print("  table gradient: dense in every fwd+bwd variant; the tape gave "
+              + ", ".join(f"{k}: {v}" for k, v in raw_kinds.items())
+              + (" (densified with tf.convert_to_tensor, timed)" if "IndexedSlices" in raw_kinds.values() else ""))
         tmax = max(thread_counts)
         med = {k: v[0] for k, v in results.items()}
         report["median_ms"][dtype_name] = {f"{k} ({t} thr)" if t else k: v * 1e3 for (k, t), v in med.items()}

@@ -46,12 +46,44 @@ def machine():
             "tf_metal_ops": tf_metal_ops.__version__, "op_threads": tf_metal_ops.get_num_threads()}
 
 
+def nerf_provenance(nerf):
+    """Per NeRF variant: None when measured by this run_all.py run, else (date, command) of the earlier run its row
+    comes from: the whole comparison when run_all.py was given --nerf-json (nerf["reused"]), or one variant that
+    examples/nerf/compare.py --reuse took from an earlier run (its "reused" flag)."""
+    whole = nerf.get("reused")
+    out = {}
+    for name, v in nerf["variants"].items():
+        if v.get("reused"):
+            out[name] = (v.get("measured", "date not recorded"), v.get("command", "command not recorded"))
+        elif whole:
+            out[name] = (v.get("measured") or whole["date"], whole["command"])
+        else:
+            out[name] = None
+    return out
+
+
+def load_reused_nerf(path):
+    """An earlier compare.json, marked as not measured by this run: results["reused"] keeps where it came from (its
+    own date and command when compare.py recorded them; older files do not, then the file's date stands in)."""
+    with open(path) as f:
+        nerf = json.load(f)
+    mtime = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc)
+    nerf["reused"] = {"path": os.path.abspath(path),
+                      "date": nerf.get("date") or f"{mtime.isoformat(timespec='seconds')} (date of {path})",
+                      "command": nerf.get("command") or "python examples/nerf/compare.py (arguments not recorded)"}
+    return nerf
+
+
 def markdown(results):
     m = results["machine"]
+    nerf_src = nerf_provenance(results["nerf"]) if "nerf" in results else {}
+    reused = any(v is not None for v in nerf_src.values())
     lines = ["# Benchmark results\n",
              f"{m['date']}, {m['cpu']} ({m['cores']} cores), {m['platform']}, Python {m['python']}, "
              f"TensorFlow {m['tensorflow']}, tf-metal-ops {m['tf_metal_ops']} ({m['op_threads']} op threads). "
-             "Medians of several runs in one process; ratios against baselines measured in the same run.\n"]
+             "Medians of several runs in one process; ratios against baselines measured in the same run"
+             + (", except the NeRF rows marked *reused*: they come from an earlier run (date and command given) "
+                "and were not measured in this one.\n" if reused else ".\n")]
     if "hash_grid" in results:
         r = results["hash_grid"]
         c = r["config"]
@@ -59,6 +91,7 @@ def markdown(results):
         lines += [f"## Hash grid (D=3, L={c['n_levels']}, F={c['n_features_per_level']}, "
                   f"log2 T={c['log2_hashmap_size']}, N_min={c['base_resolution']}, b={c['per_level_scale']}, "
                   f"{c['points']} points)\n",
+                  *([f"fwd+bwd table gradient: {r['table_gradient']}.\n"] if "table_gradient" in r else []),
                   "| median (ms) | " + " | ".join(f"{d} table" for d in dtypes) + " |", "|---" * (len(dtypes) + 1) + "|"]
         for key in r["median_ms"][dtypes[0]]:
             lines.append(f"| {key} | " + " | ".join(f"{r['median_ms'][d].get(key, float('nan')):.1f}" for d in dtypes)
@@ -103,12 +136,14 @@ def markdown(results):
         fracs = list(next(iter(r["variants"].values()))["psnr_at"])
         lines += [f"## NeRF, equal {r['minutes']:g}-minute training budget (built-in scene)\n",
                   "| variant | steps | s/epoch | ms/step | " +
-                  " | ".join(f"test PSNR @ {float(f) * r['minutes']:g} min" for f in fracs) + " |",
-                  "|---" * (4 + len(fracs)) + "|"]
+                  " | ".join(f"test PSNR @ {float(f) * r['minutes']:g} min" for f in fracs) + " | measured |",
+                  "|---" * (5 + len(fracs)) + "|"]
         for k, v in r["variants"].items():
             at = ("-" if v["psnr_at"][f] is None else f"{v['psnr_at'][f]:.2f}" for f in fracs)
+            src = nerf_src[k]
+            when = "this run" if src is None else f"*reused*: {src[0]}, `{src[1]}`"
             lines.append(f"| {k} | {v['steps']} | {v['seconds_per_epoch']:.1f} | {v['ms_per_step']:.0f} | "
-                         + " | ".join(at) + " |")
+                         + " | ".join(at) + f" | {when} |")
         reach = r["variants"].get("hash-op", {}).get("seconds_to_puretf_final")
         if reach:
             lines.append(f"\nhash-op reaches hash-puretf's {r['minutes']:g}-minute PSNR after {reach / 60:.1f} min.")
@@ -150,7 +185,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nerf-minutes", type=float, default=10.0)
     p.add_argument("--skip-nerf", action="store_true")
-    p.add_argument("--nerf-json", help="use this compare.json (from examples/nerf/compare.py) instead of rerunning")
+    p.add_argument("--nerf-json", help="use this compare.json (from examples/nerf/compare.py) instead of rerunning; "
+                   "its rows are marked reused, with their date and command, in results.md")
     p.add_argument("--skip-emulated-gpu", action="store_true")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=HERE)
@@ -172,8 +208,7 @@ def main():
                                       os.path.join(tmp, "emu.json")] + (["--quick", "--repeats", "3"] if q else []),
                                       os.path.join(tmp, "emu.json"))
     if args.nerf_json:
-        with open(args.nerf_json) as f:
-            results["nerf"] = json.load(f)
+        results["nerf"] = load_reused_nerf(args.nerf_json)
     elif not args.skip_nerf:
         out = os.path.join(tmp, "nerf")
         minutes = 0.5 if q else args.nerf_minutes

@@ -126,6 +126,57 @@ def test_float_add_by_cas_loop(msl_emu, emu240, emu300, version):
     np.testing.assert_allclose(res.outputs["fsum"], expected, rtol=1e-4)
 
 
+# Lost-update detection: 50,000 threads add 1.0 to 3 addresses from 2 workers, with `work` steps of dummy arithmetic
+# between each read and write (cas_buckets_variant in emu_selftest.metal); every sum is exact in float32, so
+# n - sum(fsum) is exactly the number of lost updates. About 0.7 s per run.
+CAS_N, CAS_K, CAS_WORK = 50_000, 3, 4096
+CAS_ATTEMPTS = 3  # races are scheduling-dependent: a control that must see one gets up to 3 runs
+
+
+def run_cas_variant(msl_emu, exe, mode):
+    """Returns (lost updates, failed exchanges) of one run of cas_buckets_variant in `mode`."""
+    res = msl_emu.run(exe, inputs={"vals": np.ones(CAS_N, np.float32)},
+                      outputs={"fsum": np.float32, "failures": np.uint32},
+                      scalars={"case": "cas_buckets_variant", "k": CAS_K, "tg": 64, "mode": mode, "work": CAS_WORK},
+                      env={"MSL_EMU_WORKERS": "2", "MSL_EMU_ORDER": "shuffle"})
+    fsum = res.outputs["fsum"].astype(np.int64)
+    assert np.all(fsum <= np.bincount(np.arange(CAS_N) % CAS_K, minlength=CAS_K))  # nothing counted twice
+    return int(CAS_N - fsum.sum()), int(res.outputs["failures"][0])
+
+
+@pytest.mark.parametrize("mode", [1, 2], ids=["non_atomic_rmw", "cas_ignoring_failure"])
+def test_lost_updates_are_detected_negative_control(msl_emu, emu240, mode):
+    """NEGATIVE controls for the test below: the same add as a non-atomic read-modify-write (mode 1) or as a
+    compare-and-swap that ignores its failure (mode 2) loses updates under MSL_EMU_WORKERS=2, and the lost-update
+    count sees them (for mode 2 it equals the failed exchanges exactly). So a CAS loop that lost updates would fail
+    test_cas_loop_never_loses_an_update."""
+    runs = []
+    for _ in range(CAS_ATTEMPTS):
+        lost, failures = run_cas_variant(msl_emu, emu240, mode)
+        runs.append((lost, failures))
+        if mode == 2:
+            assert lost == failures, runs
+        if lost > 0:
+            break
+    assert runs[-1][0] > 0, f"no lost update in {CAS_ATTEMPTS} racy runs (lost, failed exchanges): {runs}"
+
+
+@pytest.mark.parametrize("version", ["240", "300"])
+def test_cas_loop_never_loses_an_update(msl_emu, emu240, emu300, version):
+    """The real CAS loop (the MSL 2.4 float add; the 3.0 build runs the same code) under the contention that makes
+    the negative controls above lose updates: exact sums every run, while its failed (retried) exchanges prove that
+    concurrent adds to one address really overlapped."""
+    exe = emu240 if version == "240" else emu300
+    runs = []
+    for _ in range(CAS_ATTEMPTS):
+        lost, failures = run_cas_variant(msl_emu, exe, 0)
+        runs.append((lost, failures))
+        assert lost == 0, runs
+        if failures > 0:
+            break
+    assert runs[-1][1] > 0, f"no contended exchange in {CAS_ATTEMPTS} runs: the test proved nothing: {runs}"
+
+
 def test_atomic_float_only_from_msl3(msl_emu, tmp_path):
     src = tmp_path / "probe.metal"
     src.write_text("#include <metal_stdlib>\nusing namespace metal;\n"

@@ -63,3 +63,37 @@ def test_a_run_of_another_budget_is_not_reused(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         compare.main(["--minutes", "10", "--out", str(tmp_path), "--reuse", "--variants", "mlp"])
     assert len(calls) == 1 and "--minutes" in calls[0]
+
+
+def test_reused_and_measured_variants_are_marked(tmp_path, monkeypatch):
+    """compare.json records its date and command, and per variant whether this comparison measured it (with the
+    train.py command) or --reuse took it from an earlier run (with that file's date); compare.md names the reused."""
+    for name in ("mlp", "hash-puretf"):
+        os.makedirs(tmp_path / name)
+        with open(tmp_path / name / "metrics.json", "w") as f:
+            json.dump(fake_run(10, 300, list(range(10, 20))), f)
+    os.utime(tmp_path / "mlp" / "metrics.json", (1700000000, 1700000000))  # 2023-11-14T22:13:20Z
+
+    class Done:
+        returncode = 0
+
+    def fake_train(cmd):  # the hash-op run: writes its metrics.json as train.py would
+        out = cmd[cmd.index("--out") + 1]
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "metrics.json"), "w") as f:
+            json.dump(fake_run(10, 100, list(range(20, 30))), f)
+        return Done()
+
+    monkeypatch.setattr(compare.subprocess, "run", fake_train)
+    table = compare.main(["--minutes", "10", "--out", str(tmp_path), "--reuse"])
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert saved["command"] == f"python examples/nerf/compare.py --minutes 10 --out {tmp_path} --reuse"
+    assert saved["date"][:4].isdigit() and saved["variants"] == json.loads(json.dumps(table))
+    assert table["mlp"]["reused"] and table["hash-puretf"]["reused"] and not table["hash-op"]["reused"]
+    assert table["mlp"]["measured"] == "2023-11-14T22:13:20+00:00"
+    assert table["mlp"]["command"].startswith("reused " + str(tmp_path / "mlp" / "metrics.json"))
+    assert table["hash-op"]["measured"] == saved["date"]
+    assert table["hash-op"]["command"].startswith("python examples/nerf/train.py ") and "--out" in table["hash-op"]["command"]
+    md = (tmp_path / "compare.md").read_text()
+    assert "mlp: reused from an earlier run (measured 2023-11-14T22:13:20+00:00" in md
+    assert "hash-puretf: reused from an earlier run" in md and "hash-op: reused" not in md

@@ -57,6 +57,10 @@ def native():
         p_ll, p_int = ctypes.POINTER(ctypes.c_longlong), ctypes.POINTER(ctypes.c_int)
         lib.tfmo_hash_grid_cpu_paths.argtypes = [p_ll, p_ll, p_int, p_int]
         lib.tfmo_hash_grid_cpu_paths.restype = None
+    if hasattr(lib, "tfmo_volume_render_cpu_paths"):
+        p_ll, p_int = ctypes.POINTER(ctypes.c_longlong), ctypes.POINTER(ctypes.c_int)
+        lib.tfmo_volume_render_cpu_paths.argtypes = [p_ll, p_int, p_int, p_int, p_int, p_int]
+        lib.tfmo_volume_render_cpu_paths.restype = None
     if hasattr(lib, "tfmo_metal_info"):  # only in macOS builds
         lib.tfmo_metal_info.restype = ctypes.c_char_p
     return lib

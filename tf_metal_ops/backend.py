@@ -152,6 +152,37 @@ def hash_grid_cpu_paths() -> dict:
             "baseline_calls": int(base.value), "avx2_calls": int(avx2.value)}
 
 
+VOLUME_RENDER_ISAS = ("default", "avx2", "avx512")
+
+
+def volume_render_cpu_paths() -> dict:
+    """Which build of the volume-render CPU ray loops runs in this process. The loops are compiled for the baseline
+    ISA (``default``), x86-64-v3 (``avx2``) and x86-64-v4 (``avx512``) on x86-64 Linux; one is chosen once per
+    process: the best the CPU supports, or the one named by ``TF_METAL_OPS_VOLUME_RENDER_ISA`` (``avx512``, ``avx2``,
+    ``default`` or ``auto``; a build the CPU cannot run falls back to the best lower one, with a message on stderr).
+    Returns ``built`` and ``supported`` (lists of build names), ``selected``, ``requested`` (None when unset or
+    ``auto``, ``"?"`` for an unknown name), ``fell_back`` (the request could not be honoured) and ``calls`` (ray-range
+    calls so far per build, forward and gradient: a diagnostic that proves which build produced a result). The builds
+    give bitwise identical results."""
+    import ctypes
+
+    from tf_metal_ops import _library
+
+    calls = (ctypes.c_longlong * 3)()
+    built, supported, selected, requested, fell_back = (ctypes.c_int() for _ in range(5))
+    _library.native().tfmo_volume_render_cpu_paths(calls, ctypes.byref(built), ctypes.byref(supported),
+                                                   ctypes.byref(selected), ctypes.byref(requested),
+                                                   ctypes.byref(fell_back))
+    names = VOLUME_RENDER_ISAS
+    req = requested.value
+    return {"built": [n for i, n in enumerate(names) if built.value >> i & 1],
+            "supported": [n for i, n in enumerate(names) if supported.value >> i & 1],
+            "selected": names[selected.value],
+            "requested": None if req == -1 else ("?" if req == -2 else names[req]),
+            "fell_back": bool(fell_back.value),
+            "calls": {n: int(calls[i]) for i, n in enumerate(names)}}
+
+
 def backend_info() -> dict:
     """TF version, library path and build, registered kernels per op and device, and whether Metal is usable
     (with the reason when it is not). Never raises: problems are reported in the result."""
@@ -182,6 +213,8 @@ def backend_info() -> dict:
     info["num_threads"] = int(_library.native().tfmo_get_num_threads())
     if hasattr(_library.native(), "tfmo_hash_grid_cpu_paths"):
         info["hash_grid_cpu_path"] = "avx2" if hash_grid_cpu_paths()["avx2_selected"] else "baseline"
+    if hasattr(_library.native(), "tfmo_volume_render_cpu_paths"):
+        info["volume_render_cpu_path"] = volume_render_cpu_paths()["selected"]
     info["kernels"] = {op: _registered_kernels(op) for op in op_types(module)}
     info["metal_usable"], info["metal_reason"] = _metal_status(tf, build)
     info["emulated_gpu"] = _emulated_gpu_status(tf)

@@ -2,19 +2,23 @@
 // csrc/shared/volume_render_math.h). Rays are independent: the project pool splits them into ranges, and each
 // ray is one serial O(S·C) scan, so results do not depend on the thread count.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-// The per-ray loops are vectorised; pick AVX-512 / AVX2 versions at load time when the CPU has them (8-lane
-// vectors there, 4 lanes elsewhere: SSE2 / NEON). Clones may differ in the last bit (FMA contraction), but
-// the forward and gradient kernels always run the same clone, so they agree bitwise with each other.
-#define TFMO_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+// The per-ray loops are vectorised and built three times from the same always-inline bodies: for x86-64-v4
+// (AVX-512), x86-64-v3 (AVX2+FMA) and the baseline ISA (8-lane vectors there, split into SSE2 halves; 4 lanes
+// elsewhere: NEON). One build is chosen once per process (VrIsaSelection): the best one the CPU supports, or the
+// one named by TF_METAL_OPS_VOLUME_RENDER_ISA=avx512|avx2|default (tests run each and compare them). The library
+// is built with -ffp-contract=off and the bodies never reassociate, so the three give bitwise identical results;
+// the forward and gradient kernels always run the same build.
+#define TFMO_VR_ISA_BUILDS 1
 #define TFMO_VEC_BYTES 32
 #pragma GCC diagnostic ignored "-Wpsabi"  // 32-byte vectors only ever live inside inlined helpers
 #else
-#define TFMO_SIMD_CLONES
 #define TFMO_VEC_BYTES 16
 #endif
 #define TFMO_INLINE inline __attribute__((always_inline))
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -241,7 +245,7 @@ struct VrFwdJob {
   FirstBadRay* bad;
 };
 
-TFMO_SIMD_CLONES void VrForwardRays(const VrFwdJob& j, int64_t r0, int64_t r1) {
+TFMO_INLINE void VrForwardRaysBody(const VrFwdJob& j, int64_t r0, int64_t r1) {
   const float *sg_all = j.sg_all, *c_all = j.c_all, *t_all = j.t_all, *bg_all = j.bg_all;
   float *color_out = j.color_out, *depth_out = j.depth_out, *opac_out = j.opac_out, *w_out = j.w_out;
   const VrDims& d = j.d;
@@ -292,7 +296,7 @@ struct VrGradJob {
   FirstBadRay* bad;
 };
 
-TFMO_SIMD_CLONES void VrGradRays(const VrGradJob& j, int64_t r0, int64_t r1) {
+TFMO_INLINE void VrGradRaysBody(const VrGradJob& j, int64_t r0, int64_t r1) {
   const float *sg_all = j.sg_all, *c_all = j.c_all, *t_all = j.t_all, *bg_all = j.bg_all;
   const float *gc_all = j.gc_all, *gd_all = j.gd_all, *go_all = j.go_all, *gw_all = j.gw_all;
   float *gs_out = j.gs_out, *gcol_out = j.gcol_out, *gt_out = j.gt_out, *gbg_out = j.gbg_out;
@@ -369,6 +373,113 @@ TFMO_SIMD_CLONES void VrGradRays(const VrGradJob& j, int64_t r0, int64_t r1) {
     std::memset(gt + n + 1, 0, sizeof(float) * (S - n));
   }
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// ISA builds of the two ray loops, and the choice between them.
+
+enum VrIsa : int { kVrDefault = 0, kVrAvx2 = 1, kVrAvx512 = 2, kVrIsaCount = 3 };
+const char* const kVrIsaNames[kVrIsaCount] = {"default", "avx2", "avx512"};
+
+bool VrIsaBuilt(int isa) {
+#ifdef TFMO_VR_ISA_BUILDS
+  return isa >= 0 && isa < kVrIsaCount;
+#else
+  return isa == kVrDefault;
+#endif
+}
+
+bool VrIsaSupported(int isa) {
+  if (!VrIsaBuilt(isa)) return false;
+#ifdef TFMO_VR_ISA_BUILDS
+  __builtin_cpu_init();
+  if (isa == kVrAvx512) return __builtin_cpu_supports("x86-64-v4");
+  if (isa == kVrAvx2) return __builtin_cpu_supports("x86-64-v3");
+#endif
+  return true;
+}
+
+struct VrIsaChoice {
+  int selected;   // the build that runs
+  int requested;  // from TF_METAL_OPS_VOLUME_RENDER_ISA; -1: unset / "auto", -2: not a known name
+  bool fell_back; // the request could not be honoured (unknown name, or a build the CPU cannot run)
+};
+
+// TF_METAL_OPS_VOLUME_RENDER_ISA, read once (the first volume-render call or diagnostics query of the process).
+// A build the CPU cannot run falls back to the best one it can that is not above the request, with a message
+// on stderr; an unknown name falls back to the automatic choice, also with a message.
+const VrIsaChoice& VrIsaSelection() {
+  static const VrIsaChoice choice = [] {
+    int best = kVrDefault;
+    for (int isa = kVrIsaCount - 1; isa > kVrDefault; --isa)
+      if (VrIsaSupported(isa)) { best = isa; break; }
+    VrIsaChoice c{best, -1, false};
+    const char* env = std::getenv("TF_METAL_OPS_VOLUME_RENDER_ISA");
+    if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return c;
+    for (int isa = 0; isa < kVrIsaCount; ++isa)
+      if (std::strcmp(env, kVrIsaNames[isa]) == 0) c.requested = isa;
+    if (c.requested == -1) {
+      c.requested = -2;
+      c.fell_back = true;
+      std::fprintf(stderr,
+                   "tf_metal_ops: error: TF_METAL_OPS_VOLUME_RENDER_ISA=%s is not one of avx512, avx2, default, "
+                   "auto; the volume-render CPU kernels use the %s build\n",
+                   env, kVrIsaNames[best]);
+      return c;
+    }
+    if (VrIsaSupported(c.requested)) {
+      c.selected = c.requested;
+      return c;
+    }
+    int fallback = kVrDefault;
+    for (int isa = c.requested - 1; isa > kVrDefault; --isa)
+      if (VrIsaSupported(isa)) { fallback = isa; break; }
+    c.selected = fallback;
+    c.fell_back = true;
+    std::fprintf(stderr,
+                 "tf_metal_ops: error: TF_METAL_OPS_VOLUME_RENDER_ISA=%s: %s; the volume-render CPU kernels use "
+                 "the %s build instead\n",
+                 env,
+                 !VrIsaBuilt(c.requested) ? "that build is not compiled into this library (x86-64 Linux GCC only)"
+                 : c.requested == kVrAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
+                                            : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)",
+                 kVrIsaNames[fallback]);
+    return c;
+  }();
+  return choice;
+}
+
+// Ray-range calls that ran each build so far ([kVrDefault], [kVrAvx2], [kVrAvx512]), forward and gradient
+// together, for tfmo_volume_render_cpu_paths: lets a test prove which build produced a result.
+std::atomic<long long> g_vr_path_calls[kVrIsaCount];
+
+#ifdef TFMO_VR_ISA_BUILDS
+#define TFMO_VR_BUILDS(NAME, JOB)                                                                              \
+  __attribute__((target("arch=x86-64-v4"), noinline)) void NAME##_avx512(const JOB& j, int64_t r0, int64_t r1) { \
+    NAME##Body(j, r0, r1);                                                                                     \
+  }                                                                                                            \
+  __attribute__((target("arch=x86-64-v3"), noinline)) void NAME##_avx2(const JOB& j, int64_t r0, int64_t r1) {   \
+    NAME##Body(j, r0, r1);                                                                                     \
+  }                                                                                                            \
+  __attribute__((noinline)) void NAME##_default(const JOB& j, int64_t r0, int64_t r1) { NAME##Body(j, r0, r1); } \
+  void NAME(const JOB& j, int64_t r0, int64_t r1) {                                                            \
+    const int isa = VrIsaSelection().selected;                                                                 \
+    g_vr_path_calls[isa].fetch_add(1, std::memory_order_relaxed);                                              \
+    switch (isa) {                                                                                             \
+      case kVrAvx512: return NAME##_avx512(j, r0, r1);                                                         \
+      case kVrAvx2: return NAME##_avx2(j, r0, r1);                                                             \
+      default: return NAME##_default(j, r0, r1);                                                               \
+    }                                                                                                          \
+  }
+#else
+#define TFMO_VR_BUILDS(NAME, JOB)                                           \
+  void NAME(const JOB& j, int64_t r0, int64_t r1) {                         \
+    g_vr_path_calls[kVrDefault].fetch_add(1, std::memory_order_relaxed);    \
+    NAME##Body(j, r0, r1);                                                  \
+  }
+#endif
+
+TFMO_VR_BUILDS(VrForwardRays, VrFwdJob)
+TFMO_VR_BUILDS(VrGradRays, VrGradJob)
 
 void VrCompute(void* p, TF_OpKernelContext* ctx) {
   const char* op = "volume_render";
@@ -454,3 +565,23 @@ static const tfmo::OnLoad kRegister([] {
 });
 
 }  // namespace
+
+// Diagnostics (ctypes, tf_metal_ops.backend.volume_render_cpu_paths). calls[3]: ray-range calls of the default,
+// avx2 and avx512 builds so far in this process; built/supported: bit isa set when that build is compiled in /
+// runnable on this CPU; selected: the build in use; requested: the TF_METAL_OPS_VOLUME_RENDER_ISA build (-1 unset
+// or auto, -2 unknown name); fell_back: 1 when the request could not be honoured.
+extern "C" __attribute__((visibility("default"))) void tfmo_volume_render_cpu_paths(long long* calls, int* built,
+                                                                                    int* supported, int* selected,
+                                                                                    int* requested,
+                                                                                    int* fell_back) {
+  const VrIsaChoice& c = VrIsaSelection();
+  *built = *supported = 0;
+  for (int isa = 0; isa < kVrIsaCount; ++isa) {
+    calls[isa] = g_vr_path_calls[isa].load();
+    if (VrIsaBuilt(isa)) *built |= 1 << isa;
+    if (VrIsaSupported(isa)) *supported |= 1 << isa;
+  }
+  *selected = c.selected;
+  *requested = c.requested;
+  *fell_back = c.fell_back ? 1 : 0;
+}

@@ -18,8 +18,10 @@ Extra arguments after ``--`` go to every train.py run (e.g. ``-- --data lego/ --
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -45,6 +47,8 @@ def time_to_reach(evals, target):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "examples/nerf/compare.py", *argv])
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description="Same-budget comparison of the NeRF variants")
@@ -67,7 +71,7 @@ def main(argv=None):
     train_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
     os.makedirs(args.out, exist_ok=True)
 
-    results = {}
+    results, provenance = {}, {}
     for name in names:
         out = os.path.join(args.out, name)
         cmd = [sys.executable, train_py, *VARIANTS[name], "--minutes", str(args.minutes), "--eval-every",
@@ -79,6 +83,9 @@ def main(argv=None):
                 results[name] = json.load(f)
             if "final" in results[name] and results[name]["config"]["minutes"] == args.minutes:
                 print(f"=== {name}: reusing {metrics_path}", flush=True)
+                mtime = datetime.datetime.fromtimestamp(os.path.getmtime(metrics_path), datetime.timezone.utc)
+                provenance[name] = dict(reused=True, measured=mtime.isoformat(timespec="seconds"),
+                                        command=f"reused {metrics_path} (written by an earlier compare.py run)")
                 continue
         print(f"=== {name}: {' '.join(cmd[1:])}", flush=True)
         r = subprocess.run(cmd)
@@ -87,6 +94,8 @@ def main(argv=None):
             raise SystemExit(1)
         with open(metrics_path) as f:
             results[name] = json.load(f)
+        provenance[name] = dict(reused=False, measured=started,
+                                command=shlex.join(["python", "examples/nerf/train.py", *cmd[2:]]))
 
     import matplotlib
 
@@ -117,7 +126,7 @@ def main(argv=None):
         table[name] = dict(n_params=m["n_params"], steps=fm["steps"], epochs=fm["epochs"],
                            seconds_per_epoch=fm["seconds_per_epoch"], ms_per_step=1000 * fm["seconds_per_step"],
                            final_test_psnr=fm["test_psnr"], final_eval_views=fm["eval_views"],
-                           psnr_at={f"{f:g}": v for f, v in zip(fracs, at)})
+                           psnr_at={f"{f:g}": v for f, v in zip(fracs, at)}, **provenance[name])
         rows.append(f"| {name} | {m['n_params']:,} | {fm['steps']} | {fm['epochs']:.2f} | "
                     f"{fm['seconds_per_epoch']:.1f} | {1000 * fm['seconds_per_step']:.0f} | " +
                     " | ".join("-" if v is None else f"{v:.2f}" for v in at) + " |")
@@ -138,11 +147,14 @@ def main(argv=None):
         notes.append(f"hash-op reaches hash-puretf's final {target:.2f} dB after "
                      + (f"{reach / 60:.1f} min of training ({budget / reach:.1f}x sooner)" if reach else
                         "- (not within the budget)"))
+    notes += [f"{name}: reused from an earlier run (measured {p['measured']}; {p['command']}), not measured by this "
+              "comparison" for name, p in provenance.items() if p["reused"]]
     text = "\n".join(rows + [""] + notes) + "\n"
     with open(os.path.join(args.out, "compare.md"), "w") as f:
         f.write(f"Equal training-time budget: {args.minutes:g} min per variant (evaluations excluded).\n\n" + text)
     with open(os.path.join(args.out, "compare.json"), "w") as f:
-        json.dump({"minutes": args.minutes, "variants": table}, f, indent=1)
+        # date and command of this comparison; each variant says whether it was measured here or reused (--reuse)
+        json.dump({"minutes": args.minutes, "date": started, "command": command, "variants": table}, f, indent=1)
     print(text, end="")
     print(f"plot: {os.path.join(args.out, 'compare.png')}")
     return table

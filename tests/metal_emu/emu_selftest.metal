@@ -79,6 +79,41 @@ kernel void cas_buckets(device const float* vals [[buffer(0)]], device atomic_ui
   atomic_add_float_cas(&fsum_bits[gid % k], vals[gid]);
 }
 
+// old + v after `work` steps of dummy arithmetic (the same value: 0 * a finite number is +0): widens the window
+// between reading the old value and writing the new one, so that concurrent adds to one address overlap.
+inline float slow_add(float old, float v, uint work) {
+  float acc = old;
+  for (uint i = 0; i < work; ++i) acc = acc * 0.5f + 1.0f;  // stays finite (tends to 2)
+  return (old + v) + 0.0f * acc;
+}
+
+// The same float add in three variants (mode), each failed exchange counted in *failures:
+//   0: the compare-and-swap loop above (a failed exchange reloads `expected` and retries: no update is lost);
+//   1: NEGATIVE, a non-atomic read-modify-write (an atomic load, then an atomic store: an add by another thread
+//      in between is overwritten, i.e. lost);
+//   2: NEGATIVE, a compare-and-swap loop that ignores failure (gives up after one failed exchange: that add is
+//      lost, so the lost updates are exactly the counted failures).
+inline void atomic_add_float_variant(device atomic_uint* p, float v, uint mode, uint work,
+                                     device atomic_uint* failures) {
+  uint expected = atomic_load_explicit(p, memory_order_relaxed);
+  if (mode == 1) {
+    atomic_store_explicit(p, as_type<uint>(slow_add(as_type<float>(expected), v, work)), memory_order_relaxed);
+    return;
+  }
+  while (!atomic_compare_exchange_weak_explicit(p, &expected, as_type<uint>(slow_add(as_type<float>(expected), v, work)),
+                                                memory_order_relaxed, memory_order_relaxed)) {
+    atomic_fetch_add_explicit(failures, 1u, memory_order_relaxed);
+    if (mode == 2) return;
+  }
+}
+kernel void cas_buckets_variant(device const float* vals [[buffer(0)]], device atomic_uint* fsum_bits [[buffer(1)]],
+                                device atomic_uint* failures [[buffer(2)]], constant uint& n [[buffer(3)]],
+                                constant uint& k [[buffer(4)]], constant uint& mode [[buffer(5)]],
+                                constant uint& work [[buffer(6)]], uint gid [[thread_position_in_grid]]) {
+  if (gid >= n) return;
+  atomic_add_float_variant(&fsum_bits[gid % k], vals[gid], mode, work, failures);
+}
+
 // Vector types, swizzles, constructors and math (one thread; the test recomputes each slot with numpy).
 kernel void vector_ops(device const float4* in [[buffer(0)]], device float* out [[buffer(1)]],
                        uint gid [[thread_position_in_grid]]) {

@@ -70,6 +70,19 @@ int main(int argc, char** argv) {
       cas_buckets(vals.data(), bits, n, k, t.thread_position_in_grid.x);
     });
     h.output("fsum", fsum);
+  } else if (c == "cas_buckets_variant") {  // in:vals float32[n]; k, tg, mode, work; out:fsum float32[k], failures uint32[1]
+    const std::vector<float> vals = h.input<float>("vals");
+    const uint n = uint(vals.size()), k = h.scalar<uint>("k"), tg = h.scalar<uint>("tg");
+    const uint mode = h.scalar<uint>("mode"), work = h.scalar<uint>("work");
+    std::vector<float> fsum(k, 0.0f);
+    std::vector<uint> failures(1, 0u);
+    auto* bits = reinterpret_cast<metal::atomic_uint*>(fsum.data());
+    auto* fails = reinterpret_cast<metal::atomic_uint*>(failures.data());
+    msl_emu::dispatch_threads(n, tg, [&](const msl_emu::ThreadCtx& t) {
+      cas_buckets_variant(vals.data(), bits, fails, n, k, mode, work, t.thread_position_in_grid.x);
+    });
+    h.output("fsum", fsum);
+    h.output("failures", failures);
   } else if (c == "vector_ops") {  // in:ab float32[8]; out:out float32[48]
     const std::vector<float> ab = h.input<float>("ab");
     if (ab.size() != 8) msl_emu::Harness::fail("vector_ops needs 8 floats");

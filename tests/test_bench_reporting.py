@@ -1,0 +1,88 @@
+"""bench/: what the reports say about how they were measured. run_all.py marks NeRF rows it did not measure (an
+earlier compare.json given with --nerf-json, or variants compare.py --reuse took from earlier runs) with their date
+and command instead of claiming they come from the same run; bench/hash_grid.py compares dense table gradients in
+every variant and says so."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+run_all = _load("tfmo_bench_run_all", os.path.join(ROOT, "bench", "run_all.py"))
+
+MACHINE = dict(date="2026-12-01", cpu="Test CPU", cores=2, platform="Linux", python="3.11", tensorflow="2.21",
+               tf_metal_ops="0.1.0", op_threads=2)
+
+
+def variant(**extra):
+    return dict(dict(n_params=1, steps=100, epochs=1.0, seconds_per_epoch=10.0, ms_per_step=100.0,
+                     final_test_psnr=30.0, final_eval_views=16, psnr_at={"0.2": 20.0, "0.5": 25.0, "1": 30.0}),
+                **extra)
+
+
+def test_nerf_measured_in_this_run_claims_the_same_run():
+    nerf = {"minutes": 10.0, "variants": {"mlp": variant(reused=False, measured="2026-12-01T10:00:00+00:00",
+                                                        command="python examples/nerf/train.py --model mlp")}}
+    md = run_all.markdown({"machine": MACHINE, "nerf": nerf})
+    assert "ratios against baselines measured in the same run.\n" in md and "reused" not in md
+    assert "| mlp | 100 | 10.0 | 100 | 20.00 | 25.00 | 30.00 | this run |" in md
+
+
+def test_nerf_json_rows_are_marked_reused_with_date_and_command(tmp_path):
+    path = tmp_path / "compare.json"
+    path.write_text(json.dumps({"minutes": 10.0, "date": "2026-11-29T12:00:00+00:00",
+                                "command": "python examples/nerf/compare.py --minutes 10 --out runs/c",
+                                "variants": {"mlp": variant(reused=False, measured="2026-11-29T12:00:00+00:00",
+                                                            command="python examples/nerf/train.py --model mlp"),
+                                             "hash-op": variant(reused=True, measured="2026-11-20T08:00:00+00:00",
+                                                                command="reused runs/c/hash-op/metrics.json")}}))
+    md = run_all.markdown({"machine": MACHINE, "nerf": run_all.load_reused_nerf(str(path))})
+    assert "ratios against baselines measured in the same run, except the NeRF rows marked *reused*" in md
+    assert ("| mlp | 100 | 10.0 | 100 | 20.00 | 25.00 | 30.00 | *reused*: 2026-11-29T12:00:00+00:00, "
+            "`python examples/nerf/compare.py --minutes 10 --out runs/c` |") in md
+    # a variant compare.py itself reused keeps its own, older date
+    assert "| hash-op | 100 | 10.0 | 100 | 20.00 | 25.00 | 30.00 | *reused*: 2026-11-20T08:00:00+00:00, " in md
+    assert "this run" not in md
+
+
+def test_old_compare_json_without_provenance_gets_its_file_date(tmp_path):
+    path = tmp_path / "compare.json"
+    path.write_text(json.dumps({"minutes": 10.0, "variants": {"mlp": variant()}}))
+    os.utime(path, (1700000000, 1700000000))
+    nerf = run_all.load_reused_nerf(str(path))
+    assert nerf["reused"]["date"].startswith("2023-11-14T22:13:20+00:00 (date of ")
+    md = run_all.markdown({"machine": MACHINE, "nerf": nerf})
+    assert "| mlp | 100 | 10.0 | 100 | 20.00 | 25.00 | 30.00 | *reused*: 2023-11-14T22:13:20+00:00 (date of " in md
+    assert "(arguments not recorded)" in md
+
+
+def test_hash_grid_bench_compares_dense_table_gradients(tmp_path):
+    """A tiny run of bench/hash_grid.py: every fwd+bwd variant is timed with a dense table gradient, and the JSON
+    says which kind each tape returned before densifying (float32 pure-TF: IndexedSlices, so the densification was
+    needed there; float16 pure-TF: already dense; the op: dense)."""
+    out = tmp_path / "hg.json"
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "hash_grid.py"), "--points", "1024",
+                          "--repeats", "1", "--threads", "1", "--json", str(out)], capture_output=True, text=True,
+                         cwd=str(tmp_path))
+    assert run.returncode == 0, run.stderr[-4000:]
+    r = json.loads(out.read_text())
+    assert r["table_gradient"].startswith("dense in every variant")
+    assert r["raw_table_gradient"] == {
+        "float32": {"op": "dense", "pure-TF": "IndexedSlices", "pure-TF XLA": "IndexedSlices"},
+        "float16": {"op": "dense", "pure-TF": "dense", "pure-TF XLA": "dense"}}
+    assert run.stdout.count("table gradient: dense in every fwd+bwd variant") == 2
+    md = run_all.markdown({"machine": MACHINE, "hash_grid": r})
+    assert "fwd+bwd table gradient: dense in every variant" in md
