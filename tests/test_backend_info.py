@@ -163,7 +163,7 @@ def test_community_plugin_warning_before_the_library_loads(monkeypatch, caplog):
 
     monkeypatch.setattr(backend, "_version", lambda dist: "0.4.1" if dist == "tensorflow-metal-plugin" else None)
     monkeypatch.setattr(_library.sys, "platform", "darwin")
-    monkeypatch.delenv("TF_METAL_OPS_NO_GPU_KERNELS", raising=False)  # restored after the test: it is process-wide
+    monkeypatch.setenv("TF_METAL_OPS_NO_GPU_KERNELS", "0")  # so monkeypatch removes it again: it is process-wide
     with caplog.at_level("WARNING", logger="tf_metal_ops"):
         _library._warn_about_community_metal_plugin()
     assert "tensorflow-metal-plugin 0.4.1 is installed" in caplog.text

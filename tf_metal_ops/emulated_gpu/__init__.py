@@ -226,6 +226,10 @@ def enable(verbose: bool = True) -> dict[str, str]:
                 f"initialised its devices. Set {ENV_SWITCH}=1 before the first TensorFlow op (import tf_metal_ops "
                 "first, or call tf_metal_ops.emulated_gpu.enable() at the top of the program)"
             )
+        if os.environ.get("TF_METAL_OPS_NO_GPU_KERNELS") == "1":
+            raise EmulatedGPUError(
+                "tf_metal_ops: TF_METAL_OPS_NO_GPU_KERNELS=1 is set, so no GPU kernel would be registered and every op "
+                "would silently run on the CPU; unset it to use the emulated GPU")
         tf.load_op_library(str(paths["kernels"]))
         _loaded.update(paths)
         return {k: str(v) for k, v in paths.items()}
