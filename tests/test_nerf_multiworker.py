@@ -114,11 +114,12 @@ def test_two_workers_stay_bitwise_in_sync_and_match_one_process(tmp_path, env, p
     ws = weights(single_out / "workers" / "rank-0.npz")
     # The all-reduce sums the two half-batch gradients, the single process the whole batch at once: float rounding
     # differs, and Adam's normalisation (g / sqrt(v)) turns that into visible steps on the few table entries whose
-    # gradients are tiny. So: nearly every weight within 1e-5, and none further than 1e-3.
+    # gradients are tiny. So: the mean difference below 1e-5, and no weight further than 1e-3 (an error in the
+    # sharding or the all-reduce moves whole layers by far more).
     for a, b in zip(w0, ws):
         diff = np.abs(a - b)
         assert diff.max() < 1e-3, diff.max()
-        assert np.mean(diff > 1e-5) < 1e-3, np.mean(diff > 1e-5)
+        assert diff.mean() < 1e-5, diff.mean()
     with open(single_out / "metrics.json") as f:
         single = json.load(f)
     np.testing.assert_allclose(mw["train_losses"], single["train_losses"], rtol=1e-4)
