@@ -600,16 +600,20 @@ print(json.dumps(hash_grid_cpu_paths()))
         assert a.dtype == b.dtype and np.array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}")), k
 
 
-def test_second_derivative_is_an_explicit_error():
-    """Gradients of the gradient ops are not implemented: TF says so instead of silently returning zeros."""
+def test_second_derivative_is_registered():
+    """The position-gradient op has a gradient (tests/test_hash_grid_second_order.py checks its values): nested
+    tapes give d/dparams of the position gradient instead of raising LookupError as before."""
     cfg = HashGridConfig(2, n_levels=2, log2_hashmap_size=6)
     x = tf.constant([[0.3, 0.4]])
-    p = tf.constant(np.ones(cfg.params_shape, np.float32))
-    with pytest.raises(LookupError, match="HashGridEncodeGradPositions"):
-        with tf.GradientTape() as outer:
-            outer.watch(p)
-            with tf.GradientTape() as inner:
-                inner.watch(x)
-                y = encode(x, p, cfg)
-            g = inner.gradient(y, x)
-        outer.gradient(g, p)
+    p = tf.constant(np.random.default_rng(0).uniform(-1, 1, cfg.params_shape).astype(np.float32))
+    with tf.GradientTape() as outer:
+        outer.watch(p)
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            y = encode(x, p, cfg)
+        g = inner.gradient(y, x)
+    gp = outer.gradient(g, p)
+    want = reference.grad_positions_grad(x.numpy(), p.numpy(), np.ones((1, cfg.n_output_dims)), np.ones((1, 2)),
+                                         cfg)[1]
+    np.testing.assert_allclose(gp.numpy(), want, rtol=1e-5, atol=1e-5)
+    assert np.abs(want).max() > 0.1
