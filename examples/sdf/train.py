@@ -144,6 +144,13 @@ class NeuralSDF(tf.Module):
         return f, tape.gradient(f, p)
 
 
+_POINTS = [tf.TensorSpec([None, 3], tf.float32)]  # one trace for every batch size
+
+
+def compiled(fn):
+    return tf.function(fn, input_signature=_POINTS)
+
+
 def batched(fn, points, batch=1 << 17):
     outs = [fn(tf.constant(points[i:i + batch], tf.float32)) for i in range(0, len(points), batch)]
     if isinstance(outs[0], (tuple, list)):
@@ -224,7 +231,7 @@ def extract_mesh(model, res):
 
     lin = np.linspace(-HALF, HALF, res)
     grid = np.stack(np.meshgrid(lin, lin, lin, indexing="ij"), axis=-1).reshape(-1, 3)
-    values = batched(tf.function(model), grid).reshape(res, res, res)
+    values = batched(compiled(model), grid).reshape(res, res, res)
     if not (values.min() < 0 < values.max()):
         return None, None
     step = lin[1] - lin[0]
@@ -250,7 +257,7 @@ def render(model, res, path):
     t = np.maximum(t0, 0.0) + 1e-4
     alive = t < t1
     hit = np.zeros(len(dirs), bool)
-    f = tf.function(model)
+    f = compiled(model)
     for _ in range(96):
         idx = np.nonzero(alive & ~hit)[0]
         if len(idx) == 0:
@@ -264,7 +271,7 @@ def render(model, res, path):
     idx = np.nonzero(hit)[0]
     if len(idx):
         p = np.clip(eye + t[idx, None] * dirs[idx], -HALF, HALF)
-        _, g = batched(tf.function(model.value_and_gradient), p)
+        _, g = batched(compiled(model.value_and_gradient), p)
         n = g / np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-8)
         light = np.array([0.5, 0.8, 0.6])
         light /= np.linalg.norm(light)
@@ -279,7 +286,7 @@ def render(model, res, path):
 
 
 def evaluate(model, sdf, rng, n_eval, mesh_res):
-    vg = tf.function(model.value_and_gradient)
+    vg = compiled(model.value_and_gradient)
     uniform = rng.uniform(-HALF, HALF, (n_eval, 3))
     surface = surface_samples(sdf, max(n_eval, 20_000), rng)
     near = near_surface(surface, n_eval, rng, sigmas=(0.005, 0.01))
