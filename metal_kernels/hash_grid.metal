@@ -10,6 +10,11 @@
 //                             acc must be zero on entry (hash_grid_fill_zero); the float16 op converts it with
 //                             hash_grid_float_to_half. Summation order is unspecified (not bitwise reproducible).
 //   hash_grid_grad_positions_T  grid N: one thread per point, levels in order; dx [N*D] float32, written fully.
+//   hash_grid_grad2_points_T  second order (gradient of grad_positions, see hash_grid_math.h "Second order"):
+//                             grid N, one thread per point, levels in order; writes d/d(dy) [N, L*F] T (zeros on
+//                             inactive levels) and d/dx [N*D] float32 fully. ddx [N*D] float32.
+//   hash_grid_grad2_params_T  second order, grid (N, n_active): scatters v[c] * dy into acc [rows*F] float32 with
+//                             float atomics (acc zeroed by hash_grid_fill_zero first), like grad_params.
 //   hash_grid_fill_zero       x[i] = 0 for i < args.count (float32).
 //   hash_grid_float_to_half   y[i] = half(x[i]) for i < args.count.
 #include <metal_stdlib>
@@ -114,6 +119,77 @@ inline void hg_grad_positions(device const T* dy, device const float* positions,
   for (uint d = 0; d < args.dims; ++d) dx_out[(ulong)i * args.dims + d] = dx[d];
 }
 
+template <typename T>
+inline void hg_grad2_points(device const float* ddx_in, device const T* dy, device const float* positions,
+                            device const T* params, constant HgLevel* levels, constant HgArgs& args,
+                            device T* ddy_out, device float* dx_out, uint i) {
+  if (i >= args.n) return;
+  const uint F = args.n_features;
+  const int dims = (int)args.dims;
+  float dx[HG_MAX_DIMS] = {0.0f, 0.0f, 0.0f, 0.0f};
+  device T* o = ddy_out + (ulong)i * (args.n_levels * F);
+  const bool nearest = args.interpolation == HG_INTERP_NEAREST;  // all second-order terms are zero
+  float x[HG_MAX_DIMS];
+  hg_load_point(positions, i, args.dims, x);
+  float dd[HG_MAX_DIMS];
+  hg_load_point(ddx_in, i, args.dims, dd);
+  const uint nc = 1u << args.dims;
+  for (uint l = 0; l < args.n_levels; ++l) {
+    if (nearest || l >= args.n_active) {
+      for (uint f = 0; f < F; ++f) o[l * F + f] = T(0.0f);
+      continue;
+    }
+    const HgLevel lv = levels[l];
+    HgPoint p;
+    hg_point(x, dims, lv.scale, (int)args.interpolation, &p);
+    float ddw[HG_MAX_DIMS];
+    hg_point_d2(x, dims, lv.scale, (int)args.interpolation, ddw);
+    float v[16];
+    hg_second_order_weights(&p, dd, dims, v);
+    device const T* g = dy + (ulong)i * (args.n_levels * F) + l * F;
+    float s[16];
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (uint c = 0; c < nc; ++c) {
+      device const T* val = params + (ulong)(lv.offset + hg_corner_index(lv, &p, c)) * F;
+      float dot = 0.0f;
+      for (uint f = 0; f < F; ++f) {
+        const float vf = float(val[f]);
+        dot += float(g[f]) * vf;
+        acc[f] += v[c] * vf;
+      }
+      s[c] = dot;
+    }
+    for (uint f = 0; f < F; ++f) o[l * F + f] = T(acc[f]);
+    hg_accumulate_d2x(&p, ddw, s, dd, dims, dx);
+  }
+  for (uint d = 0; d < args.dims; ++d) dx_out[(ulong)i * args.dims + d] = dx[d];
+}
+
+template <typename T>
+inline void hg_grad2_params(device const float* ddx_in, device const T* dy, device const float* positions,
+                            constant HgLevel* levels, constant HgArgs& args, device float* acc, uint i, uint l) {
+  if (i >= args.n || l >= args.n_active || args.interpolation == HG_INTERP_NEAREST) return;
+  const uint F = args.n_features;
+  const int dims = (int)args.dims;
+  device const T* g = dy + (ulong)i * (args.n_levels * F) + l * F;
+  float gf[8];
+  for (uint f = 0; f < F; ++f) gf[f] = float(g[f]);
+  const HgLevel lv = levels[l];
+  float x[HG_MAX_DIMS];
+  hg_load_point(positions, i, args.dims, x);
+  float dd[HG_MAX_DIMS];
+  hg_load_point(ddx_in, i, args.dims, dd);
+  HgPoint p;
+  hg_point(x, dims, lv.scale, (int)args.interpolation, &p);
+  float v[16];
+  hg_second_order_weights(&p, dd, dims, v);
+  const uint nc = 1u << args.dims;
+  for (uint c = 0; c < nc; ++c) {
+    device float* a = acc + (ulong)(lv.offset + hg_corner_index(lv, &p, c)) * F;
+    for (uint f = 0; f < F; ++f) hg_atomic_add(a + f, v[c] * gf[f]);
+  }
+}
+
 kernel void hash_grid_encode_float32(device const float* positions [[buffer(0)]],
                                      device const float* params [[buffer(1)]],
                                      constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
@@ -158,6 +234,42 @@ kernel void hash_grid_grad_positions_float16(device const half* dy [[buffer(0)]]
                                              constant HgArgs& args [[buffer(4)]], device float* dx [[buffer(5)]],
                                              uint gid [[thread_position_in_grid]]) {
   hg_grad_positions(dy, positions, params, levels, args, dx, gid);
+}
+
+kernel void hash_grid_grad2_points_float32(device const float* ddx [[buffer(0)]],
+                                           device const float* dy [[buffer(1)]],
+                                           device const float* positions [[buffer(2)]],
+                                           device const float* params [[buffer(3)]],
+                                           constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
+                                           device float* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
+                                           uint gid [[thread_position_in_grid]]) {
+  hg_grad2_points(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+}
+
+kernel void hash_grid_grad2_points_float16(device const float* ddx [[buffer(0)]],
+                                           device const half* dy [[buffer(1)]],
+                                           device const float* positions [[buffer(2)]],
+                                           device const half* params [[buffer(3)]],
+                                           constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
+                                           device half* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
+                                           uint gid [[thread_position_in_grid]]) {
+  hg_grad2_points(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+}
+
+kernel void hash_grid_grad2_params_float32(device const float* ddx [[buffer(0)]],
+                                           device const float* dy [[buffer(1)]],
+                                           device const float* positions [[buffer(2)]],
+                                           constant HgLevel* levels [[buffer(3)]], constant HgArgs& args [[buffer(4)]],
+                                           device float* acc [[buffer(5)]], uint2 gid [[thread_position_in_grid]]) {
+  hg_grad2_params(ddx, dy, positions, levels, args, acc, gid.x, gid.y);
+}
+
+kernel void hash_grid_grad2_params_float16(device const float* ddx [[buffer(0)]],
+                                           device const half* dy [[buffer(1)]],
+                                           device const float* positions [[buffer(2)]],
+                                           constant HgLevel* levels [[buffer(3)]], constant HgArgs& args [[buffer(4)]],
+                                           device float* acc [[buffer(5)]], uint2 gid [[thread_position_in_grid]]) {
+  hg_grad2_params(ddx, dy, positions, levels, args, acc, gid.x, gid.y);
 }
 
 kernel void hash_grid_fill_zero(device float* x [[buffer(0)]], constant HgArgs& args [[buffer(1)]],

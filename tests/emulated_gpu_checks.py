@@ -166,6 +166,98 @@ def check_hash_grid_edges(seed):
     return "empty, NaN/inf, wrong table size"
 
 
+def second_order_case_config(d, grid_type, interpolation, n_features):
+    """Hashed fine levels (hash), levels finer than the tile (tiled), dense levels (as test_hash_grid_second_order)."""
+    if grid_type == "hash":
+        cfg = HashGridConfig(d, n_levels=4, n_features_per_level=n_features, log2_hashmap_size={2: 7, 3: 8, 4: 9}[d],
+                             base_resolution=4, per_level_scale=1.8, interpolation=interpolation)
+        assert any(cfg.layout().hashed), cfg.layout()
+        return cfg
+    if grid_type == "tiled":
+        return HashGridConfig(d, n_levels=3, n_features_per_level=n_features, base_resolution=3,
+                              per_level_scale=1.7, grid_type="tiled", interpolation=interpolation)
+    return HashGridConfig(d, n_levels=3, n_features_per_level=n_features, base_resolution=3, per_level_scale=1.5,
+                          grid_type="dense", interpolation=interpolation)
+
+
+def second_order_run(device, cfg, ddx, dy, x, p, max_level):
+    from tf_metal_ops._library import ops
+    from tf_metal_ops.hash_grid.ops import _max_level_tensor
+
+    with tf.device(device):
+        args = [tf.constant(v) for v in (ddx, dy, x, p)]
+        return ops().hash_grid_encode_grad_positions_grad(*args, _max_level_tensor(max_level, cfg.n_levels),
+                                                          **cfg.op_kwargs())
+
+
+def check_hash_grid_second_order(seed):
+    """HashGridEncodeGradPositionsGrad (second derivatives) on /GPU:0 against the CPU kernel: D = 2..4, every grid
+    type (hashed levels included), interpolation and table dtype; the gradient through nested tapes on the GPU;
+    an empty batch."""
+    rng = np.random.default_rng(seed)
+    cases = 0
+    for d in (2, 3, 4):
+        for grid_type in GRID_TYPES:
+            for interpolation in INTERPOLATIONS:
+                for dtype in (np.float32, np.float16):
+                    cfg = second_order_case_config(d, grid_type, interpolation, int(rng.choice([1, 2, 4, 8])))
+                    n = int(rng.choice([1, 63, 65, 300]))
+                    x = random_positions(rng, n, d)
+                    p = rng.uniform(-1, 1, cfg.params_shape).astype(dtype)
+                    dy = rng.standard_normal((n, cfg.n_output_dims)).astype(dtype)
+                    ddx = rng.standard_normal((n, d)).astype(np.float32)
+                    max_level = [None, int(rng.integers(0, cfg.n_levels + 1)), float(rng.uniform(0, 1.2))][cases % 3]
+                    suffix = "float16" if dtype == np.float16 else "float32"
+                    what = f"D={d} {grid_type} {interpolation} {suffix} F={cfg.n_features_per_level} N={n} " \
+                           f"max_level={max_level!r}"
+                    with Dispatches() as ran:
+                        g = second_order_run(GPU, cfg, ddx, dy, x, p, max_level)
+                    ran.require(f"hash_grid_grad2_points_{suffix}", "hash_grid_fill_zero")
+                    active = max_level is None or (isinstance(max_level, int) and max_level > 0) or \
+                        (isinstance(max_level, float) and max_level * cfg.n_levels + 1e-3 > 0)
+                    if interpolation != "nearest" and active:
+                        ran.require(f"hash_grid_grad2_params_{suffix}")
+                    if dtype == np.float16:
+                        ran.require("hash_grid_float_to_half")
+                    for v in g:
+                        on_gpu(v)
+                    c = second_order_run(CPU, cfg, ddx, dy, x, p, max_level)
+                    f16 = dtype == np.float16
+                    for name, a, b, rtol in (("d/d(dy)", g[0], c[0], 1e-5), ("d/dparams", g[1], c[1], 1e-4),
+                                             ("d/dpositions", g[2], c[2], 1e-5)):
+                        b64 = np.asarray(b, np.float64)
+                        scale = max(1.0, float(np.abs(b64).max()))
+                        close(a, b, 2e-3 if f16 else rtol, (2e-3 if f16 else rtol) * scale, f"{name} {what}")
+                    if interpolation == "nearest":
+                        assert not any(np.asarray(v).any() for v in g), f"nearest must give zeros: {what}"
+                    cases += 1
+    # Through nested tapes on the GPU (the registered gradient of HashGridEncodeGradPositions places its op there).
+    cfg = second_order_case_config(3, "hash", "smoothstep", 2)
+    x = rng.uniform(0, 1, (200, 3)).astype(np.float32)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    res = {}
+    for device in (GPU, CPU):
+        with tf.device(device):
+            xv, pv = tf.constant(x), tf.constant(p)
+            with Dispatches() as ran:
+                with tf.GradientTape() as outer:
+                    outer.watch(pv)
+                    with tf.GradientTape() as inner:
+                        inner.watch(xv)
+                        y = t.hash_grid_encode(xv, pv, **cfg.op_kwargs())
+                    gx = inner.gradient(y, xv)
+                    eik = tf.reduce_sum(tf.square(tf.norm(gx, axis=-1) - 1.0))
+                res[device] = outer.gradient(eik, pv)
+            if device == GPU:
+                ran.require("hash_grid_grad2_points_float32", "hash_grid_grad2_params_float32")
+    close(res[GPU], res[CPU], 1e-4, 1e-4 * max(1.0, float(np.abs(res[CPU]).max())), "nested tapes d/dparams")
+    # Empty batch: only the zeroed table gradient.
+    g = second_order_run(GPU, cfg, np.zeros((0, 3), np.float32), np.zeros((0, cfg.n_output_dims), np.float32),
+                         np.zeros((0, 3), np.float32), p, None)
+    assert g[0].shape == (0, cfg.n_output_dims) and g[2].shape == (0, 3) and not np.asarray(g[1]).any()
+    return f"{cases} configurations, nested tapes, empty batch"
+
+
 # ---- rendering ----------------------------------------------------------------------------------------------------
 def render_case(rng, r, s, c):
     sigma = rng.gamma(1.0, 2.0, (r, s)).astype(np.float32)

@@ -39,6 +39,8 @@ CASES = [
     ("hash_grid", 1, {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMU_WORKERS": "2"}),
     ("hash_grid", 2, {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "7", "TF_METAL_OPS_EMU_WORKERS": "2"}),
     ("hash_grid_edges", 0, {}),
+    ("hash_grid_second_order", 0, {}),
+    ("hash_grid_second_order", 1, {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "3", "TF_METAL_OPS_EMU_WORKERS": "2"}),
     ("volume_render", 0, {}),
     ("volume_render", 1, {"TF_METAL_OPS_SYNC": "1"}),
     ("distortion_loss", 0, {}),

@@ -542,7 +542,7 @@ def test_baseline_and_avx2_paths_agree_bitwise(tmp_path):
     with TF_METAL_OPS_NO_AVX2=1 must produce bit-identical forward and gradients. Each subprocess also reports,
     through tf_metal_ops.backend.hash_grid_cpu_paths(), how many loop calls ran each build: the baseline side
     must have run only the baseline build, the other side only the AVX2 build (so the two sides cannot silently
-    run the same path). Cases: every grid type and interpolation, both dtypes, tiled levels finer than the tile
+    run the same path). Also the second-order op (HashGridEncodeGradPositionsGrad). Cases: every grid type and interpolation, both dtypes, tiled levels finer than the tile
     and beyond MAX_BASE (index 0), fine levels where the fused position matters."""
     import json
     import os
@@ -552,6 +552,7 @@ def test_baseline_and_avx2_paths_agree_bitwise(tmp_path):
     script = r'''
 import json, sys, numpy as np, tensorflow as tf
 import tf_metal_ops
+from tf_metal_ops._library import ops
 from tf_metal_ops.backend import hash_grid_cpu_paths
 from tf_metal_ops.hash_grid import HashGridConfig
 out = {}
@@ -572,7 +573,9 @@ for d, dtype, gt, interp, b, nmin in cases:
         tape.watch([x, p])
         y = tf_metal_ops.hash_grid_encode(x, p, **cfg.op_kwargs())
     gx, gp = tape.gradient(y, [x, p], output_gradients=dy)
-    for k, v in (("y", y), ("gx", gx), ("gp", gp)):
+    ddx = tf.constant(rng.standard_normal((777, d)).astype(np.float32))
+    d2 = ops().hash_grid_encode_grad_positions_grad(ddx, dy, x, p, tf.constant(n_levels), **cfg.op_kwargs())
+    for k, v in (("y", y), ("gx", gx), ("gp", gp), ("d2dy", d2[0]), ("d2p", d2[1]), ("d2x", d2[2])):
         out[f"{d}{dtype}{gt}{interp}{b}{k}"] = v.numpy()
 np.savez(sys.argv[1], **out)
 print(json.dumps(hash_grid_cpu_paths()))
@@ -594,22 +597,26 @@ print(json.dumps(hash_grid_cpu_paths()))
     if not default["avx2_selected"]:
         pytest.skip(f"the AVX2+FMA build is not available here (built: {default['avx2_built']}): only one path")
     assert default["avx2_calls"] > 0 and default["baseline_calls"] == 0, paths
-    assert set(results[0].files) == set(results[1].files) and len(results[0].files) == 30
+    assert set(results[0].files) == set(results[1].files) and len(results[0].files) == 60
     for k in results[0].files:
         a, b = results[0][k], results[1][k]
         assert a.dtype == b.dtype and np.array_equal(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}")), k
 
 
-def test_second_derivative_is_an_explicit_error():
-    """Gradients of the gradient ops are not implemented: TF says so instead of silently returning zeros."""
+def test_second_derivative_is_registered():
+    """The position-gradient op has a gradient (tests/test_hash_grid_second_order.py checks its values): nested
+    tapes give d/dparams of the position gradient instead of raising LookupError as before."""
     cfg = HashGridConfig(2, n_levels=2, log2_hashmap_size=6)
     x = tf.constant([[0.3, 0.4]])
-    p = tf.constant(np.ones(cfg.params_shape, np.float32))
-    with pytest.raises(LookupError, match="HashGridEncodeGradPositions"):
-        with tf.GradientTape() as outer:
-            outer.watch(p)
-            with tf.GradientTape() as inner:
-                inner.watch(x)
-                y = encode(x, p, cfg)
-            g = inner.gradient(y, x)
-        outer.gradient(g, p)
+    p = tf.constant(np.random.default_rng(0).uniform(-1, 1, cfg.params_shape).astype(np.float32))
+    with tf.GradientTape() as outer:
+        outer.watch(p)
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            y = encode(x, p, cfg)
+        g = inner.gradient(y, x)
+    gp = outer.gradient(g, p)
+    want = reference.grad_positions_grad(x.numpy(), p.numpy(), np.ones((1, cfg.n_output_dims)), np.ones((1, 2)),
+                                         cfg)[1]
+    np.testing.assert_allclose(gp.numpy(), want, rtol=1e-5, atol=1e-5)
+    assert np.abs(want).max() > 0.1

@@ -10,6 +10,8 @@
 //    the contributions that land in its rows. With at least 2 levels per thread a task is a whole level (no
 //    redundant work); with fewer levels the level's rows are split and the corner math is recomputed.
 //  - position gradient: levels in order for every point (deterministic), recomputing the weight derivatives.
+//  - second order (gradient of the position gradient): the same two schemes, d/d(dy) and d/dx per point (levels
+//    in order), d/dparams per table row in point order.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -294,6 +296,83 @@ TFMO_HG_INLINE void GradPosRangeBody(const HgLevel* lvp, int interp, const float
 }
 TFMO_HG_VARIANTS(GradPosRange, GradPosRangeBody)
 
+// Second order, per point of one level (points [b, e)): d/d(dy) of the level's columns into out_dy [N, L*F] (T)
+// and the level's d/dx contribution added to out_dx [N, D]. gl: dy of the level, float32 [N][F].
+template <int D, int F, typename T>
+TFMO_HG_INLINE void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int L, int l, const float* pos,
+                                         const T* table, const float* gl, const float* ddx, T* out_dy,
+                                         float* out_dx, int64_t b, int64_t e) {
+  const HgLevel lv = *lvp;
+  constexpr int nc = 1 << D;
+  TileCorners<D> tc;
+  for (int64_t t = b; t < e; t += kTile) {
+    const int count = (int)std::min<int64_t>(kTile, e - t);
+    tc.Compute(pos, t, count, lv, interp, nc);
+    for (int i = 0; i < count; ++i) {
+      if (i + kPrefetch < count)
+        for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
+      const int64_t p = t + i;
+      const float* gyf = gl + p * F;
+      float val[nc * F];
+      GatherCorners<D, F, T>(table, tc, i, nc, val);
+      float sc[nc];  // <dy, value of corner c>
+      for (int c = 0; c < nc; ++c) {
+        float a = 0.0f;
+        for (int f = 0; f < F; ++f) a += gyf[f] * val[c * F + f];
+        sc[c] = a;
+      }
+      const HgPoint pt = tc.Point(i);
+      float xi[HG_MAX_DIMS] = {}, dd[HG_MAX_DIMS] = {}, ddw[HG_MAX_DIMS];
+      for (int d = 0; d < D; ++d) { xi[d] = tc.x[d][i]; dd[d] = ddx[p * D + d]; }
+      hg_point_d2(xi, D, lv.scale, interp, ddw);
+      float v[nc];
+      hg_second_order_weights(&pt, dd, D, v);
+      float acc[F] = {};
+      for (int c = 0; c < nc; ++c)
+        for (int f = 0; f < F; ++f) acc[f] += v[c] * val[c * F + f];
+      T* o = out_dy + p * L * F + l * F;
+      for (int f = 0; f < F; ++f) o[f] = Store<T>(acc[f]);
+      float dx[HG_MAX_DIMS] = {};
+      hg_accumulate_d2x(&pt, ddw, sc, dd, D, dx);
+      float* ox = out_dx + p * D;
+      for (int k = 0; k < D; ++k) ox[k] += dx[k];
+    }
+  }
+}
+TFMO_HG_VARIANTS(Grad2PointsRange, Grad2PointsRangeBody)
+
+// Second order, d/dparams of all points [0, n) of one level (rows [lo, hi) only when split): scatters
+// v[c] * dy (hg_second_order_weights) in point order, like ScatterLevel.
+template <int D, int F, typename T>
+TFMO_HG_INLINE void Scatter2LevelBody(const HgLevel* lvp, int interp, const float* pos, const float* gl,
+                                      const float* ddx, float* acc, int64_t n, uint lo, uint hi, bool split) {
+  const HgLevel lv = *lvp;
+  constexpr int nc = 1 << D;
+  TileCorners<D> tc;
+  for (int64_t t = 0; t < n; t += kTile) {
+    const int count = (int)std::min<int64_t>(kTile, n - t);
+    tc.Compute(pos, t, count, lv, interp, nc);
+    for (int i = 0; i < count; ++i) {
+      if (i + kPrefetch < count)
+        for (int c = 0; c < nc; ++c) __builtin_prefetch(acc + (int64_t)tc.row[c][i + kPrefetch] * F, 1);
+      const int64_t p = t + i;
+      const float* gi = gl + p * F;
+      const HgPoint pt = tc.Point(i);
+      float dd[HG_MAX_DIMS] = {};
+      for (int d = 0; d < D; ++d) dd[d] = ddx[p * D + d];
+      float v[nc];
+      hg_second_order_weights(&pt, dd, D, v);
+      for (int c = 0; c < nc; ++c) {
+        const uint r = tc.row[c][i];
+        if (split && (r < lo || r >= hi)) continue;
+        float* a = acc + (int64_t)r * F;
+        for (int f = 0; f < F; ++f) a[f] += v[c] * gi[f];
+      }
+    }
+  }
+}
+TFMO_HG_VARIANTS(Scatter2Level, Scatter2LevelBody)
+
 // ---------------------------------------------------------------------------------------------------------
 // Forward. Results go level-major into scratch [active][N][F] (each level pass then writes one contiguous
 // stream instead of 8 bytes into every output row), then one pass interleaves them into [N, L*F].
@@ -330,13 +409,13 @@ void Encode(const Call& call, T* out) {
 // d/dparams into `acc`, float32 [rows, F] (every row written: each task zeroes its rows right before scattering
 // into them, so zeroing and first-touch page faults are spread over the threads; inactive levels are zeroed
 // at the end); dy [N, L*F] in T.
-template <int D, int F, typename T>
-void GradParams(const Call& call, const T* dy, float* acc) {
+// The deterministic table-gradient driver shared by GradParams and the second order: zeroes acc [rows, F]
+// (each task its own rows, inactive levels at the start), converts dy to level-major float32 and runs
+// scatter(level, gl, lo, hi, split) once per (level, row range) task. Every row is summed by exactly one task.
+template <int F, typename T, class Scatter>
+void ParamTasks(const Call& call, const T* dy, float* acc, Scatter scatter) {
   const int L = call.cfg->n_levels;
   const int active = call.n_active;
-  const int interp = call.cfg->interpolation;
-  const int nc = (int)hg_num_corners(D, interp);
-  const float* pos = call.positions.data<float>();
   const int64_t n = call.n;
   const int64_t rows_active = active > 0 ? (int64_t)call.levels[active - 1].offset + call.levels[active - 1].size : 0;
   tfmo::ParallelFor((call.rows - rows_active) * F, 1 << 16, [&](int64_t b, int64_t e) {
@@ -363,8 +442,18 @@ void GradParams(const Call& call, const T* dy, float* acc) {
     const uint hi = lv.offset + (uint)((uint64_t)lv.size * (s + 1) / splits);
     std::fill(acc + (int64_t)lo * F, acc + (int64_t)hi * F, 0.0f);
     if (n == 0) return;
-    const float* gl = g + (size_t)l * n * F;
-    ScatterLevel<D, F, T>(&lv, interp, nc, pos, gl, acc, n, lo, hi, splits > 1);
+    scatter(lv, g + (size_t)l * n * F, lo, hi, splits > 1);
+  });
+}
+
+template <int D, int F, typename T>
+void GradParams(const Call& call, const T* dy, float* acc) {
+  const int interp = call.cfg->interpolation;
+  const int nc = (int)hg_num_corners(D, interp);
+  const float* pos = call.positions.data<float>();
+  const int64_t n = call.n;
+  ParamTasks<F, T>(call, dy, acc, [&](const HgLevel& lv, const float* gl, uint lo, uint hi, bool split) {
+    ScatterLevel<D, F, T>(&lv, interp, nc, pos, gl, acc, n, lo, hi, split);
   });
 }
 
@@ -387,6 +476,40 @@ void GradPositions(const Call& call, const T* dy, float* out) {
     const HgLevel lv = call.levels[l];
     tfmo::ParallelFor(n, 4 * kTile, [&](int64_t b, int64_t e) {
       GradPosRange<D, F, T>(&lv, interp, pos, table, gl, out, b, e);
+    });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Second order (gradient of GradPositions): d/d(dy) into out_dy [N, L*F] (T), d/dparams into acc [rows, F]
+// float32, d/dx into out_dx [N, D] float32; everything written here. Deterministic: per point the levels in
+// order; per table row the points in order (ParamTasks).
+template <int D, int F, typename T>
+void SecondOrder(const Call& call, const float* ddx, const T* dy, T* out_dy, float* acc, float* out_dx) {
+  const int L = call.cfg->n_levels;
+  const int interp = call.cfg->interpolation;
+  const float* pos = call.positions.data<float>();
+  const T* table = call.params.data<T>();
+  const int64_t n = call.n;
+  const T zero = Store<T>(0.0f);
+  tfmo::ParallelFor(n * D, 1 << 16, [&](int64_t b, int64_t e) { std::fill(out_dx + b, out_dx + e, 0.0f); });
+  tfmo::ParallelFor(n * L * F, 1 << 16, [&](int64_t b, int64_t e) { std::fill(out_dy + b, out_dy + e, zero); });
+  if (interp == HG_INTERP_NEAREST) {  // the position gradient is identically zero: so are its derivatives
+    tfmo::ParallelFor(call.rows * F, 1 << 16, [&](int64_t b, int64_t e) { std::fill(acc + b, acc + e, 0.0f); });
+    return;
+  }
+  ParamTasks<F, T>(call, dy, acc, [&](const HgLevel& lv, const float* gl, uint lo, uint hi, bool split) {
+    Scatter2Level<D, F, T>(&lv, interp, pos, gl, ddx, acc, n, lo, hi, split);
+  });
+  if (call.n_active == 0 || n == 0) return;
+  Scratch<float> g_buf((size_t)call.n_active * n * F, 1);  // (ParamTasks' use of slot 1 has ended)
+  float* g = g_buf.get();
+  ToLevelMajor<F, T>(dy, n, L, call.n_active, g);
+  for (int l = 0; l < call.n_active; ++l) {
+    const float* gl = g + (size_t)l * n * F;
+    const HgLevel lv = call.levels[l];
+    tfmo::ParallelFor(n, 4 * kTile, [&](int64_t b, int64_t e) {
+      Grad2PointsRange<D, F, T>(&lv, interp, L, l, pos, table, gl, ddx, out_dy, out_dx, b, e);
     });
   }
 }
@@ -421,6 +544,13 @@ template <int D, int F, typename T>
 struct GradPositionsK {
   static void Run(const Call& c, const void* dy, float* out) {
     GradPositions<D, F, T>(c, static_cast<const T*>(dy), out);
+  }
+};
+
+template <int D, int F, typename T>
+struct SecondOrderK {
+  static void Run(const Call& c, const float* ddx, const void* dy, void* out_dy, float* acc, float* out_dx) {
+    SecondOrder<D, F, T>(c, ddx, static_cast<const T*>(dy), static_cast<T*>(out_dy), acc, out_dx);
   }
 };
 
@@ -479,11 +609,45 @@ void GradPositionsCompute(void* state, TF_OpKernelContext* ctx) {
   }
 }
 
+void SecondOrderCompute(void* state, TF_OpKernelContext* ctx) {
+  const char* op = "hash_grid_encode (second derivative: gradient of the position gradient)";
+  Call call;
+  tfmo::TensorRef ddx;
+  if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, op, &call, &ddx)) return;
+  const Config& cfg = *call.cfg;
+  tfmo::TensorRef out_dy, out_params, out_dx;
+  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, (int64_t)cfg.n_levels * cfg.n_features}, &out_dy) ||
+      !tfmo::AllocateOutput(ctx, 1, cfg.dtype, {call.rows, (int64_t)cfg.n_features}, &out_params) ||
+      !tfmo::AllocateOutput(ctx, 2, TF_FLOAT, {call.n, (int64_t)call.dims}, &out_dx))
+    return;
+  const int64_t elems = call.rows * cfg.n_features;
+  const bool half = cfg.dtype == TF_HALF;
+  std::unique_ptr<float[]> tmp(half ? new (std::nothrow) float[elems] : nullptr);
+  if (half && !tmp) {
+    tfmo::Fail(ctx, TF_RESOURCE_EXHAUSTED, "%s: out of memory for the float32 accumulator", op);
+    return;
+  }
+  float* acc = half ? tmp.get() : out_params.data<float>();
+  try {
+    Dispatch<SecondOrderK>(call, ddx.data<float>(), call.grad.raw(), out_dy.raw(), acc, out_dx.data<float>());
+  } catch (const std::bad_alloc&) {
+    tfmo::Fail(ctx, TF_RESOURCE_EXHAUSTED, "%s: out of memory for %lld points", op, (long long)call.n);
+    return;
+  }
+  if (half) {
+    uint16_t* o = out_params.data<uint16_t>();
+    tfmo::ParallelFor(elems, 1 << 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) o[i] = tfmo::FloatToHalf(acc[i]);
+    });
+  }
+}
+
 static const tfmo::OnLoad kRegister([] {
   const struct { const char* op; void (*compute)(void*, TF_OpKernelContext*); } kernels[] = {
       {TFMO_OP_HASH_GRID_ENCODE, &EncodeCompute},
       {TFMO_OP_HASH_GRID_ENCODE_GRAD_PARAMS, &GradParamsCompute},
       {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS, &GradPositionsCompute},
+      {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS_GRAD, &SecondOrderCompute},
   };
   for (const auto& k : kernels) {
     tfmo::KernelSpec spec;

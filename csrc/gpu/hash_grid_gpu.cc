@@ -6,7 +6,8 @@
 //   encode:          grid (N, L), threadgroups 1-D along the points so a group stays on one level;
 //   grad_params:     float32 accumulator zeroed, grid (N, n_active) scatter with float atomics, then (float16
 //                    tables) a conversion pass into the output; the float32 output is its own accumulator;
-//   grad_positions:  grid N, one thread per point looping over the active levels.
+//   grad_positions:  grid N, one thread per point looping over the active levels;
+//   second order:    grid N per point (d/d(dy), d/dx), then zero + atomic scatter (N, n_active) for d/dparams.
 #include <cstdint>
 #include <string>
 
@@ -117,6 +118,57 @@ void GradPositionsGpu(void* state, TF_OpKernelContext* ctx) {
   gpu.Run();
 }
 
+// Second order (gradient of grad_positions): d/d(dy) and d/dx per point (hash_grid_grad2_points, grid N), d/dparams
+// zeroed then scattered with float atomics (hash_grid_grad2_params, grid (N, n_active)), converted for float16.
+void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
+  const char* op = "hash_grid_encode (second derivative: gradient of the position gradient)";
+  Call call;
+  tfmo::TensorRef ddx;
+  if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, op, &call, &ddx)) return;
+  const Config& cfg = *call.cfg;
+  tfmo::TensorRef out_dy, out_params, out_dx;
+  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, static_cast<int64_t>(cfg.n_levels) * cfg.n_features},
+                            &out_dy) ||
+      !tfmo::AllocateOutput(ctx, 1, cfg.dtype, {call.rows, static_cast<int64_t>(cfg.n_features)}, &out_params) ||
+      !tfmo::AllocateOutput(ctx, 2, TF_FLOAT, {call.n, static_cast<int64_t>(call.dims)}, &out_dx))
+    return;
+  const int64_t elems = call.rows * cfg.n_features;  // >= 8 rows: never empty
+  if (!CheckSizes(ctx, op, call)) return;
+  tfmo::gpu::Call gpu(ctx, op);
+  const tfmo::TensorRef* acc = cfg.dtype == TF_HALF ? gpu.scratch(TF_FLOAT, elems) : &out_params;
+  if (acc == nullptr) return (void)gpu.Run();  // reports the allocation failure
+  HgArgs args = MakeArgs(call);
+  args.count = static_cast<uint32_t>(elems);
+  if (call.n > 0) {  // empty tensors have no buffer
+    gpu.pass(Suffixed("hash_grid_grad2_points", cfg.dtype).c_str())
+        .buffer(0, ddx)
+        .buffer(1, call.grad)
+        .buffer(2, call.positions)
+        .buffer(3, call.params)
+        .bytes(4, call.levels, LevelBytes(call))
+        .value(5, args)
+        .buffer(6, out_dy)
+        .buffer(7, out_dx)
+        .threads(static_cast<uint64_t>(call.n));
+  }
+  gpu.pass("hash_grid_fill_zero").buffer(0, *acc).value(1, args).threads(static_cast<uint64_t>(elems));
+  if (call.n > 0 && call.n_active > 0 && cfg.interpolation != HG_INTERP_NEAREST) {
+    gpu.pass(Suffixed("hash_grid_grad2_params", cfg.dtype).c_str())
+        .buffer(0, ddx)
+        .buffer(1, call.grad)
+        .buffer(2, call.positions)
+        .bytes(3, call.levels, LevelBytes(call))
+        .value(4, args)
+        .buffer(5, *acc)
+        .threads({static_cast<uint64_t>(call.n), static_cast<uint64_t>(call.n_active), 1}, {256, 1, 1});
+  }
+  if (cfg.dtype == TF_HALF) {
+    gpu.pass("hash_grid_float_to_half").buffer(0, *acc).buffer(1, out_params).value(2, args)
+        .threads(static_cast<uint64_t>(elems));
+  }
+  gpu.Run();
+}
+
 const tfmo::OnLoad kRegister([] {
   const struct {
     const char* op;
@@ -125,6 +177,7 @@ const tfmo::OnLoad kRegister([] {
       {TFMO_OP_HASH_GRID_ENCODE, &EncodeGpu},
       {TFMO_OP_HASH_GRID_ENCODE_GRAD_PARAMS, &GradParamsGpu},
       {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS, &GradPositionsGpu},
+      {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS_GRAD, &SecondOrderGpu},
   };
   for (const auto& k : kernels) {
     tfmo::KernelSpec spec;

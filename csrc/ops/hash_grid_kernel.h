@@ -104,11 +104,12 @@ inline bool ActiveLevels(TF_OpKernelContext* ctx, const char* op, const TensorRe
 }
 
 // Reads and validates the inputs. Input order: [grad,] positions, params, max_level.
-inline bool Prepare(TF_OpKernelContext* ctx, void* state, bool has_grad, const char* op, Call* call) {
+// `first` = index of the first of these inputs (1 for the second-order op, whose input 0 is ddx).
+inline bool Prepare(TF_OpKernelContext* ctx, void* state, bool has_grad, const char* op, Call* call, int first = 0) {
   const Config& cfg = *static_cast<const Config*>(state);
   call->cfg = &cfg;
-  const int base = has_grad ? 1 : 0;
-  if (has_grad && !GetInput(ctx, 0, &call->grad)) return false;
+  const int base = first + (has_grad ? 1 : 0);
+  if (has_grad && !GetInput(ctx, first, &call->grad)) return false;
   if (!GetInput(ctx, base, &call->positions) || !GetInput(ctx, base + 1, &call->params) ||
       !GetInput(ctx, base + 2, &call->max_level))
     return false;
@@ -158,6 +159,20 @@ inline bool Prepare(TF_OpKernelContext* ctx, void* state, bool has_grad, const c
   call->dims = (int)D;
   call->rows = total;
   call->levels = cfg.levels[D].data();
+  return true;
+}
+
+// The second-order op (HashGridEncodeGradPositionsGrad): input 0 is ddx [N, D] float32 (the incoming gradient of
+// grad_positions), then grad, positions, params, max_level as for the first-order gradient ops.
+inline bool PrepareSecondOrder(TF_OpKernelContext* ctx, void* state, const char* op, Call* call, TensorRef* ddx) {
+  if (!GetInput(ctx, 0, ddx)) return false;
+  if (!Prepare(ctx, state, true, op, call, 1)) return false;
+  if (ddx->dtype() != TF_FLOAT)
+    return Fail(ctx, TF_INVALID_ARGUMENT, "%s: grad_grad_positions must be float32, got %s", op,
+                DataTypeName(ddx->dtype()));
+  if (ddx->rank() != 2 || ddx->dim(0) != call->n || ddx->dim(1) != call->dims)
+    return Fail(ctx, TF_INVALID_ARGUMENT, "%s: grad_grad_positions must have shape [%lld, %d] (like positions), got %s",
+                op, (long long)call->n, call->dims, ShapeString(*ddx).c_str());
   return true;
 }
 

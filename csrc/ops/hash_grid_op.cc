@@ -14,6 +14,14 @@
 //   m >= 1 keeps all, m = 0.5 keeps levels 0..L/2). Inactive levels output 0, get no param gradient and add
 //   nothing to the position gradient.
 //
+// HashGridEncodeGradPositionsGrad(grad_grad_positions [N, D] float32, grad [N, L*F] T, positions, params,
+//     max_level) -> (grad_grad [N, L*F] T, grad_params [E, F] T, grad_positions [N, D] float32):
+//   the gradient of HashGridEncodeGradPositions w.r.t. its inputs grad, params and positions (second derivatives;
+//   tiny-cuda-nn's kernel_grid_backward_input_backward_{dLdoutput,grid,input}) for the scalar
+//   Phi = sum(grad_grad_positions * HashGridEncodeGradPositions(grad, positions, params)). Math:
+//   csrc/shared/hash_grid_math.h ("Second order"). Nearest interpolation: all three are zero (the position
+//   gradient is identically zero); linear: grad_positions has only the mixed partials (d^2/dx_k^2 = 0 in a cell).
+//
 // The two gradient ops are separate so a graph that needs only one of them runs only that one.
 // Shape functions give [N, ?] for encoded (L is an attr and the C API shape context cannot read int attrs;
 // the Python wrapper sets the static shape), params' shape for grad_params, positions' for grad_positions.
@@ -77,6 +85,25 @@ void GradShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   TF_DeleteShapeHandle(r);
 }
 
+// Second-order op: inputs ddx, grad, positions, params, max_level; outputs like grad, params, positions.
+void SecondOrderShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  TF_ShapeHandle* h = TF_NewShapeHandle();
+  TF_ShapeHandle* r = TF_NewShapeHandle();
+  for (int i = 0; i < 2 && Ok(status); ++i) {  // ddx and grad: rank 2
+    TF_ShapeInferenceContextGetInput(ctx, i, h, status);
+    if (Ok(status)) TF_ShapeInferenceContextWithRank(ctx, h, 2, r, status);
+  }
+  if (Ok(status) && CheckCommon(ctx, 2, status)) {
+    const int like[3] = {1, 3, 2};
+    for (int o = 0; o < 3 && Ok(status); ++o) {
+      TF_ShapeInferenceContextGetInput(ctx, like[o], h, status);
+      if (Ok(status)) TF_ShapeInferenceContextSetOutput(ctx, o, h, status);
+    }
+  }
+  TF_DeleteShapeHandle(h);
+  TF_DeleteShapeHandle(r);
+}
+
 TF_OpDefinitionBuilder* NewBuilder(const char* name) {
   TF_OpDefinitionBuilder* b = TF_NewOpDefinitionBuilder(name);
   for (const char* a : kAttrs) TF_OpDefinitionBuilderAddAttr(b, a);
@@ -108,6 +135,18 @@ static const tfmo::OnLoad kRegister([] {
   TF_OpDefinitionBuilderAddInput(b, "max_level: Tlevel");
   TF_OpDefinitionBuilderAddOutput(b, "grad_positions: float");
   TF_OpDefinitionBuilderSetShapeInferenceFunction(b, &GradShape<1>);
+  tfmo::RegisterOp(b);
+
+  b = NewBuilder(TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS_GRAD);
+  TF_OpDefinitionBuilderAddInput(b, "grad_grad_positions: float");
+  TF_OpDefinitionBuilderAddInput(b, "grad: T");
+  TF_OpDefinitionBuilderAddInput(b, "positions: float");
+  TF_OpDefinitionBuilderAddInput(b, "params: T");
+  TF_OpDefinitionBuilderAddInput(b, "max_level: Tlevel");
+  TF_OpDefinitionBuilderAddOutput(b, "grad_grad: T");
+  TF_OpDefinitionBuilderAddOutput(b, "grad_params: T");
+  TF_OpDefinitionBuilderAddOutput(b, "grad_positions: float");
+  TF_OpDefinitionBuilderSetShapeInferenceFunction(b, &SecondOrderShape);
   tfmo::RegisterOp(b);
 });
 

@@ -92,6 +92,11 @@ TFMO_FN float hg_interp_dweight(float t, int interp) {
   return interp == HG_INTERP_SMOOTHSTEP ? 6.0f * t * (1.0f - t) : (interp == HG_INTERP_LINEAR ? 1.0f : 0.0f);
 }
 
+// d^2 weight / d frac^2 (smoothstep 6 - 12 t; linear and nearest 0: piecewise linear / constant in each cell).
+TFMO_FN float hg_interp_d2weight(float t, int interp) {
+  return interp == HG_INTERP_SMOOTHSTEP ? 6.0f - 12.0f * t : 0.0f;
+}
+
 // The scaled position: one rounding, as tcnn's fmaf(scale, x, 0.5f).
 TFMO_FN float hg_pos(float x, float scale) { return tfmo_fma(scale, x, 0.5f); }
 
@@ -175,6 +180,74 @@ TFMO_FN void hg_accumulate_dx(const TFMO_THREAD HgPoint* p, const TFMO_THREAD fl
       acc += w * (s[c | bit] - s[c]);
     }
     dx[k] += p->dw[k] * acc;
+  }
+}
+
+// ---- Second order (gradient of the position gradient; tcnn's kernel_grid_backward_input_backward_*) ----
+// The position gradient of one (point, level) is gx_k = sum_c dW_c/dx_k * s[c] with s[c] = <dy_l, value of
+// corner c>, W_c = prod_d (bit_d(c) ? w_d : 1 - w_d). Given the incoming gradient ddx (= dPhi/dgx, [D]):
+//   v[c]      = sum_k ddx_k * dW_c/dx_k                                (per-corner weight of the second order)
+//   dPhi/d(dy_l[f])      = sum_c v[c] * value[c][f]
+//   dPhi/d(table row c)  += v[c] * dy_l                                (scatter, like the param gradient)
+//   dPhi/dx_j           += sum_k ddx_k * sum_c d^2 W_c/(dx_k dx_j) * s[c]
+// with d^2 W_c/dx_k dx_j = sign_k sign_j dw_k dw_j W_c^{-kj} (k != j; the mixed partials, any interpolation)
+// and  d^2 W_c/dx_k^2    = sign_k ddw_k W_c^{-k}              (ddw = scale^2 w''(frac): smoothstep only),
+// sign_k = +1 for the upper vertex, -1 for the lower, W^{-K} = the product over the dims not in K.
+
+// d^2 w / d x^2 of one coordinate: scale^2 * w''(frac), 0 for clamped coordinates (x outside [0,1], NaN).
+TFMO_FN float hg_coord_d2(float x_raw, float scale, int interp) {
+  bool inside;
+  float x = hg_clamp01(x_raw, &inside);
+  float pos = hg_pos(x, scale);
+  float frac = pos - (float)(uint)pos;
+  return inside ? scale * scale * hg_interp_d2weight(frac, interp) : 0.0f;
+}
+
+TFMO_FN void hg_point_d2(const TFMO_THREAD float* x, int dims, float scale, int interp, TFMO_THREAD float* ddw) {
+  for (int d = 0; d < HG_MAX_DIMS; ++d) ddw[d] = d < dims ? hg_coord_d2(x[d], scale, interp) : 0.0f;
+}
+
+// v[c] (see above) for every corner c < 2^dims: v[c] = sum_k ddx_k * sign_k(c) * dw_k * W_c^{-k}.
+TFMO_FN void hg_second_order_weights(const TFMO_THREAD HgPoint* p, const TFMO_THREAD float* ddx, int dims,
+                                     TFMO_THREAD float* v) {
+  for (uint c = 0; c < (1u << dims); ++c) {
+    float acc = 0.0f;
+    for (int k = 0; k < HG_MAX_DIMS; ++k) {
+      if (k >= dims) break;
+      float w = ddx[k] * p->dw[k];
+      for (int d = 0; d < HG_MAX_DIMS; ++d)
+        if (d < dims && d != k) w *= ((c >> d) & 1u) ? p->w[d] : 1.0f - p->w[d];
+      acc += ((c >> k) & 1u) ? w : -w;
+    }
+    v[c] = acc;
+  }
+}
+
+// Adds dPhi/dx_j = sum_k ddx_k * H_kj to dx[j], H the Hessian of sum_c W_c s[c] w.r.t. x (symmetric).
+// Finite differences first (as hg_accumulate_dx): corners aliasing to the same row cancel exactly.
+//   H_kk = ddw_k * sum_{c: bit k clear} W_c^{-k} (s[c|k] - s[c])
+//   H_kj = dw_k dw_j * sum_{c: bits k, j clear} W_c^{-kj} (s[c|k|j] - s[c|k] - s[c|j] + s[c])   (k != j)
+TFMO_FN void hg_accumulate_d2x(const TFMO_THREAD HgPoint* p, const TFMO_THREAD float* ddw,
+                               const TFMO_THREAD float* s, const TFMO_THREAD float* ddx, int dims,
+                               TFMO_THREAD float* dx) {
+  for (int k = 0; k < HG_MAX_DIMS; ++k) {
+    if (k >= dims) break;
+    const uint bk = 1u << k;
+    for (int j = 0; j < HG_MAX_DIMS; ++j) {
+      if (j >= dims) break;
+      const uint bj = 1u << j;
+      float acc = 0.0f;
+      for (uint c = 0; c < (1u << dims); ++c) {
+        if ((c & bk) || (c & bj)) continue;
+        float w = 1.0f;
+        for (int d = 0; d < HG_MAX_DIMS; ++d)
+          if (d < dims && d != k && d != j) w *= ((c >> d) & 1u) ? p->w[d] : 1.0f - p->w[d];
+        const float diff = j == k ? s[c | bk] - s[c] : (s[c | bk | bj] - s[c | bk]) - (s[c | bj] - s[c]);
+        acc += w * diff;
+      }
+      const float h = j == k ? ddw[k] * acc : (p->dw[k] * p->dw[j]) * acc;
+      dx[j] += ddx[k] * h;
+    }
   }
 }
 

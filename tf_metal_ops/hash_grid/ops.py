@@ -18,8 +18,15 @@ rest of a model by jit-compiling those parts as separate inner functions and cal
             loss = tf.reduce_mean(tf.square(mlp_xla(h) - target))
         return tape.gradient(loss, [table] + mlp.trainable_variables)
 
-Second derivatives (gradients of the position gradient, e.g. eikonal losses) are not implemented: the gradient
-ops have no registered gradient, so TensorFlow raises LookupError instead of returning a wrong value.
+Second derivatives (eikonal losses): the position-gradient op ``HashGridEncodeGradPositions`` has a registered
+gradient w.r.t. all its inputs (its incoming ``dy``, the tables and the positions; the op
+``HashGridEncodeGradPositionsGrad``, tiny-cuda-nn's ``kernel_grid_backward_input_backward_*``), so
+``tf.GradientTape`` nested twice works: an eikonal loss on ``d(mlp(encode(x)))/dx`` trains the MLP and the tables.
+Conventions: smoothstep has a second derivative in x; linear only the mixed partials d^2/(dx_i dx_j), i != j (it
+is linear along each axis inside a cell); nearest has none (zero). The CPU kernel is bitwise deterministic; the
+Metal one scatters the table gradient with float atomics. The parameter-gradient op ``HashGridEncodeGradParams``
+and the second-order op itself have no registered gradient: asking for one raises LookupError instead of
+returning a wrong value.
 """
 
 from __future__ import annotations
@@ -147,3 +154,15 @@ def _hash_grid_encode_grad(op, dy):
     if 1 not in skip:
         g_params = ops().hash_grid_encode_grad_params(dy, positions, params, max_level, **attrs)
     return [g_pos, g_params, None]
+
+
+@tf.RegisterGradient("HashGridEncodeGradPositions")
+def _hash_grid_encode_grad_positions_grad(op, ddx):
+    """Gradient of the position gradient w.r.t. (dy, positions, params): one op computes all three."""
+    dy, positions, params, max_level = op.inputs
+    if ddx is None:
+        return [None, None, None, None]
+    d_dy, d_params, d_pos = ops().hash_grid_encode_grad_positions_grad(
+        tf.cast(ddx, tf.float32), dy, positions, params, max_level, **_attrs(op)
+    )
+    return [d_dy, d_pos, d_params, None]

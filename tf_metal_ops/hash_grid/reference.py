@@ -22,7 +22,17 @@ import numpy as np
 
 from tf_metal_ops.hash_grid.config import HASH_PRIMES, HashGridConfig
 
-__all__ = ["encode", "fma32", "grad_params", "grad_positions", "level_corners", "make_config", "n_active_levels"]
+__all__ = [
+    "encode",
+    "fma32",
+    "grad_params",
+    "grad_positions",
+    "grad_positions_grad",
+    "level_corners",
+    "level_corners_second_order",
+    "make_config",
+    "n_active_levels",
+]
 
 
 def make_config(positions, config=None, **options) -> HashGridConfig:
@@ -186,3 +196,78 @@ def grad_positions(positions, params, dy, config=None, *, max_level=None, pos_ro
             grad += dweight * g[:, None]
     _, in_range = _clamped(positions)
     return np.where(in_range, grad, 0.0)
+
+
+def level_corners_second_order(positions, cfg: HashGridConfig, level: int, pos_rounding="fma"):
+    """Like ``level_corners`` but with the derivatives of clamped coordinates already zeroed (the kernels' rule:
+    ``dw = ddw = 0`` for x outside [0,1] or NaN) and second derivatives: yields ``(rows [N], weight [N],
+    dweight [N, D], d2weight [N, D, D])`` with ``d2weight[:, i, j] = d^2 weight / (dx_i dx_j)`` (float64).
+    Smoothstep: ``w'' = 6 - 12 frac`` (times scale^2) on the diagonal; linear: diagonal 0 (mixed partials only);
+    nearest: all derivatives 0."""
+    x, in_range = _clamped(positions)
+    n, d = x.shape
+    scale = cfg.scale(level)
+    pos = _pos(x, scale, pos_rounding)
+    grid = np.floor(pos)
+    frac = (pos - grid).astype(np.float64)
+    grid = grid.astype(np.int64)
+    offset = cfg.offsets[level]
+    if cfg.interpolation == "nearest":
+        yield offset + _index(cfg, level, grid), np.ones(n), np.zeros((n, d)), np.zeros((n, d, d))
+        return
+    s = np.float64(np.float32(scale))
+    if cfg.interpolation == "smoothstep":
+        w, dw, ddw = frac * frac * (3 - 2 * frac), 6 * frac * (1 - frac) * s, (6 - 12 * frac) * s * s
+    else:
+        w, dw, ddw = frac, np.full_like(frac, s), np.zeros_like(frac)
+    dw = np.where(in_range, dw, 0.0)
+    ddw = np.where(in_range, ddw, 0.0)
+    for c in range(1 << d):
+        bits = np.array([(c >> i) & 1 for i in range(d)], dtype=np.int64)
+        f = np.where(bits == 1, w, 1 - w)  # [N, D]
+        df = np.where(bits == 1, dw, -dw)
+        ddf = np.where(bits == 1, ddw, -ddw)
+        weight = np.prod(f, axis=1)
+        dweight = np.empty((n, d))
+        d2weight = np.empty((n, d, d))
+        for i in range(d):
+            fi = f.copy()
+            fi[:, i] = df[:, i]
+            dweight[:, i] = np.prod(fi, axis=1)
+            for j in range(d):
+                fij = f.copy()
+                if i == j:
+                    fij[:, i] = ddf[:, i]
+                else:
+                    fij[:, i] = df[:, i]
+                    fij[:, j] = df[:, j]
+                d2weight[:, i, j] = np.prod(fij, axis=1)
+        yield offset + _index(cfg, level, grid + bits), weight, dweight, d2weight
+
+
+def grad_positions_grad(positions, params, dy, ddx, config=None, *, max_level=None, pos_rounding="fma", **options):
+    """Second derivatives: the gradient of ``Phi = sum(ddx * grad_positions(positions, params, dy))`` w.r.t.
+    ``(dy, params, positions)``, float64 ``([N, L*F], [total_entries, F], [N, D])`` (what the op
+    ``HashGridEncodeGradPositionsGrad`` and tiny-cuda-nn's ``kernel_grid_backward_input_backward_*`` compute).
+
+    With ``v_c = sum_k ddx_k dW_c/dx_k`` per corner c: d/d(dy_l) = sum_c v_c table[row_c];
+    d/d(table[row_c]) += v_c dy_l; d/dx_j = sum_k ddx_k sum_c d^2W_c/(dx_k dx_j) <dy_l, table[row_c]>."""
+    cfg = make_config(positions, config, **options)
+    positions, table = _check(positions, params, cfg)
+    n, d = positions.shape
+    dy = np.asarray(dy, dtype=np.float64).reshape(n, cfg.n_output_dims)
+    ddx = np.asarray(ddx, dtype=np.float64).reshape(n, d)
+    f = cfg.n_features_per_level
+    d_dy = np.zeros_like(dy)
+    d_params = np.zeros_like(table)
+    d_pos = np.zeros((n, d))
+    for level in _active_levels(cfg, max_level):
+        dy_l = dy[:, level * f : (level + 1) * f]
+        for rows, _, dweight, d2weight in level_corners_second_order(positions, cfg, level, pos_rounding):
+            v = np.sum(ddx * dweight, axis=1)  # [N]
+            vals = table[rows]  # [N, F]
+            d_dy[:, level * f : (level + 1) * f] += v[:, None] * vals
+            np.add.at(d_params, rows, v[:, None] * dy_l)
+            s = np.sum(vals * dy_l, axis=1)  # [N]
+            d_pos += np.einsum("nk,nkj->nj", ddx, d2weight) * s[:, None]
+    return d_dy, d_params, d_pos
