@@ -26,7 +26,9 @@ def main(extra):
     out_dir = tempfile.mkdtemp(prefix="tfmo-asan-")
     lib = os.path.join(out_dir, "libtf_metal_ops.so")
     sources = sorted(glob.glob(os.path.join(ROOT, "csrc", "**", "*.cc"), recursive=True))
-    sources = [s for s in sources if os.sep + os.path.join("csrc", "metal") + os.sep not in s]
+    # The Linux library's sources, as setup.py picks them: GPU host code and backends are not part of it.
+    gpu_dirs = ("gpu", "metal", "emulated")
+    sources = [s for s in sources if os.path.relpath(s, os.path.join(ROOT, "csrc")).split(os.sep)[0] not in gpu_dirs]
     version = {}
     exec(open(os.path.join(ROOT, "tf_metal_ops", "_version.py")).read(), version)
     cmd = [cxx, "-std=c++17", f'-DTFMO_VERSION="{version["__version__"]}"', "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
