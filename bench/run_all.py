@@ -3,7 +3,8 @@
     python bench/run_all.py [--nerf-minutes 10] [--quick]
 
 Benchmarks (each a script of its own, run in a fresh process, each printing ratios against baselines measured in
-the same run): hash grid (bench/hash_grid.py), rendering ops (bench/render_ops.py), call overhead
+the same run): hash grid (bench/hash_grid.py), rendering ops (bench/render_ops.py), ray marching through an
+occupancy grid (bench/ray_march.py), call overhead
 (bench/call_overhead.py), the NeRF comparison at equal wall-clock budget (examples/nerf/compare.py), and the
 Metal-emulating GPU vs the CPU kernels (bench/emulated_gpu.py; its own subprocess sets TF_METAL_OPS_EMULATED_GPU=1;
 skipped, and said so, without clang++ >= 16; --skip-emulated-gpu leaves it out).
@@ -110,6 +111,18 @@ def markdown(results):
             lines.append(f"| {row['op']} | {row['mode']} | {t['op']:.1f} | {t['tf']:.1f} | {t['tf+xla']:.1f} | "
                          f"{t['tf'] / t['op']:.2f}x | {t['tf+xla'] / t['op']:.2f}x |")
         lines.append("")
+    if "ray_march" in results:
+        r = results["ray_march"]
+        c = r["config"]
+        lines += [f"## Ray marching ({c['resolution']}^3 grid, sphere shell occupied, step {c['step_size']}, "
+                  f"max_samples {c['max_samples']})\n",
+                  "| rays | samples | op (ms) | plain graph (ms) | XLA (ms) | graph / op | XLA / op |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in r["rows"]:
+            t = row["median_ms"]
+            lines.append(f"| {row['rays']} | {row['samples']} | {t['op']:.1f} | {t['tf']:.1f} | {t['tf+xla']:.1f} | "
+                         f"{t['tf'] / t['op']:.2f}x | {t['tf+xla'] / t['op']:.2f}x |")
+        lines.append("")
     if "call_overhead" in results:
         r = results["call_overhead"]
         lines += ["## Call overhead (eager, 4-element tensor)\n", "| call | µs | vs tf.identity |", "|---|---|---|"]
@@ -200,6 +213,10 @@ def main():
     results["render_ops"] = run("render ops", [os.path.join(HERE, "render_ops.py"), "--json",
                                 os.path.join(tmp, "render.json")] + (["--rays", "4096", "--repeats", "3"] if q else []),
                                 os.path.join(tmp, "render.json"))
+    results["ray_march"] = run("ray march", [os.path.join(HERE, "ray_march.py"), "--json",
+                               os.path.join(tmp, "march.json")]
+                               + (["--rays", "4096", "--resolution", "64", "--repeats", "3"] if q else []),
+                               os.path.join(tmp, "march.json"))
     results["hash_grid"] = run("hash grid", [os.path.join(HERE, "hash_grid.py"), "--json",
                                os.path.join(tmp, "hash.json")] + (["--points", "16384", "--repeats", "3"] if q else []),
                                os.path.join(tmp, "hash.json"))

@@ -47,6 +47,15 @@ struct RmParams {
   float hi_x, hi_y, hi_z;
 };
 
+// Prefix sum of the per-ray counts on the GPU (metal_kernels/ray_march_scan.metal): blocks of kRmScanBlock values
+// (one threadgroup each) are scanned in place and their totals written to a sums array, which is scanned the same
+// way (recursively, until one block), then each block adds the scanned total of the blocks before it.
+TFMO_CONSTANT uint kRmScanBlock = 256;
+struct RmScanParams {
+  uint n;       // values to scan
+  uint offset;  // first value's index in the bound buffer
+};
+
 // lowbias32 (C. Wellons): a 32-bit integer permutation with good avalanche.
 TFMO_FN uint rm_hash(uint x) {
   x ^= x >> 16;
