@@ -589,6 +589,14 @@ def check_ray_march(seed):
         assert "rays_d must have shape" in str(e), e
     else:
         raise AssertionError("bad shapes must fail on the GPU")
+    # an OccupancyGrid (variables on the CPU, updated there) feeding the GPU op
+    occ = t.OccupancyGrid(aabb=RM_AABB, resolution=g, warmup_steps=1)
+    for _ in range(2):
+        occ.update(lambda x: tf.where(tf.norm(x, axis=1) < 0.6, 5.0, 0.0), seed=1)
+    assert 0.01 < float(occ.occupied_fraction()) < 0.5
+    a, b = ray_march_both(o[:2000], d[:2000], occ, step_size=0.02, seed=4)
+    on_gpu(a.t_starts)
+    same_march(a, b, "OccupancyGrid")
     # tf.function with varying R and seed: one trace, same results as eager CPU
     grid = RmGrid(bits, g)
 
@@ -605,7 +613,8 @@ def check_ray_march(seed):
         on_gpu(a.t_starts)
         same_march(a, b, f"tf.function R={r}")
     assert march.experimental_get_tracing_count() == 1
-    return f"{total} samples in 9 configurations, R=66000 (3 scan levels), R=0, N=0, NaN rays, tf.function"
+    return (f"{total} samples in 9 configurations, R=66000 (3 scan levels), R=0, N=0, NaN rays, OccupancyGrid, "
+            "tf.function")
 
 
 CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
