@@ -26,3 +26,4 @@
 #define TFMO_OP_VOLUME_RENDER_PACKED_GRAD "VolumeRenderPackedGrad"
 #define TFMO_OP_DISTORTION_LOSS_PACKED "DistortionLossPacked"
 #define TFMO_OP_DISTORTION_LOSS_PACKED_GRAD "DistortionLossPackedGrad"
+#define TFMO_OP_RAY_MARCH "RayMarch"
