@@ -368,6 +368,20 @@ TFMO_HG_INLINE void ScatterLevelBody(const HgLevel* lvp, int interp, int nc, con
 }
 TFMO_HG_VARIANTS(ScatterLevel, ScatterLevelBody)
 
+// The values of all 2^D corners of tile point i (val[c*F + f], float32) and their dot products with the point's
+// dy of the level: sc[c] = <dy, value of corner c> (features in order). Shared by the position gradient and the
+// second order.
+template <int D, int F, typename T>
+TFMO_HG_INLINE void CornerDots(const T* table, const TileCorners<D>& tc, int i, const float* dy, float* val,
+                               float* sc) {
+  GatherCorners<D, F, T>(table, tc, i, 1 << D, val);
+  for (int c = 0; c < (1 << D); ++c) {
+    float acc = 0.0f;
+    for (int f = 0; f < F; ++f) acc += dy[f] * val[c * F + f];
+    sc[c] = acc;
+  }
+}
+
 // d/dpositions contribution of one level for points [b, e), added to out [N][D].
 template <int D, int F, typename T, bool kAvx2>
 TFMO_HG_INLINE void GradPosRangeBody(const HgLevel* lvp, int interp, const float* pos, const T* table,
@@ -381,15 +395,8 @@ TFMO_HG_INLINE void GradPosRangeBody(const HgLevel* lvp, int interp, const float
     for (int i = 0; i < count; ++i) {
       if (i + kPrefetch < count)
         for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
-      const float* gyf = gl + (t + i) * F;
-      float val[(1 << D) * F];
-      GatherCorners<D, F, T>(table, tc, i, nc, val);
-      float sc[1 << D];  // <dy, value of corner c>
-      for (int c = 0; c < nc; ++c) {
-        float acc = 0.0f;
-        for (int f = 0; f < F; ++f) acc += gyf[f] * val[c * F + f];
-        sc[c] = acc;
-      }
+      float val[(1 << D) * F], sc[1 << D];
+      CornerDots<D, F, T>(table, tc, i, gl + (t + i) * F, val, sc);
       float dx[HG_MAX_DIMS] = {};
       const HgPoint pt = tc.Point(i);
       hg_accumulate_dx(&pt, sc, D, dx);
@@ -416,15 +423,8 @@ TFMO_HG_INLINE void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int L, 
       if (i + kPrefetch < count)
         for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
       const int64_t p = t + i;
-      const float* gyf = gl + p * F;
-      float val[nc * F];
-      GatherCorners<D, F, T>(table, tc, i, nc, val);
-      float sc[nc];  // <dy, value of corner c>
-      for (int c = 0; c < nc; ++c) {
-        float a = 0.0f;
-        for (int f = 0; f < F; ++f) a += gyf[f] * val[c * F + f];
-        sc[c] = a;
-      }
+      float val[nc * F], sc[nc];
+      CornerDots<D, F, T>(table, tc, i, gl + p * F, val, sc);
       const HgPoint pt = tc.Point(i);
       float xi[HG_MAX_DIMS] = {}, dd[HG_MAX_DIMS] = {}, ddw[HG_MAX_DIMS];
       for (int d = 0; d < D; ++d) { xi[d] = tc.x[d][i]; dd[d] = ddx[p * D + d]; }
