@@ -124,13 +124,19 @@ class Scratch {
 };
 
 // [N, L*F] (T) -> level-major float32 [active][N][F] for the first `active` levels.
+// Blocks of kBlock source rows (a few KB, cache-resident while every level's slice of them is copied), so each
+// source line is read from memory once.
 template <int F, typename T>
 void ToLevelMajor(const T* src, int64_t n, int L, int active, float* dst) {
+  constexpr int64_t kBlock = 64;
   tfmo::ParallelFor(n, 2048, [&](int64_t b, int64_t e) {
-    for (int l = 0; l < active; ++l) {
-      float* d = dst + ((size_t)l * n) * F;
-      for (int64_t i = b; i < e; ++i)
-        for (int f = 0; f < F; ++f) d[i * F + f] = Load<T>(src + i * L * F + l * F + f);
+    for (int64_t i0 = b; i0 < e; i0 += kBlock) {
+      const int64_t i1 = std::min(e, i0 + kBlock);
+      for (int l = 0; l < active; ++l) {
+        float* d = dst + ((size_t)l * n) * F;
+        for (int64_t i = i0; i < i1; ++i)
+          for (int f = 0; f < F; ++f) d[i * F + f] = Load<T>(src + i * L * F + l * F + f);
+      }
     }
   });
 }
