@@ -358,18 +358,26 @@ TFMO_HG_INLINE void ScatterLevelBody(const HgLevel* lvp, int interp, int nc, con
   for (int64_t t = 0; t < n; t += kTile) {
     const int count = (int)std::min<int64_t>(kTile, n - t);
     tc.template Compute<kAvx2>(pos, t, count, lv, interp, nc);
-    for (int i = 0; i < count; ++i) {
-      if (i + kPrefetch < count)
-        for (int c = 0; c < nc; ++c) __builtin_prefetch(acc + (int64_t)tc.row[c][i + kPrefetch] * F, 1);
-      const float* gi = gl + (t + i) * F;
-      for (int c = 0; c < nc; ++c) {
-        const uint r = tc.row[c][i];
-        if (split && (r < lo || r >= hi)) continue;
-        float* a = acc + (int64_t)r * F;
-        const float w = tc.wt[c][i];
-        for (int f = 0; f < F; ++f) a[f] += w * gi[f];
+    // The corner count (1: nearest, else 2^D) and the row filter as constants, so the corner loop unrolls.
+    auto points = [&](auto corners, auto filtered) {
+      constexpr int kNc = decltype(corners)::value;
+      for (int i = 0; i < count; ++i) {
+        if (i + kPrefetch < count)
+          for (int c = 0; c < kNc; ++c) __builtin_prefetch(acc + (int64_t)tc.row[c][i + kPrefetch] * F, 1);
+        const float* gi = gl + (t + i) * F;
+        for (int c = 0; c < kNc; ++c) {
+          const uint r = tc.row[c][i];
+          if (decltype(filtered)::value && (r < lo || r >= hi)) continue;
+          float* a = acc + (int64_t)r * F;
+          const float w = tc.wt[c][i];
+          for (int f = 0; f < F; ++f) a[f] += w * gi[f];
+        }
       }
-    }
+    };
+    using Full = std::integral_constant<int, (1 << D)>;
+    using One = std::integral_constant<int, 1>;
+    if (nc == 1) split ? points(One(), std::true_type()) : points(One(), std::false_type());
+    else split ? points(Full(), std::true_type()) : points(Full(), std::false_type());
   }
 }
 TFMO_HG_VARIANTS(ScatterLevel, ScatterLevelBody)
