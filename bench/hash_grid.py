@@ -181,14 +181,14 @@ def main(argv=None):
                 ok = r >= TARGET_FWD_BWD_VS_PURE_TF
                 report["targets"].append({"dtype": dtype_name, "threads": t, "target": "fwd+bwd vs pure-TF",
                                           "baseline": best_name, "ratio": r, "pass": ok})
-                print(f"    {t} thr  fwd+bwd: {best_name} (faster pure-TF) / op = {r:.2f}x   "
+                print(f"    {t} thr  fwd+bwd: {best_name} (faster pure-TF) / op = {r:.3f}x   "
                       f"(target >= {TARGET_FWD_BWD_VS_PURE_TF:g}x: {'PASS' if ok else 'FAIL'})")
             if exe:
                 r = med[("op fwd", t)] / med[("gather", t)]
                 ok = r <= TARGET_FWD_VS_GATHER
                 report["targets"].append({"dtype": dtype_name, "threads": t, "target": "fwd vs gather loop",
                                           "baseline": "gather loop", "ratio": r, "pass": ok})
-                print(f"    {t} thr  fwd: op / gather loop = {r:.2f}x   "
+                print(f"    {t} thr  fwd: op / gather loop = {r:.3f}x   "
                       f"(target <= {TARGET_FWD_VS_GATHER:g}x: {'PASS' if ok else 'FAIL'})")
         if 1 in thread_counts and tmax > 1:
             print(f"  scaling (1 thread / {tmax} threads):")
