@@ -4,6 +4,9 @@
 //  - level by level, so one level's table is hot in cache at a time; points split among the project pool's
 //    threads in tiles of kTile: first the corner indices and weights of the whole tile (index arithmetic the
 //    compiler can vectorise), then the gathers;
+//  - the AVX2 build computes the tile's coordinates 8 points per instruction and runs the F = 2 forward with
+//    points in lanes (gathers; float16 rows converted with F16C); per point the same operations in the same order
+//    as the scalar loops, so every build gives the same bits;
 //  - float16 tables are converted to float32 on load, accumulation is float32, results rounded on store;
 //  - param gradient, deterministic: every table row is summed by exactly one task in point order, whatever the
 //    thread count. Tasks own (level, row range) pairs; each walks all points of its level in order and adds
