@@ -4,6 +4,9 @@
 //  - level by level, so one level's table is hot in cache at a time; points split among the project pool's
 //    threads in tiles of kTile: first the corner indices and weights of the whole tile (index arithmetic the
 //    compiler can vectorise), then the gathers;
+//  - the AVX2 build computes the tile's coordinates 8 points per instruction and runs the F = 2 forward with
+//    points in lanes (gathers; float16 rows converted with F16C); per point the same operations in the same order
+//    as the scalar loops, so every build gives the same bits;
 //  - float16 tables are converted to float32 on load, accumulation is float32, results rounded on store;
 //  - param gradient, deterministic: every table row is summed by exactly one task in point order, whatever the
 //    thread count. Tasks own (level, row range) pairs; each walks all points of its level in order and adds
@@ -42,13 +45,18 @@ using tfmo::hash_grid::Config;
 #define TFMO_HG_INLINE inline __attribute__((always_inline))
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TFMO_HG_HAVE_AVX2 1
-#define TFMO_HG_AVX2 __attribute__((target("avx2,fma,bmi,bmi2"), noinline))
+#define TFMO_HG_AVX2 __attribute__((target("avx2,fma,f16c,bmi,bmi2"), noinline))
+// Tile-sized helpers with AVX2 intrinsics (called per tile of kTile points, so not inlined: GCC inlines a
+// target-specific function only into callers of the same target), used under `if constexpr (kAvx2)`.
+#define TFMO_HG_AVX2_TILE __attribute__((target("avx2,fma,f16c,bmi,bmi2"), noinline))
+#include <immintrin.h>
 #endif
 
 #ifdef TFMO_HG_HAVE_AVX2
 bool UseAvx2() {
   // TF_METAL_OPS_NO_AVX2=1 forces the baseline path (tests compare the two bit for bit).
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                           __builtin_cpu_supports("f16c") &&
                            std::getenv("TF_METAL_OPS_NO_AVX2") == nullptr;
   return avx2;
 }
@@ -58,13 +66,14 @@ bool UseAvx2() {
 // prove which build of the loops actually ran (one relaxed increment per call of a loop over a range of points).
 std::atomic<long long> g_path_calls[2];
 
-// Declares NAME_plain(ARGS) and NAME_avx2(ARGS) calling the always-inline BODY, and NAME(ARGS) choosing one.
+// Declares NAME_plain(ARGS) and NAME_avx2(ARGS) calling the always-inline BODY<D, F, T, kAvx2> (kAvx2 selects the
+// intrinsic fast paths, which compute the same operations in the same order per point), and NAME(ARGS) choosing.
 #ifdef TFMO_HG_HAVE_AVX2
 #define TFMO_HG_VARIANTS(NAME, BODY)                                                            \
   template <int D, int F, typename T, typename... A>                                            \
-  __attribute__((noinline)) void NAME##_plain(A... a) { BODY<D, F, T>(a...); }                  \
+  __attribute__((noinline)) void NAME##_plain(A... a) { BODY<D, F, T, false>(a...); }           \
   template <int D, int F, typename T, typename... A>                                            \
-  TFMO_HG_AVX2 void NAME##_avx2(A... a) { BODY<D, F, T>(a...); }                                 \
+  TFMO_HG_AVX2 void NAME##_avx2(A... a) { BODY<D, F, T, true>(a...); }                          \
   template <int D, int F, typename T, typename... A>                                            \
   void NAME(A... a) {                                                                           \
     const bool avx2 = UseAvx2();                                                                \
@@ -76,7 +85,7 @@ std::atomic<long long> g_path_calls[2];
   template <int D, int F, typename T, typename... A>                                            \
   void NAME(A... a) {                                                                           \
     g_path_calls[0].fetch_add(1, std::memory_order_relaxed);                                    \
-    BODY<D, F, T>(a...);                                                                        \
+    BODY<D, F, T, false>(a...);                                                                 \
   }
 #endif
 
@@ -118,16 +127,55 @@ class Scratch {
 };
 
 // [N, L*F] (T) -> level-major float32 [active][N][F] for the first `active` levels.
+// Blocks of kBlock source rows (a few KB, cache-resident while every level's slice of them is copied), so each
+// source line is read from memory once.
 template <int F, typename T>
 void ToLevelMajor(const T* src, int64_t n, int L, int active, float* dst) {
+  constexpr int64_t kBlock = 64;
   tfmo::ParallelFor(n, 2048, [&](int64_t b, int64_t e) {
-    for (int l = 0; l < active; ++l) {
-      float* d = dst + ((size_t)l * n) * F;
-      for (int64_t i = b; i < e; ++i)
-        for (int f = 0; f < F; ++f) d[i * F + f] = Load<T>(src + i * L * F + l * F + f);
+    for (int64_t i0 = b; i0 < e; i0 += kBlock) {
+      const int64_t i1 = std::min(e, i0 + kBlock);
+      for (int l = 0; l < active; ++l) {
+        float* d = dst + ((size_t)l * n) * F;
+        for (int64_t i = i0; i < i1; ++i)
+          for (int f = 0; f < F; ++f) d[i * F + f] = Load<T>(src + i * L * F + l * F + f);
+      }
     }
   });
 }
+
+#ifdef TFMO_HG_HAVE_AVX2
+// hg_coord for xs[0, count), 8 points per instruction: the same float operations in the same order (clamp with
+// NaN -> 0, one fused multiply-add, truncation, weight and derivative), so the same bits as the scalar loop.
+template <int kInterp>
+TFMO_HG_AVX2_TILE void CoordsAvx2(const float* xs, float scale, int count, uint* g, float* w, float* dw) {
+  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
+  const __m256 vs = _mm256_set1_ps(scale);
+  int i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256 x = _mm256_loadu_ps(xs + i);
+    const __m256 ge0 = _mm256_cmp_ps(x, zero, _CMP_GE_OQ), le1 = _mm256_cmp_ps(x, one, _CMP_LE_OQ);
+    const __m256 xc = _mm256_and_ps(ge0, _mm256_blendv_ps(one, x, le1));  // x >= 0 ? (x <= 1 ? x : 1) : 0
+    const __m256 pos = _mm256_fmadd_ps(vs, xc, half);
+    const __m256i gi = _mm256_cvttps_epi32(pos);  // pos in [0.5, 2^24 + 0.5]: truncation = floor, fits int32
+    const __m256 t = _mm256_sub_ps(pos, _mm256_cvtepi32_ps(gi));
+    __m256 wt = t, dwt;
+    if (kInterp == HG_INTERP_SMOOTHSTEP) {
+      const __m256 two_t = _mm256_mul_ps(_mm256_set1_ps(2.0f), t);
+      wt = _mm256_mul_ps(_mm256_mul_ps(t, t), _mm256_sub_ps(_mm256_set1_ps(3.0f), two_t));
+      dwt = _mm256_mul_ps(vs, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(6.0f), t), _mm256_sub_ps(one, t)));
+    } else if (kInterp == HG_INTERP_LINEAR) {
+      dwt = _mm256_mul_ps(vs, one);
+    } else {
+      dwt = _mm256_mul_ps(vs, zero);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(g + i), gi);
+    _mm256_storeu_ps(w + i, wt);
+    _mm256_storeu_ps(dw + i, _mm256_and_ps(_mm256_and_ps(ge0, le1), dwt));  // inside ? dwt : 0
+  }
+  for (; i < count; ++i) hg_coord(xs[i], scale, kInterp, &g[i], &w[i], &dw[i]);
+}
+#endif
 
 // Corner rows (level offset included) and weights of a tile of points for one level. Structure-of-arrays and
 // one loop per (dimension | corner) with the index mode and interpolation hoisted, so the compiler vectorises
@@ -168,10 +216,20 @@ struct TileCorners {
   }
 
   // Points [begin, begin+count) of positions [N, D].
+  template <bool kAvx2>
   TFMO_HG_INLINE void Compute(const float* pos, int64_t begin, int count, const HgLevel& lv, int interp, int nc) {
     for (int i = 0; i < count; ++i)
       for (int d = 0; d < D; ++d) x[d][i] = pos[(begin + i) * D + d];
-    for (int d = 0; d < D; ++d) {
+#ifdef TFMO_HG_HAVE_AVX2
+    if constexpr (kAvx2) {
+      for (int d = 0; d < D; ++d) {
+        if (interp == HG_INTERP_SMOOTHSTEP) CoordsAvx2<HG_INTERP_SMOOTHSTEP>(x[d], lv.scale, count, g[d], w[d], dw[d]);
+        else if (interp == HG_INTERP_LINEAR) CoordsAvx2<HG_INTERP_LINEAR>(x[d], lv.scale, count, g[d], w[d], dw[d]);
+        else CoordsAvx2<HG_INTERP_NEAREST>(x[d], lv.scale, count, g[d], w[d], dw[d]);
+      }
+    }
+#endif
+    for (int d = 0; d < D && !kAvx2; ++d) {
       if (interp == HG_INTERP_SMOOTHSTEP) {
         for (int i = 0; i < count; ++i) hg_coord(x[d][i], lv.scale, HG_INTERP_SMOOTHSTEP, &g[d][i], &w[d][i], &dw[d][i]);
       } else if (interp == HG_INTERP_LINEAR) {
@@ -214,16 +272,71 @@ TFMO_HG_INLINE void GatherCorners(const T* table, const TileCorners<D>& tc, int 
     for (int f = 0; f < F; ++f) val[c * F + f] = Load<T>(table + (int64_t)tc.row[c][i] * F + f);
 }
 
+#ifdef TFMO_HG_HAVE_AVX2
+// Forward of the first count & ~7 points of a tile with F = 2 and all 2^D corners, 8 points per instruction
+// (points in lanes) into res [count][2] float32; returns how many points it did. Per point the same operations in
+// the same order as the scalar loop (acc_f = +0, then acc_f += w_c * v_cf for c = 0, 1, ...), so the same bits.
+// A corner's rows are gathered with both features at once (float32: 8-byte rows; float16: 4-byte rows converted
+// with F16C, exact like HalfToFloat) in the point order 0,1,4,5 | 2,3,6,7, which the in-lane shuffles that split
+// the features undo.
+template <int D, typename T>
+TFMO_HG_AVX2_TILE int EncodeTileF2Avx2(const T* table, const TileCorners<D>& tc, int count, float* res) {
+  constexpr int nc = 1 << D;
+  const int count8 = count & ~7;
+  for (int i = 0; i < count8; i += 8) {
+    const int pe = std::min(count, i + kPrefetch + 8);  // random rows: start their misses a few points ahead
+    for (int c = 0; c < nc; ++c)
+      for (int j = i + kPrefetch; j < pe; ++j) __builtin_prefetch(table + (int64_t)tc.row[c][j] * 2, 0);
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int c = 0; c < nc; ++c) {
+      const __m256i idx =
+          _mm256_permute4x64_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tc.row[c] + i)), 0xD8);
+      __m256 lo, hi;  // corner c of points 0,1 | 4,5 and 2,3 | 6,7, features interleaved
+      if constexpr (std::is_same<T, float>::value) {
+        const long long* tb = reinterpret_cast<const long long*>(table);
+        lo = _mm256_castsi256_ps(_mm256_i32gather_epi64(tb, _mm256_castsi256_si128(idx), 8));
+        hi = _mm256_castsi256_ps(_mm256_i32gather_epi64(tb, _mm256_extracti128_si256(idx, 1), 8));
+      } else {
+        const __m256i h = _mm256_i32gather_epi32(reinterpret_cast<const int*>(table), idx, 4);
+        lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+      }
+      const __m256 w = _mm256_loadu_ps(tc.wt[c] + i);
+      a0 = _mm256_add_ps(a0, _mm256_mul_ps(w, _mm256_shuffle_ps(lo, hi, 0x88)));  // points 0..7, feature 0
+      a1 = _mm256_add_ps(a1, _mm256_mul_ps(w, _mm256_shuffle_ps(lo, hi, 0xDD)));  // feature 1
+    }
+    const __m256 l = _mm256_unpacklo_ps(a0, a1), h = _mm256_unpackhi_ps(a0, a1);  // points 0,1 | 4,5; 2,3 | 6,7
+    _mm256_storeu_ps(res + 2 * i, _mm256_permute2f128_ps(l, h, 0x20));
+    _mm256_storeu_ps(res + 2 * i + 8, _mm256_permute2f128_ps(l, h, 0x31));
+  }
+  return count8;
+}
+#endif
+
 // Forward of points [b, e) of one level into o [N][F] (level-major).
-template <int D, int F, typename T>
+template <int D, int F, typename T, bool kAvx2>
 TFMO_HG_INLINE void EncodeRangeBody(const HgLevel* lvp, int interp, int nc, const float* pos, const T* table, T* o,
                                     int64_t b, int64_t e) {
   const HgLevel lv = *lvp;
   TileCorners<D> tc;
   for (int64_t t = b; t < e; t += kTile) {
     const int count = (int)std::min<int64_t>(kTile, e - t);
-    tc.Compute(pos, t, count, lv, interp, nc);
-    for (int i = 0; i < count; ++i) {
+    tc.template Compute<kAvx2>(pos, t, count, lv, interp, nc);
+    int i0 = 0;
+#ifdef TFMO_HG_HAVE_AVX2
+    if constexpr (kAvx2 && F == 2) {
+      if (nc == (1 << D)) {
+        if constexpr (std::is_same<T, float>::value) {
+          i0 = EncodeTileF2Avx2<D, T>(table, tc, count, o + t * F);
+        } else {
+          float res[kTile * F];
+          i0 = EncodeTileF2Avx2<D, T>(table, tc, count, res);
+          for (int k = 0; k < i0 * F; ++k) o[t * F + k] = Store<T>(res[k]);
+        }
+      }
+    }
+#endif
+    for (int i = i0; i < count; ++i) {
       if (i + kPrefetch < count)  // random rows: start their cache misses a few points ahead
         for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
       float val[(1 << D) * F];
@@ -240,32 +353,54 @@ TFMO_HG_INLINE void EncodeRangeBody(const HgLevel* lvp, int interp, int nc, cons
 TFMO_HG_VARIANTS(EncodeRange, EncodeRangeBody)
 
 // d/dparams of all points [0, n) of one level, for table rows [lo, hi) only when split.
-template <int D, int F, typename T>
+template <int D, int F, typename T, bool kAvx2>
 TFMO_HG_INLINE void ScatterLevelBody(const HgLevel* lvp, int interp, int nc, const float* pos, const float* gl,
                                      float* acc, int64_t n, uint lo, uint hi, bool split) {
   const HgLevel lv = *lvp;
   TileCorners<D> tc;
   for (int64_t t = 0; t < n; t += kTile) {
     const int count = (int)std::min<int64_t>(kTile, n - t);
-    tc.Compute(pos, t, count, lv, interp, nc);
-    for (int i = 0; i < count; ++i) {
-      if (i + kPrefetch < count)
-        for (int c = 0; c < nc; ++c) __builtin_prefetch(acc + (int64_t)tc.row[c][i + kPrefetch] * F, 1);
-      const float* gi = gl + (t + i) * F;
-      for (int c = 0; c < nc; ++c) {
-        const uint r = tc.row[c][i];
-        if (split && (r < lo || r >= hi)) continue;
-        float* a = acc + (int64_t)r * F;
-        const float w = tc.wt[c][i];
-        for (int f = 0; f < F; ++f) a[f] += w * gi[f];
+    tc.template Compute<kAvx2>(pos, t, count, lv, interp, nc);
+    // The corner count (1: nearest, else 2^D) and the row filter as constants, so the corner loop unrolls.
+    auto points = [&](auto corners, auto filtered) {
+      constexpr int kNc = decltype(corners)::value;
+      for (int i = 0; i < count; ++i) {
+        if (i + kPrefetch < count)
+          for (int c = 0; c < kNc; ++c) __builtin_prefetch(acc + (int64_t)tc.row[c][i + kPrefetch] * F, 1);
+        const float* gi = gl + (t + i) * F;
+        for (int c = 0; c < kNc; ++c) {
+          const uint r = tc.row[c][i];
+          if (decltype(filtered)::value && (r < lo || r >= hi)) continue;
+          float* a = acc + (int64_t)r * F;
+          const float w = tc.wt[c][i];
+          for (int f = 0; f < F; ++f) a[f] += w * gi[f];
+        }
       }
-    }
+    };
+    using Full = std::integral_constant<int, (1 << D)>;
+    using One = std::integral_constant<int, 1>;
+    if (nc == 1) split ? points(One(), std::true_type()) : points(One(), std::false_type());
+    else split ? points(Full(), std::true_type()) : points(Full(), std::false_type());
   }
 }
 TFMO_HG_VARIANTS(ScatterLevel, ScatterLevelBody)
 
-// d/dpositions contribution of one level for points [b, e), added to out [N][D].
+// The values of all 2^D corners of tile point i (val[c*F + f], float32) and their dot products with the point's
+// dy of the level: sc[c] = <dy, value of corner c> (features in order). Shared by the position gradient and the
+// second order.
 template <int D, int F, typename T>
+TFMO_HG_INLINE void CornerDots(const T* table, const TileCorners<D>& tc, int i, const float* dy, float* val,
+                               float* sc) {
+  GatherCorners<D, F, T>(table, tc, i, 1 << D, val);
+  for (int c = 0; c < (1 << D); ++c) {
+    float acc = 0.0f;
+    for (int f = 0; f < F; ++f) acc += dy[f] * val[c * F + f];
+    sc[c] = acc;
+  }
+}
+
+// d/dpositions contribution of one level for points [b, e), added to out [N][D].
+template <int D, int F, typename T, bool kAvx2>
 TFMO_HG_INLINE void GradPosRangeBody(const HgLevel* lvp, int interp, const float* pos, const T* table,
                                      const float* gl, float* out, int64_t b, int64_t e) {
   const HgLevel lv = *lvp;
@@ -273,19 +408,12 @@ TFMO_HG_INLINE void GradPosRangeBody(const HgLevel* lvp, int interp, const float
   TileCorners<D> tc;
   for (int64_t t = b; t < e; t += kTile) {
     const int count = (int)std::min<int64_t>(kTile, e - t);
-    tc.Compute(pos, t, count, lv, interp, nc);
+    tc.template Compute<kAvx2>(pos, t, count, lv, interp, nc);
     for (int i = 0; i < count; ++i) {
       if (i + kPrefetch < count)
         for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
-      const float* gyf = gl + (t + i) * F;
-      float val[(1 << D) * F];
-      GatherCorners<D, F, T>(table, tc, i, nc, val);
-      float sc[1 << D];  // <dy, value of corner c>
-      for (int c = 0; c < nc; ++c) {
-        float acc = 0.0f;
-        for (int f = 0; f < F; ++f) acc += gyf[f] * val[c * F + f];
-        sc[c] = acc;
-      }
+      float val[(1 << D) * F], sc[1 << D];
+      CornerDots<D, F, T>(table, tc, i, gl + (t + i) * F, val, sc);
       float dx[HG_MAX_DIMS] = {};
       const HgPoint pt = tc.Point(i);
       hg_accumulate_dx(&pt, sc, D, dx);
@@ -298,7 +426,7 @@ TFMO_HG_VARIANTS(GradPosRange, GradPosRangeBody)
 
 // Second order, per point of one level (points [b, e)): d/d(dy) of the level's columns into out_dy [N, L*F] (T)
 // and the level's d/dx contribution added to out_dx [N, D]. gl: dy of the level, float32 [N][F].
-template <int D, int F, typename T>
+template <int D, int F, typename T, bool kAvx2>
 TFMO_HG_INLINE void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int L, int l, const float* pos,
                                          const T* table, const float* gl, const float* ddx, T* out_dy,
                                          float* out_dx, int64_t b, int64_t e) {
@@ -307,20 +435,13 @@ TFMO_HG_INLINE void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int L, 
   TileCorners<D> tc;
   for (int64_t t = b; t < e; t += kTile) {
     const int count = (int)std::min<int64_t>(kTile, e - t);
-    tc.Compute(pos, t, count, lv, interp, nc);
+    tc.template Compute<kAvx2>(pos, t, count, lv, interp, nc);
     for (int i = 0; i < count; ++i) {
       if (i + kPrefetch < count)
         for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
       const int64_t p = t + i;
-      const float* gyf = gl + p * F;
-      float val[nc * F];
-      GatherCorners<D, F, T>(table, tc, i, nc, val);
-      float sc[nc];  // <dy, value of corner c>
-      for (int c = 0; c < nc; ++c) {
-        float a = 0.0f;
-        for (int f = 0; f < F; ++f) a += gyf[f] * val[c * F + f];
-        sc[c] = a;
-      }
+      float val[nc * F], sc[nc];
+      CornerDots<D, F, T>(table, tc, i, gl + p * F, val, sc);
       const HgPoint pt = tc.Point(i);
       float xi[HG_MAX_DIMS] = {}, dd[HG_MAX_DIMS] = {}, ddw[HG_MAX_DIMS];
       for (int d = 0; d < D; ++d) { xi[d] = tc.x[d][i]; dd[d] = ddx[p * D + d]; }
@@ -343,7 +464,7 @@ TFMO_HG_VARIANTS(Grad2PointsRange, Grad2PointsRangeBody)
 
 // Second order, d/dparams of all points [0, n) of one level (rows [lo, hi) only when split): scatters
 // v[c] * dy (hg_second_order_weights) in point order, like ScatterLevel.
-template <int D, int F, typename T>
+template <int D, int F, typename T, bool kAvx2>
 TFMO_HG_INLINE void Scatter2LevelBody(const HgLevel* lvp, int interp, const float* pos, const float* gl,
                                       const float* ddx, float* acc, int64_t n, uint lo, uint hi, bool split) {
   const HgLevel lv = *lvp;
@@ -351,7 +472,7 @@ TFMO_HG_INLINE void Scatter2LevelBody(const HgLevel* lvp, int interp, const floa
   TileCorners<D> tc;
   for (int64_t t = 0; t < n; t += kTile) {
     const int count = (int)std::min<int64_t>(kTile, n - t);
-    tc.Compute(pos, t, count, lv, interp, nc);
+    tc.template Compute<kAvx2>(pos, t, count, lv, interp, nc);
     for (int i = 0; i < count; ++i) {
       if (i + kPrefetch < count)
         for (int c = 0; c < nc; ++c) __builtin_prefetch(acc + (int64_t)tc.row[c][i + kPrefetch] * F, 1);
