@@ -184,6 +184,8 @@ class HashNeRF(keras.Model):
     ``grid_resolution``^3 cells over the scene box, at most ``max_samples`` per ray, jittered by a per-step seed
     in training), the field runs on the packed samples' midpoints and ``volume_render_packed`` composites them.
     The grid is the caller's to update (:meth:`update_grid`); its state is saved beside the weights.
+    ``early_stop`` > 0: a density-only pass without gradient first drops the samples behind the point where a ray's
+    transmittance falls below it (Instant-NGP compacts its samples that way).
     """
 
     SAMPLERS = ("uniform", "occupancy")
@@ -191,27 +193,29 @@ class HashNeRF(keras.Model):
     def __init__(self, n_levels=16, n_features_per_level=2, log2_hashmap_size=17, base_resolution=16,
                  finest_resolution=512, n_samples=64, near=2.0, far=6.0, bound=1.0, background=(1.0, 1.0, 1.0),
                  implementation="op", hidden=64, xla_inner=False, jitter=True, sampler="uniform",
-                 grid_resolution=128, grid_warmup_steps=256, step_size=None, max_samples=1024, **kwargs):
+                 grid_resolution=128, grid_warmup_steps=256, step_size=None, max_samples=1024, early_stop=0.0,
+                 **kwargs):
         super().__init__(**kwargs)
         if sampler not in self.SAMPLERS:
             raise ValueError(f"sampler must be one of {self.SAMPLERS}, got {sampler!r}")
         from tf_metal_ops.hash_grid.layer import HashGridEncoding
 
         per_level_scale = math.exp(math.log(finest_resolution / base_resolution) / max(n_levels - 1, 1))
-        self.cfg = dict(n_levels=n_levels, n_features_per_level=n_features_per_level,
-                        log2_hashmap_size=log2_hashmap_size, base_resolution=base_resolution,
-                        finest_resolution=finest_resolution, n_samples=n_samples, near=float(near), far=float(far),
-                        bound=float(bound), background=[float(b) for b in background],
-                        implementation=implementation, hidden=hidden, xla_inner=bool(xla_inner),
-                        jitter=bool(jitter), sampler=sampler)
+        cfg = dict(n_levels=n_levels, n_features_per_level=n_features_per_level,
+                   log2_hashmap_size=log2_hashmap_size, base_resolution=base_resolution,
+                   finest_resolution=finest_resolution, n_samples=n_samples, near=float(near), far=float(far),
+                   bound=float(bound), background=[float(b) for b in background],
+                   implementation=implementation, hidden=hidden, xla_inner=bool(xla_inner),
+                   jitter=bool(jitter), sampler=sampler)
+        if sampler == "occupancy":
+            cfg.update(grid_resolution=int(grid_resolution), grid_warmup_steps=int(grid_warmup_steps),
+                       step_size=float(default_step_size(bound) if step_size is None else step_size),
+                       max_samples=int(max_samples), early_stop=float(early_stop))
+        self.cfg = cfg
         self.grid = None
         if sampler == "occupancy":
             from tf_metal_ops import OccupancyGrid
 
-            if step_size is None:
-                step_size = default_step_size(bound)
-            self.cfg.update(grid_resolution=int(grid_resolution), grid_warmup_steps=int(grid_warmup_steps),
-                            step_size=float(step_size), max_samples=int(max_samples))
             b = float(bound)
             self.grid = OccupancyGrid(aabb=((-b, -b, -b), (b, b, b)), resolution=int(grid_resolution),
                                       warmup_steps=int(grid_warmup_steps), name="occupancy_grid")
@@ -270,12 +274,13 @@ class HashNeRF(keras.Model):
         return trunc_exp(h[:, 0])
 
     def update_grid(self, step, seed, n_cells=None):
-        """One occupancy-grid update (tf.function-compatible): the grid stores the optical thickness
-        ``density * step_size`` of a sample (nerfacc's convention), so its threshold 0.01 means "a sample there would
-        absorb ≥ 1 %". ``n_cells``: random cells (plus as many occupied ones) per update after warm-up
-        (default G^3/4, Instant-NGP's)."""
+        """One occupancy-grid update (tf.function-compatible). The grid stores the optical thickness of a step of
+        the box diagonal / 1024 (Instant-NGP's: its minimal step), so its threshold 0.01 means density > ~3 for the
+        box [-1,1]^3, independent of the marching step: space no training ray has shaped (density ~1 at
+        initialisation) counts as empty. ``n_cells``: random cells (plus as many occupied ones) per update after
+        warm-up (default G^3/4, Instant-NGP's)."""
         G = self.cfg["grid_resolution"]
-        dt = self.cfg["step_size"]
+        dt = 2.0 * math.sqrt(3.0) * self.cfg["bound"] / 1024
         n = G ** 3 // 4 if n_cells is None else n_cells
         return self.grid.update(lambda p: self.density(p) * dt, step=step, n_cells=n, seed=seed)
 
@@ -293,13 +298,32 @@ class HashNeRF(keras.Model):
         return march(rays_o, rays_d, self.grid, near=c["near"], far=c["far"], step_size=c["step_size"],
                      max_samples=c["max_samples"], jitter=jitter, seed=seed)
 
+    def _positions(self, rays_o, rays_d, m):
+        mid = 0.5 * (m.t_starts + m.t_ends)
+        return tf.gather(rays_o, m.ray_indices) + tf.gather(rays_d, m.ray_indices) * mid[:, None]
+
+    def _prune(self, rays_o, rays_d, m):
+        """Early ray termination (Instant-NGP's compaction): the density alone (no gradient) on every marched sample,
+        then only the samples whose transmittance is still above ``early_stop`` are kept."""
+        sigma = tf.stop_gradient(self.density(self._positions(rays_o, rays_d, m)))
+        tau = tf.cast(sigma * (m.t_ends - m.t_starts), tf.float64)
+        cs = tf.cumsum(tau, exclusive=True)  # float64: sums over the whole batch, differenced per ray
+        first = tf.gather(cs, tf.gather(m.row_splits, m.ray_indices))
+        keep = (cs - first) < -math.log(self.cfg["early_stop"])
+        rid = tf.boolean_mask(m.ray_indices, keep)
+        counts = tf.math.bincount(rid, minlength=tf.shape(rays_o)[0], dtype=tf.int32)
+        row_splits = tf.concat([[0], tf.cumsum(counts)], 0)
+        return type(m)(tf.boolean_mask(m.t_starts, keep), tf.boolean_mask(m.t_ends, keep), row_splits, rid)
+
     def _call_packed(self, rays_o, rays_d, training, jitter_seed):
         import tf_metal_ops
 
         c = self.cfg
         m = self.march(rays_o, rays_d, training, jitter_seed)
-        mid = 0.5 * (m.t_starts + m.t_ends)
-        pts = tf.gather(rays_o, m.ray_indices) + tf.gather(rays_d, m.ray_indices) * mid[:, None]
+        n_marched = tf.shape(m.t_starts)[0]
+        if c["early_stop"] > 0:
+            m = self._prune(rays_o, rays_d, m)
+        pts = self._positions(rays_o, rays_d, m)
         sh = tf.gather(sh_encoding_deg4(rays_d), m.ray_indices)
         sigma, rgb = self._field(self.encoding(self._normalise(pts)), sh)
         render = (tf_metal_ops.volume_render_packed if c["implementation"] == "op"
@@ -307,7 +331,7 @@ class HashNeRF(keras.Model):
         color, depth, opacity, weights = render(sigma, rgb, m.t_starts, m.t_ends, m.row_splits,
                                                 background=tf.constant(c["background"]))
         return dict(color=color, depth=depth, opacity=opacity, weights=weights, t_starts=m.t_starts,
-                    t_ends=m.t_ends, row_splits=m.row_splits, ray_indices=m.ray_indices)
+                    t_ends=m.t_ends, row_splits=m.row_splits, ray_indices=m.ray_indices, n_marched=n_marched)
 
     def call(self, rays_o, rays_d, training=False, jitter_seed=None):
         """``jitter_seed``: optional int ``[2]`` tensor, the stateless seed of the sample jitter (see stratified_t)."""

@@ -79,6 +79,9 @@ def parse_args(argv=None):
                    help="occupancy sampler: marching step (default: the box diagonal / "
                         "nerf.models.STEPS_PER_DIAGONAL)")
     p.add_argument("--max-samples", type=int, default=1024, help="occupancy sampler: samples per ray at most")
+    p.add_argument("--early-stop", type=float, default=0.0,
+                   help="occupancy sampler: drop the samples behind the point where a ray's transmittance is below "
+                        "this (a density-only pass without gradient first; 0: off)")
     p.add_argument("--levels", type=int, default=16)
     p.add_argument("--features", type=int, default=2, help="features per level")
     p.add_argument("--log2-table", type=int, default=17, help="log2 of the hash table size per level")
@@ -194,10 +197,10 @@ def write_json_atomic(path, obj):
 RESUME_KEYS = ("data", "model", "impl", "samples", "batch_rays", "levels", "features", "log2_table", "base_res",
                "finest_res", "bound", "seed", "scene_seed", "scene_res", "scene_ss", "background", "downscale",
                "no_jitter", "minutes", "epochs", "steps", "lr", "lr_table", "lr_decay", "distortion", "sampler",
-               "sample_budget", "grid_res", "grid_every", "grid_warmup", "step_size", "max_samples")
+               "sample_budget", "grid_res", "grid_every", "grid_warmup", "step_size", "max_samples", "early_stop")
 
 # Occupancy sampler: rays per step stay in [MIN_RAYS, sample_budget // 2], multiples of RAY_GRANULARITY.
-MIN_RAYS, RAY_GRANULARITY = 256, 128
+MIN_RAYS, RAY_GRANULARITY = 64, 16
 
 
 class Trainer:
@@ -239,7 +242,7 @@ class Trainer:
                        xla_inner=args.xla_inner, sampler=args.sampler)
             if args.sampler == "occupancy":
                 cfg.update(grid_resolution=args.grid_res, grid_warmup_steps=args.grid_warmup,
-                           step_size=args.step_size, max_samples=args.max_samples)
+                           step_size=args.step_size, max_samples=args.max_samples, early_stop=args.early_stop)
         with self.strategy.scope():
             keras.utils.set_random_seed(args.seed)
             self.model = models.build_model(args.model, **cfg)
@@ -278,6 +281,7 @@ class Trainer:
             parts.update(occupancy_grid=self.model.grid, rays_position=self.state_rays_pos,
                          rays_per_step=self.state_rays)
         self.last_rays, self.last_samples = args.batch_rays, args.batch_rays * args.samples
+        self.last_marched = self.last_samples
         self.ckpt = tf.train.Checkpoint(**parts)
         self._perm_epoch, self._perm = None, None
         self.lr_start = [(self.opt, args.lr)] + ([(self.opt_table, args.lr_table)] if self.opt_table else [])
@@ -307,7 +311,7 @@ class Trainer:
             if self.table_vars:
                 self.opt_table.apply_gradients(zip(grads[len(self.mlp_vars):], self.table_vars))
             n = tf.shape(out["weights"])[0] if "row_splits" in out else tf.size(out["weights"])
-            return mse, tf.cast(n, tf.float32)
+            return mse, tf.cast(tf.stack([n, out.get("n_marched", n)]), tf.float32)
 
         def distortion(out):
             import tf_metal_ops
@@ -320,7 +324,7 @@ class Trainer:
 
         def step(idx, step_no, ctrl):
             """One synchronous step on the replicas' shares of the global batch. Returns [mean loss, *ctrl of
-            replica 0, samples of all replicas] on every worker: ``ctrl`` carries the chief's clock so all workers
+            replica 0, samples and marched samples of all replicas] on every worker: ``ctrl`` carries the chief's clock so all workers
             take the same learning rate, stop and checkpoint decisions."""
 
             def per_replica(i, ctrl):
@@ -329,7 +333,7 @@ class Trainer:
                 mse, n = replica_step(tf.gather(self.rays_o, i), tf.gather(self.rays_d, i), tf.gather(self.rgb, i),
                                       seed)
                 first = tf.cast(tf.equal(rid, 0), tf.float32)
-                return tf.concat([tf.reshape(mse / n_rep, [1]), ctrl * first, tf.reshape(n, [1])], 0)
+                return tf.concat([tf.reshape(mse / n_rep, [1]), ctrl * first, n], 0)
 
             per = strategy.run(per_replica, args=(idx, ctrl))
             return strategy.reduce(tf.distribute.ReduceOp.SUM, per, axis=None)
@@ -381,7 +385,7 @@ class Trainer:
         else:
             idx = tf.constant(idx, tf.int64)
         out = self._step_fn(idx, tf.constant(step_no, tf.int64), tf.constant([ctrl], tf.float32)).numpy()
-        self.last_rays, self.last_samples = n_rays, float(out[2])
+        self.last_rays, self.last_samples, self.last_marched = n_rays, float(out[2]), float(out[3])
         if self.occupancy:  # Instant-NGP: scale the ray count by budget / measured samples
             self.state_rays.assign(self.clamp_rays(
                 self.last_rays * self.args.sample_budget / max(self.last_samples, 1.0)))
@@ -587,7 +591,7 @@ def run(argv=None):
         metrics["cluster"] = dict(workers=cluster.n_workers, addresses=list(cluster.addresses),
                                   allreduce_bytes_per_step=tr.allreduce_bytes)
     step, train_s, losses = 0, 0.0, []
-    spr, rps = [], []  # per step: samples per ray, rays
+    spr, rps, mpr = [], [], []  # per step: samples per ray (trained), rays, samples per ray marched
     metrics_path = os.path.join(args.out, "metrics.json")
     if restored:
         step, train_s = int(tr.state_step.numpy()), float(tr.state_train_s.numpy())
@@ -599,6 +603,7 @@ def run(argv=None):
             losses = [float(v) for v in old.get("train_losses", [])][:step]
             spr = [float(v) for v in old.get("samples_per_ray", [])][:step]
             rps = [int(v) for v in old.get("rays_per_step", [])][:step]
+            mpr = [float(v) for v in old.get("marched_per_ray", [])][:step]
             metrics["resumed"] = old.get("resumed", [])
         metrics.setdefault("resumed", []).append(dict(step=step, train_seconds=train_s, checkpoint=restored))
     step0 = step
@@ -611,6 +616,7 @@ def run(argv=None):
     losses.append(loss)
     spr.append(tr.last_samples / max(tr.last_rays, 1))
     rps.append(tr.last_rays)
+    mpr.append(tr.last_marched / max(tr.last_rays, 1))
     sync_s = train_s  # the chief's training clock, as every worker sees it (lr schedule, budget, checkpoints)
     last_eval_s, last_eval_step = train_s, step0
     last_ckpt_s, last_ckpt_step = train_s, step0
@@ -633,6 +639,7 @@ def run(argv=None):
                    lr=float(tr.opt.learning_rate.numpy()),
                    lr_table=float(tr.opt_table.learning_rate.numpy()) if tr.opt_table else None,
                    samples_per_ray=float(np.mean(spr[-since:])), rays_per_step=float(np.mean(rps[-since:])),
+                   marched_per_ray=float(np.mean(mpr[-since:])),
                    occupied_fraction=float(tr.model.grid.occupied_fraction().numpy()) if tr.occupancy else None)
         metrics["evals"].append(rec)
         iio.imwrite(os.path.join(args.out, "renders", f"step_{step:06d}.png"), side_by_side(ds.test.images[0], preds[0]))
@@ -652,6 +659,7 @@ def run(argv=None):
         metrics["train_losses"] = [float(v) for v in losses]
         metrics["samples_per_ray"] = [round(float(v), 3) for v in spr]
         metrics["rays_per_step"] = [int(v) for v in rps]
+        metrics["marched_per_ray"] = [round(float(v), 3) for v in mpr]
 
     def checkpoint():
         nonlocal last_ckpt_s, last_ckpt_step
@@ -677,6 +685,7 @@ def run(argv=None):
         losses.append(loss)
         spr.append(tr.last_samples / max(tr.last_rays, 1))
         rps.append(tr.last_rays)
+        mpr.append(tr.last_marched / max(tr.last_rays, 1))
         step += 1
         if not math.isfinite(loss):
             print(f"error: the loss became {loss} at step {step}", file=sys.stderr)
@@ -727,6 +736,8 @@ def run(argv=None):
     ax.legend()
     # samples per ray (mean over the steps before each evaluation) and, occupancy sampler, the grid's occupied part
     ax2.plot(minutes, [e.get("samples_per_ray") for e in ev], "o-", color="C2", label="samples / ray")
+    if any(e.get("marched_per_ray") != e.get("samples_per_ray") for e in ev):  # --early-stop: before compaction
+        ax2.plot(minutes, [e.get("marched_per_ray") for e in ev], ".:", color="C2", alpha=0.6, label="marched / ray")
     ax2.set(xlabel="training time (min)", ylabel="samples / ray")
     ax2.grid(alpha=0.3)
     if tr.occupancy:
