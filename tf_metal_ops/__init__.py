@@ -10,6 +10,7 @@ from tf_metal_ops.backend import backend_info
 from tf_metal_ops.hash_grid import HashGridConfig, HashGridEncoding
 from tf_metal_ops.hash_grid.config import hash_grid_table_layout
 from tf_metal_ops.hash_grid.ops import hash_grid_encode
+from tf_metal_ops.occupancy import OccupancyGrid, RayMarchResult, ray_march, ray_march_tf
 from tf_metal_ops.render import (
     VolumeRenderResult,
     distortion_loss,
@@ -23,7 +24,9 @@ from tf_metal_ops.zero_out import zero_out
 __all__ = [
     "HashGridConfig",
     "HashGridEncoding",
+    "OccupancyGrid",
     "OpLibraryError",
+    "RayMarchResult",
     "VolumeRenderResult",
     "__version__",
     "backend_info",
@@ -34,6 +37,8 @@ __all__ = [
     "hash_grid_table_layout",
     "library_path",
     "num_threads",
+    "ray_march",
+    "ray_march_tf",
     "set_num_threads",
     "volume_render",
     "volume_render_tf",

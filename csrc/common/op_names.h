@@ -22,3 +22,4 @@
 #define TFMO_OP_HASH_GRID_ENCODE_GRAD_PARAMS "HashGridEncodeGradParams"
 #define TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS "HashGridEncodeGradPositions"
 #define TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS_GRAD "HashGridEncodeGradPositionsGrad"
+#define TFMO_OP_RAY_MARCH "RayMarch"

@@ -1,0 +1,157 @@
+// CPU kernel of RayMarch (semantics: csrc/ops/ray_march_op.cc; math: csrc/shared/ray_march_math.h).
+// Three passes, each split over the project pool: count the samples of every ray, prefix-sum the counts into
+// row_splits (fixed parts, so the split does not depend on the thread count; integer sums are exact anyway),
+// then march every ray again writing its samples at row_splits[r]. Each ray's march is serial and depends only on
+// its own inputs, so the outputs are bitwise independent of the thread count.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common/op_names.h"
+#include "common/tfc.h"
+#include "common/thread_pool.h"
+#include "ops/ray_march_validate.h"
+#include "shared/ray_march_math.h"
+
+namespace {
+
+using tfmo::TensorRef;
+
+constexpr int64_t kRayGrain = 256;
+
+// Marches ray r; calls emit(k, t_start, t_end) for its k-th sample. Returns the sample count.
+template <class Emit>
+int64_t MarchRay(const RmParams& p, const float* o, const float* d, float near_t, float far_t, uint r,
+                 const unsigned char* bits, Emit&& emit) {
+  RmRay s;
+  if (!rm_begin(p, o[0], o[1], o[2], d[0], d[1], d[2], near_t, far_t, r, &s)) return 0;
+  uint n = 0;
+  while (n < p.max_samples && rm_candidate(p, &s)) {
+    if (rm_bit(bits[s.cell >> 3], s.cell)) {
+      emit(n, s.t, s.t1);
+      ++n;
+      rm_accept(&s);
+    } else {
+      rm_skip(p, &s);
+    }
+  }
+  return n;
+}
+
+bool RayInvalid(const float* o, const float* d, float near_t, float far_t) {
+  bool finite = true;
+  for (int i = 0; i < 3; ++i) finite = finite && std::isfinite(o[i]) && std::isfinite(d[i]);
+  return !finite || std::isnan(near_t) || std::isnan(far_t);
+}
+
+void FailBadRay(TF_OpKernelContext* ctx, int64_t r, const float* o, const float* d, float near_t, float far_t) {
+  tfmo::Fail(ctx, TF_INVALID_ARGUMENT,
+             "ray_march: ray %lld has a non-finite origin or direction or a NaN near/far: rays_o = (%g, %g, %g), "
+             "rays_d = (%g, %g, %g), near = %g, far = %g",
+             static_cast<long long>(r), static_cast<double>(o[0]), static_cast<double>(o[1]),
+             static_cast<double>(o[2]), static_cast<double>(d[0]), static_cast<double>(d[1]),
+             static_cast<double>(d[2]), static_cast<double>(near_t), static_cast<double>(far_t));
+}
+
+// Exclusive prefix sum of counts[0..R) into splits[0..R] (splits[0] = 0), in fixed parts. Returns the total.
+int64_t PrefixSum(const std::vector<int64_t>& counts, std::vector<int64_t>* splits) {
+  const int64_t R = static_cast<int64_t>(counts.size());
+  splits->assign(R + 1, 0);
+  const int64_t part_len = 1 << 14, parts = (R + part_len - 1) / part_len;
+  std::vector<int64_t> part_sum(parts, 0);
+  tfmo::ParallelParts(parts, [&](int64_t q) {
+    int64_t s = 0;
+    for (int64_t r = q * part_len, e = std::min(R, r + part_len); r < e; ++r) s += counts[r];
+    part_sum[q] = s;
+  });
+  int64_t base = 0;
+  for (int64_t q = 0; q < parts; ++q) {
+    const int64_t s = part_sum[q];
+    part_sum[q] = base;
+    base += s;
+  }
+  tfmo::ParallelParts(parts, [&](int64_t q) {
+    int64_t s = part_sum[q];
+    for (int64_t r = q * part_len, e = std::min(R, r + part_len); r < e; ++r) {
+      s += counts[r];
+      (*splits)[r + 1] = s;
+    }
+  });
+  return base;
+}
+
+void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
+  const auto& a = *static_cast<const tfmo::march::Attrs*>(attrs);
+  TensorRef in[7];
+  for (int i = 0; i < 7; ++i)
+    if (!tfmo::GetInput(ctx, i, &in[i])) return;
+  int64_t R = 0;
+  RmParams p;
+  if (!tfmo::march::Validate(ctx, a, in, &R, &p)) return;
+  const float* o = in[0].data<float>();
+  const float* d = in[1].data<float>();
+  const float* near_t = in[2].data<float>();
+  const float* far_t = in[3].data<float>();
+  const unsigned char* bits = in[4].data<unsigned char>();
+
+  std::vector<int64_t> counts(R, 0);
+  tfmo::FirstIndex bad;
+  tfmo::ParallelFor(R, kRayGrain, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      if (RayInvalid(o + 3 * r, d + 3 * r, near_t[r], far_t[r])) {
+        bad.Note(r);
+        continue;
+      }
+      counts[r] = MarchRay(p, o + 3 * r, d + 3 * r, near_t[r], far_t[r], static_cast<uint>(r), bits,
+                           [](uint, float, float) {});
+    }
+  });
+  if (bad.get() >= 0) {
+    const int64_t r = bad.get();
+    FailBadRay(ctx, r, o + 3 * r, d + 3 * r, near_t[r], far_t[r]);
+    return;
+  }
+  std::vector<int64_t> splits;
+  const int64_t N = PrefixSum(counts, &splits);
+  if (N > INT32_MAX) {
+    tfmo::Fail(ctx, TF_INVALID_ARGUMENT,
+               "ray_march: %lld samples in total exceed the int32 limit of row_splits; march fewer rays or lower "
+               "max_samples",
+               static_cast<long long>(N));
+    return;
+  }
+  TensorRef t_starts, t_ends, row_splits, ray_indices;
+  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {N}, &t_starts) || !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {N}, &t_ends) ||
+      !tfmo::AllocateOutput(ctx, 2, TF_INT32, {R + 1}, &row_splits) ||
+      !tfmo::AllocateOutput(ctx, 3, TF_INT32, {N}, &ray_indices))
+    return;
+  int32_t* rs = row_splits.data<int32_t>();
+  for (int64_t r = 0; r <= R; ++r) rs[r] = static_cast<int32_t>(splits[r]);
+  if (N == 0) return;
+  float* ts = t_starts.data<float>();
+  float* te = t_ends.data<float>();
+  int32_t* ri = ray_indices.data<int32_t>();
+  tfmo::ParallelFor(R, kRayGrain, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t base = splits[r];
+      MarchRay(p, o + 3 * r, d + 3 * r, near_t[r], far_t[r], static_cast<uint>(r), bits,
+               [&](uint k, float t0, float t1) {
+                 ts[base + k] = t0;
+                 te[base + k] = t1;
+                 ri[base + k] = static_cast<int32_t>(r);
+               });
+    }
+  });
+}
+
+static const tfmo::OnLoad kRegister([] {
+  tfmo::KernelSpec spec;
+  spec.op = TFMO_OP_RAY_MARCH;
+  spec.device = "CPU";
+  spec.create = &tfmo::march::Create;
+  spec.destroy = &tfmo::march::Delete;
+  spec.compute = &RayMarchCompute;
+  tfmo::RegisterKernel(spec);
+});
+
+}  // namespace

@@ -1,0 +1,77 @@
+// Op definition of RayMarch (occupancy-grid ray marching). Math and conventions: csrc/shared/ray_march_math.h.
+//
+// RayMarch(rays_o [R,3], rays_d [R,3], near [R], far [R], bits uint8 [ceil(G^3/8)], aabb [2,3], seed int64 [])
+//     -> t_starts [N], t_ends [N], row_splits int32 [R+1], ray_indices int32 [N]
+//   attrs: resolution G in [1, 1024], step_size > 0, cone_angle >= 0, max_samples >= 1, jitter.
+//   Packed samples: sample k belongs to ray r for row_splits[r] <= k < row_splits[r+1] (ray_indices[k] = r),
+//   covering [t_starts[k], t_ends[k]]; sorted and non-overlapping within a ray. N <= 2^31 - 1.
+//   No gradient (the outputs are sample positions). The shape function (graph mode only) checks ranks; the
+//   kernels check everything (ray_march_validate.h).
+#include "common/op_names.h"
+#include "common/tfc.h"
+
+namespace {
+
+struct Shape {
+  TF_ShapeHandle* h = TF_NewShapeHandle();
+  ~Shape() { TF_DeleteShapeHandle(h); }
+};
+
+bool InputWithRank(TF_ShapeInferenceContext* ctx, int i, int rank, Shape* out, TF_Status* status) {
+  Shape in;
+  TF_ShapeInferenceContextGetInput(ctx, i, in.h, status);
+  if (TF_GetCode(status) != TF_OK) return false;
+  TF_ShapeInferenceContextWithRank(ctx, in.h, rank, out->h, status);
+  return TF_GetCode(status) == TF_OK;
+}
+
+void RayMarchShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  Shape o, d, n, f, bits, aabb, seed;
+  if (!InputWithRank(ctx, 0, 2, &o, status) || !InputWithRank(ctx, 1, 2, &d, status) ||
+      !InputWithRank(ctx, 2, 1, &n, status) || !InputWithRank(ctx, 3, 1, &f, status) ||
+      !InputWithRank(ctx, 4, 1, &bits, status) || !InputWithRank(ctx, 5, 2, &aabb, status) ||
+      !InputWithRank(ctx, 6, 0, &seed, status))
+    return;
+  TF_ShapeInferenceContextSetUnknownShape(ctx, status);  // N is data-dependent
+  if (TF_GetCode(status) != TF_OK) return;
+  Shape unknown, vec;  // a default handle has unknown rank; WithRank(1) makes it [?]
+  TF_ShapeInferenceContextWithRank(ctx, unknown.h, 1, vec.h, status);
+  if (TF_GetCode(status) != TF_OK) return;
+  TF_ShapeInferenceContextSetOutput(ctx, 0, vec.h, status);
+  TF_ShapeInferenceContextSetOutput(ctx, 1, vec.h, status);
+  TF_ShapeInferenceContextSetOutput(ctx, 3, vec.h, status);
+  TF_DimensionHandle* r = TF_NewDimensionHandle();
+  TF_ShapeInferenceContextDim(ctx, o.h, 0, r);
+  if (TF_DimensionHandleValueKnown(r)) {
+    TF_ShapeHandle* splits = TF_ShapeInferenceContextVectorFromSize(ctx, TF_DimensionHandleValue(r) + 1);
+    TF_ShapeInferenceContextSetOutput(ctx, 2, splits, status);
+    TF_DeleteShapeHandle(splits);
+  } else {
+    TF_ShapeInferenceContextSetOutput(ctx, 2, vec.h, status);
+  }
+  TF_DeleteDimensionHandle(r);
+}
+
+static const tfmo::OnLoad kRegister([] {
+  TF_OpDefinitionBuilder* b = TF_NewOpDefinitionBuilder(TFMO_OP_RAY_MARCH);
+  TF_OpDefinitionBuilderAddAttr(b, "resolution: int");
+  TF_OpDefinitionBuilderAddAttr(b, "step_size: float");
+  TF_OpDefinitionBuilderAddAttr(b, "cone_angle: float = 0.0");
+  TF_OpDefinitionBuilderAddAttr(b, "max_samples: int = 1024");
+  TF_OpDefinitionBuilderAddAttr(b, "jitter: bool = true");
+  TF_OpDefinitionBuilderAddInput(b, "rays_o: float");
+  TF_OpDefinitionBuilderAddInput(b, "rays_d: float");
+  TF_OpDefinitionBuilderAddInput(b, "near: float");
+  TF_OpDefinitionBuilderAddInput(b, "far: float");
+  TF_OpDefinitionBuilderAddInput(b, "bits: uint8");
+  TF_OpDefinitionBuilderAddInput(b, "aabb: float");
+  TF_OpDefinitionBuilderAddInput(b, "seed: int64");
+  TF_OpDefinitionBuilderAddOutput(b, "t_starts: float");
+  TF_OpDefinitionBuilderAddOutput(b, "t_ends: float");
+  TF_OpDefinitionBuilderAddOutput(b, "row_splits: int32");
+  TF_OpDefinitionBuilderAddOutput(b, "ray_indices: int32");
+  TF_OpDefinitionBuilderSetShapeInferenceFunction(b, &RayMarchShape);
+  tfmo::RegisterOp(b);
+});
+
+}  // namespace

@@ -1,0 +1,153 @@
+// Per-ray math of RayMarch (occupancy-grid ray marching), shared by the CPU kernel (csrc/cpu/ray_march_cpu.cc)
+// and the Metal kernels (metal_kernels/ray_march.metal). Rules: device_compat.h. The kernels own the loops over rays
+// and the reads of device memory (the occupancy bitfield); everything that decides a sample is here, so the CPU and
+// the GPU give the same bits (float32 throughout, no transcendental functions, no fused multiply-adds).
+//
+// Conventions
+//  - Grid: G^3 cells over the box [lo, hi]; cell (i, j, k) covers lo + [i, i+1] * cs per axis (cs = (hi - lo) / G,
+//    inv_cs = G / (hi - lo), both computed once by the host in float32). Linear index x + G*(y + G*z); occupancy
+//    bit (idx & 7) of byte idx >> 3, LSB first.
+//  - Ray r: o + t d (d need not be unit length; t is in units of |d|). The march covers [t_lo, t_hi] with
+//    t_lo = max(near, t_box_enter), t_hi = min(far, t_box_exit) (slab test; an axis with d = 0 constrains nothing
+//    when o is within [lo, hi] on it (boundary included), else the ray misses). No samples unless t_lo < t_hi.
+//  - Step rule: dt(t) = min(max(t * cone_angle, step_size), max_step); the host sets
+//    max_step = max(step_size, sqrt(3) * largest cell size) (one cell diagonal, as Instant-NGP), so cone_angle = 0
+//    gives the constant step_size.
+//  - Jitter: the march starts at t = t_lo + u * dt(t_lo), u in [0, 1) from rm_jitter(seed, r) (a counter-based hash
+//    of the 64-bit seed and the ray index: the same u on every backend; u = 0 without jitter).
+//  - Candidate sample: [t, t1] with t1 = min(t + dt(t), t_hi); its midpoint tm = (t + t1) / 2 selects the cell.
+//    Occupied: the sample is emitted and t = t1. Unoccupied: t jumps to where the ray leaves that cell (DDA: the
+//    nearest cell face ahead on the axes with d != 0), or to t1 if rounding puts that face at or behind t.
+//    The march ends when t >= t_hi, when t1 <= t (float precision exhausted), after max_samples samples, or after
+//    kRmMaxSkipsPerCell * G + kRmMaxSkipsExtra skipped candidates (a ray crosses at most 3G cell faces; the cap
+//    only bounds rounding corner cases, so a kernel loop always ends).
+//  - Hence within a ray samples are sorted and non-overlapping (t_start <= t_end <= next t_start), every midpoint
+//    lies in an occupied cell, and an all-occupied grid gives t_lo + u dt + k dt (last one cut at t_hi).
+//  - Invalid input (NaN/inf origin or direction, NaN near/far): the CPU kernel rejects it before marching; the
+//    Metal kernels give that ray no samples (rm_begin returns false for it).
+#pragma once
+
+#include "device_compat.h"
+
+TFMO_CONSTANT uint kRmMaxSkipsPerCell = 8;
+TFMO_CONSTANT uint kRmMaxSkipsExtra = 64;
+
+// Kernel parameters (one struct bound with setBytes; the same layout in C++ and MSL: scalars only).
+struct RmParams {
+  uint R;            // rays
+  uint G;            // grid resolution per axis
+  uint max_samples;  // per ray, >= 1
+  uint jitter;       // 0 or 1
+  uint seed_lo, seed_hi;
+  float lo_x, lo_y, lo_z;
+  float cs_x, cs_y, cs_z;              // cell size per axis
+  float inv_cs_x, inv_cs_y, inv_cs_z;  // cells per unit length per axis
+  float step_size, cone_angle, max_step;
+  uint max_skips;  // kRmMaxSkipsPerCell * G + kRmMaxSkipsExtra
+  float hi_x, hi_y, hi_z;
+};
+
+// lowbias32 (C. Wellons): a 32-bit integer permutation with good avalanche.
+TFMO_FN uint rm_hash(uint x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// u in [0, 1): 24 random bits of hash(seed, ray), exactly representable in float32.
+TFMO_FN float rm_jitter(uint seed_lo, uint seed_hi, uint ray) {
+  const uint h = rm_hash(ray ^ rm_hash(seed_lo ^ rm_hash(seed_hi + 0x9e3779b9u)));
+  return float(h >> 8) * (1.0f / 16777216.0f);
+}
+
+TFMO_FN float rm_dt(float t, float step_size, float cone_angle, float max_step) {
+  return tfmo_fmin(tfmo_fmax(t * cone_angle, step_size), max_step);
+}
+
+// Cell index along one axis of coordinate x: floor((x - lo) * inv_cs), clamped to [0, G-1] (rounding at the box
+// faces). x is finite here.
+TFMO_FN uint rm_axis_cell(float x, float lo, float inv_cs, uint G) {
+  const float f = tfmo_fmin(tfmo_fmax(tfmo_floor((x - lo) * inv_cs), 0.0f), float(G - 1));
+  return uint(f);
+}
+
+// Is bit `cell` set, given the byte bits[cell >> 3]?
+TFMO_FN bool rm_bit(uint byte_value, uint cell) { return ((byte_value >> (cell & 7u)) & 1u) != 0u; }
+
+// Marching state of one ray.
+struct RmRay {
+  float o[3], d[3], inv_d[3];
+  float t, t_hi;  // next candidate starts at t
+  float t1;       // end of the current candidate
+  uint c[3];      // cell of the current candidate's midpoint
+  uint cell;      // its linear index
+  uint skips;     // skipped candidates so far
+};
+
+// Slab test on one axis; false if the ray misses the box on it.
+TFMO_FN bool rm_slab(float o, float d, float inv_d, float lo, float hi, TFMO_THREAD float* t_lo,
+                     TFMO_THREAD float* t_hi) {
+  if (d == 0.0f) return o >= lo && o <= hi;
+  const float ta = (lo - o) * inv_d, tb = (hi - o) * inv_d;
+  *t_lo = tfmo_fmax(*t_lo, tfmo_fmin(ta, tb));
+  *t_hi = tfmo_fmin(*t_hi, tfmo_fmax(ta, tb));
+  return true;
+}
+
+// Starts ray `ray`; false when it gets no samples (misses the box, empty range, or invalid input).
+TFMO_FN bool rm_begin(RmParams p, float ox, float oy, float oz, float dx, float dy, float dz,
+                      float near_t, float far_t, uint ray, TFMO_THREAD RmRay* s) {
+  if (!(tfmo_isfinite(ox) && tfmo_isfinite(oy) && tfmo_isfinite(oz) && tfmo_isfinite(dx) && tfmo_isfinite(dy) &&
+        tfmo_isfinite(dz)) ||
+      tfmo_isnan(near_t) || tfmo_isnan(far_t))
+    return false;
+  s->o[0] = ox; s->o[1] = oy; s->o[2] = oz;
+  s->d[0] = dx; s->d[1] = dy; s->d[2] = dz;
+  for (int i = 0; i < 3; ++i) s->inv_d[i] = s->d[i] != 0.0f ? 1.0f / s->d[i] : 0.0f;
+  float t_lo = near_t, t_hi = far_t;
+  if (!rm_slab(ox, dx, s->inv_d[0], p.lo_x, p.hi_x, &t_lo, &t_hi) ||
+      !rm_slab(oy, dy, s->inv_d[1], p.lo_y, p.hi_y, &t_lo, &t_hi) ||
+      !rm_slab(oz, dz, s->inv_d[2], p.lo_z, p.hi_z, &t_lo, &t_hi) || !(t_lo < t_hi))
+    return false;
+  const float u = p.jitter != 0u ? rm_jitter(p.seed_lo, p.seed_hi, ray) : 0.0f;
+  s->t = t_lo + u * rm_dt(t_lo, p.step_size, p.cone_angle, p.max_step);
+  s->t_hi = t_hi;
+  s->skips = 0;
+  return true;
+}
+
+// Sets up the next candidate [s->t, s->t1] and its cell; false when the march is over (see conventions; the
+// caller also stops after max_samples emitted samples).
+TFMO_FN bool rm_candidate(RmParams p, TFMO_THREAD RmRay* s) {
+  if (!(s->t < s->t_hi) || s->skips >= p.max_skips) return false;
+  const float t1 = tfmo_fmin(s->t + rm_dt(s->t, p.step_size, p.cone_angle, p.max_step), s->t_hi);
+  if (!(t1 > s->t)) return false;
+  s->t1 = t1;
+  const float tm = 0.5f * (s->t + t1);
+  s->c[0] = rm_axis_cell(s->o[0] + tm * s->d[0], p.lo_x, p.inv_cs_x, p.G);
+  s->c[1] = rm_axis_cell(s->o[1] + tm * s->d[1], p.lo_y, p.inv_cs_y, p.G);
+  s->c[2] = rm_axis_cell(s->o[2] + tm * s->d[2], p.lo_z, p.inv_cs_z, p.G);
+  s->cell = s->c[0] + p.G * (s->c[1] + p.G * s->c[2]);
+  return true;
+}
+
+// The candidate was emitted: continue at its end.
+TFMO_FN void rm_accept(TFMO_THREAD RmRay* s) { s->t = s->t1; }
+
+// The candidate's cell is empty: jump to where the ray leaves that cell (DDA), at least to t1 if rounding puts
+// that point at or behind t.
+TFMO_FN void rm_skip(RmParams p, TFMO_THREAD RmRay* s) {
+  const float lo[3] = {p.lo_x, p.lo_y, p.lo_z};
+  const float cs[3] = {p.cs_x, p.cs_y, p.cs_z};
+  float t_next = s->t_hi;
+  for (int i = 0; i < 3; ++i) {
+    if (s->d[i] == 0.0f) continue;
+    const float face = lo[i] + float(s->c[i] + (s->d[i] > 0.0f ? 1u : 0u)) * cs[i];
+    t_next = tfmo_fmin(t_next, (face - s->o[i]) * s->inv_d[i]);
+  }
+  s->t = t_next > s->t ? t_next : s->t1;
+  s->skips += 1;
+}
