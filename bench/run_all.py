@@ -3,7 +3,8 @@
     python bench/run_all.py [--nerf-minutes 10] [--quick]
 
 Benchmarks (each a script of its own, run in a fresh process, each printing ratios against baselines measured in
-the same run): hash grid (bench/hash_grid.py), rendering ops (bench/render_ops.py), call overhead
+the same run): hash grid (bench/hash_grid.py), rendering ops (bench/render_ops.py), packed (ragged) rendering ops
+(bench/render_packed.py), call overhead
 (bench/call_overhead.py), the NeRF comparison at equal wall-clock budget (examples/nerf/compare.py), and the
 Metal-emulating GPU vs the CPU kernels (bench/emulated_gpu.py; its own subprocess sets TF_METAL_OPS_EMULATED_GPU=1;
 skipped, and said so, without clang++ >= 16; --skip-emulated-gpu leaves it out).
@@ -110,6 +111,20 @@ def markdown(results):
             lines.append(f"| {row['op']} | {row['mode']} | {t['op']:.1f} | {t['tf']:.1f} | {t['tf+xla']:.1f} | "
                          f"{t['tf'] / t['op']:.2f}x | {t['tf+xla'] / t['op']:.2f}x |")
         lines.append("")
+    if "render_packed" in results:
+        r = results["render_packed"]
+        c = r["config"]
+        lines += [f"## Packed rendering ops (N={c['samples']} samples, R={c['rays']} rays, {c['min_per_ray']}.."
+                  f"{c['max_per_ray']} per ray, C={c['channels']})\n",
+                  "| op | mode | op (ms) | segment-op graph (ms) | XLA (ms) | graph / op | XLA / op |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in r["rows"]:
+            t = row["median_ms"]
+            xla = (f"{t['tf+xla']:.1f} | " if "tf+xla" in t else "does not compile | ")
+            xla_ratio = f"{t['tf+xla'] / t['op']:.2f}x" if "tf+xla" in t else "-"
+            lines.append(f"| {row['op']} | {row['mode']} | {t['op']:.1f} | {t['tf']:.1f} | {xla}"
+                         f"{t['tf'] / t['op']:.2f}x | {xla_ratio} |")
+        lines.append("")
     if "call_overhead" in results:
         r = results["call_overhead"]
         lines += ["## Call overhead (eager, 4-element tensor)\n", "| call | µs | vs tf.identity |", "|---|---|---|"]
@@ -162,6 +177,10 @@ def plot(results, path):
         t = row["median_ms"]
         labels.append(f"{row['op']}\n{row['mode']}")
         values.append((t["tf"] / t["op"], t["tf+xla"] / t["op"]))
+    for row in results.get("render_packed", {}).get("rows", []):
+        t = row["median_ms"]
+        labels.append(f"{row['op']}\n{row['mode']}")
+        values.append((t["tf"] / t["op"], t["tf+xla"] / t["op"] if "tf+xla" in t else 0.0))
     for row in results.get("hash_grid", {}).get("summary", []):
         labels.append(f"hash_grid {row['dtype']}\n{row['mode']}")
         values.append((row["speedup_vs_graph"], row["speedup_vs_xla"]))
@@ -200,6 +219,10 @@ def main():
     results["render_ops"] = run("render ops", [os.path.join(HERE, "render_ops.py"), "--json",
                                 os.path.join(tmp, "render.json")] + (["--rays", "4096", "--repeats", "3"] if q else []),
                                 os.path.join(tmp, "render.json"))
+    results["render_packed"] = run("packed rendering ops", [os.path.join(HERE, "render_packed.py"), "--json",
+                                   os.path.join(tmp, "render_packed.json")]
+                                   + (["--samples", "16384", "--repeats", "3"] if q else []),
+                                   os.path.join(tmp, "render_packed.json"))
     results["hash_grid"] = run("hash grid", [os.path.join(HERE, "hash_grid.py"), "--json",
                                os.path.join(tmp, "hash.json")] + (["--points", "16384", "--repeats", "3"] if q else []),
                                os.path.join(tmp, "hash.json"))

@@ -344,6 +344,113 @@ def check_distortion_loss(seed):
     return "4 shapes"
 
 
+# ---- packed rendering ---------------------------------------------------------------------------------------------
+def packed_run(device, inputs, threshold, up_seed=0):
+    """volume_render_packed + distortion_loss_packed and every gradient on `device` (outputs first)."""
+    d, c, ts, te, rs, bg = inputs
+    with tf.device(device):
+        args = [tf.constant(v) for v in (d, c, ts, te)]
+        rsv = tf.constant(rs)
+        bgv = None if bg is None else tf.constant(bg)
+        watched = args + ([bgv] if bgv is not None else [])
+        with tf.GradientTape() as tape:
+            tape.watch(watched)
+            out = t.volume_render_packed(*args, rsv, bgv, termination_threshold=threshold)
+            dl = t.distortion_loss_packed(out.weights, args[2], args[3], rsv)
+            loss = (tf.reduce_sum(out.color ** 2) + tf.reduce_sum(out.depth) + tf.reduce_sum(out.opacity * 0.5)
+                    + tf.reduce_sum(out.weights ** 2) + tf.reduce_sum(dl * 0.7))
+        grads = tape.gradient(loss, watched)
+    return [*out, dl, *grads]
+
+
+PACKED_KERNELS = ("render_packed_check_init", "render_packed_check_splits", "volume_render_packed_forward",
+                  "volume_render_packed_backward", "distortion_loss_packed_forward", "distortion_loss_packed_backward")
+
+
+def check_render_packed(seed):
+    """Packed ops and gradients on /GPU:0 against the CPU kernels. Both run the same scalar functions of
+    csrc/shared/volume_render_math.h in the same order: rtol 1e-6, atol 1e-7 (exp may differ by an ulp)."""
+    from render_packed_cases import make_packed, random_counts
+
+    rng = np.random.default_rng(seed)
+    cases = 0
+    for r, hi, c in ((1, 1, 1), (37, 16, 3), (300, 64, 5)):
+        counts = random_counts(rng, r, 0, hi)
+        for name in ("none", "shared", "per_ray"):
+            inputs = make_packed(counts, c, seed=seed + cases, bg=name)
+            for threshold in (0.0, 1e-2):
+                with Dispatches() as ran:
+                    g = packed_run(GPU, inputs, threshold)
+                ran.require(*PACKED_KERNELS)
+                for i, v in enumerate(g[:7]):  # outputs, d/d(densities, colours); the t gradients add two ops'
+                    # contributions with a standard TF op (AddN), which runs on the CPU
+                    assert v.device.endswith("GPU:0"), f"render_packed output/grad {i} R={r} bg={name} on {v.device}"
+                cpu = packed_run(CPU, inputs, threshold)
+                for i, (a, b) in enumerate(zip(g, cpu)):
+                    close(a, b, 1e-6, 1e-7, f"render_packed output/grad {i} R={r} C={c} bg={name} thr={threshold}")
+                cases += 1
+    # Empty work: no rays; rays without samples.
+    for counts in ([], [0, 0, 0]):
+        inputs = make_packed(counts, 3, seed=1, bg="per_ray")
+        g = packed_run(GPU, inputs, 0.0)
+        cpu = packed_run(CPU, inputs, 0.0)
+        for a, b in zip(g, cpu):
+            close(a, b, 0, 0, f"render_packed counts={counts}")
+    return f"{cases} configurations, empty work"
+
+
+def check_render_packed_nan_policy(seed):
+    """Invalid packed input on the GPU: NaN outputs (documented in metal_kernels/render_packed.metal), never a crash
+    or an out-of-bounds access (the emulated device faults on those); the CPU kernels raise instead."""
+    from render_packed_cases import make_packed
+
+    good = make_packed([3, 5, 0, 4, 2], 3, seed=seed, bg="shared")
+    d, c, ts, te, rs, bg = good
+    N = len(d)
+    bad_splits = {
+        "not_from_0": [2, 3, 8, 8, 12, 14],
+        "decreasing": [0, 5, 3, 8, 12, 14],
+        "last_not_n": [0, 3, 8, 8, 12, 13],
+        "garbage": [0, 1 << 30, -7, 2147483647, -2147483648, 14],
+    }
+    for name, splits in bad_splits.items():
+        inputs = (d, c, ts, te, np.array(splits, np.int32), bg)
+        with Dispatches() as ran:
+            g = packed_run(GPU, inputs, 0.0)
+        ran.require(*PACKED_KERNELS)
+        for i, v in enumerate(g):
+            assert np.isnan(np.asarray(v)).all(), f"bad row_splits {name}: output/grad {i} not all NaN: {v}"
+        try:
+            packed_run(CPU, inputs, 0.0)
+        except tf.errors.InvalidArgumentError:
+            pass
+        else:
+            raise AssertionError(f"the CPU kernel must reject row_splits {name}")
+    # Invalid samples: ray 1 overlaps, ray 3 has a negative density; the other rays are untouched.
+    ts_bad, d_bad = ts.copy(), d.copy()
+    ts_bad[4] = te[3] - 0.01  # overlaps its predecessor (ray 1)
+    d_bad[9] = -1.0  # ray 3
+    g = packed_run(GPU, (d_bad, c, ts_bad, te, rs, bg), 0.0)
+    want = packed_run(CPU, good, 0.0)
+    color, weights = np.asarray(g[0]), np.asarray(g[3])
+    assert np.isnan(color[[1, 3]]).all() and np.isnan(weights[3:8]).all() and np.isnan(weights[8:12]).all()
+    assert np.isnan(np.asarray(g[6])[3:8]).all() and np.isnan(np.asarray(g[7])[8:12]).all()  # gradients too
+    ok = [0, 2, 4]
+    close(color[ok], np.asarray(want[0])[ok], 1e-6, 1e-7, "valid rays beside invalid ones")
+    close(weights[:3], np.asarray(want[3])[:3], 1e-6, 1e-7, "weights of valid rays")
+    # Samples but no rays: rejected on the host (no ray thread could report it).
+    with tf.device(GPU):
+        try:
+            t.volume_render_packed(d, c, ts, te, np.zeros(1, np.int32))
+        except tf.errors.InvalidArgumentError as e:
+            assert "0 rays" in str(e), e
+        else:
+            raise AssertionError("row_splits [0] with samples must be an error on the GPU")
+    stats = emulated_gpu.device_stats()
+    assert all(s["error"] is None for s in stats["streams"]), stats
+    return f"{len(bad_splits)} bad row_splits, invalid samples, samples without rays (N={N})"
+
+
 def check_zero_out(seed):
     rng = np.random.default_rng(seed)
     for dtype in (np.int32, np.int64, np.float32, np.float16):

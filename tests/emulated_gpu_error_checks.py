@@ -248,6 +248,50 @@ def check_render_errors(seed):
     return f"{n} errors"
 
 
+def check_render_packed_errors(seed):
+    """Shape errors of the packed rendering ops, raised by the GPU host code (render_packed_gpu.cc). Value errors
+    (row_splits, unsorted samples) are the kernels' NaN policy (emulated_gpu_checks.py render_packed_nan_policy)."""
+    rng = np.random.default_rng(seed)
+    o = ops()
+    n_s, c = 9, 3
+    d = rng.random(n_s, dtype=np.float32)
+    cols = rng.random((n_s, c), dtype=np.float32)
+    ts = np.arange(n_s, dtype=np.float32)
+    te = ts + 0.5
+    rs = np.array([0, 2, 5, 5, 9], np.int32)
+    none = np.zeros(0, np.float32)
+    up = [rng.standard_normal(sh).astype(np.float32) for sh in ((4, c), (4,), (4,), (n_s,))]
+    dispatched("volume_render_packed_forward", lambda: o.volume_render_packed(d, cols, ts, te, rs, none))
+    dispatched("volume_render_packed_backward", lambda: o.volume_render_packed_grad(d, cols, ts, te, rs, none, *up))
+    dispatched("distortion_loss_packed_forward", lambda: o.distortion_loss_packed(d, ts, te, rs))
+    dispatched("distortion_loss_packed_backward",
+               lambda: o.distortion_loss_packed_grad(d, ts, te, rs, np.ones(4, np.float32)))
+    n = 0
+    for op, call in (("volume_render_packed", lambda *a: o.volume_render_packed(*a)),
+                     ("volume_render_packed_grad", lambda *a: o.volume_render_packed_grad(*a, *up))):
+        n += expect(InvalidArgument, f"{op}: densities must have rank 1 [samples], got shape [1, 9]",
+                    lambda: call(d[None], cols, ts, te, rs, none))
+        n += expect(InvalidArgument, f"{op}: colors must have shape [samples, channels] = [9, C] with C >= 1 "
+                    "(matching densities), got [8, 3]", lambda: call(d, cols[:8], ts, te, rs, none))
+        n += expect(InvalidArgument, f"{op}: t_starts must have shape [9], got [8]",
+                    lambda: call(d, cols, ts[:8], te, rs, none))
+        n += expect(InvalidArgument, f"{op}: t_ends must have shape [9], got [1, 9]",
+                    lambda: call(d, cols, ts, te[None], rs, none))
+        n += expect(InvalidArgument, f"{op}: row_splits must have shape [R + 1] (rank 1, at least one entry), got "
+                    "[1, 5]", lambda: call(d, cols, ts, te, rs[None], none))
+        n += expect(InvalidArgument, f"{op}: background must have shape [C] = [3], [rays, C] = [4, 3], or [0] for "
+                    "none; got [3, 3]", lambda: call(d, cols, ts, te, rs, np.ones((3, 3), np.float32)))
+    n += expect(InvalidArgument, "volume_render_packed: row_splits has one entry (0 rays) but there are 9 samples; "
+                "row_splits[R] must equal N", lambda: o.volume_render_packed(d, cols, ts, te, rs[:1], none))
+    n += expect(InvalidArgument, "volume_render_packed_grad: grad_weights must have shape [9], got [8]",
+                lambda: o.volume_render_packed_grad(d, cols, ts, te, rs, none, *up[:3], up[3][:8]))
+    n += expect(InvalidArgument, "distortion_loss_packed: weights must have rank 1 [samples], got shape [9, 1]",
+                lambda: o.distortion_loss_packed(d[:, None], ts, te, rs))
+    n += expect(InvalidArgument, "distortion_loss_packed_grad: grad_loss must have shape [4], got [3]",
+                lambda: o.distortion_loss_packed_grad(d, ts, te, rs, np.ones(3, np.float32)))
+    return f"{n} errors"
+
+
 # ---- out of device memory ------------------------------------------------------------------------------------------
 MEMORY_MB = 12  # the device size the test runs check_out_of_memory with (TF_METAL_OPS_EMU_MEMORY_MB)
 

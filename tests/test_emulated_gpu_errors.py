@@ -30,6 +30,7 @@ CASES = [
     ("hash_grid_errors", {}),
     ("hash_grid_empty_work", {}),
     ("render_errors", {}),
+    ("render_packed_errors", {}),
     ("out_of_memory", {"TF_METAL_OPS_EMU_MEMORY_MB": "12"}),
 ]
 

@@ -18,6 +18,12 @@ from tf_metal_ops.render import (
     volume_render,
     volume_render_tf,
 )
+from tf_metal_ops.render_packed import (
+    distortion_loss_packed,
+    distortion_loss_packed_tf,
+    volume_render_packed,
+    volume_render_packed_tf,
+)
 from tf_metal_ops.threads import get_num_threads, num_threads, set_num_threads
 from tf_metal_ops.zero_out import zero_out
 
@@ -31,6 +37,8 @@ __all__ = [
     "__version__",
     "backend_info",
     "distortion_loss",
+    "distortion_loss_packed",
+    "distortion_loss_packed_tf",
     "distortion_loss_tf",
     "get_num_threads",
     "hash_grid_encode",
@@ -41,6 +49,8 @@ __all__ = [
     "ray_march_tf",
     "set_num_threads",
     "volume_render",
+    "volume_render_packed",
+    "volume_render_packed_tf",
     "volume_render_tf",
     "zero_out",
 ]

@@ -23,3 +23,7 @@
 #define TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS "HashGridEncodeGradPositions"
 #define TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS_GRAD "HashGridEncodeGradPositionsGrad"
 #define TFMO_OP_RAY_MARCH "RayMarch"
+#define TFMO_OP_VOLUME_RENDER_PACKED "VolumeRenderPacked"
+#define TFMO_OP_VOLUME_RENDER_PACKED_GRAD "VolumeRenderPackedGrad"
+#define TFMO_OP_DISTORTION_LOSS_PACKED "DistortionLossPacked"
+#define TFMO_OP_DISTORTION_LOSS_PACKED_GRAD "DistortionLossPackedGrad"

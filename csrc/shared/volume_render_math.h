@@ -34,6 +34,18 @@
 //   Backward: B_k = sum_{j>k} w_j (m_j - m_k) by the mirrored recurrence in a reverse scan;
 //   dL/dw_k = 2 (A_k + B_k) + (2/3) w_k delta_k;
 //   dL/dm_k = 2 w_k (W_{<k} - W_{>k});  dL/dt_j = (dL/dm_{j-1} + dL/dm_j) / 2 + (w_{j-1}^2 - w_j^2) / 3.
+//
+// Packed (ragged) rays: VolumeRenderPacked / DistortionLossPacked (csrc/ops/render_packed_ops.cc). Sample k has
+// its own interval [s_k, e_k] (t_starts, t_ends); the samples of ray r are k in [row_splits[r], row_splits[r+1]),
+// sorted and non-overlapping: s_k <= e_k <= s_{k+1} (gaps allowed). The per-sample math is the functions above:
+// delta_k = e_k - s_k, m_k = vr_mid(s_k, e_k); a gap g_k = s_k - e_{k-1} >= 0 only moves midpoints apart:
+// m_k - m_{k-1} = (delta_{k-1} + delta_k) / 2 + g_k (dl_*_step with gap 0 is the [R,S] recurrence, bitwise).
+// Gradients w.r.t. the interval ends are per sample: with gtau_k = dL/dtau_k,
+//   VolumeRender:   dL/ds_k = -sigma_k gtau_k + gD w_k / 2,  dL/de_k = sigma_k gtau_k + gD w_k / 2;
+//   DistortionLoss: dL/ds_k = dL/dm_k / 2 - w_k^2 / 3,       dL/de_k = dL/dm_k / 2 + w_k^2 / 3.
+// (Summing e_{j-1}'s and s_j's terms gives the [R,S] dL/dt_j.) Invalid packed input on the GPU (row_splits not
+// 0 = r_0 <= r_1 <= ... <= r_R = N, a sample with e < s or overlapping its predecessor, a negative density):
+// see metal_kernels/render_packed.metal.
 #pragma once
 
 #include "device_compat.h"
@@ -46,6 +58,15 @@ struct VrParams {
 };
 struct DlParams {
   uint R, S;
+};
+// Packed variants: N samples in total, R rays (row_splits has R + 1 entries).
+struct VrpParams {
+  uint R, N, C;
+  uint bg_mode;
+  float threshold;
+};
+struct DlpParams {
+  uint R, N;
 };
 
 // Quiet NaN: what the Metal kernels write for a ray with invalid input (see conventions).
@@ -109,6 +130,9 @@ TFMO_FN float vr_grad_tau(float T_next, float v, float suffix, float tail) { ret
 // Input validity of one sample (see conventions): densities >= 0, t non-decreasing. NaN passes (propagates).
 TFMO_FN bool vr_sample_invalid(float sigma, float delta) { return sigma < 0.0f || delta < 0.0f; }
 
+// Packed samples: sample k overlaps its predecessor in the same ray (e_{k-1} > s_k). NaN passes.
+TFMO_FN bool vr_overlaps(float prev_end, float start) { return start < prev_end; }
+
 // ---------------------------------------------------------------------------------------------------------
 // DistortionLoss
 
@@ -129,15 +153,19 @@ TFMO_FN DlScan dl_scan_begin() {
   return s;
 }
 
-// Sample k with weight w and interval length delta: returns A_k (used by the backward) and adds its loss terms.
-TFMO_FN float dl_scan_step(TFMO_THREAD DlScan* s, float w, float delta) {
-  s->A += s->W * (0.5f * (s->prev_delta + delta));  // m_k - m_{k-1}; at k = 0 W = 0
+// Sample k with weight w, interval length delta and gap = s_k - e_{k-1} to the previous sample (0: contiguous,
+// and for the first sample): returns A_k (used by the backward) and adds its loss terms.
+TFMO_FN float dl_scan_step_gap(TFMO_THREAD DlScan* s, float w, float delta, float gap) {
+  s->A += s->W * (0.5f * (s->prev_delta + delta) + gap);  // m_k - m_{k-1}; at k = 0 W = 0
   const float A = s->A;
   s->loss += w * (2.0f * A + w * delta * (1.0f / 3.0f));
   s->W += w;
   s->prev_delta = delta;
   return A;
 }
+
+// Contiguous samples (edges t): dl_scan_step_gap with gap 0.
+TFMO_FN float dl_scan_step(TFMO_THREAD DlScan* s, float w, float delta) { return dl_scan_step_gap(s, w, delta, 0.0f); }
 
 // Reverse scan state: W = sum_{j>k} w_j, B = sum_{j>k} w_j (m_j - m_k).
 struct DlRevScan {
@@ -154,14 +182,21 @@ TFMO_FN DlRevScan dl_rev_begin() {
   return s;
 }
 
-// Sample k (visited S-1 down to 0): returns B_k in *B and W_{>k} in *W_after; then folds w_k in.
-TFMO_FN void dl_rev_step(TFMO_THREAD DlRevScan* s, float w, float delta, TFMO_THREAD float* B,
-                         TFMO_THREAD float* W_after) {
-  s->B += s->W * (0.5f * (delta + s->next_delta));  // m_{k+1} - m_k
+// Sample k (visited last to first), next_gap = s_{k+1} - e_k (0: contiguous, and for the last sample): returns
+// B_k in *B and W_{>k} in *W_after; then folds w_k in.
+TFMO_FN void dl_rev_step_gap(TFMO_THREAD DlRevScan* s, float w, float delta, float next_gap, TFMO_THREAD float* B,
+                             TFMO_THREAD float* W_after) {
+  s->B += s->W * (0.5f * (delta + s->next_delta) + next_gap);  // m_{k+1} - m_k
   *B = s->B;
   *W_after = s->W;
   s->W += w;
   s->next_delta = delta;
+}
+
+// Contiguous samples: dl_rev_step_gap with gap 0.
+TFMO_FN void dl_rev_step(TFMO_THREAD DlRevScan* s, float w, float delta, TFMO_THREAD float* B,
+                         TFMO_THREAD float* W_after) {
+  dl_rev_step_gap(s, w, delta, 0.0f, B, W_after);
 }
 
 // dL/dw_k (before the upstream factor).
@@ -177,3 +212,11 @@ TFMO_FN float dl_grad_m(float w, float W_before, float W_after) { return 2.0f * 
 TFMO_FN float dl_grad_t(float gm_lo, float w_lo, float gm_hi, float w_hi) {
   return 0.5f * (gm_lo + gm_hi) + (w_lo * w_lo - w_hi * w_hi) * (1.0f / 3.0f);
 }
+
+// Packed samples: dL/ds_k and dL/de_k (before the upstream factor) from dL/dm_k and w_k.
+TFMO_FN float dl_grad_start(float gm, float w) { return 0.5f * gm - w * w * (1.0f / 3.0f); }
+TFMO_FN float dl_grad_end(float gm, float w) { return 0.5f * gm + w * w * (1.0f / 3.0f); }
+
+// Packed samples, VolumeRender: dL/ds_k and dL/de_k from sigma_k dL/dtau_k, gD and w_k.
+TFMO_FN float vr_grad_start(float sgt, float g_depth, float w) { return -sgt + 0.5f * g_depth * w; }
+TFMO_FN float vr_grad_end(float sgt, float g_depth, float w) { return sgt + 0.5f * g_depth * w; }

@@ -1,0 +1,155 @@
+"""Benchmark of the packed (ragged) rendering ops against the same math in plain TensorFlow.
+
+About N = 2^18 samples on R rays with a ragged distribution (samples per ray uniform in 4..64, like an occupancy-grid
+march), C channels (default 3). For VolumeRenderPacked and DistortionLossPacked, forward and forward+backward:
+  op        the package's fused kernels (one op per direction), called from a tf.function,
+  tf        volume_render_packed_tf / distortion_loss_packed_tf (segment ops: searchsorted ray ids, a float64
+            cumsum for per-ray exclusive sums, unsorted_segment_sum) as a plain tf.function,
+  tf+xla    the same with tf.function(jit_compile=True), or "does not compile" with XLA's reason,
+all in one process; prints the CPU model, the median (min) of --repeats runs after warm-up, and baseline / op.
+
+    python bench/render_packed.py [--samples 262144] [--min-per-ray 4] [--max-per-ray 64] [--channels 3]
+                                  [--repeats 9] [--json OUT]
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tf_metal_ops as tfmo  # noqa: E402
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def _sync(x):
+    for v in tf.nest.flatten(x):
+        v.numpy()
+
+
+def median_ms(fn, repeats, warmup=2):
+    for _ in range(warmup):
+        _sync(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _sync(fn())
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), min(times)
+
+
+def make_inputs(n_target, lo, hi, C, seed=0):
+    """Rays with lo..hi samples each (uniform) until about n_target samples; contiguous or gapped intervals."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(lo, hi + 1, n_target // max(1, (lo + hi) // 2) + 1)
+    counts = counts[: np.searchsorted(np.cumsum(counts), n_target) + 1]
+    N, R = int(counts.sum()), len(counts)
+    rs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    ray = np.repeat(np.arange(R), counts)
+    length = rng.uniform(0.005, 0.05, N)
+    gap = rng.uniform(0.0, 0.2, N) * (rng.uniform(size=N) < 0.2)  # skipped empty space
+    edges = np.cumsum(np.stack([gap, length], 1).reshape(-1))  # start_k = edges[2k], end_k = edges[2k+1]
+    base = np.concatenate([[0.0], edges])[2 * rs[:-1]][ray]  # the edge before each ray's first sample
+    # monotone roundings only (x - base, + 2, float32), so t_start[k+1] >= t_end[k] survives them
+    t_start = 2.0 + (edges[0::2] - base)
+    t_end = 2.0 + (edges[1::2] - base)
+    d = rng.gamma(1.0, 3.0, N)
+    c = rng.uniform(0.0, 1.0, (N, C))
+    bg = rng.uniform(size=C)
+    w = rng.uniform(0.0, 1.0 / hi, N)
+    f32 = lambda x: tf.constant(np.asarray(x, np.float32))  # noqa: E731
+    return (f32(d), f32(c), f32(t_start), f32(t_end), tf.constant(rs), f32(bg)), (f32(w), f32(t_start), f32(t_end),
+                                                                                 tf.constant(rs)), R, N
+
+
+def vr_functions(render):
+    def fwd(d, c, ts, te, rs, bg):
+        out = render(d, c, ts, te, rs, bg)
+        return tf.reduce_sum(out.color) + tf.reduce_sum(out.depth) + tf.reduce_sum(out.weights)
+
+    def fwd_bwd(d, c, ts, te, rs, bg):
+        with tf.GradientTape() as tape:
+            tape.watch([d, c, ts, te, bg])
+            out = render(d, c, ts, te, rs, bg)
+            loss = tf.reduce_sum(out.color) + 0.1 * tf.reduce_sum(out.depth) + tf.reduce_sum(out.weights)
+        grads = tape.gradient(loss, [d, c, ts, te, bg])
+        return [loss] + [tf.reduce_sum(g) for g in grads]
+
+    return fwd, fwd_bwd
+
+
+def dl_functions(loss_fn):
+    def fwd(w, ts, te, rs):
+        return tf.reduce_sum(loss_fn(w, ts, te, rs))
+
+    def fwd_bwd(w, ts, te, rs):
+        with tf.GradientTape() as tape:
+            tape.watch([w, ts, te])
+            loss = tf.reduce_sum(loss_fn(w, ts, te, rs))
+        grads = tape.gradient(loss, [w, ts, te])
+        return [loss] + [tf.reduce_sum(g) for g in grads]
+
+    return fwd, fwd_bwd
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samples", type=int, default=1 << 18)
+    p.add_argument("--min-per-ray", type=int, default=4)
+    p.add_argument("--max-per-ray", type=int, default=64)
+    p.add_argument("--channels", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--json", help="also write the medians (ms) to this file (bench/run_all.py collects them)")
+    args = p.parse_args()
+    vr_in, dl_in, R, N = make_inputs(args.samples, args.min_per_ray, args.max_per_ray, args.channels)
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs)")
+    print(f"TensorFlow {tf.__version__}, tf_metal_ops {tfmo.__version__}, op threads {tfmo.get_num_threads()}, "
+          f"N={N} samples on R={R} rays ({args.min_per_ray}..{args.max_per_ray} per ray), C={args.channels}, "
+          f"median (min) of {args.repeats} runs in ms")
+    cases = {
+        "volume_render_packed": (vr_functions, tfmo.volume_render_packed, tfmo.volume_render_packed_tf, vr_in),
+        "distortion_loss_packed": (dl_functions, tfmo.distortion_loss_packed, tfmo.distortion_loss_packed_tf, dl_in),
+    }
+    rows = []
+    for name, (make, op, ref, inputs) in cases.items():
+        for mode_idx, mode in enumerate(("fwd", "fwd+bwd")):
+            impls = {"op": tf.function(make(op)[mode_idx]), "tf": tf.function(make(ref)[mode_idx]),
+                     "tf+xla": tf.function(make(ref)[mode_idx], jit_compile=True)}
+            results, failed = {}, {}
+            for k, f in impls.items():
+                try:
+                    results[k] = [float(v) for v in tf.nest.flatten(f(*inputs))]
+                except (tf.errors.OpError, ValueError, TypeError) as e:  # XLA cannot compile it
+                    failed[k] = str(e).strip().splitlines()[0][:160]
+            for k in results:  # the implementations agree (a benchmark of wrong results is worthless)
+                np.testing.assert_allclose(results["op"], results[k], rtol=2e-3, atol=1e-2,
+                                           err_msg=f"{name} {mode}: op vs {k}")
+            times = {k: median_ms(lambda f=impls[k]: f(*inputs), args.repeats) for k in results}
+            med = {k: v[0] for k, v in times.items()}
+            rows.append({"op": name, "mode": mode, "median_ms": med, "not_compiled": failed})
+            line = f"{name:23s} {mode:8s} " + "  ".join(f"{k} {v[0]:8.2f} ({v[1]:7.2f})" for k, v in times.items())
+            line += "".join(f"   {k}/op {med[k] / med['op']:5.2f}x" for k in med if k != "op")
+            line += "".join(f"   {k}: does not compile ({msg})" for k, msg in failed.items())
+            print(line, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": {"samples": N, "rays": R, "min_per_ray": args.min_per_ray,
+                                  "max_per_ray": args.max_per_ray, "channels": args.channels,
+                                  "repeats": args.repeats, "cpu": cpu_model()}, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+// GPU kernel hosts of VolumeRenderPacked(Grad) and DistortionLossPacked(Grad) (semantics:
+// csrc/ops/render_packed_ops.cc; kernels and their NaN policy: metal_kernels/render_packed.metal).
+// Shapes are validated here exactly as on the CPU (render_packed_validate.h); row_splits and sample values live in
+// device memory and are checked by the kernels: every call first runs render_packed_check_init and
+// render_packed_check_splits (status scratch), then the op's kernel, in one encoder.
+// Empty tensors have no MTLBuffer: an empty input or output is bound as a one-element float scratch buffer that the
+// kernels never touch (their loops over it are empty). R == 0 (then N == 0, else InvalidArgument) skips the dispatch.
+#include <cstdint>
+
+#include "common/op_names.h"
+#include "common/tfc.h"
+#include "gpu/gpu_host.h"
+#include "ops/render_packed_validate.h"
+#include "shared/volume_render_math.h"
+
+namespace {
+
+using tfmo::TensorRef;
+using tfmo::render::VrAttrs;
+using tfmo::render::VrCreate;
+using tfmo::render::VrDelete;
+
+// The kernels index rays and samples with 32-bit uints, and compare samples with int32 row_splits.
+bool CheckDims(TF_OpKernelContext* ctx, const char* op, int64_t R, int64_t N, int64_t C) {
+  if (!tfmo::render::CheckSamplesWithoutRays(ctx, op, R, N)) return false;
+  if (N > INT32_MAX)
+    return tfmo::Fail(ctx, TF_INVALID_ARGUMENT,
+                      "%s: %lld samples exceed 2147483647, the limit of int32 row_splits; split the batch", op,
+                      static_cast<long long>(N));
+  return tfmo::gpu::CheckGridSize(ctx, op, "the number of rays + 1", static_cast<uint64_t>(R + 1)) &&
+         tfmo::gpu::CheckGridSize(ctx, op, "the number of channels", static_cast<uint64_t>(C)) &&
+         tfmo::gpu::CheckGridSize(ctx, op, "the number of sample values", static_cast<uint64_t>(N * C));
+}
+
+// Binds tensors of one call, standing in a one-element scratch buffer for empty ones (see the header comment).
+class Binder {
+ public:
+  explicit Binder(tfmo::gpu::Call& call) : call_(call) {}
+  bool Bind(tfmo::gpu::Pass& p, uint32_t slot, const TensorRef& t) {
+    if (t.num_elements() > 0) {
+      p.buffer(slot, t);
+      return true;
+    }
+    if (stand_in_ == nullptr) stand_in_ = call_.scratch(TF_FLOAT, 1);
+    if (stand_in_ == nullptr) return false;
+    p.buffer(slot, *stand_in_);
+    return true;
+  }
+
+ private:
+  tfmo::gpu::Call& call_;
+  const TensorRef* stand_in_ = nullptr;
+};
+
+// Appends the row_splits check passes; returns the status buffer (nullptr after an allocation failure).
+const TensorRef* CheckSplits(tfmo::gpu::Call& call, const TensorRef& row_splits, int64_t R, int64_t N) {
+  const TensorRef* status = call.scratch(TF_INT32, 1);
+  if (status == nullptr) return nullptr;
+  call.pass("render_packed_check_init").buffer(0, *status).threads(1);
+  DlpParams p;
+  p.R = static_cast<uint32_t>(R);
+  p.N = static_cast<uint32_t>(N);
+  call.pass("render_packed_check_splits").buffer(0, row_splits).buffer(1, *status).value(2, p).threads(
+      static_cast<uint64_t>(R + 1));
+  return status;
+}
+
+VrpParams MakeParams(const tfmo::render::VrpDims& d, float threshold) {
+  VrpParams p;
+  p.R = static_cast<uint32_t>(d.R);
+  p.N = static_cast<uint32_t>(d.N);
+  p.C = static_cast<uint32_t>(d.C);
+  p.bg_mode = static_cast<uint32_t>(d.bg);
+  p.threshold = threshold;
+  return p;
+}
+
+void VrpGpu(void* attrs, TF_OpKernelContext* ctx) {
+  const char* op = "volume_render_packed";
+  TensorRef in[6];
+  for (int i = 0; i < 6; ++i)
+    if (!tfmo::GetInput(ctx, i, &in[i])) return;
+  tfmo::render::VrpDims d;
+  if (!tfmo::render::ValidateVolumeRenderPacked(ctx, op, in[0], in[1], in[2], in[3], in[4], in[5], &d) ||
+      !CheckDims(ctx, op, d.R, d.N, d.C))
+    return;
+  TensorRef out[4];
+  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {d.R, d.C}, &out[0]) ||
+      !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {d.R}, &out[1]) ||
+      !tfmo::AllocateOutput(ctx, 2, TF_FLOAT, {d.R}, &out[2]) ||
+      !tfmo::AllocateOutput(ctx, 3, TF_FLOAT, {d.N}, &out[3]))
+    return;
+  if (d.R == 0) return;
+  const VrpParams params = MakeParams(d, static_cast<VrAttrs*>(attrs)->threshold);
+  tfmo::gpu::Call call(ctx, op);
+  Binder bind(call);
+  const TensorRef* status = CheckSplits(call, in[4], d.R, d.N);
+  if (status != nullptr) {
+    tfmo::gpu::Pass& p = call.pass("volume_render_packed_forward");
+    for (int i = 0; i < 6; ++i) bind.Bind(p, i, in[i]);
+    p.buffer(6, *status);
+    for (int i = 0; i < 4; ++i) bind.Bind(p, 7 + i, out[i]);
+    p.value(11, params);
+    p.threads(static_cast<uint64_t>(d.R));
+  }
+  call.Run();
+}
+
+void VrpGradGpu(void* attrs, TF_OpKernelContext* ctx) {
+  const char* op = "volume_render_packed_grad";
+  TensorRef in[10];
+  for (int i = 0; i < 10; ++i)
+    if (!tfmo::GetInput(ctx, i, &in[i])) return;
+  tfmo::render::VrpDims d;
+  if (!tfmo::render::ValidateVolumeRenderPacked(ctx, op, in[0], in[1], in[2], in[3], in[4], in[5], &d) ||
+      !tfmo::render::ValidateVolumeRenderPackedUpstream(ctx, op, d, in[6], in[7], in[8], in[9]) ||
+      !CheckDims(ctx, op, d.R, d.N, d.C))
+    return;
+  TensorRef out[5];
+  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {d.N}, &out[0]) ||
+      !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {d.N, d.C}, &out[1]) ||
+      !tfmo::AllocateOutput(ctx, 2, TF_FLOAT, {d.N}, &out[2]) ||
+      !tfmo::AllocateOutput(ctx, 3, TF_FLOAT, {d.N}, &out[3]) ||
+      !tfmo::AllocateOutput(ctx, 4, TF_FLOAT, {d.R, d.C}, &out[4]))
+    return;
+  if (d.R == 0) return;
+  const VrpParams params = MakeParams(d, static_cast<VrAttrs*>(attrs)->threshold);
+  tfmo::gpu::Call call(ctx, op);
+  Binder bind(call);
+  const TensorRef* status = CheckSplits(call, in[4], d.R, d.N);
+  if (status != nullptr) {
+    tfmo::gpu::Pass& p = call.pass("volume_render_packed_backward");
+    for (int i = 0; i < 10; ++i) bind.Bind(p, i, in[i]);
+    p.buffer(10, *status);
+    for (int i = 0; i < 5; ++i) bind.Bind(p, 11 + i, out[i]);
+    p.value(16, params);
+    p.threads(static_cast<uint64_t>(d.R));
+  }
+  call.Run();
+}
+
+void DlpGpu(void*, TF_OpKernelContext* ctx) {
+  const char* op = "distortion_loss_packed";
+  TensorRef in[4];
+  for (int i = 0; i < 4; ++i)
+    if (!tfmo::GetInput(ctx, i, &in[i])) return;
+  int64_t R = 0, N = 0;
+  if (!tfmo::render::ValidateDistortionLossPacked(ctx, op, in[0], in[1], in[2], in[3], &R, &N) ||
+      !CheckDims(ctx, op, R, N, 1))
+    return;
+  TensorRef loss;
+  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {R}, &loss) || R == 0) return;
+  DlpParams params;
+  params.R = static_cast<uint32_t>(R);
+  params.N = static_cast<uint32_t>(N);
+  tfmo::gpu::Call call(ctx, op);
+  Binder bind(call);
+  const TensorRef* status = CheckSplits(call, in[3], R, N);
+  if (status != nullptr) {
+    tfmo::gpu::Pass& p = call.pass("distortion_loss_packed_forward");
+    for (int i = 0; i < 4; ++i) bind.Bind(p, i, in[i]);
+    p.buffer(4, *status);
+    p.buffer(5, loss);
+    p.value(6, params);
+    p.threads(static_cast<uint64_t>(R));
+  }
+  call.Run();
+}
+
+void DlpGradGpu(void*, TF_OpKernelContext* ctx) {
+  const char* op = "distortion_loss_packed_grad";
+  TensorRef in[5];
+  for (int i = 0; i < 5; ++i)
+    if (!tfmo::GetInput(ctx, i, &in[i])) return;
+  int64_t R = 0, N = 0;
+  if (!tfmo::render::ValidateDistortionLossPacked(ctx, op, in[0], in[1], in[2], in[3], &R, &N) ||
+      !tfmo::render::CheckFloat(ctx, op, "grad_loss", in[4]) ||
+      !tfmo::render::CheckShape(ctx, op, "grad_loss", in[4], {R}, tfmo::render::Dims({R}).c_str()) ||
+      !CheckDims(ctx, op, R, N, 1))
+    return;
+  TensorRef out[3];
+  for (int i = 0; i < 3; ++i)
+    if (!tfmo::AllocateOutput(ctx, i, TF_FLOAT, {N}, &out[i])) return;
+  if (R == 0) return;
+  DlpParams params;
+  params.R = static_cast<uint32_t>(R);
+  params.N = static_cast<uint32_t>(N);
+  tfmo::gpu::Call call(ctx, op);
+  Binder bind(call);
+  const TensorRef* status = CheckSplits(call, in[3], R, N);
+  if (status != nullptr) {
+    tfmo::gpu::Pass& p = call.pass("distortion_loss_packed_backward");
+    for (int i = 0; i < 5; ++i) bind.Bind(p, i, in[i]);
+    p.buffer(5, *status);
+    for (int i = 0; i < 3; ++i) bind.Bind(p, 6 + i, out[i]);
+    p.value(9, params);
+    p.threads(static_cast<uint64_t>(R));
+  }
+  call.Run();
+}
+
+const tfmo::OnLoad kRegister([] {
+  tfmo::KernelSpec spec;
+  spec.device = "GPU";
+  spec.create = &VrCreate;
+  spec.destroy = &VrDelete;
+  spec.op = TFMO_OP_VOLUME_RENDER_PACKED;
+  spec.compute = &VrpGpu;
+  tfmo::RegisterKernel(spec);
+  spec.op = TFMO_OP_VOLUME_RENDER_PACKED_GRAD;
+  spec.compute = &VrpGradGpu;
+  tfmo::RegisterKernel(spec);
+
+  tfmo::KernelSpec dl;
+  dl.device = "GPU";
+  dl.op = TFMO_OP_DISTORTION_LOSS_PACKED;
+  dl.compute = &DlpGpu;
+  tfmo::RegisterKernel(dl);
+  dl.op = TFMO_OP_DISTORTION_LOSS_PACKED_GRAD;
+  dl.compute = &DlpGradGpu;
+  tfmo::RegisterKernel(dl);
+});
+
+}  // namespace

@@ -1,0 +1,128 @@
+// Host-side argument checks of the packed rendering ops (csrc/ops/render_packed_ops.cc), shared by the CPU
+// kernels and the GPU host code: dtypes and shapes. RowSplitsError reads row_splits values, so only the CPU
+// kernels (host memory) call it; the GPU kernels apply the NaN policy instead (metal_kernels/render_packed.metal).
+// Every failure names the op and the argument and fails the kernel with InvalidArgument.
+#pragma once
+
+#include <cstdint>
+
+#include "common/tfc.h"
+#include "ops/render_validate.h"
+
+namespace tfmo::render {
+
+struct VrpDims {
+  int64_t R = 0, N = 0, C = 0;
+  BackgroundMode bg = kNoBackground;
+};
+
+inline bool CheckInt32(TF_OpKernelContext* ctx, const char* op, const char* name, const TensorRef& t) {
+  if (t.dtype() == TF_INT32) return true;
+  return Fail(ctx, TF_INVALID_ARGUMENT, "%s: %s must be int32, got %s", op, name, DataTypeName(t.dtype()));
+}
+
+// row_splits int32 [R+1] with R + 1 >= 1; sets *R.
+inline bool ValidateRowSplitsShape(TF_OpKernelContext* ctx, const char* op, const TensorRef& rs, int64_t* R) {
+  if (!CheckInt32(ctx, op, "row_splits", rs)) return false;
+  if (rs.rank() != 1 || rs.dim(0) < 1)
+    return Fail(ctx, TF_INVALID_ARGUMENT,
+                "%s: row_splits must have shape [R + 1] (rank 1, at least one entry), got %s", op,
+                ShapeString(rs).c_str());
+  *R = rs.dim(0) - 1;
+  return true;
+}
+
+// t_starts [N], t_ends [N] (float32).
+inline bool ValidateIntervals(TF_OpKernelContext* ctx, const char* op, int64_t N, const TensorRef& ts,
+                              const TensorRef& te) {
+  return CheckFloat(ctx, op, "t_starts", ts) && CheckFloat(ctx, op, "t_ends", te) &&
+         CheckShape(ctx, op, "t_starts", ts, {N}, Dims({N}).c_str()) &&
+         CheckShape(ctx, op, "t_ends", te, {N}, Dims({N}).c_str());
+}
+
+// densities [N], colors [N,C] with C >= 1, t_starts [N], t_ends [N], row_splits [R+1], background [C]/[R,C]/[0].
+inline bool ValidateVolumeRenderPacked(TF_OpKernelContext* ctx, const char* op, const TensorRef& dens,
+                                       const TensorRef& cols, const TensorRef& ts, const TensorRef& te,
+                                       const TensorRef& rs, const TensorRef& bg, VrpDims* d) {
+  if (!CheckFloat(ctx, op, "densities", dens) || !CheckFloat(ctx, op, "colors", cols) ||
+      !CheckFloat(ctx, op, "background", bg))
+    return false;
+  if (dens.rank() != 1)
+    return Fail(ctx, TF_INVALID_ARGUMENT, "%s: densities must have rank 1 [samples], got shape %s", op,
+                ShapeString(dens).c_str());
+  d->N = dens.dim(0);
+  if (cols.rank() != 2 || cols.dim(0) != d->N || cols.dim(1) < 1)
+    return Fail(ctx, TF_INVALID_ARGUMENT,
+                "%s: colors must have shape [samples, channels] = [%lld, C] with C >= 1 (matching densities), "
+                "got %s",
+                op, static_cast<long long>(d->N), ShapeString(cols).c_str());
+  d->C = cols.dim(1);
+  if (!ValidateIntervals(ctx, op, d->N, ts, te) || !ValidateRowSplitsShape(ctx, op, rs, &d->R)) return false;
+  if (bg.rank() == 1 && bg.dim(0) == 0) {
+    d->bg = kNoBackground;
+  } else if (bg.rank() == 1 && bg.dim(0) == d->C) {
+    d->bg = kSharedBackground;
+  } else if (bg.rank() == 2 && bg.dim(0) == d->R && bg.dim(1) == d->C) {
+    d->bg = kPerRayBackground;
+  } else {
+    return Fail(ctx, TF_INVALID_ARGUMENT,
+                "%s: background must have shape [C] = [%lld], [rays, C] = [%lld, %lld], or [0] for none; got %s",
+                op, static_cast<long long>(d->C), static_cast<long long>(d->R), static_cast<long long>(d->C),
+                ShapeString(bg).c_str());
+  }
+  return true;
+}
+
+// The upstream gradients of VolumeRenderPackedGrad (inputs 6..9).
+inline bool ValidateVolumeRenderPackedUpstream(TF_OpKernelContext* ctx, const char* op, const VrpDims& d,
+                                               const TensorRef& gc, const TensorRef& gd, const TensorRef& go,
+                                               const TensorRef& gw) {
+  return CheckFloat(ctx, op, "grad_color", gc) && CheckFloat(ctx, op, "grad_depth", gd) &&
+         CheckFloat(ctx, op, "grad_opacity", go) && CheckFloat(ctx, op, "grad_weights", gw) &&
+         CheckShape(ctx, op, "grad_color", gc, {d.R, d.C}, Dims({d.R, d.C}).c_str()) &&
+         CheckShape(ctx, op, "grad_depth", gd, {d.R}, Dims({d.R}).c_str()) &&
+         CheckShape(ctx, op, "grad_opacity", go, {d.R}, Dims({d.R}).c_str()) &&
+         CheckShape(ctx, op, "grad_weights", gw, {d.N}, Dims({d.N}).c_str());
+}
+
+// weights [N], t_starts [N], t_ends [N], row_splits [R+1].
+inline bool ValidateDistortionLossPacked(TF_OpKernelContext* ctx, const char* op, const TensorRef& w,
+                                         const TensorRef& ts, const TensorRef& te, const TensorRef& rs, int64_t* R,
+                                         int64_t* N) {
+  if (!CheckFloat(ctx, op, "weights", w)) return false;
+  if (w.rank() != 1)
+    return Fail(ctx, TF_INVALID_ARGUMENT, "%s: weights must have rank 1 [samples], got shape %s", op,
+                ShapeString(w).c_str());
+  *N = w.dim(0);
+  return ValidateIntervals(ctx, op, *N, ts, te) && ValidateRowSplitsShape(ctx, op, rs, R);
+}
+
+// A row_splits shape that no values can make valid: R = 0 rays but N > 0 samples (row_splits = [0] needs N = 0).
+// Both backends reject it on the host (the GPU kernels have no ray thread to report it through).
+inline bool CheckSamplesWithoutRays(TF_OpKernelContext* ctx, const char* op, int64_t R, int64_t N) {
+  if (R > 0 || N == 0) return true;
+  return Fail(ctx, TF_INVALID_ARGUMENT,
+              "%s: row_splits has one entry (0 rays) but there are %lld samples; row_splits[R] must equal N", op,
+              static_cast<long long>(N));
+}
+
+// Value checks of row_splits (host memory): row_splits[0] = 0, non-decreasing, row_splits[R] = N.
+// Fails ctx and returns false on the first violation.
+inline bool ValidateRowSplitsValues(TF_OpKernelContext* ctx, const char* op, const int32_t* rs, int64_t R,
+                                    int64_t N) {
+  if (rs[0] != 0)
+    return Fail(ctx, TF_INVALID_ARGUMENT, "%s: row_splits[0] must be 0, got %d", op, static_cast<int>(rs[0]));
+  for (int64_t r = 0; r < R; ++r)
+    if (rs[r + 1] < rs[r])
+      return Fail(ctx, TF_INVALID_ARGUMENT,
+                  "%s: row_splits must be non-decreasing, got row_splits[%lld] = %d > row_splits[%lld] = %d", op,
+                  static_cast<long long>(r), static_cast<int>(rs[r]), static_cast<long long>(r + 1),
+                  static_cast<int>(rs[r + 1]));
+  if (rs[R] != N)
+    return Fail(ctx, TF_INVALID_ARGUMENT,
+                "%s: row_splits[R] = row_splits[%lld] must equal the number of samples N = %lld, got %d", op,
+                static_cast<long long>(R), static_cast<long long>(N), static_cast<int>(rs[R]));
+  return true;
+}
+
+}  // namespace tfmo::render
