@@ -140,3 +140,4 @@ def test_sampler_defaults():
     assert train.parse_args(["--model", "mlp"]).sampler == "uniform"
     assert train.parse_args(["--impl", "pure_tf"]).sampler == "uniform"
     assert train.parse_args(["--strategy", "mirrored"]).sampler == "uniform"
+    assert train.parse_args(["--xla-inner"]).sampler == "uniform"

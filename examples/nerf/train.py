@@ -125,7 +125,7 @@ def parse_args(argv=None):
         args.samples = 32 if args.model == "mlp" else 64
     if args.sampler is None:
         args.sampler = ("occupancy" if args.model == "hash" and args.impl == "op" and args.strategy == "default"
-                        else "uniform")
+                        and not args.xla_inner else "uniform")
     if args.sampler == "occupancy":
         if args.model != "hash":
             p.error("--sampler occupancy needs --model hash")
