@@ -167,3 +167,26 @@ def test_sampler_defaults():
     assert train.parse_args(["--impl", "pure_tf"]).sampler == "uniform"
     assert train.parse_args(["--strategy", "mirrored"]).sampler == "uniform"
     assert train.parse_args(["--xla-inner"]).sampler == "uniform"
+
+
+def test_resume_restores_grid_and_ray_stream(tmp_path):
+    """A run resumed from its step-3 checkpoint repeats steps 3..5 exactly: the checkpoint holds the occupancy grid,
+    the position in the ray stream and the adapted ray count (no jitter: the steps are deterministic)."""
+    args = ["--steps", "6", "--checkpoint-every", "3", "--grid-warmup", "2", "--grid-every", "2", "--no-jitter",
+            "--step-size", "0.04"]
+    full = run_train(tmp_path, *args)
+    ckpt_dir = str(tmp_path / "out" / "checkpoints")
+    state = tf.train.get_checkpoint_state(ckpt_dir)
+    step3 = [p for p in state.all_model_checkpoint_paths if p.endswith("-3")]
+    assert len(step3) == 1, state.all_model_checkpoint_paths
+    for name in os.listdir(ckpt_dir):  # as if the run had stopped after step 3
+        if name.startswith("ckpt-6"):
+            os.remove(os.path.join(ckpt_dir, name))
+    tf.compat.v1.train.update_checkpoint_state(ckpt_dir, step3[0])
+    resumed = run_train(tmp_path, *args)
+    assert resumed["resumed"][-1]["step"] == 3
+    with open(tmp_path / "out" / "metrics.json") as f:
+        saved = json.load(f)
+    assert saved["rays_per_step"][3:] == full["rays_per_step"][3:] and len(saved["rays_per_step"]) == 6
+    assert len(set(full["rays_per_step"])) > 1
+    np.testing.assert_allclose(resumed["train_losses"][3:], full["train_losses"][3:], rtol=1e-5)

@@ -88,9 +88,10 @@ def test_hash_op_and_pure_tf_models_agree():
     np.testing.assert_allclose(a(o, d)["color"].numpy(), b(o, d)["color"].numpy(), atol=1e-4)
 
 
-# the occupancy sampler (the hash model's default) on the tiny scene: 4096 samples per step (256 rays x 16), a 32^3
+# the occupancy sampler (the hash model's default) on the tiny scene: 8192 samples per step (~300 rays), a 32^3
 # grid updated every 4 steps after 8 warm-up steps
-OCCUPANCY_TINY = ["--sample-budget", "4096", "--grid-res", "32", "--grid-every", "4", "--grid-warmup", "8"]
+OCCUPANCY_TINY = ["--sample-budget", "8192", "--grid-res", "32", "--grid-every", "4", "--grid-warmup", "8",
+                  "--step-size", "0.04"]
 
 
 def run_train(tmp_path, *extra, env_extra=None):
