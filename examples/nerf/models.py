@@ -193,7 +193,7 @@ class HashNeRF(keras.Model):
     def __init__(self, n_levels=16, n_features_per_level=2, log2_hashmap_size=17, base_resolution=16,
                  finest_resolution=512, n_samples=64, near=2.0, far=6.0, bound=1.0, background=(1.0, 1.0, 1.0),
                  implementation="op", hidden=64, xla_inner=False, jitter=True, sampler="uniform",
-                 grid_resolution=128, grid_warmup_steps=256, step_size=None, max_samples=1024, early_stop=0.0,
+                 grid_resolution=64, grid_warmup_steps=64, step_size=None, max_samples=1024, early_stop=0.0,
                  **kwargs):
         super().__init__(**kwargs)
         if sampler not in self.SAMPLERS:
