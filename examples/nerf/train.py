@@ -771,10 +771,10 @@ def run(argv=None):
                             seconds_per_step=(train_s - (metrics["resumed"][-1]["train_seconds"] if restored else 0.0))
                             / timed,
                             total_seconds=time.perf_counter() - t_start, reload_max_abs_diff=reload_diff)
-    write_json_atomic(metrics_path, metrics)
     if tr.occupancy:
         metrics["final"]["trace_count"] = tr.trace_count()
         metrics["final"]["samples_per_ray_last_100"] = float(np.mean(spr[-100:]))
+    write_json_atomic(metrics_path, metrics)
     fm = metrics["final"]
     print(f"done: test PSNR {fm['test_psnr']:.2f} dB ({fm['eval_views']} views) after {fm['steps']} steps = "
           f"{fm['epochs']:.2f} epochs in {train_s:.0f} s of training ({fm['seconds_per_epoch']:.1f} s/epoch, "
