@@ -110,3 +110,14 @@ def test_reused_and_measured_variants_are_marked(tmp_path, monkeypatch):
     md = (tmp_path / "compare.md").read_text()
     assert "mlp: reused from an earlier run (measured 2023-11-14T22:13:20+00:00" in md
     assert "hash-puretf: reused from an earlier run" in md and "hash-op: reused" not in md
+
+
+def test_variants_sample_as_named():
+    """hash-op and hash-puretf keep the uniform sampler (the earlier comparisons' protocol); hash-op-occupancy is the
+    same model with the occupancy sampler."""
+    import train
+
+    args = {name: train.parse_args(argv) for name, argv in compare.VARIANTS.items()}
+    assert args["hash-op-occupancy"].sampler == "occupancy" and args["hash-op"].sampler == "uniform"
+    assert args["hash-puretf"].sampler == "uniform" and args["mlp"].sampler == "uniform"
+    assert (args["hash-op-occupancy"].model, args["hash-op-occupancy"].impl) == (args["hash-op"].model, args["hash-op"].impl)
