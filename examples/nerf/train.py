@@ -68,9 +68,9 @@ def parse_args(argv=None):
     p.add_argument("--samples", type=int, default=None,
                    help="uniform sampler: samples per ray (default: mlp 32, hash 64)")
     p.add_argument("--batch-rays", type=int, default=4096, help="uniform sampler: rays per step")
-    p.add_argument("--sample-budget", type=int, default=2 ** 16,
+    p.add_argument("--sample-budget", type=int, default=2 ** 15,
                    help="occupancy sampler: samples per step (rays per step adapt to the measured samples per ray; "
-                        "2^16 trains fastest on 2 CPU cores, see the README; 2^18 equals the uniform sampler's "
+                        "2^15 trained fastest on 2 CPU cores, see the README; 2^18 equals the uniform sampler's "
                         "4096 x 64)")
     p.add_argument("--grid-res", type=int, default=64,
                    help="occupancy sampler: grid cells per axis (64: on 2 CPU cores 128 costs more per step than its "
