@@ -4,7 +4,7 @@
 
 Benchmarks (each a script of its own, run in a fresh process, each printing ratios against baselines measured in
 the same run): hash grid (bench/hash_grid.py), rendering ops (bench/render_ops.py), packed (ragged) rendering ops
-(bench/render_packed.py), call overhead
+(bench/render_packed.py), ray marching through an occupancy grid (bench/ray_march.py), call overhead
 (bench/call_overhead.py), the NeRF comparison at equal wall-clock budget (examples/nerf/compare.py), and the
 Metal-emulating GPU vs the CPU kernels (bench/emulated_gpu.py; its own subprocess sets TF_METAL_OPS_EMULATED_GPU=1;
 skipped, and said so, without clang++ >= 16; --skip-emulated-gpu leaves it out).
@@ -125,6 +125,18 @@ def markdown(results):
             lines.append(f"| {row['op']} | {row['mode']} | {t['op']:.1f} | {t['tf']:.1f} | {xla}"
                          f"{t['tf'] / t['op']:.2f}x | {xla_ratio} |")
         lines.append("")
+    if "ray_march" in results:
+        r = results["ray_march"]
+        c = r["config"]
+        lines += [f"## Ray marching ({c['resolution']}^3 grid, sphere shell occupied, step {c['step_size']}, "
+                  f"max_samples {c['max_samples']})\n",
+                  "| rays | samples | op (ms) | plain graph (ms) | XLA (ms) | graph / op | XLA / op |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in r["rows"]:
+            t = row["median_ms"]
+            lines.append(f"| {row['rays']} | {row['samples']} | {t['op']:.1f} | {t['tf']:.1f} | {t['tf+xla']:.1f} | "
+                         f"{t['tf'] / t['op']:.2f}x | {t['tf+xla'] / t['op']:.2f}x |")
+        lines.append("")
     if "call_overhead" in results:
         r = results["call_overhead"]
         lines += ["## Call overhead (eager, 4-element tensor)\n", "| call | µs | vs tf.identity |", "|---|---|---|"]
@@ -223,6 +235,10 @@ def main():
                                    os.path.join(tmp, "render_packed.json")]
                                    + (["--samples", "16384", "--repeats", "3"] if q else []),
                                    os.path.join(tmp, "render_packed.json"))
+    results["ray_march"] = run("ray march", [os.path.join(HERE, "ray_march.py"), "--json",
+                               os.path.join(tmp, "march.json")]
+                               + (["--rays", "4096", "--resolution", "64", "--repeats", "3"] if q else []),
+                               os.path.join(tmp, "march.json"))
     results["hash_grid"] = run("hash grid", [os.path.join(HERE, "hash_grid.py"), "--json",
                                os.path.join(tmp, "hash.json")] + (["--points", "16384", "--repeats", "3"] if q else []),
                                os.path.join(tmp, "hash.json"))

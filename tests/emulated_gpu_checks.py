@@ -596,6 +596,134 @@ def check_threads(seed):
     return "8 threads x 5 rounds"
 
 
+# ---- ray marching ------------------------------------------------------------------------------------------------
+RM_AABB = np.array([[-1.1, -0.9, -1.3], [0.9, 1.2, 0.7]], np.float32)
+RM_KERNELS = ("ray_march_count", "ray_march_scan_block", "ray_march_splits", "ray_march_fill")
+
+
+class RmGrid:
+    def __init__(self, bits, g):
+        self.bits, self.aabb, self.resolution = tf.constant(bits), RM_AABB, g
+
+
+def ray_march_both(o, d, grid, **kw):
+    out = {}
+    for device in (GPU, CPU):
+        with tf.device(device):
+            out[device] = t.ray_march(tf.constant(o), tf.constant(d), grid, **kw)
+    return out[GPU], out[CPU]
+
+
+def same_march(a, b, what):
+    for name, x, y in zip(a._fields, a, b):
+        x, y = x.numpy(), y.numpy()
+        assert x.shape == y.shape, f"{what}: {name} shapes {x.shape} vs {y.shape}"
+        assert np.array_equal(x, y), f"{what}: {name}: {np.sum(x != y)} of {x.size} differ"
+
+
+def check_ray_march(seed):
+    """GPU == CPU bitwise (the same float32 expressions of ray_march_math.h in the same order), incl. R large enough
+    for three scan levels (R > 256^2), R = 0, N = 0, cone angle, the per-ray cap, jitter seeds, NaN rays (no samples
+    on the GPU) and tf.function with varying R."""
+    import ray_march_reference as ref
+
+    rng = np.random.default_rng(seed)
+    configs = [
+        dict(step_size=0.0371, cone_angle=0.0, max_samples=1000, jitter=True, seed=3),
+        dict(step_size=0.0123, cone_angle=0.04, max_samples=1000, jitter=True, seed=int(rng.integers(1 << 40))),
+        dict(step_size=0.0371, cone_angle=0.0, max_samples=5, jitter=False, seed=0),
+    ]
+    total = 0
+    for g, p in ((16, 0.3), (7, 0.7), (1, 1.0)):
+        bits = ref.random_bits(g, p, seed=g)
+        o, d = ref.make_rays(500, seed=g, aabb=RM_AABB)
+        for kw in configs:
+            with Dispatches() as disp:
+                a, b = ray_march_both(o, d, RmGrid(bits, g), near=0.05, **kw)
+            disp.require(*RM_KERNELS)
+            for x in a:
+                on_gpu(x)
+            same_march(a, b, f"G={g} p={p} {kw}")
+            total += int(b.row_splits[-1])
+    assert total > 20000, total
+    # many rays: 66000 > 256^2, so the counts need three scan levels (258 blocks -> 2 -> 1)
+    g = 32
+    bits = ref.sphere_shell_bits(g, 0.3, 0.5, RM_AABB)
+    o, d = ref.make_rays(66000, seed=1, aabb=RM_AABB, kinds=("outside", "inside", "axis"))
+    with Dispatches() as disp:
+        a, b = ray_march_both(o, d, RmGrid(bits, g), step_size=0.05, max_samples=64)
+    disp.require(*RM_KERNELS, "ray_march_scan_add")
+    assert disp.delta["ray_march_scan_block"] == 3 and disp.delta["ray_march_scan_add"] == 2, disp.delta
+    same_march(a, b, "R=66000")
+    assert int(b.row_splits[-1]) > 100000
+    # R = 0 and N = 0
+    with Dispatches() as disp:
+        a, b = ray_march_both(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32), RmGrid(bits, g),
+                              step_size=0.05)
+    disp.require("ray_march_zero")
+    same_march(a, b, "R=0")
+    on_gpu(a.row_splits)
+    a, b = ray_march_both(o[:300], d[:300], RmGrid(ref.pack(np.zeros(g**3, bool)), g), step_size=0.05)
+    same_march(a, b, "empty grid")
+    assert a.t_starts.shape[0] == 0 and a.row_splits.shape[0] == 301
+    # NaN / inf rays and NaN near: no samples on the GPU (the CPU kernel rejects them); the other rays unchanged
+    o2, d2 = o[:200].copy(), d[:200].copy()
+    near = np.zeros(200, np.float32)
+    d2[3, 1], o2[10, 0], d2[20, 2], near[30] = np.nan, np.inf, -np.inf, np.nan
+    with tf.device(GPU):
+        a = t.ray_march(o2, d2, RmGrid(bits, g), near=near, step_size=0.05)
+    counts = np.diff(a.row_splits.numpy())
+    assert np.all(counts[[3, 10, 20, 30]] == 0), counts[[3, 10, 20, 30]]
+    o2[[3, 10, 20, 30]], d2[[3, 10, 20, 30]], near[30] = [0.0, 0.0, 5.0], [0.0, 0.0, 1.0], 0.0  # a ray that misses
+    with tf.device(CPU):
+        b = t.ray_march(o2, d2, RmGrid(bits, g), near=near, step_size=0.05)
+    same_march(a, b, "NaN rays")
+    with tf.device(CPU):
+        try:
+            t.ray_march(o2 * np.nan, d2, RmGrid(bits, g), step_size=0.05)
+        except tf.errors.InvalidArgumentError:
+            pass
+        else:
+            raise AssertionError("the CPU kernel must reject NaN origins")
+    # shape errors are InvalidArgumentError on the GPU too, and the device stays healthy
+    try:
+        with tf.device(GPU):
+            from tf_metal_ops._library import ops
+
+            ops().ray_march(o[:4], d[:5], near[:4], near[:4], bits, RM_AABB, tf.constant(0, tf.int64),
+                            resolution=g, step_size=0.1)
+    except tf.errors.InvalidArgumentError as e:
+        assert "rays_d must have shape" in str(e), e
+    else:
+        raise AssertionError("bad shapes must fail on the GPU")
+    # an OccupancyGrid (variables on the CPU, updated there) feeding the GPU op
+    occ = t.OccupancyGrid(aabb=RM_AABB, resolution=g, warmup_steps=1)
+    for _ in range(2):
+        occ.update(lambda x: tf.where(tf.norm(x, axis=1) < 0.6, 5.0, 0.0), seed=1)
+    assert 0.01 < float(occ.occupied_fraction()) < 0.5
+    a, b = ray_march_both(o[:2000], d[:2000], occ, step_size=0.02, seed=4)
+    on_gpu(a.t_starts)
+    same_march(a, b, "OccupancyGrid")
+    # tf.function with varying R and seed: one trace, same results as eager CPU
+    grid = RmGrid(bits, g)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None, 3], tf.float32),
+                                  tf.TensorSpec([], tf.int64)])
+    def march(o, d, s):
+        return t.ray_march(o, d, grid, step_size=0.05, seed=s)
+
+    for r in (17, 3000, 1):
+        with tf.device(GPU):
+            a = march(o[:r], d[:r], tf.constant(r, tf.int64))
+        with tf.device(CPU):
+            b = t.ray_march(o[:r], d[:r], grid, step_size=0.05, seed=r)
+        on_gpu(a.t_starts)
+        same_march(a, b, f"tf.function R={r}")
+    assert march.experimental_get_tracing_count() == 1
+    return (f"{total} samples in 9 configurations, R=66000 (3 scan levels), R=0, N=0, NaN rays, OccupancyGrid, "
+            "tf.function")
+
+
 CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 // Three passes, each split over the project pool: count the samples of every ray, prefix-sum the counts into
 // row_splits (fixed parts, so the split does not depend on the thread count; integer sums are exact anyway),
 // then march every ray again writing its samples at row_splits[r]. Each ray's march is serial and depends only on
-// its own inputs, so the outputs are bitwise independent of the thread count.
+// its own inputs (a thread interleaves the steps of kLanes rays, which changes nothing per ray), so the outputs are
+// bitwise independent of the thread count.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -19,23 +20,43 @@ using tfmo::TensorRef;
 
 constexpr int64_t kRayGrain = 256;
 
-// Marches ray r; calls emit(k, t_start, t_end) for its k-th sample. Returns the sample count.
+// Marches rays [r0, r0 + n) (n <= kLanes) in lockstep: one step of every unfinished ray per round, so the
+// independent dependency chains (bitfield load -> branch -> next t) of several rays overlap in the CPU. Each ray's
+// steps are exactly those of a lone march, so results do not depend on the grouping. Calls emit(r, k, t0, t1) for
+// the k-th sample of ray r and stores the sample counts in counts[0..n).
+constexpr int kLanes = 4;
+
 template <class Emit>
-int64_t MarchRay(const RmParams& p, const float* o, const float* d, float near_t, float far_t, uint r,
-                 const unsigned char* bits, Emit&& emit) {
-  RmRay s;
-  if (!rm_begin(p, o[0], o[1], o[2], d[0], d[1], d[2], near_t, far_t, r, &s)) return 0;
-  uint n = 0;
-  while (n < p.max_samples && rm_candidate(p, &s)) {
-    if (rm_bit(bits[s.cell >> 3], s.cell)) {
-      emit(n, s.t, s.t1);
-      ++n;
-      rm_accept(&s);
-    } else {
-      rm_skip(p, &s);
+void MarchRays(const RmParams& p, const float* o, const float* d, const float* near_t, const float* far_t,
+               int64_t r0, int n, const unsigned char* bits, int64_t* counts, Emit&& emit) {
+  RmRay s[kLanes];
+  uint k[kLanes] = {0, 0, 0, 0};
+  bool live[kLanes] = {false, false, false, false};
+  int n_live = 0;
+  for (int i = 0; i < n; ++i) {
+    const int64_t r = r0 + i;
+    live[i] = rm_begin(p, o[3 * r], o[3 * r + 1], o[3 * r + 2], d[3 * r], d[3 * r + 1], d[3 * r + 2], near_t[r],
+                       far_t[r], static_cast<uint>(r), &s[i]);
+    n_live += live[i];
+  }
+  while (n_live > 0) {
+    for (int i = 0; i < n; ++i) {
+      if (!live[i]) continue;
+      if (!(k[i] < p.max_samples && rm_candidate(p, &s[i]))) {
+        live[i] = false;
+        --n_live;
+        continue;
+      }
+      if (rm_bit(bits[s[i].cell >> 3], s[i].cell)) {
+        emit(r0 + i, k[i], s[i].t, s[i].t1);
+        ++k[i];
+        rm_accept(&s[i]);
+      } else {
+        rm_skip(p, &s[i]);
+      }
     }
   }
-  return n;
+  for (int i = 0; i < n; ++i) counts[i] = k[i];
 }
 
 bool RayInvalid(const float* o, const float* d, float near_t, float far_t) {
@@ -97,15 +118,17 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
   std::vector<int64_t> counts(R, 0);
   tfmo::FirstIndex bad;
   tfmo::ParallelFor(R, kRayGrain, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      if (RayInvalid(o + 3 * r, d + 3 * r, near_t[r], far_t[r])) {
-        bad.Note(r);
-        continue;
-      }
-      counts[r] = MarchRay(p, o + 3 * r, d + 3 * r, near_t[r], far_t[r], static_cast<uint>(r), bits,
-                           [](uint, float, float) {});
-    }
+    for (int64_t r = r0; r < r1; ++r)
+      if (RayInvalid(o + 3 * r, d + 3 * r, near_t[r], far_t[r])) bad.Note(r);
   });
+  if (bad.get() < 0) {
+    tfmo::ParallelFor(R, kRayGrain, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; r += kLanes) {
+        const int n = static_cast<int>(std::min<int64_t>(kLanes, r1 - r));
+        MarchRays(p, o, d, near_t, far_t, r, n, bits, &counts[r], [](int64_t, uint, float, float) {});
+      }
+    });
+  }
   if (bad.get() >= 0) {
     const int64_t r = bad.get();
     FailBadRay(ctx, r, o + 3 * r, d + 3 * r, near_t[r], far_t[r]);
@@ -132,14 +155,15 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
   float* te = t_ends.data<float>();
   int32_t* ri = ray_indices.data<int32_t>();
   tfmo::ParallelFor(R, kRayGrain, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t base = splits[r];
-      MarchRay(p, o + 3 * r, d + 3 * r, near_t[r], far_t[r], static_cast<uint>(r), bits,
-               [&](uint k, float t0, float t1) {
-                 ts[base + k] = t0;
-                 te[base + k] = t1;
-                 ri[base + k] = static_cast<int32_t>(r);
-               });
+    int64_t scratch[kLanes];
+    for (int64_t r = r0; r < r1; r += kLanes) {
+      const int n = static_cast<int>(std::min<int64_t>(kLanes, r1 - r));
+      MarchRays(p, o, d, near_t, far_t, r, n, bits, scratch, [&](int64_t ray, uint k, float t0, float t1) {
+        const int64_t at = splits[ray] + k;
+        ts[at] = t0;
+        te[at] = t1;
+        ri[at] = static_cast<int32_t>(ray);
+      });
     }
   });
 }

@@ -173,9 +173,33 @@ std::string EncodePass(const Pass& p, EncodedPass* out) {
   return emu::CheckLaunch(d);
 }
 
+// A host read-back (ExecuteAndRead): encoded after the passes; maps the device range and copies it out.
+struct ReadWork {
+  std::string op;
+  const TfmoEmuStreamApi* api = nullptr;
+  const void* device_address = nullptr;  // TF_TensorData + offset
+  size_t bytes = 0;
+  void* out = nullptr;  // host memory of the op's thread, which waits for this work
+
+  static int Run(void* arg, TfmoEmuStream* stream, char* error, size_t error_len) {
+    auto* w = static_cast<ReadWork*>(arg);
+    char map_error[TFMO_EMU_ERROR_BYTES] = {0};
+    const void* src = w->api->map(stream, w->device_address, w->bytes, map_error, sizeof map_error);
+    if (src == nullptr) {
+      std::snprintf(error, error_len, "tf_metal_ops: %s: reading back %zu bytes: %s", w->op.c_str(), w->bytes,
+                    map_error);
+      return 1;
+    }
+    std::memcpy(w->out, src, w->bytes);
+    return 0;
+  }
+  static void Release(void* arg) { delete static_cast<ReadWork*>(arg); }
+};
+
 struct QueueArgs {
   const TfmoEmuStreamHeader* stream;
-  CallWork* work;
+  CallWork* work;       // null: no passes to run
+  ReadWork* read;       // null: no read-back
   bool wait;
   int failed = 0;
   char error[TFMO_EMU_ERROR_BYTES] = {0};
@@ -186,7 +210,8 @@ void EncodeOnQueue(void* arg) {
   auto* q = static_cast<QueueArgs*>(arg);
   const TfmoEmuStreamApi* api = q->stream->api;
   TfmoEmuCommandBuffer* cb = api->current_command_buffer(q->stream->self);
-  api->encode(cb, TfmoEmuWork{&CallWork::Run, &CallWork::Release, q->work});
+  if (q->work != nullptr) api->encode(cb, TfmoEmuWork{&CallWork::Run, &CallWork::Release, q->work});
+  if (q->read != nullptr) api->encode(cb, TfmoEmuWork{&ReadWork::Run, &ReadWork::Release, q->read});
   if (q->wait) {
     q->failed = api->commit_and_wait(q->stream->self, q->error, sizeof q->error);
   } else {
@@ -194,9 +219,8 @@ void EncodeOnQueue(void* arg) {
   }
 }
 
-}  // namespace
-
-bool Execute(Call& call) {
+// The call's non-empty passes, encoded and checked on the op's thread; *work stays null when there are none.
+bool BuildWork(Call& call, std::unique_ptr<CallWork>* out) {
   TF_OpKernelContext* ctx = call.ctx();
   auto work = std::make_unique<CallWork>();
   work->op = call.op();
@@ -209,7 +233,7 @@ bool Execute(Call& call) {
     const std::string error = EncodePass(*p, &work->passes.back());
     if (!error.empty()) return Fail(ctx, TF_INTERNAL, "tf_metal_ops: %s: %s", call.op(), error.c_str());
   }
-  if (work->passes.empty()) return true;  // every pass was empty (the scratch tensors go with the Call)
+  if (work->passes.empty()) return true;
   // Kernel names: point the descriptions at strings owned by the work item.
   work->passes.shrink_to_fit();
   static std::mutex names_mu;
@@ -221,11 +245,44 @@ bool Execute(Call& call) {
       e.desc.kernel = it->second.c_str();
     }
   }
+  *out = std::move(work);
+  return true;
+}
+
+}  // namespace
+
+bool Execute(Call& call) {
+  TF_OpKernelContext* ctx = call.ctx();
+  std::unique_ptr<CallWork> work;
+  if (!BuildWork(call, &work)) return false;
+  if (work == nullptr) return true;  // every pass was empty (the scratch tensors go with the Call)
   const TfmoEmuStreamHeader* stream = GetStream(ctx, call.op());
   if (stream == nullptr) return false;
   work->api = stream->api;
   work->scratch = call.TakeScratch();
-  QueueArgs q{stream, work.release(), SyncRequested()};
+  QueueArgs q{stream, work.release(), nullptr, SyncRequested()};
+  stream->api->queue_sync(stream->self, &EncodeOnQueue, &q);
+  if (q.failed) return Fail(ctx, TF_INTERNAL, "%s", q.error);
+  return true;
+}
+
+bool ExecuteAndRead(Call& call, const HostRead& read) {
+  TF_OpKernelContext* ctx = call.ctx();
+  std::unique_ptr<CallWork> work;
+  if (!BuildWork(call, &work)) return false;
+  const TfmoEmuStreamHeader* stream = GetStream(ctx, call.op());
+  if (stream == nullptr) return false;
+  const void* base = TF_TensorData(read.tensor);
+  if (base == nullptr)
+    return Fail(ctx, TF_INTERNAL, "tf_metal_ops: %s: reading back: the tensor has no device memory", call.op());
+  auto rw = std::make_unique<ReadWork>();
+  rw->op = call.op();
+  rw->api = stream->api;
+  rw->device_address = static_cast<const unsigned char*>(base) + read.offset;
+  rw->bytes = read.bytes;
+  rw->out = read.out;
+  if (work != nullptr) work->api = stream->api;  // the scratch tensors stay with the Call: we wait below
+  QueueArgs q{stream, work.release(), rw.release(), /*wait=*/true};
   stream->api->queue_sync(stream->self, &EncodeOnQueue, &q);
   if (q.failed) return Fail(ctx, TF_INTERNAL, "%s", q.error);
   return true;

@@ -176,13 +176,35 @@ std::vector<TF_Tensor*> Call::TakeScratch() {
   return out;
 }
 
-bool Call::Run() {
+bool Call::CheckPasses() {
   for (const auto& p : passes_) {
     if (!ok()) break;
     if (p->grid_kind() == Pass::Grid::kNone) fail(TF_INTERNAL, "%s: %s: the pass has no grid", op_, p->function().c_str());
   }
   if (!ok()) return Fail(ctx_, code_, "%s", error_.c_str());
-  return Execute(*this);
+  return true;
+}
+
+bool Call::Run() { return CheckPasses() && Execute(*this); }
+
+bool Call::RunAndRead(const TensorRef& t, size_t offset, void* out, size_t bytes) {
+  if (!t || out == nullptr) {
+    fail(TF_INTERNAL, "%s: RunAndRead: null tensor or destination", op_);
+  } else {
+    const size_t size = TF_TensorByteSize(t.get());
+    if (bytes == 0 || bytes > kMaxReadBytes || offset > size || bytes > size - offset)
+      fail(TF_INTERNAL, "%s: RunAndRead: %zu bytes at offset %zu of a %zu-byte tensor (1 to %zu bytes inside it)", op_,
+           bytes, offset, size, kMaxReadBytes);
+  }
+  if (!CheckPasses()) return false;
+  HostRead read;
+  read.tensor = t.get();
+  read.offset = offset;
+  read.bytes = bytes;
+  read.out = out;
+  const bool done = ExecuteAndRead(*this, read);
+  passes_.clear();
+  return done;
 }
 
 std::array<uint32_t, 3> ResolveGroup(const std::array<uint64_t, 3>& grid, std::array<uint32_t, 3> group,

@@ -19,6 +19,9 @@
 //  - Errors never abort: the first one is kept and Run() reports it through TF_OpKernelContext_Failure.
 //  - Kernel parameters at [[buffer(n)]] must match what is bound at slot n (element type, size); the emulated
 //    backend checks this for every dispatch, Metal does not.
+//  - Data-dependent output sizes (e.g. RayMarch's sample count): Call::RunAndRead runs the passes so far, waits for
+//    the GPU and copies a few bytes of a device tensor to the host; later passes go to the next Run(). It is the
+//    only place the host waits (without TF_METAL_OPS_SYNC=1) and stalls the stream: use it at most once per op.
 #pragma once
 
 #include <array>
@@ -35,6 +38,7 @@ namespace tfmo::gpu {
 
 constexpr uint32_t kMaxBufferSlots = 31;  // [[buffer(0..30)]]
 constexpr size_t kMaxBytes = 4096;        // setBytes limit
+constexpr size_t kMaxReadBytes = 4096;    // Call::RunAndRead limit
 
 // Function-constant values for one pipeline, by index ([[function_constant(i)]] in MSL). Setting an index twice
 // keeps the last value. Part of the pipeline cache key.
@@ -135,6 +139,11 @@ class Call {
   Pass& pass(const char* function, Specialization spec = {});
   // Validates and hands the passes to the backend: one encoder, one commit. Returns false after failing ctx.
   bool Run();
+  // Runs the passes added so far (one encoder), commits and waits until the GPU has finished them, then copies
+  // `bytes` (1..kMaxReadBytes) bytes at byte `offset` of device tensor t (an output or a scratch buffer of this
+  // Call) into host memory `out`. The executed passes are dropped; passes added afterwards run at the next Run() or
+  // RunAndRead(); scratch buffers stay with the Call. Returns false after failing ctx (the GPU's failure included).
+  bool RunAndRead(const TensorRef& t, size_t offset, void* out, size_t bytes);
 
   // Records an error (the first wins); Run() fails ctx with it.
   void fail(TF_Code code, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -148,6 +157,8 @@ class Call {
   std::vector<TF_Tensor*> TakeScratch();
 
  private:
+  bool CheckPasses();  // false after failing ctx
+
   TF_OpKernelContext* ctx_;
   const char* op_;
   std::vector<std::unique_ptr<TensorRef>> scratch_;
@@ -168,5 +179,19 @@ bool CheckGridSize(TF_OpKernelContext* ctx, const char* op, const char* what, ui
 // Implemented by the build's backend: executes call.passes() on the device of call.ctx() (the passes are already
 // validated by Call::Run). Returns false after failing ctx.
 bool Execute(Call& call);
+
+// A host read-back of Call::RunAndRead: `bytes` bytes at byte `offset` of the device tensor `tensor` -> `out`
+// (host memory, valid until ExecuteAndRead returns). Checked by RunAndRead: the range lies inside the tensor.
+struct HostRead {
+  TF_Tensor* tensor = nullptr;
+  size_t offset = 0;
+  size_t bytes = 0;
+  void* out = nullptr;
+};
+
+// Implemented by the build's backend: encodes call.passes() as Execute does, then the copy of `read` after them in
+// the same command buffer, commits, waits for completion and fills read.out. Leaves the scratch tensors with the
+// Call (the GPU is done with them when this returns). Returns false after failing ctx.
+bool ExecuteAndRead(Call& call, const HostRead& read);
 
 }  // namespace tfmo::gpu

@@ -340,7 +340,7 @@ id<TFMOMetalStream> GetStream(TF_OpKernelContext* ctx, bool wait, std::string* e
     }
     missing = it->second;
   }
-  // -commitAndWait is needed only under TF_METAL_OPS_SYNC=1.
+  // -commitAndWait is needed only under TF_METAL_OPS_SYNC=1 and by ExecuteAndRead (which asks with wait = true).
   if (!wait && missing == "-commitAndWait") missing.clear();
   if (!missing.empty()) {
     *error = "tf_metal_ops: the GPU device's stream (class " + std::string(object_getClassName(obj)) + ") lacks " +
@@ -520,6 +520,89 @@ bool Execute(Call& call) {
           }
         }
       });
+    } @catch (NSException* e) {
+      code = TF_INTERNAL;
+      error = "Objective-C exception " + ToString(e.name) + ": " + ToString(e.reason);
+    }
+  }
+  if (code != TF_OK) return Fail(ctx, code, "tf_metal_ops: %s: %s", op, error.c_str());
+  return true;
+}
+
+// RunAndRead's backend half: the passes and a blit of the requested bytes into a shared staging buffer, in the
+// stream's current command buffer; [stream commitAndWait]; then the staging buffer's contents are copied out. The
+// blit (not -contents of the tensor's own buffer) works whatever the storage mode of tensorflow-metal's buffers.
+// Scratch tensors stay with the Call: the GPU is done with them when this returns.
+bool ExecuteAndRead(Call& call, const HostRead& read) {
+  TF_OpKernelContext* ctx = call.ctx();
+  const char* op = call.op();
+  TF_Code code = TF_OK;
+  std::string error;
+  @autoreleasepool {
+    @try {
+      id<TFMOMetalStream> stream = GetStream(ctx, /*wait=*/true, &error);
+      if (stream == nil) return Fail(ctx, TF_FAILED_PRECONDITION, "%s", error.c_str());
+      dispatch_queue_t queue = [stream queue];
+      if (queue == nil) return Fail(ctx, TF_FAILED_PRECONDITION, "tf_metal_ops: the Metal stream has no dispatch queue");
+      Binding target;
+      target.kind = Binding::Kind::kTensor;
+      target.tensor = read.tensor;
+      target.size = TF_TensorByteSize(read.tensor);
+      id<MTLBuffer> source = BufferOf(target, 0, &error);
+      if (source == nil) return Fail(ctx, TF_INTERNAL, "tf_metal_ops: %s: reading back: %s", op, error.c_str());
+      std::vector<Resolved> passes;
+      id<MTLDevice> device = source.device;
+      if (!Resolve(call, &passes, &device, &error))
+        return Fail(ctx, TF_INTERNAL, "tf_metal_ops: %s: %s", op, error.c_str());
+      if (device != source.device)
+        return Fail(ctx, TF_INTERNAL, "tf_metal_ops: %s: the read-back tensor lives on another Metal device", op);
+      id<MTLBuffer> staging = [device newBufferWithLength:read.bytes options:MTLResourceStorageModeShared];
+      if (staging == nil)
+        return Fail(ctx, TF_RESOURCE_EXHAUSTED, "tf_metal_ops: %s: could not allocate a %zu-byte staging buffer", op,
+                    read.bytes);
+      std::string* err = &error;
+      TF_Code* codep = &code;
+      const std::vector<Resolved>* passesp = &passes;
+      const NSUInteger offset = read.offset, length = read.bytes;
+      dispatch_sync(queue, ^{
+        @autoreleasepool {
+          @try {
+            id<MTLCommandBuffer> cb = [stream currentCommandBuffer];
+            if (cb == nil) {
+              *codep = TF_INTERNAL;
+              *err = "the Metal stream has no current command buffer";
+              return;
+            }
+            if (!passesp->empty()) {
+              id<MTLComputeCommandEncoder> enc = [cb computeCommandEncoder];
+              if (enc == nil) {
+                *codep = TF_INTERNAL;
+                *err = "could not create a Metal compute command encoder";
+                return;
+              }
+              EncodePasses(enc, *passesp);
+              [enc endEncoding];
+            }
+            id<MTLBlitCommandEncoder> blit = [cb blitCommandEncoder];
+            if (blit == nil) {
+              *codep = TF_INTERNAL;
+              *err = "could not create a Metal blit command encoder";
+              return;
+            }
+            [blit copyFromBuffer:source sourceOffset:offset toBuffer:staging destinationOffset:0 size:length];
+            [blit endEncoding];
+            [stream commitAndWait];
+            if (cb.status != MTLCommandBufferStatusCompleted) {
+              *codep = TF_INTERNAL;
+              *err = "the command buffer did not complete: " + Describe(cb.error);
+            }
+          } @catch (NSException* e) {
+            *codep = TF_INTERNAL;
+            *err = "Objective-C exception " + ToString(e.name) + ": " + ToString(e.reason);
+          }
+        }
+      });
+      if (code == TF_OK) std::memcpy(read.out, staging.contents, read.bytes);
     } @catch (NSException* e) {
       code = TF_INTERNAL;
       error = "Objective-C exception " + ToString(e.name) + ": " + ToString(e.reason);

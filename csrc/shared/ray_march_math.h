@@ -47,6 +47,15 @@ struct RmParams {
   float hi_x, hi_y, hi_z;
 };
 
+// Prefix sum of the per-ray counts on the GPU (metal_kernels/ray_march_scan.metal): blocks of kRmScanBlock values
+// (one threadgroup each) are scanned in place and their totals written to a sums array, which is scanned the same
+// way (recursively, until one block), then each block adds the scanned total of the blocks before it.
+TFMO_CONSTANT uint kRmScanBlock = 256;
+struct RmScanParams {
+  uint n;       // values to scan
+  uint offset;  // first value's index in the bound buffer
+};
+
 // lowbias32 (C. Wellons): a 32-bit integer permutation with good avalanche.
 TFMO_FN uint rm_hash(uint x) {
   x ^= x >> 16;
@@ -63,15 +72,20 @@ TFMO_FN float rm_jitter(uint seed_lo, uint seed_hi, uint ray) {
   return float(h >> 8) * (1.0f / 16777216.0f);
 }
 
+// min/max as comparisons (cheaper than fmin/fmax calls on CPUs without an inline instruction for them); like
+// fmin/fmax when `a` is NaN (the result is b), so callers put the operand that can be NaN first.
+TFMO_FN float rm_min(float a, float b) { return a < b ? a : b; }
+TFMO_FN float rm_max(float a, float b) { return a > b ? a : b; }
+
 TFMO_FN float rm_dt(float t, float step_size, float cone_angle, float max_step) {
-  return tfmo_fmin(tfmo_fmax(t * cone_angle, step_size), max_step);
+  return rm_min(rm_max(t * cone_angle, step_size), max_step);  // t * cone_angle is NaN for t = -inf, cone 0
 }
 
-// Cell index along one axis of coordinate x: floor((x - lo) * inv_cs), clamped to [0, G-1] (rounding at the box
-// faces). x is finite here.
+// Cell index along one axis of coordinate x: floor((x - lo) * inv_cs) clamped to [0, G-1] (rounding at the box
+// faces), computed as the truncation of the value clamped first (equal for every x; no floor call on CPUs without
+// SSE4.1). x is finite here.
 TFMO_FN uint rm_axis_cell(float x, float lo, float inv_cs, uint G) {
-  const float f = tfmo_fmin(tfmo_fmax(tfmo_floor((x - lo) * inv_cs), 0.0f), float(G - 1));
-  return uint(f);
+  return uint(rm_min(rm_max((x - lo) * inv_cs, 0.0f), float(G - 1)));
 }
 
 // Is bit `cell` set, given the byte bits[cell >> 3]?
@@ -92,7 +106,7 @@ TFMO_FN bool rm_slab(float o, float d, float inv_d, float lo, float hi, TFMO_THR
                      TFMO_THREAD float* t_hi) {
   if (d == 0.0f) return o >= lo && o <= hi;
   const float ta = (lo - o) * inv_d, tb = (hi - o) * inv_d;
-  *t_lo = tfmo_fmax(*t_lo, tfmo_fmin(ta, tb));
+  *t_lo = tfmo_fmax(*t_lo, tfmo_fmin(ta, tb));  // once per ray: keep IEEE fmin/fmax here
   *t_hi = tfmo_fmin(*t_hi, tfmo_fmax(ta, tb));
   return true;
 }
@@ -123,7 +137,7 @@ TFMO_FN bool rm_begin(RmParams p, float ox, float oy, float oz, float dx, float 
 // caller also stops after max_samples emitted samples).
 TFMO_FN bool rm_candidate(RmParams p, TFMO_THREAD RmRay* s) {
   if (!(s->t < s->t_hi) || s->skips >= p.max_skips) return false;
-  const float t1 = tfmo_fmin(s->t + rm_dt(s->t, p.step_size, p.cone_angle, p.max_step), s->t_hi);
+  const float t1 = rm_min(s->t + rm_dt(s->t, p.step_size, p.cone_angle, p.max_step), s->t_hi);
   if (!(t1 > s->t)) return false;
   s->t1 = t1;
   const float tm = 0.5f * (s->t + t1);
@@ -146,7 +160,7 @@ TFMO_FN void rm_skip(RmParams p, TFMO_THREAD RmRay* s) {
   for (int i = 0; i < 3; ++i) {
     if (s->d[i] == 0.0f) continue;
     const float face = lo[i] + float(s->c[i] + (s->d[i] > 0.0f ? 1u : 0u)) * cs[i];
-    t_next = tfmo_fmin(t_next, (face - s->o[i]) * s->inv_d[i]);
+    t_next = rm_min((face - s->o[i]) * s->inv_d[i], t_next);
   }
   s->t = t_next > s->t ? t_next : s->t1;
   s->skips += 1;

@@ -1,0 +1,98 @@
+// Metal kernels of RayMarch except the block scan (semantics: csrc/ops/ray_march_op.cc; math and conventions:
+// csrc/shared/ray_march_math.h; host: csrc/gpu/ray_march_gpu.cc). No barriers (this file runs on the emulator's
+// fast path; the barrier-using block scan is in ray_march_scan.metal). Host order of the passes:
+//   ray_march_count (R threads) -> scan of counts (ray_march_scan_block / ray_march_scan_add) -> host reads N ->
+//   ray_march_splits (R + 1 threads) -> ray_march_fill (R threads, skipped when N = 0).
+// `scan` is int64 [R + 1]: scan[0] = 0, scan[r + 1] = samples of ray r, then (after the scan) samples of rays < r+1.
+// Invalid input (non-finite origin/direction, NaN near/far): the ray gets no samples. The fill never writes outside
+// [scan[r], scan[r + 1]) (<= N, the output length): no out-of-bounds access whatever the inputs.
+#include <metal_stdlib>
+using namespace metal;
+
+#include "ray_march_math.h"
+
+kernel void ray_march_count(device const float* rays_o [[buffer(0)]],
+                            device const float* rays_d [[buffer(1)]],
+                            device const float* near_t [[buffer(2)]],
+                            device const float* far_t [[buffer(3)]],
+                            device const uchar* bits [[buffer(4)]],
+                            device long* scan [[buffer(5)]],
+                            constant RmParams& params [[buffer(6)]],
+                            uint r [[thread_position_in_grid]]) {
+  const RmParams p = params;
+  if (r == 0) scan[0] = 0;
+  if (r >= p.R) return;
+  device const float* o = rays_o + ulong(r) * 3;
+  device const float* d = rays_d + ulong(r) * 3;
+  RmRay s;
+  uint n = 0;
+  if (rm_begin(p, o[0], o[1], o[2], d[0], d[1], d[2], near_t[r], far_t[r], r, &s)) {
+    while (n < p.max_samples && rm_candidate(p, &s)) {
+      if (rm_bit(bits[s.cell >> 3], s.cell)) {
+        ++n;
+        rm_accept(&s);
+      } else {
+        rm_skip(p, &s);
+      }
+    }
+  }
+  scan[ulong(r) + 1] = long(n);
+}
+
+// Second half of one scan level: value i of block g > 0 adds the inclusive scan of the block totals up to g - 1.
+kernel void ray_march_scan_add(device long* data [[buffer(0)]],
+                               device const long* sums [[buffer(1)]],
+                               constant RmScanParams& p [[buffer(2)]],
+                               uint i [[thread_position_in_grid]]) {
+  if (i >= p.n) return;
+  const uint g = i / kRmScanBlock;
+  if (g > 0) data[ulong(p.offset) + i] += sums[g - 1];
+}
+
+// row_splits[i] = scan[i] for i <= R (the host checked scan[R] = N < 2^31).
+kernel void ray_march_splits(device const long* scan [[buffer(0)]],
+                             device int* row_splits [[buffer(1)]],
+                             constant uint& n [[buffer(2)]],
+                             uint i [[thread_position_in_grid]]) {
+  if (i >= n) return;
+  row_splits[i] = int(scan[i]);
+}
+
+// R = 0: row_splits = [0].
+kernel void ray_march_zero(device int* row_splits [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  if (i == 0) row_splits[0] = 0;
+}
+
+kernel void ray_march_fill(device const float* rays_o [[buffer(0)]],
+                           device const float* rays_d [[buffer(1)]],
+                           device const float* near_t [[buffer(2)]],
+                           device const float* far_t [[buffer(3)]],
+                           device const uchar* bits [[buffer(4)]],
+                           device const long* scan [[buffer(5)]],
+                           device float* t_starts [[buffer(6)]],
+                           device float* t_ends [[buffer(7)]],
+                           device int* ray_indices [[buffer(8)]],
+                           constant RmParams& params [[buffer(9)]],
+                           uint r [[thread_position_in_grid]]) {
+  const RmParams p = params;
+  if (r >= p.R) return;
+  const long base = scan[r];
+  const long room = scan[ulong(r) + 1] - base;  // the count pass's result for this ray
+  device const float* o = rays_o + ulong(r) * 3;
+  device const float* d = rays_d + ulong(r) * 3;
+  RmRay s;
+  if (!rm_begin(p, o[0], o[1], o[2], d[0], d[1], d[2], near_t[r], far_t[r], r, &s)) return;
+  uint n = 0;
+  while (n < p.max_samples && long(n) < room && rm_candidate(p, &s)) {
+    if (rm_bit(bits[s.cell >> 3], s.cell)) {
+      const ulong k = ulong(base + long(n));
+      t_starts[k] = s.t;
+      t_ends[k] = s.t1;
+      ray_indices[k] = int(r);
+      ++n;
+      rm_accept(&s);
+    } else {
+      rm_skip(p, &s);
+    }
+  }
+}
