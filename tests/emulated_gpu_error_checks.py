@@ -281,6 +281,9 @@ def check_render_packed_errors(seed):
                     "[1, 5]", lambda: call(d, cols, ts, te, rs[None], none))
         n += expect(InvalidArgument, f"{op}: background must have shape [C] = [3], [rays, C] = [4, 3], or [0] for "
                     "none; got [3, 3]", lambda: call(d, cols, ts, te, rs, np.ones((3, 3), np.float32)))
+    for thr in (1.5, float("nan")):  # kernel construction; both ops' messages name volume_render_packed
+        n += expect(InvalidArgument, f"volume_render_packed: termination_threshold must be in [0, 1], got {thr:g}",
+                    lambda: o.volume_render_packed(d, cols, ts, te, rs, none, termination_threshold=thr))
     n += expect(InvalidArgument, "volume_render_packed: row_splits has one entry (0 rays) but there are 9 samples; "
                 "row_splits[R] must equal N", lambda: o.volume_render_packed(d, cols, ts, te, rs[:1], none))
     n += expect(InvalidArgument, "volume_render_packed_grad: grad_weights must have shape [9], got [8]",

@@ -47,6 +47,28 @@ def _distortion_loss():
     return [w, t], fn
 
 
+def _render_packed():
+    """volume_render_packed and distortion_loss_packed with their gradients (ragged rays, some empty)."""
+    rng = np.random.default_rng(3)
+    counts = rng.integers(0, 40, 200)
+    rs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    n = int(rs[-1])
+    edges = (2.0 + np.cumsum(rng.uniform(0.01, 0.1, 2 * n))).astype(np.float32)  # gaps between samples
+    sigma = rng.gamma(1.0, 2.0, n).astype(np.float32)
+    rgb = rng.random((n, 3), dtype=np.float32)
+    bg = rng.random(3, dtype=np.float32)
+
+    def fn(sigma, rgb, ts, te, rs, bg):
+        with tf.GradientTape() as tape:
+            tape.watch([sigma, rgb, ts, te, bg])
+            out = tf_metal_ops.volume_render_packed(sigma, rgb, ts, te, rs, bg, termination_threshold=1e-3)
+            dl = tf_metal_ops.distortion_loss_packed(out.weights, ts, te, rs)
+            loss = tf.reduce_sum(out.color**2) + tf.reduce_sum(out.depth) + tf.reduce_sum(dl)
+        return [*out, dl, *tape.gradient(loss, [sigma, rgb, ts, te, bg])]
+
+    return [sigma, rgb, edges[0::2], edges[1::2], rs, bg], fn
+
+
 HASH_GRID = dict(n_levels=8, n_features_per_level=2, log2_hashmap_size=12, base_resolution=4, per_level_scale=1.7)
 
 
@@ -69,7 +91,8 @@ def _hash_grid(dtype):
     return case
 
 
-CASES = {"zero_out": _zero_out, "hash_grid_f32": _hash_grid(np.float32), "hash_grid_f16": _hash_grid(np.float16), "volume_render": _volume_render, "distortion_loss": _distortion_loss}
+CASES = {"zero_out": _zero_out, "hash_grid_f32": _hash_grid(np.float32), "hash_grid_f16": _hash_grid(np.float16), "volume_render": _volume_render, "distortion_loss": _distortion_loss,
+         "render_packed": _render_packed}
 
 
 def run_eager(name):

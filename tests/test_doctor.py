@@ -9,7 +9,7 @@ import pytest
 
 from tf_metal_ops import doctor
 
-OPS = ["ZeroOut", "HashGridEncode", "VolumeRender", "DistortionLoss"]
+OPS = ["ZeroOut", "HashGridEncode", "VolumeRender", "DistortionLoss", "VolumeRenderPacked", "DistortionLossPacked"]
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="the Linux path")

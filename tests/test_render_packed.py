@@ -382,7 +382,8 @@ def test_gradient_kernels_check_upstream_shapes():
             raw.volume_render_packed_grad(d, c, ts, te, rs, b, *u)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"grad_loss must have shape \[4\]"):
         raw.distortion_loss_packed_grad(d, ts, te, rs, np.zeros(3, np.float32))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="termination_threshold must be in"):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"volume_render_packed: termination_threshold must be in \[0, 1\], got 1.5"):
         raw.volume_render_packed(d, c, ts, te, rs, b, termination_threshold=1.5)
 
 

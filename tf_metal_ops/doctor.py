@@ -65,6 +65,36 @@ def _cases(tf, tfmo):
 
         return fn
 
+    # packed (ragged) rays: 0..63 samples per ray, gaps between samples
+    counts = rng.integers(0, 64, 256)
+    rs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    n = int(rs[-1])
+    edges = np.cumsum(rng.uniform(0.01, 0.1, 2 * n))  # start_k = edges[2k], end_k = edges[2k+1]
+    base = np.concatenate([[0.0], edges])[2 * rs[:-1]]  # each ray starts at t = 2
+    edges = (2.0 + edges - np.repeat(base, counts).repeat(2)).astype(np.float32)
+    p_sigma = rng.gamma(1.0, 2.0, n).astype(np.float32)
+    p_rgb = rng.random((n, 3), dtype=np.float32)
+    p_w = rng.uniform(0.0, 0.05, n).astype(np.float32)
+
+    def render_packed(op):
+        def fn(sigma, rgb, ts, te, rs, bg):
+            with tf.GradientTape() as tape:
+                tape.watch([sigma, rgb, ts, te, bg])
+                out = op(sigma, rgb, ts, te, rs, bg)
+                loss = tf.reduce_sum(out[0] ** 2) + tf.reduce_sum(out[1]) + tf.reduce_sum(out[3] ** 2)
+            return [*out, *tape.gradient(loss, [sigma, rgb, ts, te, bg])]
+
+        return fn
+
+    def distortion_packed(op):
+        def fn(w, ts, te, rs):
+            with tf.GradientTape() as tape:
+                tape.watch([w, ts, te])
+                loss = op(w, ts, te, rs)
+            return [loss, *tape.gradient(loss, [w, ts, te])]
+
+        return fn
+
     def zero_out_ref(x):
         return [tf.concat([x[:1], tf.zeros_like(x[1:])], 0)]
 
@@ -78,6 +108,12 @@ def _cases(tf, tfmo):
                                       render(tfmo.volume_render_tf), 1e-4, 1e-5),
         "DistortionLoss (+ gradient)": ([w, t], distortion(tfmo.distortion_loss),
                                         distortion(tfmo.distortion_loss_tf), 1e-4, 1e-5),
+        "VolumeRenderPacked (+ gradient)": ([p_sigma, p_rgb, edges[0::2], edges[1::2], rs, bg],
+                                            render_packed(tfmo.volume_render_packed),
+                                            render_packed(tfmo.volume_render_packed_tf), 1e-4, 1e-5),
+        "DistortionLossPacked (+ gradient)": ([p_w, edges[0::2], edges[1::2], rs],
+                                              distortion_packed(tfmo.distortion_loss_packed),
+                                              distortion_packed(tfmo.distortion_loss_packed_tf), 1e-4, 1e-5),
     }
 
 
@@ -117,11 +153,11 @@ def run_checks(tf, tfmo, devices, out=print):
             cpu, cpu_t, placed = _run(tf, fn, inputs, "/CPU:0")
             ref_values, ref_t, _ = _run(tf, ref, inputs, "/CPU:0", repeats=1)
             bad = _agree(cpu, ref_values, rtol, atol)
-            out(f"  {name:30s} CPU  {cpu_t * 1e3:9.2f} ms/call  vs pure TF: {bad or 'agree'}")
+            out(f"  {name:34s} CPU  {cpu_t * 1e3:9.2f} ms/call  vs pure TF: {bad or 'agree'}")
             if bad:
                 failures.append(f"{name} on the CPU disagrees with pure TF: {bad}")
         except Exception as e:
-            out(f"  {name:30s} CPU  FAILED: {type(e).__name__}: {e}")
+            out(f"  {name:34s} CPU  FAILED: {type(e).__name__}: {e}")
             failures.append(f"{name} on the CPU: {type(e).__name__}: {e}")
             continue
         for device in devices:
@@ -131,11 +167,11 @@ def run_checks(tf, tfmo, devices, out=print):
                 where = ",".join(placed)
                 if not any(p.startswith("GPU") for p in placed):
                     bad = f"ran on {where}, not the GPU"
-                out(f"  {name:30s} {device} {gpu_t * 1e3:9.2f} ms/call  on {where}  vs CPU: {bad or 'agree'}")
+                out(f"  {name:34s} {device} {gpu_t * 1e3:9.2f} ms/call  on {where}  vs CPU: {bad or 'agree'}")
                 if bad:
                     failures.append(f"{name} on {device}: {bad}")
             except Exception as e:
-                out(f"  {name:30s} {device} FAILED: {type(e).__name__}: {e}")
+                out(f"  {name:34s} {device} FAILED: {type(e).__name__}: {e}")
                 failures.append(f"{name} on {device}: {type(e).__name__}: {e}")
     return failures
 

@@ -151,8 +151,11 @@ def _distortion_loss_packed_grad(op, g_loss):
 def _segments(row_splits, n):
     """Ray index of every sample [N], the number of rays R, and each sample's ray start [N]."""
     row_splits = tf.cast(tf.convert_to_tensor(row_splits), tf.int32)
-    seg = tf.searchsorted(row_splits, tf.range(n, dtype=tf.int32), side="right") - 1
-    return row_splits, seg, tf.shape(row_splits)[0] - 1
+    r = tf.shape(row_splits)[0] - 1
+    # seg[k] = #{r >= 1: row_splits[r] <= k}: ray ends scattered onto samples, then a cumsum (O(N + R); XLA compiles
+    # it, unlike searchsorted, which XLA lowers to an [N, R] comparison)
+    ends = tf.math.unsorted_segment_sum(tf.ones_like(row_splits[1:]), row_splits[1:], n + 1)[:n]
+    return row_splits, tf.cumsum(ends), r
 
 
 def _segment_exclusive_cumsum(x, row_splits, seg):

@@ -18,8 +18,8 @@ namespace {
 
 using tfmo::TensorRef;
 using tfmo::render::VrAttrs;
-using tfmo::render::VrCreate;
 using tfmo::render::VrDelete;
+using tfmo::render::VrpCreate;
 using tfmo::render::VrpDims;
 
 // Rays per work item: about 32K sample-channels, from the mean samples per ray.
@@ -301,7 +301,7 @@ void DlpGradCompute(void*, TF_OpKernelContext* ctx) {
 static const tfmo::OnLoad kRegister([] {
   tfmo::KernelSpec spec;
   spec.device = "CPU";
-  spec.create = &VrCreate;
+  spec.create = &VrpCreate;
   spec.destroy = &VrDelete;
   spec.op = TFMO_OP_VOLUME_RENDER_PACKED;
   spec.compute = &VrpCompute;

@@ -17,8 +17,8 @@ namespace {
 
 using tfmo::TensorRef;
 using tfmo::render::VrAttrs;
-using tfmo::render::VrCreate;
 using tfmo::render::VrDelete;
+using tfmo::render::VrpCreate;
 
 // The kernels index rays and samples with 32-bit uints, and compare samples with int32 row_splits.
 bool CheckDims(TF_OpKernelContext* ctx, const char* op, int64_t R, int64_t N, int64_t C) {
@@ -202,7 +202,7 @@ void DlpGradGpu(void*, TF_OpKernelContext* ctx) {
 const tfmo::OnLoad kRegister([] {
   tfmo::KernelSpec spec;
   spec.device = "GPU";
-  spec.create = &VrCreate;
+  spec.create = &VrpCreate;
   spec.destroy = &VrDelete;
   spec.op = TFMO_OP_VOLUME_RENDER_PACKED;
   spec.compute = &VrpGpu;

@@ -125,4 +125,14 @@ inline bool ValidateRowSplitsValues(TF_OpKernelContext* ctx, const char* op, con
   return true;
 }
 
+// Kernel state of VolumeRenderPacked(Grad) (CPU and GPU): the validated threshold attr (VrAttrs, deleted by VrDelete).
+inline void* VrpCreate(TF_OpKernelConstruction* c) {
+  auto* a = new VrAttrs;
+  if (!ReadThreshold(c, "volume_render_packed", &a->threshold)) {
+    delete a;
+    return nullptr;
+  }
+  return a;
+}
+
 }  // namespace tfmo::render
