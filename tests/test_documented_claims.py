@@ -184,7 +184,7 @@ def test_xla_inner_trains_with_finite_loss(tmp_path):
     same model: only the compilation of the parts around the custom ops differs)."""
     from test_nerf_train import run_train
 
-    common = ["--model", "hash", "--steps", "12", "--log2-table", "12", "--lr-decay", "1"]
+    common = ["--model", "hash", "--steps", "12", "--log2-table", "12", "--lr-decay", "1", "--sampler", "uniform"]
     inner = run_train(tmp_path / "inner", *common, "--xla-inner")
     plain = run_train(tmp_path / "plain", *common)
     losses = np.asarray(inner["train_losses"])

@@ -88,6 +88,12 @@ def test_hash_op_and_pure_tf_models_agree():
     np.testing.assert_allclose(a(o, d)["color"].numpy(), b(o, d)["color"].numpy(), atol=1e-4)
 
 
+# the occupancy sampler (the hash model's default) on the tiny scene: 8192 samples per step (~300 rays), a 32^3
+# grid updated every 4 steps after 8 warm-up steps
+OCCUPANCY_TINY = ["--sample-budget", "8192", "--grid-res", "32", "--grid-every", "4", "--grid-warmup", "8",
+                  "--step-size", "0.04"]
+
+
 def run_train(tmp_path, *extra, env_extra=None):
     """train.run in this process, with the scene cache in tmp_path."""
     import train  # examples/nerf/train.py
@@ -95,7 +101,8 @@ def run_train(tmp_path, *extra, env_extra=None):
     os.environ["TF_METAL_OPS_CACHE"] = str(tmp_path / "cache")
     try:
         return train.run(["--scene-res", "24", "--batch-rays", "256", "--samples", "16", "--eval-views", "1",
-                          "--final-views", "2", "--no-progress", "--out", str(tmp_path / "out"), *extra])
+                          "--final-views", "2", "--no-progress", "--out", str(tmp_path / "out"),
+                          *OCCUPANCY_TINY, *extra])
     finally:
         del os.environ["TF_METAL_OPS_CACHE"]
 
@@ -103,17 +110,24 @@ def run_train(tmp_path, *extra, env_extra=None):
 sys.path.insert(0, os.path.join(EXAMPLES, "nerf"))
 
 
-@pytest.mark.parametrize("model", ["hash", "mlp"])
+@pytest.mark.parametrize("model", ["hash", "hash-uniform", "mlp"])
 def test_train_end_to_end_outputs(tmp_path, model):
-    extra = ["--distortion", "0.001"] if model == "hash" else ["--jit", "off"]  # XLA compile time: not tested here
-    m = run_train(tmp_path, "--model", model, "--steps", "24", "--log2-table", "14", *extra)
+    extra = {"hash": ["--distortion", "0.001"],  # occupancy sampler: distortion_loss_packed
+             "hash-uniform": ["--distortion", "0.001", "--sampler", "uniform"],
+             "mlp": ["--jit", "off"]}[model]  # XLA compile time: not tested here
+    m = run_train(tmp_path, "--model", model.split("-")[0], "--steps", "24", "--log2-table", "14", *extra)
     out = tmp_path / "out"
     with open(out / "metrics.json") as f:
         saved = json.load(f)
     evals = saved["evals"]
     assert len(evals) >= 3
     for e in evals:
-        assert {"step", "train_seconds", "wall_seconds", "train_loss", "test_psnr"} <= set(e)
+        assert {"step", "train_seconds", "wall_seconds", "train_loss", "test_psnr", "samples_per_ray",
+                "rays_per_step", "occupied_fraction"} <= set(e)
+    assert len(saved["samples_per_ray"]) == len(saved["rays_per_step"]) == len(saved["train_losses"]) == 24
+    if model != "hash":  # the uniform sampler: fixed batches
+        assert set(saved["rays_per_step"]) == {256} and set(saved["samples_per_ray"]) == {16.0}
+        assert all(e["occupied_fraction"] is None for e in evals)
     assert [e["step"] for e in evals] == sorted(e["step"] for e in evals)
     assert saved["final"]["reload_max_abs_diff"] < 1e-6
     losses = saved["train_losses"]
@@ -129,9 +143,11 @@ def test_train_end_to_end_outputs(tmp_path, model):
     assert m["final"]["test_psnr"] == evals[-1]["test_psnr"]
 
 
-def test_hash_model_learns_the_scene(tmp_path):
+@pytest.mark.parametrize("sampler", ["occupancy", "uniform"])
+def test_hash_model_learns_the_scene(tmp_path, sampler):
     """A few hundred fast steps on a 24x24 built-in scene: well beyond the ~10 dB of a blank guess."""
-    m = run_train(tmp_path, "--model", "hash", "--steps", "150", "--log2-table", "14", "--batch-rays", "512")
+    m = run_train(tmp_path, "--model", "hash", "--steps", "150", "--log2-table", "14", "--batch-rays", "512",
+                  "--sample-budget", "8192", "--sampler", sampler)
     assert m["final"]["test_psnr"] > 17.0, m["evals"]
 
 
@@ -167,7 +183,7 @@ def test_mirrored_strategy_matches_single_device(tmp_path):
     same seed, same batches, no jitter → the same loss trajectory. (With Adam this checks that the replicas'
     gradients are combined and applied in sync; Adam is insensitive to a constant gradient scale.)"""
     common = ["--steps", "6", "--scene-res", "16", "--batch-rays", "256", "--samples", "16", "--log2-table", "12",
-              "--no-jitter", "--eval-views", "1", "--final-views", "1", "--no-progress"]
+              "--no-jitter", "--eval-views", "1", "--final-views", "1", "--no-progress", "--sampler", "uniform"]
     env = dict(os.environ, TF_METAL_OPS_CACHE=str(tmp_path / "cache"), TF_CPP_MIN_LOG_LEVEL="3")
     cmd = [sys.executable, os.path.join(EXAMPLES, "nerf", "train.py"), "--strategy", "mirrored", *common,
            "--out", str(tmp_path / "mirrored")]

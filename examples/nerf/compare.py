@@ -5,10 +5,13 @@
 
 Runs, one after another (each in its own process, so none inherits another's threads or compiled functions):
 
-* ``mlp``         — the keras.io-style positional-encoding MLP (XLA-compiled train step);
-* ``hash-op``     — the hash-grid model with the tf_metal_ops kernels (hash grid, volume_render);
-* ``hash-puretf`` — the same hash-grid model in pure TF (the package's pure-TF hash grid, plain-TF compositing)
-                    with an XLA-compiled train step: the strongest thing a user can write without the custom ops.
+* ``mlp``               — the keras.io-style positional-encoding MLP (XLA-compiled train step);
+* ``hash-op-occupancy`` — the hash-grid model with the tf_metal_ops kernels and the occupancy sampler (ray_march
+                          through an occupancy grid, volume_render_packed, batches of a fixed sample budget);
+* ``hash-op``           — the same model with the kernels and the uniform sampler (64 samples on each of 4096 rays);
+* ``hash-puretf``       — the same hash-grid model in pure TF (the package's pure-TF hash grid, plain-TF
+                          compositing, uniform sampler) with an XLA-compiled train step: the strongest thing a user can
+                          write without the custom ops.
 
 Writes ``OUT/<variant>/`` (each run's train.py outputs), ``OUT/compare.png`` (test PSNR vs training time) and
 ``OUT/compare.md`` + ``OUT/compare.json`` (final PSNR, PSNR at fractions of the budget, s/epoch, ms/step).
@@ -27,8 +30,9 @@ import sys
 
 VARIANTS = {
     "mlp": ["--model", "mlp"],
-    "hash-op": ["--model", "hash", "--impl", "op"],
-    "hash-puretf": ["--model", "hash", "--impl", "pure_tf"],
+    "hash-op-occupancy": ["--model", "hash", "--impl", "op", "--sampler", "occupancy"],
+    "hash-op": ["--model", "hash", "--impl", "op", "--sampler", "uniform"],
+    "hash-puretf": ["--model", "hash", "--impl", "pure_tf", "--sampler", "uniform"],
 }
 
 
@@ -43,6 +47,15 @@ def time_to_reach(evals, target):
     """Training seconds of the first evaluation with test PSNR ≥ ``target`` (None if none reaches it)."""
     hit = [e["train_seconds"] for e in evals if e["test_psnr"] >= target]
     return hit[0] if hit else None
+
+
+def final_samples_per_ray(metrics):
+    """Mean samples per ray over the last 10 % of a run's steps (None for runs that did not record them)."""
+    spr = metrics.get("samples_per_ray")
+    if not spr:
+        return None
+    tail = spr[-max(1, len(spr) // 10):]
+    return sum(tail) / len(tail)
 
 
 def main(argv=None):
@@ -116,19 +129,21 @@ def main(argv=None):
 
     fracs = (0.2, 0.5, 1.0)
     rows, table = [], {}
-    header = ("| variant | params | steps | epochs | s/epoch | ms/step | " +
+    header = ("| variant | params | steps | epochs | s/epoch | ms/step | samples/ray | " +
               " | ".join(f"PSNR @ {f * args.minutes:g} min" for f in fracs) + " |")
-    rows += [header, "|" + "---|" * (6 + len(fracs))]
+    rows += [header, "|" + "---|" * (7 + len(fracs))]
     for name, m in results.items():
         fm = m["final"]
         at = [psnr_at(m["evals"][:-1], f * budget, 2 * fm["seconds_per_step"]) if f < 1 else fm["test_psnr"]
               for f in fracs]
-        table[name] = dict(n_params=m["n_params"], steps=fm["steps"], epochs=fm["epochs"],
+        spr = final_samples_per_ray(m)
+        table[name] = dict(n_params=m["n_params"], steps=fm["steps"], epochs=fm["epochs"], samples_per_ray=spr,
                            seconds_per_epoch=fm["seconds_per_epoch"], ms_per_step=1000 * fm["seconds_per_step"],
                            final_test_psnr=fm["test_psnr"], final_eval_views=fm["eval_views"],
                            psnr_at={f"{f:g}": v for f, v in zip(fracs, at)}, **provenance[name])
         rows.append(f"| {name} | {m['n_params']:,} | {fm['steps']} | {fm['epochs']:.2f} | "
-                    f"{fm['seconds_per_epoch']:.1f} | {1000 * fm['seconds_per_step']:.0f} | " +
+                    f"{fm['seconds_per_epoch']:.1f} | {1000 * fm['seconds_per_step']:.0f} | "
+                    f"{'-' if spr is None else f'{spr:.1f}'} | " +
                     " | ".join("-" if v is None else f"{v:.2f}" for v in at) + " |")
     notes = []
     if "hash-op" in table and "mlp" in table:
@@ -145,6 +160,17 @@ def main(argv=None):
         reach = time_to_reach(results["hash-op"]["evals"], target)
         t["hash-op"]["seconds_to_puretf_final"] = reach
         notes.append(f"hash-op reaches hash-puretf's final {target:.2f} dB after "
+                     + (f"{reach / 60:.1f} min of training ({budget / reach:.1f}x sooner)" if reach else
+                        "- (not within the budget)"))
+    if "hash-op-occupancy" in table and "hash-op" in table:
+        t = table
+        occ, uni = t["hash-op-occupancy"], t["hash-op"]
+        notes.append(f"hash-op-occupancy vs hash-op (uniform sampler): {occ['final_test_psnr'] - uni['final_test_psnr']:+.2f}"
+                     f" dB; ms/step {occ['ms_per_step']:.0f} vs {uni['ms_per_step']:.0f}")
+        target = uni["final_test_psnr"]
+        reach = time_to_reach(results["hash-op-occupancy"]["evals"], target)
+        occ["seconds_to_uniform_final"] = reach
+        notes.append(f"hash-op-occupancy reaches hash-op's final {target:.2f} dB after "
                      + (f"{reach / 60:.1f} min of training ({budget / reach:.1f}x sooner)" if reach else
                         "- (not within the budget)"))
     notes += [f"{name}: reused from an earlier run (measured {p['measured']}; {p['command']}), not measured by this "

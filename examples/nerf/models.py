@@ -3,8 +3,11 @@ style hash-grid model.
 
 Both are ``keras.Model`` subclasses called as ``model(rays_o, rays_d, training=...)`` on a batch of rays
 (``[R, 3]`` origins and unit directions, see :mod:`nerf.data.rays`) and return a dict with ``color`` [R,3],
-``depth`` [R], ``opacity`` [R], ``weights`` [R,S] and the sample distances ``t`` [R,S]. Their constructor arguments
-are plain JSON values (``get_config``), so :func:`save_model`/:func:`load_model` store a config + weights file.
+``depth`` [R], ``opacity`` [R], ``weights`` [R,S] and the sample distances ``t`` [R,S] and ``edges`` [R,S+1].
+The hash model with ``sampler="occupancy"`` returns packed samples instead: ``weights`` [N], ``t_starts``,
+``t_ends`` [N], ``row_splits`` [R+1] and ``ray_indices`` [N] (the convention of ``tf_metal_ops.ray_march``).
+Their constructor arguments are plain JSON values (``get_config``), so :func:`save_model`/:func:`load_model` store a
+config + weights file (+ the occupancy grid's state).
 """
 
 from __future__ import annotations
@@ -97,6 +100,16 @@ def trunc_exp(x):
     return y, grad
 
 
+# Occupancy sampler: steps per box diagonal of the default step size (Instant-NGP: 1024 for its unit cube, sqrt(3)/1024;
+# coarser here, see the README's "Occupancy sampler" section for the measurement behind it).
+STEPS_PER_DIAGONAL = 256
+
+
+def default_step_size(bound: float) -> float:
+    """Default ray-marching step of the occupancy sampler for the box [-bound, bound]^3."""
+    return 2.0 * bound * math.sqrt(3.0) / STEPS_PER_DIAGONAL
+
+
 def ray_aabb(rays_o, rays_d, bound: float):
     """Entry/exit distances ``[R]`` of rays through the box ``[-bound, bound]^3`` (exit < entry: miss)."""
     inv = 1.0 / tf.where(tf.abs(rays_d) < 1e-9, tf.fill(tf.shape(rays_d), 1e-9), rays_d)
@@ -165,21 +178,47 @@ class HashNeRF(keras.Model):
     ``"pure_tf"``: the package's pure-TF hash grid + ``volume_render_tf`` (the same compositing math in plain TF ops)
     — everything XLA-compilable, the strongest model a user can write without the custom ops. With ``"op"`` and
     ``xla_inner`` the parts before and after the hash-grid op run as inner XLA-compiled functions.
+
+    ``sampler="occupancy"``: instead of ``n_samples`` stratified samples, ``tf_metal_ops.ray_march`` walks each ray
+    with a constant ``step_size`` through the occupied cells of ``self.grid`` (an ``OccupancyGrid`` of
+    ``grid_resolution``^3 cells over the scene box, at most ``max_samples`` per ray, jittered by a per-step seed
+    in training), the field runs on the packed samples' midpoints and ``volume_render_packed`` composites them.
+    The grid is the caller's to update (:meth:`update_grid`); its state is saved beside the weights.
+    ``early_stop`` > 0: a density-only pass without gradient first drops the samples behind the point where a ray's
+    transmittance falls below it (Instant-NGP compacts its samples that way).
     """
+
+    SAMPLERS = ("uniform", "occupancy")
 
     def __init__(self, n_levels=16, n_features_per_level=2, log2_hashmap_size=17, base_resolution=16,
                  finest_resolution=512, n_samples=64, near=2.0, far=6.0, bound=1.0, background=(1.0, 1.0, 1.0),
-                 implementation="op", hidden=64, xla_inner=False, jitter=True, **kwargs):
+                 implementation="op", hidden=64, xla_inner=False, jitter=True, sampler="uniform",
+                 grid_resolution=64, grid_warmup_steps=64, step_size=None, max_samples=1024, early_stop=0.0,
+                 **kwargs):
         super().__init__(**kwargs)
+        if sampler not in self.SAMPLERS:
+            raise ValueError(f"sampler must be one of {self.SAMPLERS}, got {sampler!r}")
         from tf_metal_ops.hash_grid.layer import HashGridEncoding
 
         per_level_scale = math.exp(math.log(finest_resolution / base_resolution) / max(n_levels - 1, 1))
-        self.cfg = dict(n_levels=n_levels, n_features_per_level=n_features_per_level,
-                        log2_hashmap_size=log2_hashmap_size, base_resolution=base_resolution,
-                        finest_resolution=finest_resolution, n_samples=n_samples, near=float(near), far=float(far),
-                        bound=float(bound), background=[float(b) for b in background],
-                        implementation=implementation, hidden=hidden, xla_inner=bool(xla_inner),
-                        jitter=bool(jitter))
+        cfg = dict(n_levels=n_levels, n_features_per_level=n_features_per_level,
+                   log2_hashmap_size=log2_hashmap_size, base_resolution=base_resolution,
+                   finest_resolution=finest_resolution, n_samples=n_samples, near=float(near), far=float(far),
+                   bound=float(bound), background=[float(b) for b in background],
+                   implementation=implementation, hidden=hidden, xla_inner=bool(xla_inner),
+                   jitter=bool(jitter), sampler=sampler)
+        if sampler == "occupancy":
+            cfg.update(grid_resolution=int(grid_resolution), grid_warmup_steps=int(grid_warmup_steps),
+                       step_size=float(default_step_size(bound) if step_size is None else step_size),
+                       max_samples=int(max_samples), early_stop=float(early_stop))
+        self.cfg = cfg
+        self.grid = None
+        if sampler == "occupancy":
+            from tf_metal_ops import OccupancyGrid
+
+            b = float(bound)
+            self.grid = OccupancyGrid(aabb=((-b, -b, -b), (b, b, b)), resolution=int(grid_resolution),
+                                      warmup_steps=int(grid_warmup_steps), name="occupancy_grid")
         self.encoding = HashGridEncoding(n_levels=n_levels, n_features_per_level=n_features_per_level,
                                          log2_hashmap_size=log2_hashmap_size, base_resolution=base_resolution,
                                          per_level_scale=per_level_scale, implementation=implementation,
@@ -204,23 +243,101 @@ class HashNeRF(keras.Model):
         sh = sh_encoding_deg4(rays_d)
         return t, edges, x, inside, sh
 
-    def _post(self, feat, inside, sh):
-        """Density MLP on the hash features, colour MLP on (geometry feature, SH(direction))."""
-        S = self.cfg["n_samples"]
+    def _field(self, feat, sh):
+        """Flat samples: hash features ``[M, L*F]`` and SH of their view direction ``[M, 16]`` → density ``[M]``,
+        colour ``[M, 3]`` (density MLP on the features; colour MLP on its 16 outputs + the SH)."""
         h = feat
         for layer in self.density_mlp:
             h = layer(h)
-        h = tf.reshape(h, [-1, S, 16])
-        sigma = trunc_exp(h[..., 0]) * inside
-        sh = tf.broadcast_to(sh[:, None, :], tf.concat([tf.shape(h)[:2], [16]], 0))
         c = tf.concat([h, sh], axis=-1)
         for layer in self.color_mlp:
             c = layer(c)
-        return sigma, tf.sigmoid(c)
+        return trunc_exp(h[:, 0]), tf.sigmoid(c)
+
+    def _post(self, feat, inside, sh):
+        """Uniform sampler: the field on ``[R*S]`` samples → density ``[R, S]`` (0 outside the box), colour."""
+        S = self.cfg["n_samples"]
+        R = tf.shape(sh)[0]
+        sh = tf.reshape(tf.broadcast_to(sh[:, None, :], [R, S, 16]), [-1, 16])
+        sigma, rgb = self._field(feat, sh)
+        return tf.reshape(sigma, [R, S]) * inside, tf.reshape(rgb, [R, S, 3])
+
+    def _normalise(self, pts):
+        """World positions → [0,1]^3 hash-grid coordinates of the box [-bound, bound]^3 (clipped)."""
+        return tf.clip_by_value((pts / self.cfg["bound"] + 1.0) * 0.5, 0.0, 1.0)
+
+    def density(self, pts):
+        """Density ``[M]`` at world positions ``[M, 3]`` (encoding + density MLP only; for the occupancy grid)."""
+        h = self.encoding(self._normalise(pts))
+        for layer in self.density_mlp:
+            h = layer(h)
+        return trunc_exp(h[:, 0])
+
+    def update_grid(self, step, seed, n_cells=None):
+        """One occupancy-grid update (tf.function-compatible). The grid stores the optical thickness of a step of
+        the box diagonal / 1024 (Instant-NGP's: its minimal step), so its threshold 0.01 means density > ~3 for the
+        box [-1,1]^3, independent of the marching step: space no training ray has shaped (density ~1 at
+        initialisation) counts as empty. ``n_cells``: random cells (plus as many occupied ones) per update after
+        warm-up (default G^3/4, Instant-NGP's)."""
+        G = self.cfg["grid_resolution"]
+        dt = 2.0 * math.sqrt(3.0) * self.cfg["bound"] / 1024
+        n = G ** 3 // 4 if n_cells is None else n_cells
+        return self.grid.update(lambda p: self.density(p) * dt, step=step, n_cells=n, seed=seed)
+
+    def march(self, rays_o, rays_d, training=False, jitter_seed=None):
+        """Packed samples of the occupancy sampler (a ``RayMarchResult``); jitter only in training."""
+        import tf_metal_ops
+
+        c = self.cfg
+        jitter = bool(training and c["jitter"])
+        seed = 0
+        if jitter and jitter_seed is not None:
+            js = tf.cast(jitter_seed, tf.int64)
+            seed = js[0] * 1000003 + js[1]
+        march = tf_metal_ops.ray_march if c["implementation"] == "op" else tf_metal_ops.ray_march_tf
+        return march(rays_o, rays_d, self.grid, near=c["near"], far=c["far"], step_size=c["step_size"],
+                     max_samples=c["max_samples"], jitter=jitter, seed=seed)
+
+    def _positions(self, rays_o, rays_d, m):
+        mid = 0.5 * (m.t_starts + m.t_ends)
+        return tf.gather(rays_o, m.ray_indices) + tf.gather(rays_d, m.ray_indices) * mid[:, None]
+
+    def _prune(self, rays_o, rays_d, m):
+        """Early ray termination (Instant-NGP's compaction): the density alone (no gradient) on every marched sample,
+        then only the samples whose transmittance is still above ``early_stop`` are kept."""
+        sigma = tf.stop_gradient(self.density(self._positions(rays_o, rays_d, m)))
+        tau = tf.cast(sigma * (m.t_ends - m.t_starts), tf.float64)
+        cs = tf.cumsum(tau, exclusive=True)  # float64: sums over the whole batch, differenced per ray
+        first = tf.gather(cs, tf.gather(m.row_splits, m.ray_indices))
+        keep = (cs - first) < -math.log(self.cfg["early_stop"])
+        rid = tf.boolean_mask(m.ray_indices, keep)
+        counts = tf.math.bincount(rid, minlength=tf.shape(rays_o)[0], dtype=tf.int32)
+        row_splits = tf.concat([[0], tf.cumsum(counts)], 0)
+        return type(m)(tf.boolean_mask(m.t_starts, keep), tf.boolean_mask(m.t_ends, keep), row_splits, rid)
+
+    def _call_packed(self, rays_o, rays_d, training, jitter_seed):
+        import tf_metal_ops
+
+        c = self.cfg
+        m = self.march(rays_o, rays_d, training, jitter_seed)
+        n_marched = tf.shape(m.t_starts)[0]
+        if c["early_stop"] > 0:
+            m = self._prune(rays_o, rays_d, m)
+        pts = self._positions(rays_o, rays_d, m)
+        sh = tf.gather(sh_encoding_deg4(rays_d), m.ray_indices)
+        sigma, rgb = self._field(self.encoding(self._normalise(pts)), sh)
+        render = (tf_metal_ops.volume_render_packed if c["implementation"] == "op"
+                  else tf_metal_ops.volume_render_packed_tf)
+        color, depth, opacity, weights = render(sigma, rgb, m.t_starts, m.t_ends, m.row_splits,
+                                                background=tf.constant(c["background"]))
+        return dict(color=color, depth=depth, opacity=opacity, weights=weights, t_starts=m.t_starts,
+                    t_ends=m.t_ends, row_splits=m.row_splits, ray_indices=m.ray_indices, n_marched=n_marched)
 
     def call(self, rays_o, rays_d, training=False, jitter_seed=None):
         """``jitter_seed``: optional int ``[2]`` tensor, the stateless seed of the sample jitter (see stratified_t)."""
         c = self.cfg
+        if c["sampler"] == "occupancy":
+            return self._call_packed(rays_o, rays_d, training, jitter_seed)
         op = c["implementation"] == "op"
         if op and c.get("xla_inner", False):
             # custom ops have no XLA kernel: compile the parts around them as separate inner XLA functions
@@ -264,7 +381,8 @@ def build_model(kind: str, **cfg) -> keras.Model:
 
 
 def save_model(model: keras.Model, directory: str) -> str:
-    """``directory/model.json`` (kind + config) and ``directory/model.weights.h5``."""
+    """``directory/model.json`` (kind + config), ``directory/model.weights.h5`` and, for the occupancy sampler,
+    ``directory/occupancy_grid.npz`` (the grid's density estimate, bitfield and update count)."""
     os.makedirs(directory, exist_ok=True)
     kind = {v: k for k, v in MODELS.items()}[type(model)]
     cfg = {k: v for k, v in model.get_config().items() if k in model.cfg}
@@ -272,6 +390,10 @@ def save_model(model: keras.Model, directory: str) -> str:
         json.dump({"kind": kind, "config": cfg}, f, indent=1)
     path = os.path.join(directory, "model.weights.h5")
     model.save_weights(path)
+    grid = getattr(model, "grid", None)
+    if grid is not None:
+        np.savez(os.path.join(directory, "occupancy_grid.npz"), density=grid.density.numpy(), bits=grid.bits.numpy(),
+                 step=grid.step.numpy())
     return path
 
 
@@ -280,33 +402,71 @@ def load_model(directory: str) -> keras.Model:
         meta = json.load(f)
     model = build_model(meta["kind"], **meta["config"])
     model.load_weights(os.path.join(directory, "model.weights.h5"))
+    grid = getattr(model, "grid", None)
+    if grid is not None:
+        with np.load(os.path.join(directory, "occupancy_grid.npz")) as z:
+            grid.density.assign(z["density"])
+            grid.bits.assign(z["bits"])
+            grid.step.assign(z["step"])
     return model
 
 
-def render_image(model, H, W, focal, c2w, chunk: int = 4096):
-    """Render a full view with a trained model → (rgb [H,W,3], depth [H,W], opacity [H,W]) numpy arrays."""
+def render_image(model, H, W, focal, c2w, chunk: int = 4096, max_chunk_samples: int = 2 ** 18):
+    """Render a full view with a trained model → (rgb [H,W,3], depth [H,W], opacity [H,W]) numpy arrays.
+
+    ``chunk`` rays per call; with the occupancy sampler (no jitter: deterministic samples) the rays are first
+    marched alone to count their samples, and a call takes as many consecutive rays (up to 16 × ``chunk``) as
+    fit in ``max_chunk_samples`` samples."""
     from nerf.data.rays import get_rays
 
     o, d = get_rays(H, W, focal, c2w)
     o, d = o.reshape(-1, 3), d.reshape(-1, 3)
     fn = _eval_fn(model)
-    outs = [fn(tf.constant(o[i:i + chunk]), tf.constant(d[i:i + chunk])) for i in range(0, len(o), chunk)]
+    bounds = list(range(0, len(o), chunk)) + [len(o)]
+    if getattr(model, "grid", None) is not None:
+        count = _count_fn(model)
+        counts = np.concatenate([count(tf.constant(o[i:i + chunk]), tf.constant(d[i:i + chunk])).numpy()
+                                 for i in range(0, len(o), chunk)])
+        cum = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        bounds, start = [0], 0
+        while start < len(o):
+            end = int(np.searchsorted(cum, cum[start] + max_chunk_samples, side="right")) - 1
+            start = min(max(end, start + 1), start + 16 * chunk, len(o))
+            bounds.append(start)
+    outs = [fn(tf.constant(o[a:b]), tf.constant(d[a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
     rgb = np.concatenate([x[0].numpy() for x in outs]).reshape(H, W, 3)
     depth = np.concatenate([x[1].numpy() for x in outs]).reshape(H, W)
     acc = np.concatenate([x[2].numpy() for x in outs]).reshape(H, W)
     return np.clip(rgb, 0, 1), depth, acc
 
 
+RAYS_SPEC = tf.TensorSpec([None, 3], tf.float32)
+
+
 def _eval_fn(model):
     fn = getattr(model, "_nerf_eval_fn", None)
     if fn is None:
-        # XLA for models without custom ops (they have no XLA kernel)
-        jit = not (isinstance(model, HashNeRF) and model.cfg["implementation"] == "op")
+        # XLA for models without custom ops (they have no XLA kernel) and without ragged samples
+        jit = not (isinstance(model, HashNeRF) and (model.cfg["implementation"] == "op"
+                                                    or model.cfg["sampler"] == "occupancy"))
 
-        @tf.function(reduce_retracing=True, jit_compile=jit)
+        @tf.function(input_signature=[RAYS_SPEC, RAYS_SPEC], jit_compile=jit)
         def fn(o, d):
             out = model(o, d, training=False)
             return out["color"], out["depth"], out["opacity"]
 
         model._nerf_eval_fn = fn
+    return fn
+
+
+def _count_fn(model):
+    """Samples per ray of the occupancy sampler at evaluation (no jitter) → int32 [R]."""
+    fn = getattr(model, "_nerf_count_fn", None)
+    if fn is None:
+        @tf.function(input_signature=[RAYS_SPEC, RAYS_SPEC])
+        def fn(o, d):
+            rs = model.march(o, d, training=False).row_splits
+            return rs[1:] - rs[:-1]
+
+        model._nerf_count_fn = fn
     return fn

@@ -12,6 +12,11 @@ PSNR), ``OUT/renders/*.png`` (ground truth | prediction), ``OUT/psnr.png`` (test
 Budgets (``--minutes``) count training time only (evaluations are excluded), so models with different evaluation
 costs get the same training time. An epoch is one pass over all training rays.
 
+The hash model samples rays with an occupancy grid by default (``--sampler occupancy``: ``tf_metal_ops.ray_march``
+through the occupied cells, ``volume_render_packed``); each step then takes as many rays as fill ``--sample-budget``
+samples, adapted from the samples per ray the previous step measured (Instant-NGP's scheme). ``--sampler uniform``
+is the fixed ``--samples`` per ray × ``--batch-rays`` rays of the MLP model.
+
 ``--strategy multiworker`` trains under ``tf.distribute.MultiWorkerMirroredStrategy`` with the cluster read from
 ``TF_CONFIG`` (``launch_local.py`` starts N such workers on this machine); ``--checkpoint-every`` saves
 ``OUT/checkpoints`` periodically and a re-run with the same ``--out`` resumes from the latest checkpoint.
@@ -57,8 +62,30 @@ def parse_args(argv=None):
                    help="every worker (chief included) writes its final weights to OUT/workers/rank-<r>.npz "
                         "(to check that the replicas stayed in sync)")
     # model
-    p.add_argument("--samples", type=int, default=None, help="samples per ray (default: mlp 32, hash 64)")
-    p.add_argument("--batch-rays", type=int, default=4096)
+    p.add_argument("--sampler", choices=("uniform", "occupancy"), default=None,
+                   help="uniform: --samples stratified samples per ray; occupancy: march through an occupancy grid "
+                        "(hash model only; default for --model hash --impl op with the default strategy)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="uniform sampler: samples per ray (default: mlp 32, hash 64)")
+    p.add_argument("--batch-rays", type=int, default=4096, help="uniform sampler: rays per step")
+    p.add_argument("--sample-budget", type=int, default=2 ** 15,
+                   help="occupancy sampler: samples per step (rays per step adapt to the measured samples per ray; "
+                        "2^15 trained fastest on 2 CPU cores, see the README; 2^18 equals the uniform sampler's "
+                        "4096 x 64)")
+    p.add_argument("--grid-res", type=int, default=64,
+                   help="occupancy sampler: grid cells per axis (64: on 2 CPU cores 128 costs more per step than its "
+                        "~7 %% fewer samples save, see the README)")
+    p.add_argument("--grid-every", type=int, default=16, help="occupancy sampler: steps between grid updates")
+    p.add_argument("--grid-warmup", type=int, default=64,
+                   help="occupancy sampler: steps during which every cell counts as occupied (and all cells are "
+                        "re-evaluated at each update)")
+    p.add_argument("--step-size", type=float, default=None,
+                   help="occupancy sampler: marching step (default: the box diagonal / "
+                        "nerf.models.STEPS_PER_DIAGONAL)")
+    p.add_argument("--max-samples", type=int, default=1024, help="occupancy sampler: samples per ray at most")
+    p.add_argument("--early-stop", type=float, default=0.0,
+                   help="occupancy sampler: drop the samples behind the point where a ray's transmittance is below "
+                        "this (a density-only pass without gradient first; 0: off)")
     p.add_argument("--levels", type=int, default=16)
     p.add_argument("--features", type=int, default=2, help="features per level")
     p.add_argument("--log2-table", type=int, default=17, help="log2 of the hash table size per level")
@@ -100,6 +127,25 @@ def parse_args(argv=None):
         args.minutes = 10.0
     if args.samples is None:
         args.samples = 32 if args.model == "mlp" else 64
+    if args.sampler is None:
+        args.sampler = ("occupancy" if args.model == "hash" and args.impl == "op" and args.strategy == "default"
+                        and not args.xla_inner else "uniform")
+    if args.sampler == "occupancy":
+        if args.model != "hash":
+            p.error("--sampler occupancy needs --model hash")
+        if args.strategy != "default":
+            p.error(f"--sampler occupancy is not supported with --strategy {args.strategy} (each replica would march "
+                    "its own ragged batch and the occupancy grid is not a synchronised variable); use --sampler "
+                    "uniform")
+        if args.xla_inner:
+            p.error("--xla-inner applies to the uniform sampler only")
+        if args.epochs is not None:
+            p.error("--epochs needs the uniform sampler (fixed batches); with --sampler occupancy use --minutes or "
+                    "--steps")
+        if args.sample_budget < 1024:
+            p.error(f"--sample-budget must be at least 1024, got {args.sample_budget}")
+        if args.grid_every < 1 or args.grid_res < 1 or args.max_samples < 1:
+            p.error("--grid-every, --grid-res and --max-samples must be positive")
     if args.lr is None:
         args.lr = 5e-4 if args.model == "mlp" else 1e-2
     if args.lr_decay is None:
@@ -154,7 +200,11 @@ def write_json_atomic(path, obj):
 # Arguments a resumed run must share with the run that wrote the checkpoint (weights shapes, data order, samples).
 RESUME_KEYS = ("data", "model", "impl", "samples", "batch_rays", "levels", "features", "log2_table", "base_res",
                "finest_res", "bound", "seed", "scene_seed", "scene_res", "scene_ss", "background", "downscale",
-               "no_jitter", "minutes", "epochs", "steps", "lr", "lr_table", "lr_decay", "distortion")
+               "no_jitter", "minutes", "epochs", "steps", "lr", "lr_table", "lr_decay", "distortion", "sampler",
+               "sample_budget", "grid_res", "grid_every", "grid_warmup", "step_size", "max_samples", "early_stop")
+
+# Occupancy sampler: rays per step stay in [MIN_RAYS, sample_budget // 2], multiples of RAY_GRANULARITY.
+MIN_RAYS, RAY_GRANULARITY = 64, 16
 
 
 class Trainer:
@@ -193,7 +243,10 @@ class Trainer:
             cfg = dict(common, n_levels=args.levels, n_features_per_level=args.features,
                        log2_hashmap_size=args.log2_table, base_resolution=args.base_res,
                        finest_resolution=args.finest_res, bound=bound, implementation=args.impl,
-                       xla_inner=args.xla_inner)
+                       xla_inner=args.xla_inner, sampler=args.sampler)
+            if args.sampler == "occupancy":
+                cfg.update(grid_resolution=args.grid_res, grid_warmup_steps=args.grid_warmup,
+                           step_size=args.step_size, max_samples=args.max_samples, early_stop=args.early_stop)
         with self.strategy.scope():
             keras.utils.set_random_seed(args.seed)
             self.model = models.build_model(args.model, **cfg)
@@ -221,11 +274,25 @@ class Trainer:
                      data_seed=self.state_seed)
         if self.opt_table is not None:
             parts["optimizer_table"] = self.opt_table
+        self.occupancy = args.sampler == "occupancy"
+        if self.occupancy:
+            # variable batches: the position in the ray stream (epoch * n_rays + offset) and the current ray count
+            # are state (a pure function of the measured samples per ray, not of the step number)
+            diag = 2.0 * math.sqrt(3.0) * self.model.cfg["bound"]
+            r0 = args.sample_budget * 2.0 * self.model.cfg["step_size"] / diag  # all cells occupied: ~diag/2 per ray
+            self.state_rays_pos = tf.Variable(0, dtype=tf.int64, trainable=False, name="rays_position")
+            self.state_rays = tf.Variable(self.clamp_rays(r0), dtype=tf.int64, trainable=False, name="rays_per_step")
+            parts.update(occupancy_grid=self.model.grid, rays_position=self.state_rays_pos,
+                         rays_per_step=self.state_rays)
+        self.last_rays, self.last_samples = args.batch_rays, args.batch_rays * args.samples
+        self.last_marched = self.last_samples
         self.ckpt = tf.train.Checkpoint(**parts)
         self._perm_epoch, self._perm = None, None
         self.lr_start = [(self.opt, args.lr)] + ([(self.opt_table, args.lr_table)] if self.opt_table else [])
         uses_custom_ops = args.model == "hash" and args.impl == "op"
-        self.jit = args.jit == "on" or (args.jit == "auto" and not uses_custom_ops)
+        if self.occupancy and args.jit == "on":
+            raise SystemExit("error: --jit on: the occupancy sampler's ragged batches do not compile with XLA")
+        self.jit = args.jit == "on" or (args.jit == "auto" and not uses_custom_ops and not self.occupancy)
         self._make_step()
 
     def _make_step(self):
@@ -240,50 +307,106 @@ class Trainer:
                 mse = tf.reduce_mean(tf.square(out["color"] - y))
                 loss = mse
                 if dist_w > 0:
-                    loss = loss + dist_w * tf.reduce_mean(distortion(out["weights"], out["edges"]))
+                    loss = loss + dist_w * tf.reduce_mean(distortion(out))
                 scaled = loss / n_rep
             varlist = self.mlp_vars + self.table_vars
             grads = tape.gradient(scaled, varlist)
             self.opt.apply_gradients(zip(grads[:len(self.mlp_vars)], self.mlp_vars))
             if self.table_vars:
                 self.opt_table.apply_gradients(zip(grads[len(self.mlp_vars):], self.table_vars))
-            return mse
+            n = tf.shape(out["weights"])[0] if "row_splits" in out else tf.size(out["weights"])
+            return mse, tf.cast(tf.stack([n, out.get("n_marched", n)]), tf.float32)
 
-        def distortion(w, t):
+        def distortion(out):
             import tf_metal_ops
 
-            return (tf_metal_ops.distortion_loss if args.impl == "op" else tf_metal_ops.distortion_loss_tf)(w, t)
+            op = args.impl == "op"
+            if "row_splits" in out:
+                fn = tf_metal_ops.distortion_loss_packed if op else tf_metal_ops.distortion_loss_packed_tf
+                return fn(out["weights"], out["t_starts"], out["t_ends"], out["row_splits"])
+            return (tf_metal_ops.distortion_loss if op else tf_metal_ops.distortion_loss_tf)(out["weights"], out["edges"])
 
         def step(idx, step_no, ctrl):
             """One synchronous step on the replicas' shares of the global batch. Returns [mean loss, *ctrl of
-            replica 0] on every worker: ``ctrl`` carries the chief's clock so all workers take the same
-            learning rate, stop and checkpoint decisions."""
+            replica 0, samples and marched samples of all replicas] on every worker: ``ctrl`` carries the chief's clock so all workers
+            take the same learning rate, stop and checkpoint decisions."""
 
             def per_replica(i, ctrl):
                 rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
                 seed = tf.stack([tf.constant(args.seed, tf.int64), step_no * 4096 + rid])  # sample jitter
-                mse = replica_step(tf.gather(self.rays_o, i), tf.gather(self.rays_d, i), tf.gather(self.rgb, i), seed)
+                mse, n = replica_step(tf.gather(self.rays_o, i), tf.gather(self.rays_d, i), tf.gather(self.rgb, i),
+                                      seed)
                 first = tf.cast(tf.equal(rid, 0), tf.float32)
-                return tf.concat([tf.reshape(mse / n_rep, [1]), ctrl * first], 0)
+                return tf.concat([tf.reshape(mse / n_rep, [1]), ctrl * first, n], 0)
 
             per = strategy.run(per_replica, args=(idx, ctrl))
             return strategy.reduce(tf.distribute.ReduceOp.SUM, per, axis=None)
 
-        self._step_fn = tf.function(step, jit_compile=self.jit if n_rep == 1 else None)
+        if n_rep == 1:
+            # one trace for every batch size (the occupancy sampler's ray count changes from step to step)
+            sig = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64), tf.TensorSpec([1], tf.float32)]
+            self._step_fn = tf.function(step, input_signature=sig, jit_compile=self.jit)
+        else:
+            self._step_fn = tf.function(step)
+        self._grid_fn = None
+        if self.occupancy:
+            @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
+            def update_grid(step_no):
+                return model.update_grid(step=step_no, seed=tf.constant(args.seed, tf.int64) * 1000003 + step_no)
+
+            self._grid_fn = update_grid
+
+    def clamp_rays(self, r):
+        b = self.args.sample_budget
+        hi = max(MIN_RAYS, b // 2 // RAY_GRANULARITY * RAY_GRANULARITY)
+        return int(min(max(round(r / RAY_GRANULARITY) * RAY_GRANULARITY, MIN_RAYS), hi, self.n_rays))
+
+    def trace_count(self):
+        """Traces of the train-step function so far (1 after the first step when nothing retraces)."""
+        return self._step_fn.experimental_get_tracing_count()
+
+    def epochs_done(self, step_no):
+        """Passes over the training rays after ``step_no`` steps."""
+        if self.occupancy:
+            return int(self.state_rays_pos.numpy()) / self.n_rays
+        return step_no * self.args.batch_rays / self.n_rays
 
     def step(self, step_no, ctrl=0.0):
         """Runs training step ``step_no`` (0-based) on its global batch; returns (loss, ctrl of the chief)."""
         tf = self.tf
-        idx = self.batch_indices(step_no)
+        if self.occupancy:
+            if step_no % self.args.grid_every == 0:
+                self._grid_fn(tf.constant(step_no, tf.int64))
+            idx = self.next_rays()
+        else:
+            idx = self.batch_indices(step_no)
         n_rep = self.strategy.num_replicas_in_sync
-        per = len(idx) // n_rep
+        n_rays = len(idx)
+        per = n_rays // n_rep
         if n_rep > 1:
             idx = self.strategy.experimental_distribute_values_from_function(
                 lambda ctx: tf.constant(idx[ctx.replica_id_in_sync_group * per:(ctx.replica_id_in_sync_group + 1) * per]))
         else:
-            idx = tf.constant(idx)
+            idx = tf.constant(idx, tf.int64)
         out = self._step_fn(idx, tf.constant(step_no, tf.int64), tf.constant([ctrl], tf.float32)).numpy()
+        self.last_rays, self.last_samples, self.last_marched = n_rays, float(out[2]), float(out[3])
+        if self.occupancy:  # Instant-NGP: scale the ray count by budget / measured samples
+            self.state_rays.assign(self.clamp_rays(
+                self.last_rays * self.args.sample_budget / max(self.last_samples, 1.0)))
         return float(out[0]), float(out[1])
+
+    def next_rays(self):
+        """Occupancy sampler: the next ``rays_per_step`` rays of the stream of epochs (each a permutation seeded by
+        (seed, epoch), its remainder dropped when the batch does not fit)."""
+        r = int(self.state_rays.numpy())
+        epoch, k = divmod(int(self.state_rays_pos.numpy()), self.n_rays)
+        if k + r > self.n_rays:
+            epoch, k = epoch + 1, 0
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([int(self.state_seed.numpy()), epoch]).permutation(self.n_rays)
+            self._perm_epoch = epoch
+        self.state_rays_pos.assign(epoch * self.n_rays + k + r)
+        return self._perm[k:k + r]
 
     def set_progress(self, fraction):
         """Learning rates for ``fraction`` ∈ [0, 1] of the budget: start · decay^fraction."""
@@ -450,8 +573,11 @@ def run(argv=None):
         os.makedirs(os.path.join(args.out, "renders"), exist_ok=True)
 
     tr = Trainer(args, ds, strategy=strategy, cluster=cluster)
+    sampling = (f"occupancy sampler ({args.grid_res}^3 grid, step {tr.model.cfg['step_size']:.4g}), "
+                f"{args.sample_budget} samples/step" if tr.occupancy else
+                f"{args.samples} samples/ray, {args.batch_rays} rays/step")
     print(f"model {args.model}{' (' + args.impl + ')' if args.model == 'hash' else ''}: {tr.n_params:,} parameters, "
-          f"{args.samples} samples/ray, {args.batch_rays} rays/step, "
+          f"{sampling}, "
           f"XLA train step: {tr.jit and tr.strategy.num_replicas_in_sync == 1}, "
           f"replicas: {tr.strategy.num_replicas_in_sync}"
           + (f", all-reduced per step: {tr.allreduce_bytes:,} bytes" if multi else ""), flush=True)
@@ -469,6 +595,7 @@ def run(argv=None):
         metrics["cluster"] = dict(workers=cluster.n_workers, addresses=list(cluster.addresses),
                                   allreduce_bytes_per_step=tr.allreduce_bytes)
     step, train_s, losses = 0, 0.0, []
+    spr, rps, mpr = [], [], []  # per step: samples per ray (trained), rays, samples per ray marched
     metrics_path = os.path.join(args.out, "metrics.json")
     if restored:
         step, train_s = int(tr.state_step.numpy()), float(tr.state_train_s.numpy())
@@ -478,6 +605,9 @@ def run(argv=None):
                 old = json.load(f)
             metrics["evals"] = [e for e in old.get("evals", []) if e["step"] <= step]
             losses = [float(v) for v in old.get("train_losses", [])][:step]
+            spr = [float(v) for v in old.get("samples_per_ray", [])][:step]
+            rps = [int(v) for v in old.get("rays_per_step", [])][:step]
+            mpr = [float(v) for v in old.get("marched_per_ray", [])][:step]
             metrics["resumed"] = old.get("resumed", [])
         metrics.setdefault("resumed", []).append(dict(step=step, train_seconds=train_s, checkpoint=restored))
     step0 = step
@@ -488,6 +618,9 @@ def run(argv=None):
     compile_s = time.perf_counter() - t0
     step += 1
     losses.append(loss)
+    spr.append(tr.last_samples / max(tr.last_rays, 1))
+    rps.append(tr.last_rays)
+    mpr.append(tr.last_marched / max(tr.last_rays, 1))
     sync_s = train_s  # the chief's training clock, as every worker sees it (lr schedule, budget, checkpoints)
     last_eval_s, last_eval_step = train_s, step0
     last_ckpt_s, last_ckpt_step = train_s, step0
@@ -503,29 +636,41 @@ def run(argv=None):
         test_psnr, preds = tr.evaluate(n_views)
         eval_s = time.perf_counter() - t
         tl = float(np.mean(losses[-50:])) if losses else loss
-        rec = dict(step=step, epoch=step / steps_per_epoch, train_seconds=round(train_s, 3),
+        since = max(step - last_eval_step, 1)  # the steps since the previous evaluation
+        rec = dict(step=step, epoch=tr.epochs_done(step), train_seconds=round(train_s, 3),
                    wall_seconds=round(time.perf_counter() - wall0, 3), train_loss=tl, train_psnr=psnr(tl),
                    test_psnr=test_psnr, eval_views=len(preds), eval_seconds=round(eval_s, 3),
                    lr=float(tr.opt.learning_rate.numpy()),
-                   lr_table=float(tr.opt_table.learning_rate.numpy()) if tr.opt_table else None)
+                   lr_table=float(tr.opt_table.learning_rate.numpy()) if tr.opt_table else None,
+                   samples_per_ray=float(np.mean(spr[-since:])), rays_per_step=float(np.mean(rps[-since:])),
+                   marched_per_ray=float(np.mean(mpr[-since:])),
+                   occupied_fraction=float(tr.model.grid.occupied_fraction().numpy()) if tr.occupancy else None)
         metrics["evals"].append(rec)
         iio.imwrite(os.path.join(args.out, "renders", f"step_{step:06d}.png"), side_by_side(ds.test.images[0], preds[0]))
         if final:
             for k, pr in enumerate(preds):
                 iio.imwrite(os.path.join(args.out, "renders", f"test_{k:03d}.png"), side_by_side(ds.test.images[k], pr))
         msg = (f"step {step} epoch {rec['epoch']:.2f} train {train_s:.0f}s: loss {tl:.5f} (train PSNR "
-               f"{rec['train_psnr']:.2f}) test PSNR {test_psnr:.2f} dB on {len(preds)} views")
+               f"{rec['train_psnr']:.2f}) test PSNR {test_psnr:.2f} dB on {len(preds)} views; "
+               f"{rec['samples_per_ray']:.1f} samples/ray, {rec['rays_per_step']:.0f} rays/step"
+               + (f", occupied {100 * rec['occupied_fraction']:.1f} %" if tr.occupancy else ""))
         print(msg, flush=True) if args.no_progress else bar.write(msg)
-        metrics["train_losses"] = [float(v) for v in losses]
+        save_series()
         write_json_atomic(metrics_path, metrics)
         return rec
+
+    def save_series():
+        metrics["train_losses"] = [float(v) for v in losses]
+        metrics["samples_per_ray"] = [round(float(v), 3) for v in spr]
+        metrics["rays_per_step"] = [int(v) for v in rps]
+        metrics["marched_per_ray"] = [round(float(v), 3) for v in mpr]
 
     def checkpoint():
         nonlocal last_ckpt_s, last_ckpt_step
         path = tr.save_checkpoint(step, train_s)
         last_ckpt_s, last_ckpt_step = sync_s, step
         if is_chief:
-            metrics["train_losses"] = [float(v) for v in losses]
+            save_series()
             write_json_atomic(metrics_path, metrics)
             msg = f"checkpoint {path} (step {step}, {train_s:.1f} s of training)"
             print(msg, flush=True) if args.no_progress else bar.write(msg)
@@ -542,14 +687,17 @@ def run(argv=None):
         # all workers stop/checkpoint on the chief's clock (its time before this step: one step behind)
         sync_s = chief_s if multi else train_s
         losses.append(loss)
+        spr.append(tr.last_samples / max(tr.last_rays, 1))
+        rps.append(tr.last_rays)
+        mpr.append(tr.last_marched / max(tr.last_rays, 1))
         step += 1
         if not math.isfinite(loss):
             print(f"error: the loss became {loss} at step {step}", file=sys.stderr)
             raise SystemExit(1)
         if step % 10 == 0 or max_steps:
             tl = float(np.mean(losses[-50:]))
-            bar.set_postfix(loss=f"{tl:.4f}", psnr=f"{psnr(tl):.2f}", epoch=f"{step / steps_per_epoch:.2f}",
-                            refresh=False)
+            bar.set_postfix(loss=f"{tl:.4f}", psnr=f"{psnr(tl):.2f}", epoch=f"{tr.epochs_done(step):.2f}",
+                            spr=f"{np.mean(spr[-10:]):.1f}", rays=rps[-1], refresh=False)
             if max_steps:
                 bar.update(step - bar.n)
             else:
@@ -582,13 +730,26 @@ def run(argv=None):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6, 6), sharex=True, gridspec_kw=dict(height_ratios=(2, 1)))
     ev = metrics["evals"]
-    ax.plot([e["train_seconds"] / 60 for e in ev], [e["test_psnr"] for e in ev], "o-", label="test PSNR")
-    ax.plot([e["train_seconds"] / 60 for e in ev], [e["train_psnr"] for e in ev], "--", alpha=0.6, label="train PSNR")
-    ax.set(xlabel="training time (min)", ylabel="PSNR (dB)", title=f"NeRF {args.model} on {ds.name}")
+    minutes = [e["train_seconds"] / 60 for e in ev]
+    ax.plot(minutes, [e["test_psnr"] for e in ev], "o-", label="test PSNR")
+    ax.plot(minutes, [e["train_psnr"] for e in ev], "--", alpha=0.6, label="train PSNR")
+    ax.set(ylabel="PSNR (dB)", title=f"NeRF {args.model} ({args.sampler} sampler) on {ds.name}")
     ax.grid(alpha=0.3)
     ax.legend()
+    # samples per ray (mean over the steps before each evaluation) and, occupancy sampler, the grid's occupied part
+    ax2.plot(minutes, [e.get("samples_per_ray") for e in ev], "o-", color="C2", label="samples / ray")
+    if any(e.get("marched_per_ray") != e.get("samples_per_ray") for e in ev):  # --early-stop: before compaction
+        ax2.plot(minutes, [e.get("marched_per_ray") for e in ev], ".:", color="C2", alpha=0.6, label="marched / ray")
+    ax2.set(xlabel="training time (min)", ylabel="samples / ray")
+    ax2.grid(alpha=0.3)
+    if tr.occupancy:
+        ax3 = ax2.twinx()
+        ax3.plot(minutes, [100 * e["occupied_fraction"] for e in ev], "s--", color="C3", alpha=0.7,
+                 label="occupied cells (%)")
+        ax3.set_ylabel("occupied cells (%)")
+        ax2.legend(handles=ax2.get_lines() + ax3.get_lines(), loc="upper right")
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "psnr.png"), dpi=100)
     plt.close(fig)
@@ -604,14 +765,17 @@ def run(argv=None):
     rgb_b, depth, _ = models.render_image(reloaded, ds.H, ds.W, ds.focal, novel)
     reload_diff = float(np.max(np.abs(rgb_a - rgb_b)))
     iio.imwrite(os.path.join(args.out, "renders", "novel_view.png"), (rgb_b * 255).round().astype(np.uint8))
-    epochs = step / steps_per_epoch
-    metrics["train_losses"] = [float(v) for v in losses]
+    epochs = tr.epochs_done(step)
+    save_series()
     timed = max(step - step0 - 1, 1)  # steps inside train_s in this process (the first one compiled)
     metrics["final"] = dict(final, steps=step, epochs=epochs, train_seconds=train_s, compile_seconds=compile_s,
-                            seconds_per_epoch=train_s / max(epochs - 1 / steps_per_epoch, 1e-9),
+                            seconds_per_epoch=train_s / max(epochs * (step - 1) / step, 1e-9),
                             seconds_per_step=(train_s - (metrics["resumed"][-1]["train_seconds"] if restored else 0.0))
                             / timed,
                             total_seconds=time.perf_counter() - t_start, reload_max_abs_diff=reload_diff)
+    if tr.occupancy:
+        metrics["final"]["trace_count"] = tr.trace_count()
+        metrics["final"]["samples_per_ray_last_100"] = float(np.mean(spr[-100:]))
     write_json_atomic(metrics_path, metrics)
     fm = metrics["final"]
     print(f"done: test PSNR {fm['test_psnr']:.2f} dB ({fm['eval_views']} views) after {fm['steps']} steps = "

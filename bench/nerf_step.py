@@ -1,0 +1,258 @@
+"""Breakdown of one NeRF training step (examples/nerf, hash model with the ops) at an equal sample budget, for the
+uniform sampler (4096 rays x 64 samples = 2^18) and the occupancy sampler (as many rays as give 2^18 samples).
+
+Every piece is timed alone in its own tf.function on inputs computed beforehand (forward + backward where training
+differentiates it), then the whole train step of examples/nerf/train.py (Trainer._step_fn) on the same batch size:
+  sampling   uniform: stratified t, positions, SH of the directions; occupancy: ray_march + gathers of positions
+             and SH per sample
+  encoding   hash-grid encoding forward + backward (gradient w.r.t. the table) on the N sample positions
+  mlps       density + colour MLPs forward + backward (weights and the encoding's output)
+  rendering  volume_render / volume_render_packed forward + backward
+  optimiser  the two Adam updates (MLPs, table) with given gradients
+  grid       occupancy sampler: one grid update / 16 (its share of a step, updated every 16 steps)
+  step       the whole training step (pieces overlap and fuse, so the sum differs)
+Medians of --repeats runs after warm-up, in one process (ratios between the samplers are what to read; the machine
+may be shared: the load average is printed).
+
+The occupancy numbers need a converged grid: --run DIR takes the weights and grid of a train.py output folder
+(DIR/model, trained with the occupancy sampler), e.g. after `python examples/nerf/train.py --quick --out DIR`.
+
+    python bench/nerf_step.py --run runs/quick [--repeats 7] [--json OUT]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+sys.path.insert(0, os.path.join(HERE, "..", "examples", "nerf"))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def median_ms(fn, repeats, warmup=2):
+    for _ in range(warmup):
+        _sync(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _sync(fn())
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _sync(x):
+    for v in tf.nest.flatten(x):
+        v.numpy()
+
+
+def make_trainer(train, run_dir, sampler, budget, extra=()):
+    from nerf.data import load_dataset
+
+    with open(os.path.join(run_dir, "metrics.json")) as f:
+        cfg = json.load(f)["config"]
+    argv = ["--sampler", sampler, "--sample-budget", str(budget), "--steps", "1", "--out", os.path.join(run_dir, "bench"),
+            "--grid-res", str(cfg["grid_res"]), "--log2-table", str(cfg["log2_table"]), *extra]
+    if cfg.get("step_size") is not None:
+        argv += ["--step-size", str(cfg["step_size"])]
+    args = train.parse_args(argv)
+    ds = load_dataset("builtin", background=args.background_rgb, seed=cfg["scene_seed"], H=cfg["scene_res"],
+                      W=cfg["scene_res"])
+    tr = train.Trainer(args, ds)
+    from nerf import models
+
+    trained = models.load_model(os.path.join(run_dir, "model"))
+    tr.model.set_weights(trained.get_weights())
+    if tr.model.grid is not None:
+        for a, b in ((tr.model.grid.density, trained.grid.density), (tr.model.grid.bits, trained.grid.bits),
+                     (tr.model.grid.step, trained.grid.step)):
+            a.assign(b)
+    return tr, ds
+
+
+def breakdown(tr, rays, repeats):
+    """ms per piece for a batch of ray indices ``rays``; returns (dict, samples)."""
+    import tf_metal_ops
+
+    from nerf.models import sh_encoding_deg4
+
+    model = tr.model
+    o, d = tf.gather(tr.rays_o, rays), tf.gather(tr.rays_d, rays)
+    seed = tf.constant([0, 12345], tf.int64)
+    occ = model.cfg["sampler"] == "occupancy"
+    bg = tf.constant(model.cfg["background"])
+
+    if occ:
+        @tf.function
+        def sampling(o, d):
+            m = model.march(o, d, True, seed)
+            if model.cfg["early_stop"] > 0:
+                m = model._prune(o, d, m)
+            x = model._normalise(model._positions(o, d, m))
+            return x, tf.gather(sh_encoding_deg4(d), m.ray_indices), m
+    else:
+        @tf.function
+        def sampling(o, d):
+            t, edges, x, inside, sh = model._pre(o, d, True, seed)
+            return x, sh, (t, edges, inside)
+
+    x, sh, extra = sampling(o, d)
+    n = int(x.shape[0])
+    table = model.encoding.table
+    feat = model.encoding(x)
+    g_feat = tf.random.normal(feat.shape, seed=1)
+
+    @tf.function
+    def encoding(x):
+        with tf.GradientTape() as tape:
+            f = model.encoding(x)
+        return tape.gradient(f, table, output_gradients=g_feat)
+
+    mlp_vars = tr.mlp_vars
+
+    if occ:
+        def field(feat):
+            return model._field(feat, sh)
+    else:
+        def field(feat):
+            return model._post(feat, extra[2], sh)
+
+    sigma, rgb = field(feat)
+    g_sigma, g_rgb = tf.random.normal(sigma.shape, seed=2), tf.random.normal(rgb.shape, seed=3)
+
+    @tf.function
+    def mlps(feat):
+        with tf.GradientTape() as tape:
+            tape.watch(feat)
+            s, c = field(feat)
+        return tape.gradient([s, c], mlp_vars + [feat], output_gradients=[g_sigma, g_rgb])
+
+    if occ:
+        m = extra
+
+        def render(s, c):
+            return tf_metal_ops.volume_render_packed(s, c, m.t_starts, m.t_ends, m.row_splits, background=bg).color
+    else:
+        def render(s, c):
+            return tf_metal_ops.volume_render(s, c, extra[1], background=bg).color
+
+    g_color = tf.random.normal([len(rays), 3], seed=4)
+
+    @tf.function
+    def rendering(s, c):
+        with tf.GradientTape() as tape:
+            tape.watch([s, c])
+            col = render(s, c)
+        return tape.gradient(col, [s, c], output_gradients=g_color)
+
+    import keras
+
+    shadow_mlp = [tf.Variable(v) for v in mlp_vars]
+    shadow_table = [tf.Variable(v) for v in tr.table_vars]
+    opt, opt_t = keras.optimizers.Adam(1e-2, beta_2=0.99, epsilon=1e-15), keras.optimizers.Adam(3e-2, beta_2=0.99,
+                                                                                                   epsilon=1e-15)
+    opt.build(shadow_mlp)
+    opt_t.build(shadow_table)
+    grads_mlp = [tf.random.normal(v.shape, stddev=1e-3) for v in shadow_mlp]
+    grads_t = [tf.random.normal(v.shape, stddev=1e-3) for v in shadow_table]
+
+    @tf.function
+    def optimiser():
+        opt.apply_gradients(zip(grads_mlp, shadow_mlp))
+        opt_t.apply_gradients(zip(grads_t, shadow_table))
+        return tf.constant(0)
+
+    ms = dict(sampling=median_ms(lambda: sampling(o, d)[0], repeats),
+              encoding=median_ms(lambda: encoding(x), repeats),
+              mlps=median_ms(lambda: mlps(feat), repeats),
+              rendering=median_ms(lambda: rendering(sigma, rgb), repeats),
+              optimiser=median_ms(optimiser, repeats))
+    if occ:
+        step_no = tf.constant(10 ** 6, tf.int64)  # after warm-up: G^3/4 random + G^3/4 occupied cells
+        ms["grid"] = median_ms(lambda: tr._grid_fn(step_no), max(3, repeats // 2)) / tr.args.grid_every
+    idx = tf.constant(np.asarray(rays, np.int64))
+    ctrl = tf.constant([0.0])
+
+    def whole():
+        return tr._step_fn(idx, tf.constant(1, tf.int64), ctrl)
+
+    ms["step"] = median_ms(whole, repeats)
+    if occ:
+        ms["step + grid share"] = ms["step"] + ms["grid"]
+    return ms, n
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", required=True, help="a train.py output folder trained with the occupancy sampler")
+    p.add_argument("--budget", type=int, default=2 ** 18, help="samples per step")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--early-stop", type=float, default=None, help="override the run's --early-stop")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    import train
+
+    load = os.getloadavg()
+    print(f"# NeRF train-step breakdown; CPU: {cpu_model()}, {os.cpu_count()} logical cores, TF {tf.__version__}; "
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    with open(os.path.join(args.run, "metrics.json")) as f:
+        early = json.load(f)["config"].get("early_stop", 0.0) if args.early_stop is None else args.early_stop
+    results = {}
+    rng = np.random.default_rng(0)
+    tr_u, _ = make_trainer(train, args.run, "uniform", args.budget)
+    rays_u = rng.permutation(tr_u.n_rays)[:args.budget // tr_u.args.samples]
+    results["uniform"], n_u = breakdown(tr_u, rays_u, args.repeats)
+    results["uniform"].update(rays=len(rays_u), samples=n_u, samples_per_ray=n_u / len(rays_u))
+    del tr_u
+    tr_o, _ = make_trainer(train, args.run, "occupancy", args.budget, ["--early-stop", str(early)])
+    # rays for the budget: scale a probe batch by budget / measured samples (as training does), twice
+    r = 4096
+    for _ in range(3):
+        rays_o = rng.permutation(tr_o.n_rays)[:r]
+        m = tr_o.model.march(tf.gather(tr_o.rays_o, rays_o), tf.gather(tr_o.rays_d, rays_o), True,
+                             tf.constant([0, 12345], tf.int64))
+        if early > 0:
+            m = tr_o.model._prune(tf.gather(tr_o.rays_o, rays_o), tf.gather(tr_o.rays_d, rays_o), m)
+        r = tr_o.clamp_rays(r * args.budget / max(int(m.t_starts.shape[0]), 1))
+    rays_o = rng.permutation(tr_o.n_rays)[:r]
+    results["occupancy"], n_o = breakdown(tr_o, rays_o, args.repeats)
+    results["occupancy"].update(rays=len(rays_o), samples=n_o, samples_per_ray=n_o / len(rays_o),
+                                occupied_fraction=float(tr_o.model.grid.occupied_fraction()), early_stop=early)
+    keys = ["sampling", "encoding", "mlps", "rendering", "optimiser", "grid", "step", "step + grid share"]
+    print(f"| piece (ms) | uniform ({results['uniform']['rays']} rays x {results['uniform']['samples_per_ray']:.0f}) | "
+          f"occupancy ({results['occupancy']['rays']} rays, {results['occupancy']['samples']} samples, "
+          f"{results['occupancy']['samples_per_ray']:.1f}/ray) |")
+    print("|---|---|---|")
+    for k in keys:
+        u, o = results["uniform"].get(k), results["occupancy"].get(k)
+        print(f"| {k} | {'-' if u is None else f'{u:.1f}'} | {'-' if o is None else f'{o:.1f}'} |")
+    ratio = results["occupancy"]["step + grid share"] / results["uniform"]["step"]
+    print(f"occupancy step (with its grid share) / uniform step at {args.budget} samples: {ratio:.2f}; "
+          f"occupied cells {100 * results['occupancy']['occupied_fraction']:.1f} %")
+    load = os.getloadavg()
+    print(f"# load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(cpu=cpu_model(), load=load, budget=args.budget, results=results), f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()
