@@ -1,11 +1,13 @@
 // CPU kernel of RayMarch (semantics: csrc/ops/ray_march_op.cc; math: csrc/shared/ray_march_math.h).
-// Three passes, each split over the project pool: count the samples of every ray, prefix-sum the counts into
-// row_splits (fixed parts, so the split does not depend on the thread count; integer sums are exact anyway),
-// then march every ray again writing its samples at row_splits[r]. Each ray's march is serial and depends only on
+// Builds the occupancy mip from the bitfield, then marches every ray once, in fixed chunks of consecutive rays
+// (split over the project pool; the chunking does not depend on the thread count), each chunk writing its samples
+// in ray order into its own buffer. A prefix sum of the per-ray counts gives row_splits, and each chunk's samples
+// are then one contiguous run of the outputs, copied in parallel. Each ray's march is serial and depends only on
 // its own inputs (a thread interleaves the steps of kLanes rays, which changes nothing per ray), so the outputs are
 // bitwise independent of the thread count.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common/op_names.h"
@@ -19,16 +21,18 @@ namespace {
 using tfmo::TensorRef;
 
 constexpr int64_t kRayGrain = 256;
+constexpr int64_t kChunkRays = 1024;  // rays per march chunk (a unit of work and of sample buffering)
 
 // Marches rays [r0, r0 + n) (n <= kLanes) in lockstep: one step of every unfinished ray per round, so the
 // independent dependency chains (bitfield load -> branch -> next t) of several rays overlap in the CPU. Each ray's
-// steps are exactly those of a lone march, so results do not depend on the grouping. Calls emit(r, k, t0, t1) for
-// the k-th sample of ray r and stores the sample counts in counts[0..n).
+// steps are exactly those of a lone march, so results do not depend on the grouping. Calls emit(i, t0, t1) for
+// each sample of ray r0 + i, in order per ray, and stores the sample counts in counts[0..n).
 constexpr int kLanes = 4;
 
 template <class Emit>
 void MarchRays(const RmParams& p, const float* o, const float* d, const float* near_t, const float* far_t,
-               int64_t r0, int n, const unsigned char* bits, int64_t* counts, Emit&& emit) {
+               int64_t r0, int n, const unsigned char* bits, const unsigned char* mip, int64_t* counts,
+               Emit&& emit) {
   RmRay s[kLanes];
   uint k[kLanes] = {0, 0, 0, 0};
   bool live[kLanes] = {false, false, false, false};
@@ -48,16 +52,34 @@ void MarchRays(const RmParams& p, const float* o, const float* d, const float* n
         continue;
       }
       if (rm_bit(bits[s[i].cell >> 3], s[i].cell)) {
-        emit(r0 + i, k[i], s[i].t, s[i].t1);
+        emit(i, s[i].t, s[i].t1);
         ++k[i];
         rm_accept(&s[i]);
       } else {
-        rm_skip(p, &s[i]);
+        rm_skip(p, rm_empty_level(p, mip, &s[i]), &s[i]);
       }
     }
   }
   for (int i = 0; i < n; ++i) counts[i] = k[i];
 }
+
+// Levels 1 .. L of the occupancy mip (layout: RmParams.mip_offset), each pooled from the one below.
+void BuildMip(const RmParams& p, const unsigned char* bits, unsigned char* mip) {
+  for (uint m = 1; m <= p.mip_levels; ++m) {
+    const unsigned char* src = m == 1 ? bits : mip + p.mip_offset[m - 2];
+    const uint gs = rm_mip_res(p.G, m - 1), gm = rm_mip_res(p.G, m);
+    unsigned char* dst = mip + p.mip_offset[m - 1];
+    const int64_t n = (static_cast<int64_t>(gm) * gm * gm + 7) / 8;
+    tfmo::ParallelFor(n, 1024, [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) dst[j] = static_cast<unsigned char>(rm_mip_byte(src, gs, gm, uint(j)));
+    });
+  }
+}
+
+// Samples of one chunk of rays, in ray order.
+struct ChunkSamples {
+  std::vector<float> t0, t1;
+};
 
 bool RayInvalid(const float* o, const float* d, float near_t, float far_t) {
   bool finite = true;
@@ -115,25 +137,39 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
   const float* far_t = in[3].data<float>();
   const unsigned char* bits = in[4].data<unsigned char>();
 
-  std::vector<int64_t> counts(R, 0);
   tfmo::FirstIndex bad;
   tfmo::ParallelFor(R, kRayGrain, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       if (RayInvalid(o + 3 * r, d + 3 * r, near_t[r], far_t[r])) bad.Note(r);
   });
-  if (bad.get() < 0) {
-    tfmo::ParallelFor(R, kRayGrain, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; r += kLanes) {
-        const int n = static_cast<int>(std::min<int64_t>(kLanes, r1 - r));
-        MarchRays(p, o, d, near_t, far_t, r, n, bits, &counts[r], [](int64_t, uint, float, float) {});
-      }
-    });
-  }
   if (bad.get() >= 0) {
     const int64_t r = bad.get();
     FailBadRay(ctx, r, o + 3 * r, d + 3 * r, near_t[r], far_t[r]);
     return;
   }
+  std::vector<unsigned char> mip(p.mip_bytes, 0);
+  BuildMip(p, bits, mip.data());
+
+  std::vector<int64_t> counts(R, 0);
+  const int64_t n_chunks = (R + kChunkRays - 1) / kChunkRays;
+  std::vector<ChunkSamples> chunks(n_chunks);
+  tfmo::ParallelParts(n_chunks, [&](int64_t q) {
+    ChunkSamples& ch = chunks[q];
+    std::vector<float> lane_t0[kLanes], lane_t1[kLanes];
+    for (int64_t r = q * kChunkRays, r1 = std::min(R, r + kChunkRays); r < r1; r += kLanes) {
+      const int n = static_cast<int>(std::min<int64_t>(kLanes, r1 - r));
+      MarchRays(p, o, d, near_t, far_t, r, n, bits, mip.data(), &counts[r], [&](int i, float t0, float t1) {
+        lane_t0[i].push_back(t0);
+        lane_t1[i].push_back(t1);
+      });
+      for (int i = 0; i < n; ++i) {
+        ch.t0.insert(ch.t0.end(), lane_t0[i].begin(), lane_t0[i].end());
+        ch.t1.insert(ch.t1.end(), lane_t1[i].begin(), lane_t1[i].end());
+        lane_t0[i].clear();
+        lane_t1[i].clear();
+      }
+    }
+  });
   std::vector<int64_t> splits;
   const int64_t N = PrefixSum(counts, &splits);
   if (N > INT32_MAX) {
@@ -154,17 +190,16 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
   float* ts = t_starts.data<float>();
   float* te = t_ends.data<float>();
   int32_t* ri = ray_indices.data<int32_t>();
-  tfmo::ParallelFor(R, kRayGrain, [&](int64_t r0, int64_t r1) {
-    int64_t scratch[kLanes];
-    for (int64_t r = r0; r < r1; r += kLanes) {
-      const int n = static_cast<int>(std::min<int64_t>(kLanes, r1 - r));
-      MarchRays(p, o, d, near_t, far_t, r, n, bits, scratch, [&](int64_t ray, uint k, float t0, float t1) {
-        const int64_t at = splits[ray] + k;
-        ts[at] = t0;
-        te[at] = t1;
-        ri[at] = static_cast<int32_t>(ray);
-      });
+  tfmo::ParallelParts(n_chunks, [&](int64_t q) {
+    const int64_t r0 = q * kChunkRays, r1 = std::min(R, r0 + kChunkRays);
+    const ChunkSamples& ch = chunks[q];
+    const int64_t at = splits[r0], n = static_cast<int64_t>(ch.t0.size());  // = splits[r1] - at
+    if (n > 0) {
+      std::memcpy(ts + at, ch.t0.data(), sizeof(float) * n);
+      std::memcpy(te + at, ch.t1.data(), sizeof(float) * n);
     }
+    for (int64_t r = r0; r < r1; ++r)
+      std::fill(ri + splits[r], ri + splits[r + 1], static_cast<int32_t>(r));
   });
 }
 

@@ -124,6 +124,7 @@ inline bool Validate(TF_OpKernelContext* ctx, const Attrs& a, const TensorRef* i
   q.cone_angle = a.cone_angle;
   q.max_step = std::fmax(a.step_size, 1.7320508f * max_cs);
   q.max_skips = kRmMaxSkipsPerCell * q.G + kRmMaxSkipsExtra;
+  rm_mip_layout(&q);
   *p = q;
   return true;
 }

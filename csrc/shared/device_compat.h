@@ -3,7 +3,8 @@
 //
 // Rules for shared headers (csrc/shared/*.h):
 //  - functions are `TFMO_FN` and take scalars, small structs, or pointers qualified with TFMO_THREAD
-//    (thread-private arrays); never device/threadgroup memory, never globals;
+//    (thread-private arrays) or, for read-only lookups, `TFMO_DEVICE const` (device buffers); never threadgroup
+//    memory, never globals;
 //  - integer types: uint32_t / int32_t / uint64_t are not MSL spellings, so use `uint` and `int`
 //    (32-bit in both) and `ulong` only when needed (typedef'd below for C++);
 //  - math through the tfmo_* wrappers below, so both sides call the float overloads; a fused multiply-add only
@@ -14,6 +15,7 @@
 #include <metal_stdlib>
 #define TFMO_FN inline
 #define TFMO_THREAD thread
+#define TFMO_DEVICE device
 #define TFMO_CONSTANT constant
 TFMO_FN float tfmo_floor(float x) { return metal::floor(x); }
 TFMO_FN float tfmo_fma(float a, float b, float c) { return metal::fma(a, b, c); }  // one rounding (MSL: exact)
@@ -33,8 +35,10 @@ TFMO_FN float tfmo_sqrt(float x) { return metal::sqrt(x); }
 #include <cstdint>
 typedef uint32_t uint;
 typedef uint64_t ulong;
+typedef unsigned char uchar;
 #define TFMO_FN inline
 #define TFMO_THREAD
+#define TFMO_DEVICE
 #define TFMO_CONSTANT constexpr
 TFMO_FN float tfmo_floor(float x) { return std::floor(x); }
 // a*b + c with one rounding (IEEE fusedMultiplyAdd): an FMA instruction where the function's target has one

@@ -15,9 +15,17 @@
 //    gives the constant step_size.
 //  - Jitter: the march starts at t = t_lo + u * dt(t_lo), u in [0, 1) from rm_jitter(seed, r) (a counter-based hash
 //    of the 64-bit seed and the ray index: the same u on every backend; u = 0 without jitter).
+//  - Occupancy mip: level 0 is the grid; level m >= 1 has G_m = ceil(G / 2^m) cells per axis, its cell
+//    (X, Y, Z) covering the grid cells with (x >> m, y >> m, z >> m) = (X, Y, Z) (a block of 2^m cells per axis, cut
+//    at the grid's far faces), occupied iff one of them is (OR pooling of level m - 1). Levels 1 .. L where
+//    L = mip_levels is the largest m with 2^m < G; each stored like the grid (bit X + G_m*(Y + G_m*Z), LSB first)
+//    from byte mip_offset[m - 1] of one mip buffer, which the kernels build from the bitfield on every call.
 //  - Candidate sample: [t, t1] with t1 = min(t + dt(t), t_hi); its midpoint tm = (t + t1) / 2 selects the cell.
-//    Occupied: the sample is emitted and t = t1. Unoccupied: t jumps to where the ray leaves that cell (DDA: the
-//    nearest cell face ahead on the axes with d != 0), or to t1 if rounding puts that face at or behind t.
+//    Occupied: the sample is emitted and t = t1. Unoccupied: let m be the largest level whose block containing the
+//    cell is empty (levels are nested, so m = the number of empty levels above 0); t jumps to where the ray
+//    leaves that block (DDA: the nearest block face ahead on the axes with d != 0, face index
+//    min(((c >> m) + (d > 0)) << m, G) in cells), or to t1 if rounding puts that face at or behind t. With m = 0
+//    this is the face of the cell itself; larger blocks only skip empty space in fewer steps.
 //    The march ends when t >= t_hi, when t1 <= t (float precision exhausted), after max_samples samples, or after
 //    kRmMaxSkipsPerCell * G + kRmMaxSkipsExtra skipped candidates (a ray crosses at most 3G cell faces; the cap
 //    only bounds rounding corner cases, so a kernel loop always ends).
@@ -31,8 +39,9 @@
 
 TFMO_CONSTANT uint kRmMaxSkipsPerCell = 8;
 TFMO_CONSTANT uint kRmMaxSkipsExtra = 64;
+TFMO_CONSTANT uint kRmMaxMipLevels = 9;  // 2^9 < G <= 1024 (the largest resolution)
 
-// Kernel parameters (one struct bound with setBytes; the same layout in C++ and MSL: scalars only).
+// Kernel parameters (one struct bound with setBytes; the same layout in C++ and MSL: 32-bit scalars and arrays).
 struct RmParams {
   uint R;            // rays
   uint G;            // grid resolution per axis
@@ -45,7 +54,54 @@ struct RmParams {
   float step_size, cone_angle, max_step;
   uint max_skips;  // kRmMaxSkipsPerCell * G + kRmMaxSkipsExtra
   float hi_x, hi_y, hi_z;
+  uint mip_levels;                   // L: levels 1 .. L of the occupancy mip (0 when G <= 2)
+  uint mip_offset[kRmMaxMipLevels];  // byte offset of level m at index m - 1; then the buffer's total length
+  uint mip_bytes;                    // bytes of the mip buffer (>= 1, so a kernel can always bind it)
 };
+
+// Cells per axis of mip level m.
+TFMO_FN uint rm_mip_res(uint G, uint m) { return (G + (1u << m) - 1u) >> m; }
+
+// Fills mip_levels, mip_offset and mip_bytes for p->G.
+TFMO_FN void rm_mip_layout(TFMO_THREAD RmParams* p) {
+  uint off = 0, m = 0;
+  while (m < kRmMaxMipLevels && (2u << m) < p->G) {
+    p->mip_offset[m] = off;
+    const uint g = rm_mip_res(p->G, m + 1);
+    off += (g * g * g + 7u) / 8u;
+    ++m;
+  }
+  p->mip_levels = m;
+  for (uint i = m; i < kRmMaxMipLevels; ++i) p->mip_offset[i] = off;
+  p->mip_bytes = off > 0u ? off : 1u;
+}
+
+// Byte j of mip level m >= 1 (its cells 8j .. 8j + 7, LSB first; bits past the level's cells are 0), pooled from
+// level m - 1 stored at `src` with gs = rm_mip_res(G, m - 1) cells per axis.
+TFMO_FN uint rm_mip_byte(TFMO_DEVICE const uchar* src, uint gs, uint gm, uint j) {
+  const uint n = gm * gm * gm, first = 8u * j;
+  uint X = first % gm, Y = (first / gm) % gm, Z = first / (gm * gm);
+  uint out = 0;
+  for (uint b = 0; b < 8u && first + b < n; ++b) {
+    uint any = 0;
+    for (uint k = 0; k < 8u && any == 0u; ++k) {
+      const uint x = 2u * X + (k & 1u), y = 2u * Y + ((k >> 1) & 1u), z = 2u * Z + (k >> 2);
+      if (x < gs && y < gs && z < gs) {
+        const uint c = x + gs * (y + gs * z);
+        any = (uint(src[c >> 3]) >> (c & 7u)) & 1u;
+      }
+    }
+    out |= any << b;
+    if (++X == gm) {
+      X = 0;
+      if (++Y == gm) {
+        Y = 0;
+        ++Z;
+      }
+    }
+  }
+  return out;
+}
 
 // Prefix sum of the per-ray counts on the GPU (metal_kernels/ray_march_scan.metal): blocks of kRmScanBlock values
 // (one threadgroup each) are scanned in place and their totals written to a sums array, which is scanned the same
@@ -76,6 +132,7 @@ TFMO_FN float rm_jitter(uint seed_lo, uint seed_hi, uint ray) {
 // fmin/fmax when `a` is NaN (the result is b), so callers put the operand that can be NaN first.
 TFMO_FN float rm_min(float a, float b) { return a < b ? a : b; }
 TFMO_FN float rm_max(float a, float b) { return a > b ? a : b; }
+TFMO_FN uint rm_min_u(uint a, uint b) { return a < b ? a : b; }
 
 TFMO_FN float rm_dt(float t, float step_size, float cone_angle, float max_step) {
   return rm_min(rm_max(t * cone_angle, step_size), max_step);  // t * cone_angle is NaN for t = -inf, cone 0
@@ -151,15 +208,29 @@ TFMO_FN bool rm_candidate(RmParams p, TFMO_THREAD RmRay* s) {
 // The candidate was emitted: continue at its end.
 TFMO_FN void rm_accept(TFMO_THREAD RmRay* s) { s->t = s->t1; }
 
-// The candidate's cell is empty: jump to where the ray leaves that cell (DDA), at least to t1 if rounding puts
-// that point at or behind t.
-TFMO_FN void rm_skip(RmParams p, TFMO_THREAD RmRay* s) {
+// The candidate's cell is empty: the largest m such that its block at mip level m is empty (`mip` holds levels
+// 1 .. p.mip_levels, see the conventions).
+TFMO_FN uint rm_empty_level(RmParams p, TFMO_DEVICE const uchar* mip, TFMO_THREAD const RmRay* s) {
+  uint m = 0;
+  while (m < p.mip_levels) {
+    const uint l = m + 1, g = rm_mip_res(p.G, l);
+    const uint cell = (s->c[0] >> l) + g * ((s->c[1] >> l) + g * (s->c[2] >> l));
+    if (rm_bit(mip[p.mip_offset[m] + (cell >> 3)], cell)) break;
+    m = l;
+  }
+  return m;
+}
+
+// The candidate's cell is empty and so is its block at mip level m: jump to where the ray leaves that block
+// (DDA), at least to t1 if rounding puts that point at or behind t.
+TFMO_FN void rm_skip(RmParams p, uint m, TFMO_THREAD RmRay* s) {
   const float lo[3] = {p.lo_x, p.lo_y, p.lo_z};
   const float cs[3] = {p.cs_x, p.cs_y, p.cs_z};
   float t_next = s->t_hi;
   for (int i = 0; i < 3; ++i) {
     if (s->d[i] == 0.0f) continue;
-    const float face = lo[i] + float(s->c[i] + (s->d[i] > 0.0f ? 1u : 0u)) * cs[i];
+    const uint k = rm_min_u(((s->c[i] >> m) + (s->d[i] > 0.0f ? 1u : 0u)) << m, p.G);
+    const float face = lo[i] + float(k) * cs[i];
     t_next = rm_min((face - s->o[i]) * s->inv_d[i], t_next);
   }
   s->t = t_next > s->t ? t_next : s->t1;
