@@ -1,6 +1,7 @@
 // Metal kernels of RayMarch except the block scan (semantics: csrc/ops/ray_march_op.cc; math and conventions:
 // csrc/shared/ray_march_math.h; host: csrc/gpu/ray_march_gpu.cc). No barriers (this file runs on the emulator's
 // fast path; the barrier-using block scan is in ray_march_scan.metal). Host order of the passes:
+//   ray_march_mip (levels 1 .. L in order, one thread per byte of the level) ->
 //   ray_march_count (R threads) -> scan of counts (ray_march_scan_block / ray_march_scan_add) -> host reads N ->
 //   ray_march_splits (R + 1 threads) -> ray_march_fill (R threads, skipped when N = 0).
 // `scan` is int64 [R + 1]: scan[0] = 0, scan[r + 1] = samples of ray r, then (after the scan) samples of rays < r+1.
@@ -11,13 +12,29 @@ using namespace metal;
 
 #include "ray_march_math.h"
 
+// Byte j of mip level `level` (1 .. L), pooled from level - 1 (the bitfield for level 1). Levels are separate
+// passes, in order; a level outside 1 .. L writes nothing.
+kernel void ray_march_mip(device const uchar* bits [[buffer(0)]],
+                          device uchar* mip [[buffer(1)]],
+                          constant RmParams& params [[buffer(2)]],
+                          constant uint& level [[buffer(3)]],
+                          uint j [[thread_position_in_grid]]) {
+  const uint m = level;
+  if (m < 1u || m > params.mip_levels) return;
+  const uint gs = rm_mip_res(params.G, m - 1u), gm = rm_mip_res(params.G, m);
+  if (j >= (gm * gm * gm + 7u) / 8u) return;
+  device const uchar* src = m == 1u ? bits : (device const uchar*)(mip + params.mip_offset[m - 2u]);
+  mip[params.mip_offset[m - 1u] + j] = uchar(rm_mip_byte(src, gs, gm, j));
+}
+
 kernel void ray_march_count(device const float* rays_o [[buffer(0)]],
                             device const float* rays_d [[buffer(1)]],
                             device const float* near_t [[buffer(2)]],
                             device const float* far_t [[buffer(3)]],
                             device const uchar* bits [[buffer(4)]],
-                            device long* scan [[buffer(5)]],
-                            constant RmParams& params [[buffer(6)]],
+                            device const uchar* mip [[buffer(5)]],
+                            device long* scan [[buffer(6)]],
+                            constant RmParams& params [[buffer(7)]],
                             uint r [[thread_position_in_grid]]) {
   const RmParams p = params;
   if (r == 0) scan[0] = 0;
@@ -32,7 +49,7 @@ kernel void ray_march_count(device const float* rays_o [[buffer(0)]],
         ++n;
         rm_accept(&s);
       } else {
-        rm_skip(p, &s);
+        rm_skip(p, rm_empty_level(p, mip, &s), &s);
       }
     }
   }
@@ -68,11 +85,12 @@ kernel void ray_march_fill(device const float* rays_o [[buffer(0)]],
                            device const float* near_t [[buffer(2)]],
                            device const float* far_t [[buffer(3)]],
                            device const uchar* bits [[buffer(4)]],
-                           device const long* scan [[buffer(5)]],
-                           device float* t_starts [[buffer(6)]],
-                           device float* t_ends [[buffer(7)]],
-                           device int* ray_indices [[buffer(8)]],
-                           constant RmParams& params [[buffer(9)]],
+                           device const uchar* mip [[buffer(5)]],
+                           device const long* scan [[buffer(6)]],
+                           device float* t_starts [[buffer(7)]],
+                           device float* t_ends [[buffer(8)]],
+                           device int* ray_indices [[buffer(9)]],
+                           constant RmParams& params [[buffer(10)]],
                            uint r [[thread_position_in_grid]]) {
   const RmParams p = params;
   if (r >= p.R) return;
@@ -92,7 +110,7 @@ kernel void ray_march_fill(device const float* rays_o [[buffer(0)]],
       ++n;
       rm_accept(&s);
     } else {
-      rm_skip(p, &s);
+      rm_skip(p, rm_empty_level(p, mip, &s), &s);
     }
   }
 }

@@ -634,13 +634,15 @@ def check_ray_march(seed):
         dict(step_size=0.0371, cone_angle=0.0, max_samples=5, jitter=False, seed=0),
     ]
     total = 0
-    for g, p in ((16, 0.3), (7, 0.7), (1, 1.0)):
+    for g, p in ((16, 0.3), (7, 0.7), (1, 1.0), (13, 0.03)):
         bits = ref.random_bits(g, p, seed=g)
         o, d = ref.make_rays(500, seed=g, aabb=RM_AABB)
         for kw in configs:
             with Dispatches() as disp:
                 a, b = ray_march_both(o, d, RmGrid(bits, g), near=0.05, **kw)
             disp.require(*RM_KERNELS)
+            levels = len(ref.mip_levels(ref.unpack(bits, g), g))  # one pass per occupancy-mip level
+            assert disp.delta.get("ray_march_mip", 0) == levels, (g, disp.delta)
             for x in a:
                 on_gpu(x)
             same_march(a, b, f"G={g} p={p} {kw}")
@@ -654,6 +656,7 @@ def check_ray_march(seed):
         a, b = ray_march_both(o, d, RmGrid(bits, g), step_size=0.05, max_samples=64)
     disp.require(*RM_KERNELS, "ray_march_scan_add")
     assert disp.delta["ray_march_scan_block"] == 3 and disp.delta["ray_march_scan_add"] == 2, disp.delta
+    assert disp.delta["ray_march_mip"] == 4, disp.delta  # levels of 16^3, 8^3, 4^3, 2^3 blocks
     same_march(a, b, "R=66000")
     assert int(b.row_splits[-1]) > 100000
     # R = 0 and N = 0
@@ -720,7 +723,7 @@ def check_ray_march(seed):
         on_gpu(a.t_starts)
         same_march(a, b, f"tf.function R={r}")
     assert march.experimental_get_tracing_count() == 1
-    return (f"{total} samples in 9 configurations, R=66000 (3 scan levels), R=0, N=0, NaN rays, OccupancyGrid, "
+    return (f"{total} samples in 12 configurations, R=66000 (3 scan levels), R=0, N=0, NaN rays, OccupancyGrid, "
             "tf.function")
 
 

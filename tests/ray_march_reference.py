@@ -40,8 +40,26 @@ def pack(occ):
     return np.packbits(np.asarray(occ, bool).reshape(-1), bitorder="little")
 
 
-def march_ray(o, d, near, far, occ, G, lo, hi, step, cone, max_samples, u):
-    """One ray in float64 -> (list of (t0, t1), margin)."""
+def mip_levels(occ, G):
+    """Levels 1 .. L of the occupancy mip (ray_march_math.h): level m is a bool [G_m, G_m, G_m] array indexed
+    [z, y, x], G_m = ceil(G / 2^m), each the OR of the 2x2x2 blocks of the level below; L the largest m with
+    2^m < G."""
+    level = np.asarray(occ, bool).reshape(G, G, G)
+    levels = []
+    while 2 ** (len(levels) + 1) < G:
+        n = level.shape[0]
+        h = (n + 1) // 2
+        padded = np.zeros((2 * h,) * 3, bool)
+        padded[:n, :n, :n] = level
+        level = padded.reshape(h, 2, h, 2, h, 2).any(axis=(1, 3, 5))
+        levels.append(level)
+    return levels
+
+
+def march_ray(o, d, near, far, occ, G, lo, hi, step, cone, max_samples, u, mip=None):
+    """One ray in float64 -> (list of (t0, t1), margin). ``mip``: mip_levels(occ, G) (computed if None)."""
+    if mip is None:
+        mip = mip_levels(occ, G)
     o, d = np.asarray(o, np.float64), np.asarray(d, np.float64)
     size = hi - lo
     cs = size / G
@@ -95,19 +113,26 @@ def march_ray(o, d, near, far, occ, G, lo, hi, step, cone, max_samples, u):
             samples.append((t, t1))
             t = t1
         else:
+            m = 0  # the largest mip level whose block around the cell is empty
+            while m < len(mip) and not mip[m][c[2] >> (m + 1), c[1] >> (m + 1), c[0] >> (m + 1)]:
+                m += 1
             t_next = t_hi
             for i in range(3):
                 if d[i] != 0.0:
-                    face = lo[i] + (c[i] + (1 if d[i] > 0 else 0)) * cs[i]
+                    k = min(((c[i] >> m) + (1 if d[i] > 0 else 0)) << m, G)
+                    face = lo[i] + k * cs[i]
                     t_next = min(t_next, (face - o[i]) / d[i])
             t = t_next if t_next > t else t1
             skips += 1
     return samples, margin
 
 
-def march(rays_o, rays_d, near, far, bits, aabb, G, step, cone=0.0, max_samples=1024, jitter=True, seed=0):
-    """All rays -> (counts [R], t0 list of arrays, t1 list of arrays, margins [R])."""
+def march(rays_o, rays_d, near, far, bits, aabb, G, step, cone=0.0, max_samples=1024, jitter=True, seed=0,
+          use_mip=True):
+    """All rays -> (counts [R], t0 list of arrays, t1 list of arrays, margins [R]). use_mip=False: skip one cell at
+    a time (the rule without the mip: other landing points, the same occupied cells)."""
     occ = unpack(bits, G)
+    mip = mip_levels(occ, G) if use_mip else []
     aabb = np.asarray(aabb, np.float64)
     lo, hi = aabb[0], aabb[1]
     R = len(rays_o)
@@ -117,7 +142,7 @@ def march(rays_o, rays_d, near, far, bits, aabb, G, step, cone=0.0, max_samples=
     for r in range(R):
         u = jitter_u(seed, r) if jitter else 0.0
         s, m = march_ray(rays_o[r], rays_d[r], near[r], far[r], occ, G, lo, hi, float(step), float(cone),
-                         max_samples, u)
+                         max_samples, u, mip)
         counts.append(len(s))
         t0s.append(np.array([a for a, _ in s]))
         t1s.append(np.array([b for _, b in s]))

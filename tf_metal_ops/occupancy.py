@@ -309,6 +309,25 @@ def ray_jitter_tf(seed, num_rays):
     return tf.cast(tf.bitwise.right_shift(h, 8), tf.float32) * (1.0 / 16777216.0)
 
 
+def occupancy_mip_tf(bits, resolution):
+    """Levels 1 .. L of the occupancy mip of a packed bitfield (the kernels' convention, ray_march_math.h): a list
+    of bool tensors, level m flat [G_m^3] (index X + G_m*(Y + G_m*Z)), G_m = ceil(G / 2^m), L the largest m with
+    2^m < G; each level the OR of the 2x2x2 blocks of the one below."""
+    g = int(resolution)
+    b = tf.cast(tf.convert_to_tensor(bits), tf.int32)
+    occ = tf.bitwise.bitwise_and(tf.bitwise.right_shift(b[:, None], tf.range(8)), 1) > 0
+    level = tf.reshape(tf.reshape(occ, [-1])[:g**3], [g, g, g])  # [z, y, x]
+    levels, n, m = [], g, 1
+    while 2**m < g:
+        half = -(-n // 2)
+        pad = 2 * half - n
+        level = tf.pad(level, [[0, pad]] * 3)
+        level = tf.reduce_any(tf.reshape(level, [half, 2, half, 2, half, 2]), axis=[1, 3, 5])
+        levels.append(tf.reshape(level, [-1]))
+        n, m = half, m + 1
+    return levels
+
+
 def ray_march_dense_tf(rays_o, rays_d, near, far, bits, aabb, resolution, *, step_size, cone_angle=0.0,
                        max_samples=1024, jitter=True, seed=0):
     """The march in plain TF with static shapes (XLA-compilable): (counts [R] int32, t_starts [R, max_samples],
@@ -326,6 +345,7 @@ def ray_march_dense_tf(rays_o, rays_d, near, far, bits, aabb, resolution, *, ste
     max_step = tf.maximum(step, tf.constant(1.7320508, tf.float32) * tf.reduce_max(cs))
     max_skips = _MAX_SKIPS_PER_CELL * g + _MAX_SKIPS_EXTRA
     bytes_ = tf.cast(tf.convert_to_tensor(bits), tf.int32)
+    mip = occupancy_mip_tf(bits, g)
     r = tf.shape(o)[0]
 
     def dt_of(t):
@@ -347,7 +367,7 @@ def ray_march_dense_tf(rays_o, rays_d, near, far, bits, aabb, resolution, *, ste
     t = t_lo + u * dt_of(t_lo)
     o_safe = tf.where(valid[:, None], o, 0.0)
     d_safe = tf.where(valid[:, None], d, 0.0)
-    face_step = tf.cast(d > 0.0, tf.float32)
+    face_step = tf.cast(d > 0.0, tf.int32)
 
     n = tf.zeros([r], tf.int32)
     skips = tf.zeros([r], tf.int32)
@@ -378,7 +398,16 @@ def ray_march_dense_tf(rays_o, rays_d, near, far, bits, aabb, resolution, *, ste
         idx = tf.stack([rows, slot], axis=1)
         buf0 = tf.tensor_scatter_nd_update(buf0, idx, t)
         buf1 = tf.tensor_scatter_nd_update(buf1, idx, t1)
-        face = lo + (c + face_step) * cs
+        level = tf.zeros([r], tf.int32)  # the largest level whose block around the cell is empty
+        empty = ~occ
+        for m, occ_m in enumerate(mip, start=1):
+            gm = -(-g // 2**m)
+            cm = tf.bitwise.right_shift(ci, m)
+            empty &= ~tf.gather(occ_m, tf.where(skip, cm[:, 0] + gm * (cm[:, 1] + gm * cm[:, 2]), 0))
+            level += tf.cast(empty, tf.int32)
+        lv = level[:, None]
+        k = tf.minimum(tf.bitwise.left_shift(tf.bitwise.right_shift(ci, lv) + face_step, lv), g)
+        face = lo + tf.cast(k, tf.float32) * cs
         t_face = tf.where(nonzero, (face - o_safe) * inv_d, t_hi[:, None])
         t_next = tf.minimum(t_hi, tf.reduce_min(t_face, axis=1))
         t_skip = tf.where(t_next > t, t_next, t1)

@@ -4,7 +4,8 @@
 // host (they live on the GPU): a ray with a non-finite origin/direction or a NaN near/far gets no samples.
 //
 // The output length N depends on the data, so the op runs in two steps on one Call:
-//   1. count (one thread per ray, into an int64 scratch `scan` [R + 1]), multi-level block scan of scan[1..R]
+//   1. the occupancy mip (scratch, one pass per level), count (one thread per ray, into an int64 scratch
+//      `scan` [R + 1]), multi-level block scan of scan[1..R]
 //      (levels until one block; kRmScanBlock values per threadgroup), then RunAndRead of scan[R] = N (the op's
 //      thread waits for the GPU here);
 //   2. allocate the outputs, write row_splits from scan, fill the samples (skipped when N = 0).
@@ -45,16 +46,22 @@ void RayMarchGpu(void* attrs, TF_OpKernelContext* ctx) {
   }
 
   tfmo::gpu::Call call(ctx, op);
+  const TensorRef* mip = call.scratch(TF_UINT8, params.mip_bytes);
   const TensorRef* scan = call.scratch(TF_INT64, R + 1);
-  if (scan == nullptr) {
+  if (mip == nullptr || scan == nullptr) {
     call.Run();  // reports the allocation failure
     return;
   }
+  for (uint32_t m = 1; m <= params.mip_levels; ++m) {
+    const uint32_t gm = rm_mip_res(params.G, m);
+    call.pass("ray_march_mip").buffer(0, in[4]).buffer(1, *mip).value(2, params).value(3, m)
+        .threads((gm * gm * gm + 7) / 8);
+  }
   const uint32_t rays = static_cast<uint32_t>(R);
   call.pass("ray_march_count")
-      .buffer(0, in[0]).buffer(1, in[1]).buffer(2, in[2]).buffer(3, in[3]).buffer(4, in[4])
-      .buffer(5, *scan)
-      .value(6, params)
+      .buffer(0, in[0]).buffer(1, in[1]).buffer(2, in[2]).buffer(3, in[3]).buffer(4, in[4]).buffer(5, *mip)
+      .buffer(6, *scan)
+      .value(7, params)
       .threads(rays);
 
   // Scan levels: level 0 scans scan[1..R]; level l + 1 scans the block totals of level l.
@@ -104,10 +111,10 @@ void RayMarchGpu(void* attrs, TF_OpKernelContext* ctx) {
   call.pass("ray_march_splits").buffer(0, *scan).buffer(1, row_splits).value(2, splits_n).threads(splits_n);
   if (N > 0) {
     call.pass("ray_march_fill")
-        .buffer(0, in[0]).buffer(1, in[1]).buffer(2, in[2]).buffer(3, in[3]).buffer(4, in[4])
-        .buffer(5, *scan)
-        .buffer(6, t_starts).buffer(7, t_ends).buffer(8, ray_indices)
-        .value(9, params)
+        .buffer(0, in[0]).buffer(1, in[1]).buffer(2, in[2]).buffer(3, in[3]).buffer(4, in[4]).buffer(5, *mip)
+        .buffer(6, *scan)
+        .buffer(7, t_starts).buffer(8, t_ends).buffer(9, ray_indices)
+        .value(10, params)
         .threads(rays);
   }
   call.Run();
