@@ -25,14 +25,13 @@ constexpr int64_t kChunkRays = 1024;  // rays per march chunk (a unit of work an
 
 // Marches rays [r0, r0 + n) (n <= kLanes) in lockstep: one step of every unfinished ray per round, so the
 // independent dependency chains (bitfield load -> branch -> next t) of several rays overlap in the CPU. Each ray's
-// steps are exactly those of a lone march, so results do not depend on the grouping. Calls emit(i, t0, t1) for
-// each sample of ray r0 + i, in order per ray, and stores the sample counts in counts[0..n).
+// steps are exactly those of a lone march, so results do not depend on the grouping. Ray r0 + i's samples end up in
+// t0s[i][0..counts[i]) and t1s[i] (grown as needed).
 constexpr int kLanes = 4;
 
-template <class Emit>
 void MarchRays(const RmParams& p, const float* o, const float* d, const float* near_t, const float* far_t,
                int64_t r0, int n, const unsigned char* bits, const unsigned char* mip, int64_t* counts,
-               Emit&& emit) {
+               std::vector<float>* t0s, std::vector<float>* t1s) {
   RmRay s[kLanes];
   uint k[kLanes] = {0, 0, 0, 0};
   bool live[kLanes] = {false, false, false, false};
@@ -52,7 +51,12 @@ void MarchRays(const RmParams& p, const float* o, const float* d, const float* n
         continue;
       }
       if (rm_bit(bits[s[i].cell >> 3], s[i].cell)) {
-        emit(i, s[i].t, s[i].t1);
+        if (t0s[i].size() <= k[i]) {
+          t0s[i].resize(2 * k[i] + 16);
+          t1s[i].resize(2 * k[i] + 16);
+        }
+        t0s[i][k[i]] = s[i].t;
+        t1s[i][k[i]] = s[i].t1;
         ++k[i];
         rm_accept(&s[i]);
       } else {
@@ -158,15 +162,10 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
     std::vector<float> lane_t0[kLanes], lane_t1[kLanes];
     for (int64_t r = q * kChunkRays, r1 = std::min(R, r + kChunkRays); r < r1; r += kLanes) {
       const int n = static_cast<int>(std::min<int64_t>(kLanes, r1 - r));
-      MarchRays(p, o, d, near_t, far_t, r, n, bits, mip.data(), &counts[r], [&](int i, float t0, float t1) {
-        lane_t0[i].push_back(t0);
-        lane_t1[i].push_back(t1);
-      });
+      MarchRays(p, o, d, near_t, far_t, r, n, bits, mip.data(), &counts[r], lane_t0, lane_t1);
       for (int i = 0; i < n; ++i) {
-        ch.t0.insert(ch.t0.end(), lane_t0[i].begin(), lane_t0[i].end());
-        ch.t1.insert(ch.t1.end(), lane_t1[i].begin(), lane_t1[i].end());
-        lane_t0[i].clear();
-        lane_t1[i].clear();
+        ch.t0.insert(ch.t0.end(), lane_t0[i].begin(), lane_t0[i].begin() + counts[r + i]);
+        ch.t1.insert(ch.t1.end(), lane_t1[i].begin(), lane_t1[i].begin() + counts[r + i]);
       }
     }
   });

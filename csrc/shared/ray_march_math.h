@@ -221,9 +221,9 @@ TFMO_FN uint rm_empty_level(RmParams p, TFMO_DEVICE const uchar* mip, TFMO_THREA
   return m;
 }
 
-// The candidate's cell is empty and so is its block at mip level m: jump to where the ray leaves that block
-// (DDA), at least to t1 if rounding puts that point at or behind t.
-TFMO_FN void rm_skip(RmParams p, uint m, TFMO_THREAD RmRay* s) {
+// Where the march continues after an empty candidate whose block at mip level m is empty: where the ray leaves
+// that block (DDA), or t1 if rounding puts that point at or behind t.
+TFMO_FN float rm_skip_to(RmParams p, uint m, TFMO_THREAD const RmRay* s) {
   const float lo[3] = {p.lo_x, p.lo_y, p.lo_z};
   const float cs[3] = {p.cs_x, p.cs_y, p.cs_z};
   float t_next = s->t_hi;
@@ -233,6 +233,10 @@ TFMO_FN void rm_skip(RmParams p, uint m, TFMO_THREAD RmRay* s) {
     const float face = lo[i] + float(k) * cs[i];
     t_next = rm_min((face - s->o[i]) * s->inv_d[i], t_next);
   }
-  s->t = t_next > s->t ? t_next : s->t1;
+  return t_next > s->t ? t_next : s->t1;
+}
+
+TFMO_FN void rm_skip(RmParams p, uint m, TFMO_THREAD RmRay* s) {
+  s->t = rm_skip_to(p, m, s);
   s->skips += 1;
 }
