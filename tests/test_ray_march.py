@@ -382,3 +382,33 @@ def test_wrapper_rejects_bad_rays_and_grids():
         tfmo.ray_march(tf.zeros((4, 3), tf.float64), np.zeros((4, 3), np.float32), grid, step_size=0.1)
     with pytest.raises(ValueError, match="grid must be"):
         tfmo.ray_march(np.zeros((4, 3), np.float32), np.ones((4, 3), np.float32), object(), step_size=0.1)
+
+
+def _straight_rays(R):
+    """R identical rays along +x through the box [-1, 1]^3 (2 units of it)."""
+    o = np.tile(np.array([[-2.0, 0.1, 0.2]], np.float32), (R, 1))
+    d = np.tile(np.array([[1.0, 0.0, 0.0]], np.float32), (R, 1))
+    return o, d
+
+
+def test_march_beyond_the_sample_buffer_budget():
+    # 66,000 rays x 1024 samples = 67.6M samples > the CPU kernel's 2^26 buffered samples: the chunks that start past
+    # the budget only count their samples, then march again to write them. Every ray gives the samples of a lone ray.
+    R, S = 66000, 1024
+    o, d = _straight_rays(R)
+    grid = Grid(ref.pack(np.ones(1, bool)), 1, np.array([[-1, -1, -1], [1, 1, 1]], np.float32))
+    res = tfmo.ray_march(o, d, grid, step_size=1e-3, max_samples=S, jitter=False)
+    one = tfmo.ray_march(o[:1], d[:1], grid, step_size=1e-3, max_samples=S, jitter=False)
+    np.testing.assert_array_equal(res.row_splits.numpy(), np.arange(R + 1) * S)
+    for got, want in ((res.t_starts, one.t_starts), (res.t_ends, one.t_ends)):
+        got = got.numpy().reshape(R, S)
+        assert np.array_equal(got[0], want.numpy()) and np.all(got == got[0])
+    assert np.array_equal(res.ray_indices.numpy()[::S], np.arange(R))
+
+
+def test_more_than_int32_samples_is_an_error():
+    R = 1 << 21  # x 1024 samples = 2^31 > the int32 row_splits can index
+    o, d = _straight_rays(R)
+    grid = Grid(ref.pack(np.ones(1, bool)), 1, np.array([[-1, -1, -1], [1, 1, 1]], np.float32))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="2147483648 samples in total exceed the int32 limit"):
+        tfmo.ray_march(o, d, grid, step_size=1e-3, max_samples=1024, jitter=False)

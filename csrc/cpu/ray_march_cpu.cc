@@ -1,11 +1,14 @@
 // CPU kernel of RayMarch (semantics: csrc/ops/ray_march_op.cc; math: csrc/shared/ray_march_math.h).
-// Builds the occupancy mip from the bitfield, then marches every ray once, in fixed chunks of consecutive rays
-// (split over the project pool; the chunking does not depend on the thread count), each chunk writing its samples
-// in ray order into its own buffer. A prefix sum of the per-ray counts gives row_splits, and each chunk's samples
-// are then one contiguous run of the outputs, copied in parallel. Each ray's march is serial and depends only on
+// Builds the occupancy mip from the bitfield, then marches every ray in fixed chunks of consecutive rays (split
+// over the project pool; the chunking does not depend on the thread count), each chunk writing its samples in ray
+// order into its own buffer. A prefix sum of the per-ray counts gives row_splits, and each chunk's samples are then
+// one contiguous run of the outputs, copied in parallel. Buffers hold at most ~kBufferedSamples samples in all:
+// chunks that start past that only count their samples and march again to write them (so memory stays bounded
+// and the int32 limit on the total is checked before anything of that size is allocated). Each ray's march is serial and depends only on
 // its own inputs (a thread interleaves the steps of kLanes rays, which changes nothing per ray), so the outputs are
 // bitwise independent of the thread count.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -22,13 +25,15 @@ using tfmo::TensorRef;
 
 constexpr int64_t kRayGrain = 256;
 constexpr int64_t kChunkRays = 1024;  // rays per march chunk (a unit of work and of sample buffering)
+constexpr int64_t kBufferedSamples = int64_t{1} << 26;  // 512 MiB of t_start/t_end buffers
 
 // Marches rays [r0, r0 + n) (n <= kLanes) in lockstep: one step of every unfinished ray per round, so the
 // independent dependency chains (bitfield load -> branch -> next t) of several rays overlap in the CPU. Each ray's
 // steps are exactly those of a lone march, so results do not depend on the grouping. Ray r0 + i's samples end up in
-// t0s[i][0..counts[i]) and t1s[i] (grown as needed).
+// t0s[i][0..counts[i]) and t1s[i] (grown as needed) when kStore, else only counted.
 constexpr int kLanes = 4;
 
+template <bool kStore>
 void MarchRays(const RmParams& p, const float* o, const float* d, const float* near_t, const float* far_t,
                int64_t r0, int n, const unsigned char* bits, const unsigned char* mip, int64_t* counts,
                std::vector<float>* t0s, std::vector<float>* t1s) {
@@ -51,12 +56,14 @@ void MarchRays(const RmParams& p, const float* o, const float* d, const float* n
         continue;
       }
       if (rm_bit(bits[s[i].cell >> 3], s[i].cell)) {
-        if (t0s[i].size() <= k[i]) {
-          t0s[i].resize(2 * k[i] + 16);
-          t1s[i].resize(2 * k[i] + 16);
+        if constexpr (kStore) {
+          if (t0s[i].size() <= k[i]) {
+            t0s[i].resize(2 * k[i] + 16);
+            t1s[i].resize(2 * k[i] + 16);
+          }
+          t0s[i][k[i]] = s[i].t;
+          t1s[i][k[i]] = s[i].t1;
         }
-        t0s[i][k[i]] = s[i].t;
-        t1s[i][k[i]] = s[i].t1;
         ++k[i];
         rm_accept(&s[i]);
       } else {
@@ -80,10 +87,32 @@ void BuildMip(const RmParams& p, const unsigned char* bits, unsigned char* mip) 
   }
 }
 
-// Samples of one chunk of rays, in ray order.
+// Samples of one chunk of rays, in ray order (when buffered).
 struct ChunkSamples {
+  bool buffered = false;
   std::vector<float> t0, t1;
 };
+
+// Marches chunk q of the rays, storing the per-ray counts in counts[0..) (from the chunk's first ray) and, when
+// kStore, the samples in *out.
+template <bool kStore>
+void MarchChunk(const RmParams& p, const float* o, const float* d, const float* near_t, const float* far_t,
+                const unsigned char* bits, const unsigned char* mip, int64_t R, int64_t q, int64_t* counts,
+                ChunkSamples* out) {
+  std::vector<float> lane_t0[kLanes], lane_t1[kLanes];
+  const int64_t r0 = q * kChunkRays, r1 = std::min(R, r0 + kChunkRays);
+  for (int64_t r = r0; r < r1; r += kLanes) {
+    const int n = static_cast<int>(std::min<int64_t>(kLanes, r1 - r));
+    int64_t* c = counts + (r - r0);
+    MarchRays<kStore>(p, o, d, near_t, far_t, r, n, bits, mip, c, lane_t0, lane_t1);
+    if constexpr (kStore) {
+      for (int i = 0; i < n; ++i) {
+        out->t0.insert(out->t0.end(), lane_t0[i].begin(), lane_t0[i].begin() + c[i]);
+        out->t1.insert(out->t1.end(), lane_t1[i].begin(), lane_t1[i].begin() + c[i]);
+      }
+    }
+  }
+}
 
 bool RayInvalid(const float* o, const float* d, float near_t, float far_t) {
   bool finite = true;
@@ -157,16 +186,15 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
   std::vector<int64_t> counts(R, 0);
   const int64_t n_chunks = (R + kChunkRays - 1) / kChunkRays;
   std::vector<ChunkSamples> chunks(n_chunks);
+  std::atomic<int64_t> buffered{0};
   tfmo::ParallelParts(n_chunks, [&](int64_t q) {
     ChunkSamples& ch = chunks[q];
-    std::vector<float> lane_t0[kLanes], lane_t1[kLanes];
-    for (int64_t r = q * kChunkRays, r1 = std::min(R, r + kChunkRays); r < r1; r += kLanes) {
-      const int n = static_cast<int>(std::min<int64_t>(kLanes, r1 - r));
-      MarchRays(p, o, d, near_t, far_t, r, n, bits, mip.data(), &counts[r], lane_t0, lane_t1);
-      for (int i = 0; i < n; ++i) {
-        ch.t0.insert(ch.t0.end(), lane_t0[i].begin(), lane_t0[i].begin() + counts[r + i]);
-        ch.t1.insert(ch.t1.end(), lane_t1[i].begin(), lane_t1[i].begin() + counts[r + i]);
-      }
+    if (buffered.load(std::memory_order_relaxed) < kBufferedSamples) {
+      MarchChunk<true>(p, o, d, near_t, far_t, bits, mip.data(), R, q, &counts[q * kChunkRays], &ch);
+      ch.buffered = true;
+      buffered.fetch_add(static_cast<int64_t>(ch.t0.size()), std::memory_order_relaxed);
+    } else {
+      MarchChunk<false>(p, o, d, near_t, far_t, bits, mip.data(), R, q, &counts[q * kChunkRays], nullptr);
     }
   });
   std::vector<int64_t> splits;
@@ -191,7 +219,11 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
   int32_t* ri = ray_indices.data<int32_t>();
   tfmo::ParallelParts(n_chunks, [&](int64_t q) {
     const int64_t r0 = q * kChunkRays, r1 = std::min(R, r0 + kChunkRays);
-    const ChunkSamples& ch = chunks[q];
+    ChunkSamples& ch = chunks[q];
+    if (!ch.buffered) {
+      std::vector<int64_t> again(r1 - r0);
+      MarchChunk<true>(p, o, d, near_t, far_t, bits, mip.data(), R, q, again.data(), &ch);
+    }
     const int64_t at = splits[r0], n = static_cast<int64_t>(ch.t0.size());  // = splits[r1] - at
     if (n > 0) {
       std::memcpy(ts + at, ch.t0.data(), sizeof(float) * n);
