@@ -75,6 +75,21 @@ def load_reused_nerf(path):
     return nerf
 
 
+def op_table(title, keys, rows, baseline="plain graph"):
+    """Markdown lines: per row the `keys` columns, then op vs the plain-TF graph and XLA times (median_ms: op, tf,
+    tf+xla; a row without tf+xla did not compile under XLA)."""
+    lines = [title + "\n", "| " + " | ".join(keys) + f" | op (ms) | {baseline} (ms) | XLA (ms) | graph / op | XLA / op |",
+             "|---" * (len(keys) + 5) + "|"]
+    for row in rows:
+        t = row["median_ms"]
+        xla, xla_ratio = ((f"{t['tf+xla']:.1f}", f"{t['tf+xla'] / t['op']:.2f}x") if "tf+xla" in t
+                          else ("does not compile", "-"))
+        lines.append("| " + " | ".join(str(row[k]) for k in keys) + f" | {t['op']:.1f} | {t['tf']:.1f} | {xla} | "
+                     f"{t['tf'] / t['op']:.2f}x | {xla_ratio} |")
+    lines.append("")
+    return lines
+
+
 def markdown(results):
     m = results["machine"]
     nerf_src = nerf_provenance(results["nerf"]) if "nerf" in results else {}
@@ -102,41 +117,18 @@ def markdown(results):
                   for row in r["summary"]]
         lines.append("")
     if "render_ops" in results:
-        r = results["render_ops"]
-        c = r["config"]
-        lines += [f"## Rendering ops (R={c['rays']}, S={c['samples']}, C={c['channels']})\n",
-                  "| op | mode | op (ms) | plain graph (ms) | XLA (ms) | graph / op | XLA / op |", "|---|---|---|---|---|---|---|"]
-        for row in r["rows"]:
-            t = row["median_ms"]
-            lines.append(f"| {row['op']} | {row['mode']} | {t['op']:.1f} | {t['tf']:.1f} | {t['tf+xla']:.1f} | "
-                         f"{t['tf'] / t['op']:.2f}x | {t['tf+xla'] / t['op']:.2f}x |")
-        lines.append("")
+        c = results["render_ops"]["config"]
+        lines += op_table(f"## Rendering ops (R={c['rays']}, S={c['samples']}, C={c['channels']})",
+                          ["op", "mode"], results["render_ops"]["rows"])
     if "render_packed" in results:
-        r = results["render_packed"]
-        c = r["config"]
-        lines += [f"## Packed rendering ops (N={c['samples']} samples, R={c['rays']} rays, {c['min_per_ray']}.."
-                  f"{c['max_per_ray']} per ray, C={c['channels']})\n",
-                  "| op | mode | op (ms) | segment-op graph (ms) | XLA (ms) | graph / op | XLA / op |",
-                  "|---|---|---|---|---|---|---|"]
-        for row in r["rows"]:
-            t = row["median_ms"]
-            xla = (f"{t['tf+xla']:.1f} | " if "tf+xla" in t else "does not compile | ")
-            xla_ratio = f"{t['tf+xla'] / t['op']:.2f}x" if "tf+xla" in t else "-"
-            lines.append(f"| {row['op']} | {row['mode']} | {t['op']:.1f} | {t['tf']:.1f} | {xla}"
-                         f"{t['tf'] / t['op']:.2f}x | {xla_ratio} |")
-        lines.append("")
+        c = results["render_packed"]["config"]
+        lines += op_table(f"## Packed rendering ops (N={c['samples']} samples, R={c['rays']} rays, {c['min_per_ray']}.."
+                          f"{c['max_per_ray']} per ray, C={c['channels']})", ["op", "mode"],
+                          results["render_packed"]["rows"], baseline="segment-op graph")
     if "ray_march" in results:
-        r = results["ray_march"]
-        c = r["config"]
-        lines += [f"## Ray marching ({c['resolution']}^3 grid, sphere shell occupied, step {c['step_size']}, "
-                  f"max_samples {c['max_samples']})\n",
-                  "| rays | samples | op (ms) | plain graph (ms) | XLA (ms) | graph / op | XLA / op |",
-                  "|---|---|---|---|---|---|---|"]
-        for row in r["rows"]:
-            t = row["median_ms"]
-            lines.append(f"| {row['rays']} | {row['samples']} | {t['op']:.1f} | {t['tf']:.1f} | {t['tf+xla']:.1f} | "
-                         f"{t['tf'] / t['op']:.2f}x | {t['tf+xla'] / t['op']:.2f}x |")
-        lines.append("")
+        c = results["ray_march"]["config"]
+        lines += op_table(f"## Ray marching ({c['resolution']}^3 grid, sphere shell occupied, step {c['step_size']}, "
+                          f"max_samples {c['max_samples']})", ["rays", "samples"], results["ray_march"]["rows"])
     if "call_overhead" in results:
         r = results["call_overhead"]
         lines += ["## Call overhead (eager, 4-element tensor)\n", "| call | µs | vs tf.identity |", "|---|---|---|"]

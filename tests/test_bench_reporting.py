@@ -86,3 +86,13 @@ def test_hash_grid_bench_compares_dense_table_gradients(tmp_path):
     assert run.stdout.count("table gradient: dense in every fwd+bwd variant") == 2
     md = run_all.markdown({"machine": MACHINE, "hash_grid": r})
     assert "fwd+bwd table gradient: dense in every variant" in md
+
+
+def test_op_tables_show_ratios_and_ops_that_do_not_compile():
+    rows = [dict(op="volume_render_packed", mode="fwd+bwd", median_ms={"op": 2.0, "tf": 10.0, "tf+xla": 5.0}),
+            dict(op="distortion_loss_packed", mode="fwd", median_ms={"op": 1.0, "tf": 3.0})]
+    md = run_all.markdown({"machine": MACHINE, "render_packed": {
+        "config": dict(samples=100, rays=10, min_per_ray=1, max_per_ray=30, channels=3), "rows": rows}})
+    assert "| volume_render_packed | fwd+bwd | 2.0 | 10.0 | 5.0 | 5.00x | 2.50x |" in md
+    assert "| distortion_loss_packed | fwd | 1.0 | 3.0 | does not compile | 3.00x | - |" in md
+    assert "| op | mode | op (ms) | segment-op graph (ms) | XLA (ms) | graph / op | XLA / op |\n|---|---|---|---|---|---|---|" in md

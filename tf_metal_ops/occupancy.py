@@ -13,8 +13,10 @@ March (conventions in csrc/shared/ray_march_math.h): the ray o + t d covers
 [max(near, t_box_enter), min(far, t_box_exit)]; steps dt(t) = clamp(t * cone_angle, step_size, max_step) with
 max_step = max(step_size, sqrt(3) * largest cell size); the first sample starts at t_enter + u dt with u in [0, 1)
 from a counter-based hash of (seed, ray index) (identical on every backend); a candidate [t, min(t + dt, t_exit)] is
-kept when its midpoint lies in an occupied cell, otherwise t jumps to where the ray leaves that cell. At most
-``max_samples`` samples per ray. Bad input: the CPU kernel raises InvalidArgumentError for non-finite origins or
+kept when its midpoint lies in an occupied cell, otherwise t jumps to where the ray leaves the largest empty
+block around that cell in the occupancy mip (levels of 2^m-cell blocks, each the OR of 2x2x2 blocks of the level
+below, built by the kernels from the bitfield on every call): the same occupied cells as skipping cell by cell, in
+a few steps instead of one per empty cell. At most ``max_samples`` samples per ray. Bad input: the CPU kernel raises InvalidArgumentError for non-finite origins or
 directions and NaN near/far (near > far is fine: no samples); the Metal kernels give such a ray no samples.
 """
 
