@@ -9,4 +9,12 @@ void UnchangedShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   TF_DeleteShapeHandle(in);
 }
 
+bool InputWithRank(TF_ShapeInferenceContext* ctx, int i, int rank, Shape* out, TF_Status* status) {
+  Shape in;
+  TF_ShapeInferenceContextGetInput(ctx, i, in.h, status);
+  if (TF_GetCode(status) != TF_OK) return false;
+  TF_ShapeInferenceContextWithRank(ctx, in.h, rank, out->h, status);
+  return TF_GetCode(status) == TF_OK;
+}
+
 }  // namespace tfmo

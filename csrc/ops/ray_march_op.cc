@@ -8,22 +8,13 @@
 //   No gradient (the outputs are sample positions). The shape function (graph mode only) checks ranks; the
 //   kernels check everything (ray_march_validate.h).
 #include "common/op_names.h"
+#include "common/shape_fns.h"
 #include "common/tfc.h"
 
 namespace {
 
-struct Shape {
-  TF_ShapeHandle* h = TF_NewShapeHandle();
-  ~Shape() { TF_DeleteShapeHandle(h); }
-};
-
-bool InputWithRank(TF_ShapeInferenceContext* ctx, int i, int rank, Shape* out, TF_Status* status) {
-  Shape in;
-  TF_ShapeInferenceContextGetInput(ctx, i, in.h, status);
-  if (TF_GetCode(status) != TF_OK) return false;
-  TF_ShapeInferenceContextWithRank(ctx, in.h, rank, out->h, status);
-  return TF_GetCode(status) == TF_OK;
-}
+using tfmo::InputWithRank;
+using tfmo::Shape;
 
 void RayMarchShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   Shape o, d, n, f, bits, aabb, seed;

@@ -14,23 +14,13 @@
 // DistortionLossGrad(weights, t, grad_loss [R]) -> grad_weights [R,S], grad_t [R,S+1]
 // All tensors float32. The shape functions (graph mode only) check ranks; the kernels check everything.
 #include "common/op_names.h"
+#include "common/shape_fns.h"
 #include "common/tfc.h"
 
 namespace {
 
-// RAII handles for the shape-inference C API.
-struct Shape {
-  TF_ShapeHandle* h = TF_NewShapeHandle();
-  ~Shape() { TF_DeleteShapeHandle(h); }
-};
-
-bool InputWithRank(TF_ShapeInferenceContext* ctx, int i, int rank, Shape* out, TF_Status* status) {
-  Shape in;
-  TF_ShapeInferenceContextGetInput(ctx, i, in.h, status);
-  if (TF_GetCode(status) != TF_OK) return false;
-  TF_ShapeInferenceContextWithRank(ctx, in.h, rank, out->h, status);
-  return TF_GetCode(status) == TF_OK;
-}
+using tfmo::InputWithRank;
+using tfmo::Shape;
 
 // out = dims [begin, end) of s.
 bool Sub(TF_ShapeInferenceContext* ctx, const Shape& s, int64_t begin, int64_t end, Shape* out, TF_Status* status) {

@@ -21,22 +21,13 @@
 #include <initializer_list>
 
 #include "common/op_names.h"
+#include "common/shape_fns.h"
 #include "common/tfc.h"
 
 namespace {
 
-struct Shape {
-  TF_ShapeHandle* h = TF_NewShapeHandle();
-  ~Shape() { TF_DeleteShapeHandle(h); }
-};
-
-bool InputWithRank(TF_ShapeInferenceContext* ctx, int i, int rank, Shape* out, TF_Status* status) {
-  Shape in;
-  TF_ShapeInferenceContextGetInput(ctx, i, in.h, status);
-  if (TF_GetCode(status) != TF_OK) return false;
-  TF_ShapeInferenceContextWithRank(ctx, in.h, rank, out->h, status);
-  return TF_GetCode(status) == TF_OK;
-}
+using tfmo::InputWithRank;
+using tfmo::Shape;
 
 // *r = [R] from row_splits [R+1] at input i: [R] when R + 1 is known (and >= 1), else [?] (row_splits' own shape).
 bool RaysFromSplits(TF_ShapeInferenceContext* ctx, int i, Shape* r, TF_Status* status) {
