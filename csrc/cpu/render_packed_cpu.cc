@@ -66,11 +66,12 @@ TFMO_INLINE bool RangeValid(const PackedSamples& p, int64_t r0, int64_t r1, tfmo
   const int64_t A = p.splits[r0], B = p.splits[r1];
   int flags = 0;  // ints, not bools, so that the loops vectorise
   if (p.sg != nullptr) {
-    for (int64_t k = A; k < B; ++k) flags |= static_cast<int>(vr_sample_invalid(p.sg[k], p.t1[k] - p.t0[k]));
+    for (int64_t k = A; k < B; ++k)
+      flags |= static_cast<int>(vr_sample_invalid(p.sg[k], p.t1[k] - p.t0[k]));
   } else {
     for (int64_t k = A; k < B; ++k) flags |= static_cast<int>(p.t1[k] - p.t0[k] < 0.0f);
   }
-  int64_t overlaps = 0;
+  int overlaps = 0;  // < 2^31: N fits int32 row_splits
   for (int64_t k = A + 1; k < B; ++k) overlaps += static_cast<int>(vr_overlaps(p.t1[k - 1], p.t0[k]));
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t a = p.splits[r];
@@ -116,21 +117,63 @@ TFMO_INLINE int64_t ChunkEnd(const int32_t* splits, int64_t ra, int64_t r1) {
   return rb;
 }
 
+// 0 when z, else x, without a branch (segment starts are as unpredictable as ray lengths).
+TFMO_INLINE float ZeroIf(bool z, float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  bits &= static_cast<uint32_t>(z) - 1u;
+  std::memcpy(&x, &bits, sizeof(x));
+  return x;
+}
+
+// Runs step(j, i) for every sample i of a chunk of n samples, j = 0..3 naming one of four parts that each begin at
+// a ray's first sample (starts[i] > 0), interleaved: a running sum along rays becomes four independent chains. Each
+// part sees its samples in order, and every ray lies in one part, so a sum restarted at each ray's first sample is
+// bitwise that of a serial scan of the ray alone (whatever the chunk boundaries).
+template <class Step>
+TFMO_INLINE void Interleave4(const int32_t* starts, int64_t n, Step&& step) {
+  int64_t p[5] = {0, 0, 0, 0, n};
+  for (int j = 1; j < 4; ++j) {
+    int64_t i = std::max(p[j - 1], j * n / 4);
+    while (i < n && starts[i] == 0) ++i;
+    p[j] = i;
+  }
+  int64_t m = n;
+  for (int j = 0; j < 4; ++j) m = std::min(m, p[j + 1] - p[j]);
+  for (int64_t i = 0; i < m; ++i) {
+    step(0, p[0] + i);
+    step(1, p[1] + i);
+    step(2, p[2] + i);
+    step(3, p[3] + i);
+  }
+  for (int j = 0; j < 4; ++j)
+    for (int64_t i = p[j] + m; i < p[j + 1]; ++i) step(j, i);
+}
+
 // Scratch of one chunk, indexed from its first sample / first ray.
 struct ChunkScratch {
-  std::vector<float> tau, cum, T, w;  // per sample: cum = sum of tau over the ray's earlier samples, T = exp(-cum)
-  std::vector<float> cum_end, T_end;  // per ray: the same after its last sample
-  std::vector<int64_t> stop;          // per ray: its first sample that is not composited (b when none)
-  ChunkScratch() : cum_end(kChunkSamples), T_end(kChunkSamples), stop(kChunkSamples) { Fit(kChunkSamples); }
+  // Per sample (one spare entry): cum = sum of tau over the earlier samples of its ray, T = exp(-cum), w = T alpha
+  // (gradient only), v (gradient only); starts = the number of rays whose first sample it is (> 0: a ray starts
+  // there; empty rays share the next ray's start).
+  std::vector<float> tau, cum, T, w, v;
+  std::vector<int32_t> starts;
+  // Per ray: cum and T after its last sample, its stop (first sample not composited; b when none), T_final * b.
+  std::vector<float> cum_end, T_end, tail;
+  std::vector<int64_t> stop;
+  ChunkScratch() : cum_end(kChunkSamples), T_end(kChunkSamples), tail(kChunkSamples), stop(kChunkSamples) {
+    Fit(kChunkSamples);
+  }
   void Fit(int64_t samples) {
-    if (static_cast<int64_t>(tau.size()) >= samples) return;
-    for (auto* v : {&tau, &cum, &T, &w}) v->resize(samples);
+    if (static_cast<int64_t>(tau.size()) > samples) return;
+    for (auto* a : {&tau, &cum, &T, &w, &v}) a->resize(samples + 1);
+    starts.resize(samples + 1);
   }
 };
 
 // The forward scan of the rays [ra, rb) (samples [A, B) = [splits[ra], splits[rb])): fills the scratch (sized by
 // Fit(B - A)) and w[k - A] = T_k alpha_k, 0 from the ray's stop on (the first sample with T < thr). Forward and
-// gradient kernels share it, so both see bitwise the same T, w and stop.
+// gradient kernels share it, so both see bitwise the same T, w and stop. Only the running sums are serial (along
+// each ray: Interleave4).
 TFMO_INLINE void ChunkForward(const PackedSamples& p, int64_t ra, int64_t rb, float thr, ChunkScratch* sc,
                               float* w) {
   const int32_t* splits = p.splits;
@@ -138,13 +181,18 @@ TFMO_INLINE void ChunkForward(const PackedSamples& p, int64_t ra, int64_t rb, fl
   float *tau = sc->tau.data(), *cum = sc->cum.data(), *T = sc->T.data();
   const float *sg = p.sg + A, *t0 = p.t0 + A, *t1 = p.t1 + A;
   for (int64_t i = 0; i < n; ++i) tau[i] = vr_tau(sg[i], t1[i] - t0[i]);
-  for (int64_t r = 0; r < nr; ++r) {  // the serial part: running sums, one chain per ray
-    float c = 0.0f;
-    for (int64_t i = splits[ra + r] - A, b = splits[ra + r + 1] - A; i < b; ++i) {
-      cum[i] = c;
-      c += tau[i];
-    }
-    sc->cum_end[r] = c;
+  int32_t* starts = sc->starts.data();
+  std::memset(starts, 0, sizeof(int32_t) * (n + 1));
+  for (int64_t r = 0; r < nr; ++r) ++starts[splits[ra + r] - A];
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  Interleave4(starts, n, [&](int j, int64_t i) {
+    c[j] = ZeroIf(starts[i] != 0, c[j]);
+    cum[i] = c[j];
+    c[j] += tau[i];
+  });
+  for (int64_t r = 0; r < nr; ++r) {
+    const int64_t a = splits[ra + r] - A, b = splits[ra + r + 1] - A;
+    sc->cum_end[r] = b > a ? cum[b - 1] + tau[b - 1] : 0.0f;
   }
   ExpNegArray(cum, T, n);
   ExpNegArray(sc->cum_end.data(), sc->T_end.data(), nr);
@@ -239,10 +287,10 @@ TFMO_INLINE void VrpGradRaysBody(const VrpGradJob& j, int64_t r0, int64_t r1) {
     const float *w = sc.w.data(), *T = sc.T.data();
     const float *sg = j.p.sg + A, *t0 = j.p.t0 + A, *t1 = j.p.t1 + A, *cl = j.cl + A * C, *gw = j.gw_all + A;
     float *gs = j.gs_all + A, *gcol = j.gcol_all + A * C, *gt0 = j.gt0_all + A, *gt1 = j.gt1_all + A;
+    float* v = sc.v.data();
     for (int64_t r = ra; r < rb; ++r) {
       const int64_t a = splits[r] - A, b = splits[r + 1] - A, n = sc.stop[r - ra];
-      const float T_end = sc.T_end[r - ra];
-      const float T_final = n < b ? T[n] : T_end;
+      const float T_final = n < b ? T[n] : sc.T_end[r - ra];
       const float* gcr = j.gc_all + r * C;
       float bdot = 0.0f;
       if (const float* bgr = tfmo::render::BackgroundRow(j.d.bg, j.bg_all, r, C))
@@ -250,26 +298,43 @@ TFMO_INLINE void VrpGradRaysBody(const VrpGradJob& j, int64_t r0, int64_t r1) {
       for (int64_t c = 0; c < C; ++c) j.gbg_all[r * C + c] = T_final * gcr[c];
       const float tail = T_final * bdot;
       const float g_depth = j.gd_all[r], g_opac = j.go_all[r];
-      // Terminated samples: no gradient.
-      for (int64_t k = n; k < b; ++k) gs[k] = gt0[k] = gt1[k] = 0.0f;
-      std::memset(gcol + n * C, 0, sizeof(float) * (b - n) * C);
-      // Reverse scan: v_k = sum_c gC_c c_kc + gD m_k + gO + gW_k; dL/dtau_k = T_{k+1} v_k - suffix - tail.
-      float suffix = 0.0f;  // sum_{j>k} w_j v_j
-      for (int64_t k = n - 1; k >= a; --k) {
-        const float wk = w[k];
-        const float* ck = cl + k * C;
-        float* gck = gcol + k * C;
-        float v = g_depth * vr_mid(t0[k], t1[k]) + g_opac + gw[k];
-        for (int64_t c = 0; c < C; ++c) {
-          v += gcr[c] * ck[c];
-          gck[c] = wk * gcr[c];
+      // v_k = sum_c gC_c c_kc + gD m_k + gO + gW_k, and dL/dc_kc = w_k gC_c.
+      if (C == 3) {
+        const float g0 = gcr[0], g1 = gcr[1], g2 = gcr[2];
+        for (int64_t k = a; k < n; ++k) {
+          v[k] = g_depth * vr_mid(t0[k], t1[k]) + g_opac + gw[k] +
+                 (g0 * cl[3 * k] + g1 * cl[3 * k + 1] + g2 * cl[3 * k + 2]);
+          gcol[3 * k] = w[k] * g0;
+          gcol[3 * k + 1] = w[k] * g1;
+          gcol[3 * k + 2] = w[k] * g2;
         }
-        const float gtau = vr_grad_tau(k + 1 < b ? T[k + 1] : T_end, v, suffix, tail);
-        suffix += wk * v;
-        gs[k] = (t1[k] - t0[k]) * gtau;
-        const float sgt = sg[k] * gtau;
-        gt0[k] = vr_grad_start(sgt, g_depth, wk);
-        gt1[k] = vr_grad_end(sgt, g_depth, wk);
+      } else {
+        for (int64_t k = a; k < n; ++k) {
+          float dot = 0.0f;
+          for (int64_t c = 0; c < C; ++c) {
+            dot += gcr[c] * cl[k * C + c];
+            gcol[k * C + c] = w[k] * gcr[c];
+          }
+          v[k] = g_depth * vr_mid(t0[k], t1[k]) + g_opac + gw[k] + dot;
+        }
+      }
+      // Reverse scan: v_k becomes dL/dtau_k = T_{k+1} v_k - sum_{j>k} w_j v_j - tail (the only serial chain).
+      float suffix = 0.0f, T_next = T_final;
+      for (int64_t k = n - 1; k >= a; --k) {
+        const float vk = v[k];
+        v[k] = vr_grad_tau(T_next, vk, suffix, tail);
+        suffix += w[k] * vk;
+        T_next = T[k];
+      }
+      for (int64_t k = a; k < n; ++k) {
+        gs[k] = (t1[k] - t0[k]) * v[k];
+        const float sgt = sg[k] * v[k];
+        gt0[k] = vr_grad_start(sgt, g_depth, w[k]);
+        gt1[k] = vr_grad_end(sgt, g_depth, w[k]);
+      }
+      if (n < b) {  // terminated samples: no gradient
+        for (int64_t k = n; k < b; ++k) gs[k] = gt0[k] = gt1[k] = 0.0f;
+        std::memset(gcol + n * C, 0, sizeof(float) * (b - n) * C);
       }
     }
   }

@@ -128,7 +128,8 @@ TFMO_FN float vr_opacity(VrScan s) { return vr_alpha(s.cum, s.T); }
 TFMO_FN float vr_grad_tau(float T_next, float v, float suffix, float tail) { return T_next * v - suffix - tail; }
 
 // Input validity of one sample (see conventions): densities >= 0, t non-decreasing. NaN passes (propagates).
-TFMO_FN bool vr_sample_invalid(float sigma, float delta) { return sigma < 0.0f || delta < 0.0f; }
+// `|`, not `||`: no branch, so that the CPU kernels' checking loops vectorise.
+TFMO_FN bool vr_sample_invalid(float sigma, float delta) { return (sigma < 0.0f) | (delta < 0.0f); }
 
 // Packed samples: sample k overlaps its predecessor in the same ray (e_{k-1} > s_k). NaN passes.
 TFMO_FN bool vr_overlaps(float prev_end, float start) { return start < prev_end; }
