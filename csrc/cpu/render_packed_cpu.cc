@@ -25,7 +25,6 @@ namespace {
 
 using tfmo::TensorRef;
 using tfmo::render::VrAttrs;
-using tfmo::render::VrDelete;
 using tfmo::render::VrpCreate;
 using tfmo::render::VrpDims;
 using namespace tfmo::vr_cpu;
@@ -484,25 +483,10 @@ void DlpGradCompute(void*, TF_OpKernelContext* ctx) {
 }
 
 static const tfmo::OnLoad kRegister([] {
-  tfmo::KernelSpec spec;
-  spec.device = "CPU";
-  spec.create = &VrpCreate;
-  spec.destroy = &VrDelete;
-  spec.op = TFMO_OP_VOLUME_RENDER_PACKED;
-  spec.compute = &VrpCompute;
-  tfmo::RegisterKernel(spec);
-  spec.op = TFMO_OP_VOLUME_RENDER_PACKED_GRAD;
-  spec.compute = &VrpGradCompute;
-  tfmo::RegisterKernel(spec);
-
-  tfmo::KernelSpec dl;
-  dl.device = "CPU";
-  dl.op = TFMO_OP_DISTORTION_LOSS_PACKED;
-  dl.compute = &DlpCompute;
-  tfmo::RegisterKernel(dl);
-  dl.op = TFMO_OP_DISTORTION_LOSS_PACKED_GRAD;
-  dl.compute = &DlpGradCompute;
-  tfmo::RegisterKernel(dl);
+  tfmo::RegisterKernelPair(tfmo::render::VrKernelSpec("CPU", &VrpCreate), TFMO_OP_VOLUME_RENDER_PACKED, &VrpCompute,
+                           TFMO_OP_VOLUME_RENDER_PACKED_GRAD, &VrpGradCompute);
+  tfmo::RegisterKernelPair(tfmo::KernelSpecFor("CPU"), TFMO_OP_DISTORTION_LOSS_PACKED, &DlpCompute,
+                           TFMO_OP_DISTORTION_LOSS_PACKED_GRAD, &DlpGradCompute);
 });
 
 }  // namespace

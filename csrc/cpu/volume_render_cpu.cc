@@ -24,7 +24,6 @@ using namespace tfmo::vr_cpu;
 
 using tfmo::render::VrAttrs;
 using tfmo::render::VrCreate;
-using tfmo::render::VrDelete;
 
 // Rays per work item: enough samples to amortise the hand-off.
 int64_t RayGrain(int64_t S, int64_t C) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, S * (C + 2))); }
@@ -344,16 +343,8 @@ void VrGradCompute(void* p, TF_OpKernelContext* ctx) {
 }
 
 static const tfmo::OnLoad kRegister([] {
-  tfmo::KernelSpec spec;
-  spec.op = TFMO_OP_VOLUME_RENDER;
-  spec.device = "CPU";
-  spec.create = &VrCreate;
-  spec.compute = &VrCompute;
-  spec.destroy = &VrDelete;
-  tfmo::RegisterKernel(spec);
-  spec.op = TFMO_OP_VOLUME_RENDER_GRAD;
-  spec.compute = &VrGradCompute;
-  tfmo::RegisterKernel(spec);
+  tfmo::RegisterKernelPair(tfmo::render::VrKernelSpec("CPU", &VrCreate), TFMO_OP_VOLUME_RENDER, &VrCompute,
+                           TFMO_OP_VOLUME_RENDER_GRAD, &VrGradCompute);
 });
 
 }  // namespace

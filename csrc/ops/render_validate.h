@@ -148,4 +148,12 @@ inline void* VrCreate(TF_OpKernelConstruction* c) {
 }
 inline void VrDelete(void* p) { delete static_cast<VrAttrs*>(p); }
 
+// Kernel registration spec of the volume-render ops on `device`: state from `create` (VrCreate, VrpCreate).
+inline KernelSpec VrKernelSpec(const char* device, void* (*create)(TF_OpKernelConstruction*)) {
+  KernelSpec spec = KernelSpecFor(device);
+  spec.create = create;
+  spec.destroy = &VrDelete;
+  return spec;
+}
+
 }  // namespace tfmo::render
