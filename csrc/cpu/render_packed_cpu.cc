@@ -211,26 +211,44 @@ TFMO_INLINE void ChunkForward(const PackedSamples& p, int64_t ra, int64_t rb, fl
   }
 }
 
-struct VrpFwdJob {
+// The inputs both volume-render kernels share.
+struct VrpJob {
   PackedSamples p;
   const float *cl, *bg_all;
-  float *col_all, *dep_all, *opa_all, *w_all;
   VrpDims d;
   float thr;
   tfmo::FirstIndex* bad;
 };
 
-TFMO_INLINE void VrpForwardRaysBody(const VrpFwdJob& j, int64_t r0, int64_t r1) {
+// Checks the samples of rays [r0, r1) and runs each chunk's forward scan (weights into w_all, or the scratch when
+// nullptr), then chunk(ra, rb, sc, w) with w the chunk's weights.
+template <class Chunk>
+TFMO_INLINE void ForEachChunk(const VrpJob& j, int64_t r0, int64_t r1, float* w_all, Chunk&& chunk) {
   if (!RangeValid(j.p, r0, r1, j.bad)) return;
-  const int32_t* splits = j.p.splits;
-  const int64_t C = j.d.C;
   ChunkScratch sc;
   for (int64_t ra = r0, rb; ra < r1; ra = rb) {
-    rb = ChunkEnd(splits, ra, r1);
-    const int64_t A = splits[ra];
-    sc.Fit(splits[rb] - A);
-    float* w = j.w_all + A;
+    rb = ChunkEnd(j.p.splits, ra, r1);
+    const int64_t A = j.p.splits[ra];
+    sc.Fit(j.p.splits[rb] - A);
+    float* w = w_all != nullptr ? w_all + A : sc.w.data();
     ChunkForward(j.p, ra, rb, j.thr, &sc, w);
+    chunk(ra, rb, sc, w);
+  }
+}
+
+// The per-chunk bodies are lambdas: always inlined, so that they are compiled for the ISA of the build they run in.
+#define TFMO_LAMBDA_INLINE __attribute__((always_inline))
+
+struct VrpFwdJob : VrpJob {
+  float *col_all, *dep_all, *opa_all, *w_all;
+};
+
+TFMO_INLINE void VrpForwardRaysBody(const VrpFwdJob& j, int64_t r0, int64_t r1) {
+  const int32_t* splits = j.p.splits;
+  const int64_t C = j.d.C;
+  ForEachChunk(j, r0, r1, j.w_all, [&](int64_t ra, int64_t rb, ChunkScratch& sc, const float* w)
+                                        TFMO_LAMBDA_INLINE {
+    const int64_t A = splits[ra];
     const float *t0 = j.p.t0 + A, *t1 = j.p.t1 + A, *cl = j.cl + A * C;
     for (int64_t r = ra; r < rb; ++r) {
       const int64_t a = splits[r] - A, b = splits[r + 1] - A, n = sc.stop[r - ra];
@@ -261,29 +279,21 @@ TFMO_INLINE void VrpForwardRaysBody(const VrpFwdJob& j, int64_t r0, int64_t r1) 
       j.dep_all[r] = dep;
       j.opa_all[r] = vr_opacity(VrScan{cum_final, T_final});
     }
-  }
+  });
 }
 
-struct VrpGradJob {
-  PackedSamples p;
-  const float *cl, *bg_all, *gc_all, *gd_all, *go_all, *gw_all;
+struct VrpGradJob : VrpJob {
+  const float *gc_all, *gd_all, *go_all, *gw_all;
   float *gs_all, *gcol_all, *gt0_all, *gt1_all, *gbg_all;
-  VrpDims d;
-  float thr;
-  tfmo::FirstIndex* bad;
 };
 
 TFMO_INLINE void VrpGradRaysBody(const VrpGradJob& j, int64_t r0, int64_t r1) {
-  if (!RangeValid(j.p, r0, r1, j.bad)) return;
   const int32_t* splits = j.p.splits;
   const int64_t C = j.d.C;
-  ChunkScratch sc;
-  for (int64_t ra = r0, rb; ra < r1; ra = rb) {
-    rb = ChunkEnd(splits, ra, r1);
+  ForEachChunk(j, r0, r1, nullptr, [&](int64_t ra, int64_t rb, ChunkScratch& sc, const float* w)
+                                       TFMO_LAMBDA_INLINE {
     const int64_t A = splits[ra];
-    sc.Fit(splits[rb] - A);
-    ChunkForward(j.p, ra, rb, j.thr, &sc, sc.w.data());
-    const float *w = sc.w.data(), *T = sc.T.data();
+    const float* T = sc.T.data();
     const float *sg = j.p.sg + A, *t0 = j.p.t0 + A, *t1 = j.p.t1 + A, *cl = j.cl + A * C, *gw = j.gw_all + A;
     float *gs = j.gs_all + A, *gcol = j.gcol_all + A * C, *gt0 = j.gt0_all + A, *gt1 = j.gt1_all + A;
     float* v = sc.v.data();
@@ -338,7 +348,7 @@ TFMO_INLINE void VrpGradRaysBody(const VrpGradJob& j, int64_t r0, int64_t r1) {
         std::memset(gcol + n * C, 0, sizeof(float) * (b - n) * C);
       }
     }
-  }
+  });
 }
 
 TFMO_VR_BUILDS(VrpForwardRays, VrpFwdJob)
@@ -362,9 +372,9 @@ void VrpCompute(void* p, TF_OpKernelContext* ctx) {
     return;
   if (R == 0) return;
   tfmo::FirstIndex bad;
-  const VrpFwdJob job{{dens.data<float>(), ts.data<float>(), te.data<float>(), rs.data<int32_t>()},
-                      cols.data<float>(), bg.data<float>(), color.data<float>(), depth.data<float>(),
-                      opacity.data<float>(), weights.data<float>(), d, thr, &bad};
+  const VrpFwdJob job{{{dens.data<float>(), ts.data<float>(), te.data<float>(), rs.data<int32_t>()},
+                       cols.data<float>(), bg.data<float>(), d, thr, &bad},
+                      color.data<float>(), depth.data<float>(), opacity.data<float>(), weights.data<float>()};
   tfmo::ParallelFor(R, RayGrain(R, N, C), [&](int64_t r0, int64_t r1) { VrpForwardRays(job, r0, r1); });
   if (bad.get() >= 0) FailBadSample(ctx, op, job.p, R, bad.get());
 }
@@ -390,10 +400,11 @@ void VrpGradCompute(void* p, TF_OpKernelContext* ctx) {
     return;
   if (R == 0) return;
   tfmo::FirstIndex bad;
-  const VrpGradJob job{{dens.data<float>(), ts.data<float>(), te.data<float>(), rs.data<int32_t>()},
-                       cols.data<float>(), bg.data<float>(), in[6].data<float>(), in[7].data<float>(),
-                       in[8].data<float>(), in[9].data<float>(), g_dens.data<float>(), g_cols.data<float>(),
-                       g_ts.data<float>(), g_te.data<float>(), g_bg.data<float>(), d, thr, &bad};
+  const VrpGradJob job{{{dens.data<float>(), ts.data<float>(), te.data<float>(), rs.data<int32_t>()},
+                        cols.data<float>(), bg.data<float>(), d, thr, &bad},
+                       in[6].data<float>(), in[7].data<float>(), in[8].data<float>(), in[9].data<float>(),
+                       g_dens.data<float>(), g_cols.data<float>(), g_ts.data<float>(), g_te.data<float>(),
+                       g_bg.data<float>()};
   tfmo::ParallelFor(R, RayGrain(R, N, C), [&](int64_t r0, int64_t r1) { VrpGradRays(job, r0, r1); });
   if (bad.get() >= 0) FailBadSample(ctx, op, job.p, R, bad.get());
 }

@@ -28,6 +28,19 @@
 
 namespace tfmo::vr_cpu {
 
+// exp(r) for |r| <= ln2/2: its degree-7 Taylor polynomial (Horner), on a float or a vector (the same operations).
+template <class V>
+TFMO_INLINE V ExpPoly(V r) {
+  V p = V{} + 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  return p * r + 1.0f;
+}
+
 // exp(x) for x <= 0 (x > 0 is clamped to 0), in a form the compiler vectorises: x = n ln2 + r with
 // |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (truncation error < 1e-8 relative), times 2^n from the
 // exponent bits. About 2 ulp; exp(x) = 0 below -87.3 (no denormals), NaN passes through.
@@ -36,15 +49,7 @@ TFMO_INLINE float NegExp(float x) {
   const float xc = (x < -87.3f || x != x) ? -87.3f : (x > 0.0f ? 0.0f : x);
   const int n = static_cast<int>(xc * 1.44269504f - 0.5f);  // round to nearest for xc <= 0 (trunc toward 0)
   const float fn = static_cast<float>(n);
-  const float r = (xc - fn * 0.693145752f) - fn * 1.42860677e-6f;  // ln2 split hi/lo
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  const float p = ExpPoly((xc - fn * 0.693145752f) - fn * 1.42860677e-6f);  // ln2 split hi/lo
   uint32_t bits;
   const int32_t scale_bits = (n + 127) << 23;
   std::memcpy(&bits, &scale_bits, sizeof(bits));
@@ -68,15 +73,7 @@ TFMO_INLINE VecF NegExpV(VecF x) {
   xc = Select(xc > 0.0f, VecF{}, xc);
   const VecI n = __builtin_convertvector(xc * 1.44269504f - 0.5f, VecI);
   const VecF fn = __builtin_convertvector(n, VecF);
-  const VecF r = (xc - fn * 0.693145752f) - fn * 1.42860677e-6f;
-  VecF p = VecF{} + 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  const VecF p = ExpPoly((xc - fn * 0.693145752f) - fn * 1.42860677e-6f);
   const VecF y = p * (VecF)((n + 127) << 23);
   return Select(nan, x, Select(under, VecF{}, y));
 }
