@@ -1,8 +1,9 @@
 // Per-sample math of the NeRF rendering ops (VolumeRender, DistortionLoss and their gradients), shared by the
 // CPU kernels (csrc/cpu/*_cpu.cc) and the Metal kernels (metal_kernels/*.metal). Rules: device_compat.h.
 // The per-ray loops live in the kernels (they read device memory). The Metal kernels and the CPU DistortionLoss
-// kernels run these functions as they are; the CPU VolumeRender kernel runs the same formulas on arrays
-// (vectorised exp, running sums in four interleaved chains), so CPU and GPU agree to rounding, not bitwise.
+// kernels run these functions as they are; the CPU VolumeRender and VolumeRenderPacked kernels run the same formulas
+// on arrays (csrc/cpu/volume_render_simd.h: vectorised exp; VolumeRender's running sums in four interleaved
+// chains), so CPU and GPU agree to rounding, not bitwise.
 //
 // Conventions (both ops):
 //  - A ray has S samples; sample i covers the interval [t_i, t_{i+1}] of the edges t[0..S];
