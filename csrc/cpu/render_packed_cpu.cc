@@ -3,9 +3,9 @@
 // ranges; a range checks its samples first (RangeValid), then runs in chunks of consecutive rays (ChunkEnd), whose
 // samples are contiguous in the flat arrays. VolumeRenderPacked computes the per-sample parts of a chunk (tau, the
 // transmittances exp(-cum), the weights) in flat vectorised loops over all its samples, many rays at once
-// (csrc/cpu/volume_render_simd.h, built per ISA like VolumeRender's ray loops); only the running sums and the
-// accumulations are serial, per ray, in the order of metal_kernels/render_packed.metal. DistortionLossPacked is a
-// serial scan per ray (no exp). Every value depends only on its own ray (a vector lane computes what the scalar
+// (csrc/cpu/volume_render_simd.h, built per ISA like VolumeRender's ray loops); only the running sums along the rays
+// (four interleaved chains, Interleave4), the accumulations and the gradient's reverse scan are serial, per ray.
+// DistortionLossPacked is a serial scan per ray (no exp). Every value depends only on its own ray (a vector lane computes what the scalar
 // tail computes), so results do not depend on the thread count. O(N + R) in total.
 // Invalid input fails with InvalidArgument: row_splits are checked first (serially, O(R)), then every range checks
 // its samples (densities >= 0, t_starts <= t_ends, no overlap with the previous sample of the ray); the message
@@ -105,6 +105,9 @@ void FailBadSample(TF_OpKernelContext* ctx, const char* op, const PackedSamples&
 // ---------------------------------------------------------------------------------------------------------
 // VolumeRenderPacked
 
+// The lambdas of the ray loops are always inlined, so that they are compiled for the ISA of the build they run in.
+#define TFMO_LAMBDA_INLINE __attribute__((always_inline))
+
 // A chunk holds at most this many samples (and rays), so that its scratch stays in cache; a longer ray is a
 // chunk of its own.
 constexpr int64_t kChunkSamples = 2048;
@@ -184,7 +187,7 @@ TFMO_INLINE void ChunkForward(const PackedSamples& p, int64_t ra, int64_t rb, fl
   std::memset(starts, 0, sizeof(int32_t) * (n + 1));
   for (int64_t r = 0; r < nr; ++r) ++starts[splits[ra + r] - A];
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  Interleave4(starts, n, [&](int j, int64_t i) {
+  Interleave4(starts, n, [&](int j, int64_t i) TFMO_LAMBDA_INLINE {
     c[j] = ZeroIf(starts[i] != 0, c[j]);
     cum[i] = c[j];
     c[j] += tau[i];
@@ -235,9 +238,6 @@ TFMO_INLINE void ForEachChunk(const VrpJob& j, int64_t r0, int64_t r1, float* w_
     chunk(ra, rb, sc, w);
   }
 }
-
-// The per-chunk bodies are lambdas: always inlined, so that they are compiled for the ISA of the build they run in.
-#define TFMO_LAMBDA_INLINE __attribute__((always_inline))
 
 struct VrpFwdJob : VrpJob {
   float *col_all, *dep_all, *opa_all, *w_all;
