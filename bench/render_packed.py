@@ -8,8 +8,14 @@ march), C channels (default 3). For VolumeRenderPacked and DistortionLossPacked,
   tf+xla    the same with tf.function(jit_compile=True), or "does not compile" with XLA's reason,
 all in one process; prints the CPU model, the median (min) of --repeats runs after warm-up, and baseline / op.
 
+--nerf instead measures the shape of the NeRF training step (examples/nerf at 2^18 samples): --nerf-rays rays
+(35,000) with --nerf-samples samples (265,000) in total, 1..30 per ray, most rays short (a truncated geometric
+distribution), C = 3, against the dense volume_render on 4096 x 64 rays x samples (about the same sample count) in
+the same process: medians of forward and forward+backward per sample, and packed / dense per sample.
+
     python bench/render_packed.py [--samples 262144] [--min-per-ray 4] [--max-per-ray 64] [--channels 3]
                                   [--repeats 9] [--json OUT]
+    python bench/render_packed.py --nerf [--nerf-rays 35000] [--nerf-samples 265000] [--repeats 15]
 """
 
 import argparse
@@ -51,11 +57,31 @@ def median_ms(fn, repeats, warmup=2):
     return statistics.median(times), min(times)
 
 
-def make_inputs(n_target, lo, hi, C, seed=0):
-    """Rays with lo..hi samples each (uniform) until about n_target samples; contiguous or gapped intervals."""
-    rng = np.random.default_rng(seed)
+def uniform_counts(rng, n_target, lo, hi):
+    """Rays with lo..hi samples each (uniform) until about n_target samples."""
     counts = rng.integers(lo, hi + 1, n_target // max(1, (lo + hi) // 2) + 1)
-    counts = counts[: np.searchsorted(np.cumsum(counts), n_target) + 1]
+    return counts[: np.searchsorted(np.cumsum(counts), n_target) + 1]
+
+
+def nerf_counts(rng, R, N, lo=1, hi=30):
+    """R rays with exactly N samples, lo..hi each, P(k) ~ q^k (most rays short, like an occupancy-grid march)."""
+    k = np.arange(lo, hi + 1)
+    qa, qb = 1e-6, 1.0
+    for _ in range(60):  # bisection: the mean of the truncated geometric distribution grows with q
+        q = 0.5 * (qa + qb)
+        p = q ** (k - lo)
+        qa, qb = (q, qb) if (p * k).sum() / p.sum() < N / R else (qa, q)
+    counts = rng.choice(k, R, p=p / p.sum())
+    while counts.sum() != N:  # move single samples until the total is exact, within lo..hi
+        i = rng.integers(0, R, 1024)
+        step = 1 if counts.sum() < N else -1
+        i = i[(counts[i] + step >= lo) & (counts[i] + step <= hi)][: abs(int(counts.sum()) - N)]
+        np.add.at(counts, i, step)
+    return counts
+
+
+def make_inputs(counts, hi, C, rng):
+    """Rays with the given sample counts; contiguous or gapped intervals."""
     N, R = int(counts.sum()), len(counts)
     rs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     ray = np.repeat(np.arange(R), counts)
@@ -105,6 +131,63 @@ def dl_functions(loss_fn):
     return fwd, fwd_bwd
 
 
+def dense_inputs(R, S, C, seed=0):
+    rng = np.random.default_rng(seed)
+    t = 2.0 + np.cumsum(rng.uniform(0.005, 0.05, (R, S + 1)), axis=1)
+    f32 = lambda x: tf.constant(np.asarray(x, np.float32))  # noqa: E731
+    return (f32(rng.gamma(1.0, 3.0, (R, S))), f32(rng.uniform(0.0, 1.0, (R, S, C))), f32(t),
+            f32(rng.uniform(size=C)))
+
+
+def dense_vr_functions():
+    def fwd(d, c, t, bg):
+        out = tfmo.volume_render(d, c, t, bg)
+        return tf.reduce_sum(out.color) + tf.reduce_sum(out.depth) + tf.reduce_sum(out.weights)
+
+    def fwd_bwd(d, c, t, bg):
+        with tf.GradientTape() as tape:
+            tape.watch([d, c, t, bg])
+            out = tfmo.volume_render(d, c, t, bg)
+            loss = tf.reduce_sum(out.color) + 0.1 * tf.reduce_sum(out.depth) + tf.reduce_sum(out.weights)
+        grads = tape.gradient(loss, [d, c, t, bg])
+        return [loss] + [tf.reduce_sum(g) for g in grads]
+
+    return fwd, fwd_bwd
+
+
+def run_nerf(args):
+    """The NeRF-step shape: packed vs dense volume rendering per sample (see the module docstring)."""
+    rng = np.random.default_rng(1)
+    counts = nerf_counts(rng, args.nerf_rays, args.nerf_samples)
+    vr_in, dl_in, R, N = make_inputs(counts, 30, 3, rng)
+    dense_R, dense_S = 4096, 64
+    dense_in = dense_inputs(dense_R, dense_S, 3)
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs)")
+    print(f"TensorFlow {tf.__version__}, tf_metal_ops {tfmo.__version__}, op threads {tfmo.get_num_threads()}, "
+          f"volume-render CPU build {tfmo.backend.volume_render_cpu_paths()['selected']}")
+    print(f"packed: N={N} samples on R={R} rays (1..30 per ray, mean {N / R:.2f}, median {np.median(counts):.0f}), "
+          f"C=3; dense: {dense_R} x {dense_S} = {dense_R * dense_S} samples; median (min) of {args.repeats} runs")
+    rows = []
+    for mode_idx, mode in enumerate(("fwd", "fwd+bwd")):
+        packed = tf.function(vr_functions(tfmo.volume_render_packed)[mode_idx])
+        dense = tf.function(dense_vr_functions()[mode_idx])
+        dl = tf.function(dl_functions(tfmo.distortion_loss_packed)[mode_idx])
+        t = {"packed": median_ms(lambda: packed(*vr_in), args.repeats),
+             "dense": median_ms(lambda: dense(*dense_in), args.repeats),
+             "distortion_packed": median_ms(lambda: dl(*dl_in), args.repeats)}
+        per = {"packed": t["packed"][0] * 1e6 / N, "dense": t["dense"][0] * 1e6 / (dense_R * dense_S),
+               "distortion_packed": t["distortion_packed"][0] * 1e6 / N}
+        rows.append({"mode": mode, "median_ms": {k: v[0] for k, v in t.items()}, "ns_per_sample": per})
+        print(f"{mode:8s} volume_render_packed {t['packed'][0]:7.2f} ({t['packed'][1]:6.2f}) ms "
+              f"{per['packed']:6.2f} ns/sample | volume_render {t['dense'][0]:7.2f} ({t['dense'][1]:6.2f}) ms "
+              f"{per['dense']:6.2f} ns/sample | packed/dense per sample {per['packed'] / per['dense']:5.2f}x | "
+              f"distortion_loss_packed {t['distortion_packed'][0]:6.2f} ms", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": {"samples": N, "rays": R, "dense": [dense_R, dense_S], "repeats": args.repeats,
+                                  "cpu": cpu_model()}, "nerf_rows": rows}, f, indent=1)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=1 << 18)
@@ -113,8 +196,15 @@ def main():
     p.add_argument("--channels", type=int, default=3)
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--json", help="also write the medians (ms) to this file (bench/run_all.py collects them)")
+    p.add_argument("--nerf", action="store_true", help="the NeRF-step shape against volume_render (see above)")
+    p.add_argument("--nerf-rays", type=int, default=35000)
+    p.add_argument("--nerf-samples", type=int, default=265000)
     args = p.parse_args()
-    vr_in, dl_in, R, N = make_inputs(args.samples, args.min_per_ray, args.max_per_ray, args.channels)
+    if args.nerf:
+        return run_nerf(args)
+    rng = np.random.default_rng(0)
+    counts = uniform_counts(rng, args.samples, args.min_per_ray, args.max_per_ray)
+    vr_in, dl_in, R, N = make_inputs(counts, args.max_per_ray, args.channels, rng)
     print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs)")
     print(f"TensorFlow {tf.__version__}, tf_metal_ops {tfmo.__version__}, op threads {tfmo.get_num_threads()}, "
           f"N={N} samples on R={R} rays ({args.min_per_ray}..{args.max_per_ray} per ray), C={args.channels}, "

@@ -368,8 +368,9 @@ PACKED_KERNELS = ("render_packed_check_init", "render_packed_check_splits", "vol
 
 
 def check_render_packed(seed):
-    """Packed ops and gradients on /GPU:0 against the CPU kernels. Both run the same scalar functions of
-    csrc/shared/volume_render_math.h in the same order: rtol 1e-6, atol 1e-7 (exp may differ by an ulp)."""
+    """Packed ops and gradients on /GPU:0 against the CPU kernels. Both run the functions of
+    csrc/shared/volume_render_math.h, the CPU kernel's volume rendering on arrays with its own vectorised exp (as
+    volume_render's): rtol 1e-5, atol 1e-5 * max(1, max |value|) (the t gradients are differences of terms)."""
     from render_packed_cases import make_packed, random_counts
 
     rng = np.random.default_rng(seed)
@@ -387,7 +388,9 @@ def check_render_packed(seed):
                     assert v.device.endswith("GPU:0"), f"render_packed output/grad {i} R={r} bg={name} on {v.device}"
                 cpu = packed_run(CPU, inputs, threshold)
                 for i, (a, b) in enumerate(zip(g, cpu)):
-                    close(a, b, 1e-6, 1e-7, f"render_packed output/grad {i} R={r} C={c} bg={name} thr={threshold}")
+                    scale = max(1.0, float(np.nanmax(np.abs(np.asarray(b))))) if np.size(b) else 1.0
+                    close(a, b, 1e-5, 1e-5 * scale, f"render_packed output/grad {i} R={r} C={c} bg={name} "
+                          f"thr={threshold}")
                 cases += 1
     # Empty work: no rays; rays without samples.
     for counts in ([], [0, 0, 0]):
@@ -436,8 +439,8 @@ def check_render_packed_nan_policy(seed):
     assert np.isnan(color[[1, 3]]).all() and np.isnan(weights[3:8]).all() and np.isnan(weights[8:12]).all()
     assert np.isnan(np.asarray(g[6])[3:8]).all() and np.isnan(np.asarray(g[7])[8:12]).all()  # gradients too
     ok = [0, 2, 4]
-    close(color[ok], np.asarray(want[0])[ok], 1e-6, 1e-7, "valid rays beside invalid ones")
-    close(weights[:3], np.asarray(want[3])[:3], 1e-6, 1e-7, "weights of valid rays")
+    close(color[ok], np.asarray(want[0])[ok], 1e-5, 1e-6, "valid rays beside invalid ones")  # as check_render_packed
+    close(weights[:3], np.asarray(want[3])[:3], 1e-5, 1e-6, "weights of valid rays")
     # Samples but no rays: rejected on the host (no ray thread could report it).
     with tf.device(GPU):
         try:

@@ -1,10 +1,12 @@
 """VolumeRenderPacked and DistortionLossPacked (CPU kernels): NumPy float64 references, gradients (autodiff and
 finite differences of the float64 plain-TF version), equality with volume_render / distortion_loss on uniformly
-packed rays, empty rays, R = 0 and N = 0, every invalid input, thread-count determinism, graph mode.
+packed rays, empty rays, R = 0 and N = 0, every invalid input, thread-count determinism, the CPU kernel's chunks of
+rays, graph mode.
 
-Tolerances: values vs the float64 references rtol 2e-5, atol 2e-6 (float32 scans of <= 64 samples). Against
-volume_render on the same rays: rtol 1e-5, atol 1e-6 (its CPU kernel uses its own vectorised exp, ~2 ulp from
-libm's; distortion_loss uses the same scalar functions: bitwise equal). Gradients vs float64: rtol 1e-4, atol
+Tolerances: values vs the float64 references rtol 2e-5, atol 2e-6 (float32 scans of <= 64 samples; 5e-5, 5e-6 for
+the rays of up to 3000 samples in test_chunk_edges). Against volume_render on the same rays: rtol 1e-5, atol 1e-6
+(the same vectorised exp, running sums in another order; distortion_loss uses the same scalar functions: bitwise
+equal). Gradients vs float64: rtol 1e-4, atol
 2e-5 * max|g|. Jacobians vs float64 finite differences: max abs error 2e-3.
 """
 
@@ -292,6 +294,39 @@ def test_results_do_not_depend_on_thread_count():
     for other in results[1:]:
         for x, y in zip(results[0], other):
             np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("C,thr", [(3, 0.0), (2, 1e-3)])
+def test_chunk_edges(C, thr):
+    """The CPU kernels run a range of rays in chunks of at most 2048 samples and 2048 rays: rays longer than a chunk,
+    runs of more than 2048 empty rays, rays of 1..30 samples around them. Values and gradients against the float64
+    references, and the same bits with 1 and 3 threads."""
+    rng = np.random.default_rng(17 + C)
+    counts = np.concatenate([random_counts(rng, 200, 0, 12), np.zeros(2500, np.int64), [3000],
+                             random_counts(rng, 200, 1, 30), np.zeros(2100, np.int64), [1, 2050, 0]])
+    inputs = make_packed(counts, C, seed=17, dens_scale=0.03, bg="per_ray")
+    R, N = len(counts), len(inputs[0])
+    assert_outputs_close(tfmo.volume_render_packed(*inputs, termination_threshold=thr),
+                         np_volume_render_packed(*inputs, thr), rtol=5e-5, atol=5e-6)
+    up = [rng.normal(size=s) for s in ((R, C), (R,), (R,), (N,))]
+    runs = []
+    for n in (1, 3):
+        with tfmo.num_threads(n):
+            runs.append(_vrp_grads(tfmo.volume_render_packed, inputs, thr, up, tf.float32))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    want = _vrp_grads(tfmo.volume_render_packed_tf, inputs, thr, up, tf.float64)
+    for name, g, w in zip(("densities", "colors", "t_starts", "t_ends", "background"), runs[0], want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=5e-5 * max(1.0, np.abs(w).max()), err_msg=name)
+
+
+def test_lowest_bad_sample_is_named_whatever_the_thread_count():
+    d, c, ts, te, rs, b = make_packed(random_counts(np.random.default_rng(3), 6000, 0, 20), 3, seed=3)
+    d[[len(d) - 5, len(d) // 2]] = -1.0  # in different ranges
+    for n in (1, 2, 3):
+        with tfmo.num_threads(n), pytest.raises(tf.errors.InvalidArgumentError,
+                                               match=rf"densities\[{len(d) // 2}\] = -1"):
+            tfmo.volume_render_packed(d, c, ts, te, rs, b)
 
 
 # ---------------------------------------------------------------------------------------------------------------

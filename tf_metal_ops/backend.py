@@ -156,14 +156,14 @@ VOLUME_RENDER_ISAS = ("default", "avx2", "avx512")
 
 
 def volume_render_cpu_paths() -> dict:
-    """Which build of the volume-render CPU ray loops runs in this process. The loops are compiled for the baseline
-    ISA (``default``), x86-64-v3 (``avx2``) and x86-64-v4 (``avx512``) on x86-64 Linux; one is chosen once per
-    process: the best the CPU supports, or the one named by ``TF_METAL_OPS_VOLUME_RENDER_ISA`` (``avx512``, ``avx2``,
-    ``default`` or ``auto``; a build the CPU cannot run falls back to the best lower one, with a message on stderr).
-    Returns ``built`` and ``supported`` (lists of build names), ``selected``, ``requested`` (None when unset or
-    ``auto``, ``"?"`` for an unknown name), ``fell_back`` (the request could not be honoured) and ``calls`` (ray-range
-    calls so far per build, forward and gradient: a diagnostic that proves which build produced a result). The builds
-    give bitwise identical results."""
+    """Which build of the volume-render CPU ray loops (volume_render and volume_render_packed) runs in this process.
+    The loops are compiled for the baseline ISA (``default``), x86-64-v3 (``avx2``) and x86-64-v4 (``avx512``) on
+    x86-64 Linux; one is chosen once per process: the best the CPU supports, or the one named by
+    ``TF_METAL_OPS_VOLUME_RENDER_ISA`` (``avx512``, ``avx2``, ``default`` or ``auto``; a build the CPU cannot run falls
+    back to the best lower one, with a message on stderr). Returns ``built`` and ``supported`` (lists of build names),
+    ``selected``, ``requested`` (None when unset or ``auto``, ``"?"`` for an unknown name), ``fell_back`` (the request
+    could not be honoured) and ``calls`` (ray-range calls so far per build, both ops, forward and gradient: a
+    diagnostic that proves which build produced a result). The builds give bitwise identical results."""
     import ctypes
 
     from tf_metal_ops import _library

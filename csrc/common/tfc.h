@@ -193,6 +193,24 @@ struct KernelSpec {
 };
 void RegisterKernel(const KernelSpec& spec);
 
+// A spec with only the device set ("CPU" or "GPU").
+inline KernelSpec KernelSpecFor(const char* device) {
+  KernelSpec spec{};
+  spec.device = device;
+  return spec;
+}
+
+// Registers the kernels of an op and of its gradient op: `spec` (device, kernel state, ...) with each op's compute.
+inline void RegisterKernelPair(KernelSpec spec, const char* op, void (*compute)(void*, TF_OpKernelContext*),
+                               const char* grad_op, void (*grad_compute)(void*, TF_OpKernelContext*)) {
+  spec.op = op;
+  spec.compute = compute;
+  RegisterKernel(spec);
+  spec.op = grad_op;
+  spec.compute = grad_compute;
+  RegisterKernel(spec);
+}
+
 // Registers an op definition built by `build`; reports failures on stderr.
 void RegisterOp(TF_OpDefinitionBuilder* builder);
 

@@ -109,14 +109,8 @@ void DlGradCompute(void*, TF_OpKernelContext* ctx) {
 }
 
 static const tfmo::OnLoad kRegister([] {
-  tfmo::KernelSpec spec;
-  spec.op = TFMO_OP_DISTORTION_LOSS;
-  spec.device = "CPU";
-  spec.compute = &DlCompute;
-  tfmo::RegisterKernel(spec);
-  spec.op = TFMO_OP_DISTORTION_LOSS_GRAD;
-  spec.compute = &DlGradCompute;
-  tfmo::RegisterKernel(spec);
+  tfmo::RegisterKernelPair(tfmo::KernelSpecFor("CPU"), TFMO_OP_DISTORTION_LOSS, &DlCompute,
+                           TFMO_OP_DISTORTION_LOSS_GRAD, &DlGradCompute);
 });
 
 }  // namespace

@@ -1,20 +1,7 @@
 // CPU kernels of VolumeRender and VolumeRenderGrad (semantics: csrc/ops/render_ops.cc, math:
 // csrc/shared/volume_render_math.h). Rays are independent: the project pool splits them into ranges, and each
 // ray is one serial O(S·C) scan, so results do not depend on the thread count.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-// The per-ray loops are vectorised and built three times from the same always-inline bodies: for x86-64-v4
-// (AVX-512), x86-64-v3 (AVX2+FMA) and the baseline ISA (8-lane vectors there, split into SSE2 halves; 4 lanes
-// elsewhere: NEON). One build is chosen once per process (VrIsaSelection): the best one the CPU supports, or the
-// one named by TF_METAL_OPS_VOLUME_RENDER_ISA=avx512|avx2|default (tests run each and compare them). The library
-// is built with -ffp-contract=off and the bodies never reassociate, so the three give bitwise identical results;
-// the forward and gradient kernels always run the same build.
-#define TFMO_VR_ISA_BUILDS 1
-#define TFMO_VEC_BYTES 32
-#pragma GCC diagnostic ignored "-Wpsabi"  // 32-byte vectors only ever live inside inlined helpers
-#else
-#define TFMO_VEC_BYTES 16
-#endif
-#define TFMO_INLINE inline __attribute__((always_inline))
+// The per-ray loops are vectorised and built per ISA (csrc/cpu/volume_render_simd.h).
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -25,6 +12,7 @@
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "common/thread_pool.h"
+#include "cpu/volume_render_simd.h"
 #include "ops/render_validate.h"
 #include "shared/volume_render_math.h"
 
@@ -32,10 +20,10 @@ namespace {
 
 using tfmo::TensorRef;
 using tfmo::render::VrDims;
+using namespace tfmo::vr_cpu;
 
 using tfmo::render::VrAttrs;
 using tfmo::render::VrCreate;
-using tfmo::render::VrDelete;
 
 // Rays per work item: enough samples to amortise the hand-off.
 int64_t RayGrain(int64_t S, int64_t C) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, S * (C + 2))); }
@@ -69,105 +57,10 @@ void FailBadRay(TF_OpKernelContext* ctx, const char* op, const float* dens, cons
   }
 }
 
-// Background row of ray r (nullptr: none).
-const float* BackgroundRow(const VrDims& d, const float* bg, int64_t r) {
-  switch (d.bg) {
-    case tfmo::render::kSharedBackground: return bg;
-    case tfmo::render::kPerRayBackground: return bg + r * d.C;
-    default: return nullptr;
-  }
-}
-
 // ---------------------------------------------------------------------------------------------------------
 // Per-ray scan on arrays. The exps of a ray are independent of each other, so they are computed in
 // vectorisable loops (NegExp below); only the running sums (cum, suffix) are serial. Forward and gradient
 // kernels share RayForward, so both see bitwise the same T, w and stop index.
-
-// exp(x) for x <= 0 (x > 0 is clamped to 0), in a form the compiler vectorises: x = n ln2 + r with
-// |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (truncation error < 1e-8 relative), times 2^n from the
-// exponent bits. About 2 ulp; exp(x) = 0 below -87.3 (no denormals), NaN passes through.
-TFMO_INLINE float NegExp(float x) {
-  // NaN takes the clamped path too, so the int conversion and the shift below stay defined.
-  const float xc = (x < -87.3f || x != x) ? -87.3f : (x > 0.0f ? 0.0f : x);
-  const int n = static_cast<int>(xc * 1.44269504f - 0.5f);  // round to nearest for xc <= 0 (trunc toward 0)
-  const float fn = static_cast<float>(n);
-  const float r = (xc - fn * 0.693145752f) - fn * 1.42860677e-6f;  // ln2 split hi/lo
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  uint32_t bits;
-  const int32_t scale_bits = (n + 127) << 23;
-  std::memcpy(&bits, &scale_bits, sizeof(bits));
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  const float y = p * scale;
-  return x < -87.3f ? 0.0f : (x != x ? x : y);
-}
-
-// The same computations on vectors (GCC/clang vector extensions; comparisons give all-ones lane masks).
-typedef float VecF __attribute__((vector_size(TFMO_VEC_BYTES)));
-typedef int32_t VecI __attribute__((vector_size(TFMO_VEC_BYTES)));
-constexpr int64_t kLanes = TFMO_VEC_BYTES / 4;
-
-TFMO_INLINE VecF Select(VecI mask, VecF a, VecF b) { return (VecF)((mask & (VecI)a) | (~mask & (VecI)b)); }
-
-TFMO_INLINE VecF NegExpV(VecF x) {
-  const VecI under = x < -87.3f;
-  const VecI nan = x != x;
-  VecF xc = Select(under | nan, VecF{} - 87.3f, x);  // NaN lanes too: conversion and shift stay defined
-  xc = Select(xc > 0.0f, VecF{}, xc);
-  const VecI n = __builtin_convertvector(xc * 1.44269504f - 0.5f, VecI);
-  const VecF fn = __builtin_convertvector(n, VecF);
-  const VecF r = (xc - fn * 0.693145752f) - fn * 1.42860677e-6f;
-  VecF p = VecF{} + 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const VecF y = p * (VecF)((n + 127) << 23);
-  return Select(nan, x, Select(under, VecF{}, y));
-}
-
-// vr_alpha (shared header) on vectors: the same polynomial below 1/8, 1 - e above.
-TFMO_INLINE VecF AlphaV(VecF tau, VecF e) {
-  const VecI small = tau < 0.125f;
-  const VecF x = Select(small, tau, VecF{});  // keeps the unused polynomial lanes finite
-  const VecF poly = x * (1.0f - x * 0.5f * (1.0f - x * (1.0f / 3.0f) *
-                         (1.0f - x * 0.25f * (1.0f - x * 0.2f * (1.0f - x * (1.0f / 6.0f))))));
-  return Select(small, poly, 1.0f - e);
-}
-
-TFMO_INLINE VecF Load(const float* p) {
-  VecF v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-TFMO_INLINE void Store(float* p, VecF v) { std::memcpy(p, &v, sizeof(v)); }
-
-// x[i] = exp(x[i]) for i < n (x <= 0).
-TFMO_INLINE void NegExpArray(float* x, int64_t n) {
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) Store(x + i, NegExpV(Load(x + i)));
-  for (; i < n; ++i) x[i] = NegExp(x[i]);
-}
-
-// w[i] = T[i] * alpha(tau[i]) for i < n.
-TFMO_INLINE void WeightsArray(float* w, const float* T, const float* tau, int64_t n) {
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const VecF tv = Load(tau + i);
-    Store(w + i, Load(T + i) * AlphaV(tv, NegExpV(-tv)));
-  }
-  for (; i < n; ++i) w[i] = T[i] * vr_alpha(tau[i], NegExp(-tau[i]));
-}
 
 // Thread-local scratch of one ray (S floats each; T has S+1).
 struct RayScratch {
@@ -225,8 +118,7 @@ TFMO_INLINE int64_t RayForward(const float* sg, const float* tt, int64_t S, floa
   float* T = sc->T.data();
   for (int64_t i = 0; i < S; ++i) tau[i] = vr_tau(sg[i], tt[i + 1] - tt[i]);
   ExclusivePrefix(tau, cum, S);
-  for (int64_t i = 0; i <= S; ++i) T[i] = -cum[i];
-  NegExpArray(T, S + 1);
+  ExpNegArray(cum, T, S + 1);
   int64_t n = S;
   if (thr > 0.0f) {  // T is non-increasing: the first T_i < thr is where the ray stops
     for (int64_t i = 0; i < S; ++i)
@@ -280,7 +172,7 @@ TFMO_INLINE void VrForwardRaysBody(const VrFwdJob& j, int64_t r0, int64_t r1) {
         for (int64_t c = 0; c < C; ++c) col[c] += w[i] * cl[i * C + c];
     }
     const float T_final = sc.T[n];
-    const float* b = BackgroundRow(d, bg_all, r);
+    const float* b = tfmo::render::BackgroundRow(d.bg, bg_all, r, C);
     if (b)
       for (int64_t c = 0; c < C; ++c) col[c] += T_final * b[c];
     depth_out[r] = dep;
@@ -323,7 +215,7 @@ TFMO_INLINE void VrGradRaysBody(const VrGradJob& j, int64_t r0, int64_t r1) {
     const float* T = sc.T.data();
     float* v = sc.v.data();
     const float T_final = T[n];
-    const float* b = BackgroundRow(d, bg_all, r);
+    const float* b = tfmo::render::BackgroundRow(d.bg, bg_all, r, C);
     float bdot = 0.0f;
     for (int64_t c = 0; c < C; ++c) {
       if (b) bdot += gcr[c] * b[c];
@@ -375,108 +267,7 @@ TFMO_INLINE void VrGradRaysBody(const VrGradJob& j, int64_t r0, int64_t r1) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// ISA builds of the two ray loops, and the choice between them.
-
-enum VrIsa : int { kVrDefault = 0, kVrAvx2 = 1, kVrAvx512 = 2, kVrIsaCount = 3 };
-const char* const kVrIsaNames[kVrIsaCount] = {"default", "avx2", "avx512"};
-
-bool VrIsaBuilt(int isa) {
-#ifdef TFMO_VR_ISA_BUILDS
-  return isa >= 0 && isa < kVrIsaCount;
-#else
-  return isa == kVrDefault;
-#endif
-}
-
-bool VrIsaSupported(int isa) {
-  if (!VrIsaBuilt(isa)) return false;
-#ifdef TFMO_VR_ISA_BUILDS
-  __builtin_cpu_init();
-  if (isa == kVrAvx512) return __builtin_cpu_supports("x86-64-v4");
-  if (isa == kVrAvx2) return __builtin_cpu_supports("x86-64-v3");
-#endif
-  return true;
-}
-
-struct VrIsaChoice {
-  int selected;   // the build that runs
-  int requested;  // from TF_METAL_OPS_VOLUME_RENDER_ISA; -1: unset / "auto", -2: not a known name
-  bool fell_back; // the request could not be honoured (unknown name, or a build the CPU cannot run)
-};
-
-// TF_METAL_OPS_VOLUME_RENDER_ISA, read once (the first volume-render call or diagnostics query of the process).
-// A build the CPU cannot run falls back to the best one it can that is not above the request, with a message
-// on stderr; an unknown name falls back to the automatic choice, also with a message.
-const VrIsaChoice& VrIsaSelection() {
-  static const VrIsaChoice choice = [] {
-    int best = kVrDefault;
-    for (int isa = kVrIsaCount - 1; isa > kVrDefault; --isa)
-      if (VrIsaSupported(isa)) { best = isa; break; }
-    VrIsaChoice c{best, -1, false};
-    const char* env = std::getenv("TF_METAL_OPS_VOLUME_RENDER_ISA");
-    if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return c;
-    for (int isa = 0; isa < kVrIsaCount; ++isa)
-      if (std::strcmp(env, kVrIsaNames[isa]) == 0) c.requested = isa;
-    if (c.requested == -1) {
-      c.requested = -2;
-      c.fell_back = true;
-      std::fprintf(stderr,
-                   "tf_metal_ops: error: TF_METAL_OPS_VOLUME_RENDER_ISA=%s is not one of avx512, avx2, default, "
-                   "auto; the volume-render CPU kernels use the %s build\n",
-                   env, kVrIsaNames[best]);
-      return c;
-    }
-    if (VrIsaSupported(c.requested)) {
-      c.selected = c.requested;
-      return c;
-    }
-    int fallback = kVrDefault;
-    for (int isa = c.requested - 1; isa > kVrDefault; --isa)
-      if (VrIsaSupported(isa)) { fallback = isa; break; }
-    c.selected = fallback;
-    c.fell_back = true;
-    std::fprintf(stderr,
-                 "tf_metal_ops: error: TF_METAL_OPS_VOLUME_RENDER_ISA=%s: %s; the volume-render CPU kernels use "
-                 "the %s build instead\n",
-                 env,
-                 !VrIsaBuilt(c.requested) ? "that build is not compiled into this library (x86-64 Linux GCC only)"
-                 : c.requested == kVrAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
-                                            : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)",
-                 kVrIsaNames[fallback]);
-    return c;
-  }();
-  return choice;
-}
-
-// Ray-range calls that ran each build so far ([kVrDefault], [kVrAvx2], [kVrAvx512]), forward and gradient
-// together, for tfmo_volume_render_cpu_paths: lets a test prove which build produced a result.
-std::atomic<long long> g_vr_path_calls[kVrIsaCount];
-
-#ifdef TFMO_VR_ISA_BUILDS
-#define TFMO_VR_BUILDS(NAME, JOB)                                                                              \
-  __attribute__((target("arch=x86-64-v4"), noinline)) void NAME##_avx512(const JOB& j, int64_t r0, int64_t r1) { \
-    NAME##Body(j, r0, r1);                                                                                     \
-  }                                                                                                            \
-  __attribute__((target("arch=x86-64-v3"), noinline)) void NAME##_avx2(const JOB& j, int64_t r0, int64_t r1) {   \
-    NAME##Body(j, r0, r1);                                                                                     \
-  }                                                                                                            \
-  __attribute__((noinline)) void NAME##_default(const JOB& j, int64_t r0, int64_t r1) { NAME##Body(j, r0, r1); } \
-  void NAME(const JOB& j, int64_t r0, int64_t r1) {                                                            \
-    const int isa = VrIsaSelection().selected;                                                                 \
-    g_vr_path_calls[isa].fetch_add(1, std::memory_order_relaxed);                                              \
-    switch (isa) {                                                                                             \
-      case kVrAvx512: return NAME##_avx512(j, r0, r1);                                                         \
-      case kVrAvx2: return NAME##_avx2(j, r0, r1);                                                             \
-      default: return NAME##_default(j, r0, r1);                                                               \
-    }                                                                                                          \
-  }
-#else
-#define TFMO_VR_BUILDS(NAME, JOB)                                           \
-  void NAME(const JOB& j, int64_t r0, int64_t r1) {                         \
-    g_vr_path_calls[kVrDefault].fetch_add(1, std::memory_order_relaxed);    \
-    NAME##Body(j, r0, r1);                                                  \
-  }
-#endif
+// ISA builds of the two ray loops (the choice between them: below).
 
 TFMO_VR_BUILDS(VrForwardRays, VrFwdJob)
 TFMO_VR_BUILDS(VrGradRays, VrGradJob)
@@ -552,19 +343,87 @@ void VrGradCompute(void* p, TF_OpKernelContext* ctx) {
 }
 
 static const tfmo::OnLoad kRegister([] {
-  tfmo::KernelSpec spec;
-  spec.op = TFMO_OP_VOLUME_RENDER;
-  spec.device = "CPU";
-  spec.create = &VrCreate;
-  spec.compute = &VrCompute;
-  spec.destroy = &VrDelete;
-  tfmo::RegisterKernel(spec);
-  spec.op = TFMO_OP_VOLUME_RENDER_GRAD;
-  spec.compute = &VrGradCompute;
-  tfmo::RegisterKernel(spec);
+  tfmo::RegisterKernelPair(tfmo::render::VrKernelSpec("CPU", &VrCreate), TFMO_OP_VOLUME_RENDER, &VrCompute,
+                           TFMO_OP_VOLUME_RENDER_GRAD, &VrGradCompute);
 });
 
 }  // namespace
+
+namespace tfmo::vr_cpu {
+
+namespace {
+
+const char* const kVrIsaNames[kVrIsaCount] = {"default", "avx2", "avx512"};
+
+bool VrIsaBuilt(int isa) {
+#ifdef TFMO_VR_ISA_BUILDS
+  return isa >= 0 && isa < kVrIsaCount;
+#else
+  return isa == kVrDefault;
+#endif
+}
+
+bool VrIsaSupported(int isa) {
+  if (!VrIsaBuilt(isa)) return false;
+#ifdef TFMO_VR_ISA_BUILDS
+  __builtin_cpu_init();
+  if (isa == kVrAvx512) return __builtin_cpu_supports("x86-64-v4");
+  if (isa == kVrAvx2) return __builtin_cpu_supports("x86-64-v3");
+#endif
+  return true;
+}
+
+}  // namespace
+
+// Ray-range calls that ran each build so far ([kVrDefault], [kVrAvx2], [kVrAvx512]), all volume-render kernels
+// (dense and packed, forward and gradient) together: lets a test prove which build produced a result.
+std::atomic<long long> g_vr_path_calls[kVrIsaCount];
+
+// TF_METAL_OPS_VOLUME_RENDER_ISA, read once (the first volume-render call or diagnostics query of the process).
+// A build the CPU cannot run falls back to the best one it can that is not above the request, with a message
+// on stderr; an unknown name falls back to the automatic choice, also with a message.
+const VrIsaChoice& VrIsaSelection() {
+  static const VrIsaChoice choice = [] {
+    int best = kVrDefault;
+    for (int isa = kVrIsaCount - 1; isa > kVrDefault; --isa)
+      if (VrIsaSupported(isa)) { best = isa; break; }
+    VrIsaChoice c{best, -1, false};
+    const char* env = std::getenv("TF_METAL_OPS_VOLUME_RENDER_ISA");
+    if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return c;
+    for (int isa = 0; isa < kVrIsaCount; ++isa)
+      if (std::strcmp(env, kVrIsaNames[isa]) == 0) c.requested = isa;
+    if (c.requested == -1) {
+      c.requested = -2;
+      c.fell_back = true;
+      std::fprintf(stderr,
+                   "tf_metal_ops: error: TF_METAL_OPS_VOLUME_RENDER_ISA=%s is not one of avx512, avx2, default, "
+                   "auto; the volume-render CPU kernels use the %s build\n",
+                   env, kVrIsaNames[best]);
+      return c;
+    }
+    if (VrIsaSupported(c.requested)) {
+      c.selected = c.requested;
+      return c;
+    }
+    int fallback = kVrDefault;
+    for (int isa = c.requested - 1; isa > kVrDefault; --isa)
+      if (VrIsaSupported(isa)) { fallback = isa; break; }
+    c.selected = fallback;
+    c.fell_back = true;
+    std::fprintf(stderr,
+                 "tf_metal_ops: error: TF_METAL_OPS_VOLUME_RENDER_ISA=%s: %s; the volume-render CPU kernels use "
+                 "the %s build instead\n",
+                 env,
+                 !VrIsaBuilt(c.requested) ? "that build is not compiled into this library (x86-64 Linux GCC only)"
+                 : c.requested == kVrAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
+                                            : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)",
+                 kVrIsaNames[fallback]);
+    return c;
+  }();
+  return choice;
+}
+
+}  // namespace tfmo::vr_cpu
 
 // Diagnostics (ctypes, tf_metal_ops.backend.volume_render_cpu_paths). calls[3]: ray-range calls of the default,
 // avx2 and avx512 builds so far in this process; built/supported: bit isa set when that build is compiled in /

@@ -17,7 +17,6 @@ using tfmo::TensorRef;
 
 using tfmo::render::VrAttrs;
 using tfmo::render::VrCreate;
-using tfmo::render::VrDelete;
 
 // Binds t at `index`, or `fallback` when t is empty (see the header comment).
 void BindOr(tfmo::gpu::Pass& p, uint32_t index, const TensorRef& t, const TensorRef& fallback) {
@@ -153,25 +152,10 @@ void DlGradGpu(void*, TF_OpKernelContext* ctx) {
 }
 
 const tfmo::OnLoad kRegister([] {
-  tfmo::KernelSpec spec;
-  spec.device = "GPU";
-  spec.op = TFMO_OP_VOLUME_RENDER;
-  spec.create = &VrCreate;
-  spec.destroy = &VrDelete;
-  spec.compute = &VrGpu;
-  tfmo::RegisterKernel(spec);
-  spec.op = TFMO_OP_VOLUME_RENDER_GRAD;
-  spec.compute = &VrGradGpu;
-  tfmo::RegisterKernel(spec);
-
-  tfmo::KernelSpec dl;
-  dl.device = "GPU";
-  dl.op = TFMO_OP_DISTORTION_LOSS;
-  dl.compute = &DlGpu;
-  tfmo::RegisterKernel(dl);
-  dl.op = TFMO_OP_DISTORTION_LOSS_GRAD;
-  dl.compute = &DlGradGpu;
-  tfmo::RegisterKernel(dl);
+  tfmo::RegisterKernelPair(tfmo::render::VrKernelSpec("GPU", &VrCreate), TFMO_OP_VOLUME_RENDER, &VrGpu,
+                           TFMO_OP_VOLUME_RENDER_GRAD, &VrGradGpu);
+  tfmo::RegisterKernelPair(tfmo::KernelSpecFor("GPU"), TFMO_OP_DISTORTION_LOSS, &DlGpu,
+                           TFMO_OP_DISTORTION_LOSS_GRAD, &DlGradGpu);
 });
 
 }  // namespace

@@ -17,7 +17,6 @@ namespace {
 
 using tfmo::TensorRef;
 using tfmo::render::VrAttrs;
-using tfmo::render::VrDelete;
 using tfmo::render::VrpCreate;
 
 // The kernels index rays and samples with 32-bit uints, and compare samples with int32 row_splits.
@@ -65,6 +64,35 @@ const TensorRef* CheckSplits(tfmo::gpu::Call& call, const TensorRef& row_splits,
   return status;
 }
 
+// One dispatch of a packed kernel, one thread per ray, after the row_splits checks: binds in[0, n_in) at slots
+// 0.., the status buffer next, then out[0, n_out), then the params (the binding order of every kernel in
+// metal_kernels/render_packed.metal).
+template <class Params>
+void RunRayKernel(TF_OpKernelContext* ctx, const char* op, const char* kernel, const TensorRef* in, int n_in,
+                  const TensorRef* out, int n_out, const TensorRef& row_splits, int64_t R, int64_t N,
+                  const Params& params) {
+  tfmo::gpu::Call call(ctx, op);
+  Binder bind(call);
+  const TensorRef* status = CheckSplits(call, row_splits, R, N);
+  if (status != nullptr) {
+    tfmo::gpu::Pass& p = call.pass(kernel);
+    for (int i = 0; i < n_in; ++i) bind.Bind(p, i, in[i]);
+    p.buffer(n_in, *status);
+    for (int i = 0; i < n_out; ++i) bind.Bind(p, n_in + 1 + i, out[i]);
+    p.value(n_in + 1 + n_out, params);
+    p.threads(static_cast<uint64_t>(R));
+  }
+  call.Run();
+}
+
+// Reads the first n inputs of VolumeRenderPacked(Grad) and validates the six forward ones.
+bool VrpInputs(TF_OpKernelContext* ctx, const char* op, int n, TensorRef* in, tfmo::render::VrpDims* d) {
+  for (int i = 0; i < n; ++i)
+    if (!tfmo::GetInput(ctx, i, &in[i])) return false;
+  return tfmo::render::ValidateVolumeRenderPacked(ctx, op, in[0], in[1], in[2], in[3], in[4], in[5], d) &&
+         CheckDims(ctx, op, d->R, d->N, d->C);
+}
+
 VrpParams MakeParams(const tfmo::render::VrpDims& d, float threshold) {
   VrpParams p;
   p.R = static_cast<uint32_t>(d.R);
@@ -78,12 +106,8 @@ VrpParams MakeParams(const tfmo::render::VrpDims& d, float threshold) {
 void VrpGpu(void* attrs, TF_OpKernelContext* ctx) {
   const char* op = "volume_render_packed";
   TensorRef in[6];
-  for (int i = 0; i < 6; ++i)
-    if (!tfmo::GetInput(ctx, i, &in[i])) return;
   tfmo::render::VrpDims d;
-  if (!tfmo::render::ValidateVolumeRenderPacked(ctx, op, in[0], in[1], in[2], in[3], in[4], in[5], &d) ||
-      !CheckDims(ctx, op, d.R, d.N, d.C))
-    return;
+  if (!VrpInputs(ctx, op, 6, in, &d)) return;
   TensorRef out[4];
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {d.R, d.C}, &out[0]) ||
       !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {d.R}, &out[1]) ||
@@ -91,30 +115,16 @@ void VrpGpu(void* attrs, TF_OpKernelContext* ctx) {
       !tfmo::AllocateOutput(ctx, 3, TF_FLOAT, {d.N}, &out[3]))
     return;
   if (d.R == 0) return;
-  const VrpParams params = MakeParams(d, static_cast<VrAttrs*>(attrs)->threshold);
-  tfmo::gpu::Call call(ctx, op);
-  Binder bind(call);
-  const TensorRef* status = CheckSplits(call, in[4], d.R, d.N);
-  if (status != nullptr) {
-    tfmo::gpu::Pass& p = call.pass("volume_render_packed_forward");
-    for (int i = 0; i < 6; ++i) bind.Bind(p, i, in[i]);
-    p.buffer(6, *status);
-    for (int i = 0; i < 4; ++i) bind.Bind(p, 7 + i, out[i]);
-    p.value(11, params);
-    p.threads(static_cast<uint64_t>(d.R));
-  }
-  call.Run();
+  RunRayKernel(ctx, op, "volume_render_packed_forward", in, 6, out, 4, in[4], d.R, d.N,
+               MakeParams(d, static_cast<VrAttrs*>(attrs)->threshold));
 }
 
 void VrpGradGpu(void* attrs, TF_OpKernelContext* ctx) {
   const char* op = "volume_render_packed_grad";
   TensorRef in[10];
-  for (int i = 0; i < 10; ++i)
-    if (!tfmo::GetInput(ctx, i, &in[i])) return;
   tfmo::render::VrpDims d;
-  if (!tfmo::render::ValidateVolumeRenderPacked(ctx, op, in[0], in[1], in[2], in[3], in[4], in[5], &d) ||
-      !tfmo::render::ValidateVolumeRenderPackedUpstream(ctx, op, d, in[6], in[7], in[8], in[9]) ||
-      !CheckDims(ctx, op, d.R, d.N, d.C))
+  if (!VrpInputs(ctx, op, 10, in, &d) ||
+      !tfmo::render::ValidateVolumeRenderPackedUpstream(ctx, op, d, in[6], in[7], in[8], in[9]))
     return;
   TensorRef out[5];
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {d.N}, &out[0]) ||
@@ -124,101 +134,52 @@ void VrpGradGpu(void* attrs, TF_OpKernelContext* ctx) {
       !tfmo::AllocateOutput(ctx, 4, TF_FLOAT, {d.R, d.C}, &out[4]))
     return;
   if (d.R == 0) return;
-  const VrpParams params = MakeParams(d, static_cast<VrAttrs*>(attrs)->threshold);
-  tfmo::gpu::Call call(ctx, op);
-  Binder bind(call);
-  const TensorRef* status = CheckSplits(call, in[4], d.R, d.N);
-  if (status != nullptr) {
-    tfmo::gpu::Pass& p = call.pass("volume_render_packed_backward");
-    for (int i = 0; i < 10; ++i) bind.Bind(p, i, in[i]);
-    p.buffer(10, *status);
-    for (int i = 0; i < 5; ++i) bind.Bind(p, 11 + i, out[i]);
-    p.value(16, params);
-    p.threads(static_cast<uint64_t>(d.R));
-  }
-  call.Run();
+  RunRayKernel(ctx, op, "volume_render_packed_backward", in, 10, out, 5, in[4], d.R, d.N,
+               MakeParams(d, static_cast<VrAttrs*>(attrs)->threshold));
+}
+
+// Reads the first n inputs of DistortionLossPacked(Grad) and validates the four forward ones.
+bool DlpInputs(TF_OpKernelContext* ctx, const char* op, int n, TensorRef* in, DlpParams* p) {
+  for (int i = 0; i < n; ++i)
+    if (!tfmo::GetInput(ctx, i, &in[i])) return false;
+  int64_t R = 0, N = 0;
+  if (!tfmo::render::ValidateDistortionLossPacked(ctx, op, in[0], in[1], in[2], in[3], &R, &N) ||
+      !CheckDims(ctx, op, R, N, 1))
+    return false;
+  p->R = static_cast<uint32_t>(R);
+  p->N = static_cast<uint32_t>(N);
+  return true;
 }
 
 void DlpGpu(void*, TF_OpKernelContext* ctx) {
   const char* op = "distortion_loss_packed";
   TensorRef in[4];
-  for (int i = 0; i < 4; ++i)
-    if (!tfmo::GetInput(ctx, i, &in[i])) return;
-  int64_t R = 0, N = 0;
-  if (!tfmo::render::ValidateDistortionLossPacked(ctx, op, in[0], in[1], in[2], in[3], &R, &N) ||
-      !CheckDims(ctx, op, R, N, 1))
-    return;
+  DlpParams p;
+  if (!DlpInputs(ctx, op, 4, in, &p)) return;
   TensorRef loss;
-  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {R}, &loss) || R == 0) return;
-  DlpParams params;
-  params.R = static_cast<uint32_t>(R);
-  params.N = static_cast<uint32_t>(N);
-  tfmo::gpu::Call call(ctx, op);
-  Binder bind(call);
-  const TensorRef* status = CheckSplits(call, in[3], R, N);
-  if (status != nullptr) {
-    tfmo::gpu::Pass& p = call.pass("distortion_loss_packed_forward");
-    for (int i = 0; i < 4; ++i) bind.Bind(p, i, in[i]);
-    p.buffer(4, *status);
-    p.buffer(5, loss);
-    p.value(6, params);
-    p.threads(static_cast<uint64_t>(R));
-  }
-  call.Run();
+  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {p.R}, &loss) || p.R == 0) return;
+  RunRayKernel(ctx, op, "distortion_loss_packed_forward", in, 4, &loss, 1, in[3], p.R, p.N, p);
 }
 
 void DlpGradGpu(void*, TF_OpKernelContext* ctx) {
   const char* op = "distortion_loss_packed_grad";
   TensorRef in[5];
-  for (int i = 0; i < 5; ++i)
-    if (!tfmo::GetInput(ctx, i, &in[i])) return;
-  int64_t R = 0, N = 0;
-  if (!tfmo::render::ValidateDistortionLossPacked(ctx, op, in[0], in[1], in[2], in[3], &R, &N) ||
-      !tfmo::render::CheckFloat(ctx, op, "grad_loss", in[4]) ||
-      !tfmo::render::CheckShape(ctx, op, "grad_loss", in[4], {R}, tfmo::render::Dims({R}).c_str()) ||
-      !CheckDims(ctx, op, R, N, 1))
+  DlpParams p;
+  if (!DlpInputs(ctx, op, 5, in, &p) || !tfmo::render::CheckFloat(ctx, op, "grad_loss", in[4]) ||
+      !tfmo::render::CheckShape(ctx, op, "grad_loss", in[4], {p.R}, tfmo::render::Dims({p.R}).c_str()))
     return;
   TensorRef out[3];
   for (int i = 0; i < 3; ++i)
-    if (!tfmo::AllocateOutput(ctx, i, TF_FLOAT, {N}, &out[i])) return;
-  if (R == 0) return;
-  DlpParams params;
-  params.R = static_cast<uint32_t>(R);
-  params.N = static_cast<uint32_t>(N);
-  tfmo::gpu::Call call(ctx, op);
-  Binder bind(call);
-  const TensorRef* status = CheckSplits(call, in[3], R, N);
-  if (status != nullptr) {
-    tfmo::gpu::Pass& p = call.pass("distortion_loss_packed_backward");
-    for (int i = 0; i < 5; ++i) bind.Bind(p, i, in[i]);
-    p.buffer(5, *status);
-    for (int i = 0; i < 3; ++i) bind.Bind(p, 6 + i, out[i]);
-    p.value(9, params);
-    p.threads(static_cast<uint64_t>(R));
-  }
-  call.Run();
+    if (!tfmo::AllocateOutput(ctx, i, TF_FLOAT, {p.N}, &out[i])) return;
+  if (p.R == 0) return;
+  RunRayKernel(ctx, op, "distortion_loss_packed_backward", in, 5, out, 3, in[3], p.R, p.N, p);
 }
 
 const tfmo::OnLoad kRegister([] {
-  tfmo::KernelSpec spec;
-  spec.device = "GPU";
-  spec.create = &VrpCreate;
-  spec.destroy = &VrDelete;
-  spec.op = TFMO_OP_VOLUME_RENDER_PACKED;
-  spec.compute = &VrpGpu;
-  tfmo::RegisterKernel(spec);
-  spec.op = TFMO_OP_VOLUME_RENDER_PACKED_GRAD;
-  spec.compute = &VrpGradGpu;
-  tfmo::RegisterKernel(spec);
-
-  tfmo::KernelSpec dl;
-  dl.device = "GPU";
-  dl.op = TFMO_OP_DISTORTION_LOSS_PACKED;
-  dl.compute = &DlpGpu;
-  tfmo::RegisterKernel(dl);
-  dl.op = TFMO_OP_DISTORTION_LOSS_PACKED_GRAD;
-  dl.compute = &DlpGradGpu;
-  tfmo::RegisterKernel(dl);
+  tfmo::RegisterKernelPair(tfmo::render::VrKernelSpec("GPU", &VrpCreate), TFMO_OP_VOLUME_RENDER_PACKED, &VrpGpu,
+                           TFMO_OP_VOLUME_RENDER_PACKED_GRAD, &VrpGradGpu);
+  tfmo::RegisterKernelPair(tfmo::KernelSpecFor("GPU"), TFMO_OP_DISTORTION_LOSS_PACKED, &DlpGpu,
+                           TFMO_OP_DISTORTION_LOSS_PACKED_GRAD, &DlpGradGpu);
 });
 
 }  // namespace

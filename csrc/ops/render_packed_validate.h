@@ -57,20 +57,8 @@ inline bool ValidateVolumeRenderPacked(TF_OpKernelContext* ctx, const char* op, 
                 "got %s",
                 op, static_cast<long long>(d->N), ShapeString(cols).c_str());
   d->C = cols.dim(1);
-  if (!ValidateIntervals(ctx, op, d->N, ts, te) || !ValidateRowSplitsShape(ctx, op, rs, &d->R)) return false;
-  if (bg.rank() == 1 && bg.dim(0) == 0) {
-    d->bg = kNoBackground;
-  } else if (bg.rank() == 1 && bg.dim(0) == d->C) {
-    d->bg = kSharedBackground;
-  } else if (bg.rank() == 2 && bg.dim(0) == d->R && bg.dim(1) == d->C) {
-    d->bg = kPerRayBackground;
-  } else {
-    return Fail(ctx, TF_INVALID_ARGUMENT,
-                "%s: background must have shape [C] = [%lld], [rays, C] = [%lld, %lld], or [0] for none; got %s",
-                op, static_cast<long long>(d->C), static_cast<long long>(d->R), static_cast<long long>(d->C),
-                ShapeString(bg).c_str());
-  }
-  return true;
+  return ValidateIntervals(ctx, op, d->N, ts, te) && ValidateRowSplitsShape(ctx, op, rs, &d->R) &&
+         ClassifyBackground(ctx, op, bg, d->R, d->C, &d->bg);
 }
 
 // The upstream gradients of VolumeRenderPackedGrad (inputs 6..9).

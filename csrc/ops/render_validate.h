@@ -39,6 +39,33 @@ inline std::string Dims(std::initializer_list<int64_t> d) {
   return s + "]";
 }
 
+// background: [0] (none), [C] (shared) or [R, C] (per ray); sets *mode.
+inline bool ClassifyBackground(TF_OpKernelContext* ctx, const char* op, const TensorRef& bg, int64_t R, int64_t C,
+                               BackgroundMode* mode) {
+  if (bg.rank() == 1 && bg.dim(0) == 0) {
+    *mode = kNoBackground;
+  } else if (bg.rank() == 1 && bg.dim(0) == C) {
+    *mode = kSharedBackground;
+  } else if (bg.rank() == 2 && bg.dim(0) == R && bg.dim(1) == C) {
+    *mode = kPerRayBackground;
+  } else {
+    return Fail(ctx, TF_INVALID_ARGUMENT,
+                "%s: background must have shape [C] = [%lld], [rays, C] = [%lld, %lld], or [0] for none; got %s",
+                op, static_cast<long long>(C), static_cast<long long>(R), static_cast<long long>(C),
+                ShapeString(bg).c_str());
+  }
+  return true;
+}
+
+// The background row of ray r for a validated mode (nullptr: none).
+inline const float* BackgroundRow(BackgroundMode mode, const float* bg, int64_t r, int64_t C) {
+  switch (mode) {
+    case kSharedBackground: return bg;
+    case kPerRayBackground: return bg + r * C;
+    default: return nullptr;
+  }
+}
+
 // densities [R,S], colors [R,S,C] with C >= 1, t [R,S+1], background [C], [R,C] or [0].
 inline bool ValidateVolumeRender(TF_OpKernelContext* ctx, const char* op, const TensorRef& dens,
                                  const TensorRef& cols, const TensorRef& t, const TensorRef& bg, VrDims* d) {
@@ -59,19 +86,7 @@ inline bool ValidateVolumeRender(TF_OpKernelContext* ctx, const char* op, const 
   if (!CheckShape(ctx, op, "t (interval edges, one more than samples)", t, {d->R, d->S + 1},
                   Dims({d->R, d->S + 1}).c_str()))
     return false;
-  if (bg.rank() == 1 && bg.dim(0) == 0) {
-    d->bg = kNoBackground;
-  } else if (bg.rank() == 1 && bg.dim(0) == d->C) {
-    d->bg = kSharedBackground;
-  } else if (bg.rank() == 2 && bg.dim(0) == d->R && bg.dim(1) == d->C) {
-    d->bg = kPerRayBackground;
-  } else {
-    return Fail(ctx, TF_INVALID_ARGUMENT,
-                "%s: background must have shape [C] = [%lld], [rays, C] = [%lld, %lld], or [0] for none; got %s",
-                op, static_cast<long long>(d->C), static_cast<long long>(d->R), static_cast<long long>(d->C),
-                ShapeString(bg).c_str());
-  }
-  return true;
+  return ClassifyBackground(ctx, op, bg, d->R, d->C, &d->bg);
 }
 
 // The upstream gradients of VolumeRenderGrad (inputs 4..7).
@@ -132,5 +147,13 @@ inline void* VrCreate(TF_OpKernelConstruction* c) {
   return a;
 }
 inline void VrDelete(void* p) { delete static_cast<VrAttrs*>(p); }
+
+// Kernel registration spec of the volume-render ops on `device`: state from `create` (VrCreate, VrpCreate).
+inline KernelSpec VrKernelSpec(const char* device, void* (*create)(TF_OpKernelConstruction*)) {
+  KernelSpec spec = KernelSpecFor(device);
+  spec.create = create;
+  spec.destroy = &VrDelete;
+  return spec;
+}
 
 }  // namespace tfmo::render

@@ -1,8 +1,9 @@
 // Per-sample math of the NeRF rendering ops (VolumeRender, DistortionLoss and their gradients), shared by the
 // CPU kernels (csrc/cpu/*_cpu.cc) and the Metal kernels (metal_kernels/*.metal). Rules: device_compat.h.
 // The per-ray loops live in the kernels (they read device memory). The Metal kernels and the CPU DistortionLoss
-// kernels run these functions as they are; the CPU VolumeRender kernel runs the same formulas on arrays
-// (vectorised exp, running sums in four interleaved chains), so CPU and GPU agree to rounding, not bitwise.
+// kernels run these functions as they are; the CPU VolumeRender and VolumeRenderPacked kernels run the same formulas
+// on arrays (csrc/cpu/volume_render_simd.h: vectorised exp; VolumeRender's running sums in four interleaved
+// chains), so CPU and GPU agree to rounding, not bitwise.
 //
 // Conventions (both ops):
 //  - A ray has S samples; sample i covers the interval [t_i, t_{i+1}] of the edges t[0..S];
@@ -128,7 +129,8 @@ TFMO_FN float vr_opacity(VrScan s) { return vr_alpha(s.cum, s.T); }
 TFMO_FN float vr_grad_tau(float T_next, float v, float suffix, float tail) { return T_next * v - suffix - tail; }
 
 // Input validity of one sample (see conventions): densities >= 0, t non-decreasing. NaN passes (propagates).
-TFMO_FN bool vr_sample_invalid(float sigma, float delta) { return sigma < 0.0f || delta < 0.0f; }
+// `|`, not `||`: no branch, so that the CPU kernels' checking loops vectorise.
+TFMO_FN bool vr_sample_invalid(float sigma, float delta) { return (sigma < 0.0f) | (delta < 0.0f); }
 
 // Packed samples: sample k overlaps its predecessor in the same ray (e_{k-1} > s_k). NaN passes.
 TFMO_FN bool vr_overlaps(float prev_end, float start) { return start < prev_end; }
