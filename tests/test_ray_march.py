@@ -412,3 +412,19 @@ def test_more_than_int32_samples_is_an_error():
     grid = Grid(ref.pack(np.ones(1, bool)), 1, np.array([[-1, -1, -1], [1, 1, 1]], np.float32))
     with pytest.raises(tf.errors.InvalidArgumentError, match="2147483648 samples in total exceed the int32 limit"):
         tfmo.ray_march(o, d, grid, step_size=1e-3, max_samples=1024, jitter=False)
+
+
+def test_lookup_paths_agree():
+    # The CPU kernel looks cells up through a per-cell level table when there are enough rays for it to pay off
+    # (resolution^3 <= 32 R), else through the bitfield and the mip; both give the same samples for the same rays.
+    G = 32
+    o, d = ref.make_rays(2000, seed=12, aabb=AABB)
+    grid = Grid(ref.sphere_shell_bits(G, 0.3, 0.55, AABB), G)
+    kw = dict(step_size=0.0211, cone_angle=0.004, seed=9)
+    few = tfmo.ray_march(o[:100], d[:100], grid, **kw)  # 32^3 > 32 * 100: bitfield + mip
+    many = tfmo.ray_march(o, d, grid, **kw)  # per-cell levels
+    n = int(few.row_splits[-1])
+    assert n > 500
+    np.testing.assert_array_equal(many.row_splits.numpy()[:101], few.row_splits.numpy())
+    for a, b in ((many.t_starts, few.t_starts), (many.t_ends, few.t_ends), (many.ray_indices, few.ray_indices)):
+        np.testing.assert_array_equal(a.numpy()[:n], b.numpy())

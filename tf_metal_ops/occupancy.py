@@ -194,7 +194,8 @@ class OccupancyGrid(tf.Module):
         with tf.device("/CPU:0"):
             tf.debugging.assert_equal(tf.size(sampled), tf.size(idx),
                                       message=f"{fn}: density_fn must return one value per point")
-            fresh = tf.tensor_scatter_nd_max(tf.zeros([n], tf.float32), idx[:, None], tf.maximum(sampled, 0.0))
+            # per cell the largest sample (>= 0); cells without one get 0 (the segment max of nothing is -FLT_MAX)
+            fresh = tf.maximum(tf.math.unsorted_segment_max(tf.maximum(sampled, 0.0), idx, n), 0.0)
             density = tf.maximum(self.density * self._decay, fresh)
             self.density.assign(density)
             thr = tf.minimum(tf.reduce_mean(density), self._threshold)
