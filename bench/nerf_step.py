@@ -105,7 +105,7 @@ def breakdown(tr, rays, repeats):
             m = model.march(o, d, True, seed)
             if model.cfg["early_stop"] > 0:
                 m = model._prune(o, d, m)
-            x = model._normalise(model._positions(o, d, m))
+            x = model._normalised_positions(o, d, m)
             return x, tf.gather(sh_encoding_deg4(d), m.ray_indices), m
     else:
         @tf.function

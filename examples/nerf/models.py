@@ -302,6 +302,15 @@ class HashNeRF(keras.Model):
         mid = 0.5 * (m.t_starts + m.t_ends)
         return tf.gather(rays_o, m.ray_indices) + tf.gather(rays_d, m.ray_indices) * mid[:, None]
 
+    def _normalised_positions(self, rays_o, rays_d, m):
+        """_normalise(_positions(...)) with the affine map applied per ray, before the per-sample gathers (the
+        same points up to float rounding, a few passes over the samples fewer)."""
+        b = self.cfg["bound"]
+        mid = 0.5 * (m.t_starts + m.t_ends)
+        o = tf.gather(rays_o * (0.5 / b) + 0.5, m.ray_indices)
+        d = tf.gather(rays_d * (0.5 / b), m.ray_indices)
+        return tf.clip_by_value(o + d * mid[:, None], 0.0, 1.0)
+
     def _prune(self, rays_o, rays_d, m):
         """Early ray termination (Instant-NGP's compaction): the density alone (no gradient) on every marched sample,
         then only the samples whose transmittance is still above ``early_stop`` are kept."""
@@ -323,9 +332,9 @@ class HashNeRF(keras.Model):
         n_marched = tf.shape(m.t_starts)[0]
         if c["early_stop"] > 0:
             m = self._prune(rays_o, rays_d, m)
-        pts = self._positions(rays_o, rays_d, m)
+        x = self._normalised_positions(rays_o, rays_d, m)
         sh = tf.gather(sh_encoding_deg4(rays_d), m.ray_indices)
-        sigma, rgb = self._field(self.encoding(self._normalise(pts)), sh)
+        sigma, rgb = self._field(self.encoding(x), sh)
         render = (tf_metal_ops.volume_render_packed if c["implementation"] == "op"
                   else tf_metal_ops.volume_render_packed_tf)
         color, depth, opacity, weights = render(sigma, rgb, m.t_starts, m.t_ends, m.row_splits,
