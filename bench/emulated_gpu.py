@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from bench_util import cpu_model  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HASH_CONFIG = dict(n_levels=16, n_features_per_level=2, log2_hashmap_size=19, base_resolution=16, per_level_scale=1.5)
@@ -39,12 +40,6 @@ SIZES = {"zero_out": 1 << 20, "points": 1 << 16, "log2_hashmap_size": 19, "rays"
 QUICK = {"zero_out": 1 << 18, "points": 1 << 13, "log2_hashmap_size": 15, "rays": 1 << 12, "samples": 64}
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 # ---- worker (TF_METAL_OPS_EMULATED_GPU=1) ------------------------------------------------------------------------

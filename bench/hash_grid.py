@@ -41,6 +41,7 @@ import tensorflow as tf  # noqa: E402
 
 import tf_metal_ops  # noqa: E402
 from tf_metal_ops.hash_grid import HashGridConfig, pure_tf  # noqa: E402
+from bench_util import cpu_model  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGET_FWD_BWD_VS_PURE_TF = 3.0  # min: faster pure-TF fwd+bwd / op fwd+bwd
@@ -65,13 +66,6 @@ def fmt(stat):
     return f"{med * 1e3:8.1f} ms  (min {lo * 1e3:.1f}, max {hi * 1e3:.1f})"
 
 
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        import platform
-        return platform.processor() or platform.machine()
 
 
 def build_gather_loop():

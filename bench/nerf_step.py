@@ -23,9 +23,7 @@ The occupancy numbers need a converged grid: --run DIR takes the weights and gri
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,33 +32,13 @@ sys.path.insert(0, os.path.join(HERE, "..", "examples", "nerf"))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from bench_util import cpu_model, median_ms  # noqa: E402
 
 
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
-def median_ms(fn, repeats, warmup=2):
-    for _ in range(warmup):
-        _sync(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        _sync(fn())
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
-def _sync(x):
-    for v in tf.nest.flatten(x):
-        v.numpy()
 
 
 def make_trainer(train, run_dir, sampler, budget, extra=()):
@@ -179,21 +157,21 @@ def breakdown(tr, rays, repeats):
         opt_t.apply_gradients(zip(grads_t, shadow_table))
         return tf.constant(0)
 
-    ms = dict(sampling=median_ms(lambda: sampling(o, d)[0], repeats),
-              encoding=median_ms(lambda: encoding(x), repeats),
-              mlps=median_ms(lambda: mlps(feat), repeats),
-              rendering=median_ms(lambda: rendering(sigma, rgb), repeats),
-              optimiser=median_ms(optimiser, repeats))
+    ms = dict(sampling=median_ms(lambda: sampling(o, d)[0], repeats)[0],
+              encoding=median_ms(lambda: encoding(x), repeats)[0],
+              mlps=median_ms(lambda: mlps(feat), repeats)[0],
+              rendering=median_ms(lambda: rendering(sigma, rgb), repeats)[0],
+              optimiser=median_ms(optimiser, repeats)[0])
     if occ:
         step_no = tf.constant(10 ** 6, tf.int64)  # after warm-up: G^3/4 random + G^3/4 occupied cells
-        ms["grid"] = median_ms(lambda: tr._grid_fn(step_no), max(3, repeats // 2)) / tr.args.grid_every
+        ms["grid"] = median_ms(lambda: tr._grid_fn(step_no), max(3, repeats // 2))[0] / tr.args.grid_every
     idx = tf.constant(np.asarray(rays, np.int64))
     ctrl = tf.constant([0.0])
 
     def whole():
         return tr._step_fn(idx, tf.constant(1, tf.int64), ctrl)
 
-    ms["step"] = median_ms(whole, repeats)
+    ms["step"] = median_ms(whole, repeats)[0]
     if occ:
         ms["step + grid share"] = ms["step"] + ms["grid"]
     return ms, n

@@ -14,8 +14,6 @@ Other processes may share the machine: medians, not means.
 import argparse
 import json
 import os
-import statistics
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -23,22 +21,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_metal_ops as tfmo  # noqa: E402
+from bench_util import median_ms  # noqa: E402
 
 
-def median_ms(fn, repeats, warmup=2):
-    for _ in range(warmup):
-        _sync(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        _sync(fn())
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), min(times)
 
 
-def _sync(x):
-    for v in tf.nest.flatten(x):
-        v.numpy()  # forces completion (and is cheap: results are small or already on the host)
 
 
 def make_inputs(R, S, C, seed=0):

@@ -21,9 +21,6 @@ the same process: medians of forward and forward+backward per sample, and packed
 import argparse
 import json
 import os
-import platform
-import statistics
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -31,30 +28,13 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_metal_ops as tfmo  # noqa: E402
+from bench_util import cpu_model, median_ms  # noqa: E402
 
 
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
-def _sync(x):
-    for v in tf.nest.flatten(x):
-        v.numpy()
 
 
-def median_ms(fn, repeats, warmup=2):
-    for _ in range(warmup):
-        _sync(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        _sync(fn())
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), min(times)
 
 
 def uniform_counts(rng, n_target, lo, hi):
