@@ -310,7 +310,7 @@ TFMO_INLINE void VrpGradRaysBody(const VrpGradJob& j, int64_t r0, int64_t r1) {
       // v_k = sum_c gC_c c_kc + gD m_k + gO + gW_k, and dL/dc_kc = w_k gC_c.
       if (C == 3) {
         const float g0 = gcr[0], g1 = gcr[1], g2 = gcr[2];
-#pragma GCC ivdep  // outputs and scratch never alias the inputs
+TFMO_IVDEP  // outputs and scratch never alias the inputs
         for (int64_t k = a; k < n; ++k) {
           v[k] = g_depth * vr_mid(t0[k], t1[k]) + g_opac + gw[k] +
                  (g0 * cl[3 * k] + g1 * cl[3 * k + 1] + g2 * cl[3 * k + 2]);
@@ -336,7 +336,7 @@ TFMO_INLINE void VrpGradRaysBody(const VrpGradJob& j, int64_t r0, int64_t r1) {
         suffix += w[k] * vk;
         T_next = T[k];
       }
-#pragma GCC ivdep
+TFMO_IVDEP
       for (int64_t k = a; k < n; ++k) {
         gs[k] = (t1[k] - t0[k]) * v[k];
         const float sgt = sg[k] * v[k];

@@ -25,6 +25,14 @@
 #include "shared/volume_render_math.h"
 
 #define TFMO_INLINE inline __attribute__((always_inline))
+// Before a loop whose stores never alias its loads (lets the compiler vectorise without alias checks).
+#if defined(__clang__)
+#define TFMO_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define TFMO_IVDEP _Pragma("GCC ivdep")
+#else
+#define TFMO_IVDEP
+#endif
 
 namespace tfmo::vr_cpu {
 
