@@ -16,6 +16,7 @@
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "common/thread_pool.h"
+#include "cpu/ray_march_avx2.h"
 #include "ops/ray_march_validate.h"
 #include "shared/ray_march_math.h"
 
@@ -33,14 +34,8 @@ constexpr int64_t kBufferedSamples = int64_t{1} << 26;  // 512 MiB of t_start/t_
 // t0s[i][0..counts[i]) and t1s[i] (grown as needed) when kStore, else only counted.
 constexpr int kLanes = 4;
 
-// What the march looks up per candidate cell: the bitfield and the mip levels above it (rm_empty_level), and
-// optionally `levels`, one byte per grid cell holding the answer of both lookups at once.
-constexpr unsigned char kOccupiedCell = 0xFF;
-struct Occupancy {
-  const unsigned char* bits;
-  const unsigned char* mip;
-  const unsigned char* levels;  // kOccupiedCell, or the cell's rm_empty_level; null: look up bits and mip
-};
+using tfmo::rm_cpu::kOccupiedCell;
+using tfmo::rm_cpu::Occupancy;
 
 template <bool kStore>
 void MarchRays(const RmParams& p, const float* o, const float* d, const float* near_t, const float* far_t,
@@ -64,10 +59,7 @@ void MarchRays(const RmParams& p, const float* o, const float* d, const float* n
         --n_live;
         continue;
       }
-      const uint cell = s[i].cell;
-      const uint level = occ.levels != nullptr                    ? occ.levels[cell]
-                         : rm_bit(occ.bits[cell >> 3], cell) ? kOccupiedCell
-                                                             : rm_empty_level(p, occ.mip, &s[i]);
+      const uint level = tfmo::rm_cpu::CellLevel(p, occ, s[i]);
       if (level == kOccupiedCell) {
         if constexpr (kStore) {
           if (t0s[i].size() <= k[i]) {
@@ -135,11 +127,23 @@ struct ChunkSamples {
 
 // Marches chunk q of the rays, storing the per-ray counts in counts[0..) (from the chunk's first ray) and, when
 // kStore, the samples in *out.
+// The march runs the path chosen once per process (tfmo::rm_cpu::RmIsaSelection): the scalar MarchRays above, or
+// the AVX2 march of csrc/cpu/ray_march_avx2.h (the same samples, bit for bit).
 template <bool kStore>
 void MarchChunk(const RmParams& p, const float* o, const float* d, const float* near_t, const float* far_t,
                 const Occupancy& occ, int64_t R, int64_t q, int64_t* counts, ChunkSamples* out) {
-  std::vector<float> lane_t0[kLanes], lane_t1[kLanes];
   const int64_t r0 = q * kChunkRays, r1 = std::min(R, r0 + kChunkRays);
+  const int isa = tfmo::rm_cpu::RmIsaSelection().selected;
+  tfmo::rm_cpu::g_rm_path_calls[isa].fetch_add(1, std::memory_order_relaxed);
+#ifdef TFMO_RM_AVX2
+  if (isa == tfmo::rm_cpu::kRmAvx2) {
+    tfmo::rm_cpu::RmStage stage;
+    tfmo::rm_cpu::MarchChunkAvx2(p, o, d, near_t, far_t, r0, static_cast<int>(r1 - r0), occ, kStore, counts,
+                                 kStore ? &out->t0 : nullptr, kStore ? &out->t1 : nullptr, &stage);
+    return;
+  }
+#endif
+  std::vector<float> lane_t0[kLanes], lane_t1[kLanes];
   for (int64_t r = r0; r < r1; r += kLanes) {
     const int n = static_cast<int>(std::min<int64_t>(kLanes, r1 - r));
     int64_t* c = counts + (r - r0);
@@ -225,7 +229,7 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
   const int64_t cells = int64_t{p.G} * p.G * p.G;
   std::vector<unsigned char> levels;
   if (cells <= 32 * R && cells <= (int64_t{1} << 24)) {
-    levels.resize(cells);
+    levels.resize(cells + 3);  // + 3 bytes of padding (Occupancy)
     BuildLevels(p, bits, mip.data(), levels.data());
   }
   const Occupancy occ{bits, mip.data(), levels.empty() ? nullptr : levels.data()};

@@ -1,0 +1,112 @@
+// The choice between the scalar and the AVX2 march of the RayMarch CPU kernel (csrc/cpu/ray_march_avx2.h), once
+// per process, and its diagnostics (tfmo_ray_march_cpu_paths).
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "cpu/ray_march_avx2.h"
+
+#ifdef TFMO_RM_AVX2
+#include <cpuid.h>
+#endif
+
+namespace tfmo::rm_cpu {
+
+namespace {
+
+const char* const kRmIsaNames[kRmIsaCount] = {"default", "avx2"};
+
+bool RmIsaBuilt(int isa) {
+#ifdef TFMO_RM_AVX2
+  return isa >= 0 && isa < kRmIsaCount;
+#else
+  return isa == kRmDefault;
+#endif
+}
+
+// AVX2 usable: the CPU has it (CPUID 7.0:EBX bit 5) and the OS saves the YMM registers (OSXSAVE, XCR0 bits 1-2).
+// CPUID directly rather than __builtin_cpu_supports, which needs compiler-rt on some clang targets.
+bool CpuHasAvx2() {
+#ifdef TFMO_RM_AVX2
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_AVX)) return false;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 6u) != 6u) return false;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return (b & bit_AVX2) != 0;
+#else
+  return false;
+#endif
+}
+
+bool RmIsaSupported(int isa) {
+  if (!RmIsaBuilt(isa)) return false;
+  if (isa == kRmAvx2) return CpuHasAvx2();
+  return true;
+}
+
+}  // namespace
+
+std::atomic<long long> g_rm_path_calls[kRmIsaCount];
+
+// TF_METAL_OPS_RAY_MARCH_ISA (avx2, default or auto), read once (the first march or diagnostics query of the
+// process). The automatic choice is AVX2 when the CPU has it. A request that cannot be honoured (AVX2 not built or
+// not supported, or an unknown name) falls back, with a message on stderr.
+const RmIsaChoice& RmIsaSelection() {
+  static const RmIsaChoice choice = [] {
+    const int best = RmIsaSupported(kRmAvx2) ? kRmAvx2 : kRmDefault;
+    RmIsaChoice c{best, -1, false};
+    const char* env = std::getenv("TF_METAL_OPS_RAY_MARCH_ISA");
+    if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return c;
+    for (int isa = 0; isa < kRmIsaCount; ++isa)
+      if (std::strcmp(env, kRmIsaNames[isa]) == 0) c.requested = isa;
+    if (c.requested == -1) {
+      c.requested = -2;
+      c.fell_back = true;
+      std::fprintf(stderr,
+                   "tf_metal_ops: error: TF_METAL_OPS_RAY_MARCH_ISA=%s is not one of avx2, default, auto; the "
+                   "ray-march CPU kernel uses the %s path\n",
+                   env, kRmIsaNames[best]);
+      return c;
+    }
+    if (RmIsaSupported(c.requested)) {
+      c.selected = c.requested;
+      return c;
+    }
+    c.selected = kRmDefault;
+    c.fell_back = true;
+    std::fprintf(stderr,
+                 "tf_metal_ops: error: TF_METAL_OPS_RAY_MARCH_ISA=%s: %s; the ray-march CPU kernel uses the %s path "
+                 "instead\n",
+                 env,
+                 !RmIsaBuilt(c.requested) ? "that path is not compiled into this library (x86-64 GCC/clang only)"
+                                          : "this CPU (or OS) lacks AVX2",
+                 kRmIsaNames[kRmDefault]);
+    return c;
+  }();
+  return choice;
+}
+
+}  // namespace tfmo::rm_cpu
+
+// Diagnostics (ctypes; tests/test_ray_march_isa.py). calls[2]: chunk marches of the default and avx2 paths so far
+// in this process; built/supported: bit isa set when that path is compiled in / runnable on this CPU; selected:
+// the path in use; requested: the TF_METAL_OPS_RAY_MARCH_ISA path (-1 unset or auto, -2 unknown name); fell_back:
+// 1 when the request could not be honoured.
+extern "C" __attribute__((visibility("default"))) void tfmo_ray_march_cpu_paths(long long* calls, int* built,
+                                                                                int* supported, int* selected,
+                                                                                int* requested, int* fell_back) {
+  using namespace tfmo::rm_cpu;
+  const RmIsaChoice& c = RmIsaSelection();
+  *built = *supported = 0;
+  for (int isa = 0; isa < kRmIsaCount; ++isa) {
+    calls[isa] = g_rm_path_calls[isa].load();
+    if (RmIsaBuilt(isa)) *built |= 1 << isa;
+    if (RmIsaSupported(isa)) *supported |= 1 << isa;
+  }
+  *selected = c.selected;
+  *requested = c.requested;
+  *fell_back = c.fell_back ? 1 : 0;
+}
