@@ -39,8 +39,7 @@ extern std::atomic<long long> g_rm_path_calls[kRmIsaCount];
 
 // What the march looks up per candidate cell: the bitfield and the mip levels above it (rm_empty_level), and
 // optionally `levels`, one byte per grid cell holding the answer of both lookups at once (kOccupiedCell or the
-// cell's rm_empty_level), allocated with 3 bytes of padding after the last cell (the AVX2 path gathers 32-bit
-// words at byte offsets).
+// cell's rm_empty_level).
 constexpr unsigned char kOccupiedCell = 0xFF;
 struct Occupancy {
   const unsigned char* bits;
@@ -255,9 +254,11 @@ TFMO_RM_V void RmStepV(const RmConstsV& K, RmChunkV& ch, RmLanesV& g) {
   g.skips = _mm256_sub_epi32(g.skips, empty);
 }
 
+// Groups of 8 lanes stepped alternately (their dependency chains overlap in the CPU; 3 or 4 measured no faster).
+constexpr int kRmGroups = 2;
+
 // Marches rays [r0, r0 + n) of a chunk: counts[i] = samples of ray r0 + i; when store, the samples are appended
-// in ray order to *t0_out / *t1_out (st: the caller's stage buffers). Two groups of 8 lanes step alternately, so
-// the dependency chains of 16 rays overlap in the CPU.
+// in ray order to *t0_out / *t1_out (st: the caller's stage buffers).
 __attribute__((target("avx2"), noinline)) inline void MarchChunkAvx2(
     const RmParams& p, const float* o, const float* d, const float* near_t, const float* far_t, int64_t r0,
     int n, const Occupancy& occ, bool store, int64_t* counts, std::vector<float>* t0_out,
@@ -283,7 +284,7 @@ __attribute__((target("avx2"), noinline)) inline void MarchChunkAvx2(
   K.ff = _mm256_set1_epi32(kOccupiedCell);
 
   RmChunkV ch{&p, o, d, near_t, far_t, r0, n, 0, &occ, store, counts, st, 0};
-  RmLanesV g[2];
+  RmLanesV g[kRmGroups];
   for (RmLanesV& x : g) {
     for (int a = 0; a < 3; ++a) x.o[a] = x.d[a] = x.inv_d[a] = K.zero;
     x.t = x.t_hi = K.zero;
@@ -291,13 +292,14 @@ __attribute__((target("avx2"), noinline)) inline void MarchChunkAvx2(
     x.live = 0;
   }
   for (;;) {
-    if (ch.next < n) {
-      RmRefillV(ch, g[0]);
-      RmRefillV(ch, g[1]);
+    unsigned any = 0;
+    for (RmLanesV& x : g) {
+      if (ch.next < n) RmRefillV(ch, x);
+      any |= x.live;
     }
-    if ((g[0].live | g[1].live) == 0) break;
-    if (g[0].live) RmStepV(K, ch, g[0]);
-    if (g[1].live) RmStepV(K, ch, g[1]);
+    if (any == 0) break;
+    for (RmLanesV& x : g)
+      if (x.live) RmStepV(K, ch, x);
   }
 
   if (store && ch.n_st > 0) {  // staged samples -> ray order (stable: a ray's samples were staged in order)

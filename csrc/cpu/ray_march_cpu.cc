@@ -5,8 +5,9 @@
 // one contiguous run of the outputs, copied in parallel. Buffers hold at most ~kBufferedSamples samples in all:
 // chunks that start past that only count their samples and march again to write them (so memory stays bounded
 // and the int32 limit on the total is checked before anything of that size is allocated). Each ray's march is serial and depends only on
-// its own inputs (a thread interleaves the steps of kLanes rays, which changes nothing per ray), so the outputs are
-// bitwise independent of the thread count.
+// its own inputs (a thread interleaves the steps of kLanes rays, or of 16 rays in the AVX2 march of
+// csrc/cpu/ray_march_avx2.h, which changes nothing per ray), so the outputs are bitwise independent of the thread
+// count and of the path (scalar or AVX2, chosen once per process).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -229,7 +230,7 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
   const int64_t cells = int64_t{p.G} * p.G * p.G;
   std::vector<unsigned char> levels;
   if (cells <= 32 * R && cells <= (int64_t{1} << 24)) {
-    levels.resize(cells + 3);  // + 3 bytes of padding (Occupancy)
+    levels.resize(cells);
     BuildLevels(p, bits, mip.data(), levels.data());
   }
   const Occupancy occ{bits, mip.data(), levels.empty() ? nullptr : levels.data()};
