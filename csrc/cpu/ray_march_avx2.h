@@ -86,6 +86,21 @@ TFMO_RM_V __m256 RmPutV(__m256 v, __m256 lane_mask, float x) {
   return _mm256_blendv_ps(v, _mm256_set1_ps(x), lane_mask);
 }
 
+// base[idx] per lane (bytes, zero-extended).
+TFMO_RM_V __m256i RmLoadBytesV(const unsigned char* base, __m256i idx) {
+  alignas(32) int32_t a[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(a), idx);
+  return _mm256_setr_epi32(base[a[0]], base[a[1]], base[a[2]], base[a[3]], base[a[4]], base[a[5]], base[a[6]],
+                           base[a[7]]);
+}
+
+// rm_bit(byte_value, cell) per lane: all ones where set.
+TFMO_RM_V __m256i RmBitV(__m256i byte_value, __m256i cell) {
+  const __m256i one = _mm256_set1_epi32(1);
+  return _mm256_cmpeq_epi32(
+      _mm256_and_si256(_mm256_srlv_epi32(byte_value, _mm256_and_si256(cell, _mm256_set1_epi32(7))), one), one);
+}
+
 // For each 8-bit lane mask, the indices of its set lanes first (in lane order): compresses a vector's selected
 // lanes with one permute.
 struct RmCompressTable {
@@ -157,6 +172,29 @@ TFMO_RM_V void RmRefillV(RmChunkV& ch, RmLanesV& g) {
   }
 }
 
+// CellLevel without the level table: kOccupiedCell where rm_bit(bits[cell >> 3], cell), else rm_empty_level: the
+// levels m = 0, 1, .. are tried for all searching lanes at once; a lane stops at the first level l = m + 1 whose
+// block is occupied (level m), or at p.mip_levels.
+TFMO_RM_V __m256i RmBitsMipLevelV(const RmConstsV& K, const RmChunkV& ch, const __m256i c[3], __m256i cell,
+                                  __m256i go) {
+  const RmParams& p = *ch.p;
+  const __m256i occupied = RmBitV(RmLoadBytesV(ch.occ->bits, _mm256_srli_epi32(cell, 3)), cell);
+  __m256i searching = _mm256_andnot_si256(occupied, go), level = _mm256_setzero_si256();
+  for (uint m = 0; m < p.mip_levels && !_mm256_testz_si256(searching, searching); ++m) {
+    const uint l = m + 1;
+    const __m128i sh = _mm_cvtsi32_si128(static_cast<int>(l));
+    const __m256i g = _mm256_set1_epi32(static_cast<int>(rm_mip_res(p.G, l)));
+    const __m256i cm = _mm256_add_epi32(
+        _mm256_srl_epi32(c[0], sh),
+        _mm256_mullo_epi32(g, _mm256_add_epi32(_mm256_srl_epi32(c[1], sh),
+                                               _mm256_mullo_epi32(g, _mm256_srl_epi32(c[2], sh)))));
+    const __m256i set = RmBitV(RmLoadBytesV(ch.occ->mip + p.mip_offset[m], _mm256_srli_epi32(cm, 3)), cm);
+    searching = _mm256_andnot_si256(set, searching);
+    level = _mm256_blendv_epi8(level, _mm256_set1_epi32(static_cast<int>(l)), searching);
+  }
+  return _mm256_blendv_epi8(level, K.ff, occupied);
+}
+
 // One candidate of every live lane of g.
 TFMO_RM_V void RmStepV(const RmConstsV& K, RmChunkV& ch, RmLanesV& g) {
   const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
@@ -189,30 +227,11 @@ TFMO_RM_V void RmStepV(const RmConstsV& K, RmChunkV& ch, RmLanesV& g) {
   const __m256i cell =
       _mm256_add_epi32(c[0], _mm256_mullo_epi32(K.G, _mm256_add_epi32(c[1], _mm256_mullo_epi32(K.G, c[2]))));
 
-  // CellLevel: a byte of `levels` per lane (8 scalar loads: faster than a gather here), else the scalar lookup of
-  // the bitfield and the mip per lane. Lanes that do not go on look up cell 0 or their stale cell (in range).
-  __m256i level;
-  {
-    alignas(32) int32_t a_cell[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(a_cell), cell);
-    const Occupancy& occ = *ch.occ;
-    if (occ.levels != nullptr) {
-      const unsigned char* L = occ.levels;
-      level = _mm256_setr_epi32(L[a_cell[0]], L[a_cell[1]], L[a_cell[2]], L[a_cell[3]], L[a_cell[4]], L[a_cell[5]],
-                                L[a_cell[6]], L[a_cell[7]]);
-    } else {
-      alignas(32) int32_t a_c[3][8];
-      for (int a = 0; a < 3; ++a) _mm256_store_si256(reinterpret_cast<__m256i*>(a_c[a]), c[a]);
-      for (unsigned b = go_bits; b != 0; b &= b - 1) {
-        const int lane = __builtin_ctz(b);
-        RmRay s;
-        for (int a = 0; a < 3; ++a) s.c[a] = static_cast<uint>(a_c[a][lane]);
-        s.cell = static_cast<uint>(a_cell[lane]);
-        a_cell[lane] = static_cast<int32_t>(CellLevel(*ch.p, occ, s));
-      }
-      level = _mm256_load_si256(reinterpret_cast<const __m256i*>(a_cell));
-    }
-  }
+  // CellLevel: a byte of `levels` per lane, else rm_bit on the bitfield and rm_empty_level on the mip, per lane
+  // (8 scalar byte loads each time: faster than a gather here, and the buffers have no padding for 32-bit
+  // gathers). Lanes that do not go on look up their stale cell (in range: the cells are clamped).
+  const __m256i level =
+      ch.occ->levels != nullptr ? RmLoadBytesV(ch.occ->levels, cell) : RmBitsMipLevelV(K, ch, c, cell, go);
   const __m256i occupied = _mm256_cmpeq_epi32(level, K.ff);
   const __m256i emit = _mm256_and_si256(go, occupied);
   const __m256i empty = _mm256_andnot_si256(occupied, go);
