@@ -3,14 +3,16 @@ uniform sampler (4096 rays x 64 samples = 2^18) and the occupancy sampler (as ma
 
 Every piece is timed alone in its own tf.function on inputs computed beforehand (forward + backward where training
 differentiates it), then the whole train step of examples/nerf/train.py (Trainer._step_fn) on the same batch size:
-  sampling   uniform: stratified t, positions, SH of the directions; occupancy: ray_march + gathers of positions
-             and SH per sample
+  sampling   uniform: stratified t, positions, SH of the directions; occupancy: ray_march (with the sample
+             positions) + the gather of SH per sample
   encoding   hash-grid encoding forward + backward (gradient w.r.t. the table) on the N sample positions
   mlps       density + colour MLPs forward + backward (weights and the encoding's output)
   rendering  volume_render / volume_render_packed forward + backward
   optimiser  the two Adam updates (MLPs, table) with given gradients
   grid       occupancy sampler: one grid update / 16 (its share of a step, updated every 16 steps)
-  step       the whole training step (pieces overlap and fuse, so the sum differs)
+  step       the whole training step (pieces overlap and fuse, so the sum differs); the two samplers' steps are
+             timed in alternation, on batches of equal sample counts (the occupancy batch: the ray count whose
+             samples come closest to the budget, with the step's own jitter seed)
 Medians of --repeats runs after warm-up, in one process (ratios between the samplers are what to read; the machine
 may be shared: the load average is printed).
 
@@ -33,12 +35,6 @@ sys.path.insert(0, os.path.join(HERE, "..", "examples", "nerf"))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from bench_util import cpu_model, median_ms  # noqa: E402
-
-
-
-
-
-
 
 
 def make_trainer(train, run_dir, sampler, budget, extra=()):
@@ -65,6 +61,11 @@ def make_trainer(train, run_dir, sampler, budget, extra=()):
     return tr, ds
 
 
+def step_seed(tr, step_no=1):
+    """The sample-jitter seed of the train step ``step_no`` (replica 0), as train.Trainer's step computes it."""
+    return tf.constant([tr.args.seed, step_no * 4096], tf.int64)
+
+
 def breakdown(tr, rays, repeats):
     """ms per piece for a batch of ray indices ``rays``; returns (dict, samples)."""
     import tf_metal_ops
@@ -73,7 +74,7 @@ def breakdown(tr, rays, repeats):
 
     model = tr.model
     o, d = tf.gather(tr.rays_o, rays), tf.gather(tr.rays_d, rays)
-    seed = tf.constant([0, 12345], tf.int64)
+    seed = step_seed(tr)  # every piece and the whole step see the same samples
     occ = model.cfg["sampler"] == "occupancy"
     bg = tf.constant(model.cfg["background"])
 
@@ -83,8 +84,7 @@ def breakdown(tr, rays, repeats):
             m = model.march(o, d, True, seed)
             if model.cfg["early_stop"] > 0:
                 m = model._prune(o, d, m)
-            x = model._normalised_positions(o, d, m)
-            return x, tf.gather(sh_encoding_deg4(d), m.ray_indices), m
+            return m.positions, tf.gather(sh_encoding_deg4(d), m.ray_indices), m
     else:
         @tf.function
         def sampling(o, d):
@@ -171,10 +171,28 @@ def breakdown(tr, rays, repeats):
     def whole():
         return tr._step_fn(idx, tf.constant(1, tf.int64), ctrl)
 
-    ms["step"] = median_ms(whole, repeats)[0]
-    if occ:
-        ms["step + grid share"] = ms["step"] + ms["grid"]
-    return ms, n
+    return ms, n, whole
+
+
+def interleaved_ms(fns, repeats, warmup=2):
+    """Median ms of each of ``fns`` (name -> fn), timed in alternation (ABAB...) so that a change in the machine's
+    load during the run weighs on all of them alike."""
+    import time
+
+    def run(fn):
+        t0 = time.perf_counter()
+        for v in tf.nest.flatten(fn()):
+            v.numpy()
+        return (time.perf_counter() - t0) * 1e3
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            run(fn)
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            times[k].append(run(fn))
+    return {k: float(np.median(v)) for k, v in times.items()}
 
 
 def main(argv=None):
@@ -196,21 +214,25 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     tr_u, _ = make_trainer(train, args.run, "uniform", args.budget)
     rays_u = rng.permutation(tr_u.n_rays)[:args.budget // tr_u.args.samples]
-    results["uniform"], n_u = breakdown(tr_u, rays_u, args.repeats)
+    results["uniform"], n_u, whole_u = breakdown(tr_u, rays_u, args.repeats)
     results["uniform"].update(rays=len(rays_u), samples=n_u, samples_per_ray=n_u / len(rays_u))
-    del tr_u
     tr_o, _ = make_trainer(train, args.run, "occupancy", args.budget, ["--early-stop", str(early)])
-    # rays for the budget: scale a probe batch by budget / measured samples (as training does), twice
-    r = 4096
-    for _ in range(3):
-        rays_o = rng.permutation(tr_o.n_rays)[:r]
-        m = tr_o.model.march(tf.gather(tr_o.rays_o, rays_o), tf.gather(tr_o.rays_d, rays_o), True,
-                             tf.constant([0, 12345], tf.int64))
-        if early > 0:
-            m = tr_o.model._prune(tf.gather(tr_o.rays_o, rays_o), tf.gather(tr_o.rays_d, rays_o), m)
-        r = tr_o.clamp_rays(r * args.budget / max(int(m.t_starts.shape[0]), 1))
-    rays_o = rng.permutation(tr_o.n_rays)[:r]
-    results["occupancy"], n_o = breakdown(tr_o, rays_o, args.repeats)
+    # rays for the budget: the prefix of a permutation whose samples (with the step's jitter seed) come closest to
+    # it. A ray's samples depend only on the ray and its index, so one march of a long prefix gives every count.
+    perm = rng.permutation(tr_o.n_rays)[:min(tr_o.n_rays, args.budget)]
+    o, d = tf.gather(tr_o.rays_o, perm), tf.gather(tr_o.rays_d, perm)
+    m = tr_o.model.march(o, d, True, step_seed(tr_o))
+    if early > 0:
+        m = tr_o.model._prune(o, d, m)
+    n_of = m.row_splits.numpy()  # samples of the first r rays: n_of[r]
+    cand = np.arange(train.RAY_GRANULARITY, len(perm) + 1, train.RAY_GRANULARITY)
+    r = int(cand[np.argmin(np.abs(n_of[cand] - args.budget))])
+    rays_o = perm[:r]
+    results["occupancy"], n_o, whole_o = breakdown(tr_o, rays_o, args.repeats)
+    steps = interleaved_ms(dict(uniform=whole_u, occupancy=whole_o), args.repeats)
+    for k in steps:
+        results[k]["step"] = steps[k]
+    results["occupancy"]["step + grid share"] = steps["occupancy"] + results["occupancy"]["grid"]
     results["occupancy"].update(rays=len(rays_o), samples=n_o, samples_per_ray=n_o / len(rays_o),
                                 occupied_fraction=float(tr_o.model.grid.occupied_fraction()), early_stop=early)
     keys = ["sampling", "encoding", "mlps", "rendering", "optimiser", "grid", "step", "step + grid share"]

@@ -85,7 +85,7 @@ def main():
 
     @tf.function
     def xla(o, d, seed):
-        return occupancy.pack_dense_samples(*dense_xla(o, d, seed))
+        return occupancy.pack_dense_samples(*dense_xla(o, d, seed), o, d, grid.aabb)
 
     rows = []
     for R in args.rays:

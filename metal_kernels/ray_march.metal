@@ -90,7 +90,8 @@ kernel void ray_march_fill(device const float* rays_o [[buffer(0)]],
                            device float* t_starts [[buffer(7)]],
                            device float* t_ends [[buffer(8)]],
                            device int* ray_indices [[buffer(9)]],
-                           constant RmParams& params [[buffer(10)]],
+                           device float* positions [[buffer(10)]],
+                           constant RmParams& params [[buffer(11)]],
                            uint r [[thread_position_in_grid]]) {
   const RmParams p = params;
   if (r >= p.R) return;
@@ -107,6 +108,10 @@ kernel void ray_march_fill(device const float* rays_o [[buffer(0)]],
       t_starts[k] = s.t;
       t_ends[k] = s.t1;
       ray_indices[k] = int(r);
+      const float tm = 0.5f * (s.t + s.t1);
+      positions[3 * k] = rm_unit_coord(s.o[0], s.d[0], tm, p.lo_x, p.inv_ext_x);
+      positions[3 * k + 1] = rm_unit_coord(s.o[1], s.d[1], tm, p.lo_y, p.inv_ext_y);
+      positions[3 * k + 2] = rm_unit_coord(s.o[2], s.d[2], tm, p.lo_z, p.inv_ext_z);
       ++n;
       rm_accept(&s);
     } else {

@@ -31,6 +31,24 @@ def check_packing(res, R):
     assert np.all(t1[:-1][same_ray] <= t0[1:][same_ray])  # sorted, non-overlapping
 
 
+POS_ATOL = 2e-6  # float32 rounding of o + tm d, - lo, * inv_ext for |o|, |t d| of a few box sizes
+
+
+def check_positions(res, o, d, aabb=AABB):
+    """positions = clamp((o + d (t_start + t_end) / 2 - lo) / (hi - lo), 0, 1) in float64 from the op's own t."""
+    pos = res.positions.numpy()
+    n = res.t_starts.shape[0]
+    assert res.positions.dtype == tf.float32 and pos.shape == (n, 3)
+    assert np.all((pos >= 0.0) & (pos <= 1.0))
+    ri = res.ray_indices.numpy()
+    tm = 0.5 * (res.t_starts.numpy().astype(np.float64) + res.t_ends.numpy())
+    lo, hi = np.asarray(aabb, np.float64)
+    want = np.clip((np.asarray(o, np.float64)[ri] + tm[:, None] * np.asarray(d, np.float64)[ri] - lo) / (hi - lo),
+                   0.0, 1.0)
+    np.testing.assert_allclose(pos, want, rtol=0, atol=POS_ATOL)
+    return n
+
+
 def compare_to_reference(res, o, d, near, far, bits, G, aabb, **kw):
     """Exact sample counts and t within T_ATOL on every ray whose decisions are not within rounding of a
     threshold (see ray_march_reference); returns the number of rays compared."""
@@ -67,6 +85,7 @@ def test_matches_numpy_reference(case, G, p):
                                              max_samples=case["max_samples"], jitter=case["jitter"],
                                              seed=case["seed"])
     assert n_samples > 200  # the comparison covered real work
+    check_positions(res, o, d)
     counts = np.diff(res.row_splits.numpy())
     assert counts.max() <= case["max_samples"]
     kinds = np.arange(R) % 4  # make_rays: outside, inside, miss, axis-parallel
@@ -98,6 +117,7 @@ def test_matches_numpy_reference_on_sparse_grids(case, name):
               jitter=case["jitter"], seed=case["seed"])
     n_rays, n_samples = compare_to_reference(res, o, d, 0.0, np.inf, bits, G, AABB, **kw)
     assert n_samples > 100  # the comparison covered real work
+    check_positions(res, o, d)
     # The mip changes where a ray lands after an empty block only now and then (a block face is usually also a face
     # the cell-by-cell skip lands on); make sure such rays exist, so the comparison above covered the mip rule.
     _, m_t0, _, margins = ref.march(o, d, 0.0, np.inf, bits, AABB, G, **kw)
@@ -168,12 +188,12 @@ def test_empty_grid_gives_no_samples_and_zero_rays_work():
     G = 10
     o, d = ref.make_rays(64, seed=2, aabb=AABB)
     res = tfmo.ray_march(o, d, Grid(ref.pack(np.zeros(G**3, bool)), G), step_size=0.01)
-    assert res.t_starts.shape == (0,) and res.ray_indices.shape == (0,)
+    assert res.t_starts.shape == (0,) and res.ray_indices.shape == (0,) and res.positions.shape == (0, 3)
     np.testing.assert_array_equal(res.row_splits.numpy(), np.zeros(65, np.int32))
     empty = tfmo.ray_march(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32),
                            Grid(ref.random_bits(G, 0.5), G), step_size=0.01)
     np.testing.assert_array_equal(empty.row_splits.numpy(), [0])
-    assert empty.t_starts.shape == (0,)
+    assert empty.t_starts.shape == (0,) and empty.positions.shape == (0, 3)
 
 
 def test_skipping_puts_every_midpoint_in_an_occupied_cell_and_ragged_works():
@@ -246,6 +266,8 @@ def test_plain_tf_version_matches_op(grid):
         np.testing.assert_array_equal(a.ray_indices.numpy(), b.ray_indices.numpy())
         np.testing.assert_allclose(a.t_starts.numpy(), b.t_starts.numpy(), rtol=0, atol=1e-6)
         np.testing.assert_allclose(a.t_ends.numpy(), b.t_ends.numpy(), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(a.positions.numpy(), b.positions.numpy(), rtol=0, atol=1e-6)
+        check_positions(b, o, d)
 
 
 def test_tf_function_does_not_retrace_for_seed_or_ray_count():
@@ -278,6 +300,7 @@ def test_tf_function_does_not_retrace_for_seed_or_ray_count():
     g = static.get_concrete_function(tf.TensorSpec([6, 3], tf.float32), tf.TensorSpec([6, 3], tf.float32))
     assert g.structured_outputs.row_splits.shape.as_list() == [7]  # the shape function knows R + 1
     assert g.structured_outputs.t_starts.shape.as_list() == [None]
+    assert g.structured_outputs.positions.shape.as_list() == [None, 3]
 
 
 def test_no_gradient():

@@ -30,7 +30,8 @@ import tensorflow as tf
 
 from tf_metal_ops._library import ops
 
-RayMarchResult = collections.namedtuple("RayMarchResult", ["t_starts", "t_ends", "row_splits", "ray_indices"])
+RayMarchResult = collections.namedtuple("RayMarchResult",
+                                        ["t_starts", "t_ends", "row_splits", "ray_indices", "positions"])
 
 MAX_RESOLUTION = 1024  # the kernels index cells with 32-bit integers
 _MAX_SKIPS_PER_CELL = 8  # kRmMaxSkipsPerCell, kRmMaxSkipsExtra in ray_march_math.h
@@ -271,8 +272,10 @@ def ray_march(rays_o, rays_d, grid, *, near=None, far=None, step_size, cone_angl
       max_samples: per-ray cap (>= 1). jitter: offset the first sample by u * dt, u from hash(seed, ray).
       seed: int or int tensor (a tensor input of the op: changing it does not retrace a tf.function).
 
-    Returns ``RayMarchResult(t_starts [N], t_ends [N], row_splits [R+1] int32, ray_indices [N] int32)``.
-    No gradient (the outputs are sample positions).
+    Returns ``RayMarchResult(t_starts [N], t_ends [N], row_splits [R+1] int32, ray_indices [N] int32,
+    positions [N, 3])``: ``positions`` are the samples' midpoints ``o + d (t_start + t_end) / 2`` in the grid box's
+    unit coordinates ``(x - lo) / (hi - lo)``, clamped to [0, 1] (what an encoding over the box, e.g. the hash grid,
+    takes; world coordinates are ``lo + positions * (hi - lo)``). No gradient (the outputs are sample positions).
     """
     fn = "ray_march"
     step_size, cone_angle, max_samples, jitter = _check_march_args(fn, step_size, cone_angle, max_samples, jitter)
@@ -426,13 +429,25 @@ def ray_march_dense_tf(rays_o, rays_d, near, far, bits, aabb, resolution, *, ste
     return n, buf0[:, :max_samples], buf1[:, :max_samples]
 
 
-def pack_dense_samples(counts, t_starts, t_ends):
-    """[R] counts and [R, S] slot arrays -> RayMarchResult (packed in ray order)."""
+def sample_positions_tf(rays_o, rays_d, aabb, t_starts, t_ends, ray_indices):
+    """The ``positions`` of packed samples, as the kernels compute them (ray_march_math.h rm_unit_coord)."""
+    aabb = tf.convert_to_tensor(aabb, tf.float32)
+    lo, inv_ext = aabb[0], 1.0 / (aabb[1] - aabb[0])
+    tm = 0.5 * (t_starts + t_ends)
+    x = tf.gather(rays_o, ray_indices) + tm[:, None] * tf.gather(rays_d, ray_indices)
+    return tf.clip_by_value((x - lo) * inv_ext, 0.0, 1.0)
+
+
+def pack_dense_samples(counts, t_starts, t_ends, rays_o, rays_d, aabb):
+    """[R] counts and [R, S] slot arrays of rays ``rays_o``, ``rays_d`` in box ``aabb`` -> RayMarchResult (packed in
+    ray order)."""
     counts = tf.convert_to_tensor(counts, tf.int32)
     mask = tf.range(tf.shape(t_starts)[1])[None, :] < counts[:, None]
     row_splits = tf.concat([tf.zeros([1], tf.int32), tf.cumsum(counts)], axis=0)
     ray_indices = tf.repeat(tf.range(tf.size(counts), dtype=tf.int32), counts)
-    return RayMarchResult(tf.boolean_mask(t_starts, mask), tf.boolean_mask(t_ends, mask), row_splits, ray_indices)
+    t0, t1 = tf.boolean_mask(t_starts, mask), tf.boolean_mask(t_ends, mask)
+    return RayMarchResult(t0, t1, row_splits, ray_indices,
+                          sample_positions_tf(rays_o, rays_d, aabb, t0, t1, ray_indices))
 
 
 def ray_march_tf(rays_o, rays_d, grid, *, near=None, far=None, step_size, cone_angle=0.0, max_samples=1024,
@@ -446,4 +461,4 @@ def ray_march_tf(rays_o, rays_d, grid, *, near=None, far=None, step_size, cone_a
     counts, t0, t1 = ray_march_dense_tf(rays_o, rays_d, near, far, bits, aabb, g, step_size=step_size,
                                         cone_angle=cone_angle, max_samples=max_samples, jitter=jitter,
                                         seed=_seed_tensor(seed))
-    return pack_dense_samples(counts, t0, t1)
+    return pack_dense_samples(counts, t0, t1, rays_o, rays_d, aabb)

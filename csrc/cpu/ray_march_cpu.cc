@@ -2,7 +2,7 @@
 // Builds the occupancy mip from the bitfield, then marches every ray in fixed chunks of consecutive rays (split
 // over the project pool; the chunking does not depend on the thread count), each chunk writing its samples in ray
 // order into its own buffer. A prefix sum of the per-ray counts gives row_splits, and each chunk's samples are then
-// one contiguous run of the outputs, copied in parallel. Buffers hold at most ~kBufferedSamples samples in all:
+// one contiguous run of the outputs, copied in parallel (with the samples' positions, computed there). Buffers hold at most ~kBufferedSamples samples in all:
 // chunks that start past that only count their samples and march again to write them (so memory stays bounded
 // and the int32 limit on the total is checked before anything of that size is allocated). Each ray's march is serial and depends only on
 // its own inputs (a thread interleaves the steps of kLanes rays, or of 16 rays in the AVX2 march of
@@ -258,10 +258,11 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
                static_cast<long long>(N));
     return;
   }
-  TensorRef t_starts, t_ends, row_splits, ray_indices;
+  TensorRef t_starts, t_ends, row_splits, ray_indices, positions;
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {N}, &t_starts) || !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {N}, &t_ends) ||
       !tfmo::AllocateOutput(ctx, 2, TF_INT32, {R + 1}, &row_splits) ||
-      !tfmo::AllocateOutput(ctx, 3, TF_INT32, {N}, &ray_indices))
+      !tfmo::AllocateOutput(ctx, 3, TF_INT32, {N}, &ray_indices) ||
+      !tfmo::AllocateOutput(ctx, 4, TF_FLOAT, {N, 3}, &positions))
     return;
   int32_t* rs = row_splits.data<int32_t>();
   for (int64_t r = 0; r <= R; ++r) rs[r] = static_cast<int32_t>(splits[r]);
@@ -269,6 +270,7 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
   float* ts = t_starts.data<float>();
   float* te = t_ends.data<float>();
   int32_t* ri = ray_indices.data<int32_t>();
+  float* pos = positions.data<float>();
   tfmo::ParallelParts(n_chunks, [&](int64_t q) {
     const int64_t r0 = q * kChunkRays, r1 = std::min(R, r0 + kChunkRays);
     ChunkSamples& ch = chunks[q];
@@ -281,8 +283,17 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
       std::memcpy(ts + at, ch.t0.data(), sizeof(float) * n);
       std::memcpy(te + at, ch.t1.data(), sizeof(float) * n);
     }
-    for (int64_t r = r0; r < r1; ++r)
+    for (int64_t r = r0; r < r1; ++r) {
       std::fill(ri + splits[r], ri + splits[r + 1], static_cast<int32_t>(r));
+      const float* ro = o + 3 * r;
+      const float* rd = d + 3 * r;
+      for (int64_t k = splits[r]; k < splits[r + 1]; ++k) {
+        const float tm = 0.5f * (ts[k] + te[k]);
+        pos[3 * k] = rm_unit_coord(ro[0], rd[0], tm, p.lo_x, p.inv_ext_x);
+        pos[3 * k + 1] = rm_unit_coord(ro[1], rd[1], tm, p.lo_y, p.inv_ext_y);
+        pos[3 * k + 2] = rm_unit_coord(ro[2], rd[2], tm, p.lo_z, p.inv_ext_z);
+      }
+    }
   });
 }
 

@@ -8,7 +8,8 @@
 //      `scan` [R + 1]), multi-level block scan of scan[1..R]
 //      (levels until one block; kRmScanBlock values per threadgroup), then RunAndRead of scan[R] = N (the op's
 //      thread waits for the GPU here);
-//   2. allocate the outputs, write row_splits from scan, fill the samples (skipped when N = 0).
+//   2. allocate the outputs, write row_splits from scan, fill the samples and their positions (skipped when
+//      N = 0).
 // R = 0: row_splits = [0] through a one-thread pass (nothing else to do).
 #include <cinttypes>
 #include <vector>
@@ -33,11 +34,12 @@ void RayMarchGpu(void* attrs, TF_OpKernelContext* ctx) {
   RmParams params;
   if (!tfmo::march::Validate(ctx, a, in, &R, &params)) return;
   if (!tfmo::gpu::CheckGridSize(ctx, op, "the number of rays + 1", static_cast<uint64_t>(R) + 1)) return;
-  TensorRef t_starts, t_ends, row_splits, ray_indices;
+  TensorRef t_starts, t_ends, row_splits, ray_indices, positions;
   if (R == 0) {
     if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {0}, &t_starts) || !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {0}, &t_ends) ||
         !tfmo::AllocateOutput(ctx, 2, TF_INT32, {1}, &row_splits) ||
-        !tfmo::AllocateOutput(ctx, 3, TF_INT32, {0}, &ray_indices))
+        !tfmo::AllocateOutput(ctx, 3, TF_INT32, {0}, &ray_indices) ||
+        !tfmo::AllocateOutput(ctx, 4, TF_FLOAT, {0, 3}, &positions))
       return;
     tfmo::gpu::Call call(ctx, op);
     call.pass("ray_march_zero").buffer(0, row_splits).threads(1);
@@ -105,7 +107,8 @@ void RayMarchGpu(void* attrs, TF_OpKernelContext* ctx) {
   }
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {N}, &t_starts) || !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {N}, &t_ends) ||
       !tfmo::AllocateOutput(ctx, 2, TF_INT32, {R + 1}, &row_splits) ||
-      !tfmo::AllocateOutput(ctx, 3, TF_INT32, {N}, &ray_indices))
+      !tfmo::AllocateOutput(ctx, 3, TF_INT32, {N}, &ray_indices) ||
+      !tfmo::AllocateOutput(ctx, 4, TF_FLOAT, {N, 3}, &positions))
     return;
   const uint32_t splits_n = rays + 1;
   call.pass("ray_march_splits").buffer(0, *scan).buffer(1, row_splits).value(2, splits_n).threads(splits_n);
@@ -113,8 +116,8 @@ void RayMarchGpu(void* attrs, TF_OpKernelContext* ctx) {
     call.pass("ray_march_fill")
         .buffer(0, in[0]).buffer(1, in[1]).buffer(2, in[2]).buffer(3, in[3]).buffer(4, in[4]).buffer(5, *mip)
         .buffer(6, *scan)
-        .buffer(7, t_starts).buffer(8, t_ends).buffer(9, ray_indices)
-        .value(10, params)
+        .buffer(7, t_starts).buffer(8, t_ends).buffer(9, ray_indices).buffer(10, positions)
+        .value(11, params)
         .threads(rays);
   }
   call.Run();

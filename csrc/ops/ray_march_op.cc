@@ -1,10 +1,11 @@
 // Op definition of RayMarch (occupancy-grid ray marching). Math and conventions: csrc/shared/ray_march_math.h.
 //
 // RayMarch(rays_o [R,3], rays_d [R,3], near [R], far [R], bits uint8 [ceil(G^3/8)], aabb [2,3], seed int64 [])
-//     -> t_starts [N], t_ends [N], row_splits int32 [R+1], ray_indices int32 [N]
+//     -> t_starts [N], t_ends [N], row_splits int32 [R+1], ray_indices int32 [N], positions [N,3]
 //   attrs: resolution G in [1, 1024], step_size > 0, cone_angle >= 0, max_samples >= 1, jitter.
 //   Packed samples: sample k belongs to ray r for row_splits[r] <= k < row_splits[r+1] (ray_indices[k] = r),
-//   covering [t_starts[k], t_ends[k]]; sorted and non-overlapping within a ray. N <= 2^31 - 1.
+//   covering [t_starts[k], t_ends[k]]; sorted and non-overlapping within a ray. N <= 2^31 - 1. positions[k]: the
+//   sample's midpoint in the aabb's unit coordinates, clamped to [0, 1] (ray_march_math.h rm_unit_coord).
 //   No gradient (the outputs are sample positions). The shape function (graph mode only) checks ranks; the
 //   kernels check everything (ray_march_validate.h).
 #include "common/op_names.h"
@@ -31,6 +32,12 @@ void RayMarchShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   TF_ShapeInferenceContextSetOutput(ctx, 0, vec.h, status);
   TF_ShapeInferenceContextSetOutput(ctx, 1, vec.h, status);
   TF_ShapeInferenceContextSetOutput(ctx, 3, vec.h, status);
+  TF_ShapeHandle* three = TF_ShapeInferenceContextVectorFromSize(ctx, 3);
+  Shape pos;  // [?, 3]
+  TF_ShapeInferenceContextConcatenateShapes(ctx, vec.h, three, pos.h, status);
+  TF_DeleteShapeHandle(three);
+  if (TF_GetCode(status) != TF_OK) return;
+  TF_ShapeInferenceContextSetOutput(ctx, 4, pos.h, status);
   TF_DimensionHandle* r = TF_NewDimensionHandle();
   TF_ShapeInferenceContextDim(ctx, o.h, 0, r);
   if (TF_DimensionHandleValueKnown(r)) {
@@ -61,6 +68,7 @@ static const tfmo::OnLoad kRegister([] {
   TF_OpDefinitionBuilderAddOutput(b, "t_ends: float");
   TF_OpDefinitionBuilderAddOutput(b, "row_splits: int32");
   TF_OpDefinitionBuilderAddOutput(b, "ray_indices: int32");
+  TF_OpDefinitionBuilderAddOutput(b, "positions: float");
   TF_OpDefinitionBuilderSetShapeInferenceFunction(b, &RayMarchShape);
   tfmo::RegisterOp(b);
 });

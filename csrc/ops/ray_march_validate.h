@@ -109,6 +109,7 @@ inline bool Validate(TF_OpKernelContext* ctx, const Attrs& a, const TensorRef* i
   float* hi[3] = {&q.hi_x, &q.hi_y, &q.hi_z};
   float* cs[3] = {&q.cs_x, &q.cs_y, &q.cs_z};
   float* inv[3] = {&q.inv_cs_x, &q.inv_cs_y, &q.inv_cs_z};
+  float* inv_ext[3] = {&q.inv_ext_x, &q.inv_ext_y, &q.inv_ext_z};
   float max_cs = 0.0f;
   for (int i = 0; i < 3; ++i) {
     *lo[i] = box[i];
@@ -118,6 +119,7 @@ inline bool Validate(TF_OpKernelContext* ctx, const Attrs& a, const TensorRef* i
       return Fail(ctx, TF_INVALID_ARGUMENT, "%s: aabb axis %d has a size that is not finite and positive in float32", op, i);
     *cs[i] = size / G;
     *inv[i] = G / size;
+    *inv_ext[i] = 1.0f / size;
     max_cs = std::fmax(max_cs, *cs[i]);
   }
   q.step_size = a.step_size;

@@ -29,6 +29,10 @@
 //    The march ends when t >= t_hi, when t1 <= t (float precision exhausted), after max_samples samples, or after
 //    kRmMaxSkipsPerCell * G + kRmMaxSkipsExtra skipped candidates (a ray crosses at most 3G cell faces; the cap
 //    only bounds rounding corner cases, so a kernel loop always ends).
+//  - Sample positions (the op's `positions` output): the midpoint tm = (t_start + t_end) / 2 (the point that
+//    selected the sample's cell) in the box's unit coordinates, (o + tm d - lo) * inv_ext per axis with
+//    inv_ext = 1 / (hi - lo) (float32, computed once by the host), clamped to [0, 1] (the midpoint lies in the box
+//    up to rounding): the input of an encoding over the box, such as the hash grid's [0, 1]^3.
 //  - Hence within a ray samples are sorted and non-overlapping (t_start <= t_end <= next t_start), every midpoint
 //    lies in an occupied cell, and an all-occupied grid gives t_lo + u dt + k dt (last one cut at t_hi).
 //  - Invalid input (NaN/inf origin or direction, NaN near/far): the CPU kernel rejects it before marching; the
@@ -57,6 +61,7 @@ struct RmParams {
   uint mip_levels;                   // L: levels 1 .. L of the occupancy mip (0 when G <= 2)
   uint mip_offset[kRmMaxMipLevels];  // byte offset of level m at index m - 1; then the buffer's total length
   uint mip_bytes;                    // bytes of the mip buffer (>= 1, so a kernel can always bind it)
+  float inv_ext_x, inv_ext_y, inv_ext_z;  // 1 / (hi - lo) per axis (sample positions in unit coordinates)
 };
 
 // Cells per axis of mip level m.
@@ -143,6 +148,11 @@ TFMO_FN float rm_dt(float t, float step_size, float cone_angle, float max_step) 
 // SSE4.1). x is finite here.
 TFMO_FN uint rm_axis_cell(float x, float lo, float inv_cs, uint G) {
   return uint(rm_min(rm_max((x - lo) * inv_cs, 0.0f), float(G - 1)));
+}
+
+// One unit coordinate of the midpoint tm of a sample (see the conventions): clamp((o + tm d - lo) * inv_ext, 0, 1).
+TFMO_FN float rm_unit_coord(float o, float d, float tm, float lo, float inv_ext) {
+  return rm_min(rm_max((o + tm * d - lo) * inv_ext, 0.0f), 1.0f);
 }
 
 // Is bit `cell` set, given the byte bits[cell >> 3]?

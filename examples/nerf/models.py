@@ -268,7 +268,11 @@ class HashNeRF(keras.Model):
 
     def density(self, pts):
         """Density ``[M]`` at world positions ``[M, 3]`` (encoding + density MLP only; for the occupancy grid)."""
-        h = self.encoding(self._normalise(pts))
+        return self._density_at(self._normalise(pts))
+
+    def _density_at(self, x):
+        """Density ``[M]`` at hash-grid coordinates ``[M, 3]`` in [0, 1]^3."""
+        h = self.encoding(x)
         for layer in self.density_mlp:
             h = layer(h)
         return trunc_exp(h[:, 0])
@@ -298,23 +302,10 @@ class HashNeRF(keras.Model):
         return march(rays_o, rays_d, self.grid, near=c["near"], far=c["far"], step_size=c["step_size"],
                      max_samples=c["max_samples"], jitter=jitter, seed=seed)
 
-    def _positions(self, rays_o, rays_d, m):
-        mid = 0.5 * (m.t_starts + m.t_ends)
-        return tf.gather(rays_o, m.ray_indices) + tf.gather(rays_d, m.ray_indices) * mid[:, None]
-
-    def _normalised_positions(self, rays_o, rays_d, m):
-        """_normalise(_positions(...)) with the affine map applied per ray, before the per-sample gathers (the
-        same points up to float rounding, a few passes over the samples fewer)."""
-        b = self.cfg["bound"]
-        mid = 0.5 * (m.t_starts + m.t_ends)
-        o = tf.gather(rays_o * (0.5 / b) + 0.5, m.ray_indices)
-        d = tf.gather(rays_d * (0.5 / b), m.ray_indices)
-        return tf.clip_by_value(o + d * mid[:, None], 0.0, 1.0)
-
     def _prune(self, rays_o, rays_d, m):
         """Early ray termination (Instant-NGP's compaction): the density alone (no gradient) on every marched sample,
         then only the samples whose transmittance is still above ``early_stop`` are kept."""
-        sigma = tf.stop_gradient(self.density(self._positions(rays_o, rays_d, m)))
+        sigma = tf.stop_gradient(self._density_at(m.positions))
         tau = tf.cast(sigma * (m.t_ends - m.t_starts), tf.float64)
         cs = tf.cumsum(tau, exclusive=True)  # float64: sums over the whole batch, differenced per ray
         first = tf.gather(cs, tf.gather(m.row_splits, m.ray_indices))
@@ -322,7 +313,8 @@ class HashNeRF(keras.Model):
         rid = tf.boolean_mask(m.ray_indices, keep)
         counts = tf.math.bincount(rid, minlength=tf.shape(rays_o)[0], dtype=tf.int32)
         row_splits = tf.concat([[0], tf.cumsum(counts)], 0)
-        return type(m)(tf.boolean_mask(m.t_starts, keep), tf.boolean_mask(m.t_ends, keep), row_splits, rid)
+        return type(m)(tf.boolean_mask(m.t_starts, keep), tf.boolean_mask(m.t_ends, keep), row_splits, rid,
+                       tf.boolean_mask(m.positions, keep))
 
     def _call_packed(self, rays_o, rays_d, training, jitter_seed):
         import tf_metal_ops
@@ -332,9 +324,8 @@ class HashNeRF(keras.Model):
         n_marched = tf.shape(m.t_starts)[0]
         if c["early_stop"] > 0:
             m = self._prune(rays_o, rays_d, m)
-        x = self._normalised_positions(rays_o, rays_d, m)
         sh = tf.gather(sh_encoding_deg4(rays_d), m.ray_indices)
-        sigma, rgb = self._field(self.encoding(x), sh)
+        sigma, rgb = self._field(self.encoding(m.positions), sh)  # the grid's box is the hash grid's [0, 1]^3
         render = (tf_metal_ops.volume_render_packed if c["implementation"] == "op"
                   else tf_metal_ops.volume_render_packed_tf)
         color, depth, opacity, weights = render(sigma, rgb, m.t_starts, m.t_ends, m.row_splits,
