@@ -2,7 +2,7 @@
 reference and the non-x86 path) and an AVX2 one (csrc/cpu/ray_march_avx2.h, x86-64 GCC/clang builds), one chosen per
 process; TF_METAL_OPS_RAY_MARCH_ISA=avx2|default|auto selects one. Each path runs in its own subprocess, its chunk
 counters (tfmo_ray_march_cpu_paths) prove it was the only one that ran, and all outputs (t_starts, t_ends,
-row_splits, ray_indices) must agree bit for bit over cases that reach every branch: sparse shells (mip skips),
+row_splits, ray_indices, positions) must agree bit for bit over cases that reach every branch: sparse shells (mip skips),
 random, all-occupied and all-empty grids, G = 1, 2, 3, odd and even, 64 and 128, both cell lookups (the per-cell
 level table, built when G^3 <= 32 R, and the bitfield + mip otherwise), cone_angle > 0, a max_samples cap that
 bites, jitter on and off, direction components equal to 0, rays missing the box, per-ray near/far (some empty),
@@ -85,7 +85,7 @@ for n, (G, kind, R, kw, nf) in enumerate(cases):
         near = rng.uniform(0.0, 1.0, R).astype(np.float32)
         far = (near + rng.uniform(-0.3, 3.0, R)).astype(np.float32)  # some far < near: no samples
     res = tfmo.ray_march(o, d, Grid(bits, G, aabb), near=near, far=far, **kw)
-    for name, v in zip(("t_starts", "t_ends", "row_splits", "ray_indices"), res):
+    for name, v in zip(res._fields, res):
         out[f"{n}_{name}"] = v.numpy()
 np.savez(sys.argv[1], **out)
 lib = native()
@@ -164,7 +164,7 @@ def test_every_path_is_selectable_and_they_agree_bitwise(tmp_path):
     if len(results) < 2:
         pytest.skip(f"only the scalar march can run here (supported: {supported}): nothing to compare")
     ref = results["default"]
-    assert len(ref) == 4 * len(CASES)
+    assert len(ref) == 5 * len(CASES)
     total = sum(len(ref[f"{n}_t_starts"]) for n in range(len(CASES)))
     assert total > 100000  # the comparison covered real work
     for n, case in enumerate(CASES):  # every non-empty grid case gives samples (else the case tests nothing)
