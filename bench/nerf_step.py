@@ -3,8 +3,8 @@ uniform sampler (4096 rays x 64 samples = 2^18) and the occupancy sampler (as ma
 
 Every piece is timed alone in its own tf.function on inputs computed beforehand (forward + backward where training
 differentiates it), then the whole train step of examples/nerf/train.py (Trainer._step_fn) on the same batch size:
-  sampling   uniform: stratified t, positions, SH of the directions; occupancy: ray_march (with the sample
-             positions) + the gather of SH per sample
+  sampling   uniform: stratified t, positions; occupancy: ray_march (with the sample positions) + the gather of
+             the view-direction SH per sample (both take the SH of the batch's rays from train.py's table)
   encoding   hash-grid encoding forward + backward (gradient w.r.t. the table) on the N sample positions
   mlps       density + colour MLPs forward + backward (weights and the encoding's output)
   rendering  volume_render / volume_render_packed forward + backward
@@ -70,10 +70,8 @@ def breakdown(tr, rays, repeats):
     """ms per piece for a batch of ray indices ``rays``; returns (dict, samples)."""
     import tf_metal_ops
 
-    from nerf.models import sh_encoding_deg4
-
     model = tr.model
-    o, d = tf.gather(tr.rays_o, rays), tf.gather(tr.rays_d, rays)
+    o, d, view_sh = tf.gather(tr.rays_o, rays), tf.gather(tr.rays_d, rays), tf.gather(tr.view_sh, rays)
     seed = step_seed(tr)  # every piece and the whole step see the same samples
     occ = model.cfg["sampler"] == "occupancy"
     bg = tf.constant(model.cfg["background"])
@@ -84,11 +82,11 @@ def breakdown(tr, rays, repeats):
             m = model.march(o, d, True, seed)
             if model.cfg["early_stop"] > 0:
                 m = model._prune(o, d, m)
-            return m.positions, tf.gather(sh_encoding_deg4(d), m.ray_indices), m
+            return m.positions, tf.gather(view_sh, m.ray_indices), m
     else:
         @tf.function
         def sampling(o, d):
-            t, edges, x, inside, sh = model._pre(o, d, True, seed)
+            t, edges, x, inside, sh = model._pre(o, d, True, seed, view_sh)
             return x, sh, (t, edges, inside)
 
     x, sh, extra = sampling(o, d)

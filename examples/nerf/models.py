@@ -229,7 +229,7 @@ class HashNeRF(keras.Model):
                           keras.layers.Dense(hidden, activation="relu", name="color_1"),
                           keras.layers.Dense(3, name="color_out")]
 
-    def _pre(self, rays_o, rays_d, training, jitter_seed=None):
+    def _pre(self, rays_o, rays_d, training, jitter_seed=None, view_sh=None):
         """Samples, normalised positions in [0,1]^3, inside-the-box mask, SH of the view direction."""
         c = self.cfg
         t0, t1 = ray_aabb(rays_o, rays_d, c["bound"])
@@ -240,7 +240,7 @@ class HashNeRF(keras.Model):
         x = (pts / c["bound"] + 1.0) * 0.5
         inside = tf.cast(tf.reduce_all((x >= 0.0) & (x <= 1.0), axis=-1), tf.float32)
         x = tf.reshape(tf.clip_by_value(x, 0.0, 1.0), [-1, 3])
-        sh = sh_encoding_deg4(rays_d)
+        sh = sh_encoding_deg4(rays_d) if view_sh is None else view_sh
         return t, edges, x, inside, sh
 
     def _field(self, feat, sh):
@@ -316,7 +316,7 @@ class HashNeRF(keras.Model):
         return type(m)(tf.boolean_mask(m.t_starts, keep), tf.boolean_mask(m.t_ends, keep), row_splits, rid,
                        tf.boolean_mask(m.positions, keep))
 
-    def _call_packed(self, rays_o, rays_d, training, jitter_seed):
+    def _call_packed(self, rays_o, rays_d, training, jitter_seed, view_sh):
         import tf_metal_ops
 
         c = self.cfg
@@ -324,7 +324,7 @@ class HashNeRF(keras.Model):
         n_marched = tf.shape(m.t_starts)[0]
         if c["early_stop"] > 0:
             m = self._prune(rays_o, rays_d, m)
-        sh = tf.gather(sh_encoding_deg4(rays_d), m.ray_indices)
+        sh = tf.gather(sh_encoding_deg4(rays_d) if view_sh is None else view_sh, m.ray_indices)
         sigma, rgb = self._field(self.encoding(m.positions), sh)  # the grid's box is the hash grid's [0, 1]^3
         render = (tf_metal_ops.volume_render_packed if c["implementation"] == "op"
                   else tf_metal_ops.volume_render_packed_tf)
@@ -333,23 +333,26 @@ class HashNeRF(keras.Model):
         return dict(color=color, depth=depth, opacity=opacity, weights=weights, t_starts=m.t_starts,
                     t_ends=m.t_ends, row_splits=m.row_splits, ray_indices=m.ray_indices, n_marched=n_marched)
 
-    def call(self, rays_o, rays_d, training=False, jitter_seed=None):
-        """``jitter_seed``: optional int ``[2]`` tensor, the stateless seed of the sample jitter (see stratified_t)."""
+    def call(self, rays_o, rays_d, training=False, jitter_seed=None, view_sh=None):
+        """``jitter_seed``: optional int ``[2]`` tensor, the stateless seed of the sample jitter (see stratified_t).
+        ``view_sh``: optional ``sh_encoding_deg4(rays_d)`` ``[R, 16]`` computed beforehand (the training rays'
+        directions never change: train.py encodes them once)."""
         c = self.cfg
         if c["sampler"] == "occupancy":
-            return self._call_packed(rays_o, rays_d, training, jitter_seed)
+            return self._call_packed(rays_o, rays_d, training, jitter_seed, view_sh)
         op = c["implementation"] == "op"
         if op and c.get("xla_inner", False):
             # custom ops have no XLA kernel: compile the parts around them as separate inner XLA functions
             if not hasattr(self, "_pre_xla"):
-                self._pre_xla = {True: tf.function(lambda o, d, s=None: self._pre(o, d, True, s), jit_compile=True),
-                                 False: tf.function(lambda o, d, s=None: self._pre(o, d, False, s), jit_compile=True)}
+                self._pre_xla = {
+                    True: tf.function(lambda o, d, s=None, v=None: self._pre(o, d, True, s, v), jit_compile=True),
+                    False: tf.function(lambda o, d, s=None, v=None: self._pre(o, d, False, s, v), jit_compile=True)}
                 self._post_xla = tf.function(self._post, jit_compile=True)
             pre, post = self._pre_xla[bool(training)], self._post_xla
-            t, edges, x, inside, sh = pre(rays_o, rays_d, jitter_seed)
+            t, edges, x, inside, sh = pre(rays_o, rays_d, jitter_seed, view_sh)
         else:
             post = self._post
-            t, edges, x, inside, sh = self._pre(rays_o, rays_d, training, jitter_seed)
+            t, edges, x, inside, sh = self._pre(rays_o, rays_d, training, jitter_seed, view_sh)
         feat = self.encoding(x)
         sigma, rgb = post(feat, inside, sh)
         bg = tf.constant(c["background"])

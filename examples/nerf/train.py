@@ -233,6 +233,8 @@ class Trainer:
         self.rays_d = tf.constant(d.reshape(-1, 3))
         self.rgb = tf.constant(dataset.train.images.reshape(-1, 3).astype(np.float32))
         self.n_rays = int(self.rgb.shape[0])
+        # the hash model's view-direction encoding of every training ray, once (the directions never change)
+        self.view_sh = models.sh_encoding_deg4(self.rays_d) if args.model == "hash" else None
 
         common = dict(n_samples=args.samples, near=dataset.near, far=dataset.far, jitter=not args.no_jitter,
                       background=[float(b) for b in dataset.background])
@@ -301,9 +303,10 @@ class Trainer:
         n_rep = strategy.num_replicas_in_sync
         dist_w = float(args.distortion)
 
-        def replica_step(o, d, y, seed):
+        def replica_step(o, d, y, seed, view_sh):
             with tf.GradientTape() as tape:
-                out = model(o, d, training=True, jitter_seed=seed)
+                extra = {} if view_sh is None else dict(view_sh=view_sh)
+                out = model(o, d, training=True, jitter_seed=seed, **extra)
                 mse = tf.reduce_mean(tf.square(out["color"] - y))
                 loss = mse
                 if dist_w > 0:
@@ -334,8 +337,9 @@ class Trainer:
             def per_replica(i, ctrl):
                 rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
                 seed = tf.stack([tf.constant(args.seed, tf.int64), step_no * 4096 + rid])  # sample jitter
+                sh = None if self.view_sh is None else tf.gather(self.view_sh, i)
                 mse, n = replica_step(tf.gather(self.rays_o, i), tf.gather(self.rays_d, i), tf.gather(self.rgb, i),
-                                      seed)
+                                      seed, sh)
                 first = tf.cast(tf.equal(rid, 0), tf.float32)
                 return tf.concat([tf.reshape(mse / n_rep, [1]), ctrl * first, n], 0)
 
