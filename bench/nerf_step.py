@@ -71,7 +71,7 @@ def breakdown(tr, rays, repeats):
     import tf_metal_ops
 
     model = tr.model
-    o, d, view_sh = tf.gather(tr.rays_o, rays), tf.gather(tr.rays_d, rays), tf.gather(tr.view_sh, rays)
+    o, d, _, view_sh = tr.batch(tf.constant(np.asarray(rays, np.int64)))
     seed = step_seed(tr)  # every piece and the whole step see the same samples
     occ = model.cfg["sampler"] == "occupancy"
     bg = tf.constant(model.cfg["background"])

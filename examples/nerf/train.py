@@ -233,8 +233,12 @@ class Trainer:
         self.rays_d = tf.constant(d.reshape(-1, 3))
         self.rgb = tf.constant(dataset.train.images.reshape(-1, 3).astype(np.float32))
         self.n_rays = int(self.rgb.shape[0])
-        # the hash model's view-direction encoding of every training ray, once (the directions never change)
-        self.view_sh = models.sh_encoding_deg4(self.rays_d) if args.model == "hash" else None
+        # One row per training ray for the step's batch (one gather instead of one per tensor): origin, direction,
+        # colour and, for the hash model, the view-direction encoding (computed once: the directions never change).
+        cols = [self.rays_o, self.rays_d, self.rgb]
+        if args.model == "hash":
+            cols.append(models.sh_encoding_deg4(self.rays_d))
+        self.ray_table = tf.concat(cols, axis=1)
 
         common = dict(n_samples=args.samples, near=dataset.near, far=dataset.far, jitter=not args.no_jitter,
                       background=[float(b) for b in dataset.background])
@@ -303,7 +307,7 @@ class Trainer:
         n_rep = strategy.num_replicas_in_sync
         dist_w = float(args.distortion)
 
-        def replica_step(o, d, y, seed, view_sh):
+        def replica_step(o, d, y, view_sh, seed):
             with tf.GradientTape() as tape:
                 extra = {} if view_sh is None else dict(view_sh=view_sh)
                 out = model(o, d, training=True, jitter_seed=seed, **extra)
@@ -337,9 +341,7 @@ class Trainer:
             def per_replica(i, ctrl):
                 rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
                 seed = tf.stack([tf.constant(args.seed, tf.int64), step_no * 4096 + rid])  # sample jitter
-                sh = None if self.view_sh is None else tf.gather(self.view_sh, i)
-                mse, n = replica_step(tf.gather(self.rays_o, i), tf.gather(self.rays_d, i), tf.gather(self.rgb, i),
-                                      seed, sh)
+                mse, n = replica_step(*self.batch(i), seed)
                 first = tf.cast(tf.equal(rid, 0), tf.float32)
                 return tf.concat([tf.reshape(mse / n_rep, [1]), ctrl * first, n], 0)
 
@@ -359,6 +361,12 @@ class Trainer:
                 return model.update_grid(step=step_no, seed=tf.constant(args.seed, tf.int64) * 1000003 + step_no)
 
             self._grid_fn = update_grid
+
+    def batch(self, idx):
+        """Rays ``idx`` of the training set -> origins, directions, colours, view-direction SH (None for the MLP
+        model)."""
+        rows = self.tf.gather(self.ray_table, idx)
+        return rows[:, 0:3], rows[:, 3:6], rows[:, 6:9], (rows[:, 9:] if self.ray_table.shape[1] > 9 else None)
 
     def clamp_rays(self, r):
         b = self.args.sample_budget
