@@ -9,12 +9,11 @@ bites, jitter on and off, direction components equal to 0, rays missing the box,
 more rays than one march chunk (1024)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from isa_subprocess import only_ran, run_each_build, run_with_isa
 
 ISAS = ("default", "avx2")
 
@@ -128,39 +127,12 @@ CASES = [
 
 
 def _run(tmp_path, isa):
-    """Runs SCRIPT with TF_METAL_OPS_RAY_MARCH_ISA=isa (None: unset); returns (arrays, paths, stderr)."""
-    env = dict(os.environ)
-    env.pop("TF_METAL_OPS_RAY_MARCH_ISA", None)
-    if isa is not None:
-        env["TF_METAL_OPS_RAY_MARCH_ISA"] = isa
-    path = str(tmp_path / f"out_{isa}.npz")
-    run = subprocess.run([sys.executable, "-c", SCRIPT, path, json.dumps(CASES)], env=env, cwd=str(tmp_path),
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return dict(np.load(path)), json.loads(run.stdout.strip().splitlines()[-1]), run.stderr
-
-
-def _only_ran(paths, isa):
-    return paths["calls"][isa] > 0 and all(n == 0 for k, n in paths["calls"].items() if k != isa)
+    """SCRIPT with TF_METAL_OPS_RAY_MARCH_ISA=isa (None: unset) -> (arrays, paths, stderr)."""
+    return run_with_isa(tmp_path, "TF_METAL_OPS_RAY_MARCH_ISA", isa, SCRIPT, json.dumps(CASES))
 
 
 def test_every_path_is_selectable_and_they_agree_bitwise(tmp_path):
-    results = {}
-    supported = None
-    for isa in ISAS:
-        arrays, paths, err = _run(tmp_path, isa)
-        supported = paths["supported"]
-        assert paths["requested"] == isa, paths
-        if isa in supported:
-            assert paths["selected"] == isa and not paths["fell_back"], paths
-            assert _only_ran(paths, isa), paths
-            assert "TF_METAL_OPS_RAY_MARCH_ISA" not in err
-            results[isa] = arrays
-        else:  # not built or not runnable here: the scalar path runs, and stderr says why
-            assert paths["fell_back"] and paths["selected"] == "default", paths
-            assert _only_ran(paths, "default"), paths
-            assert f"TF_METAL_OPS_RAY_MARCH_ISA={isa}" in err, err[-2000:]
-    assert "default" in results
+    results, supported = run_each_build(tmp_path, "TF_METAL_OPS_RAY_MARCH_ISA", ISAS, SCRIPT, json.dumps(CASES))
     if len(results) < 2:
         pytest.skip(f"only the scalar march can run here (supported: {supported}): nothing to compare")
     ref = results["default"]
@@ -183,12 +155,12 @@ def test_default_choice_is_the_best_supported_path(tmp_path):
     _, paths, _ = _run(tmp_path, None)
     assert paths["requested"] is None and not paths["fell_back"]
     assert paths["selected"] == paths["supported"][-1], paths  # names are ordered default < avx2
-    assert _only_ran(paths, paths["selected"]), paths
+    assert only_ran(paths, paths["selected"]), paths
 
 
 def test_unknown_path_name_is_reported_and_falls_back_to_the_automatic_choice(tmp_path):
     _, paths, err = _run(tmp_path, "avx1024")
     assert paths["requested"] == "?" and paths["fell_back"], paths
     assert paths["selected"] == paths["supported"][-1], paths
-    assert _only_ran(paths, paths["selected"]), paths
+    assert only_ran(paths, paths["selected"]), paths
     assert "TF_METAL_OPS_RAY_MARCH_ISA=avx1024 is not one of avx2, default, auto" in err, err[-2000:]

@@ -5,14 +5,10 @@ selects one. Each available build runs in its own subprocess, its ray-range coun
 gradients of all builds must agree bit for bit (same source, -ffp-contract=off, no reassociation: the same float
 operations in every lane). DistortionLoss and DistortionLossPacked have a single build (no ISA clones)."""
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
+from isa_subprocess import only_ran, run_each_build, run_with_isa
 from tf_metal_ops.backend import VOLUME_RENDER_ISAS
 
 # Runs forward + gradient of VolumeRender over cases chosen to reach every branch of the loops: S below, at and
@@ -84,40 +80,12 @@ print(json.dumps(volume_render_cpu_paths()))
 
 
 def _run(tmp_path, isa):
-    """Runs SCRIPT with TF_METAL_OPS_VOLUME_RENDER_ISA=isa (None: unset); returns (arrays, paths, stderr)."""
-    env = dict(os.environ)
-    env.pop("TF_METAL_OPS_VOLUME_RENDER_ISA", None)
-    if isa is not None:
-        env["TF_METAL_OPS_VOLUME_RENDER_ISA"] = isa
-    path = str(tmp_path / f"out_{isa}.npz")
-    run = subprocess.run([sys.executable, "-c", SCRIPT, path], env=env, cwd=str(tmp_path), capture_output=True,
-                         text=True)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return dict(np.load(path)), json.loads(run.stdout.strip().splitlines()[-1]), run.stderr
-
-
-def _only_ran(paths, isa):
-    return paths["calls"][isa] > 0 and all(n == 0 for k, n in paths["calls"].items() if k != isa)
+    """SCRIPT with TF_METAL_OPS_VOLUME_RENDER_ISA=isa (None: unset) -> (arrays, paths, stderr)."""
+    return run_with_isa(tmp_path, "TF_METAL_OPS_VOLUME_RENDER_ISA", isa, SCRIPT)
 
 
 def test_every_isa_build_is_selectable_and_they_agree_bitwise(tmp_path):
-    results = {}
-    supported = None
-    for isa in VOLUME_RENDER_ISAS:
-        arrays, paths, err = _run(tmp_path, isa)
-        supported = paths["supported"]
-        assert paths["requested"] == isa, paths
-        if isa in supported:
-            assert paths["selected"] == isa and not paths["fell_back"], paths
-            assert _only_ran(paths, isa), paths
-            assert "TF_METAL_OPS_VOLUME_RENDER_ISA" not in err
-            results[isa] = arrays
-        else:  # the CPU (or this build) cannot run it: a lower build runs, and stderr says why
-            assert paths["fell_back"], paths
-            assert VOLUME_RENDER_ISAS.index(paths["selected"]) < VOLUME_RENDER_ISAS.index(isa), paths
-            assert _only_ran(paths, paths["selected"]), paths
-            assert f"TF_METAL_OPS_VOLUME_RENDER_ISA={isa}" in err and paths["selected"] in err, err[-2000:]
-    assert "default" in results
+    results, supported = run_each_build(tmp_path, "TF_METAL_OPS_VOLUME_RENDER_ISA", VOLUME_RENDER_ISAS, SCRIPT)
     if len(results) < 2:
         pytest.skip(f"only the default build can run here (supported: {supported}): nothing to compare")
     ref_isa = "default"
@@ -139,12 +107,12 @@ def test_default_choice_is_the_best_supported_build(tmp_path):
     _, paths, err = _run(tmp_path, None)
     assert paths["requested"] is None and not paths["fell_back"]
     assert paths["selected"] == paths["supported"][-1], paths  # names are ordered default < avx2 < avx512
-    assert _only_ran(paths, paths["selected"]), paths
+    assert only_ran(paths, paths["selected"]), paths
 
 
 def test_unknown_isa_name_is_reported_and_falls_back_to_the_automatic_choice(tmp_path):
     _, paths, err = _run(tmp_path, "avx1024")
     assert paths["requested"] == "?" and paths["fell_back"], paths
     assert paths["selected"] == paths["supported"][-1], paths
-    assert _only_ran(paths, paths["selected"]), paths
+    assert only_ran(paths, paths["selected"]), paths
     assert "TF_METAL_OPS_VOLUME_RENDER_ISA=avx1024 is not one of avx512, avx2, default, auto" in err, err[-2000:]

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/isa_choice.h"
 #include "shared/ray_march_math.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -26,11 +27,7 @@ namespace tfmo::rm_cpu {
 
 enum RmIsa : int { kRmDefault = 0, kRmAvx2 = 1, kRmIsaCount = 2 };
 
-struct RmIsaChoice {
-  int selected;    // the path that runs
-  int requested;   // from TF_METAL_OPS_RAY_MARCH_ISA; -1: unset / "auto", -2: not a known name
-  bool fell_back;  // the request could not be honoured (unknown name, or AVX2 not available)
-};
+using RmIsaChoice = tfmo::IsaChoice;
 // TF_METAL_OPS_RAY_MARCH_ISA and the CPU, read once per process (csrc/cpu/ray_march_isa.cc).
 const RmIsaChoice& RmIsaSelection();
 

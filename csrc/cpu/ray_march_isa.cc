@@ -52,40 +52,12 @@ bool RmIsaSupported(int isa) {
 std::atomic<long long> g_rm_path_calls[kRmIsaCount];
 
 // TF_METAL_OPS_RAY_MARCH_ISA (avx2, default or auto), read once (the first march or diagnostics query of the
-// process). The automatic choice is AVX2 when the CPU has it. A request that cannot be honoured (AVX2 not built or
-// not supported, or an unknown name) falls back, with a message on stderr.
+// process); the rules: common/isa_choice.h (automatically AVX2 when the CPU has it).
 const RmIsaChoice& RmIsaSelection() {
-  static const RmIsaChoice choice = [] {
-    const int best = RmIsaSupported(kRmAvx2) ? kRmAvx2 : kRmDefault;
-    RmIsaChoice c{best, -1, false};
-    const char* env = std::getenv("TF_METAL_OPS_RAY_MARCH_ISA");
-    if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return c;
-    for (int isa = 0; isa < kRmIsaCount; ++isa)
-      if (std::strcmp(env, kRmIsaNames[isa]) == 0) c.requested = isa;
-    if (c.requested == -1) {
-      c.requested = -2;
-      c.fell_back = true;
-      std::fprintf(stderr,
-                   "tf_metal_ops: error: TF_METAL_OPS_RAY_MARCH_ISA=%s is not one of avx2, default, auto; the "
-                   "ray-march CPU kernel uses the %s path\n",
-                   env, kRmIsaNames[best]);
-      return c;
-    }
-    if (RmIsaSupported(c.requested)) {
-      c.selected = c.requested;
-      return c;
-    }
-    c.selected = kRmDefault;
-    c.fell_back = true;
-    std::fprintf(stderr,
-                 "tf_metal_ops: error: TF_METAL_OPS_RAY_MARCH_ISA=%s: %s; the ray-march CPU kernel uses the %s path "
-                 "instead\n",
-                 env,
-                 !RmIsaBuilt(c.requested) ? "that path is not compiled into this library (x86-64 GCC/clang only)"
-                                          : "this CPU (or OS) lacks AVX2",
-                 kRmIsaNames[kRmDefault]);
-    return c;
-  }();
+  static const RmIsaChoice choice = ChooseIsa(IsaBuilds{
+      "TF_METAL_OPS_RAY_MARCH_ISA", "the ray-march CPU kernel uses", kRmIsaNames, kRmIsaCount, &RmIsaBuilt,
+      &RmIsaSupported, "that build is not compiled into this library (x86-64 GCC/clang only)",
+      [](int) { return "this CPU (or OS) lacks AVX2"; }});
   return choice;
 }
 

@@ -379,47 +379,15 @@ bool VrIsaSupported(int isa) {
 // (dense and packed, forward and gradient) together: lets a test prove which build produced a result.
 std::atomic<long long> g_vr_path_calls[kVrIsaCount];
 
-// TF_METAL_OPS_VOLUME_RENDER_ISA, read once (the first volume-render call or diagnostics query of the process).
-// A build the CPU cannot run falls back to the best one it can that is not above the request, with a message
-// on stderr; an unknown name falls back to the automatic choice, also with a message.
+// TF_METAL_OPS_VOLUME_RENDER_ISA, read once (the first volume-render call or diagnostics query of the process);
+// the rules: common/isa_choice.h.
 const VrIsaChoice& VrIsaSelection() {
-  static const VrIsaChoice choice = [] {
-    int best = kVrDefault;
-    for (int isa = kVrIsaCount - 1; isa > kVrDefault; --isa)
-      if (VrIsaSupported(isa)) { best = isa; break; }
-    VrIsaChoice c{best, -1, false};
-    const char* env = std::getenv("TF_METAL_OPS_VOLUME_RENDER_ISA");
-    if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return c;
-    for (int isa = 0; isa < kVrIsaCount; ++isa)
-      if (std::strcmp(env, kVrIsaNames[isa]) == 0) c.requested = isa;
-    if (c.requested == -1) {
-      c.requested = -2;
-      c.fell_back = true;
-      std::fprintf(stderr,
-                   "tf_metal_ops: error: TF_METAL_OPS_VOLUME_RENDER_ISA=%s is not one of avx512, avx2, default, "
-                   "auto; the volume-render CPU kernels use the %s build\n",
-                   env, kVrIsaNames[best]);
-      return c;
-    }
-    if (VrIsaSupported(c.requested)) {
-      c.selected = c.requested;
-      return c;
-    }
-    int fallback = kVrDefault;
-    for (int isa = c.requested - 1; isa > kVrDefault; --isa)
-      if (VrIsaSupported(isa)) { fallback = isa; break; }
-    c.selected = fallback;
-    c.fell_back = true;
-    std::fprintf(stderr,
-                 "tf_metal_ops: error: TF_METAL_OPS_VOLUME_RENDER_ISA=%s: %s; the volume-render CPU kernels use "
-                 "the %s build instead\n",
-                 env,
-                 !VrIsaBuilt(c.requested) ? "that build is not compiled into this library (x86-64 Linux GCC only)"
-                 : c.requested == kVrAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
-                                            : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)",
-                 kVrIsaNames[fallback]);
-    return c;
-  }();
+  static const VrIsaChoice choice = ChooseIsa(IsaBuilds{
+      "TF_METAL_OPS_VOLUME_RENDER_ISA", "the volume-render CPU kernels use", kVrIsaNames, kVrIsaCount, &VrIsaBuilt,
+      &VrIsaSupported, "that build is not compiled into this library (x86-64 Linux GCC only)", [](int isa) {
+        return isa == kVrAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
+                                : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)";
+      }});
   return choice;
 }
 

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/isa_choice.h"
 #include "shared/volume_render_math.h"
 
 #define TFMO_INLINE inline __attribute__((always_inline))
@@ -124,11 +125,7 @@ TFMO_INLINE void WeightsArray(float* w, const float* T, const float* tau, int64_
 
 enum VrIsa : int { kVrDefault = 0, kVrAvx2 = 1, kVrAvx512 = 2, kVrIsaCount = 3 };
 
-struct VrIsaChoice {
-  int selected;   // the build that runs
-  int requested;  // from TF_METAL_OPS_VOLUME_RENDER_ISA; -1: unset / "auto", -2: not a known name
-  bool fell_back; // the request could not be honoured (unknown name, or a build the CPU cannot run)
-};
+using VrIsaChoice = tfmo::IsaChoice;
 const VrIsaChoice& VrIsaSelection();
 
 // Ray-range calls that ran each build so far, all volume-render kernels together (tfmo_volume_render_cpu_paths).

@@ -1,0 +1,48 @@
+#include "common/isa_choice.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace tfmo {
+
+IsaChoice ChooseIsa(const IsaBuilds& b) {
+  int best = 0;
+  for (int isa = b.count - 1; isa > 0; --isa)
+    if (b.supported(isa)) {
+      best = isa;
+      break;
+    }
+  IsaChoice c{best, -1, false};
+  const char* env = std::getenv(b.env);
+  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return c;
+  for (int isa = 0; isa < b.count; ++isa)
+    if (std::strcmp(env, b.names[isa]) == 0) c.requested = isa;
+  if (c.requested == -1) {
+    std::string known;
+    for (int isa = b.count - 1; isa >= 0; --isa) known += std::string(b.names[isa]) + ", ";
+    c.requested = -2;
+    c.fell_back = true;
+    std::fprintf(stderr, "tf_metal_ops: error: %s=%s is not one of %sauto; %s the %s build\n", b.env, env,
+                 known.c_str(), b.kernels, b.names[best]);
+    return c;
+  }
+  if (b.supported(c.requested)) {
+    c.selected = c.requested;
+    return c;
+  }
+  int fallback = 0;
+  for (int isa = c.requested - 1; isa > 0; --isa)
+    if (b.supported(isa)) {
+      fallback = isa;
+      break;
+    }
+  c.selected = fallback;
+  c.fell_back = true;
+  std::fprintf(stderr, "tf_metal_ops: error: %s=%s: %s; %s the %s build instead\n", b.env, env,
+               !b.built(c.requested) ? b.not_built : b.lacks(c.requested), b.kernels, b.names[fallback]);
+  return c;
+}
+
+}  // namespace tfmo
