@@ -38,6 +38,18 @@ def axis_rays(n, seed=0):
     return tf.constant(o, tf.float32), tf.constant(d, tf.float32)
 
 
+
+def test_density_equals_the_fields_density():
+    """model.density (the grid update's density-only pass: one output column) equals the density the training
+    forward computes from the full density MLP, at the same points."""
+    model = models.build_model("hash", sampler="occupancy", grid_resolution=16, log2_hashmap_size=12)
+    rng = np.random.default_rng(3)
+    model.set_weights([rng.normal(scale=0.3, size=w.shape).astype(np.float32) for w in model.get_weights()])
+    pts = tf.constant(rng.uniform(-1.2, 1.2, (500, 3)), tf.float32)  # some outside the box: clamped alike
+    x = tf.clip_by_value((pts + 1.0) * 0.5, 0.0, 1.0)
+    full, _ = model._field(model.encoding(x), tf.zeros([500, 16]))
+    np.testing.assert_allclose(model.density(pts).numpy(), full.numpy(), rtol=2e-5)
+
 def test_packed_model_equals_uniform_model_on_matching_samples():
     """Every cell occupied (warm-up), no jitter, step = chord / 32: the march's samples are the uniform sampler's 32
     bins, so the two samplers give the same colour, depth and opacity with the same weights."""

@@ -271,11 +271,11 @@ class HashNeRF(keras.Model):
         return self._density_at(self._normalise(pts))
 
     def _density_at(self, x):
-        """Density ``[M]`` at hash-grid coordinates ``[M, 3]`` in [0, 1]^3."""
-        h = self.encoding(x)
-        for layer in self.density_mlp:
-            h = layer(h)
-        return trunc_exp(h[:, 0])
+        """Density ``[M]`` at hash-grid coordinates ``[M, 3]`` in [0, 1]^3 (the output layer's first column only:
+        the geometry feature is not needed)."""
+        hidden, out = self.density_mlp
+        h = hidden(self.encoding(x))
+        return trunc_exp(tf.matmul(h, out.kernel[:, :1])[:, 0] + out.bias[0])
 
     def update_grid(self, step, seed, n_cells=None):
         """One occupancy-grid update (tf.function-compatible). The grid stores the optical thickness of a step of
