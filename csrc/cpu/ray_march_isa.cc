@@ -1,9 +1,6 @@
 // The choice between the scalar and the AVX2 march of the RayMarch CPU kernel (csrc/cpu/ray_march_avx2.h), once
 // per process, and its diagnostics (tfmo_ray_march_cpu_paths).
 #include <atomic>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 
 #include "cpu/ray_march_avx2.h"
 

@@ -4,8 +4,6 @@
 // The per-ray loops are vectorised and built per ISA (csrc/cpu/volume_render_simd.h).
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
