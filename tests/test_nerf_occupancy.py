@@ -38,7 +38,6 @@ def axis_rays(n, seed=0):
     return tf.constant(o, tf.float32), tf.constant(d, tf.float32)
 
 
-
 def test_density_equals_the_fields_density():
     """model.density (the grid update's density-only pass: one output column) equals the density the training
     forward computes from the full density MLP, at the same points."""
@@ -49,6 +48,7 @@ def test_density_equals_the_fields_density():
     x = tf.clip_by_value((pts + 1.0) * 0.5, 0.0, 1.0)
     full, _ = model._field(model.encoding(x), tf.zeros([500, 16]))
     np.testing.assert_allclose(model.density(pts).numpy(), full.numpy(), rtol=2e-5)
+
 
 def test_packed_model_equals_uniform_model_on_matching_samples():
     """Every cell occupied (warm-up), no jitter, step = chord / 32: the march's samples are the uniform sampler's 32
