@@ -181,7 +181,7 @@ def extension():
     else:
         library_dirs = [tf_lib]
         link_args += ["-l:libtensorflow_framework.so.2", "-Wl,-rpath,$ORIGIN/../tensorflow"]
-        libraries = ["pthread"]
+        libraries = ["pthread", "dl"]  # dl: inline kernels (csrc/common/inline_library.cc) on glibc < 2.34
     return Extension(
         "tf_metal_ops.libtf_metal_ops",
         sources=sources,

@@ -10,6 +10,7 @@ from tf_metal_ops.backend import backend_info
 from tf_metal_ops.hash_grid import HashGridConfig, HashGridEncoding
 from tf_metal_ops.hash_grid.config import hash_grid_table_layout
 from tf_metal_ops.hash_grid.ops import hash_grid_encode
+from tf_metal_ops.inline_kernels import KernelCompileError, MetalKernel, metal_kernel
 from tf_metal_ops.occupancy import OccupancyGrid, RayMarchResult, ray_march, ray_march_tf
 from tf_metal_ops.render import (
     VolumeRenderResult,
@@ -30,6 +31,8 @@ from tf_metal_ops.zero_out import zero_out
 __all__ = [
     "HashGridConfig",
     "HashGridEncoding",
+    "KernelCompileError",
+    "MetalKernel",
     "OccupancyGrid",
     "OpLibraryError",
     "RayMarchResult",
@@ -44,6 +47,7 @@ __all__ = [
     "hash_grid_encode",
     "hash_grid_table_layout",
     "library_path",
+    "metal_kernel",
     "num_threads",
     "ray_march",
     "ray_march_tf",
@@ -70,3 +74,12 @@ from tf_metal_ops import emulated_gpu as _emulated_gpu  # noqa: E402
 
 if _emulated_gpu.requested():
     _emulated_gpu.enable()
+
+# Inline kernels (metal_kernel) compile on first use through a callback the op libraries call; registering it now
+# lets a graph or SavedModel holding such a kernel run in a new process after `import tf_metal_ops` alone.
+try:
+    from tf_metal_ops.inline_kernels import build as _inline_build
+
+    _inline_build.ensure_registered()
+except OpLibraryError:
+    pass

@@ -21,18 +21,14 @@ only loads. Compiler errors are raised as ``BuildError`` with the compiler's mes
 
 from __future__ import annotations
 
-import concurrent.futures
-import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from tf_metal_ops import emulated_gpu
+from tf_metal_ops import _builder, emulated_gpu
 
 
 class BuildError(RuntimeError):
@@ -81,7 +77,7 @@ def _runtime_sources(gpu: str | None) -> list[Path]:
     if gpu == "metal":
         out += [csrc / "gpu" / "gpu_host.cc", csrc / "metal" / "metal_backend.mm"]
     elif gpu == "emulated":
-        out += [csrc / "gpu" / "gpu_host.cc", csrc / "emulated" / "emu_backend.cc"]
+        out += [csrc / "gpu" / "gpu_host.cc", csrc / "common" / "inline_library.cc", csrc / "emulated" / "emu_backend.cc"]
     return out
 
 
@@ -135,25 +131,10 @@ def _headers_near(files: Iterable[Path]) -> list[Path]:
 def _key(name: str, compiler: str, gpu: str | None, kinds, flags: Sequence[str], ldflags: Sequence[str]) -> str:
     import tensorflow as tf
 
-    h = hashlib.sha256()
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
-    for part in (name, os.path.realpath(compiler), version, tf.__version__, str(gpu), sys.version, *flags, "|",
-                 *ldflags):
-        h.update(str(part).encode() + b"\0")
-    files = [f for fs in kinds.values() for f in fs] + _headers_near([f for fs in kinds.values() for f in fs])
-    root = emulated_gpu.source_root()
-    files += sorted(p for sub in ("csrc", "tools/msl_emu") for p in (root / sub).rglob("*") if p.is_file()
-                    and "__pycache__" not in p.parts)
-    files += [Path(__file__), Path(emulated_gpu.__file__).with_name("glue.py")]
-    for f in sorted(set(files)):
-        h.update(str(f).encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
-    return h.hexdigest()[:20]
-
-
-def _compile(cmd: list[str], source: Path) -> None:
-    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        raise BuildError(f"tf_metal_ops.extension: compiling {source} failed:\n$ {' '.join(cmd)}\n{r.stdout}{r.stderr}")
+    parts = [name, _builder.compiler_identity(compiler), tf.__version__, str(gpu), sys.version, *flags, "|", *ldflags]
+    files = [f for fs in kinds.values() for f in fs]
+    files += _headers_near(files) + _builder.tree_files(emulated_gpu.source_root(), ("csrc", "tools/msl_emu"))
+    return _builder.content_key(parts, [*files, Path(__file__), Path(emulated_gpu.__file__).with_name("glue.py")])
 
 
 def build(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Sequence[str] = (),
@@ -171,14 +152,11 @@ def build(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Sequ
     cov = emulated_gpu.COVERAGE_FLAGS if gpu == "emulated" and os.environ.get(emulated_gpu.COVERAGE_SWITCH) == "1" else []
     flags = [*compile_flags(), "-O2", "-fvisibility=hidden", "-DNDEBUG", *cov, *extra_cflags]
     ldflags = [*link_flags(), *cov, *extra_ldflags]
-    root = Path(build_directory) if build_directory else Path(emulated_gpu.cache_root()).parent / "extensions"
+    root = Path(build_directory) if build_directory else _builder.cache_root() / "extensions"
     out_dir = root / f"{name}-{_key(name, cxx, gpu, kinds, flags, ldflags)}{'-coverage' if cov else ''}"
-    lib = out_dir / f"lib{name}.so"
-    if lib.is_file():
-        return lib
-    root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"{name}-build-", dir=root))
-    try:
+    lib_name = f"lib{name}.so"
+
+    def make(work: Path):
         if verbose:
             print(f"tf_metal_ops.extension: building {name} ({gpu or 'CPU'} kernels) in {work}", file=sys.stderr)
         jobs: list[tuple[Path, list[str]]] = []  # (source, flags)
@@ -199,34 +177,17 @@ def build(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Sequ
                 jobs.append((u.source, [*glue.base_flags(), "-O2", *u.flags]))
             jobs.append((glue.launch_source(), [*glue.base_flags(), "-O2",
                                                 *[f"-I{d}" for d in glue.include_dirs()]]))
-        objects = []
-
-        def compile_one(i_job):
-            i, (source, job_flags) = i_job
-            obj = work / f"{i:03d}_{source.stem}.o"
-            _compile([cxx, *job_flags, "-c", str(source), "-o", str(obj)], source)
-            return str(obj)
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            objects = list(pool.map(compile_one, enumerate(jobs)))
-        tmp_lib = work / lib.name
-        _compile([cxx, "-shared", "-o", str(tmp_lib), *objects, *ldflags], Path(f"lib{name}.so (link)"))
+        objects = [str(work / f"{i:03d}_{source.stem}.o") for i, (source, _) in enumerate(jobs)]
+        _builder.run_parallel([([cxx, *job_flags, "-c", str(source), "-o", obj],
+                                f"tf_metal_ops.extension: compiling {source}")
+                               for obj, (source, job_flags) in zip(objects, jobs)], BuildError)
+        _builder.run([cxx, "-shared", "-o", str(work / lib_name), *objects, *ldflags],
+                     f"tf_metal_ops.extension: linking {lib_name}", BuildError)
         if gpu == "metal" and kinds["metal"]:
             _build_metallib(kinds["metal"], work)
-        staged = out_dir.with_name(out_dir.name + ".tmp-" + work.name)
-        staged.mkdir()
-        for f in work.iterdir():
-            if f.suffix in (".so", ".metallib"):
-                shutil.copy2(f, staged / f.name)
-        try:
-            os.rename(staged, out_dir)  # atomic: a concurrent builder's identical result wins harmlessly
-        except OSError:
-            shutil.rmtree(staged, ignore_errors=True)
-            if not lib.is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return lib
+        return [f.name for f in work.iterdir() if f.suffix == ".metallib"]
+
+    return _builder.cached_build(out_dir, [lib_name], make, BuildError) / lib_name
 
 
 def _metal_tools():

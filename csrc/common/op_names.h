@@ -27,3 +27,4 @@
 #define TFMO_OP_DISTORTION_LOSS_PACKED "DistortionLossPacked"
 #define TFMO_OP_DISTORTION_LOSS_PACKED_GRAD "DistortionLossPackedGrad"
 #define TFMO_OP_RAY_MARCH "RayMarch"
+#define TFMO_OP_METAL_KERNEL "TfmoMetalKernel"  // generic: prefixed (see the rule above)

@@ -7,6 +7,9 @@
 //   then one commit (commit_and_wait under TF_METAL_OPS_SYNC=1);
 //   on the stream's thread: device addresses are mapped to host memory and the kernels run; scratch tensors are
 //   released after the work ran (never earlier).
+// A pass with its own source (inline kernels) runs the library compiled from that source
+// (csrc/common/inline_library.h), bounds-checked unless TF_METAL_OPS_BOUNDS_CHECK=0, after the same binding-contract
+// check against the kernel's signature.
 // Every kernel that ran is counted (tfmo_emu_dispatch_counts), so tests can tell the GPU path ran.
 #include <cinttypes>
 #include <cstdio>
@@ -17,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/inline_library.h"
 #include "common/tfc.h"
 #include "emulated/emu_stream.h"
 #include "emulated/kernel_launch.h"
@@ -31,6 +35,14 @@ auto* g_counts = new std::map<std::string, uint64_t>();  // kernel -> dispatches
 void Count(const char* kernel) {
   std::lock_guard<std::mutex> lock(g_counts_mu);
   ++(*g_counts)[kernel];
+}
+
+bool BoundsChecked() {
+  static const bool checked = [] {
+    const char* v = std::getenv("TF_METAL_OPS_BOUNDS_CHECK");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return checked;
 }
 
 bool SyncRequested() {
@@ -71,6 +83,7 @@ char ConstantTag(Specialization::Type t) {
 // One pass as the stream's thread will run it: the launch description plus what backs each slot.
 struct EncodedPass {
   emu::LaunchDesc desc;
+  const TfmoInlineKernel* inline_kernel = nullptr;                 // passes with their own source
   const void* device_address[emu::kMaxBufferSlots] = {};          // kBuffer slots: TF_TensorData
   std::vector<unsigned char> bytes[emu::kMaxBufferSlots];          // kBytes slots: owned copies
 };
@@ -103,9 +116,23 @@ int CallWork::Run(void* arg, TfmoEmuStream* stream, char* error, size_t error_le
         }
       }
     }
-    const std::string message = emu::Launch(p.desc);
+    std::string message;
+    if (p.inline_kernel != nullptr) {
+      TfmoInlineLaunch launch{};
+      for (uint32_t i = 0; i < emu::kMaxBufferSlots; ++i) {
+        launch.slots[i] = p.desc.buffers[i].data;
+        launch.slot_bytes[i] = p.desc.buffers[i].bytes;
+      }
+      for (int i = 0; i < 3; ++i) {
+        launch.grid[i] = static_cast<uint32_t>(p.desc.grid[i]);
+        launch.group[i] = p.desc.group[i];
+      }
+      inline_kernels::Run(p.inline_kernel, &launch, &message);
+    } else {
+      message = emu::Launch(p.desc);
+    }
     if (!message.empty()) {
-      std::snprintf(error, error_len, "tf_metal_ops: %s: %s", w->op.c_str(), message.c_str());
+      std::snprintf(error, error_len, "tf_metal_ops: %s: %s: %s", w->op.c_str(), p.desc.kernel, message.c_str());
       return 1;
     }
     Count(p.desc.kernel);
@@ -141,7 +168,8 @@ const TfmoEmuStreamHeader* GetStream(TF_OpKernelContext* ctx, const char* op) {
   return h;
 }
 
-// Fills `out` from pass `p`, resolving default group sizes as the emulated pipeline would. "" or an error.
+// Fills `out` from pass `p`, resolving default group sizes as the emulated pipeline would, and checks the binding
+// contract (out->inline_kernel's for a pass with its own source). "" or an error.
 std::string EncodePass(const Pass& p, EncodedPass* out) {
   emu::LaunchDesc& d = out->desc;
   d.kernel = p.function().c_str();  // the Call (and so the string) outlives nothing here: copied below
@@ -170,7 +198,10 @@ std::string EncodePass(const Pass& p, EncodedPass* out) {
   const std::array<uint32_t, 3> group =
       d.threadgroups ? p.group() : ResolveGroup(p.grid(), p.group(), emu::kMaxThreadsPerGroup, emu::kExecutionWidth);
   for (int i = 0; i < 3; ++i) d.group[i] = group[i];
-  return emu::CheckLaunch(d);
+  if (out->inline_kernel == nullptr) return emu::CheckLaunch(d);
+  if (d.threadgroups) return "inline kernels take dispatchThreads grids only";
+  char message[1024] = {0};
+  return out->inline_kernel->check(&d, message, sizeof message) == 0 ? "" : message;
 }
 
 // A host read-back (ExecuteAndRead): encoded after the passes; maps the device range and copies it out.
@@ -226,10 +257,19 @@ bool BuildWork(Call& call, std::unique_ptr<CallWork>* out) {
   work->op = call.op();
   for (const auto& p : call.passes()) {
     if (p->empty()) continue;
-    if (!emu::HasKernel(p->function().c_str()))
+    const TfmoInlineKernel* inline_kernel = nullptr;
+    if (p->source() != nullptr) {
+      std::string error;
+      inline_kernel = inline_kernels::Get(p->source()->msl, p->function(), BoundsChecked(), &error);
+      if (inline_kernel == nullptr)
+        return Fail(ctx, TF_INVALID_ARGUMENT, "tf_metal_ops: %s %s: %s", call.op(), p->function().c_str(),
+                    error.c_str());
+    } else if (!emu::HasKernel(p->function().c_str())) {
       return Fail(ctx, TF_INTERNAL, "tf_metal_ops: %s: Metal function '%s' is not in the emulated kernel library",
                   call.op(), p->function().c_str());
+    }
     work->passes.emplace_back();
+    work->passes.back().inline_kernel = inline_kernel;
     const std::string error = EncodePass(*p, &work->passes.back());
     if (!error.empty()) return Fail(ctx, TF_INTERNAL, "tf_metal_ops: %s: %s", call.op(), error.c_str());
   }

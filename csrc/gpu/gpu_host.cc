@@ -164,8 +164,8 @@ const TensorRef* Call::scratch(TF_DataType dtype, int64_t elements) {
   return scratch_.back().get();
 }
 
-Pass& Call::pass(const char* function, Specialization spec) {
-  passes_.push_back(std::unique_ptr<Pass>(new Pass(this, function, std::move(spec))));
+Pass& Call::pass(const char* function, Specialization spec, const KernelSource* source) {
+  passes_.push_back(std::unique_ptr<Pass>(new Pass(this, function, std::move(spec), source)));
   return *passes_.back();
 }
 

@@ -66,6 +66,13 @@ class Specialization {
   std::vector<Constant> constants_;
 };
 
+// A pass's own Metal source (inline kernels, tf_metal_ops.metal_kernel): the complete MSL defining the pass's
+// function. Backends compile it at first use and cache the result by the text (Metal: newLibraryWithSource; the
+// emulated GPU: csrc/common/inline_library.h). The op keeps it alive until Run() returns.
+struct KernelSource {
+  std::string msl;
+};
+
 // What one buffer slot of a pass holds.
 struct Binding {
   enum class Kind : uint8_t { kNone, kTensor, kBytes };
@@ -101,6 +108,7 @@ class Pass {
   Pass& threadgroups(std::array<uint64_t, 3> groups, std::array<uint32_t, 3> group);
 
   const std::string& function() const { return function_; }
+  const KernelSource* source() const { return source_; }  // null: the package's kernel library
   const Specialization& specialization() const { return spec_; }
   const std::array<Binding, kMaxBufferSlots>& buffers() const { return buffers_; }
   const std::array<size_t, kMaxBufferSlots>& threadgroup_lengths() const { return tg_lengths_; }
@@ -111,13 +119,14 @@ class Pass {
 
  private:
   friend class Call;
-  Pass(Call* call, std::string function, Specialization spec)
-      : call_(call), function_(std::move(function)), spec_(std::move(spec)) {}
+  Pass(Call* call, std::string function, Specialization spec, const KernelSource* source)
+      : call_(call), function_(std::move(function)), spec_(std::move(spec)), source_(source) {}
   bool CheckSlot(uint32_t slot, const char* what);
 
   Call* call_;
   std::string function_;
   Specialization spec_;
+  const KernelSource* source_;
   std::array<Binding, kMaxBufferSlots> buffers_{};
   std::array<size_t, kMaxBufferSlots> tg_lengths_{};
   Grid grid_kind_ = Grid::kNone;
@@ -135,8 +144,9 @@ class Call {
   // A device buffer of `elements` values for this call only, released after the GPU finished the call.
   // Returns nullptr after recording the error (Run() then reports it).
   const TensorRef* scratch(TF_DataType dtype, int64_t elements);
-  // Appends a pass (kept in order). The reference stays valid for the Call's lifetime.
-  Pass& pass(const char* function, Specialization spec = {});
+  // Appends a pass (kept in order). The reference stays valid for the Call's lifetime. `source`: the function's
+  // own MSL (inline kernels), else the package's kernel library.
+  Pass& pass(const char* function, Specialization spec = {}, const KernelSource* source = nullptr);
   // Validates and hands the passes to the backend: one encoder, one commit. Returns false after failing ctx.
   bool Run();
   // Runs the passes added so far (one encoder), commits and waits until the GPU has finished them, then copies

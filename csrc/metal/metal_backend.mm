@@ -169,15 +169,17 @@ MTLCompileOptions* CompileOptions(id<MTLDevice> device) {
 
 // ---- Per-device state: library variants and pipelines --------------------------------------------------
 struct Library {
-  std::string origin;       // "metallib <path>" or "embedded source <file> (MSL x.y)"
+  std::string origin;       // "metallib <path>", "embedded source <file> (MSL x.y)" or "inline kernel source #n"
   bool attempted = false;   // loading/compiling was tried (once)
   id<MTLLibrary> library = nil;
+  std::string error;        // why library is nil
 };
 
 struct DeviceState {
   std::mutex mu;  // guards everything below; held while compiling, so each library/pipeline is built once
   std::vector<Library> metallibs;                      // candidates, best first
   std::unordered_map<std::string, Library> sources;    // embedded source file -> compiled library
+  std::unordered_map<std::string, Library> inline_sources;  // a pass's own MSL (inline kernels) -> its library
   std::unordered_map<std::string, id<MTLComputePipelineState>> pipelines;  // function#constants
   std::unordered_map<std::string, std::string> pipeline_origin;            // same key -> library origin
   std::string errors;  // load / compile / pipeline errors, kept for later messages and backend_info()
@@ -246,10 +248,42 @@ id<MTLComputePipelineState> MakePipeline(id<MTLDevice> device, id<MTLLibrary> li
   return pipeline;
 }
 
+// The pipeline of a pass with its own source (inline kernels): the source compiled once per device (fast math off;
+// the generated source turns FMA contraction off itself), pipelines cached by (source, function, constants).
+id<MTLComputePipelineState> GetInlinePipeline(id<MTLDevice> device, DeviceState* s, const Pass& pass,
+                                              std::string* error) {
+  auto [lib_it, added] = s->inline_sources.try_emplace(pass.source()->msl);
+  Library& lib = lib_it->second;
+  if (added) lib.origin = "inline kernel source #" + std::to_string(s->inline_sources.size());
+  const std::string key = lib.origin + "#" + pass.function() + "#" + pass.specialization().Key();
+  auto it = s->pipelines.find(key);
+  if (it != s->pipelines.end()) return it->second;
+  NSDate* start = [NSDate date];
+  if (!lib.attempted) {
+    lib.attempted = true;
+    NSError* err = nil;
+    lib.library = [device newLibraryWithSource:@(pass.source()->msl.c_str()) options:CompileOptions(device) error:&err];
+    if (lib.library == nil) lib.error = Describe(err);
+  }
+  id<MTLComputePipelineState> pipeline = nil;
+  if (lib.library == nil) {
+    *error = "compiling the kernel's Metal source failed: " + lib.error;
+  } else {
+    pipeline = MakePipeline(device, lib.library, lib, pass.function().c_str(), pass, error);
+  }
+  s->compile_seconds += -[start timeIntervalSinceNow];
+  if (pipeline != nil) {
+    s->pipelines.emplace(key, pipeline);
+    s->pipeline_origin[key] = lib.origin;
+  }
+  return pipeline;
+}
+
 // The pipeline of a pass on `device`, trying each library variant in turn. Called outside the stream's queue.
 id<MTLComputePipelineState> GetPipeline(id<MTLDevice> device, const Pass& pass, std::string* error) {
   DeviceState* s = StateFor(device);
   std::lock_guard<std::mutex> lock(s->mu);
+  if (pass.source() != nullptr) return GetInlinePipeline(device, s, pass, error);
   const char* function = pass.function().c_str();
   const std::string key = pass.function() + "#" + pass.specialization().Key();
   auto it = s->pipelines.find(key);
@@ -416,6 +450,12 @@ bool Resolve(Call& call, std::vector<Resolved>* out, id<MTLDevice>* device, std:
     const uint32_t max = static_cast<uint32_t>(std::max<NSUInteger>(1, r.pipeline.maxTotalThreadsPerThreadgroup));
     const uint32_t width = static_cast<uint32_t>(std::max<NSUInteger>(1, r.pipeline.threadExecutionWidth));
     std::array<uint32_t, 3> g = p.group();
+    const uint64_t asked = uint64_t{g[0]} * g[1] * g[2];
+    if (p.source() != nullptr && asked > max) {  // an inline kernel's explicit threadgroup is never shrunk
+      *error = p.function() + ": a threadgroup of " + std::to_string(asked) +
+               " threads exceeds this pipeline's maximum of " + std::to_string(max);
+      return false;
+    }
     if (p.grid_kind() == Pass::Grid::kThreads) {
       g = ResolveGroup(p.grid(), g, max, width);
     } else if (uint64_t{g[0]} * g[1] * g[2] > max) {
@@ -423,10 +463,11 @@ bool Resolve(Call& call, std::vector<Resolved>* out, id<MTLDevice>* device, std:
                " threads per group exceed this pipeline's maximum of " + std::to_string(max);
       return false;
     }
-    size_t tg_total = 0;
+    size_t tg_total = r.pipeline.staticThreadgroupMemoryLength;  // the kernel's own threadgroup variables
     for (size_t len : p.threadgroup_lengths()) tg_total += len;
     if (tg_total > (*device).maxThreadgroupMemoryLength) {
-      *error = p.function() + ": " + std::to_string(tg_total) + " bytes of threadgroup memory exceed the device's " +
+      *error = p.function() + ": " + std::to_string(tg_total) + " bytes of threadgroup memory (" +
+               std::to_string(r.pipeline.staticThreadgroupMemoryLength) + " declared in the kernel) exceed the device's " +
                std::to_string((*device).maxThreadgroupMemoryLength);
       return false;
     }
@@ -454,6 +495,14 @@ void EncodePasses(id<MTLComputeCommandEncoder> enc, const std::vector<Resolved>&
   }
 }
 
+// A pass that fails to resolve is the package's bug (TF_INTERNAL), except for a user's inline kernel source that
+// does not compile or asks for more than the pipeline allows.
+TF_Code ResolveFailureCode(const Call& call) {
+  for (const auto& p : call.passes())
+    if (p->source() != nullptr) return TF_INVALID_ARGUMENT;
+  return TF_INTERNAL;
+}
+
 // Scratch tensors of one Call, deleted when the command buffer completes (or here, when nothing was encoded).
 struct ScratchHold {
   std::vector<TF_Tensor*> tensors;
@@ -479,7 +528,7 @@ bool Execute(Call& call) {
       std::vector<Resolved> passes;
       id<MTLDevice> device = nil;
       if (!Resolve(call, &passes, &device, &error))
-        return Fail(ctx, TF_INTERNAL, "tf_metal_ops: %s: %s", op, error.c_str());
+        return Fail(ctx, ResolveFailureCode(call), "tf_metal_ops: %s: %s", op, error.c_str());
       if (passes.empty()) return true;
       auto scratch = std::make_shared<ScratchHold>();
       scratch->tensors = call.TakeScratch();
@@ -553,7 +602,7 @@ bool ExecuteAndRead(Call& call, const HostRead& read) {
       std::vector<Resolved> passes;
       id<MTLDevice> device = source.device;
       if (!Resolve(call, &passes, &device, &error))
-        return Fail(ctx, TF_INTERNAL, "tf_metal_ops: %s: %s", op, error.c_str());
+        return Fail(ctx, ResolveFailureCode(call), "tf_metal_ops: %s: %s", op, error.c_str());
       if (device != source.device)
         return Fail(ctx, TF_INTERNAL, "tf_metal_ops: %s: the read-back tensor lives on another Metal device", op);
       id<MTLBuffer> staging = [device newBufferWithLength:read.bytes options:MTLResourceStorageModeShared];

@@ -19,18 +19,17 @@ Needs clang++ >= 16 (``apt-get install clang-16``, or ``TF_METAL_OPS_CLANGXX``).
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import functools
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
+
+from tf_metal_ops import _builder
 
 ENV_SWITCH = "TF_METAL_OPS_EMULATED_GPU"
 DEVICE_LIBRARY = "libtfmo_emulated_device.so"
@@ -67,7 +66,9 @@ def _sources(root: Path) -> dict[str, list[Path]]:
     csrc = root / "csrc"
     return {
         "device": [csrc / "emulated" / "device_plugin.cc"],
-        "host": sorted((csrc / "gpu").glob("*.cc")) + [csrc / "common" / "tfc.cc", csrc / "emulated" / "emu_backend.cc"],
+        "host": sorted((csrc / "gpu").glob("*.cc")) + [csrc / "common" / n for n in
+                                                       ("tfc.cc", "thread_pool.cc", "inline_library.cc")]
+        + [csrc / "emulated" / "emu_backend.cc"],
         "metal": sorted((root / "metal_kernels").glob("*.metal")),
     }
 
@@ -107,34 +108,16 @@ def _tensorflow_dirs() -> tuple[str, str]:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("TF_METAL_OPS_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tf-metal-ops"
-    )
-    return Path(base) / "emulated-gpu"
+    return _builder.cache_root() / "emulated-gpu"
 
 
 # ---- build ---------------------------------------------------------------------------------------------------
 def _key(compiler: str, tf_include: str, tf_lib: str, root: Path) -> str:
-    h = hashlib.sha256()
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     import tensorflow as tf
 
-    for part in (os.path.realpath(compiler), version, tf.__version__, tf_include, tf_lib, sys.version):
-        h.update(part.encode() + b"\0")
-    for sub in ("csrc", "metal_kernels", "tools/msl_emu"):
-        for f in sorted((root / sub).rglob("*")):
-            if f.is_file() and "__pycache__" not in f.parts:
-                h.update(str(f.relative_to(root)).encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
-    h.update(Path(__file__).with_name("glue.py").read_bytes())
-    h.update(Path(__file__).read_bytes())
-    return h.hexdigest()[:20]
-
-
-def _run(cmd: list[str], what: str) -> None:
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        raise EmulatedGPUError(f"tf_metal_ops: building the emulated GPU failed ({what}):\n$ {' '.join(cmd)}\n"
-                               f"{res.stdout}{res.stderr}")
+    parts = [_builder.compiler_identity(compiler), tf.__version__, tf_include, tf_lib, sys.version]
+    files = _builder.tree_files(root, ("csrc", "metal_kernels", "tools/msl_emu"))
+    return _builder.content_key(parts, [*files, Path(__file__).with_name("glue.py"), Path(__file__)])
 
 
 def build(verbose: bool = False) -> dict[str, Path]:
@@ -147,12 +130,8 @@ def build(verbose: bool = False) -> dict[str, Path]:
     coverage = os.environ.get(COVERAGE_SWITCH, "") == "1"  # tools/emulated_gpu_coverage.py
     cov = COVERAGE_FLAGS if coverage else []
     out = cache_root() / (_key(compiler, tf_include, tf_lib, root) + ("-coverage" if coverage else ""))
-    paths = {"device": out / DEVICE_LIBRARY, "kernels": out / KERNEL_LIBRARY}
-    if all(p.is_file() for p in paths.values()):
-        return paths
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="build-", dir=out.parent))
-    try:
+
+    def make(work: Path):
         if verbose:
             print(f"tf_metal_ops: building the emulated GPU into {out} (first use; about a minute)", file=sys.stderr)
         src = _sources(root)
@@ -168,30 +147,18 @@ def build(verbose: bool = False) -> dict[str, Path]:
         for u in units:
             jobs.append((u.source, work / (u.source.stem + ".o"), [*glue.base_flags(), "-O2", *u.flags]))
         jobs.append((src["device"][0], work / "device_plugin.o", ["-std=c++17", *common, f"-I{tf_include}"]))
-
-        def compile_one(job):
-            source, obj, flags = job
-            _run([compiler, *flags, "-c", str(source), "-o", str(obj)], f"compiling {source.name}")
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            list(pool.map(compile_one, jobs))
+        _builder.run_parallel([([compiler, *flags, "-c", str(source), "-o", str(obj)],
+                                f"building the emulated GPU (compiling {source.name})") for source, obj, flags in jobs],
+                              EmulatedGPUError)
         objects = [str(o) for _, o, _ in jobs if o.name != "device_plugin.o"]
-        _run([compiler, "-shared", *cov, "-o", str(work / KERNEL_LIBRARY), *objects, *link], "linking the GPU kernels")
-        _run([compiler, "-shared", "-o", str(work / DEVICE_LIBRARY), str(work / "device_plugin.o"), *link],
-             "linking the device")
-        staged = out.with_name(out.name + ".tmp-" + work.name)
-        staged.mkdir()
-        for name in (KERNEL_LIBRARY, DEVICE_LIBRARY):
-            shutil.copy2(work / name, staged / name)
-        try:
-            os.rename(staged, out)  # atomic: a concurrent builder's result is as good as ours
-        except OSError:
-            shutil.rmtree(staged, ignore_errors=True)
-            if not all(p.is_file() for p in paths.values()):
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return paths
+        _builder.run([compiler, "-shared", *cov, "-o", str(work / KERNEL_LIBRARY), *objects, *link],
+                     "building the emulated GPU (linking the GPU kernels)", EmulatedGPUError)
+        _builder.run([compiler, "-shared", "-o", str(work / DEVICE_LIBRARY), str(work / "device_plugin.o"), *link],
+                     "building the emulated GPU (linking the device)", EmulatedGPUError)
+        return ()
+
+    _builder.cached_build(out, [KERNEL_LIBRARY, DEVICE_LIBRARY], make, EmulatedGPUError)
+    return {"device": out / DEVICE_LIBRARY, "kernels": out / KERNEL_LIBRARY}
 
 
 # ---- load ----------------------------------------------------------------------------------------------------
@@ -247,6 +214,11 @@ def _handle(which: str) -> ctypes.CDLL:
     mode = getattr(os, "RTLD_NOLOAD", 0)
     lib = ctypes.CDLL(str(_loaded[which]), mode=mode)
     return lib
+
+
+def kernel_library() -> ctypes.CDLL:
+    """ctypes handle on the loaded GPU kernel library (its extern "C" entry points)."""
+    return _handle("kernels")
 
 
 def synchronize() -> None:

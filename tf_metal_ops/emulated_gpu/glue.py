@@ -294,10 +294,12 @@ def _includes_barrier(path: Path, search: list[Path], seen: set[Path]) -> bool:
     return False
 
 
-def parse_metal(path: str | Path, search: Iterable[Path] | None = None) -> MetalFile:
-    """Kernels, function constants and barrier use of one .metal file (see the module docstring)."""
+def parse_metal(path: str | Path, search: Iterable[Path] | None = None, *, text: str | None = None) -> MetalFile:
+    """Kernels, function constants and barrier use of one .metal file (see the module docstring); `text`: its
+    contents, when it is not read from `path` (which then only names it in messages)."""
     path = Path(path).resolve()
-    raw = path.read_text()
+    from_file = text is None
+    raw = path.read_text() if from_file else text
     text = _strip_comments(raw)
     kernels, names = [], set()
     for m in _KERNEL.finditer(text):
@@ -339,7 +341,7 @@ def parse_metal(path: str | Path, search: Iterable[Path] | None = None) -> Metal
             raise GlueError(f"{path}:{_line_of(text, m.start())}: function constant not of the supported form "
                             "`constant T name [[function_constant(n)]];` at file scope (T = bool, int, uint, float)")
     search_dirs = list(search) if search is not None else []
-    uses_barriers = _includes_barrier(path, search_dirs, set())
+    uses_barriers = _includes_barrier(path, search_dirs, set()) if from_file else bool(_BARRIER.search(text))
     return MetalFile(path, tuple(kernels), tuple(sorted(constants, key=lambda c: c.index)), uses_barriers)
 
 

@@ -1,0 +1,294 @@
+"""Compiles an inline kernel's MSL source for the CPU and the emulated GPU: the unchanged source as C++ through
+tools/msl_emu, one shared library per (source, bounds checks), cached on disk by content (tf_metal_ops._builder).
+
+The op library calls compile() back through ``tfmo_set_inline_compiler`` (csrc/common/inline_library.h) when a
+TfmoMetalKernel runs a source it has not loaded yet, so a graph or SavedModel holding the kernel needs only
+``import tf_metal_ops`` in a new process.
+
+One generated unit per source (build/unit.cc), compiled with clang++ >= 16 and linked with kernel_launch.cc:
+  - the kernel table glue of the source (tf_metal_ops/emulated_gpu/glue.py): the emulated GPU checks each dispatch
+    against the kernel's signature with it (csrc/emulated/kernel_launch.h);
+  - per kernel, a launcher (tools/msl_emu/include/msl_emu/inline_launch.h) that binds the buffer slots once and runs
+    the threads of each threadgroup in a loop the kernel is inlined into (``#pragma clang attribute`` marks every
+    function of the source always_inline), so that the compiler vectorises elementwise bodies; built for this CPU
+    (-march=native, the CPU's flags are part of the cache key), without FMA contraction or errno-setting math, with
+    glibc's vector math library (-fveclib=libmvec);
+  - with bounds checks ("checked"), the launcher runs a copy of the source whose pointer buffer parameters are
+    msl_emu::inline_launch::checked<T> (same text otherwise).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import re
+import sys
+import threading
+from pathlib import Path
+
+from tf_metal_ops import _builder, _library, emulated_gpu
+from tf_metal_ops.emulated_gpu import glue
+
+
+class KernelCompileError(ValueError):
+    """An inline kernel's source does not compile; the message quotes the compiler with the user's line numbers."""
+
+
+LIBRARY = "kernel.so"
+_CHECKED = "::msl_emu::inline_launch::checked"
+
+
+def find_compiler() -> str:
+    try:
+        return emulated_gpu.find_compiler()
+    except emulated_gpu.EmulatedGPUError as e:
+        raise KernelCompileError(
+            "tf_metal_ops.metal_kernel: running Metal kernels on the CPU (and the emulated GPU) compiles them with "
+            "clang++ >= 16, and none was found: install it (Debian/Ubuntu: `apt-get install clang-16`) or point "
+            f"TF_METAL_OPS_CLANGXX at one ({e})") from None
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (builds use -march=native: a cache shared between machines must not mix them)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return platform.machine() + platform.processor()
+
+
+@functools.lru_cache(maxsize=None)
+def _toolchain() -> tuple[str, Path, list[str], str]:
+    """(compiler, source root, compile flags, key of everything but the source)."""
+    compiler = find_compiler()
+    root = emulated_gpu.source_root()
+    flags = [*glue.base_flags(), "-O2", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fveclib=libmvec",
+             "-fvisibility=hidden", "-Wno-unused-parameter", "-Wno-unused-variable", f"-I{root / 'csrc' / 'common'}"]
+    files = [*_builder.tree_files(root, ("tools/msl_emu",)), root / "csrc" / "common" / "inline_kernel_abi.h",
+             glue.launch_source(root), root / "csrc" / "emulated" / "kernel_launch.h",
+             root / "csrc" / "emulated" / "kernel_table.h", Path(glue.__file__), Path(__file__)]
+    key = _builder.content_key([_builder.compiler_identity(compiler), *flags, _cpu_flags(), sys.platform], files)
+    return compiler, root, flags, key
+
+
+def cache_dir() -> Path:
+    return _builder.cache_root() / "inline-kernels"
+
+
+def _runtime_object() -> Path:
+    """kernel_launch.cc compiled once per toolchain (linked into every kernel library)."""
+    compiler, root, flags, key = _toolchain()
+
+    def make(work: Path):
+        incs = [f"-I{d}" for d in glue.include_dirs(root=root)]
+        _builder.run([compiler, *flags, *incs, "-c", str(glue.launch_source(root)), "-o", str(work / "kernel_launch.o")],
+                     "tf_metal_ops.metal_kernel: compiling kernel_launch.cc", KernelCompileError)
+        return ()
+
+    return _builder.cached_build(cache_dir() / f"runtime-{key}", ["kernel_launch.o"], make, KernelCompileError) / \
+        "kernel_launch.o"
+
+
+def _checked_copy(text: str, kernels) -> str:
+    """`text` with each kernel's pointer [[buffer(n)]] parameters as checked<T> (offsets kept: same lines)."""
+    plain = glue._strip_comments(text)
+    edits = []  # (start, end, replacement)
+    for m in glue._KERNEL.finditer(plain):
+        depth, i = 1, m.end()
+        while i < len(plain) and depth:
+            depth += {"(": 1, ")": -1}.get(plain[i], 0)
+            i += 1
+        for ptext, off in glue._split_params(plain[m.end():i - 1], m.end()):
+            attrs = glue._ATTR.findall(ptext)
+            if not attrs or attrs[0][0] != "buffer":
+                continue
+            decl = glue._DECL.match(" ".join(glue._ATTR.sub(" ", ptext).split()))
+            if decl is None or decl["ref"] != "*":
+                continue
+            quals = decl["quals"].split() + decl["post"].split()
+            const = "const " if ("const" in quals or "constant" in quals) else ""
+            attr_at = ptext.index("[[")
+            edits.append((off, off + attr_at, f"{_CHECKED}<{const}{decl['type']}> {decl['name']} "))
+    out = text
+    for start, end, rep in sorted(edits, reverse=True):
+        out = out[:start] + rep + out[end:]
+    return out
+
+
+def _launcher(kernel: glue.Kernel, ns: str, checked: bool, uses_barriers: bool) -> str:
+    """Run_<k> and Check_<k> of one kernel (no MSL keyword spelled: they are macros here)."""
+    T = "::tfmo::emu::table"
+    k = kernel.name
+    fn = f"decltype(&{ns}::{k})"
+    if any(p.kind == "threadgroup" for p in kernel.params):
+        raise KernelCompileError(f"tf_metal_ops.metal_kernel: kernel {k}: [[threadgroup(n)]] parameters are not "
+                                 "supported inline; declare threadgroup arrays in the kernel body instead")
+    members, inits, args = [], [], []
+    for i, p in enumerate(kernel.params):
+        pt = f"{T}::ParamT<{fn}, {i}>"
+        if p.kind == "buffer":
+            members.append(f"    {pt} a{i};")
+            inits.append(f"::msl_emu::inline_launch::bind_slot<{pt}>(L->slots[{p.index}], L->slot_bytes[{p.index}], "
+                         f'"{p.name}")')
+            args.append(f"a.a{i}")
+        else:
+            args.append(f"{T}::AttrArg<{pt}>(t.{p.attribute})")
+    return f"""
+struct Args_{k} {{
+{chr(10).join(members) if members else "    int unused;"}
+}};
+int Run_{k}(const TfmoInlineLaunch* L, char* error, size_t error_len) {{
+  const Args_{k} a{{{", ".join(inits) if inits else "0"}}};
+  auto body = [&a](const ::msl_emu::ThreadCtx& t) {{
+    (void)a;
+    (void)t;
+    {ns}::{k}({", ".join(args)});
+  }};
+  return ::msl_emu::inline_launch::run<{'true' if uses_barriers else 'false'}, {'true' if checked else 'false'}>(
+      L, body, error, error_len);
+}}
+int Check_{k}(const void* desc, char* error, size_t error_len) {{
+  const std::string m = ::tfmo::emu::CheckLaunch(*static_cast<const ::tfmo::emu::LaunchDesc*>(desc));
+  if (m.empty()) return 0;
+  std::snprintf(error, error_len, "%s", m.c_str());
+  return 1;
+}}
+"""
+
+
+def _unit(glue_text: str, kernels, stage_checked: str | None, checked: bool, uses_barriers: bool) -> str:
+    head = ('// Generated by tf_metal_ops/inline_kernels/build.py. Do not edit.\n'
+            '#include <cstdio>\n#include <cstring>\n#include <string>\n'
+            '#include "inline_kernel_abi.h"\n#include "kernel_launch.h"\n#include "msl_emu/inline_launch.h"\n')
+    # The glue includes the staged source; every function the user wrote becomes always_inline.
+    glue_text = glue_text.replace(
+        '#include "kernel.metal"',
+        '#include <metal_stdlib>\n'
+        '#pragma clang attribute push (__attribute__((always_inline)), apply_to = function)\n'
+        '#include "kernel.metal"\n#pragma clang attribute pop')
+    ns = ""
+    body = [head, glue_text]
+    if stage_checked is not None:
+        body.append('namespace tfmo_checked {\n'
+                    '#pragma clang attribute push (__attribute__((always_inline)), apply_to = function)\n'
+                    f'#include "{stage_checked}"\n#pragma clang attribute pop\n}}  // namespace tfmo_checked\n')
+        ns = "tfmo_checked"
+    body.append("namespace tfmo_inline {")
+    for k in kernels:
+        body.append(_launcher(k, ns, checked, uses_barriers))
+    names = ", ".join(f'"{k.name}"' for k in kernels)
+    table = ", ".join(f'{{TFMO_INLINE_ABI_VERSION, "{k.name}", {int(uses_barriers)}, {int(checked)}, &Run_{k.name}, '
+                      f'&Check_{k.name}}}' for k in kernels)
+    body.append(f"""const char* const kNames[] = {{{names}}};
+const TfmoInlineKernel kTable[] = {{{table}}};
+}}  // namespace tfmo_inline
+
+extern "C" __attribute__((visibility("default"))) const TfmoInlineKernel* tfmo_inline_kernel(const char* name) {{
+  for (size_t i = 0; i < sizeof tfmo_inline::kNames / sizeof tfmo_inline::kNames[0]; ++i)
+    if (std::strcmp(tfmo_inline::kNames[i], name) == 0) return &tfmo_inline::kTable[i];
+  return nullptr;
+}}
+""")
+    return "\n".join(body)
+
+
+_LINE = re.compile(r"^.*?/kernel\.metal:(\d+):", re.M)
+
+
+def _compile_message(text: str) -> str:
+    """The compiler's output, cut to the messages about the user's code (paths of the build dir dropped)."""
+    keep = []
+    for line in text.splitlines():
+        if "In file included from" in line or line.startswith("1 error") or " errors generated" in line:
+            continue
+        keep.append(re.sub(r"^/\S*/build-[^/]*/(glue/stage/)?", "", line))
+    return "\n".join(keep).strip()
+
+
+def compile(msl: str, *, checked: bool) -> Path:
+    """The path of the library compiled from `msl` (cached). Raises KernelCompileError."""
+    compiler, root, flags, key = _toolchain()
+    src_key = hashlib.sha256(msl.encode()).hexdigest()[:24]
+    out = cache_dir() / f"{src_key}-{'checked' if checked else 'fast'}-{key[:12]}"
+    runtime = _runtime_object()
+
+    def make(work: Path):
+        metal = work / "kernel.metal"
+        metal.write_text(msl)
+        try:
+            mf = glue.parse_metal(metal)
+            units = glue.generate([metal], work / "glue", root=root)
+        except glue.GlueError as e:
+            raise KernelCompileError(f"tf_metal_ops.metal_kernel: {str(e).replace(str(metal), '<source>')}") from None
+        if not mf.kernels:
+            raise KernelCompileError("tf_metal_ops.metal_kernel: the source defines no `kernel void name(...)`")
+        if mf.constants:
+            raise KernelCompileError("tf_metal_ops.metal_kernel: function constants are not supported in inline "
+                                     "kernels; use template arguments")
+        unit = units[0]
+        stage_checked = None
+        if checked:
+            stage_checked = "kernel_checked.metal"
+            (unit.staged.parent / stage_checked).write_text(_checked_copy(unit.staged.read_text(), mf.kernels))
+        cc = work / "unit.cc"
+        cc.write_text(_unit(unit.source.read_text(), mf.kernels, stage_checked, checked, mf.uses_barriers))
+        obj = work / "unit.o"
+        try:
+            _builder.run([compiler, *flags, *unit.flags, "-c", str(cc), "-o", str(obj)], "compiling", KernelCompileError)
+        except KernelCompileError as e:
+            raise KernelCompileError("tf_metal_ops.metal_kernel: the kernel does not compile:\n" +
+                                     _compile_message(str(e).split("\n", 2)[-1])) from None
+        _builder.run([compiler, "-shared", "-o", str(work / LIBRARY), str(obj), str(runtime), "-lmvec", "-lpthread"],
+                     "tf_metal_ops.metal_kernel: linking the kernel", KernelCompileError)
+        return ()
+
+    return _builder.cached_build(out, [LIBRARY], make, KernelCompileError) / LIBRARY
+
+
+# ---- the op library's compiler callback ------------------------------------------------------------------------
+_COMPILER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
+                                ctypes.c_void_p, ctypes.c_size_t)
+
+
+def _write(buf: int, size: int, text: str) -> None:
+    data = text.encode(errors="replace")[: max(0, size - 1)]
+    ctypes.memmove(buf, data + b"\0", len(data) + 1)
+
+
+@_COMPILER_FN
+def _compile_callback(source, checked, path, path_len, error, error_len):  # called by TF's threads (GIL taken)
+    try:
+        _write(path, path_len, str(compile(source.decode(), checked=bool(checked))))
+        return 0
+    except Exception as e:  # every failure becomes the op's InvalidArgumentError
+        _write(error, error_len, str(e))
+        return 1
+
+
+_registered: set[str] = set()
+_registered_lock = threading.Lock()
+
+
+def _register(library: ctypes.CDLL, name: str) -> None:
+    library.tfmo_set_inline_compiler.argtypes = [_COMPILER_FN]
+    library.tfmo_set_inline_compiler.restype = None
+    library.tfmo_set_inline_compiler(_compile_callback)
+    _registered.add(name)
+
+
+def ensure_registered() -> None:
+    """Gives the op library, and the emulated GPU's kernel library once it is loaded, the compiler callback.
+    Cheap after the first call; `import tf_metal_ops` calls it, so a reloaded graph finds its compiler."""
+    if "ops" in _registered and ("emulated" in _registered or not emulated_gpu.enabled()):
+        return
+    with _registered_lock:
+        if "ops" not in _registered:
+            _register(_library.native(), "ops")
+        if "emulated" not in _registered and emulated_gpu.enabled():
+            _register(emulated_gpu.kernel_library(), "emulated")
