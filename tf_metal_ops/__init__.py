@@ -10,7 +10,7 @@ from tf_metal_ops.backend import backend_info
 from tf_metal_ops.hash_grid import HashGridConfig, HashGridEncoding
 from tf_metal_ops.hash_grid.config import hash_grid_table_layout
 from tf_metal_ops.hash_grid.ops import hash_grid_encode
-from tf_metal_ops.inline_kernels import KernelCompileError, MetalKernel, metal_kernel
+from tf_metal_ops.inline_kernels import KernelCompileError, MetalKernel, ShaderLibrary, compile_shader, metal_kernel
 from tf_metal_ops.occupancy import OccupancyGrid, RayMarchResult, ray_march, ray_march_tf
 from tf_metal_ops.render import (
     VolumeRenderResult,
@@ -36,9 +36,11 @@ __all__ = [
     "OccupancyGrid",
     "OpLibraryError",
     "RayMarchResult",
+    "ShaderLibrary",
     "VolumeRenderResult",
     "__version__",
     "backend_info",
+    "compile_shader",
     "distortion_loss",
     "distortion_loss_packed",
     "distortion_loss_packed_tf",

@@ -9,7 +9,7 @@
 //   released after the work ran (never earlier).
 // A pass with its own source (inline kernels) runs the library compiled from that source
 // (csrc/common/inline_library.h), bounds-checked unless TF_METAL_OPS_BOUNDS_CHECK=0, after the same binding-contract
-// check against the kernel's signature.
+// check against the kernel's signature; a bounds-checked call is waited for, so an out-of-bounds access fails it.
 // Every kernel that ran is counted (tfmo_emu_dispatch_counts), so tests can tell the GPU path ran.
 #include <cinttypes>
 #include <cstdio>
@@ -300,9 +300,12 @@ bool Execute(Call& call) {
   if (stream == nullptr) return false;
   work->api = stream->api;
   work->scratch = call.TakeScratch();
-  QueueArgs q{stream, work.release(), nullptr, SyncRequested()};
+  // A bounds-checked inline kernel is waited for, so that an out-of-bounds access fails this op.
+  bool inline_checked = false;
+  for (const EncodedPass& p : work->passes) inline_checked |= p.inline_kernel != nullptr && p.inline_kernel->checked;
+  QueueArgs q{stream, work.release(), nullptr, SyncRequested() || inline_checked};
   stream->api->queue_sync(stream->self, &EncodeOnQueue, &q);
-  if (q.failed) return Fail(ctx, TF_INTERNAL, "%s", q.error);
+  if (q.failed) return Fail(ctx, inline_checked ? TF_INVALID_ARGUMENT : TF_INTERNAL, "%s", q.error);
   return true;
 }
 

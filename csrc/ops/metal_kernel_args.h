@@ -223,19 +223,18 @@ inline bool ReadLaunch(TF_OpKernelContext* ctx, const Attrs& a, Launch* out) {
                   values[1], values[2]);
     out->grid[i] = static_cast<uint64_t>(values[i]);
   }
-  uint64_t threads = 1;
+  double threads = 1;  // exact up to 2^53, enough to tell "over the limit"
   for (int i = 0; i < 3; ++i) {
-    const int64_t g = values[3 + i];
-    if (g < 1 || g > static_cast<int64_t>(kMaxThreadsPerGroup))
+    if (values[3 + i] < 1)
       return Fail(ctx, TF_INVALID_ARGUMENT, "metal_kernel %s: threadgroup = (%" PRId64 ", %" PRId64 ", %" PRId64
                   "): each dimension must be >= 1", k, values[3], values[4], values[5]);
-    out->group[i] = static_cast<uint32_t>(g);
-    threads *= static_cast<uint64_t>(g);
+    threads *= static_cast<double>(values[3 + i]);
   }
-  if (threads > kMaxThreadsPerGroup)
-    return Fail(ctx, TF_INVALID_ARGUMENT, "metal_kernel %s: threadgroup = (%u, %u, %u) is %" PRIu64 " threads, over "
-                "the limit of %" PRIu64 " threads per threadgroup", k, out->group[0], out->group[1], out->group[2],
-                threads, kMaxThreadsPerGroup);
+  if (threads > static_cast<double>(kMaxThreadsPerGroup))
+    return Fail(ctx, TF_INVALID_ARGUMENT, "metal_kernel %s: threadgroup = (%" PRId64 ", %" PRId64 ", %" PRId64
+                ") is %.0f threads, over the limit of %" PRIu64 " threads per threadgroup", k, values[3], values[4],
+                values[5], threads, kMaxThreadsPerGroup);
+  for (int i = 0; i < 3; ++i) out->group[i] = static_cast<uint32_t>(values[3 + i]);
   size_t at = 6;
   out->output_shapes.assign(a.tout.size(), {});
   for (size_t j = 0; j < a.tout.size(); ++j) {

@@ -7,5 +7,6 @@ api.py / shader.py (the Python API). Guide: docs/metal_kernels.md.
 
 from tf_metal_ops.inline_kernels.api import MetalKernel, metal_kernel
 from tf_metal_ops.inline_kernels.build import KernelCompileError
+from tf_metal_ops.inline_kernels.shader import ShaderLibrary, compile_shader
 
-__all__ = ["KernelCompileError", "MetalKernel", "metal_kernel"]
+__all__ = ["KernelCompileError", "MetalKernel", "ShaderLibrary", "compile_shader", "metal_kernel"]

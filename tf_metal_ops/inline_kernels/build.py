@@ -39,6 +39,7 @@ class KernelCompileError(ValueError):
 
 LIBRARY = "kernel.so"
 _CHECKED = "::msl_emu::inline_launch::checked"
+stats = {"compiled": 0, "requested": 0}  # kernel libraries built / asked for by this process (diagnostics, tests)
 
 
 def find_compiler() -> str:
@@ -113,7 +114,7 @@ def _checked_copy(text: str, kernels) -> str:
                 continue
             quals = decl["quals"].split() + decl["post"].split()
             const = "const " if ("const" in quals or "constant" in quals) else ""
-            attr_at = ptext.index("[[")
+            attr_at = ptext.lstrip().index("[[")  # `off` is where the stripped text starts
             edits.append((off, off + attr_at, f"{_CHECKED}<{const}{decl['type']}> {decl['name']} "))
     out = text
     for start, end, rep in sorted(edits, reverse=True):
@@ -202,23 +203,29 @@ _LINE = re.compile(r"^.*?/kernel\.metal:(\d+):", re.M)
 
 
 def _compile_message(text: str) -> str:
-    """The compiler's output, cut to the messages about the user's code (paths of the build dir dropped)."""
-    keep = []
+    """The compiler's output without build paths and repeats: the checked build compiles the source twice."""
+    blocks: list[list[str]] = []
     for line in text.splitlines():
-        if "In file included from" in line or line.startswith("1 error") or " errors generated" in line:
+        if "In file included from" in line or re.match(r"^\d+ errors? generated", line):
             continue
-        keep.append(re.sub(r"^/\S*/build-[^/]*/(glue/stage/)?", "", line))
-    return "\n".join(keep).strip()
+        line = re.sub(r"^/\S*\.build-[^/]*/(glue/stage/)?", "", line)
+        if re.search(r": (error|warning|note): ", line) and not re.search(r": note: ", line) or not blocks:
+            blocks.append([line])
+        else:
+            blocks[-1].append(line)
+    return "\n".join(dict.fromkeys("\n".join(b) for b in blocks)).strip()
 
 
 def compile(msl: str, *, checked: bool) -> Path:
     """The path of the library compiled from `msl` (cached). Raises KernelCompileError."""
+    stats["requested"] += 1
     compiler, root, flags, key = _toolchain()
     src_key = hashlib.sha256(msl.encode()).hexdigest()[:24]
     out = cache_dir() / f"{src_key}-{'checked' if checked else 'fast'}-{key[:12]}"
     runtime = _runtime_object()
 
     def make(work: Path):
+        stats["compiled"] += 1
         metal = work / "kernel.metal"
         metal.write_text(msl)
         try:
@@ -267,7 +274,7 @@ def _compile_callback(source, checked, path, path_len, error, error_len):  # cal
         _write(path, path_len, str(compile(source.decode(), checked=bool(checked))))
         return 0
     except Exception as e:  # every failure becomes the op's InvalidArgumentError
-        _write(error, error_len, str(e))
+        _write(error, error_len, str(e).removeprefix("tf_metal_ops.metal_kernel: "))
         return 1
 
 
