@@ -19,11 +19,13 @@
 #pragma once
 #define __MSL_CHECK__ 1
 
-#define device __attribute__((address_space(1)))
+// The empty __attribute__(()) first keeps clang from printing types with the macro's name (it does so for a
+// macro that expands to exactly one attribute, including user macros such as `#define MY_DEVICE device`).
+#define device __attribute__(()) __attribute__((address_space(1)))
 #define constant const __attribute__((address_space(2)))
-#define threadgroup __attribute__((address_space(3)))
-#define threadgroup_imageblock __attribute__((address_space(4)))
-#define thread __attribute__((noderef))
+#define threadgroup __attribute__(()) __attribute__((address_space(3)))
+#define threadgroup_imageblock __attribute__(()) __attribute__((address_space(4)))
+#define thread __attribute__(()) __attribute__((noderef))
 #define ray_data
 #define object_data
 
