@@ -197,7 +197,16 @@ def _metal_version(v: str) -> int:
 
 
 def _sorted(findings):
-    return sorted(set(findings), key=lambda f: (f.file, f.line, f.column, f.rule, f.message))
+    return sorted({Finding(f.file, f.line, f.column, f.rule, _pretty(f.message)) for f in findings},
+                  key=lambda f: (f.file, f.line, f.column, f.rule, f.message))
+
+
+def _pretty(msg: str) -> str:
+    """Messages in MSL's spelling: address-space attributes as the keywords, _Float16 as half."""
+    msg = re.sub(r"__attribute__\(\(address_space\((\d+)\)\)\)",
+                 lambda m: _SPACE_NAMES.get(m.group(1), m.group(0)), msg)
+    msg = msg.replace("__attribute__((noderef))", "thread").replace("__attribute__(()) ", "")
+    return msg.replace("_Float16", "half")
 
 
 # ---- source rewrite (length-preserving, so offsets, lines and columns are unchanged) ---------------------------------
@@ -430,15 +439,20 @@ def _diagnostics(stderr: str, ctx: _Context) -> list[Finding]:
     return findings
 
 
+_OTHER_SPACE_CTOR = "candidate constructor ignored: cannot be used to construct an object in address space"
+
+
 def _is_cross_space_copy(msg: str, notes) -> bool:
     """MSL copies structs between address spaces with the implicit copy/move constructor and assignment
-    (`HgLevel lv = levels[i];` from constant memory). C++'s implicit members take generic references, so clang
-    rejects these copies; such an error (every candidate implicit, at least one refused for the address space) is
-    not a finding."""
+    (`HgLevel lv = levels[i];` from constant memory), and default-initialises `threadgroup` structs and atomics.
+    C++'s implicit members take generic references and construct generic objects, so clang rejects these; such an
+    error (every candidate an implicit member or a constructor refused for the address space, at least one refused
+    for the address space) is not a finding. Not seen as a consequence: a user-declared default constructor of a
+    type declared in threadgroup memory."""
     if not re.match(r"(no matching constructor for initialization of|no viable overloaded '=')", msg):
         return False
     cands = [nt.group("msg") for nt in notes if nt.group("msg").startswith("candidate")]
-    if not cands or not all(_IMPLICIT_MEMBER.match(c) for c in cands):
+    if not cands or not all(_IMPLICIT_MEMBER.match(c) or c.startswith(_OTHER_SPACE_CTOR) for c in cands):
         return False
     return any("address space" in c for c in cands)
 
