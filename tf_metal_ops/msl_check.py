@@ -63,7 +63,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["Finding", "MSLCheckError", "check_source", "check_file", "find_compiler", "include_dir"]
+__all__ = ["Finding", "MSLCheckError", "MSLCompilerNotFound", "RULES", "check_source", "check_file", "find_compiler",
+           "include_dir"]
+
+# Every rule a finding can have (the module docstring gives the MSL rule behind each).
+RULES = (
+    "compile", "pointer-address-space", "kernel-argument-address-space", "program-scope-variable",
+    "threadgroup-variable", "address-space-cast", "recursion", "lambda", "goto", "new-delete", "exception",
+    "virtual-function", "dynamic-cast", "typeid", "thread-local", "double", "memory-order", "atomic-float",
+    "as-type-size", "implicit-vector-conversion", "buffer-index-duplicate", "buffer-index-range",
+    "position-attribute-type", "kernel-return-type",
+)
 
 
 # ---- public API ------------------------------------------------------------------------------------------------
