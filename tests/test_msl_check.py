@@ -56,7 +56,8 @@ def version_of(path):
 
 
 def mutated_hash_grid():
-    """hash_grid.metal with the address space of one kernel argument removed and a buffer index duplicated."""
+    """hash_grid.metal with the address space of one kernel argument removed (so the call that passes it on to a
+    `device const float*` parameter does not compile either) and a buffer index duplicated."""
     path = os.path.join(REPO_ROOT, "metal_kernels", "hash_grid.metal")
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -68,7 +69,8 @@ def mutated_hash_grid():
     text = text.replace(second, "device const float* params [[buffer(0)]],", 1)
     lines = text.split("\n")
     n1 = next(i for i, ln in enumerate(lines, 1) if "hash_grid_encode_float32(const float* positions" in ln)
-    return path, text, {(n1, "pointer-address-space"), (n1 + 1, "buffer-index-duplicate")}
+    call = next(i for i, ln in enumerate(lines, 1) if i > n1 and "hg_encode(positions, params" in ln)
+    return path, text, {(n1, "pointer-address-space"), (n1 + 1, "buffer-index-duplicate"), (call, "compile")}
 
 
 @pytest.fixture(scope="module")
