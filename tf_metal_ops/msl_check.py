@@ -234,6 +234,7 @@ _CXX_ATTRS = {"maybe_unused", "nodiscard", "noreturn", "fallthrough", "likely", 
               "carries_dependency", "no_unique_address"}
 _STAGE_WORDS = {"kernel", "vertex", "fragment"}
 _IDENT = re.compile(r"[A-Za-z_]\w*")
+_NUMBER = re.compile(r"\.?\d(?:[eE][+-]|[\w.])*")  # a preprocessing number
 
 
 def _skip_literal(s: str, i: int) -> int:
@@ -321,6 +322,15 @@ def _rewrite(src: str):
                     attrs.append(_Attr(i, k + 1, items, ln, col))
                 i = k + 1
                 continue
+        m = _NUMBER.match(src, i) if (src[i].isdigit() or src[i] == ".") and (
+            i == 0 or not (src[i - 1].isalnum() or src[i - 1] == "_")) else None
+        if m:
+            # A half literal (1.0h, MSL spec §2.1): the suffix is blanked, leaving a floating literal, which
+            # converts to half where one is expected.
+            if m.group(0)[-1] in "hH" and not m.group(0).lower().startswith("0x"):
+                out[m.end() - 1] = " "
+            i = m.end()
+            continue
         m = _IDENT.match(src, i)
         if m:
             if m.group(0) in ("threadgroup", "constant") and (i == 0 or not (src[i - 1].isalnum() or src[i - 1] == "_")):
