@@ -218,3 +218,31 @@ def test_cli_reports_findings_and_fails(clang16):
     assert "PASS  tests/msl_check/good_kernel.metal  MSL 3.0" in r.stdout, r.stdout
     assert re.search(r"^  tests/msl_check/broken_goto\.metal:6:\d+: error: .*\[goto\] \(MSL 3\.0\)$", r.stdout, re.M), r.stdout
     assert "summary: 1/2 clean" in r.stdout, r.stdout
+
+
+# ---- against Apple's compiler, where there is one (the macOS CI job) -------------------------------------------------
+def _apple_metal():
+    import shutil
+
+    if sys.platform != "darwin" or shutil.which("xcrun") is None:
+        return None
+    r = subprocess.run(["xcrun", "-sdk", "macosx", "-f", "metal"], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
+
+
+@pytest.mark.parametrize("path", BROKEN + [GOOD], ids=lambda p: os.path.basename(p))
+def test_apple_compiler_agrees(path, tmp_path):
+    """Each negative control is rejected by Apple's Metal compiler at its version and the clean kernel compiles at
+    both: the rules are what Apple's compiler enforces. Only where Xcode's Metal toolchain exists (never on Linux)."""
+    metal = _apple_metal()
+    if metal is None:
+        pytest.skip("needs Apple's Metal compiler (xcrun metal, macOS with Xcode)")
+    flag = {"2.4": "-std=macos-metal2.4", "3.0": "-std=metal3.0"}
+    versions = VERSIONS if path == GOOD else (version_of(path),)
+    for v in versions:
+        r = subprocess.run([metal, flag[v], "-c", path, "-o", str(tmp_path / "out.air")], capture_output=True,
+                           text=True, timeout=300)
+        if path == GOOD:
+            assert r.returncode == 0, r.stderr
+        else:
+            assert r.returncode != 0, f"Apple's compiler accepted {os.path.basename(path)} at MSL {v}"
