@@ -50,7 +50,7 @@ inline void add_float(device float* addr, float v) {
                             uint3 gid [[thread_position_in_grid]],
                             ushort lane [[thread_index_in_simdgroup]],
                             uint tid [[thread_index_in_threadgroup]],
-                            uint2 tg [[threadgroup_position_in_grid]]) {
+                            uint3 tg [[threadgroup_position_in_grid]]) {
   threadgroup atomic_uint count;
   threadgroup float tile[kLanes];
   threadgroup Params shared_params;
@@ -73,7 +73,7 @@ inline void add_float(device float* addr, float v) {
   for (auto& w : v) w *= 2.0f;
   bump(*pv, 0.5);
   bump(*pv2, local_table[1]);
-  float s = sum3(v) + simd_sum(scratch[tid]) + simd_shuffle_down(s, ushort(1));
+  float s = sum3(v) + simd_sum(scratch[tid]) + simd_shuffle_down(tile[0], ushort(1));
 
   half h = s;             // scalar half <-> float converts implicitly
   float back = h;
@@ -86,9 +86,9 @@ inline void add_float(device float* addr, float v) {
   float2 bits = as_type<float2>(h4);
   c = select(c, c * 0.5, c.x > 0.5);
   c.xy += bits + float2(i2);
-  c = mix(c, p.tint, clamp(s, 0.0, 1.0));
+  c = mix(c, p.tint, float4(clamp(s, 0.0f, 1.0f)));
   if (kHasTint && kUseTint) c *= p.tint;
-  c.w = metal::fast::exp(c.w) + precise::sqrt(fabs(c.z)) + min(c.x, 0.5) + fma(c.y, 2.0f, 1.0f);
+  c.w = metal::fast::exp(c.w) + precise::sqrt(fabs(c.z)) + min(c.x, 0.5f) + fma(c.y, 2.0f, 1.0f);
   device float4& dst = out[gid.x];
   dst = c + f4 + float(lane + u2.x + gid.y + gid.z);
   add_float(acc, c.x);
