@@ -340,9 +340,10 @@ def _rewrite(src: str):
         i += 1
 
     text = "".join(out)
-    attr_starts = {a.start: a for a in attrs}
     for off in keywords:
         word = "threadgroup" if text.startswith("threadgroup", off) else "constant"
+        if text[line_starts[linecol(off)[0] - 1]:off].lstrip().startswith("#"):
+            continue  # in a preprocessor directive (#define X constant)
         # The declaration up to its first `;`, `=`, `{`, `(`, `)` or `,`: a variable definition when it ends at
         # `;`, `=` or `{` and declares no pointer, reference or function.
         k = off + len(word)
@@ -353,13 +354,10 @@ def _rewrite(src: str):
         if word == "threadgroup":
             repl = "_MSL_TG_VAR"
         else:
-            fc = any(a.start > off and a.start < k and any(nm == "function_constant" for nm, _ in a.items)
-                     for a in attrs)
+            fc = any(off < a.start < k and any(nm == "function_constant" for nm, _ in a.items) for a in attrs)
             repl = "_MSL_FC_" if fc else "_MSL_CV_"
-        assert len(repl) == len(word)
-        text = text[:off] + repl + text[off + len(word):]
-    del attr_starts
-    return text, attrs
+        out[off:off + len(word)] = list(repl)  # same length as the keyword
+    return "".join(out), attrs
 
 
 def _line_map(text: str):
