@@ -450,9 +450,14 @@ def _diagnostics(stderr: str, ctx: _Context) -> list[Finding]:
         if mk:
             rule, msg = mk.group("rule"), mk.group("msg").strip()
         else:
-            elems = _VECTOR.findall(msg)
+            # A call's only candidate refused for a vector conversion is that conversion too.
+            cands = [nt.group("msg") for nt in notes if nt.group("msg").startswith("candidate")]
+            text = msg if not msg.startswith("no matching function") or len(cands) != 1 else cands[0]
+            elems = _VECTOR.findall(text)
             if len(elems) >= 2 and len(set(elems)) > 1:
                 rule = "implicit-vector-conversion"
+                if text is not msg:
+                    msg = f"{msg}: {text}"
         findings.append(Finding(file, int(where.group("line")), int(where.group("col")), rule, msg))
     return findings
 
@@ -541,6 +546,10 @@ def _types(node) -> list[str]:
 def _type(node) -> str:
     t = node.get("type") or {}
     return t.get("desugaredQualType") or t.get("qualType") or ""
+
+
+def _sugar(node) -> str:
+    return (node.get("type") or {}).get("qualType", "")
 
 
 def _return_type(fn_type: str) -> str:
@@ -735,8 +744,9 @@ class _AstChecker:
         elif kind == "ImplicitCastExpr" and node.get("castKind") == "BitCast" and children:
             a, b = _type(node), _type(children[0])
             if "ext_vector_type" in a and "ext_vector_type" in b and a != b:
-                self.add(node, "implicit-vector-conversion", f"implicit conversion from {b} to {a}",
-                         loc=self.where(node, "range"))
+                self.add(node, "implicit-vector-conversion",
+                         f"implicit conversion from '{_sugar(children[0])}' to '{_sugar(node)}' (MSL converts "
+                         "between vector types only explicitly)", loc=self.where(node, "range"))
         elif kind == "DeclRefExpr":
             ref = node.get("referencedDecl") or {}
             if ref.get("kind") == "EnumConstantDecl" and ref.get("name") in _OTHER_MEMORY_ORDERS:
