@@ -53,6 +53,7 @@ Importable without TensorFlow; needs only the standard library and clang++ >= 16
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import os
 import re
@@ -190,6 +191,7 @@ def check_file(path, *, msl_version: str = "3.0", include_dirs: Sequence[str] = 
 _PRELUDE = "msl_check_prelude.h"
 
 
+@functools.lru_cache(maxsize=16)
 def _clang_major(path: str):
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False, timeout=30).stdout
@@ -380,9 +382,14 @@ class _Context:
         self.version = version
         self._marks = _line_map(text)
         self._files = {}
+        self._stub_files = {}
 
     def is_stub(self, file: str) -> bool:
-        return bool(file) and not file.startswith("<") and os.path.realpath(file).startswith(self.stub + os.sep)
+        hit = self._stub_files.get(file)
+        if hit is None:
+            hit = bool(file) and not file.startswith("<") and os.path.realpath(file).startswith(self.stub + os.sep)
+            self._stub_files[file] = hit
+        return hit
 
     def presumed(self, file: str, line: int):
         """(file, line) as clang's presumed location for the actual position in `file` (<stdin> = the source)."""
