@@ -169,11 +169,16 @@ def check_source(
         findings.append(Finding(filename, 1, 1, "compile",
                                 f"clang++ failed (exit status {r.returncode}); nothing was checked: {stderr[-500:]}"))
         return _sorted(findings)
+    if r.returncode != 0 and not findings:
+        findings.append(Finding(filename, 1, 1, "compile", f"clang++ failed without a diagnostic: {stderr[-500:]}"))
     try:
         ast = json.loads(r.stdout)
     except ValueError:
         ast = None
-    if ast is not None:
+    if ast is None:
+        if not findings:  # never report a source as clean that was not checked
+            findings.append(Finding(filename, 1, 1, "compile", "clang++ gave no AST; the source was not checked"))
+    else:
         findings += _AstChecker(ctx).run(ast)
     return _sorted(findings)
 
