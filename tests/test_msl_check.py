@@ -46,7 +46,8 @@ def rule_of(path):
 def expected_findings(path):
     with open(path, encoding="utf-8") as f:
         lines = f.read().split("\n")
-    return {(n, rule) for n, text in enumerate(lines, start=1) for rule in re.findall(r"expect-finding: ([\w-]+)", text)}
+    return {(n, rule) for n, text in enumerate(lines, start=1)
+            for rule in re.findall(r"expect-finding: ([\w-]+)", text)}
 
 
 def version_of(path):
@@ -202,7 +203,8 @@ def test_module_works_without_tensorflow(clang16):
         "sys.modules['tensorflow'] = None\n"  # any import of tensorflow now fails
         f"spec = importlib.util.spec_from_file_location('m', {msl_check.__file__!r})\n"
         "m = importlib.util.module_from_spec(spec); sys.modules['m'] = m; spec.loader.exec_module(m)\n"
-        f"fs = m.check_source('kernel void k(device float* x [[buffer(0)]]) {{ goto e; e: ; }}', compiler={clang16!r})\n"
+        "fs = m.check_source('kernel void k(device float* x [[buffer(0)]]) { goto e; e: ; }',\n"
+        f"                   compiler={clang16!r})\n"
         "print([(f.line, f.rule) for f in fs])\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -216,7 +218,8 @@ def test_cli_reports_findings_and_fails(clang16):
                         os.path.join(CASES, "broken_goto.metal")], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "PASS  tests/msl_check/good_kernel.metal  MSL 3.0" in r.stdout, r.stdout
-    assert re.search(r"^  tests/msl_check/broken_goto\.metal:6:\d+: error: .*\[goto\] \(MSL 3\.0\)$", r.stdout, re.M), r.stdout
+    finding = r"^  tests/msl_check/broken_goto\.metal:6:\d+: error: .*\[goto\] \(MSL 3\.0\)$"
+    assert re.search(finding, r.stdout, re.M), r.stdout
     assert "summary: 1/2 clean" in r.stdout, r.stdout
 
 

@@ -1,45 +1,47 @@
 """A strict Metal Shading Language check without Apple's compiler.
 
-The source is compiled once by clang++ (>= 16) as C++14 (MSL 2.x/3.x are based on C++14, MSL spec §1.4; C++17 from
-MSL 4.0) with ``-fsyntax-only -Xclang -ast-dump=json``, against msl_check's own ``<metal_stdlib>`` and keyword prelude
+The source is compiled once by clang++ (>= 16) as C++14 (MSL 2.x/3.x are based on C++14; C++17 from MSL 4.0)
+with ``-fsyntax-only -Xclang -ast-dump=json``, against msl_check's own ``<metal_stdlib>`` and keyword prelude
 (``tools/msl_check/include``; their conventions are documented there). MSL's address spaces are distinct clang address
 spaces there, so clang itself rejects what MSL rejects about them (binding a ``device`` pointer to a ``thread`` one,
 writing through ``constant``). Then the JSON AST is searched for what clang accepts but Apple's compiler rejects.
 
 Every finding has a rule name. ``compile`` is clang's own error (syntax, types, address-space mismatches); the
-others, with the MSL rule they implement ("MSL spec" = Apple's Metal Shading Language Specification, 3.x):
+others, with the section of Apple's Metal Shading Language Specification ("MSL spec", 3.x) behind each:
 
 - ``pointer-address-space``: a pointer or reference type written without an address space (``float* p``), in a
   parameter, variable, field, return type, typedef or cast. MSL requires one on every pointer and reference
-  (§4; Apple's compiler: "pointer type must have explicit address space qualifier"); ``thread`` is the one for
-  local memory. Not checked: types deduced by ``auto``/``decltype`` (they carry the initialiser's address space),
-  compiler-generated declarations (implicit copy constructors, ``this``), and template instantiations (their
-  pattern is checked).
-- ``kernel-argument-address-space``: a kernel's pointer/reference argument in ``thread`` memory (§4: kernel
-  arguments point to device, constant, threadgroup or threadgroup_imageblock memory).
+  ("Address Spaces"; Apple's compiler: "pointer type must have explicit address space qualifier"); ``thread`` is
+  the one for local memory. Not checked: types deduced by ``auto``/``decltype`` (they carry the initialiser's
+  address space), compiler-generated declarations (implicit copy constructors, ``this``), and template
+  instantiations (their pattern is checked).
+- ``kernel-argument-address-space``: a kernel's pointer/reference argument in ``thread`` memory ("Address Spaces":
+  kernel arguments point to device, constant, threadgroup or threadgroup_imageblock memory).
 - ``program-scope-variable``: a variable at program scope, a static data member, or a function-scope ``static``
-  variable, outside the ``constant`` address space (§4.2: "program scope variables must be declared in the constant
-  address space").
-- ``threadgroup-variable``: a ``threadgroup`` variable outside a kernel function's scope (§4.4).
-- ``address-space-cast``: an explicit cast that changes the address space a pointer or reference refers to (§4: no
-  conversions between address spaces).
-- ``recursion``: a call in a cycle of the call graph, direct or mutual (§1.4.4 restrictions; MSL 2.4+ allows
-  recursion only for visible functions of compute pipelines on some GPUs, so it is rejected here at every version).
+  variable, outside the ``constant`` address space ("constant Address Space"; Apple's compiler: "program scope
+  variable must reside in constant address space").
+- ``threadgroup-variable``: a ``threadgroup`` variable outside a kernel function's scope ("threadgroup Address
+  Space").
+- ``address-space-cast``: an explicit cast that changes the address space a pointer or reference refers to
+  ("Address Spaces": no conversions between address spaces).
+- ``recursion``: a call in a cycle of the call graph, direct or mutual ("Metal Restrictions" lists recursive
+  function calls; later versions allow some in limited cases only, so it is rejected here at every version).
 - ``lambda``, ``goto``, ``new-delete``, ``exception`` (``throw``/``try``), ``virtual-function``, ``dynamic-cast``,
-  ``typeid``, ``thread-local``: C++ features MSL does not support (§1.4.4).
-- ``double``: the type ``double`` written in a declaration, cast or ``sizeof`` (§2.1: no double). Floating literals
-  such as ``0.5`` are not findings: MSL gives them type float.
-- ``memory-order``: a memory order other than ``memory_order_relaxed`` (§6.15.1: the only one in MSL 2.4 and 3.0).
-- ``atomic-float``: ``atomic_float`` / ``atomic<float>`` below MSL 3.0 (§2.6).
-- ``as-type-size``: ``as_type<T>(x)`` with ``sizeof(T) != sizeof(x)`` (§2.19).
+  ``typeid``, ``thread-local``: C++ features MSL does not support ("Metal Restrictions").
+- ``double``: the type ``double`` written in a declaration, cast or ``sizeof`` ("Scalar Data Types": no double).
+  Floating literals such as ``0.5`` are not findings: MSL gives them type float.
+- ``memory-order``: a memory order other than ``memory_order_relaxed`` ("Atomic Functions": the only one in MSL 2.4
+  and 3.0).
+- ``atomic-float``: ``atomic_float`` / ``atomic<float>`` below MSL 3.0 ("Atomic Data Types").
+- ``as-type-size``: ``as_type<T>(x)`` with ``sizeof(T) != sizeof(x)`` ("Reinterpreting Data").
 - ``implicit-vector-conversion``: an implicit conversion between vector types of different element types, e.g.
-  ``half4``↔``float4`` or ``int4``↔``uint4`` (§2.12: only explicit conversions between vector types). Scalar
-  conversions such as ``half``→``float`` are implicit in MSL too and not findings.
-- kernel signatures (§5.2.1, §5.2.3): ``buffer-index-duplicate`` (two ``[[buffer(n)]]`` with the same n in one kernel),
-  ``buffer-index-range`` (n > 30: the buffer argument table has 31 entries), ``position-attribute-type``
-  (``thread_position_in_grid`` and the other position/size attributes must be ``uint``/``ushort`` or their 2- and
-  3-vectors; index attributes such as ``thread_index_in_simdgroup`` a ``uint``/``ushort`` scalar),
-  ``kernel-return-type`` (a kernel returns void).
+  ``half4``↔``float4`` or ``int4``↔``uint4`` ("Implicit Type Conversions": only explicit conversions between vector
+  types). Scalar conversions such as ``half``→``float`` are implicit in MSL too and not findings.
+- kernel signatures ("Function and Variable Attributes"): ``buffer-index-duplicate`` (two ``[[buffer(n)]]`` with the
+  same n in one kernel), ``buffer-index-range`` (n > 30: the buffer argument table has 31 entries),
+  ``position-attribute-type`` (``thread_position_in_grid`` and the other position/size attributes must be
+  ``uint``/``ushort`` or their 2- and 3-vectors; index attributes such as ``thread_index_in_simdgroup`` a
+  ``uint``/``ushort`` scalar), ``kernel-return-type`` (a kernel returns void).
 
 Source positions: findings report clang's presumed location, so ``#line N "name"`` in the source is honoured.
 MSL attributes (``[[buffer(0)]]``, ``[[thread_position_in_grid]]``, ...) and variable definitions in threadgroup or
@@ -332,15 +334,15 @@ def _rewrite(src: str):
         m = _NUMBER.match(src, i) if (src[i].isdigit() or src[i] == ".") and (
             i == 0 or not (src[i - 1].isalnum() or src[i - 1] == "_")) else None
         if m:
-            # A half literal (1.0h, MSL spec §2.1): the suffix is blanked, leaving a floating literal, which
-            # converts to half where one is expected.
+            # A half literal (1.0h, MSL spec "Scalar Data Types"): the suffix is blanked, leaving a floating
+            # literal, which converts to half where one is expected.
             if m.group(0)[-1] in "hH" and not m.group(0).lower().startswith("0x"):
                 out[m.end() - 1] = " "
             i = m.end()
             continue
         m = _IDENT.match(src, i)
         if m:
-            if m.group(0) in ("threadgroup", "constant") and (i == 0 or not (src[i - 1].isalnum() or src[i - 1] == "_")):
+            if m.group(0) in ("threadgroup", "constant"):
                 keywords.append(i)
             i = m.end()
             continue
@@ -514,7 +516,8 @@ def _normalise(t: str) -> str:
         if depth == 0:
             out.append(ch)
     s = "".join(out)
-    s = re.sub(r"__attribute__\(\(address_space\((\d+)\)\)\)", lambda m: " " + _SPACE_NAMES.get(m.group(1), "as" + m.group(1)) + " ", s)
+    s = re.sub(r"__attribute__\(\(address_space\((\d+)\)\)\)",
+               lambda m: " " + _SPACE_NAMES.get(m.group(1), "as" + m.group(1)) + " ", s)
     # noderef (= thread) qualifies the pointee, but clang prints a pointee's attribute after the `*`/`&`.
     s = re.sub(r"([*&]+)\s*__attribute__\(\(noderef\)\)", r" thread \1", s)
     s = s.replace("__attribute__((noderef))", " thread ")

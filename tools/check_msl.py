@@ -21,7 +21,8 @@ INCLUDE_DIRS = [os.path.join(ROOT, "csrc", "shared"), os.path.join(ROOT, "metal_
 
 
 def load_msl_check():
-    spec = importlib.util.spec_from_file_location("tf_metal_ops_msl_check", os.path.join(ROOT, "tf_metal_ops", "msl_check.py"))
+    path = os.path.join(ROOT, "tf_metal_ops", "msl_check.py")
+    spec = importlib.util.spec_from_file_location("tf_metal_ops_msl_check", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look the module up by name
     spec.loader.exec_module(module)

@@ -2,10 +2,10 @@
 // tf_metal_ops.msl_check compiles, so they exist without any #include, as in MSL.
 //
 // Conventions (read by tf_metal_ops/msl_check.py; keep both in step):
-//  - Address spaces (MSL spec §4) are distinct clang address spaces: device = 1, constant = 2, threadgroup = 3,
+//  - Address spaces (MSL spec "Address Spaces") are distinct clang address spaces: device = 1, constant = 2, threadgroup = 3,
 //    threadgroup_imageblock = 4. Converting a pointer or reference between them is a compile error, as in MSL.
-//    `constant` also makes the object const (constant memory is read-only, MSL spec §4.2).
-//  - `thread` is clang's default address space (local variables live in it, MSL spec §4.4). It carries clang's
+//    `constant` also makes the object const (constant memory is read-only, MSL spec "constant Address Space").
+//  - `thread` is clang's default address space (local variables live in it, MSL spec "thread Address Space"). It carries clang's
 //    noderef type attribute, which is type sugar (no conversion changes; its dereference warnings are off, -w) but
 //    survives in the AST's type strings, so msl_check.py can tell `thread float*` (explicit) from `float*` (no
 //    address space: "pointer type must have explicit address space qualifier" in MSL).
@@ -36,11 +36,11 @@
 // Variable definitions in threadgroup / constant memory (see above): static storage in that address space.
 #define _MSL_TG_VAR static __attribute__((address_space(3)))
 #define _MSL_CV_ static const __attribute__((address_space(2)))
-// `constant T name [[function_constant(i)]];` (MSL spec §5.8): no initializer, the value comes at pipeline creation.
+// `constant T name [[function_constant(i)]];` (MSL spec "Function Constants"): no initializer, the value comes at pipeline creation.
 #define _MSL_FC_ extern const __attribute__((address_space(2)))
 #define is_function_constant_defined(name) true
 
-// ---- scalar types (MSL spec §2.1): the 32-bit int/uint, 64-bit long/ulong of MSL, half = IEEE binary16.
+// ---- scalar types (MSL spec "Scalar Data Types"): the 32-bit int/uint, 64-bit long/ulong of MSL, half = IEEE binary16.
 typedef _Float16 half;
 typedef unsigned char uchar;
 typedef unsigned short ushort;
@@ -57,7 +57,7 @@ typedef unsigned int uint32_t;
 typedef long int64_t;
 typedef unsigned long uint64_t;
 
-// ---- vector types (MSL spec §2.2): ext_vector_type gives swizzles and MSL's sizes (a 3-vector is the size of a
+// ---- vector types (MSL spec "Vector Data Types"): ext_vector_type gives swizzles and MSL's sizes (a 3-vector is the size of a
 // 4-vector). Implicit conversions between vectors of different element types do not compile (clang errors;
 // msl_check reports them as implicit-vector-conversion), as in MSL.
 #define _MSL_VECTORS(T, name)                                 \
@@ -110,7 +110,7 @@ template <class A, class... R> struct all_components<A, R...> {
 };
 template <class T> T any_value();
 
-// MSL vector constructors (MSL spec §2.2.3): V(scalar) splats; otherwise the components of the arguments, in
+// MSL vector constructors (MSL spec "Vector Data Types"): V(scalar) splats; otherwise the components of the arguments, in
 // order, must add up to exactly V's length; a single vector of the same length converts element-wise.
 template <class V, class... A>
 V make_vector(A... a) {
@@ -157,7 +157,7 @@ V make_vector(A... a) {
 #define float3(...) ::__msl::make_vector<::float3>(__VA_ARGS__)
 #define float4(...) ::__msl::make_vector<::float4>(__VA_ARGS__)
 
-// Packed vectors (MSL spec §2.2.5): the components without padding (packed_float3 is 12 bytes), converting to and
+// Packed vectors (MSL spec "Packed Vector Types"): the components without padding (packed_float3 is 12 bytes), converting to and
 // from the aligned vector.
 #define _MSL_PACKED(T, N, V)                                                  \
   struct packed_##V {                                                         \
