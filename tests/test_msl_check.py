@@ -249,3 +249,12 @@ def test_apple_compiler_agrees(path, tmp_path):
             assert r.returncode == 0, r.stderr
         else:
             assert r.returncode != 0, f"Apple's compiler accepted {os.path.basename(path)} at MSL {v}"
+
+
+@pytest.mark.parametrize("status", [0, 1, 139])
+def test_a_failed_or_empty_clang_run_is_never_clean(tmp_path, status):
+    fake = tmp_path / "clang++"
+    fake.write_text(f"#!/bin/sh\ncat > /dev/null\nexit {status}\n")
+    fake.chmod(0o755)
+    got = msl_check.check_source("kernel void k() {}", compiler=str(fake))
+    assert [f.rule for f in got] == ["compile"], show(got)

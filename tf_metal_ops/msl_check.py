@@ -166,12 +166,12 @@ def check_source(
     r = subprocess.run(cmd, input=rewritten.encode(), capture_output=True, check=False)
     stderr = r.stderr.decode(errors="replace")
     ctx = _Context(filename, rewritten, attrs, str(stub), version)
-    findings = _diagnostics(stderr, ctx)
+    findings, errors = _diagnostics(stderr, ctx)
     if r.returncode not in (0, 1):
         findings.append(Finding(filename, 1, 1, "compile",
                                 f"clang++ failed (exit status {r.returncode}); nothing was checked: {stderr[-500:]}"))
         return _sorted(findings)
-    if r.returncode != 0 and not findings:
+    if r.returncode != 0 and not errors:
         findings.append(Finding(filename, 1, 1, "compile", f"clang++ failed without a diagnostic: {stderr[-500:]}"))
     try:
         ast = json.loads(r.stdout)
@@ -432,7 +432,9 @@ _VECTOR = re.compile(r"\(vector of \d+ '([^']+)' values\)")
 _IMPLICIT_MEMBER = re.compile(r"candidate (?:constructor|function)(?: template)? \(the implicit (?:copy|move|default) ")
 
 
-def _diagnostics(stderr: str, ctx: _Context) -> list[Finding]:
+def _diagnostics(stderr: str, ctx: _Context):
+    """(findings, number of clang errors read): clang's errors as findings, except those _is_cross_space_copy
+    explains."""
     groups = []  # [error line match, [note matches]]
     for raw in stderr.splitlines():
         m = _DIAG.match(raw)
@@ -473,7 +475,7 @@ def _diagnostics(stderr: str, ctx: _Context) -> list[Finding]:
                 if text is not msg:
                     msg = f"{msg}: {text}"
         findings.append(Finding(file, int(where.group("line")), int(where.group("col")), rule, msg))
-    return findings
+    return findings, len(groups)
 
 
 _OTHER_SPACE_CTOR = "candidate constructor ignored: cannot be used to construct an object in address space"
