@@ -224,6 +224,8 @@ def _pretty(msg: str) -> str:
     """Messages in MSL's spelling: address-space attributes as the keywords, _Float16 as half."""
     msg = re.sub(r"__attribute__\(\(address_space\((\d+)\)\)\)",
                  lambda m: _SPACE_NAMES.get(m.group(1), m.group(0)), msg)
+    # clang prints the thread marker of a pointee after the `*`: 'float * __attribute__((noderef))'.
+    msg = re.sub(r"'([^']*?) ?([*&]+) ?__attribute__\(\(noderef\)\)'", r"'thread \1 \2'", msg)
     msg = msg.replace("__attribute__((noderef))", "thread").replace("__attribute__(()) ", "")
     return msg.replace("_Float16", "half")
 
@@ -462,6 +464,8 @@ def _diagnostics(stderr: str, ctx: _Context):
         file = where.group("file")
         file = ctx.filename if file == "<stdin>" else file
         rule = "compile"
+        if msg.startswith("no viable overloaded '='") and any(_INTO_CONSTANT in nt.group("msg") for nt in notes):
+            msg = "cannot assign to an object in constant memory (read-only): " + msg
         mk = _MARKER.search(msg)
         if mk:
             rule, msg = mk.group("rule"), mk.group("msg").strip()
@@ -479,6 +483,7 @@ def _diagnostics(stderr: str, ctx: _Context):
 
 
 _OTHER_SPACE_CTOR = "candidate constructor ignored: cannot be used to construct an object in address space"
+_INTO_CONSTANT = "'this' object is in address space '2'"
 
 
 def _is_cross_space_copy(msg: str, notes) -> bool:
@@ -493,6 +498,8 @@ def _is_cross_space_copy(msg: str, notes) -> bool:
     cands = [nt.group("msg") for nt in notes if nt.group("msg").startswith("candidate")]
     if not cands or not all(_IMPLICIT_MEMBER.match(c) or c.startswith(_OTHER_SPACE_CTOR) for c in cands):
         return False
+    if any(_INTO_CONSTANT in c for c in cands):
+        return False  # an assignment to constant memory, which is read-only
     return any("address space" in c for c in cands)
 
 
