@@ -109,10 +109,11 @@ METALLIB_NAMES = ("tf_metal_ops.metallib", "tf_metal_ops.metal3.metallib")  # to
 
 METAL_INCLUDE_DIRS = [_rel("metal_kernels"), _rel("csrc", "shared")]
 
-# What the emulated GPU (tf_metal_ops/emulated_gpu, opt-in) compiles at first use, shipped as package data under
-# tf_metal_ops/_sources/ so that it works from an installed wheel. Our own sources only (no SDK, nothing vendored).
+# What the emulated GPU (tf_metal_ops/emulated_gpu, opt-in) compiles at first use, and the stub <metal_stdlib> of the
+# strict Metal-language check (tf_metal_ops/msl_check.py, tools/msl_check), shipped as package data under
+# tf_metal_ops/_sources/ so that they work from an installed wheel. Our own sources only (no SDK, nothing vendored).
 EMULATED_GPU_SOURCES = ["csrc/**/*.h", "csrc/**/*.cc", "csrc/**/*.mm", "metal_kernels/*.metal", "tools/msl_emu/**/*",
-                        "tools/metal_sources.py"]
+                        "tools/metal_sources.py", "tools/msl_check/**/*"]
 # The op kit's public headers (tf_metal_ops.extension.get_include()), laid out as under csrc/.
 PUBLIC_HEADERS = ["csrc/common/*.h", "csrc/gpu/*.h", "csrc/shared/*.h", "csrc/emulated/*.h"]
 

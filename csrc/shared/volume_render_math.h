@@ -73,7 +73,7 @@ struct DlpParams {
 // Quiet NaN: what the Metal kernels write for a ray with invalid input (see conventions).
 TFMO_FN float vr_nan() {
 #if defined(__METAL_VERSION__)
-  return as_type<float>(0x7fc00000u);
+  return metal::as_type<float>(0x7fc00000u);
 #else
   return __builtin_nanf("");
 #endif
