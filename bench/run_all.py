@@ -5,7 +5,8 @@
 Benchmarks (each a script of its own, run in a fresh process, each printing ratios against baselines measured in
 the same run): hash grid (bench/hash_grid.py), rendering ops (bench/render_ops.py), packed (ragged) rendering ops
 (bench/render_packed.py), ray marching through an occupancy grid (bench/ray_march.py), call overhead
-(bench/call_overhead.py), the NeRF comparison at equal wall-clock budget (examples/nerf/compare.py), and the
+(bench/call_overhead.py), inline Metal kernels on the CPU (bench/metal_kernel.py: call overhead, compile time,
+speed against tf.exp and the package's zero_out), the NeRF comparison at equal wall-clock budget (examples/nerf/compare.py), and the
 Metal-emulating GPU vs the CPU kernels (bench/emulated_gpu.py; its own subprocess sets TF_METAL_OPS_EMULATED_GPU=1;
 skipped, and said so, without clang++ >= 16; --skip-emulated-gpu leaves it out).
 --quick shrinks sizes and budgets for a smoke run (the numbers are then not the reported ones).
@@ -135,6 +136,21 @@ def markdown(results):
         base = r["median_us"]["tf.identity"]
         lines += [f"| {k} | {v:.2f} | {v / base:.2f}x |" for k, v in r["median_us"].items()]
         lines.append("")
+    if "metal_kernel" in results:
+        r = results["metal_kernel"]
+        over = r["call_overhead_us"]
+        lines += ["## Inline Metal kernels on the CPU (tf_metal_ops.metal_kernel)\n",
+                  "| call (4-element tensor) | µs | vs tf.identity |", "|---|---|---|"]
+        for k, v in over.items():
+            base = over["eager tf.identity" if k.startswith("eager") else "tf.function tf.identity"]
+            lines.append(f"| {k} | {v:.2f} | {v / base:.2f}x |")
+        c = r["compile"]
+        lines += ["", f"Compile (first call of a new kernel, fresh process): cold {c['cold_s']:.2f} s, from the disk "
+                  f"cache {c['cached_s'] * 1e3:.0f} ms (the first kernel of an empty cache {c['first_ever_s']:.2f} s).",
+                  "", f"| {r['size']} floats | inline (ms) | baseline (ms) | inline / baseline |", "|---|---|---|---|"]
+        lines += [f"| {k} vs {v['baseline']} | {v['inline_ms']:.2f} | {v['baseline_ms']:.2f} | {v['ratio']:.2f}x |"
+                  for k, v in r["cpu_speed"].items()]
+        lines.append("")
     if "emulated_gpu" in results:
         r = results["emulated_gpu"]
         lines.append("## Metal-emulating GPU vs CPU kernels (seconds per op call)\n")
@@ -220,6 +236,10 @@ def main():
     results["call_overhead"] = run("call overhead", [os.path.join(HERE, "call_overhead.py"), "--json",
                                    os.path.join(tmp, "call.json")] + (["--calls", "500", "--repeats", "3"] if q else []),
                                    os.path.join(tmp, "call.json"))
+    results["metal_kernel"] = run("inline Metal kernels", [os.path.join(HERE, "metal_kernel.py"), "--json",
+                                  os.path.join(tmp, "metal_kernel.json")]
+                                  + (["--calls", "300", "--repeats", "3", "--compile-runs", "1", "--size", "65536"]
+                                     if q else []), os.path.join(tmp, "metal_kernel.json"))
     results["render_ops"] = run("render ops", [os.path.join(HERE, "render_ops.py"), "--json",
                                 os.path.join(tmp, "render.json")] + (["--rays", "4096", "--repeats", "3"] if q else []),
                                 os.path.join(tmp, "render.json"))

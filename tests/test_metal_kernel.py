@@ -139,6 +139,23 @@ def test_compile_errors_quote_the_users_lines():
     np.testing.assert_allclose(y.numpy(), np.e, rtol=2e-6)
 
 
+def test_what_apples_compiler_rejects_fails_here_too():
+    import tensorflow as tf
+
+    import tf_metal_ops as t
+
+    k = t.metal_kernel("strict", ["x"], ["y"], """
+        uint i = thread_position_in_grid.x;
+        double d = x[i];
+        y[i] = float(d);
+    """)  # valid C++, so msl_emu alone would run it; MSL has no double
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        k(inputs=[tf.ones([4])], grid=(4, 1, 1), threadgroup=(4, 1, 1), output_shapes=[(4,)],
+          output_dtypes=[tf.float32])
+    assert "strict Metal-language check" in e.value.message and "strict:source:3:" in e.value.message, e.value.message
+    assert "[double]" in e.value.message, e.value.message
+
+
 def test_out_of_bounds_accesses_are_caught_in_checked_builds(monkeypatch):
     import tensorflow as tf
 

@@ -15,8 +15,14 @@ BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 # Appended to the doc's code: every kernel the doc made really ran on the expected device.
 EPILOGUE = """
 import tf_metal_ops as _t
+from tf_metal_ops import msl_check as _msl_check
 _made = [v for v in list(globals().values()) if isinstance(v, (_t.MetalKernel, _t.ShaderLibrary))]
 print("kernels:", len(_made))
+_sources = [i.source.msl for k in _made if isinstance(k, _t.MetalKernel) for i in k._instances.values()]
+_sources += [k.source for k in _made if isinstance(k, _t.ShaderLibrary)]
+assert len(_sources) >= len(_made), (_sources, _made)
+for _src in _sources:  # every example kernel passes the strict Metal-language check (builds also run it)
+    assert not _msl_check.check_source(_src), _msl_check.check_source(_src)
 if _t.emulated_gpu.enabled():
     _counts = _t.emulated_gpu.dispatch_counts()
     _ran = {k for k, n in _counts.items() if n > 0}

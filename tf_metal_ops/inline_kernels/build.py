@@ -15,10 +15,14 @@ One generated unit per source (build/unit.cc), compiled with clang++ >= 16 and l
     glibc's vector math library (-fveclib=libmvec);
   - with bounds checks ("checked"), the launcher runs a copy of the source whose pointer buffer parameters are
     msl_emu::inline_launch::checked<T> (same text otherwise).
+Before a source is built it must pass the strict Metal-language check (tf_metal_ops.msl_check, MSL 3.0), run beside
+the C++ compile: what Apple's compiler would reject (a pointer without an address space, double, recursion, ...)
+fails here too, not only on a Mac.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
 import hashlib
@@ -29,7 +33,7 @@ import sys
 import threading
 from pathlib import Path
 
-from tf_metal_ops import _builder, _library, emulated_gpu
+from tf_metal_ops import _builder, _library, emulated_gpu, msl_check
 from tf_metal_ops.emulated_gpu import glue
 
 
@@ -226,6 +230,19 @@ def compile(msl: str, *, checked: bool) -> Path:
 
     def make(work: Path):
         stats["compiled"] += 1
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            strict = pool.submit(msl_check.check_source, msl, filename="<source>", msl_version="3.0",
+                                 compiler=compiler)
+            try:
+                _make(work)
+            finally:
+                findings = strict.result()
+        if findings:
+            raise KernelCompileError("tf_metal_ops.metal_kernel: Apple's Metal compiler would reject the kernel "
+                                     "(strict Metal-language check, MSL 3.0):\n" + "\n".join(map(str, findings)))
+        return ()
+
+    def _make(work: Path):
         metal = work / "kernel.metal"
         metal.write_text(msl)
         try:
@@ -253,7 +270,6 @@ def compile(msl: str, *, checked: bool) -> Path:
                                      _compile_message(str(e).split("\n", 2)[-1])) from None
         _builder.run([compiler, "-shared", "-o", str(work / LIBRARY), str(obj), str(runtime), "-lmvec", "-lpthread"],
                      "tf_metal_ops.metal_kernel: linking the kernel", KernelCompileError)
-        return ()
 
     return _builder.cached_build(out, [LIBRARY], make, KernelCompileError) / LIBRARY
 
