@@ -9,11 +9,13 @@ import pytest
 
 from tf_metal_ops import doctor
 
-OPS = ["ZeroOut", "HashGridEncode", "VolumeRender", "DistortionLoss", "VolumeRenderPacked", "DistortionLossPacked"]
+OPS = ["ZeroOut", "metal_kernel (inline", "HashGridEncode", "VolumeRender", "DistortionLoss", "VolumeRenderPacked",
+       "DistortionLossPacked"]
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="the Linux path")
-def test_doctor_on_linux_passes_the_cpu_checks_and_says_there_is_no_metal(capsys):
+def test_doctor_on_linux_passes_the_cpu_checks_and_says_there_is_no_metal(capsys, clang16, monkeypatch):
+    monkeypatch.setenv("TF_METAL_OPS_CLANGXX", clang16)  # the inline kernel's CPU path compiles with it
     assert doctor.main([]) == 0
     out = capsys.readouterr().out
     assert "TensorFlow" in out and "Python" in out and "tensorflow-metal" in out
@@ -33,6 +35,21 @@ def test_doctor_fails_on_a_disagreeing_kernel(capsys, monkeypatch):
     monkeypatch.setattr(tf_metal_ops, "zero_out", lambda x: real(x) + 1.0)
     failures = doctor.run_checks(tf, tf_metal_ops, [], out=lambda *a: None)
     assert len(failures) == 1 and failures[0].startswith("ZeroOut on the CPU disagrees with pure TF")
+
+
+def test_doctor_without_a_compiler_skips_the_inline_kernel_on_the_cpu_only(monkeypatch):
+    import tensorflow as tf
+
+    import tf_metal_ops
+    from tf_metal_ops.inline_kernels import build
+
+    def missing():
+        raise build.KernelCompileError("no clang++ here")
+
+    monkeypatch.setattr(build, "find_compiler", missing)
+    lines = []
+    assert doctor.run_checks(tf, tf_metal_ops, [], out=lines.append) == []
+    assert any("metal_kernel (inline, + gradient)  CPU  skipped: no clang++ here" in line for line in lines), lines
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="the emulated GPU is the Linux development device")
