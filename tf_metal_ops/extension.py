@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Iterable, Sequence
 

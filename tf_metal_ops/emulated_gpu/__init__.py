@@ -23,13 +23,11 @@ import ctypes
 import functools
 import json
 import os
-import shutil
-import subprocess
 import sys
 import threading
 from pathlib import Path
 
-from tf_metal_ops import _builder
+from tf_metal_ops import _builder, msl_check
 
 ENV_SWITCH = "TF_METAL_OPS_EMULATED_GPU"
 DEVICE_LIBRARY = "libtfmo_emulated_device.so"
@@ -75,30 +73,17 @@ def _sources(root: Path) -> dict[str, list[Path]]:
 
 # ---- toolchain -----------------------------------------------------------------------------------------------
 def find_compiler() -> str:
-    """clang++ >= 16 (msl_emu needs clang's ext_vector_type and C++20); a clear error when there is none."""
-    override = os.environ.get("TF_METAL_OPS_CLANGXX")
-    names = [override] if override else ["clang++-16", "clang++-17", "clang++-18", "clang++-19", "clang++"]
-    for name in names:
-        path = shutil.which(name) or (name if name and os.path.isfile(name) else None)
-        if path is None:
-            continue
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False).stdout
-        major = _clang_major(out)
-        if major is not None and major >= 16:
-            return path
-        if override:
-            raise EmulatedGPUError(f"tf_metal_ops: TF_METAL_OPS_CLANGXX={override} is not clang >= 16 ({out.strip()})")
-    raise EmulatedGPUError(
-        "tf_metal_ops: TF_METAL_OPS_EMULATED_GPU=1 needs clang++ >= 16 to build the emulated GPU device "
-        "(Debian/Ubuntu: `apt-get install clang-16`; or point TF_METAL_OPS_CLANGXX at a clang++ >= 16)"
-    )
-
-
-def _clang_major(version_text: str):
-    import re
-
-    m = re.search(r"clang version (\d+)", version_text)
-    return int(m.group(1)) if m else None
+    """clang++ >= 16 (msl_emu needs clang's ext_vector_type and C++20); a clear error when there is none. The search
+    is the strict Metal-language check's (TF_METAL_OPS_CLANGXX, else clang++-16..19, clang++)."""
+    try:
+        return msl_check.find_compiler()
+    except msl_check.MSLCompilerNotFound as e:
+        if os.environ.get("TF_METAL_OPS_CLANGXX"):
+            raise EmulatedGPUError(f"tf_metal_ops: {e}") from None
+        raise EmulatedGPUError(
+            "tf_metal_ops: TF_METAL_OPS_EMULATED_GPU=1 needs clang++ >= 16 to build the emulated GPU device "
+            "(Debian/Ubuntu: `apt-get install clang-16`; or point TF_METAL_OPS_CLANGXX at a clang++ >= 16)"
+        ) from None
 
 
 def _tensorflow_dirs() -> tuple[str, str]:

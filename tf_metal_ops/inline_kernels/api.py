@@ -58,7 +58,6 @@ def _dtype_name(dtype) -> str:
 
 
 def _template_key(template) -> tuple:
-    tf = _tf()
     out = []
     for item in template or ():
         if not (isinstance(item, (tuple, list)) and len(item) == 2):

@@ -26,7 +26,6 @@ import concurrent.futures
 import ctypes
 import functools
 import hashlib
-import os
 import platform
 import re
 import sys
@@ -203,9 +202,6 @@ extern "C" __attribute__((visibility("default"))) const TfmoInlineKernel* tfmo_i
     return "\n".join(body)
 
 
-_LINE = re.compile(r"^.*?/kernel\.metal:(\d+):", re.M)
-
-
 def _compile_message(text: str) -> str:
     """The compiler's output without build paths and repeats: the checked build compiles the source twice."""
     blocks: list[list[str]] = []
@@ -218,6 +214,20 @@ def _compile_message(text: str) -> str:
         else:
             blocks[-1].append(line)
     return "\n".join(dict.fromkeys("\n".join(b) for b in blocks)).strip()
+
+
+def parse_source(msl: str) -> glue.MetalFile:
+    """The kernels of a complete source, checked for what inline kernels support. Raises KernelCompileError."""
+    try:
+        mf = glue.parse_metal("<source>", text=msl)
+    except glue.GlueError as e:
+        raise KernelCompileError(f"tf_metal_ops.metal_kernel: {e}") from None
+    if not mf.kernels:
+        raise KernelCompileError("tf_metal_ops.metal_kernel: the source defines no `kernel void name(...)`")
+    if mf.constants:
+        raise KernelCompileError("tf_metal_ops.metal_kernel: function constants are not supported in inline kernels; "
+                                 "use template arguments, macros or constexpr values")
+    return mf
 
 
 def compile(msl: str, *, checked: bool) -> Path:
@@ -245,17 +255,11 @@ def compile(msl: str, *, checked: bool) -> Path:
     def _make(work: Path):
         metal = work / "kernel.metal"
         metal.write_text(msl)
+        mf = parse_source(msl)
         try:
-            mf = glue.parse_metal(metal)
-            units = glue.generate([metal], work / "glue", root=root)
+            unit = glue.generate([metal], work / "glue", root=root)[0]
         except glue.GlueError as e:
             raise KernelCompileError(f"tf_metal_ops.metal_kernel: {str(e).replace(str(metal), '<source>')}") from None
-        if not mf.kernels:
-            raise KernelCompileError("tf_metal_ops.metal_kernel: the source defines no `kernel void name(...)`")
-        if mf.constants:
-            raise KernelCompileError("tf_metal_ops.metal_kernel: function constants are not supported in inline "
-                                     "kernels; use template arguments")
-        unit = units[0]
         stage_checked = None
         if checked:
             stage_checked = "kernel_checked.metal"

@@ -22,7 +22,7 @@ import re
 from typing import Any, Sequence
 
 from tf_metal_ops.emulated_gpu import glue
-from tf_metal_ops.inline_kernels import api
+from tf_metal_ops.inline_kernels import api, build
 from tf_metal_ops.inline_kernels import source as gen
 
 
@@ -102,15 +102,7 @@ class ShaderLibrary:
     def __init__(self, source: str):
         if not isinstance(source, str) or not source.strip():
             raise ValueError("tf_metal_ops.compile_shader: the source is empty")
-        try:
-            parsed = glue.parse_metal("<shader>", text=source)
-        except glue.GlueError as e:
-            raise ValueError(f"tf_metal_ops.compile_shader: {e}") from None
-        if not parsed.kernels:
-            raise ValueError("tf_metal_ops.compile_shader: the source defines no `kernel void name(...)`")
-        if parsed.constants:
-            raise ValueError("tf_metal_ops.compile_shader: function constants are not supported; use macros or "
-                             "constexpr values in the source")
+        parsed = build.parse_source(source)  # KernelCompileError is a ValueError
         self.source = source
         self._kernels = {k.name: ShaderKernel(self, k) for k in parsed.kernels}
 

@@ -89,7 +89,7 @@ inline P bind_slot(void* p, uint64_t bytes, const char* name) {
   }
 }
 
-inline uint dim(uint3 v, int d) { return d == 0 ? v.x : d == 1 ? v.y : v.z; }
+using detail::dim;
 
 template <class Body>
 struct Job {
@@ -119,8 +119,7 @@ void run_direct(void* arg, int64_t begin, int64_t end) {
   t.threads_per_simdgroup = 32;
   for (int64_t g = begin; g < end; ++g) {
     const uint3 gp = {uint(g % groups.x), uint(g / groups.x % groups.y), uint(g / groups.x / groups.y)};
-    uint3 actual;
-    for (int d = 0; d < 3; ++d) actual[d] = uint(std::min<uint64_t>(dim(tg, d), dim(grid, d) - uint64_t(dim(gp, d)) * dim(tg, d)));
+    const uint3 actual = detail::group_extent(gp, tg, grid);
     const uint3 origin = gp * tg;
     t.threadgroup_position_in_grid = gp;
     t.threads_per_threadgroup = actual;
@@ -162,25 +161,10 @@ void run_fibers(void* arg, int64_t begin, int64_t end) {
   };
   for (int64_t g = begin; g < end; ++g) {
     const uint3 gp = {uint(g % groups.x), uint(g / groups.x % groups.y), uint(g / groups.x / groups.y)};
-    uint3 actual;
-    for (int d = 0; d < 3; ++d) actual[d] = uint(std::min<uint64_t>(dim(tg, d), dim(grid, d) - uint64_t(dim(gp, d)) * dim(tg, d)));
+    const uint3 actual = detail::group_extent(gp, tg, grid);
     const uint n = actual.x * actual.y * actual.z;
     ctx.resize(n);
-    for (uint i = 0; i < n; ++i) {
-      const uint x = i % actual.x, y = i / actual.x % actual.y, z = i / actual.x / actual.y;
-      ThreadCtx& t = ctx[i];
-      t.thread_position_in_threadgroup = uint3{x, y, z};
-      t.threadgroup_position_in_grid = gp;
-      t.thread_position_in_grid = gp * tg + uint3{x, y, z};
-      t.threads_per_threadgroup = actual;
-      t.dispatch_threads_per_threadgroup = tg;
-      t.threadgroups_per_grid = groups;
-      t.threads_per_grid = grid;
-      t.thread_index_in_threadgroup = i;
-      t.threads_per_simdgroup = 32;
-      t.simdgroup_index_in_threadgroup = i / 32;
-      t.thread_index_in_simdgroup = i % 32;
-    }
+    for (uint i = 0; i < n; ++i) detail::fill_ctx(ctx[i], i, gp, actual, tg, groups, grid, 32);
     runner->run_group(ctx.data(), n, thread_fn, job->body, uint64_t(g));
   }
   if constexpr (kChecked) tls = {};

@@ -309,6 +309,32 @@ class GroupRunner {
 
 inline uint dim(uint3 v, int d) { return d == 0 ? v.x : d == 1 ? v.y : v.z; }
 
+// Threads of group gp: tg, clipped at the grid's edge (non-uniform threadgroups).
+inline uint3 group_extent(uint3 gp, uint3 tg, uint3 grid) {
+  uint3 actual;
+  for (int d = 0; d < 3; ++d) {
+    const uint64_t base = uint64_t(dim(gp, d)) * dim(tg, d);
+    actual[d] = uint(std::min<uint64_t>(dim(tg, d), dim(grid, d) - base));
+  }
+  return actual;
+}
+
+// The attribute values of thread i (x fastest) of group gp, whose actual size is `actual`.
+inline void fill_ctx(ThreadCtx& t, uint i, uint3 gp, uint3 actual, uint3 tg, uint3 groups, uint3 grid, uint simd) {
+  const uint x = i % actual.x, y = i / actual.x % actual.y, z = i / actual.x / actual.y;
+  t.thread_position_in_threadgroup = uint3{x, y, z};
+  t.threadgroup_position_in_grid = gp;
+  t.thread_position_in_grid = gp * tg + uint3{x, y, z};
+  t.threads_per_threadgroup = actual;
+  t.dispatch_threads_per_threadgroup = tg;
+  t.threadgroups_per_grid = groups;
+  t.threads_per_grid = grid;
+  t.thread_index_in_threadgroup = i;
+  t.threads_per_simdgroup = simd;
+  t.simdgroup_index_in_threadgroup = i / simd;
+  t.thread_index_in_simdgroup = i % simd;
+}
+
 inline void check_group_size(uint3 tg) {
   if (tg.x == 0 || tg.y == 0 || tg.z == 0) fatal("threads_per_threadgroup has a zero dimension");
   if (uint64_t(tg.x) * tg.y * tg.z > kMaxThreadsPerGroup)
@@ -324,26 +350,9 @@ inline void run_grid(uint3 groups, uint3 tg, uint3 grid, KernelFn fn, void* user
     std::vector<ThreadCtx> ctx;
     for (uint64_t g; (g = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
       const uint3 gp = {uint(g % groups.x), uint(g / groups.x % groups.y), uint(g / groups.x / groups.y)};
-      uint3 actual;
-      for (int d = 0; d < 3; ++d) {
-        const uint64_t base = uint64_t(dim(gp, d)) * dim(tg, d);
-        actual[d] = uint(std::min<uint64_t>(dim(tg, d), dim(grid, d) - base));
-      }
+      const uint3 actual = group_extent(gp, tg, grid);
       const uint n = actual.x * actual.y * actual.z;
-      auto make_ctx = [&](uint i, ThreadCtx& t) {
-        const uint x = i % actual.x, y = i / actual.x % actual.y, z = i / actual.x / actual.y;
-        t.thread_position_in_threadgroup = uint3{x, y, z};
-        t.threadgroup_position_in_grid = gp;
-        t.thread_position_in_grid = gp * tg + uint3{x, y, z};
-        t.threads_per_threadgroup = actual;
-        t.dispatch_threads_per_threadgroup = tg;
-        t.threadgroups_per_grid = groups;
-        t.threads_per_grid = grid;
-        t.thread_index_in_threadgroup = i;
-        t.threads_per_simdgroup = opt.simd_width;
-        t.simdgroup_index_in_threadgroup = i / opt.simd_width;
-        t.thread_index_in_simdgroup = i % opt.simd_width;
-      };
+      auto make_ctx = [&](uint i, ThreadCtx& t) { fill_ctx(t, i, gp, actual, tg, groups, grid, opt.simd_width); };
       if (opt.barrier_free) {
         runner.run_group_direct(n, fn, user, g, make_ctx);
         continue;
