@@ -67,12 +67,16 @@ def _cpu_flags() -> str:
     return platform.machine() + platform.processor()
 
 
+# glibc's vector math library where clang 16 knows it (x86-64 Linux): (compile flags, link flags).
+_VECLIB = (["-fveclib=libmvec"], ["-lmvec"]) if sys.platform == "linux" and platform.machine() == "x86_64" else ([], [])
+
+
 @functools.lru_cache(maxsize=None)
 def _toolchain() -> tuple[str, Path, list[str], str]:
     """(compiler, source root, compile flags, key of everything but the source)."""
     compiler = find_compiler()
     root = emulated_gpu.source_root()
-    flags = [*glue.base_flags(), "-O2", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fveclib=libmvec",
+    flags = [*glue.base_flags(), "-O2", "-march=native", "-ffp-contract=off", "-fno-math-errno", *_VECLIB[0],
              "-fvisibility=hidden", "-Wno-unused-parameter", "-Wno-unused-variable", f"-I{root / 'csrc' / 'common'}"]
     files = [*_builder.tree_files(root, ("tools/msl_emu",)), root / "csrc" / "common" / "inline_kernel_abi.h",
              glue.launch_source(root), root / "csrc" / "emulated" / "kernel_launch.h",
@@ -272,7 +276,7 @@ def compile(msl: str, *, checked: bool) -> Path:
         except KernelCompileError as e:
             raise KernelCompileError("tf_metal_ops.metal_kernel: the kernel does not compile:\n" +
                                      _compile_message(str(e).split("\n", 2)[-1])) from None
-        _builder.run([compiler, "-shared", "-o", str(work / LIBRARY), str(obj), str(runtime), "-lmvec", "-lpthread"],
+        _builder.run([compiler, "-shared", "-o", str(work / LIBRARY), str(obj), str(runtime), *_VECLIB[1], "-lpthread"],
                      "tf_metal_ops.metal_kernel: linking the kernel", KernelCompileError)
 
     return _builder.cached_build(out, [LIBRARY], make, KernelCompileError) / LIBRARY
