@@ -311,10 +311,11 @@ class Trainer:
         n_rep = strategy.num_replicas_in_sync
         dist_w = float(args.distortion)
 
-        def replica_step(o, d, y, view_sh, seed, n_global):
-            """The replica's share of the global loss: sums over its rays divided by the global ray count
-            ``n_global``, so the shares (whatever their ray and sample counts) add up to the loss of the whole
-            global batch and the all-reduced (summed) gradient is the single-process gradient of that batch."""
+        def replica_grads(o, d, y, view_sh, seed, n_global):
+            """The replica's share of the global loss and its gradient: sums over its rays divided by the global
+            ray count ``n_global``, so the shares (whatever their ray and sample counts) add up to the loss of the
+            whole global batch and the all-reduced (summed) gradient is the single-process gradient of that
+            batch."""
             with tf.GradientTape() as tape:
                 extra = {} if view_sh is None else dict(view_sh=view_sh)
                 out = model(o, d, training=True, jitter_seed=seed, **extra)
@@ -322,8 +323,11 @@ class Trainer:
                 loss = mse
                 if dist_w > 0:
                     loss = loss + dist_w * tf.reduce_sum(distortion(out)) / n_global
-            varlist = self.mlp_vars + self.table_vars
-            grads = tape.gradient(loss, varlist)
+            grads = tape.gradient(loss, self.mlp_vars + self.table_vars)
+            return mse, out, grads
+
+        def replica_step(o, d, y, view_sh, seed, n_global):
+            mse, out, grads = replica_grads(o, d, y, view_sh, seed, n_global)
             self.opt.apply_gradients(zip(grads[:len(self.mlp_vars)], self.mlp_vars))
             if self.table_vars:
                 self.opt_table.apply_gradients(zip(grads[len(self.mlp_vars):], self.table_vars))
@@ -370,10 +374,22 @@ class Trainer:
                 return model.update_grid(step=step_no, seed=tf.constant(args.seed, tf.int64) * 1000003 + step_no)
 
             self._grid_fn = update_grid
-            self._grid_broadcast_fn = None
-            if self.cluster is not None and self.cluster.n_workers > 1 and args.grid_sync == "broadcast":
-                grid = model.grid
-                self._grid_broadcast_fn = self._make_broadcast([grid.density, grid.bits, grid.step])
+        self._grid_broadcast_fn = None
+        if self.occupancy and self.cluster is not None and self.cluster.n_workers > 1 and args.grid_sync == "broadcast":
+            grid = model.grid
+            self._grid_broadcast_fn = self._make_broadcast([grid.density, grid.bits, grid.step])
+
+        @tf.function(reduce_retracing=True)
+        def global_gradients(idx, step_no, n_global):
+            def per_replica(i):
+                rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
+                seed = tf.stack([tf.constant(args.seed, tf.int64), step_no * 4096 + rid])
+                return replica_grads(*self.batch(i), seed, n_global)[2]
+
+            per = strategy.run(per_replica, args=(idx,))
+            return [strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in per]
+
+        self._grad_fn = global_gradients
 
     def batch(self, idx):
         """Rays ``idx`` of the training set -> origins, directions, colours, view-direction SH (None for the MLP
@@ -408,21 +424,31 @@ class Trainer:
             idx = self.next_rays()
         else:
             idx = self.batch_indices(step_no)
-        n_rep = self.strategy.num_replicas_in_sync
         n_rays = len(idx)
-        per = n_rays // n_rep
-        if n_rep > 1:
-            idx = self.strategy.experimental_distribute_values_from_function(
-                lambda ctx: tf.constant(idx[ctx.replica_id_in_sync_group * per:(ctx.replica_id_in_sync_group + 1) * per]))
-        else:
-            idx = tf.constant(idx, tf.int64)
-        out = self._step_fn(idx, tf.constant(step_no, tf.int64), tf.constant([ctrl], tf.float32),
+        out = self._step_fn(self.distribute_rays(idx), tf.constant(step_no, tf.int64), tf.constant([ctrl], tf.float32),
                             tf.constant(n_rays, tf.float32)).numpy()
         self.last_rays, self.last_samples, self.last_marched = n_rays, float(out[2]), float(out[3])
         if self.occupancy:  # Instant-NGP: scale the ray count by budget / measured samples
             self.state_rays.assign(self.clamp_rays(
                 self.last_rays * self.args.sample_budget / max(self.last_samples, 1.0)))
         return float(out[0]), float(out[1])
+
+    def distribute_rays(self, idx):
+        """Global ray indices -> the step functions' argument: replica r of n takes the r-th of n equal slices."""
+        tf, n_rep = self.tf, self.strategy.num_replicas_in_sync
+        if n_rep == 1:
+            return tf.constant(idx, tf.int64)
+        per = len(idx) // n_rep
+        return self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(idx[ctx.replica_id_in_sync_group * per:(ctx.replica_id_in_sync_group + 1) * per]))
+
+    def gradients(self, idx, step_no):
+        """The all-reduced gradient (MLP variables, then the table) of the global batch ``idx`` at step
+        ``step_no``, without applying it (for checking the loss normalisation against one process)."""
+        tf = self.tf
+        g = self._grad_fn(self.distribute_rays(idx), tf.constant(step_no, tf.int64),
+                          tf.constant(len(idx), tf.float32))
+        return [x.numpy() for x in g]
 
     def update_grid(self, step_no):
         """The occupancy-grid update of step ``step_no``, identical on every worker: each worker computes it from
