@@ -690,6 +690,7 @@ def run(argv=None):
         metrics["cluster"] = dict(workers=cluster.n_workers, addresses=list(cluster.addresses),
                                   allreduce_bytes_per_step=tr.allreduce_bytes)
     step, train_s, losses = 0, 0.0, []
+    step_times = []  # seconds of each timed step of this process (the first, compiling step excluded)
     spr, rps, mpr = [], [], []  # per step: samples per ray (trained), rays, samples per ray marched
     metrics_path = os.path.join(args.out, "metrics.json")
     if restored:
@@ -759,6 +760,7 @@ def run(argv=None):
         metrics["samples_per_ray"] = [round(float(v), 3) for v in spr]
         metrics["rays_per_step"] = [int(v) for v in rps]
         metrics["marched_per_ray"] = [round(float(v), 3) for v in mpr]
+        metrics["step_seconds"] = [round(float(v), 5) for v in step_times]
 
     def checkpoint():
         nonlocal last_ckpt_s, last_ckpt_step
@@ -778,7 +780,8 @@ def run(argv=None):
         tr.set_progress(sync_s / budget_s if budget_s is not None else step / max_steps)
         t = time.perf_counter()
         loss, chief_s = tr.step(step, train_s)  # the step returns numbers: it has finished, honest timing
-        train_s += time.perf_counter() - t
+        step_times.append(time.perf_counter() - t)
+        train_s += step_times[-1]
         # all workers stop/checkpoint on the chief's clock (its time before this step: one step behind)
         sync_s = chief_s if multi else train_s
         losses.append(loss)
