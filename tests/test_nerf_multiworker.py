@@ -186,6 +186,23 @@ def test_two_workers_occupancy_grids_stay_bitwise_equal(tmp_path, env, procs):
     np.testing.assert_allclose(mw["train_losses"][:16], single["train_losses"][:16], rtol=1e-4)
 
 
+def test_grid_broadcast_equals_replicated_updates(tmp_path, env, procs):
+    """--grid-sync broadcast (the chief's grid all-gathered to the others) gives both workers the grid the
+    replicated updates give: the same digest after every update, and the same final weights, bitwise."""
+    common = [*TINY_OCC, "--steps", "40", "--no-jitter", "--save-worker-weights", "--checkpoint-every", "0"]
+    runs = {}
+    for mode in ("replicate", "broadcast"):
+        rc, log = run_launcher(procs, env, tmp_path, mode, *common, "--grid-sync", mode, "--out", str(tmp_path / mode))
+        assert rc == 0, log[-4000:]
+        workers = tmp_path / mode / "workers"
+        runs[mode] = [[u["digest"] for u in grid_updates(workers / f"rank-{r}-grid-updates.json")] for r in (0, 1)]
+        runs[mode + "-weights"] = weights(workers / "rank-1.npz")
+    assert len(runs["replicate"][0]) == 10
+    assert runs["broadcast"][0] == runs["broadcast"][1] == runs["replicate"][0] == runs["replicate"][1]
+    for a, b in zip(runs["replicate-weights"], runs["broadcast-weights"]):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_killed_worker_stops_the_job_and_a_restart_resumes(tmp_path, env, procs):
     """SIGKILL worker 1 after the first checkpoint: the launcher names it, stops the chief and exits non-zero
     within a bounded time; every checkpoint it left is complete; the same command resumes from the last one and
