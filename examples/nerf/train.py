@@ -200,8 +200,7 @@ def write_json_atomic(path, obj):
 RESUME_KEYS = ("data", "model", "impl", "samples", "batch_rays", "levels", "features", "log2_table", "base_res",
                "finest_res", "bound", "seed", "scene_seed", "scene_res", "scene_ss", "background", "downscale",
                "no_jitter", "minutes", "epochs", "steps", "lr", "lr_table", "lr_decay", "distortion", "sampler",
-               "sample_budget", "grid_res", "grid_every", "grid_warmup", "step_size", "max_samples", "early_stop",
-               "grid_sync")
+               "sample_budget", "grid_res", "grid_every", "grid_warmup", "step_size", "max_samples", "early_stop")
 
 # Occupancy sampler: rays per step stay in [MIN_RAYS, sample_budget // 2], multiples of RAY_GRANULARITY.
 MIN_RAYS, RAY_GRANULARITY = 64, 16
