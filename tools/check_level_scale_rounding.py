@@ -8,7 +8,8 @@ neighbours; where y is at least 4 double ulps from it, y rounded to float32 is t
 any libm within 3 ulps (the exact value is then > 3 ulps from the midpoint, on the same side). The arguments
 closer than that are listed, their exact values computed with ``decimal`` at 60 digits, and the tables of both
 implementations must hold exactly those arguments with exactly those values. Also prints how often this libm's
-float32 exp2f/log2f differ from the correctly rounded value (tcnn calls log2f on the host).
+float32 exp2f/log2f differ from the rounded double (= the correctly rounded value away from the listed arguments;
+tcnn calls log2f on the host).
 
     python tools/check_level_scale_rounding.py     # ~30 s on one core; exit status 0 when everything holds
 """
@@ -93,8 +94,9 @@ def main():
         if kind.endswith("_summary"):
             n, libm_f, other = map(int, rest)
             name = kind.split("_")[0]
-            print(f"{name}: {n:,} float32 arguments; the libm's {name}f differs from the correctly rounded value "
-                  f"for {libm_f:,}; hg_{name}_f32 differs from the rounded double elsewhere: {other}")
+            print(f"{name}: {n:,} float32 arguments; the libm's float32 {name}f differs from its double {name} "
+                  f"rounded to float32 for {libm_f:,}; hg_{name}_f32 differs from that rounded double at an "
+                  f"argument not listed below: {other}")
             ok &= other == 0
             continue
         a, got, dist = float.fromhex(rest[0]), float.fromhex(rest[1]), float(rest[2])
