@@ -33,8 +33,10 @@ def test_default_3d():
 
 def test_non_integer_scale():
     # b = 1.5: scale = 16 * 1.5^l - 1 = 15, 23, 35, 53, 80, 120.5 -> resolution 16, 24, 36, 54, 81, 122.
+    # tcnn's float32 steps: log2f(1.5) * 5 = 2.9248126 (rounded), whose exp2f * 16 - 1 is 120.49998 (2 ulps low)
     cfg = HashGridConfig(3, per_level_scale=1.5)
-    assert cfg.scales[:6] == (15.0, 23.0, 35.0, 53.0, 80.0, 120.5)
+    assert cfg.scales[:5] == (15.0, 23.0, 35.0, 53.0, 80.0)
+    assert cfg.scales[5] == float.fromhex("0x1.e1fffcp+6") and abs(cfg.scales[5] - 120.5) < 2e-5
     assert cfg.resolutions[:6] == (16, 24, 36, 54, 81, 122)
     # 81^3 = 531441 > 2^19 = 524288: hashed from level 4 on
     assert cfg.level_sizes[:5] == (4096, 13824, 46656, 157464, 2**19)

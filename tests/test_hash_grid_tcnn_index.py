@@ -269,3 +269,50 @@ def test_linear_weights_use_one_rounding():
     assert np.abs(y - fused).max() <= 2e-6
     assert np.abs(separate - fused).max() > 1e-5
     np.testing.assert_allclose(pure_tf_encode(x, p, cfg), fused, rtol=0, atol=2e-6)
+
+
+# ---- the level scale: tcnn's float32 steps, not a double evaluation rounded once -------------------------------
+def _double_scale(cfg, level):
+    """The package's previous level scale: 2^(l * log2 b) * N_min - 1 in double, rounded once to float32."""
+    b = float(np.float32(cfg.per_level_scale))
+    return np.float32(2.0 ** (level * np.log2(b)) * cfg.base_resolution - 1.0)
+
+
+def _scale_boundary_points():
+    """(config, level, x, cell of tcnn's scale, cell of the double scale) where the two scales put x in different
+    cells: float32 x walked around (k - 0.5) / scale for the cells near the top of each level."""
+    cfg = HashGridConfig(1, n_levels=16, n_features_per_level=1, base_resolution=16, per_level_scale=1.5,
+                         log2_hashmap_size=19, grid_type="dense", interpolation="nearest")
+    found = []
+    for level in range(cfg.n_levels):
+        s_new, s_old = np.float32(cfg.scale(level)), _double_scale(cfg, level)
+        if s_new == s_old:
+            continue
+        for k in range(max(1, cfg.resolution(level) - 8), cfg.resolution(level)):
+            x0 = np.float32((k - 0.5) / float(s_new))
+            xs, a, b = [x0], x0, x0
+            for _ in range(32):
+                a, b = np.nextafter(a, np.float32(0)), np.nextafter(b, np.float32(1))
+                xs += [a, b]
+            xs = np.array(xs, np.float32)
+            new = np.floor(reference.fma32(s_new, xs, np.float32(0.5))).astype(np.int64)
+            old = np.floor(reference.fma32(s_old, xs, np.float32(0.5))).astype(np.int64)
+            found += [(level, xv, n, o) for xv, n, o in zip(xs, new, old) if n != o]
+    return cfg, found
+
+
+@pytest.mark.parametrize("implementation", ["op", "reference", "pure_tf", "pure_tf_xla"])
+def test_level_scale_picks_tcnn_cells(implementation):
+    """Nearest interpolation at positions where tcnn's float32 scale and the double-precision scale (up to 6 ulps
+    apart at b = 1.5) pick different cells: every backend returns the row of tcnn's cell."""
+    cfg, found = _scale_boundary_points()
+    levels = {lv for lv, _, _, _ in found}
+    assert len(found) >= 20 and len(levels) >= 3, found
+    x = np.array([[xv] for _, xv, _, _ in found], np.float32)
+    p = (np.arange(cfg.total_entries, dtype=np.float32) + 100.0)[:, None]
+    run = {"op": op_encode, "reference": lambda a, b, c: reference.encode(a, b, c),
+           "pure_tf": pure_tf_encode, "pure_tf_xla": lambda a, b, c: pure_tf_encode(a, b, c, jit=True)}
+    y = run[implementation](x, p, cfg)
+    for i, (lv, _, new, old) in enumerate(found):
+        assert y[i, lv] == p[cfg.offsets[lv] + new, 0], (i, lv, y[i, lv], new, old)
+        assert y[i, lv] != p[cfg.offsets[lv] + old, 0]

@@ -23,10 +23,12 @@ sys.path.insert(0, os.path.join(EXAMPLES, "nerf"))
 
 from nerf import distributed  # noqa: E402
 
-# the uniform sampler: the occupancy sampler is single-device only (train.py refuses it with these strategies), and
-# the single-process reference runs must sample as the workers do
+# the uniform sampler (fixed batches: a 2-worker run matches one process step for step)
 TINY = ["--scene-res", "24", "--batch-rays", "256", "--samples", "16", "--log2-table", "12", "--eval-views", "1",
         "--final-views", "1", "--no-progress", "--sampler", "uniform"]
+# the occupancy sampler (the default), small grid warm-up and frequent updates: many grid updates in a short run
+TINY_OCC = ["--scene-res", "24", "--log2-table", "12", "--eval-views", "1", "--final-views", "1", "--no-progress",
+            "--sample-budget", "4096", "--grid-warmup", "16", "--grid-every", "4"]
 
 
 @pytest.fixture(scope="module")
@@ -127,15 +129,91 @@ def test_two_workers_stay_bitwise_in_sync_and_match_one_process(tmp_path, env, p
     np.testing.assert_allclose(mw["train_losses"], single["train_losses"], rtol=1e-4)
 
 
+def grid_updates(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_occupancy_gradient_equals_one_process(tmp_path, env):
+    """Two replicas (MirroredStrategy on 2 logical CPUs) each march their half of a global ray batch with the
+    occupancy sampler (different sample counts); the all-reduced gradient of that batch equals the single-process
+    gradient up to float32 summation order, at several steps (weights trained in between, grid updated)."""
+    p = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "nerf_gradient_check.py"),
+                        *TINY_OCC, "--grid-warmup", "1", "--grid-every", "2", "--no-jitter", "--steps", "4",
+                        "--out", str(tmp_path / "g")], env=dict(env, GRAD_CHECK_STEPS="4"), capture_output=True,
+                       text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    steps = json.loads(p.stdout.split("RESULT ", 1)[1])["steps"]
+    assert len(steps) == 4
+    assert any(s["samples_per_replica"][0] != s["samples_per_replica"][1] for s in steps)
+    for s in steps:
+        # float32 gradients summed in two halves vs at once: differences of a few ulps of the largest entry
+        for diff, mag in zip(s["max_abs_diff"], s["max_abs"]):
+            assert mag > 0 and diff <= 1e-5 * mag, s
+        assert abs(s["projection"] - 1.0) < 1e-5, s  # a wrong normalisation scales it (e.g. 2 or 0.5)
+
+
+def test_two_workers_occupancy_grids_stay_bitwise_equal(tmp_path, env, procs):
+    """2 workers × 120 steps with the occupancy sampler: every one of the 30 grid updates gives both workers the
+    same grid (digests of density, bitfield and step), no grid communication; the weights stay bitwise equal; the
+    grid changes; during the warm-up (all cells occupied) the run matches one process step for step."""
+    common = [*TINY_OCC, "--steps", "120", "--no-jitter", "--save-worker-weights", "--checkpoint-every", "0"]
+    rc, log = run_launcher(procs, env, tmp_path, "mw", *common, "--out", str(tmp_path / "mw"))
+    assert rc == 0, log[-4000:]
+    assert "occupancy sampler" in log and "replicas: 2" in log
+    workers = tmp_path / "mw" / "workers"
+    u0, u1 = grid_updates(workers / "rank-0-grid-updates.json"), grid_updates(workers / "rank-1-grid-updates.json")
+    assert [u["step"] for u in u0] == [u["step"] for u in u1] == list(range(0, 120, 4))
+    assert [u["digest"] for u in u0] == [u["digest"] for u in u1]
+    assert len({u["digest"] for u in u0}) == 30
+    g0, g1 = np.load(workers / "rank-0-grid.npz"), np.load(workers / "rank-1-grid.npz")
+    for k in ("density", "bits", "step"):
+        np.testing.assert_array_equal(g0[k], g1[k])
+    assert 0 < np.unpackbits(g0["bits"]).mean() < 0.9  # past the warm-up the grid has empty cells
+    for a, b in zip(weights(workers / "rank-0.npz"), weights(workers / "rank-1.npz")):
+        np.testing.assert_array_equal(a, b)
+    with open(tmp_path / "mw" / "metrics.json") as f:
+        mw = json.load(f)
+    assert mw["final"]["trace_count"] <= 3  # varying batch sizes: no retrace per step
+
+    single_out = tmp_path / "single"
+    p = procs.start([sys.executable, TRAIN, *common, "--out", str(single_out)], env,
+                    tmp_path / "single.log")
+    assert p.wait(timeout=120) == 0, (tmp_path / "single.log").read_text()[-3000:]
+    with open(single_out / "metrics.json") as f:
+        single = json.load(f)
+    assert single["rays_per_step"][:16] == mw["rays_per_step"][:16]
+    np.testing.assert_allclose(mw["train_losses"][:16], single["train_losses"][:16], rtol=1e-4)
+
+
+def test_grid_broadcast_equals_replicated_updates(tmp_path, env, procs):
+    """--grid-sync broadcast (the chief's grid all-gathered to the others) gives both workers the grid the
+    replicated updates give: the same digest after every update, and the same final weights, bitwise."""
+    common = [*TINY_OCC, "--steps", "40", "--no-jitter", "--save-worker-weights", "--checkpoint-every", "0"]
+    runs = {}
+    for mode in ("replicate", "broadcast"):
+        rc, log = run_launcher(procs, env, tmp_path, mode, *common, "--grid-sync", mode, "--out", str(tmp_path / mode))
+        assert rc == 0, log[-4000:]
+        workers = tmp_path / mode / "workers"
+        runs[mode] = [[u["digest"] for u in grid_updates(workers / f"rank-{r}-grid-updates.json")] for r in (0, 1)]
+        runs[mode + "-weights"] = weights(workers / "rank-1.npz")
+    assert len(runs["replicate"][0]) == 10
+    assert runs["broadcast"][0] == runs["broadcast"][1] == runs["replicate"][0] == runs["replicate"][1]
+    for a, b in zip(runs["replicate-weights"], runs["broadcast-weights"]):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_killed_worker_stops_the_job_and_a_restart_resumes(tmp_path, env, procs):
     """SIGKILL worker 1 after the first checkpoint: the launcher names it, stops the chief and exits non-zero
     within a bounded time; every checkpoint it left is complete; the same command resumes from the last one and
-    ends with exactly the weights of an uninterrupted run (batches and sample jitter are functions of the step)."""
+    ends with exactly the weights and the occupancy grid of an uninterrupted run (batches, sample jitter and grid
+    updates are functions of the step; the grid and the ray-stream position are checkpointed)."""
     steps = 240
-    common = [*TINY, "--steps", str(steps), "--checkpoint-every", "20", "--save-worker-weights"]
+    common = [*TINY_OCC, "--steps", str(steps), "--checkpoint-every", "20", "--save-worker-weights"]
     rc, log = run_launcher(procs, env, tmp_path, "ref", *common, "--out", str(tmp_path / "ref"))
     assert rc == 0, log[-4000:]
     reference = weights(tmp_path / "ref" / "workers" / "rank-0.npz")
+    reference_grid = np.load(tmp_path / "ref" / "workers" / "rank-0-grid.npz")
 
     out = tmp_path / "job"
     cmd = [sys.executable, LAUNCH, "--workers", "2", "--cores-per-worker", "1", "--timeout", "140", "--",
@@ -190,6 +268,10 @@ def test_killed_worker_stops_the_job_and_a_restart_resumes(tmp_path, env, procs)
     for a, b, r in zip(w0, w1, reference):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, r)
+    for rank in (0, 1):
+        grid = np.load(out / "workers" / f"rank-{rank}-grid.npz")
+        for k in ("density", "bits", "step"):
+            np.testing.assert_array_equal(grid[k], reference_grid[k])
     assert not [n for n in os.listdir(out / "checkpoints") if "temp" in n or ".tmp" in n]
 
 

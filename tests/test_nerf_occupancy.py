@@ -158,7 +158,6 @@ def test_train_step_does_not_retrace_for_other_ray_counts(tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--strategy", "mirrored"], "--sampler occupancy is not supported with --strategy mirrored"),
     (["--model", "mlp"], "--sampler occupancy needs --model hash"),
     (["--epochs", "1"], "--epochs needs the uniform sampler"),
     (["--xla-inner"], "--xla-inner applies to the uniform sampler only"),
@@ -177,7 +176,9 @@ def test_sampler_defaults():
     assert train.parse_args([]).sampler == "occupancy"
     assert train.parse_args(["--model", "mlp"]).sampler == "uniform"
     assert train.parse_args(["--impl", "pure_tf"]).sampler == "uniform"
-    assert train.parse_args(["--strategy", "mirrored"]).sampler == "uniform"
+    assert train.parse_args(["--strategy", "mirrored"]).sampler == "occupancy"
+    assert train.parse_args(["--strategy", "multiworker"]).sampler == "occupancy"
+    assert train.parse_args(["--strategy", "multiworker", "--grid-sync", "broadcast"]).grid_sync == "broadcast"
     assert train.parse_args(["--xla-inner"]).sampler == "uniform"
 
 

@@ -48,7 +48,7 @@ inline void* CreateConfig(TF_OpKernelConstruction* c) {
   if (log2t < 1 || log2t > 24) return fail("%s: log2_hashmap_size must be in 1..24, got %lld", op, (long long)log2t);
   if (nmin < 1 || nmin > (1 << 24)) return fail("%s: base_resolution must be in 1..2^24, got %lld", op, (long long)nmin);
   if (!(b >= 1.0f) || !std::isfinite(b)) return fail("%s: per_level_scale must be a finite number >= 1, got %g", op, b);
-  const double finest = std::exp2((L - 1) * std::log2((double)b)) * (double)nmin - 1.0;
+  const float finest = hg_level_scale((int)L - 1, b, (int)nmin);  // the scale the level table will hold
   if (!(finest <= 16777216.0))
     return fail("%s: the finest level's scale base_resolution * per_level_scale^(n_levels-1) - 1 = %g exceeds 2^24 "
                 "(float32 positions cannot resolve it); lower per_level_scale or n_levels", op, finest);

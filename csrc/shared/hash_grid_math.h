@@ -6,8 +6,8 @@
 //  - positions x in [0,1]^D; a position outside [0,1] is clamped to [0,1] and NaN becomes 0 (so indices are
 //    always in range). The derivative w.r.t. a clamped coordinate (x < 0, x > 1, NaN) is 0.
 //  - level l (0-based): scale_l = 2^(l*log2(b)) * N_min - 1, resolution_l = ceil(scale_l) + 1 (the "-1" makes
-//    N_min count grid vertices). scale_l is evaluated in float64 on the host and rounded to float32 (tcnn
-//    evaluates it in float32; the two agree unless tcnn's float rounding pushes scale across an integer).
+//    N_min count grid vertices). scale_l is tcnn's float32 sequence exp2f(float(l) * log2f(b)) * N_min - 1.0f
+//    with every step rounded to float32 (hg_level_scale, on the host; the kernels read it from the level table).
 //  - pos = fma(scale_l, x, 0.5) in float32 with ONE rounding (tcnn's fmaf; tfmo_fma here), grid = floor(pos),
 //    frac = pos - grid. The half-cell offset staggers the levels; vertex g of a level sits at
 //    x = (g - 0.5)/scale_l; grid coordinates lie in [0, resolution_l].
@@ -265,6 +265,38 @@ inline uint32_t hg_max_base(int dims) {
   return kMaxBase[dims];
 }
 
+// Correctly rounded float32 2^x and log2(b) for the level scales' arguments (x in [0, 24.5], b in [1, 2^24 + 2]):
+// the double libm value rounded to float, except for the arguments whose exact result lies within 4 double ulps
+// of a midpoint between two floats (an exhaustive search over every float32 argument in range,
+// tools/check_level_scale_rounding.py, found these; their values are the exactly rounded ones). So the result
+// is correctly rounded whenever the libm's double exp2/log2 is within 3 ulps (glibc, Apple: < 1 ulp).
+inline float hg_exp2_f32(float x) {
+  static const float kHard[][2] = {{0x1.853a6ep-9f, 0x1.00870ap+0f}, {0x1.0f0af8p-11f, 0x1.00177cp+0f},
+                                   {0x1.05535ap-7f, 0x1.016b46p+0f}, {0x1.0f39eep-18f, 0x1.00003p+0f}};
+  for (const auto& h : kHard)
+    if (x == h[0]) return h[1];
+  return (float)std::exp2((double)x);
+}
+inline float hg_log2_f32(float b) {
+  if (b == 0x1.40f572p+1f) return 0x1.5384bcp+0f;
+  return (float)std::log2((double)b);
+}
+
+// scale_l as tiny-cuda-nn computes it (grid_scale: exp2f(level * log2_per_level_scale) * base_resolution - 1.0f,
+// log2_per_level_scale = log2f(b)), each of the five steps rounded to nearest float32 once:
+//   log2_b = fl(log2 b), x = fl(l * log2_b), p = fl(2^x), m = fl(p * N_min), scale = fl(m - 1).
+// log2 and exp2 correctly rounded (above). The products and the difference are computed in double, where they
+// are exact (5 x 24 bits, 24 x 24 bits, 48 bits), then rounded: the IEEE float32 operations, and no compiler
+// contraction (fma) can merge two steps. tcnn's values differ by at most 1 ulp when its host log2f is correctly
+// rounded (its device exp2f is the approximate ex2; nvcc may fuse the multiply and the subtraction).
+inline float hg_level_scale(int level, float per_level_scale, int base_resolution) {
+  const float log2_b = hg_log2_f32(per_level_scale);
+  const float x = (float)((double)level * (double)log2_b);
+  const float p = hg_exp2_f32(x);
+  const float m = (float)((double)p * (double)base_resolution);
+  return (float)((double)m - 1.0);
+}
+
 // Fills levels[0..n_levels) and returns the total row count, or -1 when a size exceeds int32 (the table or
 // its params tensor [total, F] would not be addressable with 32-bit indices). Preconditions (validated by the
 // caller): 1 <= dims <= 4, 1 <= n_levels <= 32, base_resolution >= 1, per_level_scale >= 1, every scale_l
@@ -273,10 +305,9 @@ inline int64_t hg_level_table(int dims, int n_levels, int n_features, int log2_h
                               float per_level_scale, int grid_type, HgLevel* levels) {
   const int64_t kMaxParams = int64_t{0xFFFFFFFFu} / 2;  // tcnn's cap on res^D before rounding
   int64_t offset = 0;
-  const double log2_b = std::log2((double)per_level_scale);
   for (int l = 0; l < n_levels; ++l) {
     HgLevel lv{};
-    const float scale = (float)(std::exp2((double)l * log2_b) * (double)base_resolution - 1.0);
+    const float scale = hg_level_scale(l, per_level_scale, base_resolution);
     const int64_t res = (int64_t)std::ceil(scale) + 1;
     // res^D, saturated at kMaxParams.
     int64_t dense = 1;

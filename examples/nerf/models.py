@@ -168,6 +168,18 @@ class MLPNeRF(keras.Model):
 
 
 @keras.saving.register_keras_serializable(package="nerf_example")
+def make_occupancy_grid(bound, grid_resolution=64, grid_warmup_steps=64):
+    """The occupancy grid of a HashNeRF: ``grid_resolution``^3 cells over [-bound, bound]^3. Under a
+    tf.distribute strategy create it outside ``strategy.scope()`` and pass it as ``HashNeRF(grid=...)``: a plain
+    per-worker variable set (the strategy would mirror it and broadcast its initial uint8 bitfield, which the
+    collectives do not carry), kept identical on every worker by the trainer."""
+    from tf_metal_ops import OccupancyGrid
+
+    b = float(bound)
+    return OccupancyGrid(aabb=((-b, -b, -b), (b, b, b)), resolution=int(grid_resolution),
+                         warmup_steps=int(grid_warmup_steps), name="occupancy_grid")
+
+
 class HashNeRF(keras.Model):
     """Instant-NGP style: multiresolution hash-grid encoding of the position (in the box ``[-bound, bound]^3``),
     a small density MLP (one hidden layer of 64 → 16 outputs, the first is log-density through ``trunc_exp``, all
@@ -194,7 +206,7 @@ class HashNeRF(keras.Model):
                  finest_resolution=512, n_samples=64, near=2.0, far=6.0, bound=1.0, background=(1.0, 1.0, 1.0),
                  implementation="op", hidden=64, xla_inner=False, jitter=True, sampler="uniform",
                  grid_resolution=64, grid_warmup_steps=64, step_size=None, max_samples=1024, early_stop=0.0,
-                 **kwargs):
+                 grid=None, **kwargs):
         super().__init__(**kwargs)
         if sampler not in self.SAMPLERS:
             raise ValueError(f"sampler must be one of {self.SAMPLERS}, got {sampler!r}")
@@ -214,11 +226,12 @@ class HashNeRF(keras.Model):
         self.cfg = cfg
         self.grid = None
         if sampler == "occupancy":
-            from tf_metal_ops import OccupancyGrid
-
+            self.grid = grid if grid is not None else make_occupancy_grid(bound, grid_resolution, grid_warmup_steps)
             b = float(bound)
-            self.grid = OccupancyGrid(aabb=((-b, -b, -b), (b, b, b)), resolution=int(grid_resolution),
-                                      warmup_steps=int(grid_warmup_steps), name="occupancy_grid")
+            if self.grid.resolution != int(grid_resolution) or not np.array_equal(
+                    self.grid.aabb, np.float32([(-b, -b, -b), (b, b, b)])):
+                raise ValueError(f"grid: an OccupancyGrid of {grid_resolution}^3 cells over [-{b}, {b}]^3 is needed, got "
+                                 f"{self.grid.resolution}^3 over {self.grid.aabb.tolist()}")
         self.encoding = HashGridEncoding(n_levels=n_levels, n_features_per_level=n_features_per_level,
                                          log2_hashmap_size=log2_hashmap_size, base_resolution=base_resolution,
                                          per_level_scale=per_level_scale, implementation=implementation,

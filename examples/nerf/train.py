@@ -64,7 +64,7 @@ def parse_args(argv=None):
     # model
     p.add_argument("--sampler", choices=("uniform", "occupancy"), default=None,
                    help="uniform: --samples stratified samples per ray; occupancy: march through an occupancy grid "
-                        "(hash model only; default for --model hash --impl op with the default strategy)")
+                        "(hash model only; default for --model hash --impl op, under every strategy)")
     p.add_argument("--samples", type=int, default=None,
                    help="uniform sampler: samples per ray (default: mlp 32, hash 64)")
     p.add_argument("--batch-rays", type=int, default=4096, help="uniform sampler: rays per step")
@@ -76,6 +76,10 @@ def parse_args(argv=None):
                    help="occupancy sampler: grid cells per axis (64: on 2 CPU cores 128 costs more per step than its "
                         "~7 %% fewer samples save, see the README)")
     p.add_argument("--grid-every", type=int, default=16, help="occupancy sampler: steps between grid updates")
+    p.add_argument("--grid-sync", choices=("replicate", "broadcast"), default="replicate",
+                   help="occupancy sampler with several workers: every worker updates its grid from the same "
+                        "weights with the same seeds (replicate: bitwise equal, no communication), or the chief "
+                        "updates it and all-gathers it to the others (broadcast); see docs/distributed.md")
     p.add_argument("--grid-warmup", type=int, default=64,
                    help="occupancy sampler: steps during which every cell counts as occupied (and all cells are "
                         "re-evaluated at each update)")
@@ -128,15 +132,10 @@ def parse_args(argv=None):
     if args.samples is None:
         args.samples = 32 if args.model == "mlp" else 64
     if args.sampler is None:
-        args.sampler = ("occupancy" if args.model == "hash" and args.impl == "op" and args.strategy == "default"
-                        and not args.xla_inner else "uniform")
+        args.sampler = "occupancy" if args.model == "hash" and args.impl == "op" and not args.xla_inner else "uniform"
     if args.sampler == "occupancy":
         if args.model != "hash":
             p.error("--sampler occupancy needs --model hash")
-        if args.strategy != "default":
-            p.error(f"--sampler occupancy is not supported with --strategy {args.strategy} (each replica would march "
-                    "its own ragged batch and the occupancy grid is not a synchronised variable); use --sampler "
-                    "uniform")
         if args.xla_inner:
             p.error("--xla-inner applies to the uniform sampler only")
         if args.epochs is not None:
@@ -253,9 +252,12 @@ class Trainer:
             if args.sampler == "occupancy":
                 cfg.update(grid_resolution=args.grid_res, grid_warmup_steps=args.grid_warmup,
                            step_size=args.step_size, max_samples=args.max_samples, early_stop=args.early_stop)
+        extra = {}
+        if args.sampler == "occupancy":  # outside the strategy scope: one plain copy per worker (see update_grid)
+            extra["grid"] = models.make_occupancy_grid(cfg["bound"], args.grid_res, args.grid_warmup)
         with self.strategy.scope():
             keras.utils.set_random_seed(args.seed)
-            self.model = models.build_model(args.model, **cfg)
+            self.model = models.build_model(args.model, **cfg, **extra)
             table = {id(v) for v in self.model.table_variables()}
             self.table_vars = [v for v in self.model.trainable_variables if id(v) in table]
             self.mlp_vars = [v for v in self.model.trainable_variables if id(v) not in table]
@@ -290,6 +292,7 @@ class Trainer:
             self.state_rays = tf.Variable(self.clamp_rays(r0), dtype=tf.int64, trainable=False, name="rays_per_step")
             parts.update(occupancy_grid=self.model.grid, rays_position=self.state_rays_pos,
                          rays_per_step=self.state_rays)
+        self.grid_log = []  # occupancy sampler: per grid update, its step, seconds and (optionally) a digest
         self.last_rays, self.last_samples = args.batch_rays, args.batch_rays * args.samples
         self.last_marched = self.last_samples
         self.ckpt = tf.train.Checkpoint(**parts)
@@ -307,17 +310,23 @@ class Trainer:
         n_rep = strategy.num_replicas_in_sync
         dist_w = float(args.distortion)
 
-        def replica_step(o, d, y, view_sh, seed):
+        def replica_grads(o, d, y, view_sh, seed, n_global):
+            """The replica's share of the global loss and its gradient: sums over its rays divided by the global
+            ray count ``n_global``, so the shares (whatever their ray and sample counts) add up to the loss of the
+            whole global batch and the all-reduced (summed) gradient is the single-process gradient of that
+            batch."""
             with tf.GradientTape() as tape:
                 extra = {} if view_sh is None else dict(view_sh=view_sh)
                 out = model(o, d, training=True, jitter_seed=seed, **extra)
-                mse = tf.reduce_mean(tf.square(out["color"] - y))
+                mse = tf.reduce_sum(tf.square(out["color"] - y)) / (3.0 * n_global)  # mean over global rays, RGB
                 loss = mse
                 if dist_w > 0:
-                    loss = loss + dist_w * tf.reduce_mean(distortion(out))
-                scaled = loss / n_rep
-            varlist = self.mlp_vars + self.table_vars
-            grads = tape.gradient(scaled, varlist)
+                    loss = loss + dist_w * tf.reduce_sum(distortion(out)) / n_global
+            grads = tape.gradient(loss, self.mlp_vars + self.table_vars)
+            return mse, out, grads
+
+        def replica_step(o, d, y, view_sh, seed, n_global):
+            mse, out, grads = replica_grads(o, d, y, view_sh, seed, n_global)
             self.opt.apply_gradients(zip(grads[:len(self.mlp_vars)], self.mlp_vars))
             if self.table_vars:
                 self.opt_table.apply_gradients(zip(grads[len(self.mlp_vars):], self.table_vars))
@@ -333,27 +342,30 @@ class Trainer:
                 return fn(out["weights"], out["t_starts"], out["t_ends"], out["row_splits"])
             return (tf_metal_ops.distortion_loss if op else tf_metal_ops.distortion_loss_tf)(out["weights"], out["edges"])
 
-        def step(idx, step_no, ctrl):
-            """One synchronous step on the replicas' shares of the global batch. Returns [mean loss, *ctrl of
-            replica 0, samples and marched samples of all replicas] on every worker: ``ctrl`` carries the chief's clock so all workers
-            take the same learning rate, stop and checkpoint decisions."""
+        def step(idx, step_no, ctrl, n_global):
+            """One synchronous step on the replicas' shares of the global batch (``n_global`` rays in all).
+            Returns [mean loss, *ctrl of replica 0, samples and marched samples of all replicas] on every worker:
+            ``ctrl`` carries the chief's clock so all workers take the same learning rate, stop and checkpoint
+            decisions."""
 
             def per_replica(i, ctrl):
                 rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
                 seed = tf.stack([tf.constant(args.seed, tf.int64), step_no * 4096 + rid])  # sample jitter
-                mse, n = replica_step(*self.batch(i), seed)
+                mse, n = replica_step(*self.batch(i), seed, n_global)
                 first = tf.cast(tf.equal(rid, 0), tf.float32)
-                return tf.concat([tf.reshape(mse / n_rep, [1]), ctrl * first, n], 0)
+                return tf.concat([tf.reshape(mse, [1]), ctrl * first, n], 0)
 
             per = strategy.run(per_replica, args=(idx, ctrl))
             return strategy.reduce(tf.distribute.ReduceOp.SUM, per, axis=None)
 
         if n_rep == 1:
             # one trace for every batch size (the occupancy sampler's ray count changes from step to step)
-            sig = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64), tf.TensorSpec([1], tf.float32)]
+            sig = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64), tf.TensorSpec([1], tf.float32),
+                   tf.TensorSpec([], tf.float32)]
             self._step_fn = tf.function(step, input_signature=sig, jit_compile=self.jit)
         else:
-            self._step_fn = tf.function(step)
+            # per-replica batches of a varying size: after the first sizes, one trace with unknown sizes
+            self._step_fn = tf.function(step, reduce_retracing=True)
         self._grid_fn = None
         if self.occupancy:
             @tf.function(input_signature=[tf.TensorSpec([], tf.int64)])
@@ -361,6 +373,22 @@ class Trainer:
                 return model.update_grid(step=step_no, seed=tf.constant(args.seed, tf.int64) * 1000003 + step_no)
 
             self._grid_fn = update_grid
+        self._grid_broadcast_fn = None
+        if self.occupancy and self.cluster is not None and self.cluster.n_workers > 1 and args.grid_sync == "broadcast":
+            grid = model.grid
+            self._grid_broadcast_fn = self._make_broadcast([grid.density, grid.bits, grid.step])
+
+        @tf.function(reduce_retracing=True)
+        def global_gradients(idx, step_no, n_global):
+            def per_replica(i):
+                rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
+                seed = tf.stack([tf.constant(args.seed, tf.int64), step_no * 4096 + rid])
+                return replica_grads(*self.batch(i), seed, n_global)[2]
+
+            per = strategy.run(per_replica, args=(idx,))
+            return [strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in per]
+
+        self._grad_fn = global_gradients
 
     def batch(self, idx):
         """Rays ``idx`` of the training set -> origins, directions, colours, view-direction SH (None for the MLP
@@ -369,9 +397,12 @@ class Trainer:
         return rows[:, 0:3], rows[:, 3:6], rows[:, 6:9], (rows[:, 9:] if self.ray_table.shape[1] > 9 else None)
 
     def clamp_rays(self, r):
-        b = self.args.sample_budget
-        hi = max(MIN_RAYS, b // 2 // RAY_GRANULARITY * RAY_GRANULARITY)
-        return int(min(max(round(r / RAY_GRANULARITY) * RAY_GRANULARITY, MIN_RAYS), hi, self.n_rays))
+        """Rays per step for ``r`` wanted: a multiple of RAY_GRANULARITY and of the replica count (equal shards), in
+        [MIN_RAYS, sample_budget / 2] and at most the training set."""
+        b, g = self.args.sample_budget, math.lcm(RAY_GRANULARITY, self.strategy.num_replicas_in_sync)
+        lo = -(-MIN_RAYS // g) * g
+        hi = max(lo, b // 2 // g * g)
+        return int(min(max(round(r / g) * g, lo), hi, self.n_rays // g * g))
 
     def trace_count(self):
         """Traces of the train-step function so far (1 after the first step when nothing retraces)."""
@@ -388,24 +419,59 @@ class Trainer:
         tf = self.tf
         if self.occupancy:
             if step_no % self.args.grid_every == 0:
-                self._grid_fn(tf.constant(step_no, tf.int64))
+                self.update_grid(step_no)
             idx = self.next_rays()
         else:
             idx = self.batch_indices(step_no)
-        n_rep = self.strategy.num_replicas_in_sync
         n_rays = len(idx)
-        per = n_rays // n_rep
-        if n_rep > 1:
-            idx = self.strategy.experimental_distribute_values_from_function(
-                lambda ctx: tf.constant(idx[ctx.replica_id_in_sync_group * per:(ctx.replica_id_in_sync_group + 1) * per]))
-        else:
-            idx = tf.constant(idx, tf.int64)
-        out = self._step_fn(idx, tf.constant(step_no, tf.int64), tf.constant([ctrl], tf.float32)).numpy()
+        out = self._step_fn(self.distribute_rays(idx), tf.constant(step_no, tf.int64), tf.constant([ctrl], tf.float32),
+                            tf.constant(n_rays, tf.float32)).numpy()
         self.last_rays, self.last_samples, self.last_marched = n_rays, float(out[2]), float(out[3])
         if self.occupancy:  # Instant-NGP: scale the ray count by budget / measured samples
             self.state_rays.assign(self.clamp_rays(
                 self.last_rays * self.args.sample_budget / max(self.last_samples, 1.0)))
         return float(out[0]), float(out[1])
+
+    def distribute_rays(self, idx):
+        """Global ray indices -> the step functions' argument: replica r of n takes the r-th of n equal slices."""
+        tf, n_rep = self.tf, self.strategy.num_replicas_in_sync
+        if n_rep == 1:
+            return tf.constant(idx, tf.int64)
+        per = len(idx) // n_rep
+        return self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(idx[ctx.replica_id_in_sync_group * per:(ctx.replica_id_in_sync_group + 1) * per]))
+
+    def gradients(self, idx, step_no):
+        """The all-reduced gradient (MLP variables, then the table) of the global batch ``idx`` at step
+        ``step_no``, without applying it (for checking the loss normalisation against one process)."""
+        tf = self.tf
+        g = self._grad_fn(self.distribute_rays(idx), tf.constant(step_no, tf.int64),
+                          tf.constant(len(idx), tf.float32))
+        return [x.numpy() for x in g]
+
+    def update_grid(self, step_no):
+        """The occupancy-grid update of step ``step_no``, identical on every worker: each worker computes it from
+        its (identical) weights with the same seed (--grid-sync replicate), or the chief computes it and the others
+        take its grid (broadcast). Records the update's seconds and, with --save-worker-weights, a digest of the
+        grid it produced."""
+        import hashlib
+
+        tf = self.tf
+        t = time.perf_counter()
+        if self._grid_broadcast_fn is None or self.is_chief:
+            self._grid_fn(tf.constant(step_no, tf.int64))
+        if self._grid_broadcast_fn is not None:
+            self._grid_broadcast_fn()
+        grid = self.model.grid
+        digest = None
+        if self.args.save_worker_weights:
+            h = hashlib.sha256(grid.density.numpy().tobytes())
+            h.update(grid.bits.numpy().tobytes())
+            h.update(grid.step.numpy().tobytes())
+            digest = h.hexdigest()
+        else:
+            grid.step.numpy()  # the update has run (honest timing)
+        self.grid_log.append(dict(step=int(step_no), seconds=time.perf_counter() - t, digest=digest))
 
     def next_rays(self):
         """Occupancy sampler: the next ``rays_per_step`` rays of the stream of epochs (each a permutation seeded by
@@ -490,24 +556,40 @@ class Trainer:
         vs = list(self.model.variables) + list(self.opt.variables)
         if self.opt_table is not None:
             vs += list(self.opt_table.variables)
-        return vs + [self.state_step, self.state_train_s, self.state_seed]
+        vs += [self.state_step, self.state_train_s, self.state_seed]
+        if self.occupancy:  # the grid (a tf.Module beside the Keras weights) and the ray-stream position
+            grid = self.model.grid
+            vs += [grid.density, grid.bits, grid.step, self.state_rays_pos, self.state_rays]
+        return vs
 
-    def broadcast_from_chief(self):
-        """Every variable a checkpoint holds takes the chief's value (an all-gather that keeps replica 0's
-        slice: exact bits, any dtype)."""
+    def _make_broadcast(self, variables):
+        """A function that gives every variable in ``variables`` the chief's value on every worker: an all-gather
+        that keeps replica 0's slice (exact bits; types the collectives lack, e.g. uint8, travel as int32)."""
         tf, strategy = self.tf, self.strategy
-        variables = self.checkpointed_variables()
+        wire = {tf.uint8: tf.int32, tf.bool: tf.int32}
 
         @tf.function
         def gather():
             def fn():
                 ctx = tf.distribute.get_replica_context()
-                return [ctx.all_gather(tf.convert_to_tensor(v)[None], axis=0)[0] for v in variables]
+                out = []
+                for v in variables:
+                    x = tf.convert_to_tensor(v)
+                    x = tf.cast(x, wire[x.dtype]) if x.dtype in wire else x
+                    out.append(tf.cast(ctx.all_gather(x[None], axis=0)[0], v.dtype))
+                return out
 
             return [strategy.experimental_local_results(x)[0] for x in strategy.run(fn)]
 
-        for v, x in zip(variables, gather()):
-            v.assign(x)
+        def broadcast():
+            for v, x in zip(variables, gather()):
+                v.assign(x)
+
+        return broadcast
+
+    def broadcast_from_chief(self):
+        """Every variable a checkpoint holds takes the chief's value."""
+        self._make_broadcast(self.checkpointed_variables())()
 
     def save_checkpoint(self, step_no, train_s):
         self.state_step.assign(step_no)
@@ -607,6 +689,7 @@ def run(argv=None):
         metrics["cluster"] = dict(workers=cluster.n_workers, addresses=list(cluster.addresses),
                                   allreduce_bytes_per_step=tr.allreduce_bytes)
     step, train_s, losses = 0, 0.0, []
+    step_times = []  # seconds of each timed step of this process (the first, compiling step excluded)
     spr, rps, mpr = [], [], []  # per step: samples per ray (trained), rays, samples per ray marched
     metrics_path = os.path.join(args.out, "metrics.json")
     if restored:
@@ -676,6 +759,7 @@ def run(argv=None):
         metrics["samples_per_ray"] = [round(float(v), 3) for v in spr]
         metrics["rays_per_step"] = [int(v) for v in rps]
         metrics["marched_per_ray"] = [round(float(v), 3) for v in mpr]
+        metrics["step_seconds"] = [round(float(v), 5) for v in step_times]
 
     def checkpoint():
         nonlocal last_ckpt_s, last_ckpt_step
@@ -695,7 +779,8 @@ def run(argv=None):
         tr.set_progress(sync_s / budget_s if budget_s is not None else step / max_steps)
         t = time.perf_counter()
         loss, chief_s = tr.step(step, train_s)  # the step returns numbers: it has finished, honest timing
-        train_s += time.perf_counter() - t
+        step_times.append(time.perf_counter() - t)
+        train_s += step_times[-1]
         # all workers stop/checkpoint on the chief's clock (its time before this step: one step behind)
         sync_s = chief_s if multi else train_s
         losses.append(loss)
@@ -731,6 +816,13 @@ def run(argv=None):
         path = os.path.join(args.out, "workers", f"rank-{rank}.npz")
         np.savez(path + ".tmp.npz", *tr.model.get_weights())
         os.replace(path + ".tmp.npz", path)
+        if tr.occupancy:  # the final grid and the digest of the grid after each update of this process
+            grid = tr.model.grid
+            gpath = os.path.join(args.out, "workers", f"rank-{rank}-grid.npz")
+            np.savez(gpath + ".tmp.npz", density=grid.density.numpy(), bits=grid.bits.numpy(),
+                     step=grid.step.numpy())
+            os.replace(gpath + ".tmp.npz", gpath)
+            write_json_atomic(os.path.join(args.out, "workers", f"rank-{rank}-grid-updates.json"), tr.grid_log)
     if not is_chief:
         print(f"done: {cluster.name} finished {step} steps in {train_s:.0f} s of training", flush=True)
         return {"final": dict(steps=step, train_seconds=train_s), "train_losses": losses}
@@ -787,6 +879,9 @@ def run(argv=None):
                             total_seconds=time.perf_counter() - t_start, reload_max_abs_diff=reload_diff)
     if tr.occupancy:
         metrics["final"]["trace_count"] = tr.trace_count()
+        upd = [g["seconds"] for g in tr.grid_log[1:]]  # the first one traced
+        metrics["final"]["grid_updates"] = len(tr.grid_log)
+        metrics["final"]["grid_update_seconds_median"] = float(np.median(upd)) if upd else None
         metrics["final"]["samples_per_ray_last_100"] = float(np.mean(spr[-100:]))
     write_json_atomic(metrics_path, metrics)
     fm = metrics["final"]

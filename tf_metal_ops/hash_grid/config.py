@@ -7,8 +7,10 @@ Coordinate convention (Instant-NGP / tiny-cuda-nn, "tcnn"), stated once for the 
   The position gradient is the derivative of that clamp: zero where ``x < 0``, ``x > 1`` or ``x`` is NaN;
   ``0 <= x <= 1`` (endpoints included) gets the analytic gradient.
 * Level ``l`` (0-based) has ``scale_l = N_min * b**l - 1`` and ``resolution_l = ceil(scale_l) + 1``.
-  ``scale_l`` is a float32: ``float32(2 ** (l * log2(float32(b))) * N_min - 1)`` evaluated in double precision and
-  rounded once (``b`` is a float32 attribute of the op; the host computes the per-level scales, so CPU and GPU agree).
+  ``scale_l`` is tcnn's float32 sequence ``exp2f(float(l) * log2f(b)) * N_min - 1.0f`` with each of its five steps
+  rounded to nearest float32 (``log2`` and ``exp2`` correctly rounded): ``level_scale``. ``b`` is a float32
+  attribute of the op; the host computes the per-level scales (csrc/shared/hash_grid_math.h ``hg_level_scale``,
+  the same steps), so CPU, GPU, pure TF and the NumPy reference agree bitwise.
 * ``pos = fma(scale_l, x, 0.5)``: float32 with ONE rounding of ``x * scale_l + 0.5`` (tcnn's ``fmaf``; every backend
   uses a fused multiply-add or emulates it exactly), ``grid = floor(pos)`` (a non-negative integer vector),
   ``frac = pos - grid``. Linear interpolation blends the ``2^D`` corners ``grid + c`` (c in {0,1}^D) with weights
@@ -64,8 +66,45 @@ _DENSE_CAP = 2**31 - 1  # tcnn: uint32 max / 2
 
 
 def _f32(v: float) -> float:
-    """Rounds a Python float to the nearest float32 value (returned as a Python float)."""
-    return struct.unpack("f", struct.pack("f", v))[0]
+    """Rounds a Python float to the nearest float32 value (returned as a Python float; overflow gives +-inf)."""
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
+# Correctly rounded float32 exp2/log2 of the level-scale arguments (x in [0, 24.5], b in [1, 2^24 + 2]): the
+# double libm value rounded to float, except for the arguments whose exact value lies within 4 double ulps of a
+# midpoint between floats (all of them, from an exhaustive search: tools/check_level_scale_rounding.py); the same
+# table as hg_exp2_f32 / hg_log2_f32 in csrc/shared/hash_grid_math.h.
+_EXP2_HARD = {float.fromhex(a): float.fromhex(b) for a, b in (
+    ("0x1.853a6ep-9", "0x1.00870ap+0"), ("0x1.0f0af8p-11", "0x1.00177cp+0"), ("0x1.05535ap-7", "0x1.016b46p+0"),
+    ("0x1.0f39eep-18", "0x1.00003p+0"))}
+_LOG2_HARD = {float.fromhex("0x1.40f572p+1"): float.fromhex("0x1.5384bcp+0")}
+_exp2 = getattr(math, "exp2", lambda v: 2.0 ** v)  # math.exp2: Python >= 3.11
+
+
+def _exp2_f32(x: float) -> float:
+    """float32 2^x, correctly rounded, for a float32 ``x`` in [0, 24.5]."""
+    if x in _EXP2_HARD:
+        return _EXP2_HARD[x]
+    return _f32(_exp2(x)) if x < 1024.0 else math.inf  # beyond 128 the float32 result is inf anyway
+
+
+def _log2_f32(b: float) -> float:
+    """float32 log2(b), correctly rounded, for a float32 ``b`` in [1, 2^24 + 2]."""
+    return _LOG2_HARD[b] if b in _LOG2_HARD else _f32(math.log2(b))
+
+
+def level_scale(level: int, per_level_scale: float, base_resolution: int) -> float:
+    """tcnn's level scale ``exp2f(float(level) * log2f(b)) * N_min - 1.0f``, every step rounded to float32:
+    ``log2_b = fl(log2 fl(b))``, ``x = fl(level * log2_b)``, ``p = fl(2^x)``, ``m = fl(p * N_min)``,
+    ``fl(m - 1)``. The products and the difference are exact in double, so rounding them once is the float32
+    operation. Returned as a Python float holding a float32 value."""
+    log2_b = _log2_f32(_f32(float(per_level_scale)))
+    x = _f32(float(level) * log2_b)
+    m = _f32(_exp2_f32(x) * float(base_resolution))
+    return _f32(m - 1.0)
 
 
 def _next_multiple(v: int, m: int) -> int:
@@ -161,9 +200,8 @@ class HashGridConfig:
 
     # ---- per-level quantities -------------------------------------------------------------------------------
     def scale(self, level: int) -> float:
-        """``scale_l`` as a float32 value (see the module docstring for the exact rounding)."""
-        log2_b = math.log2(_f32(self.per_level_scale))
-        return _f32(2.0 ** (level * log2_b) * self.base_resolution - 1.0)
+        """``scale_l`` as a float32 value (``level_scale``: tcnn's float32 steps)."""
+        return level_scale(level, self.per_level_scale, self.base_resolution)
 
     def resolution(self, level: int) -> int:
         return int(math.ceil(self.scale(level))) + 1
