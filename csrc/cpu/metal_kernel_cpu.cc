@@ -22,27 +22,17 @@ using tfmo::metal_kernel::Attrs;
 using tfmo::metal_kernel::Launch;
 using tfmo::metal_kernel::Slot;
 
-struct State {
-  std::unique_ptr<Attrs> attrs;
-  bool checked = false;
-  std::atomic<const TfmoInlineKernel*> kernel{nullptr};  // resolved on first use
-};
-
 bool BoundsCheckRequested() {
   const char* v = std::getenv("TF_METAL_OPS_BOUNDS_CHECK");
   return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
-void* Create(TF_OpKernelConstruction* c) {
-  std::unique_ptr<Attrs> a = tfmo::metal_kernel::ReadAttrs(c);
-  if (!a) return nullptr;
-  auto* s = new State;
-  s->attrs = std::move(a);
-  s->checked = BoundsCheckRequested();
-  return s;
-}
-
-void Delete(void* s) { delete static_cast<State*>(s); }
+struct State {
+  std::unique_ptr<Attrs> attrs;
+  bool checked = false;
+  std::atomic<const TfmoInlineKernel*> kernel{nullptr};  // resolved on first use
+  void Init() { checked = BoundsCheckRequested(); }
+};
 
 template <class T>
 void FillAs(void* data, int64_t n, T v) {
@@ -76,14 +66,10 @@ void Compute(void* state, TF_OpKernelContext* ctx) {
   State& st = *static_cast<State*>(state);
   const Attrs& a = *st.attrs;
   Launch l;
-  if (!tfmo::metal_kernel::ReadLaunch(ctx, a, &l)) return;
-  std::vector<tfmo::TensorRef> in(a.tin.size()), out(a.tout.size());
-  for (size_t i = 0; i < in.size(); ++i)
-    if (!tfmo::GetInput(ctx, static_cast<int>(i), &in[i])) return;
-  for (size_t j = 0; j < out.size(); ++j) {
-    if (!tfmo::AllocateOutput(ctx, static_cast<int>(j), a.tout[j], l.output_shapes[j], &out[j])) return;
-    if (a.has_init) Fill(out[j], a.init_value);
-  }
+  std::vector<tfmo::TensorRef> in, out;
+  if (!tfmo::metal_kernel::Prepare(ctx, a, &l, &in, &out)) return;
+  if (a.has_init)
+    for (const tfmo::TensorRef& y : out) Fill(y, a.init_value);
   if (l.empty()) return;  // a zero grid dimension: nothing to dispatch
   std::string error;
   const TfmoInlineKernel* k = st.kernel.load(std::memory_order_acquire);
@@ -123,9 +109,9 @@ void Compute(void* state, TF_OpKernelContext* ctx) {
 const tfmo::OnLoad kRegister([] {
   tfmo::KernelSpec spec = tfmo::KernelSpecFor("CPU");
   spec.op = TFMO_OP_METAL_KERNEL;
-  spec.create = &Create;
+  spec.create = &tfmo::metal_kernel::CreateState<State>;
   spec.compute = &Compute;
-  spec.destroy = &Delete;
+  spec.destroy = &tfmo::metal_kernel::DeleteState<State>;
   tfmo::RegisterKernel(spec);
 });
 

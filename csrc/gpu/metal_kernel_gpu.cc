@@ -23,31 +23,19 @@ struct State {
   std::unique_ptr<Attrs> attrs;
   tfmo::gpu::KernelSource source;
   std::vector<std::string> init_kernels;  // by output
+  void Init() {
+    source.msl = attrs->source;
+    for (size_t j = 0; j < attrs->tout.size(); ++j) init_kernels.push_back(attrs->kernel + "_init" + std::to_string(j));
+  }
 };
-
-void* Create(TF_OpKernelConstruction* c) {
-  std::unique_ptr<Attrs> a = tfmo::metal_kernel::ReadAttrs(c);
-  if (!a) return nullptr;
-  auto* s = new State;
-  s->source.msl = a->source;
-  for (size_t j = 0; j < a->tout.size(); ++j) s->init_kernels.push_back(a->kernel + "_init" + std::to_string(j));
-  s->attrs = std::move(a);
-  return s;
-}
-
-void Delete(void* s) { delete static_cast<State*>(s); }
 
 void Compute(void* state, TF_OpKernelContext* ctx) {
   const State& st = *static_cast<State*>(state);
   const Attrs& a = *st.attrs;
   const char* k = a.kernel.c_str();
   Launch l;
-  if (!tfmo::metal_kernel::ReadLaunch(ctx, a, &l)) return;
-  std::vector<tfmo::TensorRef> in(a.tin.size()), out(a.tout.size());
-  for (size_t i = 0; i < in.size(); ++i)
-    if (!tfmo::GetInput(ctx, static_cast<int>(i), &in[i])) return;
-  for (size_t j = 0; j < out.size(); ++j)
-    if (!tfmo::AllocateOutput(ctx, static_cast<int>(j), a.tout[j], l.output_shapes[j], &out[j])) return;
+  std::vector<tfmo::TensorRef> in, out;
+  if (!tfmo::metal_kernel::Prepare(ctx, a, &l, &in, &out)) return;
   tfmo::gpu::Call call(ctx, "metal_kernel");
   if (a.has_init) {
     for (size_t j = 0; j < out.size(); ++j) {
@@ -87,9 +75,9 @@ void Compute(void* state, TF_OpKernelContext* ctx) {
 const tfmo::OnLoad kRegister([] {
   tfmo::KernelSpec spec = tfmo::KernelSpecFor("GPU");
   spec.op = TFMO_OP_METAL_KERNEL;
-  spec.create = &Create;
+  spec.create = &tfmo::metal_kernel::CreateState<State>;
   spec.compute = &Compute;
-  spec.destroy = &Delete;
+  spec.destroy = &tfmo::metal_kernel::DeleteState<State>;
   spec.host_memory = {"launch_values"};
   tfmo::RegisterKernel(spec);
 });

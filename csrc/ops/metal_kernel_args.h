@@ -251,6 +251,35 @@ inline bool ReadLaunch(TF_OpKernelContext* ctx, const Attrs& a, Launch* out) {
   return true;
 }
 
+// The per-device kernels' state: the attributes, parsed once when TF creates the kernel, and what each device adds
+// (State::Init). CreateState/DeleteState are the kernel's create/destroy functions.
+template <class State>
+void* CreateState(TF_OpKernelConstruction* c) {
+  std::unique_ptr<Attrs> a = ReadAttrs(c);
+  if (!a) return nullptr;
+  auto* s = new State;
+  s->attrs = std::move(a);
+  s->Init();
+  return s;
+}
+template <class State>
+void DeleteState(void* s) {
+  delete static_cast<State*>(s);
+}
+
+// This call's launch description, inputs and outputs (allocated with their shapes). False after failing ctx.
+inline bool Prepare(TF_OpKernelContext* ctx, const Attrs& a, Launch* l, std::vector<TensorRef>* in,
+                    std::vector<TensorRef>* out) {
+  if (!ReadLaunch(ctx, a, l)) return false;
+  in->resize(a.tin.size());
+  out->resize(a.tout.size());
+  for (size_t i = 0; i < in->size(); ++i)
+    if (!GetInput(ctx, static_cast<int>(i), &(*in)[i])) return false;
+  for (size_t j = 0; j < out->size(); ++j)
+    if (!AllocateOutput(ctx, static_cast<int>(j), a.tout[j], l->output_shapes[j], &(*out)[j])) return false;
+  return true;
+}
+
 // Input i's dims / row-major element strides / rank as the int32 values bound for shape:i, strides:i, ndim:i
 // (at least one value: a 0-d input binds a single 0). False after failing ctx (a dim over int32).
 inline bool ShapeValues(TF_OpKernelContext* ctx, const Attrs& a, const TensorRef& t, Slot::Kind kind, int input,
