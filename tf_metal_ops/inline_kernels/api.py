@@ -80,9 +80,7 @@ def _template_key(template) -> tuple:
 class _Launch:
     static: list[int] | None  # the whole launch description when every part is a Python int
     dynamic: Any              # else: a 1-D int64 tensor
-    grid: tuple               # per dimension: int or None (dynamic)
-    group: tuple
-    shapes: list[list]        # per output: per dimension int or None
+    shapes: list[list]        # per output: per dimension int or None (the static shapes set in graphs)
 
 
 def _ints(value):
@@ -168,9 +166,9 @@ def _launch(grid, threadgroup, output_shapes, n_outputs: int) -> _Launch:
     flat = [*g, *t, *[v for s in shapes for v in s]]
     known = lambda vs: tuple(v if isinstance(v, int) else None for v in vs)  # noqa: E731
     if all(isinstance(v, int) for v in flat):
-        return _Launch(flat, None, known(g), known(t), [list(known(s)) for s in shapes])
+        return _Launch(flat, None, [list(known(s)) for s in shapes])
     dynamic = tf.stack([tf.cast(v, tf.int64) for v in flat])
-    return _Launch(None, dynamic, known(g), known(t), [list(known(s)) for s in shapes])
+    return _Launch(None, dynamic, [list(known(s)) for s in shapes])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,9 +208,8 @@ def _run(inst: _Instance, inputs: list, launch: _Launch):
     return outs
 
 
-def _as_tensor(x, dtype=None):
-    tf = _tf()
-    return x if tf.is_tensor(x) and dtype is None else tf.convert_to_tensor(x, dtype=dtype)
+def _as_tensor(x):
+    return _tf().convert_to_tensor(x)
 
 
 class MetalKernel:

@@ -93,7 +93,6 @@ using detail::dim;
 
 template <class Body>
 struct Job {
-  const TfmoInlineLaunch* launch;
   Body* body;
   uint3 grid, group, groups;
   Violation violation;
@@ -174,7 +173,6 @@ void run_fibers(void* arg, int64_t begin, int64_t end) {
 template <bool kBarriers, bool kChecked, class Body>
 int run(const TfmoInlineLaunch* launch, Body& body, char* error, size_t error_len) {
   Job<Body> job;
-  job.launch = launch;
   job.body = &body;
   job.grid = uint3{launch->grid[0], launch->grid[1], launch->grid[2]};
   job.group = uint3{launch->group[0], launch->group[1], launch->group[2]};
