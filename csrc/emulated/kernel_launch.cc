@@ -76,7 +76,39 @@ const table::KernelDesc* Find(const char* name, std::string* err) {
   return it->second;
 }
 
-std::string CheckBuffer(const char* k, const table::ParamDesc& p, const SlotBinding& b) {
+// Function constants: exactly the file's, each with its declared type.
+std::string CheckConstants(const table::KernelDesc& kd, const std::vector<ConstantValue>& constants) {
+  const char* k = kd.name;
+  const table::FileDesc& f = *kd.file;
+  for (size_t i = 0; i < constants.size(); ++i) {
+    const ConstantValue& c = constants[i];
+    if (i > 0 && constants[i - 1].index >= c.index)
+      return Format("%s: function constants must be sorted by index and unique (index %u follows %u)", k, c.index,
+                    constants[i - 1].index);
+    if (TypeName(c.type) == nullptr)
+      return Format("%s: function constant %u has type code '%c' (expected b, i, u or f)", k, c.index, c.type);
+    const table::ConstantDesc* decl = nullptr;
+    for (size_t j = 0; j < f.num_constants; ++j)
+      if (f.constants[j].index == c.index) decl = &f.constants[j];
+    if (decl == nullptr)
+      return Format("%s: function constant %u is given, but %s declares no [[function_constant(%u)]]", k, c.index,
+                    f.path, c.index);
+    if (decl->type != c.type)
+      return Format("%s: function constant %u '%s' is %s, but the value given is %s", k, c.index, decl->name,
+                    TypeName(decl->type), TypeName(c.type));
+  }
+  for (size_t j = 0; j < f.num_constants; ++j) {
+    const table::ConstantDesc& c = f.constants[j];
+    bool given = false;
+    for (const ConstantValue& v : constants) given |= v.index == c.index;
+    if (!given)
+      return Format("%s: function constant %u '%s' (%s) of %s has no value", k, c.index, c.name, TypeName(c.type),
+                    f.path);
+  }
+  return "";
+}
+
+std::string CheckBuffer(const char* k, const table::ParamDesc& p, const SlotBinding& b, bool untyped) {
   const uint32_t n = p.index;
   if (b.kind == SlotBinding::Kind::kNone)
     return Format("%s: buffer(%u) '%s' is %s, but nothing is bound there", k, n, p.name, p.decl);
@@ -85,9 +117,9 @@ std::string CheckBuffer(const char* k, const table::ParamDesc& p, const SlotBind
     return Format("%s: buffer(%u) '%s' is %s, which the kernel may write, but read-only bytes (setBytes) are bound",
                   k, n, p.name, p.decl);
   if (b.kind == SlotBinding::Kind::kBuffer && p.scalar != nullptr) {
-    if (b.scalar == nullptr)
+    if (b.scalar == nullptr && !untyped)
       return Format("%s: buffer(%u) '%s' is %s, but a buffer of unknown element type is bound", k, n, p.name, p.decl);
-    if (std::strcmp(b.scalar, p.scalar) != 0)
+    if (b.scalar != nullptr && std::strcmp(b.scalar, p.scalar) != 0)
       return Format("%s: buffer(%u) '%s' is %s, but a %s buffer is bound", k, n, p.name, p.decl, b.scalar);
   }
   if (p.is_pointer) {
@@ -133,7 +165,7 @@ std::string Check(const table::KernelDesc& kd, const LaunchDesc& d) {
     const table::ParamDesc& p = kd.params[i];
     if (p.kind == table::ParamKind::kBuffer) {
       buffer_param[p.index] = true;
-      if (std::string e = CheckBuffer(k, p, d.buffers[p.index]); !e.empty()) return e;
+      if (std::string e = CheckBuffer(k, p, d.buffers[p.index], d.untyped_buffers); !e.empty()) return e;
     } else if (p.kind == table::ParamKind::kThreadgroup) {
       tg_param[p.index] = true;
       const size_t len = d.threadgroup_memory[p.index];
@@ -161,33 +193,7 @@ std::string Check(const table::KernelDesc& kd, const LaunchDesc& d) {
     return Format("%s: threadgroup memory of %zu bytes in all exceeds the %zu-byte limit", k, tg_total,
                   kMaxThreadgroupMemory);
 
-  // Function constants: exactly the file's, each with its declared type.
-  const table::FileDesc& f = *kd.file;
-  for (size_t i = 0; i < d.constants.size(); ++i) {
-    const ConstantValue& c = d.constants[i];
-    if (i > 0 && d.constants[i - 1].index >= c.index)
-      return Format("%s: function constants must be sorted by index and unique (index %u follows %u)", k, c.index,
-                    d.constants[i - 1].index);
-    if (TypeName(c.type) == nullptr)
-      return Format("%s: function constant %u has type code '%c' (expected b, i, u or f)", k, c.index, c.type);
-    const table::ConstantDesc* decl = nullptr;
-    for (size_t j = 0; j < f.num_constants; ++j)
-      if (f.constants[j].index == c.index) decl = &f.constants[j];
-    if (decl == nullptr)
-      return Format("%s: function constant %u is given, but %s declares no [[function_constant(%u)]]", k, c.index,
-                    f.path, c.index);
-    if (decl->type != c.type)
-      return Format("%s: function constant %u '%s' is %s, but the value given is %s", k, c.index, decl->name,
-                    TypeName(decl->type), TypeName(c.type));
-  }
-  for (size_t j = 0; j < f.num_constants; ++j) {
-    const table::ConstantDesc& c = f.constants[j];
-    bool given = false;
-    for (const ConstantValue& v : d.constants) given |= v.index == c.index;
-    if (!given)
-      return Format("%s: function constant %u '%s' (%s) of %s has no value", k, c.index, c.name, TypeName(c.type),
-                    f.path);
-  }
+  if (std::string e = CheckConstants(kd, d.constants); !e.empty()) return e;
   return CheckGrid(k, d);
 }
 
@@ -231,6 +237,13 @@ std::string CheckLaunch(const LaunchDesc& d) {
   const table::KernelDesc* kd = Find(d.kernel, &err);
   if (kd == nullptr) return err;
   return Check(*kd, d);
+}
+
+std::string CheckConstants(const char* kernel, const std::vector<ConstantValue>& constants) {
+  std::string err;
+  const table::KernelDesc* kd = Find(kernel, &err);
+  if (kd == nullptr) return err;
+  return CheckConstants(*kd, constants);
 }
 
 std::string Launch(const LaunchDesc& d) {

@@ -54,6 +54,7 @@ struct LaunchDesc {
   bool threadgroups = false;  // false: dispatchThreads(grid = threads); true: dispatchThreadgroups(grid = groups)
   uint64_t grid[3] = {1, 1, 1};
   uint32_t group[3] = {1, 1, 1};  // threads per threadgroup, explicit
+  bool untyped_buffers = false;   // true: kBuffer slots may have scalar == nullptr (Metal buffers carry no type)
 };
 
 // Is there a kernel of this name in the linked kernel table?
@@ -62,6 +63,8 @@ bool HasKernel(const char* name);
 std::string CheckLaunch(const LaunchDesc& d);
 // Checks, then runs the kernel over the grid on the CPU. "" on success, else the message (nothing ran).
 std::string Launch(const LaunchDesc& d);
+// The function-constant part of the contract alone (for a pipeline created before any dispatch).
+std::string CheckConstants(const char* kernel, const std::vector<ConstantValue>& constants);
 // Names of all kernels in the table (for diagnostics and tests).
 std::vector<std::string> KernelNames();
 
