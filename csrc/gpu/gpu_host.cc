@@ -195,6 +195,9 @@ bool Call::RunAndRead(const TensorRef& t, size_t offset, void* out, size_t bytes
     if (bytes == 0 || bytes > kMaxReadBytes || offset > size || bytes > size - offset)
       fail(TF_INTERNAL, "%s: RunAndRead: %zu bytes at offset %zu of a %zu-byte tensor (1 to %zu bytes inside it)", op_,
            bytes, offset, size, kMaxReadBytes);
+    else if (offset % kReadAlignment != 0 || bytes % kReadAlignment != 0)  // macOS blits: multiples of 4 bytes
+      fail(TF_INTERNAL, "%s: RunAndRead: offset %zu and size %zu must be multiples of %zu bytes", op_, offset, bytes,
+           kReadAlignment);
   }
   if (!CheckPasses()) return false;
   HostRead read;

@@ -39,6 +39,7 @@ namespace tfmo::gpu {
 constexpr uint32_t kMaxBufferSlots = 31;  // [[buffer(0..30)]]
 constexpr size_t kMaxBytes = 4096;        // setBytes limit
 constexpr size_t kMaxReadBytes = 4096;    // Call::RunAndRead limit
+constexpr size_t kReadAlignment = 4;      // Call::RunAndRead offset and size (macOS blit copies need multiples of 4)
 
 // Function-constant values for one pipeline, by index ([[function_constant(i)]] in MSL). Setting an index twice
 // keeps the last value. Part of the pipeline cache key.
@@ -150,7 +151,7 @@ class Call {
   // Validates and hands the passes to the backend: one encoder, one commit. Returns false after failing ctx.
   bool Run();
   // Runs the passes added so far (one encoder), commits and waits until the GPU has finished them, then copies
-  // `bytes` (1..kMaxReadBytes) bytes at byte `offset` of device tensor t (an output or a scratch buffer of this
+  // `bytes` (1..kMaxReadBytes) bytes at byte `offset` (both multiples of kReadAlignment) of device tensor t (an output or a scratch buffer of this
   // Call) into host memory `out`. The executed passes are dropped; passes added afterwards run at the next Run() or
   // RunAndRead(); scratch buffers stay with the Call. Returns false after failing ctx (the GPU's failure included).
   bool RunAndRead(const TensorRef& t, size_t offset, void* out, size_t bytes);

@@ -12,8 +12,17 @@
 //    IEEE NaN/inf (NaN positions -> 0, NaN outputs for invalid rays, exp of large arguments).
 //  - Encoding happens only inside dispatch_sync(stream.queue, ...): one compute encoder for all passes of a Call
 //    (serial dispatch: each pass sees the previous one's writes), then one [stream commit]; TF_METAL_OPS_SYNC=1
-//    makes it [stream commitAndWait] and checks the command buffer's status (debugging).
-//  - Scratch tensors are released by the command buffer's completion handler, never while the GPU may use them.
+//    makes it [stream commitAndWait] (debugging). Apple's sample encodes on [stream currentCommandBuffer] at once,
+//    so tensorflow-metal leaves no encoder open there; if creating one fails anyway, the stream is committed and
+//    the next command buffer is tried once.
+//  - Completion: a handler added before the commit records the command buffer's status and error. Waiting (sync
+//    mode, ExecuteAndRead) waits for that handler, outside the stream's queue, with a timeout: never on cb.status
+//    after [stream commitAndWait], since tensorflow-metal's MPSCommandBuffer may commit-and-continue and then wrap
+//    a new buffer. A GPU error of an asynchronous call is kept and fails the next call (and shows in backend_info).
+//  - Scratch tensors are deleted on the op's thread once the passes that use them are encoded (after
+//    dispatch_sync returns), as Apple's sample frees its temporaries: the command buffer retains the MTLBuffers it
+//    references and later work on the stream is ordered after it. Never from Metal's completion thread, where
+//    tensorflow-metal's allocator could contend for the stream's queue.
 //  - Errors never abort: every failure becomes an op error through TF_OpKernelContext_Failure.
 #import <Foundation/Foundation.h>
 #import <Metal/Metal.h>
@@ -23,7 +32,9 @@
 #include <malloc/malloc.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cinttypes>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -106,14 +117,36 @@ bool IsRegisteredClass(Class cls) {
   return found;
 }
 
-bool LooksLikeObject(const void* p) {
-  if (p == nullptr) return false;
+// `why` (may be null) receives what the check saw: the zone, the block size and the class, for a message that
+// explains a rejection on the first run.
+bool LooksLikeObject(const void* p, std::string* why = nullptr) {
+  if (p == nullptr) {
+    if (why) *why = "a null pointer";
+    return false;
+  }
   static const bool skip = EnvIs("TF_METAL_OPS_SKIP_OBJECT_CHECK", "1");
   if (skip) return true;
-  if (malloc_zone_from_ptr(p) == nullptr || malloc_size(p) < 2 * sizeof(void*)) return false;
+  malloc_zone_t* zone = malloc_zone_from_ptr(p);
+  const size_t size = zone != nullptr ? malloc_size(p) : 0;
+  char buf[160];
+  if (zone == nullptr || size < 2 * sizeof(void*)) {
+    std::snprintf(buf, sizeof buf, "%p: malloc_zone_from_ptr = %p, malloc_size = %zu (not the start of a heap block)",
+                  p, static_cast<void*>(zone), size);
+    if (why) *why = buf;
+    return false;
+  }
   Class cls = object_getClass((__bridge id)p);  // reads the block's first word only
-  return cls != Nil && IsRegisteredClass(cls);
+  const bool ok = cls != Nil && IsRegisteredClass(cls);
+  if (!ok && why) {
+    std::snprintf(buf, sizeof buf, "%p: malloc_zone_from_ptr = %p, malloc_size = %zu, isa %p is no registered class", p,
+                  static_cast<void*>(zone), size, (__bridge void*)cls);
+    *why = buf;
+  }
+  return ok;
 }
+
+// The class name of an object that passed LooksLikeObject.
+std::string ClassName(id obj) { return object_getClassName(obj) ?: "?"; }
 
 // ---- Where the op library lives --------------------------------------------------------------------------
 NSURL* LibraryDirectory() {
@@ -348,9 +381,11 @@ id<TFMOMetalStream> GetStream(TF_OpKernelContext* ctx, bool wait, std::string* e
              (status.ok() ? "returned null" : status.message()) + "); Metal kernels need tensorflow-metal's GPU device";
     return nil;
   }
-  if (!LooksLikeObject(sp)) {
-    *error = "tf_metal_ops: the GPU device's stream is not an Objective-C object, so the GPU plugin is not "
-             "tensorflow-metal; tf_metal_ops' Metal kernels need tensorflow-metal's stream protocol";
+  std::string why;
+  if (!LooksLikeObject(sp, &why)) {
+    *error = "tf_metal_ops: the GPU device's stream is not an Objective-C object (" + why + "), so the GPU plugin is "
+             "not tensorflow-metal; tf_metal_ops' Metal kernels need tensorflow-metal's stream protocol (if it is "
+             "tensorflow-metal, TF_METAL_OPS_SKIP_OBJECT_CHECK=1 skips this check; please report it)";
     return nil;
   }
   id obj = (__bridge id)(void*)sp;
@@ -387,7 +422,8 @@ id<TFMOMetalStream> GetStream(TF_OpKernelContext* ctx, bool wait, std::string* e
 // The MTLBuffer behind a tensor bound to a pass, or nil with a message.
 id<MTLBuffer> BufferOf(const Binding& b, uint32_t slot, std::string* error) {
   void* data = TF_TensorData(b.tensor);
-  id obj = LooksLikeObject(data) ? (__bridge id)data : nil;
+  std::string why;
+  id obj = LooksLikeObject(data, &why) ? (__bridge id)data : nil;
   bool is_buffer = false;
   if (obj != nil) {
     const void* cls = (__bridge const void*)object_getClass(obj);
@@ -400,7 +436,8 @@ id<MTLBuffer> BufferOf(const Binding& b, uint32_t slot, std::string* error) {
   if (!is_buffer) {
     *error = "buffer " + std::to_string(slot) +
              ": the tensor's data is not an MTLBuffer (a tensor in host memory, a slice sharing another tensor's "
-             "buffer, or a GPU plugin other than tensorflow-metal)";
+             "buffer, or a GPU plugin other than tensorflow-metal): " +
+             (obj != nil ? "an object of class " + ClassName(obj) : why);
     return nil;
   }
   id<MTLBuffer> buf = (id<MTLBuffer>)obj;
@@ -503,13 +540,95 @@ TF_Code ResolveFailureCode(const Call& call) {
   return TF_INTERNAL;
 }
 
-// Scratch tensors of one Call, deleted when the command buffer completes (or here, when nothing was encoded).
-struct ScratchHold {
-  std::vector<TF_Tensor*> tensors;
-  ~ScratchHold() {
-    for (TF_Tensor* t : tensors) TF_DeleteTensor(t);
-  }
+// ---- Completion ---------------------------------------------------------------------------------------------
+// What a command buffer's completed handler saw (the handler is added before the commit), for a waiter.
+struct Completion {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool failed = false;
+  std::string error;
 };
+
+// GPU errors of calls nobody waited for: the first unreported one fails the next call; all are counted.
+std::mutex g_gpu_error_mu;
+std::string* g_pending_gpu_error = new std::string();  // never freed (process-long)
+std::string* g_last_gpu_error = new std::string();
+uint64_t g_gpu_errors = 0;
+
+void AddCompletionHandler(id<MTLCommandBuffer> cb, std::shared_ptr<Completion> c, bool report_async, std::string op) {
+  [cb addCompletedHandler:^(id<MTLCommandBuffer> done) {
+    // `done` is the command buffer that ran (an MPSCommandBuffer's root), so its status is the real one.
+    const bool failed = done.status == MTLCommandBufferStatusError;
+    const std::string message = failed ? op + ": the GPU command buffer failed: " + Describe(done.error) : "";
+    if (failed) {
+      std::lock_guard<std::mutex> lock(g_gpu_error_mu);
+      ++g_gpu_errors;
+      *g_last_gpu_error = message;
+      if (report_async && g_pending_gpu_error->empty()) *g_pending_gpu_error = message;
+    }
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      c->done = true;
+      c->failed = failed;
+      c->error = message;
+    }
+    c->cv.notify_all();
+  }];
+}
+
+double TimeoutSeconds() {
+  static const double t = [] {
+    const char* v = std::getenv("TF_METAL_OPS_GPU_TIMEOUT");
+    const double s = v != nullptr ? std::atof(v) : 0;
+    return s > 0 ? s : 300.0;
+  }();
+  return t;
+}
+
+// Waits (outside the stream's queue) for the completed handler. False with *error on a GPU error or timeout.
+bool WaitFor(Completion& c, TF_Code* code, std::string* error) {
+  std::unique_lock<std::mutex> lock(c.mu);
+  const auto limit = std::chrono::duration<double>(TimeoutSeconds());
+  if (!c.cv.wait_for(lock, limit, [&] { return c.done; })) {
+    *code = TF_DEADLINE_EXCEEDED;
+    *error = "the GPU did not finish the command buffer within " + std::to_string(int(TimeoutSeconds())) +
+             " s (TF_METAL_OPS_GPU_TIMEOUT)";
+    return false;
+  }
+  if (c.failed) {
+    *code = TF_INTERNAL;
+    *error = c.error;
+    return false;
+  }
+  return true;
+}
+
+// The first GPU error of an earlier asynchronous call, once ("" when there is none).
+std::string TakePendingGpuError() {
+  std::lock_guard<std::mutex> lock(g_gpu_error_mu);
+  std::string e;
+  e.swap(*g_pending_gpu_error);
+  return e;
+}
+
+// A compute or blit encoder on the stream's current command buffer (inside the stream's queue). If the buffer
+// refuses one, the stream is committed and its next command buffer is tried once.
+template <class Make>
+id EncoderOn(id<TFMOMetalStream> stream, id<MTLCommandBuffer>* cb, Make make) {
+  *cb = [stream currentCommandBuffer];
+  if (*cb == nil) return nil;
+  id enc = make(*cb);
+  if (enc != nil) return enc;
+  [stream commit];
+  *cb = [stream currentCommandBuffer];
+  return *cb != nil ? make(*cb) : nil;
+}
+
+void DeleteTensors(std::vector<TF_Tensor*>* tensors) {
+  for (TF_Tensor* t : *tensors) TF_DeleteTensor(t);
+  tensors->clear();
+}
 
 }  // namespace
 
@@ -519,9 +638,13 @@ bool Execute(Call& call) {
   const bool wait = SyncRequested();
   TF_Code code = TF_OK;
   std::string error;
+  if (std::string earlier = TakePendingGpuError(); !earlier.empty())
+    return Fail(ctx, TF_INTERNAL, "tf_metal_ops: %s: an earlier GPU call failed: %s", op, earlier.c_str());
+  auto completion = std::make_shared<Completion>();
+  std::vector<TF_Tensor*> scratch;
   @autoreleasepool {  // TF's threads never drain a pool of their own
     @try {
-      id<TFMOMetalStream> stream = GetStream(ctx, wait, &error);
+      id<TFMOMetalStream> stream = GetStream(ctx, /*wait=*/false, &error);
       if (stream == nil) return Fail(ctx, TF_FAILED_PRECONDITION, "%s", error.c_str());
       dispatch_queue_t queue = [stream queue];
       if (queue == nil) return Fail(ctx, TF_FAILED_PRECONDITION, "tf_metal_ops: the Metal stream has no dispatch queue");
@@ -530,39 +653,27 @@ bool Execute(Call& call) {
       if (!Resolve(call, &passes, &device, &error))
         return Fail(ctx, ResolveFailureCode(call), "tf_metal_ops: %s: %s", op, error.c_str());
       if (passes.empty()) return true;
-      auto scratch = std::make_shared<ScratchHold>();
-      scratch->tensors = call.TakeScratch();
+      scratch = call.TakeScratch();
       std::string* err = &error;  // the block runs synchronously: stack pointers stay valid
       TF_Code* codep = &code;
       const std::vector<Resolved>* passesp = &passes;
+      const std::string op_name = op;
       dispatch_sync(queue, ^{
         @autoreleasepool {
           @try {
-            id<MTLCommandBuffer> cb = [stream currentCommandBuffer];
-            if (cb == nil) {
-              *codep = TF_INTERNAL;
-              *err = "the Metal stream has no current command buffer";
-              return;
-            }
-            id<MTLComputeCommandEncoder> enc = [cb computeCommandEncoder];
+            id<MTLCommandBuffer> cb = nil;
+            id<MTLComputeCommandEncoder> enc =
+                EncoderOn(stream, &cb, [](id<MTLCommandBuffer> b) -> id { return [b computeCommandEncoder]; });
             if (enc == nil) {
               *codep = TF_INTERNAL;
-              *err = "could not create a Metal compute command encoder";
+              *err = cb == nil ? "the Metal stream has no current command buffer"
+                               : "could not create a Metal compute command encoder";
               return;
             }
             EncodePasses(enc, *passesp);
             [enc endEncoding];
-            std::shared_ptr<ScratchHold> hold = scratch;  // the handler owns the scratch until the GPU is done
-            [cb addCompletedHandler:^(id<MTLCommandBuffer>) { (void)hold; }];
-            if (!wait) {
-              [stream commit];
-              return;
-            }
-            [stream commitAndWait];
-            if (cb.status == MTLCommandBufferStatusError) {
-              *codep = TF_INTERNAL;
-              *err = "the command buffer failed: " + Describe(cb.error);
-            }
+            AddCompletionHandler(cb, completion, /*report_async=*/!wait, op_name);
+            [stream commit];
           } @catch (NSException* e) {
             *codep = TF_INTERNAL;
             *err = "Objective-C exception " + ToString(e.name) + ": " + ToString(e.reason);
@@ -574,22 +685,27 @@ bool Execute(Call& call) {
       error = "Objective-C exception " + ToString(e.name) + ": " + ToString(e.reason);
     }
   }
+  DeleteTensors(&scratch);  // encoded: the command buffer holds the buffers, later stream work is ordered after it
+  if (code == TF_OK && wait) WaitFor(*completion, &code, &error);
   if (code != TF_OK) return Fail(ctx, code, "tf_metal_ops: %s: %s", op, error.c_str());
   return true;
 }
 
 // RunAndRead's backend half: the passes and a blit of the requested bytes into a shared staging buffer, in the
-// stream's current command buffer; [stream commitAndWait]; then the staging buffer's contents are copied out. The
-// blit (not -contents of the tensor's own buffer) works whatever the storage mode of tensorflow-metal's buffers.
-// Scratch tensors stay with the Call: the GPU is done with them when this returns.
+// stream's current command buffer, one commit; then, outside the queue, a wait for the completed handler and a copy
+// out of the staging buffer. The blit (not -contents of the tensor's own buffer) works whatever the storage mode of
+// tensorflow-metal's buffers. Scratch tensors stay with the Call (they may be bound again by later passes).
 bool ExecuteAndRead(Call& call, const HostRead& read) {
   TF_OpKernelContext* ctx = call.ctx();
   const char* op = call.op();
   TF_Code code = TF_OK;
   std::string error;
+  if (std::string earlier = TakePendingGpuError(); !earlier.empty())
+    return Fail(ctx, TF_INTERNAL, "tf_metal_ops: %s: an earlier GPU call failed: %s", op, earlier.c_str());
+  auto completion = std::make_shared<Completion>();
   @autoreleasepool {
     @try {
-      id<TFMOMetalStream> stream = GetStream(ctx, /*wait=*/true, &error);
+      id<TFMOMetalStream> stream = GetStream(ctx, /*wait=*/false, &error);
       if (stream == nil) return Fail(ctx, TF_FAILED_PRECONDITION, "%s", error.c_str());
       dispatch_queue_t queue = [stream queue];
       if (queue == nil) return Fail(ctx, TF_FAILED_PRECONDITION, "tf_metal_ops: the Metal stream has no dispatch queue");
@@ -613,45 +729,43 @@ bool ExecuteAndRead(Call& call, const HostRead& read) {
       TF_Code* codep = &code;
       const std::vector<Resolved>* passesp = &passes;
       const NSUInteger offset = read.offset, length = read.bytes;
+      const std::string op_name = op;
       dispatch_sync(queue, ^{
         @autoreleasepool {
           @try {
-            id<MTLCommandBuffer> cb = [stream currentCommandBuffer];
-            if (cb == nil) {
-              *codep = TF_INTERNAL;
-              *err = "the Metal stream has no current command buffer";
-              return;
-            }
+            id<MTLCommandBuffer> cb = nil;
             if (!passesp->empty()) {
-              id<MTLComputeCommandEncoder> enc = [cb computeCommandEncoder];
+              id<MTLComputeCommandEncoder> enc =
+                  EncoderOn(stream, &cb, [](id<MTLCommandBuffer> b) -> id { return [b computeCommandEncoder]; });
               if (enc == nil) {
                 *codep = TF_INTERNAL;
-                *err = "could not create a Metal compute command encoder";
+                *err = cb == nil ? "the Metal stream has no current command buffer"
+                                 : "could not create a Metal compute command encoder";
                 return;
               }
               EncodePasses(enc, *passesp);
               [enc endEncoding];
             }
-            id<MTLBlitCommandEncoder> blit = [cb blitCommandEncoder];
+            id<MTLBlitCommandEncoder> blit =
+                cb != nil ? [cb blitCommandEncoder]
+                          : EncoderOn(stream, &cb, [](id<MTLCommandBuffer> b) -> id { return [b blitCommandEncoder]; });
             if (blit == nil) {
               *codep = TF_INTERNAL;
-              *err = "could not create a Metal blit command encoder";
+              *err = cb == nil ? "the Metal stream has no current command buffer"
+                               : "could not create a Metal blit command encoder";
               return;
             }
             [blit copyFromBuffer:source sourceOffset:offset toBuffer:staging destinationOffset:0 size:length];
             [blit endEncoding];
-            [stream commitAndWait];
-            if (cb.status != MTLCommandBufferStatusCompleted) {
-              *codep = TF_INTERNAL;
-              *err = "the command buffer did not complete: " + Describe(cb.error);
-            }
+            AddCompletionHandler(cb, completion, /*report_async=*/false, op_name);
+            [stream commit];
           } @catch (NSException* e) {
             *codep = TF_INTERNAL;
             *err = "Objective-C exception " + ToString(e.name) + ": " + ToString(e.reason);
           }
         }
       });
-      if (code == TF_OK) std::memcpy(read.out, staging.contents, read.bytes);
+      if (code == TF_OK && WaitFor(*completion, &code, &error)) std::memcpy(read.out, staging.contents, read.bytes);
     } @catch (NSException* e) {
       code = TF_INTERNAL;
       error = "Objective-C exception " + ToString(e.name) + ": " + ToString(e.reason);
@@ -738,13 +852,21 @@ extern "C" __attribute__((visibility("default"))) const char* tfmo_metal_info(vo
       candidates += std::string(candidates.empty() ? "" : ", ") + "{\"path\": " + JsonString(ToString(url.path)) +
                     ", \"exists\": " + JsonBool(Exists(url)) + "}";
     }
+    uint64_t gpu_errors = 0;
+    std::string last_gpu_error;
+    {
+      std::lock_guard<std::mutex> lock(g_gpu_error_mu);
+      gpu_errors = g_gpu_errors;
+      last_gpu_error = *g_last_gpu_error;
+    }
     NSURL* dir = LibraryDirectory();
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.3f", seconds);
     json = std::string("{\"device_available\": ") + JsonBool(devices.count > 0) + ", \"devices\": [" + list + "]" +
            ", \"device_in_use\": " + (in_use ? std::to_string(in_use) : "null") +
            ", \"os\": " + JsonString(ToString([[NSProcessInfo processInfo] operatingSystemVersionString])) +
-           ", \"sync\": " + JsonBool(SyncRequested()) +
+           ", \"sync\": " + JsonBool(SyncRequested()) + ", \"gpu_errors\": " + std::to_string(gpu_errors) +
+           ", \"last_gpu_error\": " + (last_gpu_error.empty() ? "null" : JsonString(last_gpu_error)) +
            ", \"library\": {\"origins\": [" + origins + "]" +
            ", \"compile_seconds\": " + secs +
            ", \"error\": " + (errors.empty() ? "null" : JsonString(errors)) +

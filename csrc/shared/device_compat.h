@@ -13,6 +13,9 @@
 
 #if defined(__METAL_VERSION__)
 #include <metal_stdlib>
+// No contraction of a*b + c into an FMA (Metal compilers contract by default, fast math on or off): results match
+// the CPU kernels, built with -ffp-contract=off. The metallibs get -ffp-contract=off too (tools/metal_sources.py).
+#pragma clang fp contract(off)
 #define TFMO_FN inline
 #define TFMO_THREAD thread
 #define TFMO_DEVICE device

@@ -28,6 +28,7 @@ import threading
 from pathlib import Path
 
 from tf_metal_ops import _builder, msl_check
+from tf_metal_ops.emulated_gpu import metal_double
 
 ENV_SWITCH = "TF_METAL_OPS_EMULATED_GPU"
 DEVICE_LIBRARY = "libtfmo_emulated_device.so"
@@ -42,8 +43,14 @@ class EmulatedGPUError(RuntimeError):
 
 
 def requested() -> bool:
-    """True when the environment asks for the emulated GPU (TF_METAL_OPS_EMULATED_GPU=1)."""
-    return os.environ.get(ENV_SWITCH, "") == "1"
+    """True when the environment asks for an emulated GPU: TF_METAL_OPS_EMULATED_GPU=1 (the emulated backend) or
+    =metal (the Metal backend over the doubles of Apple's stack, metal_double.py)."""
+    return backend() is not None
+
+
+def backend() -> str | None:
+    """The GPU backend the switch asks for: "emulated" (=1), "metal" (=metal), else None."""
+    return {"1": "emulated", "metal": "metal"}.get(os.environ.get(ENV_SWITCH, ""))
 
 
 # ---- sources -------------------------------------------------------------------------------------------------
@@ -97,23 +104,37 @@ def cache_root() -> Path:
 
 
 # ---- build ---------------------------------------------------------------------------------------------------
-def _key(compiler: str, tf_include: str, tf_lib: str, root: Path) -> str:
+def _key(compiler: str, tf_include: str, tf_lib: str, root: Path, extra: list[str] = ()) -> str:
     import tensorflow as tf
 
-    parts = [_builder.compiler_identity(compiler), tf.__version__, tf_include, tf_lib, sys.version]
-    files = _builder.tree_files(root, ("csrc", "metal_kernels", "tools/msl_emu"))
-    return _builder.content_key(parts, [*files, Path(__file__).with_name("glue.py"), Path(__file__)])
+    parts = [_builder.compiler_identity(compiler), tf.__version__, tf_include, tf_lib, sys.version, *extra]
+    files = _builder.tree_files(root, ("csrc", "metal_kernels", "tools/msl_emu", "tools/apple_mock"))
+    here = Path(__file__).parent
+    return _builder.content_key(parts, [*files, here / "glue.py", here / "metal_double.py", Path(__file__)])
 
 
-def build(verbose: bool = False) -> dict[str, Path]:
-    """Compiles the device and the GPU kernel library into the cache (once per content hash); returns their paths."""
+def build(verbose: bool = False, gpu_backend: str | None = None) -> dict[str, Path]:
+    """Compiles the device and the GPU kernel library into the cache (once per content hash); returns their paths.
+    `gpu_backend`: "emulated" or "metal" (default: what TF_METAL_OPS_EMULATED_GPU asks for, else "emulated")."""
     from tf_metal_ops.emulated_gpu import glue
 
+    gpu_backend = gpu_backend or backend() or "emulated"
     root = source_root()
     compiler = find_compiler()
     tf_include, tf_lib = _tensorflow_dirs()
     coverage = os.environ.get(COVERAGE_SWITCH, "") == "1"  # tools/emulated_gpu_coverage.py
     cov = COVERAGE_FLAGS if coverage else []
+    if gpu_backend == "metal":
+        runtime = metal_double.objc_runtime(EmulatedGPUError)
+        key = _key(compiler, tf_include, tf_lib, root, metal_double.key_parts(runtime))
+        out = cache_root() / ("metal-" + key + ("-coverage" if coverage else ""))
+        _builder.cached_build(
+            out, [metal_double.KERNEL_LIBRARY, metal_double.DEVICE_LIBRARY],
+            lambda work: metal_double.make(work, root=root, compiler=compiler, tf_include=tf_include, tf_lib=tf_lib,
+                                           runtime=runtime, glue=glue, coverage=cov, error=EmulatedGPUError),
+            EmulatedGPUError)
+        return {"device": out / metal_double.DEVICE_LIBRARY, "kernels": out / metal_double.KERNEL_LIBRARY,
+                "apple": out / metal_double.APPLE_LIBRARY}
     out = cache_root() / (_key(compiler, tf_include, tf_lib, root) + ("-coverage" if coverage else ""))
 
     def make(work: Path):
@@ -168,7 +189,7 @@ def enable(verbose: bool = True) -> dict[str, str]:
                 f"({tf.config.list_physical_devices('GPU')[0].name}); the emulated GPU registers device type \"GPU\" "
                 "and needs a TensorFlow without one (tensorflow-cpu, or CUDA_VISIBLE_DEVICES='')"
             )
-        paths = build(verbose=verbose)
+        paths = build(verbose=verbose, gpu_backend=backend() or "emulated")
         _library.ops()  # op definitions first: the GPU kernels register for them
         load_library.load_pluggable_device_library(str(paths["device"]))
         # Logical, not physical: a context initialised before the plugin loaded lists the device but never uses it.
@@ -206,6 +227,21 @@ def kernel_library() -> ctypes.CDLL:
     return _handle("kernels")
 
 
+def loaded_backend() -> str | None:
+    """"emulated" or "metal": the backend whose GPU kernels this process loaded, else None."""
+    if not _loaded:
+        return None
+    return "metal" if "apple" in _loaded else "emulated"
+
+
+def compiler_targets() -> list[ctypes.CDLL]:
+    """The loaded libraries that compile inline kernels through tfmo_set_inline_compiler: the emulated backend's
+    kernel library, or the Metal double (its newLibraryWithSource: compiles through msl_emu)."""
+    if not _loaded:
+        return []
+    return [_handle("apple" if "apple" in _loaded else "kernels")]
+
+
 def synchronize() -> None:
     """Waits until the device has run everything enqueued so far (ops return before their kernels ran)."""
     _handle("device").tfmo_emu_device_synchronize()
@@ -217,7 +253,8 @@ def dispatch_counts(sync: bool = True, library: str | None = None) -> dict[str, 
     Synchronises first unless sync=False: kernels run asynchronously on the device's streams."""
     if sync:
         synchronize()
-    lib = _handle("kernels") if library is None else ctypes.CDLL(str(library), mode=getattr(os, "RTLD_NOLOAD", 0))
+    counter = "apple" if "apple" in _loaded else "kernels"  # the Metal double counts what its GPU ran
+    lib = _handle(counter) if library is None else ctypes.CDLL(str(library), mode=getattr(os, "RTLD_NOLOAD", 0))
     lib.tfmo_emu_dispatch_counts.restype = ctypes.c_char_p
     return json.loads(lib.tfmo_emu_dispatch_counts().decode())
 
@@ -231,7 +268,7 @@ def device_stats() -> dict:
 
 def info() -> dict:
     """For backend_info(): whether the emulated GPU is requested/enabled, and where its libraries are."""
-    out = {"requested": requested(), "enabled": enabled()}
+    out = {"requested": requested(), "enabled": enabled(), "backend": loaded_backend() or backend()}
     if _loaded:
         out.update({k: str(v) for k, v in _loaded.items()})
         try:

@@ -322,4 +322,5 @@ def ensure_registered() -> None:
         if "ops" not in _registered:
             _register(_library.native(), "ops")
         if "emulated" not in _registered and emulated_gpu.enabled():
-            _register(emulated_gpu.kernel_library(), "emulated")
+            for library in emulated_gpu.compiler_targets():
+                _register(library, "emulated")

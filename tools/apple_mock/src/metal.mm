@@ -265,6 +265,14 @@ struct Command {
   NSUInteger src_offset = 0, dst_offset = 0, size = 0;
 };
 
+std::mutex g_counts_mu;
+std::map<std::string, uint64_t>* g_counts = new std::map<std::string, uint64_t>();  // never freed
+
+void CountDispatch(const std::string& kernel) {
+  std::lock_guard<std::mutex> l(g_counts_mu);
+  ++(*g_counts)[kernel];
+}
+
 void SerialFor(int64_t n, int64_t grain, TfmoRangeFn fn, void* arg) { fn(arg, 0, n); }
 
 std::string RunDispatch(Command& c) {
@@ -627,6 +635,7 @@ Gpu& TheGpu() {
       memcpy(static_cast<char*>(c.dst->_data) + c.dst_offset, static_cast<char*>(c.src->_data) + c.src_offset, c.size);
     } else {
       error = RunDispatch(c);
+      if (error.empty()) CountDispatch(c.pipeline->_function->_name);
       if (!error.empty()) {
         error = c.pipeline->_function->_name + ": " + error;
         break;  // a faulting command buffer stops (later commands of it do not run)
@@ -835,11 +844,12 @@ TFMO_MOCK_EXPORT void tfmo_mock_metal_wait_idle(void) {
   g.cv.wait(l, [&] { return g.completed >= target; });
 }
 
-// The metallib of this double naming every kernel of the table (written by the build next to the op library).
-TFMO_MOCK_EXPORT int tfmo_mock_metal_write_metallib(const char* path) {
-  std::ofstream out(path);
-  if (!out) return 1;
-  out << kMetallibMagic << "\n";
-  for (const std::string& k : TableKernels()) out << k << "\n";
-  return out.good() ? 0 : 1;
+// Kernel name -> dispatches the GPU ran, as JSON (the emulated backend's tfmo_emu_dispatch_counts, same format).
+TFMO_MOCK_EXPORT const char* tfmo_emu_dispatch_counts(void) {
+  static thread_local std::string json;
+  std::lock_guard<std::mutex> l(g_counts_mu);
+  json = "{";
+  for (const auto& [k, n] : *g_counts) json += (json.size() > 1 ? ", \"" : "\"") + k + "\": " + std::to_string(n);
+  json += "}";
+  return json.c_str();
 }
