@@ -113,7 +113,7 @@ METAL_INCLUDE_DIRS = [_rel("metal_kernels"), _rel("csrc", "shared")]
 # strict Metal-language check (tf_metal_ops/msl_check.py, tools/msl_check), shipped as package data under
 # tf_metal_ops/_sources/ so that they work from an installed wheel. Our own sources only (no SDK, nothing vendored).
 EMULATED_GPU_SOURCES = ["csrc/**/*.h", "csrc/**/*.cc", "csrc/**/*.mm", "metal_kernels/*.metal", "tools/msl_emu/**/*",
-                        "tools/metal_sources.py", "tools/msl_check/**/*"]
+                        "tools/metal_sources.py", "tools/msl_check/**/*", "tools/apple_mock/**/*"]
 # The op kit's public headers (tf_metal_ops.extension.get_include()), laid out as under csrc/.
 PUBLIC_HEADERS = ["csrc/common/*.h", "csrc/gpu/*.h", "csrc/shared/*.h", "csrc/emulated/*.h"]
 

@@ -69,9 +69,10 @@ def make(work: Path, *, root: Path, compiler: str, tf_include: str, tf_lib: str,
     emu_includes = [f"-I{d}" for d in glue.include_dirs(root=root)]
 
     apple, kernels, device = [], [], []  # (source, object, flags)
+    mrc = [f for f in objc if f != "-fobjc-arc"] + ["-fno-objc-arc"]  # foundation.mm, like Apple's, is not ARC
     for src in sorted((mock / "src").glob("*.mm")):
         if src.name != "tensorflow_metal_device.mm":
-            apple.append((src, work / f"apple_{src.stem}.o", objc))
+            apple.append((src, work / f"apple_{src.stem}.o", mrc if src.name == "foundation.mm" else objc))
     apple.append((embedded, work / "apple_embedded.o", ["-std=c++20", *common, f"-I{csrc}"]))
     apple.append((glue.launch_source(root), work / "kernel_launch.o", [*glue.base_flags(), "-O2", *emu_includes]))
     units = glue.generate(metal_files, work / "glue", root=root)

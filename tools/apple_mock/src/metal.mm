@@ -134,7 +134,7 @@ bool BoundsChecked() {
   _values[index] = c;
 }
 - (void)reset { _values.clear(); }
-- (id)copyWithZone:(void*)zone {
+- (id)copyWithZone:(NSZone*)zone {
   MTLFunctionConstantValues* c = [MTLFunctionConstantValues new];
   c->_values = _values;
   return c;
@@ -150,7 +150,7 @@ bool BoundsChecked() {
   }
   return self;
 }
-- (id)copyWithZone:(void*)zone {
+- (id)copyWithZone:(NSZone*)zone {
   MTLCompileOptions* c = [MTLCompileOptions new];
   c.fastMathEnabled = fastMathEnabled;
   c.languageVersion = languageVersion;
