@@ -218,7 +218,18 @@ def backend_info() -> dict:
     info["kernels"] = {op: _registered_kernels(op) for op in op_types(module)}
     info["metal_usable"], info["metal_reason"] = _metal_status(tf, build)
     info["emulated_gpu"] = _emulated_gpu_status(tf)
+    info["gpu_backend"] = _gpu_backend(info)
     return info
+
+
+def _gpu_backend(info: dict) -> str | None:
+    """Which backend executes the GPU kernels in this process: "metal" (metal_backend.mm: on a Mac, or over the
+    doubles of Apple's stack with TF_METAL_OPS_EMULATED_GPU=metal), "emulated" (TF_METAL_OPS_EMULATED_GPU=1), or
+    None (no GPU kernels run)."""
+    emulated = info.get("emulated_gpu", {})
+    if emulated.get("enabled"):
+        return emulated.get("backend")
+    return "metal" if info.get("metal_usable") else None
 
 
 def _emulated_gpu_status(tf) -> dict:

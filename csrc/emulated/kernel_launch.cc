@@ -178,11 +178,11 @@ std::string Check(const table::KernelDesc& kd, const LaunchDesc& d) {
                       k, p.index, p.name, p.decl, len, p.type, p.size);
     }
   }
-  for (uint32_t n = 0; n < kMaxBufferSlots; ++n)
+  for (uint32_t n = 0; n < kMaxBufferSlots && !d.persistent_argument_table; ++n)
     if (!buffer_param[n] && d.buffers[n].kind != SlotBinding::Kind::kNone)
       return Format("%s: buffer(%u) is bound, but the kernel has no [[buffer(%u)]] parameter", k, n, n);
   for (uint32_t n = 0; n < kMaxThreadgroupSlots; ++n) {
-    if (d.threadgroup_memory[n] == 0) continue;
+    if (d.threadgroup_memory[n] == 0 || (!tg_param[n] && d.persistent_argument_table)) continue;
     if (!tg_param[n])
       return Format("%s: threadgroup memory length %zu is set for index %u, but the kernel has no [[threadgroup(%u)]] "
                     "parameter",

@@ -55,6 +55,9 @@ struct LaunchDesc {
   uint64_t grid[3] = {1, 1, 1};
   uint32_t group[3] = {1, 1, 1};  // threads per threadgroup, explicit
   bool untyped_buffers = false;   // true: kBuffer slots may have scalar == nullptr (Metal buffers carry no type)
+  // true: a Metal encoder's argument table, which keeps earlier dispatches' bindings; slots and threadgroup lengths
+  // at indices the kernel has no parameter for are ignored. false (the emulated backend): they are an error.
+  bool persistent_argument_table = false;
 };
 
 // Is there a kernel of this name in the linked kernel table?

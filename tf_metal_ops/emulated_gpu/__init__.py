@@ -259,6 +259,16 @@ def dispatch_counts(sync: bool = True, library: str | None = None) -> dict[str, 
     return json.loads(lib.tfmo_emu_dispatch_counts().decode())
 
 
+def metal_info() -> dict | None:
+    """The Metal backend's own report (tfmo_metal_info: device, metallib, compile statistics, GPU errors) when this
+    process runs the Metal backend over the doubles, else None."""
+    if loaded_backend() != "metal":
+        return None
+    lib = kernel_library()
+    lib.tfmo_metal_info.restype = ctypes.c_char_p
+    return json.loads(lib.tfmo_metal_info().decode())
+
+
 def device_stats() -> dict:
     """The emulated device's memory and stream statistics (live allocations, deferred frees, work run, failures)."""
     lib = _handle("device")
@@ -273,6 +283,8 @@ def info() -> dict:
         out.update({k: str(v) for k, v in _loaded.items()})
         try:
             out["dispatches"] = sum(dispatch_counts().values())
+            if loaded_backend() == "metal":
+                out["metal"] = metal_info()
         except Exception as e:  # report, never raise
             out["error"] = str(e)
     return out

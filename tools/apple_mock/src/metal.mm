@@ -297,6 +297,7 @@ std::string RunDispatch(Command& c) {
   tfmo::emu::LaunchDesc d;
   d.kernel = f->_name.c_str();
   d.untyped_buffers = true;
+  d.persistent_argument_table = true;
   for (NSUInteger i = 0; i <= kMaxBufferIndex; ++i) {
     if (c.buffers[i] != nil) {
       d.buffers[i].kind = tfmo::emu::SlotBinding::Kind::kBuffer;
