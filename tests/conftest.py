@@ -76,3 +76,40 @@ def mac_host_check():
     except module.ToolchainMissing as e:
         skip_or_fail(f"Mac host compile check unavailable: {e}")
     return module
+
+
+# --- the two GPU backends of the emulated GPU (tf_metal_ops/emulated_gpu) -----------------------------------
+# "emulated": TF_METAL_OPS_EMULATED_GPU=1, the emulated backend on the emulated device. "metal":
+# TF_METAL_OPS_EMULATED_GPU=metal, the unchanged csrc/metal/metal_backend.mm over the doubles of Apple's stack
+# (tools/apple_mock), which needs the GNUstep Objective-C runtime named by TF_METAL_OPS_OBJC_RUNTIME.
+GPU_BACKENDS = {"emulated": "1", "metal": "metal"}
+
+
+def gpu_backend_env(backend: str) -> dict:
+    """The environment that selects `backend` in a subprocess (skips or fails when it cannot be built here)."""
+    env = {"TF_METAL_OPS_EMULATED_GPU": GPU_BACKENDS[backend]}
+    if backend == "metal":
+        runtime = os.environ.get("TF_METAL_OPS_OBJC_RUNTIME")
+        if not runtime or not os.path.exists(runtime):
+            skip_or_fail("the Metal backend over Apple's doubles needs TF_METAL_OPS_OBJC_RUNTIME (the libobjc2 "
+                         "directory or .tgz; in this project ../shared/objc-runtime/*.tgz)")
+        env["TF_METAL_OPS_OBJC_RUNTIME"] = runtime
+    return env
+
+
+@pytest.fixture(scope="session", params=list(GPU_BACKENDS))
+def gpu_backend(request, clang16):
+    """Each GPU test that takes this fixture runs under both backends: builds the backend once (cached) and
+    returns (name, the environment that selects it)."""
+    from tf_metal_ops import emulated_gpu
+
+    os.environ.setdefault("TF_METAL_OPS_CLANGXX", clang16)
+    env = gpu_backend_env(request.param)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        emulated_gpu.build(gpu_backend=request.param)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    return request.param, env

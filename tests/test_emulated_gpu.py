@@ -1,8 +1,9 @@
 """The GPU code path on the Metal-emulating TensorFlow device (tf_metal_ops/emulated_gpu): every op and gradient on
 /GPU:0 against its CPU kernel, the Keras layer, a SavedModel, NeRF training steps, 8 threads at once, thread orders
 of the emulated GPU, the TF_METAL_OPS_SYNC path, and the device's guarantees (host reads of device memory fault;
-clear errors when it cannot be enabled). Each check runs in a fresh process with TF_METAL_OPS_EMULATED_GPU=1
-(tests/emulated_gpu_checks.py holds the checks and their tolerances).
+clear errors when it cannot be enabled). Each check runs in a fresh process with TF_METAL_OPS_EMULATED_GPU=1 (the
+emulated backend) and again with =metal (metal_backend.mm over the doubles of Apple's stack); the checks and
+their tolerances are in tests/emulated_gpu_checks.py.
 
 Needs clang++-16 like the other native checks: skips without it, fails under TFMO_REQUIRE_MAC_CHECKS=1 (CI).
 """
@@ -28,7 +29,7 @@ def emulated_gpu(clang16):
 
 
 def run(args, env=None, timeout=900, cwd=None):
-    full = dict(os.environ, **QUIET, TF_METAL_OPS_EMULATED_GPU="1", **(env or {}))
+    full = {**os.environ, **QUIET, "TF_METAL_OPS_EMULATED_GPU": "1", **(env or {})}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full, timeout=timeout,
                           cwd=cwd or HERE)
 
@@ -57,8 +58,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("check,seed,env", CASES, ids=[f"{c}-{s}-{'-'.join(e) or 'default'}" for c, s, e in CASES])
-def test_gpu_path_on_emulated_device(emulated_gpu, check, seed, env):
-    r = run([CHECKS, check, str(seed)], env=env)
+def test_gpu_path_on_emulated_device(gpu_backend, check, seed, env):
+    """Under both GPU backends (conftest.gpu_backend): the emulated one, and metal_backend.mm over Apple's doubles."""
+    r = run([CHECKS, check, str(seed)], env={**gpu_backend[1], **env})
     assert r.returncode == 0, f"{check} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
     assert f"ok {check}" in r.stdout.splitlines()[-1], r.stdout
 

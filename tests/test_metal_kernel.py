@@ -37,11 +37,10 @@ def test_on_cpu(name):
     checks.CHECKS[name]("/CPU:0")
 
 
-def test_on_the_emulated_gpu(compiler):
-    from tf_metal_ops import emulated_gpu
-
-    emulated_gpu.build()
-    env = dict(os.environ, **QUIET, TF_METAL_OPS_EMULATED_GPU="1")
+def test_on_the_emulated_gpu(gpu_backend):
+    """Under both GPU backends (conftest.gpu_backend): inline kernels compile through msl_emu in the emulated
+    backend, and through the Metal double's newLibraryWithSource: under metal_backend.mm."""
+    env = {**os.environ, **QUIET, **gpu_backend[1]}
     r = subprocess.run([sys.executable, os.path.join(HERE, "metal_kernel_checks.py"), "/GPU:0"], capture_output=True,
                        text=True, env=env, timeout=1800, cwd=HERE)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-6000:]}"

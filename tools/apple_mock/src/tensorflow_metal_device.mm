@@ -121,7 +121,6 @@ namespace {
 
 constexpr const char* kPlatformName = "TFMO_METAL_DOUBLE";
 constexpr const char* kDeviceType = "GPU";
-constexpr int64_t kMemoryLimit = int64_t(8) << 30;
 
 struct Global {
   std::mutex mu;
@@ -170,21 +169,40 @@ char* HostAddress(const SP_DeviceMemoryBase* m, uint64_t size, TF_Status* status
   return static_cast<char*>(b.contents);
 }
 
+// TF_METAL_OPS_EMU_MEMORY_MB, as on the emulated device: the memory tensors may hold (default 4 GiB); an
+// allocation past it fails as tensorflow-metal's does (no buffer; TensorFlow reports ResourceExhausted).
+int64_t MemoryLimit() {
+  static const int64_t limit = [] {
+    const char* v = getenv("TF_METAL_OPS_EMU_MEMORY_MB");
+    return (v != nullptr && atoll(v) > 0 ? atoll(v) : 4096) << 20;
+  }();
+  return limit;
+}
+
 void SeAllocate(const SP_Device*, uint64_t size, int64_t, SP_DeviceMemoryBase* mem) {
   mem->struct_size = SP_DEVICE_MEMORY_BASE_STRUCT_SIZE;
   mem->opaque = nullptr;
   mem->size = 0;
   mem->payload = 0;
   if (size == 0) return;
+  {
+    std::lock_guard<std::mutex> l(G().mu);  // reserve first: the device's memory is bounded
+    if (G().live_bytes + int64_t(size) > MemoryLimit()) return;
+    G().live_bytes += int64_t(size);
+  }
   @autoreleasepool {
     id<MTLBuffer> b = [MTLCreateSystemDefaultDevice() newBufferWithLength:size options:MTLResourceStorageModeShared];
-    if (b == nil) return;
-    mem->opaque = (__bridge_retained void*)b;
-    mem->size = size;
+    if (b != nil) {
+      mem->opaque = (__bridge_retained void*)b;
+      mem->size = size;
+    }
   }
   std::lock_guard<std::mutex> l(G().mu);
   Global& g = G();
-  g.live_bytes += int64_t(size);
+  if (mem->opaque == nullptr) {
+    g.live_bytes -= int64_t(size);
+    return;
+  }
   g.peak_bytes = std::max(g.peak_bytes, g.live_bytes);
   g.largest = std::max(g.largest, int64_t(size));
   ++g.allocs;
@@ -224,19 +242,19 @@ TF_Bool SeAllocatorStats(const SP_Device*, SP_AllocatorStats* stats) {
   stats->peak_bytes_in_use = g.peak_bytes;
   stats->largest_alloc_size = g.largest;
   stats->has_bytes_limit = 1;
-  stats->bytes_limit = kMemoryLimit;
+  stats->bytes_limit = MemoryLimit();
   stats->bytes_reserved = 0;
   stats->peak_bytes_reserved = 0;
   stats->has_bytes_reservable_limit = 0;
   stats->bytes_reservable_limit = 0;
-  stats->largest_free_block_bytes = kMemoryLimit - g.live_bytes;
+  stats->largest_free_block_bytes = MemoryLimit() - g.live_bytes;
   return 1;
 }
 
 TF_Bool SeMemoryUsage(const SP_Device*, int64_t* free_bytes, int64_t* total) {
   std::lock_guard<std::mutex> l(G().mu);
-  *free_bytes = kMemoryLimit - G().live_bytes;
-  *total = kMemoryLimit;
+  *free_bytes = MemoryLimit() - G().live_bytes;
+  *total = MemoryLimit();
   return 1;
 }
 
