@@ -10,15 +10,15 @@
 //    (MSL 2.4), then the embedded .metal source of the one file that defines the function (compiled at first use).
 //    A pipeline that fails in one variant is tried in the next. Fast math is off everywhere: the kernels rely on
 //    IEEE NaN/inf (NaN positions -> 0, NaN outputs for invalid rays, exp of large arguments).
-//  - Encoding happens only inside dispatch_sync(stream.queue, ...): one compute encoder for all passes of a Call
-//    (serial dispatch: each pass sees the previous one's writes), then one [stream commit]; TF_METAL_OPS_SYNC=1
-//    makes it [stream commitAndWait] (debugging). Apple's sample encodes on [stream currentCommandBuffer] at once,
-//    so tensorflow-metal leaves no encoder open there; if creating one fails anyway, the stream is committed and
-//    the next command buffer is tried once.
-//  - Completion: a handler added before the commit records the command buffer's status and error. Waiting (sync
-//    mode, ExecuteAndRead) waits for that handler, outside the stream's queue, with a timeout: never on cb.status
-//    after [stream commitAndWait], since tensorflow-metal's MPSCommandBuffer may commit-and-continue and then wrap
-//    a new buffer. A GPU error of an asynchronous call is kept and fails the next call (and shows in backend_info).
+//  - Encoding happens only inside dispatch_sync(stream.queue, ...): [stream commit] first (ends any encoder the
+//    stream keeps open for its own kernels: nothing public says tensorflow-metal never does), then one compute
+//    encoder on [stream currentCommandBuffer] for all passes of a Call (serial dispatch: each pass sees the
+//    previous one's writes), then [stream commit]. The stream needs -queue, -currentCommandBuffer and -commit.
+//  - Completion: a handler added before the commit records the command buffer's status and error. Waiting
+//    (TF_METAL_OPS_SYNC=1, ExecuteAndRead) waits for that handler, outside the stream's queue, with a timeout
+//    (TF_METAL_OPS_GPU_TIMEOUT seconds, default 300): never on the stream's current buffer, which an
+//    MPSCommandBuffer-style stream commits-and-continues, wrapping a new buffer. A GPU error of an asynchronous
+//    call is kept and fails the next call (and shows in backend_info).
 //  - Scratch tensors are deleted on the op's thread once the passes that use them are encoded (after
 //    dispatch_sync returns), as Apple's sample frees its temporaries: the command buffer retains the MTLBuffers it
 //    references and later work on the stream is ordered after it. Never from Metal's completion thread, where
@@ -53,7 +53,6 @@
 - (dispatch_queue_t)queue;
 - (id<MTLCommandBuffer>)currentCommandBuffer;
 - (void)commit;
-- (void)commitAndWait;
 @end
 
 namespace tfmo::gpu {
@@ -373,7 +372,7 @@ id<MTLComputePipelineState> GetPipeline(id<MTLDevice> device, const Pass& pass, 
 }
 
 // ---- The stream ---------------------------------------------------------------------------------------------
-id<TFMOMetalStream> GetStream(TF_OpKernelContext* ctx, bool wait, std::string* error) {
+id<TFMOMetalStream> GetStream(TF_OpKernelContext* ctx, std::string* error) {
   Status status;
   SP_Stream sp = TF_GetStream(ctx, status);
   if (!status.ok() || sp == nullptr) {
@@ -401,7 +400,6 @@ id<TFMOMetalStream> GetStream(TF_OpKernelContext* ctx, bool wait, std::string* e
           {@selector(queue), "-queue"},
           {@selector(currentCommandBuffer), "-currentCommandBuffer"},
           {@selector(commit), "-commit"},
-          {@selector(commitAndWait), "-commitAndWait"},
       };
       for (const auto& [sel, label] : needed)
         if (![obj respondsToSelector:sel]) m += (m.empty() ? "" : ", ") + std::string(label);
@@ -409,8 +407,6 @@ id<TFMOMetalStream> GetStream(TF_OpKernelContext* ctx, bool wait, std::string* e
     }
     missing = it->second;
   }
-  // -commitAndWait is needed only under TF_METAL_OPS_SYNC=1 and by ExecuteAndRead (which asks with wait = true).
-  if (!wait && missing == "-commitAndWait") missing.clear();
   if (!missing.empty()) {
     *error = "tf_metal_ops: the GPU device's stream (class " + std::string(object_getClassName(obj)) + ") lacks " +
              missing + ": the GPU plugin is not tensorflow-metal or is an incompatible version of it";
@@ -612,14 +608,14 @@ std::string TakePendingGpuError() {
   return e;
 }
 
-// A compute or blit encoder on the stream's current command buffer (inside the stream's queue). If the buffer
-// refuses one, the stream is committed and its next command buffer is tried once.
+// A compute or blit encoder on a command buffer of the stream that holds no open encoder (inside the stream's
+// queue). tensorflow-metal documents no promise that its current command buffer has none: an MPS-style stream may
+// keep one open for its own kernels (PyTorch's MPS stream does), and a second encoder on that buffer is a
+// validation failure ("A command encoder is already encoding"). So the stream's pending work is committed first:
+// its commit ends any encoder of its own, and the command buffer it hands out next is fresh. The cost is one
+// commit per call, of an empty buffer when the previous call was ours.
 template <class Make>
 id EncoderOn(id<TFMOMetalStream> stream, id<MTLCommandBuffer>* cb, Make make) {
-  *cb = [stream currentCommandBuffer];
-  if (*cb == nil) return nil;
-  id enc = make(*cb);
-  if (enc != nil) return enc;
   [stream commit];
   *cb = [stream currentCommandBuffer];
   return *cb != nil ? make(*cb) : nil;
@@ -644,7 +640,7 @@ bool Execute(Call& call) {
   std::vector<TF_Tensor*> scratch;
   @autoreleasepool {  // TF's threads never drain a pool of their own
     @try {
-      id<TFMOMetalStream> stream = GetStream(ctx, /*wait=*/false, &error);
+      id<TFMOMetalStream> stream = GetStream(ctx, &error);
       if (stream == nil) return Fail(ctx, TF_FAILED_PRECONDITION, "%s", error.c_str());
       dispatch_queue_t queue = [stream queue];
       if (queue == nil) return Fail(ctx, TF_FAILED_PRECONDITION, "tf_metal_ops: the Metal stream has no dispatch queue");
@@ -705,7 +701,7 @@ bool ExecuteAndRead(Call& call, const HostRead& read) {
   auto completion = std::make_shared<Completion>();
   @autoreleasepool {
     @try {
-      id<TFMOMetalStream> stream = GetStream(ctx, /*wait=*/false, &error);
+      id<TFMOMetalStream> stream = GetStream(ctx, &error);
       if (stream == nil) return Fail(ctx, TF_FAILED_PRECONDITION, "%s", error.c_str());
       dispatch_queue_t queue = [stream queue];
       if (queue == nil) return Fail(ctx, TF_FAILED_PRECONDITION, "tf_metal_ops: the Metal stream has no dispatch queue");

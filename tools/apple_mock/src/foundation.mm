@@ -81,6 +81,13 @@ extern "C" __attribute__((visibility("default"))) size_t malloc_size(const void*
   return it == r.sizes.end() ? 0 : it->second;
 }
 
+// Test hook: the block at `ptr` no longer counts as a malloc block (as memory a custom allocator placed would not).
+extern "C" __attribute__((visibility("default"))) void tfmo_mock_forget_heap_block(const void* ptr) {
+  BlockRegistry& r = Blocks();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.sizes.erase(ptr);
+}
+
 // ---- NSObject -------------------------------------------------------------------------------------------------
 @implementation NSObject
 + (instancetype)alloc {

@@ -5,6 +5,8 @@
 //
 //  - Device: one, "Apple M2 (tf-metal-ops Metal double)", unified memory, families Apple7/8, Mac2, Common3 and
 //    Metal3 (TFMO_MOCK_METAL_NO_METAL3=1 drops Metal3: an MSL 2.4-only GPU), 32 KiB threadgroup memory.
+//    Pipelines: 1024 threads per group at most (TFMO_MOCK_METAL_MAX_THREADS lowers it), no threadgroup memory of
+//    their own (TFMO_MOCK_METAL_STATIC_TG_BYTES sets staticThreadgroupMemoryLength).
 //  - Libraries: the package's kernels exist precompiled (the msl_emu kernel table linked into this library). A
 //    "metallib" of this double is a text file "TFMO-MOCK-METALLIB 1" naming table kernels. newLibraryWithSource:
 //    binds a source identical to one of the package's embedded sources to the table; any other source is compiled
@@ -79,6 +81,23 @@ NSError* MakeError(NSErrorDomain domain, NSInteger code, const std::string& mess
 std::string Str(NSString* s) { return s ? std::string(s.UTF8String) : std::string(); }
 
 thread_local bool t_on_gpu_thread = false;
+
+NSUInteger EnvCount(const char* name, NSUInteger fallback) {
+  const char* v = getenv(name);
+  return v != nullptr && *v != '\0' ? NSUInteger(strtoull(v, nullptr, 10)) : fallback;
+}
+// A pipeline's maximum threads per group is the kernel's, as compiled (register use lowers it below 1024);
+// TFMO_MOCK_METAL_MAX_THREADS sets it for every pipeline.
+NSUInteger PipelineMaxThreads() {
+  static const NSUInteger n = std::max<NSUInteger>(1, std::min(kMaxThreads, EnvCount("TFMO_MOCK_METAL_MAX_THREADS", kMaxThreads)));
+  return n;
+}
+// Threadgroup variables a kernel declares count against the 32 KiB with the lengths set on the encoder; the
+// emulated kernels declare none the double can see, TFMO_MOCK_METAL_STATIC_TG_BYTES sets it for every pipeline.
+NSUInteger StaticThreadgroupBytes() {
+  static const NSUInteger n = EnvCount("TFMO_MOCK_METAL_STATIC_TG_BYTES", 0);
+  return n;
+}
 
 // ---- the inline compiler (msl_emu) ----------------------------------------------------------------------------
 std::mutex g_compiler_mu;
@@ -240,9 +259,9 @@ bool BoundsChecked() {
 @implementation TFMOMockPipeline
 - (NSString*)label { return nil; }
 - (id<MTLDevice>)device { return MTLCreateSystemDefaultDevice(); }
-- (NSUInteger)maxTotalThreadsPerThreadgroup { return kMaxThreads; }
+- (NSUInteger)maxTotalThreadsPerThreadgroup { return PipelineMaxThreads(); }
 - (NSUInteger)threadExecutionWidth { return kExecutionWidth; }
-- (NSUInteger)staticThreadgroupMemoryLength { return 0; }  // the emulated kernels declare none the double can see
+- (NSUInteger)staticThreadgroupMemoryLength { return StaticThreadgroupBytes(); }
 @end
 
 // ---- commands ------------------------------------------------------------------------------------------------

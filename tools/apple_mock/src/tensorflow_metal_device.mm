@@ -4,7 +4,10 @@
 //  - TF_TensorData of a device tensor is its id<MTLBuffer> (allocate() returns the retained buffer object);
 //  - TFMO_MOCK_TF_METAL_STREAM=mps: the current command buffer is an MPSCommandBuffer-like wrapper, and -commit /
 //    -commitAndWait commit-and-continue: the wrapper stays current and wraps a new command buffer afterwards;
-//    default ("plain"): a plain command buffer, replaced by a new one after each commit.
+//    default ("plain"): a plain command buffer, replaced by a new one after each commit;
+//  - TFMO_MOCK_TF_METAL_COALESCE=1: host-to-device copies (of multiples of 4 bytes) are blits on the current
+//    command buffer whose encoder stays open until the stream's -commit ends it, as a stream that coalesces its own
+//    kernels into one encoder leaves it (PyTorch's MPS stream does).
 // Its allocator is assumed to take the stream's queue (as one that recycles buffers by stream order would), so
 // deallocate() called from a Metal completion handler is a deadlock waiting to happen: the double ends the process
 // with a message instead. Copies and fills wait for the GPU, then touch the buffer's contents (unified memory).
@@ -29,6 +32,7 @@
 
 extern "C" int tfmo_mock_metal_on_gpu_thread(void);
 extern "C" void tfmo_mock_metal_wait_idle(void);
+extern "C" void tfmo_mock_forget_heap_block(const void* ptr);
 
 // ---- MPSCommandBuffer-like wrapper ----------------------------------------------------------------------------
 @interface TFMOMockMPSCommandBuffer : NSObject <MTLCommandBuffer> {
@@ -67,6 +71,8 @@ extern "C" void tfmo_mock_metal_wait_idle(void);
   id<MTLCommandQueue> _commandQueue;
   id<MTLCommandBuffer> _current;  // nil until asked for (plain), or the MPS-like wrapper
   bool _mps;
+  bool _coalesce;                     // host-to-device copies stay encoded in an open blit encoder until commit
+  id<MTLBlitCommandEncoder> _openBlit;
   uint64_t _commits;
 }
 - (dispatch_queue_t)queue;
@@ -90,7 +96,12 @@ extern "C" void tfmo_mock_metal_wait_idle(void);
   }
   return _current;
 }
+- (void)endOpenEncoder {
+  [_openBlit endEncoding];
+  _openBlit = nil;
+}
 - (void)commit {
+  [self endOpenEncoder];
   if (_current == nil) return;
   ++_commits;
   if (_mps) {
@@ -101,6 +112,7 @@ extern "C" void tfmo_mock_metal_wait_idle(void);
   }
 }
 - (void)commitAndWait {
+  [self endOpenEncoder];
   if (_current == nil) return;
   ++_commits;
   if (_mps) {
@@ -126,6 +138,7 @@ struct Global {
   std::mutex mu;
   std::vector<TFMOMockMetalStream*> streams;  // strong
   int64_t live_bytes = 0, peak_bytes = 0, allocs = 0, live_buffers = 0, largest = 0;
+  std::atomic<int64_t> coalesced_copies{0};  // TFMO_MOCK_TF_METAL_COALESCE=1: copies left in an open blit encoder
 };
 Global& G() {
   static Global* g = new Global();  // never freed
@@ -195,6 +208,8 @@ void SeAllocate(const SP_Device*, uint64_t size, int64_t, SP_DeviceMemoryBase* m
     if (b != nil) {
       mem->opaque = (__bridge_retained void*)b;
       mem->size = size;
+      static const bool foreign = getenv("TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS") != nullptr;
+      if (foreign) tfmo_mock_forget_heap_block(mem->opaque);  // a real object that no malloc zone claims
     }
   }
   std::lock_guard<std::mutex> l(G().mu);
@@ -264,6 +279,8 @@ void SeCreateStream(const SP_Device*, SP_Stream* stream, TF_Status*) {
   s->_commandQueue = [MTLCreateSystemDefaultDevice() newCommandQueue];
   const char* mode = getenv("TFMO_MOCK_TF_METAL_STREAM");
   s->_mps = mode != nullptr && strcmp(mode, "mps") == 0;
+  const char* coalesce = getenv("TFMO_MOCK_TF_METAL_COALESCE");
+  s->_coalesce = coalesce != nullptr && strcmp(coalesce, "1") == 0;
   {
     std::lock_guard<std::mutex> l(G().mu);
     G().streams.push_back(s);
@@ -301,7 +318,23 @@ void SeMemcpyDtoH(const SP_Device*, SP_Stream stream, void* dst, const SP_Device
 void SeMemcpyHtoD(const SP_Device*, SP_Stream stream, SP_DeviceMemoryBase* dst, const void* src, uint64_t size,
                   TF_Status* status) {
   if (size == 0) return;
-  Drain(StreamOf(stream));
+  TFMOMockMetalStream* s = StreamOf(stream);
+  if (s != nil && s->_coalesce && size % 4 == 0) {  // a blit from a staging buffer, left open (kernel coalescing)
+    if (HostAddress(dst, size, status, "memcpy_htod") == nullptr) return;
+    @autoreleasepool {
+      id<MTLBuffer> to = BufferOf(dst->opaque);
+      id<MTLBuffer> staging = [MTLCreateSystemDefaultDevice() newBufferWithLength:size
+                                                                          options:MTLResourceStorageModeShared];
+      memcpy(staging.contents, src, size);
+      dispatch_sync(s->_queue, ^{
+        if (s->_openBlit == nil) s->_openBlit = [[s currentCommandBuffer] blitCommandEncoder];
+        ++G().coalesced_copies;
+        [s->_openBlit copyFromBuffer:staging sourceOffset:0 toBuffer:to destinationOffset:0 size:size];
+      });
+    }
+    return;
+  }
+  Drain(s);
   if (char* p = HostAddress(dst, size, status, "memcpy_htod")) memcpy(p, src, size);
 }
 void SeMemcpyDtoD(const SP_Device*, SP_Stream stream, SP_DeviceMemoryBase* dst, const SP_DeviceMemoryBase* src,
@@ -472,7 +505,8 @@ TFMO_EXPORT const char* tfmo_emu_device_stats(void) {
   const Global& g = G();
   json = "{\"backend\": \"metal\", \"live_buffers\": " + std::to_string(g.live_buffers) + ", \"live_bytes\": " +
          std::to_string(g.live_bytes) + ", \"peak_bytes\": " + std::to_string(g.peak_bytes) + ", \"allocations\": " +
-         std::to_string(g.allocs) + ", \"streams\": " + std::to_string(g.streams.size()) + "}";
+         std::to_string(g.allocs) + ", \"streams\": " + std::to_string(g.streams.size()) +
+         ", \"coalesced_copies\": " + std::to_string(g.coalesced_copies.load()) + "}";
   return json.c_str();
 }
 
