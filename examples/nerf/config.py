@@ -114,10 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="occupancy sampler: grid cells per axis (64: on 2 CPU cores 128 costs more per step than its "
                         "~7 %% fewer samples save, see the README)")
     p.add_argument("--grid-every", type=int, default=16, help="occupancy sampler: steps between grid updates")
-    p.add_argument("--grid-sync", choices=("replicate", "broadcast"), default="replicate",
-                   help="occupancy sampler with several workers: every worker updates its grid from the same "
-                        "weights with the same seeds (replicate: bitwise equal, no communication), or the chief "
-                        "updates it and all-gathers it to the others (broadcast); see docs/distributed.md")
+    p.add_argument("--grid-sync", choices=("replicate", "broadcast"), default="replicate", help=(
+        "occupancy sampler with several workers: every worker updates its grid from the same weights with the same "
+        "seeds (replicate: bitwise equal, no communication), or the chief updates it and all-gathers it to the "
+        "others (broadcast); see docs/distributed.md"))
     p.add_argument("--grid-warmup", type=int, default=64,
                    help="occupancy sampler: steps during which every cell counts as occupied (and all cells are "
                         "re-evaluated at each update)")

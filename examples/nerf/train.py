@@ -139,20 +139,16 @@ class Budget:
                 (self.budget_s is not None and seconds >= self.budget_s))
 
 
-@dataclasses.dataclass
 class Clock:
     """Where a run is: steps done, this process's training seconds (``train_s``) and the chief's (``sync_s``, as
     every worker sees it: one step behind), and the step and seconds of the last evaluation and checkpoint.
     Evaluations go by ``train_s``; the learning rate, the budget and checkpoints by ``sync_s``, so that every
     worker takes the same decisions."""
 
-    step: int = 0
-    train_s: float = 0.0
-    sync_s: float = 0.0
-    eval_step: int = 0
-    eval_s: float = 0.0
-    ckpt_step: int = 0
-    ckpt_s: float = 0.0
+    def __init__(self, step=0, train_s=0.0):
+        self.step, self.train_s, self.sync_s = step, train_s, train_s
+        self.eval_step, self.eval_s = step, train_s  # the last evaluation: its step and train_s
+        self.ckpt_step, self.ckpt_s = step, train_s  # the last checkpoint: its step and sync_s
 
 
 class Loop:
@@ -173,7 +169,7 @@ class Loop:
         step, train_s = int(self.tr.state_step.numpy()), float(self.tr.state_train_s.numpy())
         print(f"resumed from {restored}: step {step}, {train_s:.1f} s of training", flush=True)
         self.log.resume(step, train_s, restored, read_file=self.is_chief)  # the history up to the checkpoint
-        self.clock.step, self.clock.train_s = step, train_s
+        self.clock = Clock(step, train_s)
 
     def compile(self):
         """The first step, before the clock starts (tracing and XLA compilation are not training time)."""
@@ -184,9 +180,7 @@ class Loop:
         loss, _ = tr.step(c.step, c.train_s)
         self.compile_s = time.perf_counter() - t0
         self.log.history.record(loss, tr)
-        c.step += 1
-        c.sync_s = c.eval_s = c.ckpt_s = c.train_s
-        c.eval_step = c.ckpt_step = self.step0
+        c.step += 1  # the last evaluation and checkpoint stay at step0
         self.wall0 = time.perf_counter()
         self.progress = self.log.progress(self.budget.max_steps, self.budget.budget_s, self.step0, c.train_s)
 
