@@ -21,11 +21,10 @@ is the fixed ``--samples`` per ray × ``--batch-rays`` rays of the MLP model.
 ``TF_CONFIG`` (``launch_local.py`` starts N such workers on this machine); ``--checkpoint-every`` saves
 ``OUT/checkpoints`` periodically and a re-run with the same ``--out`` resumes from the latest checkpoint.
 
-This file is the loop; the parts it runs are ``nerf/config.py`` (the flags -> a frozen ``TrainConfig``),
-``nerf/trainer.py`` (the model, the step, the rays of each step), ``nerf/checkpoints.py`` (checkpoints, resume, the
-saved model) and ``nerf/metrics.py`` (evaluations, ``metrics.json``, the progress bar, the plot).
+This file is the loop. Beside it: ``config.py`` (the flags -> a frozen ``TrainConfig``), ``trainer.py`` (the model,
+the step, the rays of each step), ``checkpoints.py`` (checkpoints, resume, the saved model) and ``metrics.py``
+(evaluations, ``metrics.json``, the progress bar, the plot).
 """
-
 
 from __future__ import annotations
 
@@ -69,7 +68,7 @@ def start_strategy(cfg: TrainConfig, cluster):
     """Sets up TensorFlow for the strategy before any other TensorFlow op runs: creates the multi-worker strategy
     (returned; None otherwise), or splits the CPU into --replicas logical devices for --strategy mirrored without
     GPUs. Returns (config, strategy); a worker other than the chief shows no progress bar."""
-    import tensorflow as tf  # the first TensorFlow import of a run
+    import tensorflow as tf  # here: the flags and TF_CONFIG are checked before TensorFlow loads
 
     strategy = None
     if cluster is not None:
@@ -126,7 +125,7 @@ class Budget:
     def of(cls, cfg: TrainConfig, n_rays):
         budget_s = cfg.minutes * 60 if cfg.minutes is not None else None
         max_steps = cfg.steps if cfg.steps is not None else (
-            math.ceil(cfg.epochs * n_rays / cfg.batch_rays) if cfg.epochs is not None else None)
+            math.ceil(cfg.epochs * (n_rays / cfg.batch_rays)) if cfg.epochs is not None else None)
         eval_every = cfg.eval_every or (budget_s / 8 if budget_s else None)
         return cls(budget_s, max_steps, eval_every, None if eval_every else max(1, (max_steps or 1) // 8))
 
@@ -171,7 +170,7 @@ class Loop:
         self.log.resume(step, train_s, restored, read_file=self.is_chief)  # the history up to the checkpoint
         self.clock = Clock(step, train_s)
 
-    def compile(self):
+    def first_step(self):
         """The first step, before the clock starts (tracing and XLA compilation are not training time)."""
         c, tr = self.clock, self.tr
         self.step0 = c.step
@@ -246,7 +245,8 @@ class Loop:
 
 
 def run(argv=None):
-    """Trains as ``argv`` (default: the command line) says; returns the chief's metrics.json document."""
+    """Trains as ``argv`` (default: the command line) says; returns the metrics.json document (a worker other than
+    the chief: its steps and losses)."""
     cfg = parse_args(argv)
     cluster = read_cluster(cfg)
     cfg, strategy = start_strategy(cfg, cluster)
@@ -265,7 +265,7 @@ def run(argv=None):
     loop = Loop(cfg, tr, ckpts, metrics.RunMetrics(cfg, ds, tr, cluster), cluster)
     if restored:
         loop.resume(restored)
-    loop.compile()
+    loop.first_step()
     loop.train()
     return loop.finish(t_start)
 
