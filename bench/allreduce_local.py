@@ -37,7 +37,7 @@ def worker(n, repeats):
     x = tf.random.stateless_uniform([n], [1, 2])
 
     @tf.function
-    def allreduce(i):  # as train.py's step: a per-replica value reduced with SUM (an all-reduce under MWMS)
+    def allreduce(i):  # as nerf/trainer.py's step: a per-replica value reduced with SUM (an all-reduce under MWMS)
         per = strategy.run(lambda: x + tf.cast(i, tf.float32))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per, axis=None)
 

@@ -2,9 +2,9 @@
 uniform sampler (4096 rays x 64 samples = 2^18) and the occupancy sampler (as many rays as give 2^18 samples).
 
 Every piece is timed alone in its own tf.function on inputs computed beforehand (forward + backward where training
-differentiates it), then the whole train step of examples/nerf/train.py (Trainer._step_fn) on the same batch size:
+differentiates it), then the whole train step of examples/nerf/trainer.py (Trainer._step_fn) on the same batch size:
   sampling   uniform: stratified t, positions; occupancy: ray_march (with the sample positions) + the gather of
-             the view-direction SH per sample (both take the SH of the batch's rays from train.py's table)
+             the view-direction SH per sample (both take the SH of the batch's rays from the trainer's table)
   encoding   hash-grid encoding forward + backward (gradient w.r.t. the table) on the N sample positions
   mlps       density + colour MLPs forward + backward (weights and the encoding's output)
   rendering  volume_render / volume_render_packed forward + backward
@@ -62,7 +62,7 @@ def make_trainer(train, run_dir, sampler, budget, extra=()):
 
 
 def step_seed(tr, step_no=1):
-    """The sample-jitter seed of the train step ``step_no`` (replica 0), as train.Trainer's step computes it."""
+    """The sample-jitter seed of the train step ``step_no`` (replica 0), as nerf.trainer.Trainer's step computes it."""
     return tf.constant([tr.args.seed, step_no * 4096], tf.int64)
 
 
@@ -202,6 +202,7 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     import train
+    from nerf.trainer import RAY_GRANULARITY
 
     load = os.getloadavg()
     print(f"# NeRF train-step breakdown; CPU: {cpu_model()}, {os.cpu_count()} logical cores, TF {tf.__version__}; "
@@ -223,7 +224,7 @@ def main(argv=None):
     if early > 0:
         m = tr_o.model._prune(o, d, m)
     n_of = m.row_splits.numpy()  # samples of the first r rays: n_of[r]
-    cand = np.arange(train.RAY_GRANULARITY, len(perm) + 1, train.RAY_GRANULARITY)
+    cand = np.arange(RAY_GRANULARITY, len(perm) + 1, RAY_GRANULARITY)
     r = int(cand[np.argmin(np.abs(n_of[cand] - args.budget))])
     rays_o = perm[:r]
     results["occupancy"], n_o, whole_o = breakdown(tr_o, rays_o, args.repeats)

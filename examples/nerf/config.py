@@ -1,0 +1,238 @@
+"""The command line of ``train.py``: argparse -> :class:`TrainConfig`, a frozen dataclass with every derived default
+filled in and every combination checked (``parse_args``).
+
+No TensorFlow import here: a bad flag answers before TensorFlow loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+
+DESCRIPTION = "Train a NeRF on the built-in scene (or real data) with tf-metal-ops."
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Every flag of ``train.py`` (dashes -> underscores, in the parser's order), then the values derived from them.
+    ``None`` where a flag is unset and has no derived default (e.g. the budgets that were not chosen)."""
+
+    data: str
+    model: str
+    impl: str
+    minutes: float | None
+    epochs: float | None
+    steps: int | None
+    quick: bool
+    out: str
+    strategy: str
+    replicas: int
+    checkpoint_every: str | None
+    keep_checkpoints: int
+    save_worker_weights: bool
+    sampler: str
+    samples: int
+    batch_rays: int
+    sample_budget: int
+    grid_res: int
+    grid_every: int
+    grid_sync: str
+    grid_warmup: int
+    step_size: float | None
+    max_samples: int
+    early_stop: float
+    levels: int
+    features: int
+    log2_table: int
+    base_res: int
+    finest_res: int
+    bound: float | None
+    lr: float
+    lr_table: float
+    lr_decay: float
+    distortion: float
+    xla_inner: bool
+    jit: str
+    background: str
+    downscale: int
+    seed: int
+    scene_seed: int
+    scene_res: int
+    scene_ss: int | None
+    no_jitter: bool
+    eval_every: float | None
+    eval_views: int
+    final_views: int | None
+    no_progress: bool
+    # derived: --checkpoint-every as a step count or as seconds (at most one is set), --background as RGB
+    ckpt_steps: int | None
+    ckpt_seconds: float | None
+    background_rgb: tuple
+
+    def as_dict(self) -> dict:
+        """The fields in order (``metrics.json`` ``config``)."""
+        return dataclasses.asdict(self)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", default="builtin", help="'builtin', a tiny-NeRF .npz file or a Blender-layout folder")
+    p.add_argument("--model", choices=("hash", "mlp"), default="hash")
+    p.add_argument("--impl", choices=("op", "pure_tf"), default="op",
+                   help="hash model: tf_metal_ops kernels, or pure TF (hash grid + compositing) in an XLA train step")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--minutes", type=float, help="training-time budget")
+    budget.add_argument("--epochs", type=float, help="passes over all training rays")
+    budget.add_argument("--steps", type=int, help="number of training steps")
+    p.add_argument("--quick", action="store_true", help="2.5 minutes of training, small evaluations (~3 min total)")
+    p.add_argument("--out", default=None, help="output folder (default runs/<model>-<time>)")
+    p.add_argument("--strategy", choices=("default", "mirrored", "multiworker"), default="default",
+                   help="multiworker: MultiWorkerMirroredStrategy over the cluster in TF_CONFIG (see launch_local.py)")
+    p.add_argument("--replicas", type=int, default=2, help="logical CPU devices for --strategy mirrored without GPUs")
+    p.add_argument("--checkpoint-every", default=None, metavar="N|Ns",
+                   help="checkpoint to OUT/checkpoints every N steps (e.g. 200) or N seconds of training (e.g. 60s); "
+                        "a re-run with the same --out resumes from the latest one (default: 60s with --strategy "
+                        "multiworker, none otherwise; 0 disables)")
+    p.add_argument("--keep-checkpoints", type=int, default=2, help="checkpoints kept in OUT/checkpoints")
+    p.add_argument("--save-worker-weights", action="store_true",
+                   help="every worker (chief included) writes its final weights to OUT/workers/rank-<r>.npz "
+                        "(to check that the replicas stayed in sync)")
+    # model
+    p.add_argument("--sampler", choices=("uniform", "occupancy"), default=None,
+                   help="uniform: --samples stratified samples per ray; occupancy: march through an occupancy grid "
+                        "(hash model only; default for --model hash --impl op, under every strategy)")
+    p.add_argument("--samples", type=int, default=None,
+                   help="uniform sampler: samples per ray (default: mlp 32, hash 64)")
+    p.add_argument("--batch-rays", type=int, default=4096, help="uniform sampler: rays per step")
+    p.add_argument("--sample-budget", type=int, default=2 ** 15,
+                   help="occupancy sampler: samples per step (rays per step adapt to the measured samples per ray; "
+                        "2^15 trained fastest on 2 CPU cores, see the README; 2^18 equals the uniform sampler's "
+                        "4096 x 64)")
+    p.add_argument("--grid-res", type=int, default=64,
+                   help="occupancy sampler: grid cells per axis (64: on 2 CPU cores 128 costs more per step than its "
+                        "~7 %% fewer samples save, see the README)")
+    p.add_argument("--grid-every", type=int, default=16, help="occupancy sampler: steps between grid updates")
+    p.add_argument("--grid-sync", choices=("replicate", "broadcast"), default="replicate", help=(
+        "occupancy sampler with several workers: every worker updates its grid from the same weights with the same "
+        "seeds (replicate: bitwise equal, no communication), or the chief updates it and all-gathers it to the "
+        "others (broadcast); see docs/distributed.md"))
+    p.add_argument("--grid-warmup", type=int, default=64,
+                   help="occupancy sampler: steps during which every cell counts as occupied (and all cells are "
+                        "re-evaluated at each update)")
+    p.add_argument("--step-size", type=float, default=None,
+                   help="occupancy sampler: marching step (default: the box diagonal / "
+                        "nerf.models.STEPS_PER_DIAGONAL)")
+    p.add_argument("--max-samples", type=int, default=1024, help="occupancy sampler: samples per ray at most")
+    p.add_argument("--early-stop", type=float, default=0.0,
+                   help="occupancy sampler: drop the samples behind the point where a ray's transmittance is below "
+                        "this (a density-only pass without gradient first; 0: off)")
+    p.add_argument("--levels", type=int, default=16)
+    p.add_argument("--features", type=int, default=2, help="features per level")
+    p.add_argument("--log2-table", type=int, default=17, help="log2 of the hash table size per level")
+    p.add_argument("--base-res", type=int, default=16)
+    p.add_argument("--finest-res", type=int, default=512)
+    p.add_argument("--bound", type=float, default=None, help="hash model: scene box [-b,b]^3 (builtin 1, else 1.5)")
+    p.add_argument("--lr", type=float, default=None, help="MLP learning rate (default: mlp 5e-4, hash 1e-2)")
+    p.add_argument("--lr-table", type=float, default=3e-2, help="hash model: hash-table learning rate")
+    p.add_argument("--lr-decay", type=float, default=None,
+                   help="learning rates decay exponentially to this fraction of their start value over the budget "
+                        "(training time for --minutes, steps otherwise); default: hash 0.1, mlp 1 (constant)")
+    p.add_argument("--distortion", type=float, default=0.0, help="hash model: weight of the distortion loss")
+    p.add_argument("--xla-inner", action="store_true",
+                   help="hash model with ops: XLA-compile the parts around the custom ops as inner functions")
+    p.add_argument("--jit", choices=("auto", "on", "off"), default="auto",
+                   help="XLA for the train step (auto: whole step unless it contains custom ops)")
+    # data
+    p.add_argument("--background", default="white", help="white, black or r,g,b in [0,1]")
+    p.add_argument("--downscale", type=int, default=1, help="area-downscale real data by this integer factor")
+    p.add_argument("--seed", type=int, default=0, help="weights, ray order and sample jitter")
+    p.add_argument("--scene-seed", type=int, default=0, help="built-in scene: training cameras")
+    p.add_argument("--scene-res", type=int, default=100, help="built-in scene: image size (square)")
+    p.add_argument("--scene-ss", type=int, default=None,
+                   help="built-in scene: rays per pixel and axis of the ground truth (default: the scene's, 4)")
+    p.add_argument("--no-jitter", action="store_true",
+                   help="no stratified jitter (deterministic samples; for tests and strategy comparisons)")
+    # evaluation
+    p.add_argument("--eval-every", type=float, default=None, help="seconds of training between evaluations")
+    p.add_argument("--eval-views", type=int, default=4, help="test views used by the periodic evaluations")
+    p.add_argument("--final-views", type=int, default=None, help="test views of the final evaluation (default all)")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs one line per evaluation)")
+    return p
+
+
+def parse_args(argv=None) -> TrainConfig:
+    """``argv`` (default ``sys.argv[1:]``) -> the run's config; exits with argparse's usage error (code 2) on a bad
+    flag or combination."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    _fill_defaults(args)
+    _check(p, args)
+    ckpt_steps, ckpt_seconds = _checkpoint_spec(p, args.checkpoint_every)
+    return TrainConfig(**vars(args), ckpt_steps=ckpt_steps, ckpt_seconds=ckpt_seconds,
+                       background_rgb=_background_rgb(p, args.background))
+
+
+def _fill_defaults(args):
+    """The defaults that depend on other flags (``args`` is argparse's namespace, changed in place)."""
+    if args.quick:
+        if args.minutes is None and args.epochs is None and args.steps is None:
+            args.minutes = 2.5
+        args.eval_views = min(args.eval_views, 2)
+        args.final_views = args.final_views or 8
+    if args.minutes is None and args.epochs is None and args.steps is None:
+        args.minutes = 10.0
+    if args.samples is None:
+        args.samples = 32 if args.model == "mlp" else 64
+    if args.sampler is None:
+        args.sampler = "occupancy" if args.model == "hash" and args.impl == "op" and not args.xla_inner else "uniform"
+    if args.lr is None:
+        args.lr = 5e-4 if args.model == "mlp" else 1e-2
+    if args.lr_decay is None:
+        args.lr_decay = 1.0 if args.model == "mlp" else 0.1
+    if args.checkpoint_every is None and args.strategy == "multiworker":
+        args.checkpoint_every = "60s"
+    if args.out is None:
+        args.out = os.path.join("runs", f"{args.model}{'-' + args.impl if args.model == 'hash' else ''}-"
+                                f"{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def _check(p, args):
+    if args.sampler == "occupancy":
+        if args.model != "hash":
+            p.error("--sampler occupancy needs --model hash")
+        if args.xla_inner:
+            p.error("--xla-inner applies to the uniform sampler only")
+        if args.epochs is not None:
+            p.error("--epochs needs the uniform sampler (fixed batches); with --sampler occupancy use --minutes or "
+                    "--steps")
+        if args.sample_budget < 1024:
+            p.error(f"--sample-budget must be at least 1024, got {args.sample_budget}")
+        if args.grid_every < 1 or args.grid_res < 1 or args.max_samples < 1:
+            p.error("--grid-every, --grid-res and --max-samples must be positive")
+    if not 0.0 < args.lr_decay <= 1.0:
+        p.error(f"--lr-decay must be in (0, 1], got {args.lr_decay}")
+
+
+def _checkpoint_spec(p, spec):
+    """--checkpoint-every -> (steps, seconds): "200" is (200, None), "60s" is (None, 60.0); unset or 0: (None, None)."""
+    if spec in (None, "0", "0s"):
+        return None, None
+    spec = str(spec).strip()
+    try:
+        value = float(spec[:-1]) if spec.endswith("s") else int(spec)
+        assert value > 0
+    except (ValueError, AssertionError):
+        p.error(f"--checkpoint-every must be a number of steps (200) or seconds (60s), got {spec!r}")
+    return (None, value) if spec.endswith("s") else (value, None)
+
+
+def _background_rgb(p, background):
+    try:
+        rgb = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}.get(background) or tuple(
+            float(v) for v in background.split(","))
+        assert len(rgb) == 3
+    except (ValueError, AssertionError):
+        p.error(f"--background must be white, black or r,g,b, got {background!r}")
+    return rgb

@@ -1,0 +1,374 @@
+"""The NeRF training step of ``train.py``: the model and optimisers a :class:`~nerf.config.TrainConfig` asks for, the
+rays of each step (fixed batches, or the occupancy sampler's ray budget), the step and gradient functions under a
+``tf.distribute`` strategy, the learning-rate schedule and the occupancy-grid updates.
+
+Conventions:
+
+* Steps are numbered from 0. The rays of step ``s`` are a pure function of the seed and the training state, the
+  same on every worker and after a resume: epoch ``e`` is a permutation of the training rays seeded by
+  ``(seed, e)``, cut into batches in order (a remainder that does not fill a batch is dropped).
+* A global batch of ``n`` rays is split into equal slices, replica ``r`` takes the ``r``-th. Each replica's loss is
+  a sum over its rays divided by ``n``, so the all-reduced (summed) gradient is the single-process gradient of the
+  global batch, whatever the replicas' sample counts.
+* The state a checkpoint holds (:meth:`Trainer.state`) is the model, the optimisers, the step, the chief's training
+  seconds (the learning-rate schedule and time budget), the data seed and, occupancy sampler, the grid, the
+  position in the ray stream and the current ray count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from nerf import models
+from nerf.config import TrainConfig
+from nerf.data.rays import get_rays
+
+# Occupancy sampler: rays per step stay in [MIN_RAYS, sample_budget // 2], multiples of RAY_GRANULARITY.
+MIN_RAYS, RAY_GRANULARITY = 64, 16
+
+
+def make_strategy(cfg: TrainConfig):
+    """The strategy of --strategy default or mirrored (multiworker: created by ``train.py`` before any TF op)."""
+    return tf.distribute.MirroredStrategy() if cfg.strategy == "mirrored" else tf.distribute.get_strategy()
+
+
+def make_broadcast(strategy, variables):
+    """A function that gives every variable in ``variables`` the chief's value on every worker: an all-gather that
+    keeps replica 0's slice (exact bits; types the collectives lack, e.g. uint8, travel as int32)."""
+    wire = {tf.uint8: tf.int32, tf.bool: tf.int32}
+
+    def replica_values():
+        ctx = tf.distribute.get_replica_context()
+        out = []
+        for v in variables:
+            x = tf.convert_to_tensor(v)
+            x = tf.cast(x, wire[x.dtype]) if x.dtype in wire else x
+            out.append(tf.cast(ctx.all_gather(x[None], axis=0)[0], v.dtype))
+        return out
+
+    @tf.function
+    def gather():
+        return [strategy.experimental_local_results(x)[0] for x in strategy.run(replica_values)]
+
+    def broadcast():
+        for v, x in zip(variables, gather()):
+            v.assign(x)
+
+    return broadcast
+
+
+def model_config(cfg: TrainConfig, dataset) -> dict:
+    """Keyword arguments of ``nerf.models.build_model(cfg.model, ...)`` (the occupancy grid aside)."""
+    common = dict(n_samples=cfg.samples, near=dataset.near, far=dataset.far, jitter=not cfg.no_jitter,
+                  background=[float(b) for b in dataset.background])
+    if cfg.model == "mlp":
+        return common
+    bound = cfg.bound if cfg.bound is not None else (1.0 if dataset.name == "builtin" else 1.5)
+    kw = dict(common, n_levels=cfg.levels, n_features_per_level=cfg.features, log2_hashmap_size=cfg.log2_table,
+              base_resolution=cfg.base_res, finest_resolution=cfg.finest_res, bound=bound,
+              implementation=cfg.impl, xla_inner=cfg.xla_inner, sampler=cfg.sampler)
+    if cfg.sampler == "occupancy":
+        kw.update(grid_resolution=cfg.grid_res, grid_warmup_steps=cfg.grid_warmup, step_size=cfg.step_size,
+                  max_samples=cfg.max_samples, early_stop=cfg.early_stop)
+    return kw
+
+
+def distortion_loss(out, op: bool):
+    """The distortion loss per ray of the model output ``out`` (packed samples or fixed ones); ``op``: the custom op,
+    else its pure-TF version."""
+    import tf_metal_ops  # here, not at the top: the MLP model trains without loading the package's op library
+
+    if "row_splits" in out:
+        fn = tf_metal_ops.distortion_loss_packed if op else tf_metal_ops.distortion_loss_packed_tf
+        return fn(out["weights"], out["t_starts"], out["t_ends"], out["row_splits"])
+    return (tf_metal_ops.distortion_loss if op else tf_metal_ops.distortion_loss_tf)(out["weights"], out["edges"])
+
+
+class Trainer:
+    """The model, its optimisers and training state, and one synchronous training step at a time (:meth:`step`).
+
+    ``args`` is the run's :class:`~nerf.config.TrainConfig`; ``cluster`` the ``nerf.distributed.Cluster`` of
+    --strategy multiworker (None otherwise)."""
+
+    def __init__(self, args: TrainConfig, dataset, strategy=None, cluster=None):
+        self.args, self.ds = args, dataset
+        self.cluster = cluster
+        self.is_chief = cluster is None or cluster.is_chief
+        self.strategy = strategy if strategy is not None else make_strategy(args)
+        n_rep = self.strategy.num_replicas_in_sync
+        if args.batch_rays % n_rep:
+            raise SystemExit(f"error: --batch-rays {args.batch_rays} is not a multiple of the {n_rep} replicas")
+        self.occupancy = args.sampler == "occupancy"
+        self._load_rays(dataset)
+        self._build_model(model_config(args, dataset))
+        self._make_state()
+        self.grid_log = []  # occupancy sampler: per grid update, its step, seconds and (optionally) a digest
+        self.last_rays, self.last_samples = args.batch_rays, args.batch_rays * args.samples
+        self.last_marched = self.last_samples
+        self._perm_epoch, self._perm = None, None
+        self.lr_start = [(self.opt, args.lr)] + ([(self.opt_table, args.lr_table)] if self.opt_table else [])
+        uses_custom_ops = args.model == "hash" and args.impl == "op"
+        if self.occupancy and args.jit == "on":
+            raise SystemExit("error: --jit on: the occupancy sampler's ragged batches do not compile with XLA")
+        self.jit = args.jit == "on" or (args.jit == "auto" and not uses_custom_ops and not self.occupancy)
+        self._make_step_functions()
+
+    # ---- construction ---------------------------------------------------------------------------------------
+    def _load_rays(self, dataset):
+        o, d = get_rays(dataset.H, dataset.W, dataset.focal, dataset.train.poses)
+        self.rays_o = tf.constant(o.reshape(-1, 3))
+        self.rays_d = tf.constant(d.reshape(-1, 3))
+        self.rgb = tf.constant(dataset.train.images.reshape(-1, 3).astype(np.float32))
+        self.n_rays = int(self.rgb.shape[0])
+        # One row per training ray for the step's batch (one gather instead of one per tensor): origin, direction,
+        # colour and, for the hash model, the view-direction encoding (computed once: the directions never change).
+        cols = [self.rays_o, self.rays_d, self.rgb]
+        if self.args.model == "hash":
+            cols.append(models.sh_encoding_deg4(self.rays_d))
+        self.ray_table = tf.concat(cols, axis=1)
+
+    def _build_model(self, kw):
+        args = self.args
+        extra = {}
+        if self.occupancy:  # outside the strategy scope: one plain copy per worker (see update_grid)
+            extra["grid"] = models.make_occupancy_grid(kw["bound"], args.grid_res, args.grid_warmup)
+        with self.strategy.scope():
+            keras.utils.set_random_seed(args.seed)
+            self.model = models.build_model(args.model, **kw, **extra)
+            table = {id(v) for v in self.model.table_variables()}
+            self.table_vars = [v for v in self.model.trainable_variables if id(v) in table]
+            self.mlp_vars = [v for v in self.model.trainable_variables if id(v) not in table]
+            b2 = 0.999 if args.model == "mlp" else 0.99
+            eps = 1e-7 if args.model == "mlp" else 1e-15
+            self.opt = keras.optimizers.Adam(args.lr, beta_2=b2, epsilon=eps)
+            self.opt.build(self.mlp_vars)
+            self.opt_table = None
+            if self.table_vars:
+                self.opt_table = keras.optimizers.Adam(args.lr_table, beta_2=0.99, epsilon=1e-15)
+                self.opt_table.build(self.table_vars)
+        self.n_params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
+        # gradients all-reduced per step: one float32 value per trainable parameter (dense, the table included)
+        self.allreduce_bytes = int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
+                                       for v in self.model.trainable_variables))
+
+    def _make_state(self):
+        """The training state beside the model and optimisers (see the module's conventions)."""
+        self.state_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.state_train_s = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="train_seconds")
+        self.state_seed = tf.Variable(self.args.seed, dtype=tf.int64, trainable=False, name="data_seed")
+        if self.occupancy:
+            # variable batches: the position in the ray stream (epoch * n_rays + offset) and the current ray count
+            # are state (a pure function of the measured samples per ray, not of the step number)
+            diag = 2.0 * math.sqrt(3.0) * self.model.cfg["bound"]
+            r0 = self.args.sample_budget * 2.0 * self.model.cfg["step_size"] / diag  # all cells occupied: ~diag/2
+            self.state_rays_pos = tf.Variable(0, dtype=tf.int64, trainable=False, name="rays_position")
+            self.state_rays = tf.Variable(self.clamp_rays(r0), dtype=tf.int64, trainable=False, name="rays_per_step")
+
+    def state(self) -> dict:
+        """The training state by checkpoint key (``tf.train.Checkpoint(**trainer.state())``)."""
+        parts = dict(model=self.model, optimizer=self.opt, step=self.state_step, train_seconds=self.state_train_s,
+                     data_seed=self.state_seed)
+        if self.opt_table is not None:
+            parts["optimizer_table"] = self.opt_table
+        if self.occupancy:
+            parts.update(occupancy_grid=self.model.grid, rays_position=self.state_rays_pos,
+                         rays_per_step=self.state_rays)
+        return parts
+
+    def state_variables(self) -> list:
+        """Every variable of :meth:`state`, in an order every worker shares (for the broadcast from the chief)."""
+        vs = list(self.model.variables) + list(self.opt.variables)
+        if self.opt_table is not None:
+            vs += list(self.opt_table.variables)
+        vs += [self.state_step, self.state_train_s, self.state_seed]
+        if self.occupancy:  # the grid (a tf.Module beside the Keras weights) and the ray-stream position
+            grid = self.model.grid
+            vs += [grid.density, grid.bits, grid.step, self.state_rays_pos, self.state_rays]
+        return vs
+
+    def _make_step_functions(self):
+        if self.strategy.num_replicas_in_sync == 1:
+            # one trace for every batch size (the occupancy sampler's ray count changes from step to step)
+            sig = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64), tf.TensorSpec([1], tf.float32),
+                   tf.TensorSpec([], tf.float32)]
+            self._step_fn = tf.function(self._global_step, input_signature=sig, jit_compile=self.jit)
+        else:
+            # per-replica batches of a varying size: after the first sizes, one trace with unknown sizes
+            self._step_fn = tf.function(self._global_step, reduce_retracing=True)
+        self._grad_fn = tf.function(self._global_gradients, reduce_retracing=True)
+        self._grid_fn = self._grid_broadcast_fn = None
+        if self.occupancy:
+            self._grid_fn = tf.function(self._grid_update, input_signature=[tf.TensorSpec([], tf.int64)])
+            if self.cluster is not None and self.cluster.n_workers > 1 and self.args.grid_sync == "broadcast":
+                grid = self.model.grid
+                self._grid_broadcast_fn = make_broadcast(self.strategy, [grid.density, grid.bits, grid.step])
+
+    # ---- the step (graph functions) -------------------------------------------------------------------------
+    def _replica_seed(self, step_no):
+        """(replica id, sample-jitter seed) of this replica at step ``step_no``."""
+        rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
+        return rid, tf.stack([tf.constant(self.args.seed, tf.int64), step_no * 4096 + rid])
+
+    def _replica_grads(self, o, d, y, view_sh, seed, n_global):
+        """The replica's share of the global loss and its gradient: sums over its rays divided by the global ray
+        count ``n_global`` (see the module's conventions)."""
+        dist_w = float(self.args.distortion)
+        with tf.GradientTape() as tape:
+            extra = {} if view_sh is None else dict(view_sh=view_sh)
+            out = self.model(o, d, training=True, jitter_seed=seed, **extra)
+            mse = tf.reduce_sum(tf.square(out["color"] - y)) / (3.0 * n_global)  # mean over global rays, RGB
+            loss = mse
+            if dist_w > 0:
+                loss = loss + dist_w * tf.reduce_sum(distortion_loss(out, self.args.impl == "op")) / n_global
+        grads = tape.gradient(loss, self.mlp_vars + self.table_vars)
+        return mse, out, grads
+
+    def _replica_step(self, o, d, y, view_sh, seed, n_global):
+        mse, out, grads = self._replica_grads(o, d, y, view_sh, seed, n_global)
+        self.opt.apply_gradients(zip(grads[:len(self.mlp_vars)], self.mlp_vars))
+        if self.table_vars:
+            self.opt_table.apply_gradients(zip(grads[len(self.mlp_vars):], self.table_vars))
+        n = tf.shape(out["weights"])[0] if "row_splits" in out else tf.size(out["weights"])
+        return mse, tf.cast(tf.stack([n, out.get("n_marched", n)]), tf.float32)
+
+    def _global_step(self, idx, step_no, ctrl, n_global):
+        """One synchronous step on the replicas' shares of the global batch (``n_global`` rays in all).
+        Returns [mean loss, *ctrl of replica 0, samples and marched samples of all replicas] on every worker:
+        ``ctrl`` carries the chief's clock so all workers take the same learning rate, stop and checkpoint
+        decisions."""
+
+        def per_replica(i, ctrl):
+            rid, seed = self._replica_seed(step_no)
+            mse, n = self._replica_step(*self.batch(i), seed, n_global)
+            first = tf.cast(tf.equal(rid, 0), tf.float32)
+            return tf.concat([tf.reshape(mse, [1]), ctrl * first, n], 0)
+
+        per = self.strategy.run(per_replica, args=(idx, ctrl))
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per, axis=None)
+
+    def _global_gradients(self, idx, step_no, n_global):
+        def per_replica(i):
+            return self._replica_grads(*self.batch(i), self._replica_seed(step_no)[1], n_global)[2]
+
+        per = self.strategy.run(per_replica, args=(idx,))
+        return [self.strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in per]
+
+    def _grid_update(self, step_no):
+        return self.model.update_grid(step=step_no, seed=tf.constant(self.args.seed, tf.int64) * 1000003 + step_no)
+
+    def batch(self, idx):
+        """Rays ``idx`` of the training set -> origins, directions, colours, view-direction SH (None for the MLP
+        model)."""
+        rows = tf.gather(self.ray_table, idx)
+        return rows[:, 0:3], rows[:, 3:6], rows[:, 6:9], (rows[:, 9:] if self.ray_table.shape[1] > 9 else None)
+
+    # ---- the step (eager) -----------------------------------------------------------------------------------
+    def step(self, step_no, ctrl=0.0):
+        """Runs training step ``step_no`` (0-based) on its global batch; returns (loss, ctrl of the chief)."""
+        if self.occupancy:
+            if step_no % self.args.grid_every == 0:
+                self.update_grid(step_no)
+            idx = self.next_rays()
+        else:
+            idx = self.batch_indices(step_no)
+        n_rays = len(idx)
+        out = self._step_fn(self.distribute_rays(idx), tf.constant(step_no, tf.int64), tf.constant([ctrl], tf.float32),
+                            tf.constant(n_rays, tf.float32)).numpy()
+        self.last_rays, self.last_samples, self.last_marched = n_rays, float(out[2]), float(out[3])
+        if self.occupancy:  # Instant-NGP: scale the ray count by budget / measured samples
+            self.state_rays.assign(self.clamp_rays(
+                self.last_rays * self.args.sample_budget / max(self.last_samples, 1.0)))
+        return float(out[0]), float(out[1])
+
+    def gradients(self, idx, step_no):
+        """The all-reduced gradient (MLP variables, then the table) of the global batch ``idx`` at step
+        ``step_no``, without applying it (for checking the loss normalisation against one process)."""
+        g = self._grad_fn(self.distribute_rays(idx), tf.constant(step_no, tf.int64),
+                          tf.constant(len(idx), tf.float32))
+        return [x.numpy() for x in g]
+
+    def distribute_rays(self, idx):
+        """Global ray indices -> the step functions' argument: replica r of n takes the r-th of n equal slices."""
+        n_rep = self.strategy.num_replicas_in_sync
+        if n_rep == 1:
+            return tf.constant(idx, tf.int64)
+        per = len(idx) // n_rep
+        return self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(idx[ctx.replica_id_in_sync_group * per:(ctx.replica_id_in_sync_group + 1) * per]))
+
+    def update_grid(self, step_no):
+        """The occupancy-grid update of step ``step_no``, identical on every worker: each worker computes it from
+        its (identical) weights with the same seed (--grid-sync replicate), or the chief computes it and the others
+        take its grid (broadcast). Records the update's seconds and, with --save-worker-weights, a digest of the
+        grid it produced."""
+        t = time.perf_counter()
+        if self._grid_broadcast_fn is None or self.is_chief:
+            self._grid_fn(tf.constant(step_no, tf.int64))
+        if self._grid_broadcast_fn is not None:
+            self._grid_broadcast_fn()
+        grid = self.model.grid
+        digest = None
+        if self.args.save_worker_weights:
+            h = hashlib.sha256(grid.density.numpy().tobytes())
+            h.update(grid.bits.numpy().tobytes())
+            h.update(grid.step.numpy().tobytes())
+            digest = h.hexdigest()
+        else:
+            grid.step.numpy()  # the update has run (honest timing)
+        self.grid_log.append(dict(step=int(step_no), seconds=time.perf_counter() - t, digest=digest))
+
+    def set_progress(self, fraction):
+        """Learning rates for ``fraction`` ∈ [0, 1] of the budget: start · decay^fraction."""
+        factor = self.args.lr_decay ** min(max(fraction, 0.0), 1.0)
+        for opt, lr in self.lr_start:
+            opt.learning_rate = lr * factor
+
+    # ---- rays per step ----------------------------------------------------------------------------------------
+    def _epoch_permutation(self, epoch):
+        """The training rays in the order of epoch ``epoch`` (seeded by (data seed, epoch); the last one cached)."""
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([int(self.state_seed.numpy()), epoch]).permutation(self.n_rays)
+            self._perm_epoch = epoch
+        return self._perm
+
+    def batch_indices(self, step_no):
+        """Uniform sampler: ray indices of global batch ``step_no`` (``batch_rays`` rays, see the conventions)."""
+        b = self.args.batch_rays
+        epoch, k = divmod(int(step_no), self.n_rays // b)
+        return self._epoch_permutation(epoch)[k * b:(k + 1) * b]
+
+    def next_rays(self):
+        """Occupancy sampler: the next ``rays_per_step`` rays of the stream of epochs (the position in it is
+        state, see the conventions)."""
+        r = int(self.state_rays.numpy())
+        epoch, k = divmod(int(self.state_rays_pos.numpy()), self.n_rays)
+        if k + r > self.n_rays:
+            epoch, k = epoch + 1, 0
+        perm = self._epoch_permutation(epoch)
+        self.state_rays_pos.assign(epoch * self.n_rays + k + r)
+        return perm[k:k + r]
+
+    def clamp_rays(self, r):
+        """Rays per step for ``r`` wanted: a multiple of RAY_GRANULARITY and of the replica count (equal shards), in
+        [MIN_RAYS, sample_budget / 2] and at most the training set."""
+        b, g = self.args.sample_budget, math.lcm(RAY_GRANULARITY, self.strategy.num_replicas_in_sync)
+        lo = -(-MIN_RAYS // g) * g
+        hi = max(lo, b // 2 // g * g)
+        return int(min(max(round(r / g) * g, lo), hi, self.n_rays // g * g))
+
+    # ---- progress ---------------------------------------------------------------------------------------------
+    def trace_count(self):
+        """Traces of the train-step function so far (1 after the first step when nothing retraces)."""
+        return self._step_fn.experimental_get_tracing_count()
+
+    def epochs_done(self, step_no):
+        """Passes over the training rays after ``step_no`` steps."""
+        if self.occupancy:
+            return int(self.state_rays_pos.numpy()) / self.n_rays
+        return step_no * self.args.batch_rays / self.n_rays
