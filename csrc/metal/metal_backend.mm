@@ -433,7 +433,9 @@ id<MTLBuffer> BufferOf(const Binding& b, uint32_t slot, std::string* error) {
     *error = "buffer " + std::to_string(slot) +
              ": the tensor's data is not an MTLBuffer (a tensor in host memory, a slice sharing another tensor's "
              "buffer, or a GPU plugin other than tensorflow-metal): " +
-             (obj != nil ? "an object of class " + ClassName(obj) : why);
+             (obj != nil ? "an object of class " + ClassName(obj)
+                         : why + " (if the GPU plugin is tensorflow-metal, TF_METAL_OPS_SKIP_OBJECT_CHECK=1 skips this "
+                                 "check; please report it)");
     return nil;
   }
   id<MTLBuffer> buf = (id<MTLBuffer>)obj;

@@ -89,6 +89,12 @@ void ProbeGpu(void* state, TF_OpKernelContext* ctx) {
     call.pass("probe_block_sum", kSpec).threadgroups({uint64_t{1} << 31, 1, 1}, {64, 1, 1});
   } else if (mode == "no_grid") {
     call.pass("probe_finish", kSpec).buffer(0, x).buffer(1, y);
+  } else if (mode == "read_unaligned_offset" || mode == "read_unaligned_size") {  // macOS blits: multiples of 4
+    call.pass("probe_finish", kSpec).buffer(0, x).buffer(1, y).value(2, n).threads(n);
+    unsigned char out[8];
+    const bool offset = mode == "read_unaligned_offset";
+    call.RunAndRead(y, offset ? 2 : 0, out, offset ? 4 : 6);
+    return;
   } else if (mode == "check_grid_size") {
     tfmo::gpu::CheckGridSize(ctx, "host_layer_probe", "the test quantity", uint64_t{1} << 33);
     return;

@@ -41,6 +41,8 @@ EXPECTED = {
     "group_dimension_zero": ("InternalError", "a threadgroup dimension is 0"),
     "too_many_groups": ("InvalidArgumentError", "exceed the 32-bit grid limit"),
     "no_grid": ("InternalError", "the pass has no grid"),
+    "read_unaligned_offset": ("InternalError", "RunAndRead: offset 2 and size 4 must be multiples of 4 bytes"),
+    "read_unaligned_size": ("InternalError", "RunAndRead: offset 0 and size 6 must be multiples of 4 bytes"),
     "check_grid_size": ("InvalidArgumentError", "the test quantity = 8589934592 exceeds 4294967295"),
     "nonsense": ("InvalidArgumentError", "unknown mode nonsense"),
 }

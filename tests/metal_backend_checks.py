@@ -1,0 +1,164 @@
+"""Checks of csrc/metal/metal_backend.mm over the doubles of Apple's stack (TF_METAL_OPS_EMULATED_GPU=metal), one per
+review defect the doubles can show, run in a subprocess by tests/test_metal_backend.py:
+
+    TF_METAL_OPS_EMULATED_GPU=metal TF_METAL_OPS_OBJC_RUNTIME=... python tests/metal_backend_checks.py CHECK
+
+Each check sets up what a Mac could present (a stream that keeps an encoder open, a GPU fault, buffers no malloc
+zone claims, pipelines with their own threadgroup memory) through the doubles' TFMO_MOCK_* switches, which the
+caller passes in the environment. Exit status 0 and a last line "ok CHECK ..." on success.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+assert os.environ.get("TF_METAL_OPS_EMULATED_GPU") == "metal", "run with TF_METAL_OPS_EMULATED_GPU=metal"
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tf_metal_ops as t  # noqa: E402
+from tf_metal_ops import emulated_gpu  # noqa: E402
+
+GPU, CPU = "/GPU:0", "/CPU:0"
+
+
+def render_inputs(seed: int, rays: int = 64, samples: int = 24):
+    rng = np.random.default_rng(seed)
+    density = rng.uniform(0, 3, (rays, samples)).astype(np.float32)
+    color = rng.uniform(0, 1, (rays, samples, 3)).astype(np.float32)
+    edges = np.sort(rng.uniform(0.1, 4, (rays, samples + 1)), axis=1).astype(np.float32)
+    return density, color, edges
+
+
+def render_both(seed: int):
+    """volume_render with its gradient on the GPU and on the CPU, from eager NumPy inputs (copied to the device)."""
+    out = {}
+    for device in (GPU, CPU):
+        with tf.device(device):
+            d, c, edges = (tf.constant(a) for a in render_inputs(seed))
+            with tf.GradientTape() as tape:
+                tape.watch([d, c])
+                rgb = t.volume_render(d, c, edges).color
+                loss = tf.reduce_sum(rgb * rgb)
+            out[device] = [rgb.numpy(), *(g.numpy() for g in tape.gradient(loss, [d, c]))]
+    return out[GPU], out[CPU]
+
+
+def check_coalescing_stream():
+    """Defect 3: the stream keeps a blit encoder open on its current command buffer (its own copies); the backend
+    commits the stream before it encodes, so it never opens a second encoder on that buffer (the double would end
+    the process: "A command encoder is already encoding")."""
+    before, ran = emulated_gpu.device_stats()["coalesced_copies"], emulated_gpu.dispatch_counts()
+    for seed in range(3):
+        gpu, cpu = render_both(seed)
+        for g, c in zip(gpu, cpu):
+            np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)
+    coalesced = emulated_gpu.device_stats()["coalesced_copies"] - before
+    after = emulated_gpu.dispatch_counts()
+    assert all(after.get(k, 0) > ran.get(k, 0) for k in ("volume_render_forward", "volume_render_backward")), after
+    assert coalesced > 0, "no host-to-device copy was left in an open encoder: the check tested nothing"
+    return f"{coalesced} copies left in an open blit encoder, 3 renders with gradients equal to the CPU's"
+
+
+def check_gpu_error_reported_on_next_call():
+    """Defect 6: a GPU fault of an asynchronous call (an out-of-bounds write in a bounds-checked inline kernel) is
+    recorded by the completion handler, fails the next GPU call with the fault's message, and shows in
+    backend_info(); the call after that runs normally."""
+    assert os.environ.get("TF_METAL_OPS_BOUNDS_CHECK") == "1" and os.environ.get("TF_METAL_OPS_SYNC") != "1"
+    write = t.metal_kernel("oob_async", ["x"], ["y"], "uint i = thread_position_in_grid.x; y[i + 1] = x[i];")
+    good = t.metal_kernel("in_bounds", ["x"], ["y"], "uint i = thread_position_in_grid.x; y[i] = 2 * x[i];")
+    launch = dict(grid=(100, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(100,)], output_dtypes=[tf.float32])
+    with tf.device(GPU):
+        x = tf.ones([100])
+        write(inputs=[x], **launch)  # returns at once: the fault happens on the GPU, after the op
+        emulated_gpu.synchronize()
+        try:
+            good(inputs=[x], **launch)[0].numpy()
+        except tf.errors.InternalError as e:
+            assert "an earlier GPU call failed" in e.message and "out-of-bounds access to 'y'" in e.message, e.message
+        else:
+            raise AssertionError("the GPU fault of the earlier call was not reported")
+        info = t.backend_info()
+        metal = info["emulated_gpu"]["metal"]
+        assert info["gpu_backend"] == "metal", info["gpu_backend"]
+        assert metal["gpu_errors"] == 1 and "out-of-bounds access to 'y'" in metal["last_gpu_error"], metal
+        np.testing.assert_array_equal(good(inputs=[x], **launch)[0].numpy(), np.full(100, 2.0))
+    return f"reported on the next call and in backend_info: {metal['last_gpu_error'][:80]}..."
+
+
+def check_foreign_buffers_explain_themselves():
+    """Defect 4: tensors whose MTLBuffers no malloc zone claims (TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS=1) fail the
+    object check with a message naming what it saw and the way out; TF_METAL_OPS_SKIP_OBJECT_CHECK=1 (the
+    subprocess below) then runs the op."""
+    assert os.environ.get("TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS") == "1"
+    d, c, edges = render_inputs(0)
+    with tf.device(GPU):
+        try:
+            t.volume_render(d, c, edges).color.numpy()
+        except tf.errors.OpError as e:
+            msg = e.message
+            assert "malloc_zone_from_ptr = " in msg and "not the start of a heap block" in msg, msg
+            assert "not an MTLBuffer" in msg and "TF_METAL_OPS_SKIP_OBJECT_CHECK=1" in msg, msg
+        else:
+            if os.environ.get("TF_METAL_OPS_SKIP_OBJECT_CHECK") != "1":
+                raise AssertionError("a buffer outside every malloc zone passed the object check")
+            gpu, cpu = render_both(0)
+            np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5, atol=1e-6)
+            return "TF_METAL_OPS_SKIP_OBJECT_CHECK=1 runs the op on the same buffers"
+    return f"rejected with: {msg[:160]}..."
+
+
+def check_static_threadgroup_memory_counts():
+    """Defect 8: with pipelines that declare 31 KiB of threadgroup memory of their own
+    (TFMO_MOCK_METAL_STATIC_TG_BYTES=31744), ray_march's 2 KiB scan block exceeds the 32 KiB limit: the backend
+    rejects the pass with an op error that says so, before the encoder would break Metal's rule."""
+    assert os.environ.get("TFMO_MOCK_METAL_STATIC_TG_BYTES") == "31744"
+    rng = np.random.default_rng(0)
+    o = rng.uniform(-0.2, 0.2, (70, 3)).astype(np.float32)
+    d = rng.normal(size=(70, 3)).astype(np.float32)
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    grid = t.OccupancyGrid(resolution=16)
+    with tf.device(GPU):
+        try:
+            t.ray_march(tf.constant(o), tf.constant(d), grid, near=0.05, far=2.0, step_size=0.05)
+        except tf.errors.OpError as e:
+            msg = e.message
+            assert "declared in the kernel" in msg and "exceed the device's 32768" in msg, msg
+        else:
+            raise AssertionError("threadgroup memory beyond 32 KiB was encoded")
+    return f"rejected: {msg.splitlines()[0][-120:]}"
+
+
+def check_small_pipelines():
+    """Pipelines whose maximum is 64 threads per group (TFMO_MOCK_METAL_MAX_THREADS=64: register-heavy kernels on a
+    real GPU report less than 1024): grids of threads are split into groups that fit, and the explicit 256-thread
+    groups of ray_march's scan are rejected with an op error instead of breaking the encoder's rule."""
+    assert os.environ.get("TFMO_MOCK_METAL_MAX_THREADS") == "64"
+    gpu, cpu = render_both(1)
+    for g, c in zip(gpu, cpu):
+        np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)
+    rng = np.random.default_rng(0)
+    o = rng.uniform(-0.2, 0.2, (70, 3)).astype(np.float32)
+    d = rng.normal(size=(70, 3)).astype(np.float32)
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    with tf.device(GPU):
+        try:
+            t.ray_march(tf.constant(o), tf.constant(d), t.OccupancyGrid(resolution=16), near=0.05, far=2.0,
+                        step_size=0.05)
+        except tf.errors.OpError as e:
+            assert "exceed this pipeline's maximum of 64" in e.message, e.message
+        else:
+            raise AssertionError("a 256-thread group was encoded for a 64-thread pipeline")
+    return "volume_render in 64-thread groups equals the CPU; ray_march's scan rejected"
+
+
+CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
+
+if __name__ == "__main__":
+    name = sys.argv[1]
+    emulated_gpu.enable(verbose=False)
+    assert emulated_gpu.loaded_backend() == "metal", emulated_gpu.loaded_backend()
+    print(f"ok {name} {CHECKS[name]()}")

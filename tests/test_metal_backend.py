@@ -1,0 +1,60 @@
+"""csrc/metal/metal_backend.mm over the doubles of Apple's stack (TF_METAL_OPS_EMULATED_GPU=metal, tools/apple_mock):
+what a Mac may present that the backend must survive, one case per review defect the doubles can show. Every op
+and gradient check also runs under this backend (tests/test_emulated_gpu.py via conftest.gpu_backend); these cases
+add the doubles' switches:
+  - an MPSCommandBuffer-style stream that commits-and-continues (defect 1: RayMarch's read-back waits for its own
+    completion handler; also with TF_METAL_OPS_SYNC=1 and the float16 scratch accumulator, defect 5);
+  - a stream that keeps an encoder open for its own copies (defect 3);
+  - a GPU fault on the asynchronous path (defect 6), buffers no malloc zone claims (defect 4), pipelines with
+    threadgroup memory of their own (defect 8) and pipelines smaller than 1024 threads.
+The doubles end the process on a broken Metal rule, so a regression fails here with the double's message.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import gpu_backend_env
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
+MPS = {"TFMO_MOCK_TF_METAL_STREAM": "mps"}
+
+# (script, check, environment)
+CASES = [
+    ("emulated_gpu_checks.py", "ray_march", MPS),
+    ("emulated_gpu_checks.py", "ray_march", {**MPS, "TF_METAL_OPS_SYNC": "1"}),
+    ("emulated_gpu_checks.py", "hash_grid", {**MPS, "TF_METAL_OPS_SYNC": "1"}),
+    ("emulated_gpu_checks.py", "threads", MPS),
+    ("metal_backend_checks.py", "coalescing_stream", {"TFMO_MOCK_TF_METAL_COALESCE": "1"}),
+    ("metal_backend_checks.py", "coalescing_stream", {"TFMO_MOCK_TF_METAL_COALESCE": "1", **MPS}),
+    ("metal_backend_checks.py", "gpu_error_reported_on_next_call", {"TF_METAL_OPS_BOUNDS_CHECK": "1"}),
+    ("metal_backend_checks.py", "foreign_buffers_explain_themselves", {"TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS": "1"}),
+    ("metal_backend_checks.py", "foreign_buffers_explain_themselves",
+     {"TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS": "1", "TF_METAL_OPS_SKIP_OBJECT_CHECK": "1"}),
+    ("metal_backend_checks.py", "static_threadgroup_memory_counts", {"TFMO_MOCK_METAL_STATIC_TG_BYTES": "31744"}),
+    ("metal_backend_checks.py", "small_pipelines", {"TFMO_MOCK_METAL_MAX_THREADS": "64"}),
+]
+
+
+@pytest.fixture(scope="module")
+def metal_double(clang16):
+    from tf_metal_ops import emulated_gpu
+
+    os.environ.setdefault("TF_METAL_OPS_CLANGXX", clang16)
+    env = gpu_backend_env("metal")
+    os.environ.update(env)
+    emulated_gpu.build(gpu_backend="metal")
+    return env
+
+
+@pytest.mark.parametrize("script,check,env", CASES,
+                         ids=[f"{c}-{'-'.join(f'{k}={v}' for k, v in e.items())}" for _, c, e in CASES])
+def test_metal_backend_on_apples_doubles(metal_double, script, check, env):
+    full = {**os.environ, **QUIET, **metal_double, **env}
+    args = [os.path.join(HERE, script), check] + (["0"] if script == "emulated_gpu_checks.py" else [])
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full, timeout=900, cwd=HERE)
+    assert r.returncode == 0, f"{check} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    assert f"ok {check}" in r.stdout.splitlines()[-1], r.stdout
