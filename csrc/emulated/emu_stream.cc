@@ -112,15 +112,7 @@ std::string RunInline(TfmoEmuStream* s, TfmoEmuCommandBuffer* cb) {
   std::lock_guard<std::mutex> l(s->mu);
   RecycleLocked(s, cb);
   ++s->enqueued;
-  ++s->completed;
-  ++s->stats.items_run;
-  if (!err.empty()) {
-    ++s->stats.item_failures;
-    if (!s->failed) {
-      s->failed = true;
-      s->error = "command buffer failed: " + err;
-    }
-  }
+  FinishItemLocked(s, err.empty() ? "" : "command buffer failed: " + err);
   return err;
 }
 
@@ -199,10 +191,7 @@ void ApiEncode(TfmoEmuCommandBuffer* cb, TfmoEmuWork work) {
   std::unique_lock<std::mutex> l(s->mu);
   if (s->open_cb != cb) {
     std::string err = "encode into a command buffer that is not the stream's current one (already committed?)";
-    if (!s->failed) {
-      s->failed = true;
-      s->error = err;
-    }
+    FailLocked(s, err);
     l.unlock();
     LogError(err);
     if (work.release != nullptr) work.release(work.arg);

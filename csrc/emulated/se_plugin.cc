@@ -33,6 +33,14 @@ struct TfmoEmuEventState {
     std::unique_lock<std::mutex> l(mu);
     cv.wait(l, [&] { return completed >= gen; });
   }
+  uint64_t Record() {
+    std::lock_guard<std::mutex> l(mu);
+    return ++recorded;
+  }
+  uint64_t Recorded() {
+    std::lock_guard<std::mutex> l(mu);
+    return recorded;
+  }
 };
 
 struct SP_Event_st {
@@ -41,7 +49,26 @@ struct SP_Event_st {
 
 namespace tfmo_se __attribute__((visibility("hidden"))) {
 
-using namespace tfmo_emu;  // NOLINT: the device's own names
+using namespace tfmo_emu;  // the device's internals
+
+namespace {
+
+// Stream items that complete an event generation, or wait for one.
+std::unique_ptr<Item> CompleteEventItem(std::shared_ptr<TfmoEmuEventState> ev, uint64_t gen) {
+  return MakeItem(false, [ev, gen]() -> std::string {
+    ev->Complete(gen);
+    return "";
+  });
+}
+
+std::unique_ptr<Item> WaitEventItem(std::shared_ptr<TfmoEmuEventState> ev, uint64_t gen) {
+  return MakeItem(false, [ev, gen]() -> std::string {
+    ev->WaitFor(gen);
+    return "";
+  });
+}
+
+}  // namespace
 
 const SingleDevice kDevice = {kPlatformName, kDeviceType, kDeviceName, kPrefix, 50ll * 1000 * 1000 * 1000, 100.0};
 
@@ -103,14 +130,8 @@ void SeCreateStreamDependency(const SP_Device*, SP_Stream dependent, SP_Stream o
   if (d == nullptr || o == nullptr) return SetError(status, TF_INVALID_ARGUMENT, "invalid stream");
   if (d == o) return;
   auto ev = std::make_shared<TfmoEmuEventState>();
-  Enqueue(o, MakeItem(false, [ev]() -> std::string {
-            ev->Complete(1);
-            return "";
-          }));
-  Enqueue(d, MakeItem(false, [ev]() -> std::string {
-            ev->WaitFor(1);
-            return "";
-          }));
+  Enqueue(o, CompleteEventItem(ev, 1));
+  Enqueue(d, WaitEventItem(ev, 1));
 }
 
 void SeGetStreamStatus(const SP_Device*, SP_Stream stream, TF_Status* status) {
@@ -136,42 +157,19 @@ SE_EventStatus SeEventStatus(const SP_Device*, SP_Event event) {
 void SeRecordEvent(const SP_Device*, SP_Stream stream, SP_Event event, TF_Status* status) {
   TfmoEmuStream* s = Impl(stream);
   if (s == nullptr || event == nullptr) return SetError(status, TF_INVALID_ARGUMENT, "invalid stream or event");
-  std::shared_ptr<TfmoEmuEventState> ev = event->state;
-  uint64_t gen;
-  {
-    std::lock_guard<std::mutex> l(ev->mu);
-    gen = ++ev->recorded;
-  }
-  Enqueue(s, MakeItem(false, [ev, gen]() -> std::string {
-            ev->Complete(gen);
-            return "";
-          }));
+  const uint64_t gen = event->state->Record();
+  Enqueue(s, CompleteEventItem(event->state, gen));
 }
 
 void SeWaitForEvent(const SP_Device*, SP_Stream stream, SP_Event event, TF_Status* status) {
   TfmoEmuStream* s = Impl(stream);
   if (s == nullptr || event == nullptr) return SetError(status, TF_INVALID_ARGUMENT, "invalid stream or event");
-  std::shared_ptr<TfmoEmuEventState> ev = event->state;
-  uint64_t gen;
-  {
-    std::lock_guard<std::mutex> l(ev->mu);
-    gen = ev->recorded;
-  }
-  Enqueue(s, MakeItem(false, [ev, gen]() -> std::string {
-            ev->WaitFor(gen);
-            return "";
-          }));
+  Enqueue(s, WaitEventItem(event->state, event->state->Recorded()));
 }
 
 void SeBlockHostForEvent(const SP_Device*, SP_Event event, TF_Status* status) {
   if (event == nullptr) return SetError(status, TF_INVALID_ARGUMENT, "invalid event");
-  std::shared_ptr<TfmoEmuEventState> ev = event->state;
-  uint64_t gen;
-  {
-    std::lock_guard<std::mutex> l(ev->mu);
-    gen = ev->recorded;
-  }
-  ev->WaitFor(gen);
+  event->state->WaitFor(event->state->Recorded());
 }
 
 void SeBlockHostUntilDone(const SP_Device*, SP_Stream stream, TF_Status* status) {

@@ -88,12 +88,7 @@ inline void CreateDevice(const SP_Platform*, SE_CreateDeviceParams* params, TF_S
 inline void DestroyDevice(const SP_Platform*, SP_Device*) {}
 
 inline void CreateDeviceFns(const SP_Platform*, SE_CreateDeviceFnsParams* params, TF_Status*) {
-  SP_DeviceFns* f = params->device_fns;
-  f->struct_size = SP_DEVICE_FNS_STRUCT_SIZE;
-  f->ext = nullptr;
-  f->get_numa_node = NumaNode;
-  f->get_memory_bandwidth = Bandwidth;
-  f->get_gflops = Gflops;
+  *params->device_fns = SP_DeviceFns{SP_DEVICE_FNS_STRUCT_SIZE, /*ext=*/nullptr, NumaNode, Bandwidth, Gflops};
 }
 
 inline void DestroyDeviceFns(const SP_Platform*, SP_DeviceFns*) {}

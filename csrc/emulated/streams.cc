@@ -75,16 +75,8 @@ void WorkerLoop(TfmoEmuStream* s) {
     if (item->has_epoch) UnregisterEpoch(item->epoch);
     item.reset();
     std::lock_guard<std::mutex> l(s->mu);
-    ++s->completed;
-    ++s->stats.items_run;
-    if (!err.empty()) {
-      ++s->stats.item_failures;
-      if (!s->failed) {
-        s->failed = true;
-        s->error = err;
-      }
-      LogError("stream " + std::to_string(s->id) + ": " + err);
-    }
+    FinishItemLocked(s, err);
+    if (!err.empty()) LogError("stream " + std::to_string(s->id) + ": " + err);
     s->cv_done.notify_all();
   }
 }

@@ -100,6 +100,23 @@ inline TfmoEmuStream* CheckStream(TfmoEmuStream* s) {
 }
 inline TfmoEmuStream* Impl(SP_Stream stream) { return stream != nullptr ? CheckStream(stream->impl) : nullptr; }
 
+// The first failure becomes the stream's error (its TF status); caller holds s->mu.
+inline void FailLocked(TfmoEmuStream* s, const std::string& error) {
+  if (!s->failed) {
+    s->failed = true;
+    s->error = error;
+  }
+}
+
+// Accounts one item that has run, with its error or ""; caller holds s->mu.
+inline void FinishItemLocked(TfmoEmuStream* s, const std::string& error) {
+  ++s->completed;
+  ++s->stats.items_run;
+  if (error.empty()) return;
+  ++s->stats.item_failures;
+  FailLocked(s, error);
+}
+
 // An item running `fn`; with `uses_memory`, it registers an epoch now (device_memory.h).
 std::unique_ptr<Item> MakeItem(bool uses_memory, std::function<std::string()> fn);
 void Enqueue(TfmoEmuStream* s, std::unique_ptr<Item> item);
