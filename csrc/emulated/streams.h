@@ -2,8 +2,8 @@
 // thread draining a FIFO of items, and the registry of live streams.
 //
 // Conventions:
-//  - Each stream has one worker thread; items run one at a time in FIFO order, on that thread (except command
-//    buffers that commit_and_wait runs on the thread owning the queue, emu_stream.cc).
+//  - Each stream has one worker thread; items run one at a time in FIFO order on that thread. A commit_and_wait
+//    inside queue_sync runs its buffers on the same thread, parked at the queue_sync's gate (emu_stream.cc).
 //  - An item that touches device memory registers an epoch when it is created and unregisters it after it ran
 //    (device_memory.h): that is what keeps a deallocated range alive until older work is done.
 //  - Lock order: a stream's `mu` and the registry's `mu` are never held together, nor with device memory's lock.
