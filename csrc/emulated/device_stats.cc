@@ -1,5 +1,5 @@
-// The emulated GPU's diagnostics (device_stats.h). The JSON keys are what tf_metal_ops.emulated_gpu.stats() and
-// the tests read: add keys, never rename them.
+// The emulated GPU's diagnostics (device_stats.h). tf_metal_ops.emulated_gpu.device_stats() and the tests read the
+// JSON keys by name.
 #include "device_stats.h"
 
 #include <stdio.h>
