@@ -115,7 +115,9 @@ METAL_INCLUDE_DIRS = [_rel("metal_kernels"), _rel("csrc", "shared")]
 EMULATED_GPU_SOURCES = ["csrc/**/*.h", "csrc/**/*.cc", "csrc/**/*.mm", "metal_kernels/*.metal", "tools/msl_emu/**/*",
                         "tools/metal_sources.py", "tools/msl_check/**/*", "tools/apple_mock/**/*"]
 # The op kit's public headers (tf_metal_ops.extension.get_include()), laid out as under csrc/.
-PUBLIC_HEADERS = ["csrc/common/*.h", "csrc/gpu/*.h", "csrc/shared/*.h", "csrc/emulated/*.h"]
+# Of csrc/emulated/ only the stream protocol and the kernel launcher: the device's own headers are internal.
+PUBLIC_HEADERS = ["csrc/common/*.h", "csrc/gpu/*.h", "csrc/shared/*.h", "csrc/emulated/emu_stream.h",
+                  "csrc/emulated/kernel_*.h"]
 
 
 class BuildPy(build_py):

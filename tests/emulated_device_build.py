@@ -1,4 +1,4 @@
-"""Build the emulated Metal GPU PluggableDevice (csrc/emulated/device_plugin.cc) and run Python with it loaded.
+"""Build the emulated Metal GPU PluggableDevice (PLUGIN_SOURCES in csrc/emulated/) and run Python with it loaded.
 
     plugin = build_plugin()                         # cached .so, built with clang++-16 if on PATH, else g++
     run = run_with_plugin(plugin, "import tensorflow as tf; ...", timeout=60)   # fresh python, plugin loaded first
@@ -8,8 +8,8 @@ Conventions:
   - the plugin is compiled exactly as the project requires: -std=c++17 -O2 -fPIC -shared -Wall -Wextra -Werror
     against TensorFlow's C headers only, linked with -l:libtensorflow_framework.so.2 -lpthread;
   - builds are cached under $TFMO_EMU_DEVICE_CACHE (default <tmp>/tfmo-emu-device-<uid>), keyed by a hash of the
-    compiler, flags, TensorFlow's include dir and the sources, and published by atomic rename (concurrent builds
-    are safe);
+    compiler, flags, TensorFlow's include dir and the sources (with every header in csrc/emulated/), and published
+    by atomic rename (concurrent builds are safe);
   - the compiler is $TFMO_CXX, else clang++-16 if on PATH, else g++.
 """
 
@@ -26,8 +26,10 @@ from typing import Mapping, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 EMU_DIR = REPO / "csrc" / "emulated"
-PLUGIN_SOURCE = EMU_DIR / "device_plugin.cc"
-STREAM_HEADER = EMU_DIR / "emu_stream.h"
+# The device library's sources: the list of tf_metal_ops.emulated_gpu.DEVICE_SOURCES (this module does not import
+# the package).
+PLUGIN_SOURCES = [EMU_DIR / name for name in ("device_memory.cc", "fault_reporter.cc", "streams.cc", "emu_stream.cc",
+                                              "device_copies.cc", "se_plugin.cc", "device_stats.cc")]
 NATIVE_TEST_SOURCE = REPO / "tests" / "native" / "emulated_device_test.cc"
 PLUGIN_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror")
 NATIVE_TEST_FLAGS = ("-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror")
@@ -87,7 +89,7 @@ def _compile(cxx: str, args: Sequence[str], sources: Sequence[Path], name: str, 
     h = hashlib.sha256()
     for part in (cxx, *args):
         h.update(part.encode() + b"\0")
-    for src in (*sources, STREAM_HEADER):
+    for src in (*sources, *sorted(EMU_DIR.glob("*.h"))):
         h.update(str(src).encode() + b"\0" + src.read_bytes())
     target_dir = Path(out_dir) if out_dir is not None else cache_dir()
     target_dir.mkdir(parents=True, exist_ok=True)
@@ -108,9 +110,9 @@ def build_plugin(cxx: str | None = None, out_dir: Path | None = None, extra_flag
     extra_flags: e.g. ("-g", "-fsanitize=thread") for a sanitizer build (the native test then needs the same)."""
     cxx = cxx or find_compiler()
     include, libdir = _tf()
-    args = [*PLUGIN_FLAGS, *extra_flags, f"-I{include}", str(PLUGIN_SOURCE), f"-L{libdir}", "-l:libtensorflow_framework.so.2",
-            "-lpthread"]
-    return _compile(cxx, args, [PLUGIN_SOURCE], f"tfmo_emu_device_{Path(cxx).name}", out_dir, suffix=".so")
+    args = [*PLUGIN_FLAGS, *extra_flags, f"-I{include}", *map(str, PLUGIN_SOURCES), f"-L{libdir}",
+            "-l:libtensorflow_framework.so.2", "-lpthread"]
+    return _compile(cxx, args, PLUGIN_SOURCES, f"tfmo_emu_device_{Path(cxx).name}", out_dir, suffix=".so")
 
 
 def build_native_test(cxx: str | None = None, out_dir: Path | None = None, extra_flags: Sequence[str] = ()) -> Path:

@@ -1,4 +1,4 @@
-"""The emulated Metal GPU PluggableDevice (csrc/emulated/device_plugin.cc): built warning-free, registered in
+"""The emulated Metal GPU PluggableDevice (csrc/emulated/, entry point se_plugin.cc): built warning-free, registered in
 TensorFlow as /GPU:0, exact host<->device round trips, stream-ordered frees, trapping device memory, and the emulated
 stream protocol (csrc/emulated/emu_stream.h) checked natively (tests/native/emulated_device_test.cc).
 
@@ -42,6 +42,17 @@ def test_plugin_builds_warning_free(compiler, tmp_path):
     syms = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True, check=True).stdout
     for name in ("SE_InitPlugin", "tfmo_emu_device_stats", "tfmo_emu_device_check_leaks"):
         assert f" T {name}\n" in syms, f"{name} not exported with default visibility"
+
+
+def test_plugin_sources_match_the_package_build():
+    """The helper builds what tf_metal_ops.emulated_gpu builds (read from its source: no package import here)."""
+    import ast
+
+    tree = ast.parse((edb.REPO / "tf_metal_ops" / "emulated_gpu" / "__init__.py").read_text())
+    listed = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                  and any(getattr(t, "id", None) == "DEVICE_SOURCES" for t in n.targets))
+    assert [p.name for p in edb.PLUGIN_SOURCES] == list(listed)
+    assert all(p.is_file() for p in edb.PLUGIN_SOURCES)
 
 
 # --- native: the StreamExecutor C API and the emulated stream protocol ---------------------------------------------

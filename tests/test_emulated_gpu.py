@@ -120,6 +120,6 @@ def test_sources_ship_with_the_installed_package():
         assert root == os.path.join(pkg, "_sources")
     else:  # an editable install reads the checkout it was installed from
         assert os.path.isfile(os.path.join(root, "setup.py")), root
-    for rel in ("csrc/emulated/device_plugin.cc", "csrc/gpu/hash_grid_gpu.cc", "metal_kernels/hash_grid.metal",
+    for rel in ("csrc/emulated/se_plugin.cc", "csrc/gpu/hash_grid_gpu.cc", "metal_kernels/hash_grid.metal",
                 "tools/msl_emu/include/metal_stdlib"):
         assert os.path.isfile(os.path.join(root, rel)), rel

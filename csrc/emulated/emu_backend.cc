@@ -1,4 +1,4 @@
-// Emulated GPU backend: executes tfmo::gpu::Call passes on the Metal-emulating TF device (device_plugin.cc),
+// Emulated GPU backend: executes tfmo::gpu::Call passes on the Metal-emulating TF device (se_plugin.cc),
 // running the unchanged metal_kernels/*.metal through tools/msl_emu (kernel_launch.h). The counterpart of
 // csrc/metal/metal_backend.mm, step for step:
 //   TF_GetStream -> the device's stream protocol (emu_stream.h), checked by its magic before use;

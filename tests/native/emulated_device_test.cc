@@ -1,4 +1,4 @@
-// Native checks of the emulated Metal GPU PluggableDevice (csrc/emulated/device_plugin.cc) through the StreamExecutor
+// Native checks of the emulated Metal GPU PluggableDevice (csrc/emulated/se_plugin.cc) through the StreamExecutor
 // C API and the TfmoEmuStreamApi (csrc/emulated/emu_stream.h), without TensorFlow's runtime.
 //
 //   emulated_device_test <plugin.so> <scenario>    scenarios: memory fault ordering failure deferred_free events

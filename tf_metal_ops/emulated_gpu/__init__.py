@@ -3,7 +3,7 @@
 Opt-in, for development and tests: set ``TF_METAL_OPS_EMULATED_GPU=1`` before ``import tf_metal_ops`` (or call
 ``enable()`` before TensorFlow runs its first op). The first use compiles, into the package cache, and loads
 
-1. the device: a PluggableDevice (``csrc/emulated/device_plugin.cc``) registering device type ``"GPU"``, whose
+1. the device: a PluggableDevice (``DEVICE_SOURCES`` in ``csrc/emulated/``) registering device type ``"GPU"``, whose
    memory lives at addresses that fault when host code reads them and whose streams are serial queues;
 2. the op library's GPU kernels (``csrc/gpu/*.cc``, the same host code the Metal build compiles) on the emulated
    backend (``csrc/emulated/emu_backend.cc``), with the unchanged ``metal_kernels/*.metal`` compiled as C++ through
@@ -36,6 +36,10 @@ KERNEL_LIBRARY = "libtf_metal_ops_emulated_gpu.so"
 PLATFORM_NAME = "TFMO_EMULATED_METAL"
 COVERAGE_SWITCH = "TF_METAL_OPS_EMU_COVERAGE"  # =1: host code with clang source-based coverage (own cache dir)
 COVERAGE_FLAGS = ["-fprofile-instr-generate", "-fcoverage-mapping"]
+# The device library's sources in csrc/emulated/ (C++17, TensorFlow's C headers only; tests/emulated_device_build.py
+# builds the same list).
+DEVICE_SOURCES = ("device_memory.cc", "fault_reporter.cc", "streams.cc", "emu_stream.cc", "device_copies.cc",
+                  "se_plugin.cc", "device_stats.cc")
 
 
 class EmulatedGPUError(RuntimeError):
@@ -70,7 +74,7 @@ def source_root() -> Path:
 def _sources(root: Path) -> dict[str, list[Path]]:
     csrc = root / "csrc"
     return {
-        "device": [csrc / "emulated" / "device_plugin.cc"],
+        "device": [csrc / "emulated" / name for name in DEVICE_SOURCES],
         "host": sorted((csrc / "gpu").glob("*.cc")) + [csrc / "common" / n for n in
                                                        ("tfc.cc", "thread_pool.cc", "inline_library.cc")]
         + [csrc / "emulated" / "emu_backend.cc"],
@@ -152,14 +156,15 @@ def build(verbose: bool = False, gpu_backend: str | None = None) -> dict[str, Pa
         jobs.append((glue.launch_source(root), work / "kernel_launch.o", [*glue.base_flags(), "-O2", *emu_includes]))
         for u in units:
             jobs.append((u.source, work / (u.source.stem + ".o"), [*glue.base_flags(), "-O2", *u.flags]))
-        jobs.append((src["device"][0], work / "device_plugin.o", ["-std=c++17", *common, f"-I{tf_include}"]))
+        kernel_objects = [str(o) for _, o, _ in jobs]
+        device_objects = [str(work / f"device_{f.stem}.o") for f in src["device"]]
+        jobs += [(f, Path(o), ["-std=c++17", *common, f"-I{tf_include}"]) for f, o in zip(src["device"], device_objects)]
         _builder.run_parallel([([compiler, *flags, "-c", str(source), "-o", str(obj)],
                                 f"building the emulated GPU (compiling {source.name})") for source, obj, flags in jobs],
                               EmulatedGPUError)
-        objects = [str(o) for _, o, _ in jobs if o.name != "device_plugin.o"]
-        _builder.run([compiler, "-shared", *cov, "-o", str(work / KERNEL_LIBRARY), *objects, *link],
+        _builder.run([compiler, "-shared", *cov, "-o", str(work / KERNEL_LIBRARY), *kernel_objects, *link],
                      "building the emulated GPU (linking the GPU kernels)", EmulatedGPUError)
-        _builder.run([compiler, "-shared", "-o", str(work / DEVICE_LIBRARY), str(work / "device_plugin.o"), *link],
+        _builder.run([compiler, "-shared", "-o", str(work / DEVICE_LIBRARY), *device_objects, *link],
                      "building the emulated GPU (linking the device)", EmulatedGPUError)
         return ()
 

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "emulated/se_single_device.h"
 #include "tensorflow/c/experimental/stream_executor/stream_executor.h"
 #include "tensorflow/c/tf_status.h"
 
@@ -129,7 +130,7 @@ extern "C" void tfmo_mock_forget_heap_block(const void* ptr);
 }
 @end
 
-namespace {
+namespace tfmo_se {  // the Se* callbacks of se_single_device.h
 
 constexpr const char* kPlatformName = "TFMO_METAL_DOUBLE";
 constexpr const char* kDeviceType = "GPU";
@@ -395,107 +396,11 @@ TF_Bool SeHostCallback(const SP_Device*, SP_Stream stream, SE_StatusCallbackFn f
   return 1;
 }
 
-int32_t DevNumaNode(const SP_Device*) { return -1; }
-int64_t DevBandwidth(const SP_Device*) { return 100ll * 1000 * 1000 * 1000; }
-double DevGflops(const SP_Device*) { return 1000.0; }
-
-void PlatGetDeviceCount(const SP_Platform*, int* count, TF_Status*) { *count = 1; }
-
-void PlatCreateDevice(const SP_Platform*, SE_CreateDeviceParams* params, TF_Status* status) {
-  if (params->ordinal != 0) return SetError(status, TF_INVALID_ARGUMENT, "only device 0 exists");
-  SP_Device* d = params->device;
-  d->struct_size = SP_DEVICE_STRUCT_SIZE;
-  d->ext = nullptr;
-  d->ordinal = 0;
-  d->device_handle = nullptr;
-  d->hardware_name = "Metal double (tf-metal-ops test double of tensorflow-metal)";
-  d->device_vendor = "tf_metal_ops";
-  d->pci_bus_id = "0000:00:00.0";
-}
-void PlatDestroyDevice(const SP_Platform*, SP_Device*) {}
-
-void PlatCreateDeviceFns(const SP_Platform*, SE_CreateDeviceFnsParams* params, TF_Status*) {
-  SP_DeviceFns* f = params->device_fns;
-  f->struct_size = SP_DEVICE_FNS_STRUCT_SIZE;
-  f->ext = nullptr;
-  f->get_numa_node = DevNumaNode;
-  f->get_memory_bandwidth = DevBandwidth;
-  f->get_gflops = DevGflops;
-}
-void PlatDestroyDeviceFns(const SP_Platform*, SP_DeviceFns*) {}
-
-void PlatCreateStreamExecutor(const SP_Platform*, SE_CreateStreamExecutorParams* params, TF_Status*) {
-  SP_StreamExecutor* se = params->stream_executor;
-  se->struct_size = SP_STREAMEXECUTOR_STRUCT_SIZE;
-  se->ext = nullptr;
-  se->allocate = SeAllocate;
-  se->deallocate = SeDeallocate;
-  se->host_memory_allocate = SeHostAllocate;
-  se->host_memory_deallocate = SeHostDeallocate;
-  se->unified_memory_allocate = nullptr;
-  se->unified_memory_deallocate = nullptr;
-  se->get_allocator_stats = SeAllocatorStats;
-  se->device_memory_usage = SeMemoryUsage;
-  se->create_stream = SeCreateStream;
-  se->destroy_stream = SeDestroyStream;
-  se->create_stream_dependency = SeCreateStreamDependency;
-  se->get_stream_status = SeGetStreamStatus;
-  se->create_event = SeCreateEvent;
-  se->destroy_event = SeDestroyEvent;
-  se->get_event_status = SeEventStatus;
-  se->record_event = SeRecordEvent;
-  se->wait_for_event = SeWaitForEvent;
-  se->create_timer = nullptr;
-  se->destroy_timer = nullptr;
-  se->start_timer = nullptr;
-  se->stop_timer = nullptr;
-  se->memcpy_dtoh = SeMemcpyDtoH;
-  se->memcpy_htod = SeMemcpyHtoD;
-  se->memcpy_dtod = SeMemcpyDtoD;
-  se->sync_memcpy_dtoh = SeSyncMemcpyDtoH;
-  se->sync_memcpy_htod = SeSyncMemcpyHtoD;
-  se->sync_memcpy_dtod = SeSyncMemcpyDtoD;
-  se->block_host_for_event = SeBlockHostForEvent;
-  se->block_host_until_done = SeBlockHostUntilDone;
-  se->synchronize_all_activity = SeSynchronizeAllActivity;
-  se->mem_zero = SeMemZero;
-  se->memset = SeMemset;
-  se->memset32 = SeMemset32;
-  se->host_callback = SeHostCallback;
-}
-void PlatDestroyStreamExecutor(const SP_Platform*, SP_StreamExecutor*) {}
-void DestroyPlatform(SP_Platform*) {}
-void DestroyPlatformFns(SP_PlatformFns*) {}
-
-}  // namespace
+const SingleDevice kDevice = {kPlatformName, kDeviceType, "Metal double (tf-metal-ops test double of tensorflow-metal)",
+                               "tensorflow-metal double: ", 100ll * 1000 * 1000 * 1000, 1000.0};
 
 TFMO_EXPORT void SE_InitPlugin(SE_PlatformRegistrationParams* params, TF_Status*) {
-  params->struct_size = SE_PLATFORM_REGISTRATION_PARAMS_STRUCT_SIZE;
-  params->major_version = SE_MAJOR;
-  params->minor_version = SE_MINOR;
-  params->patch_version = SE_PATCH;
-  SP_Platform* p = params->platform;
-  p->struct_size = SP_PLATFORM_STRUCT_SIZE;
-  p->ext = nullptr;
-  p->name = kPlatformName;
-  p->type = kDeviceType;
-  p->supports_unified_memory = 0;
-  p->use_bfc_allocator = 0;  // tensorflow-metal hands kernels whole MTLBuffers
-  p->force_memory_growth = 0;
-  SP_PlatformFns* f = params->platform_fns;
-  f->struct_size = SP_PLATFORM_FNS_STRUCT_SIZE;
-  f->ext = nullptr;
-  f->get_device_count = PlatGetDeviceCount;
-  f->create_device = PlatCreateDevice;
-  f->destroy_device = PlatDestroyDevice;
-  f->create_device_fns = PlatCreateDeviceFns;
-  f->destroy_device_fns = PlatDestroyDeviceFns;
-  f->create_stream_executor = PlatCreateStreamExecutor;
-  f->destroy_stream_executor = PlatDestroyStreamExecutor;
-  f->create_timer_fns = nullptr;
-  f->destroy_timer_fns = nullptr;
-  params->destroy_platform = DestroyPlatform;
-  params->destroy_platform_fns = DestroyPlatformFns;
+  FillRegistration(params);  // platform "TFMO_METAL_DOUBLE", no BFC allocator: kernels get whole MTLBuffers
 }
 
 // Device statistics as JSON (valid until the next call on the same thread).
@@ -511,3 +416,5 @@ TFMO_EXPORT const char* tfmo_emu_device_stats(void) {
 }
 
 TFMO_EXPORT void tfmo_emu_device_synchronize(void) { DrainAll(); }
+
+}  // namespace tfmo_se
