@@ -2,6 +2,7 @@
 
     python tools/emulated_gpu_coverage.py [--min 90] [--tests FILE ...] [--missed] [--json OUT]
     python tools/emulated_gpu_coverage.py --profdata DIR/merged.profdata --library LIB.so   # report a run again
+    python tools/emulated_gpu_coverage.py --backend metal [--missed]   # csrc/metal/metal_backend.mm on the doubles
 
 1. Builds the emulated GPU with TF_METAL_OPS_EMU_COVERAGE=1 (tf_metal_ops.emulated_gpu.build(): the host sources,
    csrc/gpu/*.cc + csrc/common/tfc.cc + csrc/emulated/emu_backend.cc, compiled and the kernel library linked with
@@ -13,8 +14,11 @@
    library: a per-file table of csrc/gpu/* and the total line coverage of csrc/gpu/*, then, separately,
    csrc/emulated/emu_backend.cc (the emulated backend, not shipped to Macs) and the other instrumented files.
    --missed lists the lines no test executed (file:line ranges), for every csrc/gpu file.
-4. Prints the number of Objective-C++ lines that no Linux test executes: non-blank, non-comment lines of
-   csrc/metal/*.mm (the Metal backend, compiled only on macOS).
+4. --backend emulated (default) prints the number of non-blank, non-comment lines of csrc/metal/*.mm, which that
+   run does not execute. --backend metal builds and runs the Metal backend over the doubles of Apple's stack
+   instead (TF_METAL_OPS_EMULATED_GPU=metal; needs TF_METAL_OPS_OBJC_RUNTIME), runs the tests' metal cases
+   (METAL_TESTS, -k metal) and reports csrc/metal/metal_backend.mm beside csrc/gpu/*; --missed lists its
+   unexecuted lines too.
 
 Exit status: 0 when the csrc/gpu total is >= --min percent (default 90), 1 below it, 2 when pytest failed or no
 profile was written. Needs llvm-profdata-16 and llvm-cov-16 (`apt-get install llvm-16`; or set LLVM_PROFDATA /
@@ -36,7 +40,10 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TESTS = ["tests/test_emulated_gpu.py", "tests/test_emulated_gpu_errors.py", "tests/test_emulated_gpu_host_layer.py"]
+METAL_TESTS = ["tests/test_emulated_gpu.py", "tests/test_emulated_gpu_errors.py", "tests/test_metal_kernel.py",
+               "tests/test_metal_backend.py"]
 COVERAGE_ENV = {"TF_METAL_OPS_EMU_COVERAGE": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+SWITCH = {"emulated": "1", "metal": "metal"}
 
 
 def tool(env_name: str, default: str) -> str:
@@ -46,11 +53,11 @@ def tool(env_name: str, default: str) -> str:
     return path
 
 
-def build_coverage_library() -> str:
+def build_coverage_library(backend: str = "emulated") -> str:
     """Builds (cached) the coverage variant in a fresh process; returns the kernel library's path."""
     code = ("import json; from tf_metal_ops import emulated_gpu as e; "
-            "print(json.dumps({k: str(v) for k, v in e.build(verbose=True).items()}))")
-    env = dict(os.environ, **COVERAGE_ENV)
+            f"print(json.dumps({{k: str(v) for k, v in e.build(verbose=True, gpu_backend={backend!r}).items()}}))")
+    env = dict(os.environ, **COVERAGE_ENV, TF_METAL_OPS_EMULATED_GPU=SWITCH[backend])
     env.setdefault("TF_METAL_OPS_CLANGXX", shutil.which("clang++-16") or "clang++-16")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          cwd=tempfile.gettempdir())
@@ -203,6 +210,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", help="write the profiles here (default: a new temporary directory, kept)")
     ap.add_argument("--missed", action="store_true", help="list the csrc/gpu lines no test executed")
     ap.add_argument("--json", help="also write the per-file summaries and the total here")
+    ap.add_argument("--backend", choices=sorted(SWITCH), default="emulated",
+                    help="the GPU backend to measure: the emulated one, or metal_backend.mm over Apple's doubles")
     args = ap.parse_args(argv)
 
     profdata_tool, cov_tool = tool("LLVM_PROFDATA", "llvm-profdata-16"), tool("LLVM_COV", "llvm-cov-16")
@@ -212,13 +221,17 @@ def main(argv=None) -> int:
         # A cache of this run's own: every instrumented library in it (the package's kernel library and the op-kit
         # libraries the tests build, e.g. the host-layer probe) matches this run's sources and profiles.
         os.environ["TF_METAL_OPS_CACHE"] = os.path.join(profile_dir, "cache")
-    library = args.library if args.profdata and args.library else build_coverage_library()
+    metal = args.backend == "metal"
+    if metal and not args.pytest_args:
+        args.pytest_args = "-k metal"  # the metal cases of the tests that run under both backends
+    library = args.library if args.profdata and args.library else build_coverage_library(args.backend)
     print(f"kernel library (coverage build): {library}")
     status = 0
     if args.profdata:
         profdata = args.profdata
     else:
-        tests = args.tests or [t for t in DEFAULT_TESTS if os.path.isfile(os.path.join(ROOT, t))]
+        tests = args.tests or [t for t in (METAL_TESTS if metal else DEFAULT_TESTS)
+                               if os.path.isfile(os.path.join(ROOT, t))]
         os.makedirs(profile_dir, exist_ok=True)
         for old in glob.glob(os.path.join(profile_dir, "*.profraw")):
             os.remove(old)
@@ -244,18 +257,24 @@ def main(argv=None) -> int:
                     and not f.endswith("emu_backend.cc") and s["lines"]["count"])
     table(others, "Other instrumented sources compiled into the host objects (headers shared with the CPU kernels)")
 
+    mm_files = sorted(f for f in files if "/csrc/metal/" in f)
+    if metal:
+        table([(short(f), files[f]) for f in mm_files],
+              "Metal backend (csrc/metal/*.mm) over the doubles of Apple's stack (tools/apple_mock)")
     missed = {}
     if args.missed:
         print("\nLines of csrc/gpu/* no test executed:")
-        for f in sorted(f for f in files if "/csrc/gpu/" in f):
+        for f in sorted(f for f in files if "/csrc/gpu/" in f) + mm_files:
             lines = missed_lines(cov_tool, library, profdata, f, extra)
             missed[short(f)] = lines
             if lines:
                 print(f"  {short(f)}: {ranges(lines)}")
     mm = objc_lines()
-    print("\nObjective-C++ no Linux test executes (csrc/metal/*.mm, non-blank non-comment lines): "
-          + ", ".join(f"{k} {v}" for k, v in mm.items()) + f"; total {sum(mm.values())}")
-    print(f"\ncsrc/gpu/* line coverage on the emulated GPU: {covered}/{total} = {pct:.2f}% (minimum {args.min:g}%)")
+    if not metal:
+        print("\nObjective-C++ this run does not execute (csrc/metal/*.mm, non-blank non-comment lines; --backend "
+              "metal runs it): " + ", ".join(f"{k} {v}" for k, v in mm.items()) + f"; total {sum(mm.values())}")
+    print(f"\ncsrc/gpu/* line coverage on the {args.backend} backend: {covered}/{total} = {pct:.2f}% "
+          f"(minimum {args.min:g}%)")
     print(f"profile: {profdata}")
     if args.json:
         with open(args.json, "w") as f:
