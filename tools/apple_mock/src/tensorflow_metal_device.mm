@@ -112,21 +112,10 @@ extern "C" void tfmo_mock_forget_heap_block(const void* ptr);
     _current = nil;
   }
 }
-- (void)commitAndWait {
-  [self endOpenEncoder];
-  if (_current == nil) return;
-  ++_commits;
-  if (_mps) {
-    TFMOMockMPSCommandBuffer* w = (TFMOMockMPSCommandBuffer*)_current;
-    id<MTLCommandBuffer> root = w->_root;
-    [w commitAndContinue];
-    [root waitUntilCompleted];
-  } else {
-    id<MTLCommandBuffer> cb = _current;
-    _current = nil;
-    [cb commit];
-    [cb waitUntilCompleted];
-  }
+- (void)commitAndWait {  // waits for the buffer it commits (under mps: the wrapped one, not the next)
+  id<MTLCommandBuffer> committed = _mps && _current != nil ? ((TFMOMockMPSCommandBuffer*)_current)->_root : _current;
+  [self commit];
+  [committed waitUntilCompleted];
 }
 @end
 
