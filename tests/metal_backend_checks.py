@@ -155,6 +155,34 @@ def check_small_pipelines():
     return "volume_render in 64-thread groups equals the CPU; ray_march's scan rejected"
 
 
+def check_scratch_freed():
+    """Defect 5: the float32 scratch accumulator of a float16 table's gradient is freed on the op's thread after
+    encoding (the double ends the process if a buffer is freed from a completion handler), and nothing stays
+    allocated once the results are gone."""
+    from tf_metal_ops.hash_grid import HashGridConfig
+
+    cfg = HashGridConfig(3, n_levels=4, n_features_per_level=2, log2_hashmap_size=10, base_resolution=4,
+                         per_level_scale=1.5)
+    rng = np.random.default_rng(0)
+    x = rng.random((50, 3), dtype=np.float32)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float16)
+    g = rng.standard_normal((50, cfg.n_output_dims)).astype(np.float16)
+    ops = t._library.ops()
+    before = emulated_gpu.dispatch_counts().get("hash_grid_float_to_half", 0)
+    for _ in range(5):
+        with tf.device(GPU):
+            r = ops.hash_grid_encode_grad_params(g, x, p, tf.constant(4), **cfg.op_kwargs())
+        with tf.device(CPU):
+            want = ops.hash_grid_encode_grad_params(g, x, p, tf.constant(4), **cfg.op_kwargs())
+        np.testing.assert_allclose(np.asarray(r, np.float64), np.asarray(want, np.float64), rtol=2e-3, atol=2e-3)
+        del r
+    emulated_gpu.synchronize()
+    assert emulated_gpu.dispatch_counts()["hash_grid_float_to_half"] - before == 5
+    stats = emulated_gpu.device_stats()
+    assert stats["live_buffers"] == 0 and stats["live_bytes"] == 0, stats
+    return f"5 float16 gradients, {stats['allocations']} allocations, none left"
+
+
 CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ add the doubles' switches:
     completion handler; also with TF_METAL_OPS_SYNC=1 and the float16 scratch accumulator, defect 5);
   - a stream that keeps an encoder open for its own copies (defect 3);
   - a GPU fault on the asynchronous path (defect 6), buffers no malloc zone claims (defect 4), pipelines with
-    threadgroup memory of their own (defect 8) and pipelines smaller than 1024 threads.
+    threadgroup memory of their own (defect 8) and pipelines smaller than 1024 threads;
+  - scratch buffers freed on the op's thread, none left (defect 5); metallibs that do not load (the embedded
+    sources compiled at first use) and a GPU without Metal 3 (MSL 2.4).
 The doubles end the process on a broken Metal rule, so a regression fails here with the double's message.
 """
 
@@ -36,6 +38,12 @@ CASES = [
      {"TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS": "1", "TF_METAL_OPS_SKIP_OBJECT_CHECK": "1"}),
     ("metal_backend_checks.py", "static_threadgroup_memory_counts", {"TFMO_MOCK_METAL_STATIC_TG_BYTES": "31744"}),
     ("metal_backend_checks.py", "small_pipelines", {"TFMO_MOCK_METAL_MAX_THREADS": "64"}),
+    ("metal_backend_checks.py", "scratch_freed", {}),
+    ("metal_backend_checks.py", "scratch_freed", {"TF_METAL_OPS_SYNC": "1"}),
+    # No loadable metallib: every pipeline comes from the embedded sources, compiled at first use (MSL 3.0 / 2.4).
+    ("emulated_gpu_checks.py", "hash_grid", {"TFMO_MOCK_METAL_METALLIB_UNLOADABLE": "1"}),
+    ("emulated_gpu_checks.py", "ray_march", {"TFMO_MOCK_METAL_METALLIB_UNLOADABLE": "1", "TFMO_MOCK_METAL_NO_METAL3": "1"}),
+    ("emulated_gpu_checks.py", "volume_render", {"TFMO_MOCK_METAL_NO_METAL3": "1"}),
 ]
 
 

@@ -7,6 +7,8 @@
 //    Metal3 (TFMO_MOCK_METAL_NO_METAL3=1 drops Metal3: an MSL 2.4-only GPU), 32 KiB threadgroup memory.
 //    Pipelines: 1024 threads per group at most (TFMO_MOCK_METAL_MAX_THREADS lowers it), no threadgroup memory of
 //    their own (TFMO_MOCK_METAL_STATIC_TG_BYTES sets staticThreadgroupMemoryLength).
+//    TFMO_MOCK_METAL_METALLIB_UNLOADABLE=1: every metallib fails to load ("Invalid library file"), as one built
+//    for a newer macOS does, so the backend must compile its embedded sources.
 //  - Libraries: the package's kernels exist precompiled (the msl_emu kernel table linked into this library). A
 //    "metallib" of this double is a text file "TFMO-MOCK-METALLIB 1" naming table kernels. newLibraryWithSource:
 //    binds a source identical to one of the package's embedded sources to the table; any other source is compiled
@@ -762,7 +764,8 @@ std::map<std::string, CompiledSource>* g_sources = new std::map<std::string, Com
   }
   std::string line;
   std::getline(in, line);
-  if (line != kMetallibMagic) {
+  static const bool unloadable = getenv("TFMO_MOCK_METAL_METALLIB_UNLOADABLE") != nullptr;  // e.g. built for a newer OS
+  if (line != kMetallibMagic || unloadable) {
     if (error) *error = MakeError(MTLLibraryErrorDomain, MTLLibraryErrorInternal, "Invalid library file");
     return nil;
   }

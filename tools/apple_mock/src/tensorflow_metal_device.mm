@@ -23,6 +23,7 @@
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "emulated/se_single_device.h"
@@ -128,6 +129,7 @@ struct Global {
   std::mutex mu;
   std::vector<TFMOMockMetalStream*> streams;  // strong
   int64_t live_bytes = 0, peak_bytes = 0, allocs = 0, live_buffers = 0, largest = 0;
+  std::unordered_map<const void*, int64_t> sizes;  // live buffer -> its size (TF's deallocate may not carry it)
   std::atomic<int64_t> coalesced_copies{0};  // TFMO_MOCK_TF_METAL_COALESCE=1: copies left in an open blit encoder
 };
 Global& G() {
@@ -212,6 +214,7 @@ void SeAllocate(const SP_Device*, uint64_t size, int64_t, SP_DeviceMemoryBase* m
   g.largest = std::max(g.largest, int64_t(size));
   ++g.allocs;
   ++g.live_buffers;
+  g.sizes[mem->opaque] = int64_t(size);
 }
 
 void SeDeallocate(const SP_Device*, SP_DeviceMemoryBase* mem) {
@@ -222,12 +225,16 @@ void SeDeallocate(const SP_Device*, SP_DeviceMemoryBase* mem) {
     fflush(stderr);
     abort();
   }
-  const int64_t size = int64_t(mem->size);
+  const void* key = mem->opaque;
   id<MTLBuffer> b = (__bridge_transfer id<MTLBuffer>)mem->opaque;  // the command buffers that use it hold their own
   b = nil;
   mem->opaque = nullptr;
   std::lock_guard<std::mutex> l(G().mu);
-  G().live_bytes -= size;
+  auto it = G().sizes.find(key);
+  if (it != G().sizes.end()) {
+    G().live_bytes -= it->second;
+    G().sizes.erase(it);
+  }
   --G().live_buffers;
 }
 
