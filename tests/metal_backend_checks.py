@@ -47,20 +47,41 @@ def render_both(seed: int):
     return out[GPU], out[CPU]
 
 
-def check_coalescing_stream():
-    """Defect 3: the stream keeps a blit encoder open on its current command buffer (its own copies); the backend
-    commits the stream before it encodes, so it never opens a second encoder on that buffer (the double would end
-    the process: "A command encoder is already encoding")."""
-    before, ran = emulated_gpu.device_stats()["coalesced_copies"], emulated_gpu.dispatch_counts()
+def check_open_encoder_on_the_stream():
+    """Defect 3: before each GPU op the streams are left with an encoder of their own open on the current command
+    buffer (tfmo_mock_tf_metal_leave_encoder_open: what a stream that coalesces its own kernels leaves between
+    ops); the backend commits the stream before it encodes, so it never opens a second encoder on that buffer (the
+    double would end the process: "A command encoder is already encoding to this command buffer")."""
+    device_lib = emulated_gpu._handle("device")
+    hook = device_lib.tfmo_mock_tf_metal_leave_encoder_open
+    before, ran = emulated_gpu.device_stats()["open_encoders_left"], emulated_gpu.dispatch_counts()
     for seed in range(3):
-        gpu, cpu = render_both(seed)
-        for g, c in zip(gpu, cpu):
-            np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)
-    coalesced = emulated_gpu.device_stats()["coalesced_copies"] - before
+        d, c, edges = render_inputs(seed)
+        with tf.device(GPU):
+            dg, cg, eg = tf.identity(d), tf.identity(c), tf.identity(edges)  # inputs on the device first
+            emulated_gpu.synchronize()
+            hook()
+            with tf.GradientTape() as tape:
+                tape.watch([dg, cg])
+                rgb = t.volume_render(dg, cg, eg).color
+                hook()
+                loss = tf.reduce_sum(rgb * rgb)
+            grads = tape.gradient(loss, [dg, cg])
+            got = [rgb.numpy(), *(g.numpy() for g in grads)]
+        with tf.device(CPU):
+            dc, cc, ec = (tf.constant(a) for a in (d, c, edges))
+            with tf.GradientTape() as tape:
+                tape.watch([dc, cc])
+                rgb_c = t.volume_render(dc, cc, ec).color
+                loss_c = tf.reduce_sum(rgb_c * rgb_c)
+            want = [rgb_c.numpy(), *(g.numpy() for g in tape.gradient(loss_c, [dc, cc]))]
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    left = emulated_gpu.device_stats()["open_encoders_left"] - before
     after = emulated_gpu.dispatch_counts()
-    assert all(after.get(k, 0) > ran.get(k, 0) for k in ("volume_render_forward", "volume_render_backward")), after
-    assert coalesced > 0, "no host-to-device copy was left in an open encoder: the check tested nothing"
-    return f"{coalesced} copies left in an open blit encoder, 3 renders with gradients equal to the CPU's"
+    assert left > 0, "no stream had an encoder left open: the check tested nothing"
+    assert all(after.get(k, 0) - ran.get(k, 0) == 3 for k in ("volume_render_forward", "volume_render_backward")), after
+    return f"{left} encoders left open before the ops; 3 renders with gradients equal to the CPU's"
 
 
 def check_gpu_error_reported_on_next_call():

@@ -4,7 +4,7 @@ and gradient check also runs under this backend (tests/test_emulated_gpu.py via 
 add the doubles' switches:
   - an MPSCommandBuffer-style stream that commits-and-continues (defect 1: RayMarch's read-back waits for its own
     completion handler; also with TF_METAL_OPS_SYNC=1 and the float16 scratch accumulator, defect 5);
-  - a stream that keeps an encoder open for its own copies (defect 3);
+  - streams that keep an encoder of their own open between ops (defect 3);
   - a GPU fault on the asynchronous path (defect 6), buffers no malloc zone claims (defect 4), pipelines with
     threadgroup memory of their own (defect 8) and pipelines smaller than 1024 threads;
   - scratch buffers freed on the op's thread, none left (defect 5); metallibs that do not load (the embedded
@@ -30,8 +30,8 @@ CASES = [
     ("emulated_gpu_checks.py", "ray_march", {**MPS, "TF_METAL_OPS_SYNC": "1"}),
     ("emulated_gpu_checks.py", "hash_grid", {**MPS, "TF_METAL_OPS_SYNC": "1"}),
     ("emulated_gpu_checks.py", "threads", MPS),
-    ("metal_backend_checks.py", "coalescing_stream", {"TFMO_MOCK_TF_METAL_COALESCE": "1"}),
-    ("metal_backend_checks.py", "coalescing_stream", {"TFMO_MOCK_TF_METAL_COALESCE": "1", **MPS}),
+    ("metal_backend_checks.py", "open_encoder_on_the_stream", {}),
+    ("metal_backend_checks.py", "open_encoder_on_the_stream", MPS),
     ("metal_backend_checks.py", "gpu_error_reported_on_next_call", {"TF_METAL_OPS_BOUNDS_CHECK": "1"}),
     ("metal_backend_checks.py", "foreign_buffers_explain_themselves", {"TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS": "1"}),
     ("metal_backend_checks.py", "foreign_buffers_explain_themselves",

@@ -5,9 +5,9 @@
 //  - TFMO_MOCK_TF_METAL_STREAM=mps: the current command buffer is an MPSCommandBuffer-like wrapper, and -commit /
 //    -commitAndWait commit-and-continue: the wrapper stays current and wraps a new command buffer afterwards;
 //    default ("plain"): a plain command buffer, replaced by a new one after each commit;
-//  - TFMO_MOCK_TF_METAL_COALESCE=1: host-to-device copies (of multiples of 4 bytes) are blits on the current
-//    command buffer whose encoder stays open until the stream's -commit ends it, as a stream that coalesces its own
-//    kernels into one encoder leaves it (PyTorch's MPS stream does).
+//  - tfmo_mock_tf_metal_leave_encoder_open() (a test hook): every stream encodes work of its own (a blit) on its
+//    current command buffer and leaves the encoder open until its next -commit, as a stream that coalesces its own
+//    kernels into one encoder leaves it between ops (PyTorch's MPS stream does); the next op sees it open.
 // Its allocator is assumed to take the stream's queue (as one that recycles buffers by stream order would), so
 // deallocate() called from a Metal completion handler is a deadlock waiting to happen: the double ends the process
 // with a message instead. Copies and fills wait for the GPU, then touch the buffer's contents (unified memory).
@@ -73,8 +73,7 @@ extern "C" void tfmo_mock_forget_heap_block(const void* ptr);
   id<MTLCommandQueue> _commandQueue;
   id<MTLCommandBuffer> _current;  // nil until asked for (plain), or the MPS-like wrapper
   bool _mps;
-  bool _coalesce;                     // host-to-device copies stay encoded in an open blit encoder until commit
-  id<MTLBlitCommandEncoder> _openBlit;
+  id<MTLBlitCommandEncoder> _openBlit;  // tfmo_mock_tf_metal_leave_encoder_open: the stream's own work, still open
   uint64_t _commits;
 }
 - (dispatch_queue_t)queue;
@@ -130,7 +129,7 @@ struct Global {
   std::vector<TFMOMockMetalStream*> streams;  // strong
   int64_t live_bytes = 0, peak_bytes = 0, allocs = 0, live_buffers = 0, largest = 0;
   std::unordered_map<const void*, int64_t> sizes;  // live buffer -> its size (TF's deallocate may not carry it)
-  std::atomic<int64_t> coalesced_copies{0};  // TFMO_MOCK_TF_METAL_COALESCE=1: copies left in an open blit encoder
+  std::atomic<int64_t> open_encoders_left{0};  // by tfmo_mock_tf_metal_leave_encoder_open
 };
 Global& G() {
   static Global* g = new Global();  // never freed
@@ -276,12 +275,8 @@ void SeCreateStream(const SP_Device*, SP_Stream* stream, TF_Status*) {
   s->_commandQueue = [MTLCreateSystemDefaultDevice() newCommandQueue];
   const char* mode = getenv("TFMO_MOCK_TF_METAL_STREAM");
   s->_mps = mode != nullptr && strcmp(mode, "mps") == 0;
-  const char* coalesce = getenv("TFMO_MOCK_TF_METAL_COALESCE");
-  s->_coalesce = coalesce != nullptr && strcmp(coalesce, "1") == 0;
-  {
-    std::lock_guard<std::mutex> l(G().mu);
-    G().streams.push_back(s);
-  }
+  std::lock_guard<std::mutex> l(G().mu);
+  G().streams.push_back(s);
   *stream = (SP_Stream)(__bridge void*)s;  // the Global's strong reference keeps it alive
 }
 
@@ -316,21 +311,6 @@ void SeMemcpyHtoD(const SP_Device*, SP_Stream stream, SP_DeviceMemoryBase* dst, 
                   TF_Status* status) {
   if (size == 0) return;
   TFMOMockMetalStream* s = StreamOf(stream);
-  if (s != nil && s->_coalesce && size % 4 == 0) {  // a blit from a staging buffer, left open (kernel coalescing)
-    if (HostAddress(dst, size, status, "memcpy_htod") == nullptr) return;
-    @autoreleasepool {
-      id<MTLBuffer> to = BufferOf(dst->opaque);
-      id<MTLBuffer> staging = [MTLCreateSystemDefaultDevice() newBufferWithLength:size
-                                                                          options:MTLResourceStorageModeShared];
-      memcpy(staging.contents, src, size);
-      dispatch_sync(s->_queue, ^{
-        if (s->_openBlit == nil) s->_openBlit = [[s currentCommandBuffer] blitCommandEncoder];
-        ++G().coalesced_copies;
-        [s->_openBlit copyFromBuffer:staging sourceOffset:0 toBuffer:to destinationOffset:0 size:size];
-      });
-    }
-    return;
-  }
   Drain(s);
   if (char* p = HostAddress(dst, size, status, "memcpy_htod")) memcpy(p, src, size);
 }
@@ -407,10 +387,29 @@ TFMO_EXPORT const char* tfmo_emu_device_stats(void) {
   json = "{\"backend\": \"metal\", \"live_buffers\": " + std::to_string(g.live_buffers) + ", \"live_bytes\": " +
          std::to_string(g.live_bytes) + ", \"peak_bytes\": " + std::to_string(g.peak_bytes) + ", \"allocations\": " +
          std::to_string(g.allocs) + ", \"streams\": " + std::to_string(g.streams.size()) +
-         ", \"coalesced_copies\": " + std::to_string(g.coalesced_copies.load()) + "}";
+         ", \"open_encoders_left\": " + std::to_string(g.open_encoders_left.load()) + "}";
   return json.c_str();
 }
 
 TFMO_EXPORT void tfmo_emu_device_synchronize(void) { DrainAll(); }
+
+TFMO_EXPORT void tfmo_mock_tf_metal_leave_encoder_open(void) {
+  std::vector<TFMOMockMetalStream*> streams;
+  {
+    std::lock_guard<std::mutex> l(G().mu);
+    streams = G().streams;
+  }
+  for (TFMOMockMetalStream* s : streams) {
+    dispatch_sync(s->_queue, ^{
+      if (s->_openBlit != nil) return;
+      id<MTLDevice> device = MTLCreateSystemDefaultDevice();
+      id<MTLBuffer> a = [device newBufferWithLength:16 options:MTLResourceStorageModeShared];
+      id<MTLBuffer> b = [device newBufferWithLength:16 options:MTLResourceStorageModeShared];
+      s->_openBlit = [[s currentCommandBuffer] blitCommandEncoder];
+      [s->_openBlit copyFromBuffer:a sourceOffset:0 toBuffer:b destinationOffset:0 size:16];
+      ++G().open_encoders_left;
+    });
+  }
+}
 
 }  // namespace tfmo_se
