@@ -156,6 +156,8 @@ def test_backend_info_on_this_machine():
     assert emu["requested"] == (tf_metal_ops.emulated_gpu.requested())
     if not emu["enabled"]:
         assert emu["usable"] is False and "TF_METAL_OPS_EMULATED_GPU=1" in emu["reason"]
+        if sys.platform != "darwin":
+            assert info["gpu_backend"] is None  # no GPU kernels run in this process
 
 
 def test_community_plugin_warning_before_the_library_loads(monkeypatch, caplog):
