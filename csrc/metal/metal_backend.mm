@@ -623,6 +623,22 @@ id EncoderOn(id<TFMOMetalStream> stream, id<MTLCommandBuffer>* cb, Make make) {
   return *cb != nil ? make(*cb) : nil;
 }
 
+// Inside the stream's queue: `passes` in one compute encoder on a command buffer of the stream (EncoderOn); the
+// buffer, or nil with `*err` set when the stream gives no buffer or encoder.
+id<MTLCommandBuffer> EncodeCompute(id<TFMOMetalStream> stream, const std::vector<Resolved>& passes, std::string* err) {
+  id<MTLCommandBuffer> cb = nil;
+  id<MTLComputeCommandEncoder> enc =
+      EncoderOn(stream, &cb, [](id<MTLCommandBuffer> b) -> id { return [b computeCommandEncoder]; });
+  if (enc == nil) {
+    *err = cb == nil ? "the Metal stream has no current command buffer"
+                     : "could not create a Metal compute command encoder";
+    return nil;
+  }
+  EncodePasses(enc, passes);
+  [enc endEncoding];
+  return cb;
+}
+
 void DeleteTensors(std::vector<TF_Tensor*>* tensors) {
   for (TF_Tensor* t : *tensors) TF_DeleteTensor(t);
   tensors->clear();
@@ -659,17 +675,11 @@ bool Execute(Call& call) {
       dispatch_sync(queue, ^{
         @autoreleasepool {
           @try {
-            id<MTLCommandBuffer> cb = nil;
-            id<MTLComputeCommandEncoder> enc =
-                EncoderOn(stream, &cb, [](id<MTLCommandBuffer> b) -> id { return [b computeCommandEncoder]; });
-            if (enc == nil) {
+            id<MTLCommandBuffer> cb = EncodeCompute(stream, *passesp, err);
+            if (cb == nil) {
               *codep = TF_INTERNAL;
-              *err = cb == nil ? "the Metal stream has no current command buffer"
-                               : "could not create a Metal compute command encoder";
               return;
             }
-            EncodePasses(enc, *passesp);
-            [enc endEncoding];
             AddCompletionHandler(cb, completion, /*report_async=*/!wait, op_name);
             [stream commit];
           } @catch (NSException* e) {
@@ -732,17 +742,9 @@ bool ExecuteAndRead(Call& call, const HostRead& read) {
         @autoreleasepool {
           @try {
             id<MTLCommandBuffer> cb = nil;
-            if (!passesp->empty()) {
-              id<MTLComputeCommandEncoder> enc =
-                  EncoderOn(stream, &cb, [](id<MTLCommandBuffer> b) -> id { return [b computeCommandEncoder]; });
-              if (enc == nil) {
-                *codep = TF_INTERNAL;
-                *err = cb == nil ? "the Metal stream has no current command buffer"
-                                 : "could not create a Metal compute command encoder";
-                return;
-              }
-              EncodePasses(enc, *passesp);
-              [enc endEncoding];
+            if (!passesp->empty() && (cb = EncodeCompute(stream, *passesp, err)) == nil) {
+              *codep = TF_INTERNAL;
+              return;
             }
             id<MTLBlitCommandEncoder> blit =
                 cb != nil ? [cb blitCommandEncoder]
