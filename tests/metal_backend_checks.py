@@ -110,6 +110,26 @@ def check_gpu_error_reported_on_next_call():
     return f"reported on the next call and in backend_info: {metal['last_gpu_error'][:80]}..."
 
 
+def check_gpu_error_at_the_op_in_sync_mode():
+    """TF_METAL_OPS_SYNC=1: the op waits for its command buffer, so a GPU fault fails the op itself, and the next
+    call runs normally (nothing is left pending)."""
+    assert os.environ.get("TF_METAL_OPS_BOUNDS_CHECK") == "1" and os.environ.get("TF_METAL_OPS_SYNC") == "1"
+    write = t.metal_kernel("oob_sync", ["x"], ["y"], "uint i = thread_position_in_grid.x; y[i + 1] = x[i];")
+    good = t.metal_kernel("in_bounds", ["x"], ["y"], "uint i = thread_position_in_grid.x; y[i] = 2 * x[i];")
+    launch = dict(grid=(100, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(100,)], output_dtypes=[tf.float32])
+    with tf.device(GPU):
+        x = tf.ones([100])
+        try:
+            write(inputs=[x], **launch)[0].numpy()
+        except tf.errors.InternalError as e:
+            msg = e.message
+            assert "out-of-bounds access to 'y'" in msg and "an earlier GPU call" not in msg, msg
+        else:
+            raise AssertionError("the GPU fault did not fail the op under TF_METAL_OPS_SYNC=1")
+        np.testing.assert_array_equal(good(inputs=[x], **launch)[0].numpy(), np.full(100, 2.0))
+    return f"failed at the op: {msg[-100:]}"
+
+
 def check_foreign_buffers_explain_themselves():
     """Defect 4: tensors whose MTLBuffers no malloc zone claims (TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS=1) fail the
     object check with a message naming what it saw and the way out; TF_METAL_OPS_SKIP_OBJECT_CHECK=1 (the
@@ -173,7 +193,16 @@ def check_small_pipelines():
             assert "exceed this pipeline's maximum of 64" in e.message, e.message
         else:
             raise AssertionError("a 256-thread group was encoded for a 64-thread pipeline")
-    return "volume_render in 64-thread groups equals the CPU; ray_march's scan rejected"
+        # An inline kernel's explicit threadgroup is never shrunk: it is an error.
+        k = t.metal_kernel("wide_group", ["x"], ["y"], "uint i = thread_position_in_grid.x; y[i] = x[i];")
+        try:
+            k(inputs=[tf.ones([256])], grid=(256, 1, 1), threadgroup=(128, 1, 1), output_shapes=[(256,)],
+              output_dtypes=[tf.float32])[0].numpy()
+        except tf.errors.OpError as e:
+            assert "a threadgroup of 128 threads exceeds this pipeline's maximum of 64" in e.message, e.message
+        else:
+            raise AssertionError("a 128-thread inline group was encoded for a 64-thread pipeline")
+    return "volume_render in 64-thread groups equals the CPU; ray_march's scan and a 128-thread inline group rejected"
 
 
 def check_scratch_freed():

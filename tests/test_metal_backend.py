@@ -33,6 +33,8 @@ CASES = [
     ("metal_backend_checks.py", "open_encoder_on_the_stream", {}),
     ("metal_backend_checks.py", "open_encoder_on_the_stream", MPS),
     ("metal_backend_checks.py", "gpu_error_reported_on_next_call", {"TF_METAL_OPS_BOUNDS_CHECK": "1"}),
+    ("metal_backend_checks.py", "gpu_error_at_the_op_in_sync_mode",
+     {"TF_METAL_OPS_BOUNDS_CHECK": "1", "TF_METAL_OPS_SYNC": "1"}),
     ("metal_backend_checks.py", "foreign_buffers_explain_themselves", {"TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS": "1"}),
     ("metal_backend_checks.py", "foreign_buffers_explain_themselves",
      {"TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS": "1", "TF_METAL_OPS_SKIP_OBJECT_CHECK": "1"}),
