@@ -25,6 +25,8 @@ import tensorflow as tf  # noqa: E402
 
 import tf_metal_ops as t  # noqa: E402
 from tf_metal_ops import emulated_gpu  # noqa: E402
+
+from gpu_check_runner import collect, main  # noqa: E402
 from tf_metal_ops.hash_grid import HashGridConfig  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -740,11 +742,7 @@ def check_ray_march(seed):
             "tf.function")
 
 
-CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
+CHECKS = collect(globals())
 
 if __name__ == "__main__":
-    name = sys.argv[1]
-    seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-    assert emulated_gpu.enabled(), "the emulated GPU is not enabled"
-    summary = CHECKS[name](seed)
-    print(f"ok {name} {summary}")
+    main(CHECKS)

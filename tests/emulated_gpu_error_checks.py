@@ -26,6 +26,8 @@ import tensorflow as tf  # noqa: E402
 
 import tf_metal_ops  # noqa: E402,F401  (enables the emulated GPU)
 from tf_metal_ops import emulated_gpu  # noqa: E402
+
+from gpu_check_runner import collect, main  # noqa: E402
 from tf_metal_ops._library import ops  # noqa: E402
 from tf_metal_ops.hash_grid import HashGridConfig  # noqa: E402
 
@@ -355,11 +357,7 @@ def check_out_of_memory(seed):
     return f"{n} allocation failures on a {MEMORY_MB} MiB device, then a good call"
 
 
-CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
+CHECKS = collect(globals())
 
 if __name__ == "__main__":
-    name = sys.argv[1]
-    seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-    assert emulated_gpu.enabled(), "the emulated GPU is not enabled"
-    summary = CHECKS[name](seed)
-    print(f"ok {name} {summary}")
+    main(CHECKS)

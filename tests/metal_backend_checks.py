@@ -22,6 +22,8 @@ import tensorflow as tf  # noqa: E402
 import tf_metal_ops as t  # noqa: E402
 from tf_metal_ops import emulated_gpu  # noqa: E402
 
+from gpu_check_runner import collect, main  # noqa: E402
+
 GPU, CPU = "/GPU:0", "/CPU:0"
 
 
@@ -233,10 +235,7 @@ def check_scratch_freed():
     return f"5 float16 gradients, {stats['allocations']} allocations, none left"
 
 
-CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
+CHECKS = collect(globals())
 
 if __name__ == "__main__":
-    name = sys.argv[1]
-    emulated_gpu.enable(verbose=False)
-    assert emulated_gpu.loaded_backend() == "metal", emulated_gpu.loaded_backend()
-    print(f"ok {name} {CHECKS[name]()}")
+    main(CHECKS)

@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
+from gpu_check_runner import QUIET, run_check
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-CHECKS = os.path.join(HERE, "emulated_gpu_checks.py")
-QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +60,7 @@ CASES = [
 @pytest.mark.parametrize("check,seed,env", CASES, ids=[f"{c}-{s}-{'-'.join(e) or 'default'}" for c, s, e in CASES])
 def test_gpu_path_on_emulated_device(gpu_backend, check, seed, env):
     """Under both GPU backends (conftest.gpu_backend): the emulated one, and metal_backend.mm over Apple's doubles."""
-    r = run([CHECKS, check, str(seed)], env={**gpu_backend[1], **env})
-    assert r.returncode == 0, f"{check} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
-    assert f"ok {check}" in r.stdout.splitlines()[-1], r.stdout
+    run_check("emulated_gpu_checks.py", check, seed, {**gpu_backend[1], **env})
 
 
 def test_host_code_reading_device_memory_faults_loudly(emulated_gpu, clang16, tmp_path):

@@ -7,24 +7,9 @@ the checks).
 Needs clang++-16 like the other native checks: skips without it, fails under TFMO_REQUIRE_MAC_CHECKS=1 (CI).
 """
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CHECKS = os.path.join(HERE, "emulated_gpu_error_checks.py")
-QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
-
-
-@pytest.fixture(scope="module")
-def emulated_gpu(clang16):
-    """Builds the emulated device and GPU kernels once (cached); returns the library paths."""
-    from tf_metal_ops import emulated_gpu
-
-    os.environ.setdefault("TF_METAL_OPS_CLANGXX", clang16)
-    return emulated_gpu.build()
+from gpu_check_runner import run_check
 
 
 CASES = [
@@ -40,8 +25,4 @@ CASES = [
 def test_gpu_error_path_on_emulated_device(gpu_backend, check, env):
     """Under both GPU backends (conftest.gpu_backend); the tensorflow-metal double bounds its memory by the same
     TF_METAL_OPS_EMU_MEMORY_MB."""
-    full = {**os.environ, **QUIET, **gpu_backend[1], **env}
-    r = subprocess.run([sys.executable, CHECKS, check], capture_output=True, text=True, env=full, timeout=600,
-                       cwd=HERE)
-    assert r.returncode == 0, f"{check} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
-    assert f"ok {check}" in r.stdout.splitlines()[-1], r.stdout
+    run_check("emulated_gpu_error_checks.py", check, env={**gpu_backend[1], **env}, timeout=600)

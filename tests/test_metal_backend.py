@@ -13,15 +13,11 @@ The doubles end the process on a broken Metal rule, so a regression fails here w
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 from conftest import gpu_backend_env
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
+from gpu_check_runner import run_check
 MPS = {"TFMO_MOCK_TF_METAL_STREAM": "mps"}
 
 # (script, check, environment)
@@ -63,8 +59,4 @@ def metal_double(clang16):
 @pytest.mark.parametrize("script,check,env", CASES,
                          ids=[f"{c}-{'-'.join(f'{k}={v}' for k, v in e.items())}" for _, c, e in CASES])
 def test_metal_backend_on_apples_doubles(metal_double, script, check, env):
-    full = {**os.environ, **QUIET, **metal_double, **env}
-    args = [os.path.join(HERE, script), check] + (["0"] if script == "emulated_gpu_checks.py" else [])
-    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full, timeout=900, cwd=HERE)
-    assert r.returncode == 0, f"{check} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
-    assert f"ok {check}" in r.stdout.splitlines()[-1], r.stdout
+    run_check(script, check, 0 if script == "emulated_gpu_checks.py" else None, {**metal_double, **env})

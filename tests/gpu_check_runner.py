@@ -1,0 +1,43 @@
+"""One runner for the GPU check scripts (emulated_gpu_checks.py, emulated_gpu_error_checks.py,
+metal_backend_checks.py). A script is run as `python SCRIPT CHECK [SEED]` in a fresh process whose environment
+selects the GPU backend (TF_METAL_OPS_EMULATED_GPU=1 or =metal); its last line is "ok CHECK <summary>".
+
+Script side: `CHECKS = collect(globals())` and `main(CHECKS)`. Test side: `run_check(script, check, seed, env)`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
+
+
+def collect(namespace: dict) -> dict:
+    """name -> function for every check_<name> of a script's module namespace."""
+    return {name[len("check_"):]: fn for name, fn in dict(namespace).items() if name.startswith("check_")}
+
+
+def main(checks: dict, argv: list[str] | None = None) -> None:
+    from tf_metal_ops import emulated_gpu
+
+    argv = sys.argv[1:] if argv is None else argv
+    name, seed = argv[0], int(argv[1]) if len(argv) > 1 else 0
+    emulated_gpu.enable(verbose=False)
+    assert emulated_gpu.enabled(), "the emulated GPU is not enabled"
+    fn = checks[name]
+    summary = fn(seed) if inspect.signature(fn).parameters else fn()
+    print(f"ok {name} {summary}")
+
+
+def run_check(script: str, check: str, seed: int | None = None, env: dict | None = None, timeout: int = 900):
+    """Runs one check in a fresh process and asserts it passed (exit 0, last line "ok CHECK")."""
+    args = [os.path.join(HERE, script), check] + ([] if seed is None else [str(seed)])
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env={**os.environ, **QUIET, **(env or {})},
+                       timeout=timeout, cwd=HERE)
+    assert r.returncode == 0, f"{check} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    assert f"ok {check}" in r.stdout.splitlines()[-1], r.stdout
+    return r
