@@ -18,26 +18,7 @@ import tf_metal_ops
 from tf_metal_ops._library import ops
 from tf_metal_ops.hash_grid import HashGridConfig, reference
 
-from hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_positions, seeded
-
-
-def random_config(rng, d, grid_type, interpolation):
-    while True:
-        kwargs = dict(
-            n_levels=int(rng.integers(1, 9)),
-            n_features_per_level=int(rng.choice([1, 2, 4, 8])),
-            log2_hashmap_size=int(rng.integers(3, 15)),
-            base_resolution=int(rng.integers(1, 20)),
-            per_level_scale=float(rng.uniform(1.0, 2.2)),
-            grid_type=grid_type,
-            interpolation=interpolation,
-        )
-        try:
-            cfg = HashGridConfig(d, **kwargs)
-        except ValueError:
-            continue
-        if cfg.total_entries <= 2_000_000:
-            return cfg
+from hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_config, random_positions, seeded
 
 
 def raw_kwargs(cfg):

@@ -23,28 +23,12 @@ import tensorflow as tf
 from tf_metal_ops.hash_grid import HashGridConfig, pure_tf, reference
 from tf_metal_ops.hash_grid.config import HASH_PRIMES, MAX_BASE
 
+import hash_grid_cases
 from hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_positions, seeded
 
 
 def random_config(rng, d=None, grid_type=None, interpolation=None):
-    while True:
-        gt = grid_type or rng.choice(GRID_TYPES)
-        dd = d or int(rng.integers(1, 5))
-        kwargs = dict(
-            n_levels=int(rng.integers(1, 9)),
-            n_features_per_level=int(rng.choice([1, 2, 4, 8])),
-            log2_hashmap_size=int(rng.integers(3, 15)),
-            base_resolution=int(rng.integers(1, 20)),
-            per_level_scale=float(rng.uniform(1.0, 2.2)),
-            grid_type=str(gt),
-            interpolation=str(interpolation or rng.choice(INTERPOLATIONS)),
-        )
-        try:
-            cfg = HashGridConfig(dd, **kwargs)
-        except ValueError:
-            continue
-        if cfg.total_entries <= 2**20:  # keep dense/tiled tables small
-            return cfg
+    return hash_grid_cases.random_config(rng, d, grid_type, interpolation, max_entries=2**20)  # small dense tables
 
 
 def random_max_level(rng, cfg):

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tf_metal_ops._library import ops
 from tf_metal_ops.hash_grid import HashGridConfig
-from hash_grid_cases import GRID_TYPES, INTERPOLATIONS, seeded
+from hash_grid_cases import random_config, seeded
 
 GRID_CODE = {"hash": 0, "dense": 1, "tiled": 2}
 INTERP_CODE = {"nearest": 0, "linear": 1, "smoothstep": 2}
@@ -31,23 +31,8 @@ def driver(request, msl_emu):
 
 
 def random_case(rng, dtype):
-    while True:
-        d = int(rng.integers(1, 5))
-        try:
-            cfg = HashGridConfig(
-                d,
-                n_levels=int(rng.integers(1, 7)),
-                n_features_per_level=int(rng.choice([1, 2, 4, 8])),
-                log2_hashmap_size=int(rng.integers(3, 12)),
-                base_resolution=int(rng.integers(1, 12)),
-                per_level_scale=float(rng.uniform(1.0, 2.0)),
-                grid_type=str(rng.choice(GRID_TYPES)),
-                interpolation=str(rng.choice(INTERPOLATIONS)),
-            )
-        except ValueError:
-            continue
-        if cfg.total_entries <= 200_000:
-            break
+    cfg = random_config(rng, max_levels=6, max_log2=11, max_resolution=11, max_scale=2.0, max_entries=200_000)
+    d = cfg.n_input_dims
     n = int(rng.choice([0, 1, 63, 64, 65, int(rng.integers(2, 400))]))
     x = rng.uniform(-0.05, 1.05, (n, d)).astype(np.float32)
     if n >= 3:
