@@ -16,6 +16,8 @@ IsaChoice ChooseIsa(const IsaBuilds& b) {
     }
   IsaChoice c{best, -1, false};
   const char* env = std::getenv(b.env);
+  if ((env == nullptr || env[0] == '\0') && b.alias != nullptr && std::getenv(b.alias) != nullptr)
+    env = b.alias_request;
   if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return c;
   for (int isa = 0; isa < b.count; ++isa)
     if (std::strcmp(env, b.names[isa]) == 0) c.requested = isa;
@@ -43,6 +45,19 @@ IsaChoice ChooseIsa(const IsaBuilds& b) {
   std::fprintf(stderr, "tf_metal_ops: error: %s=%s: %s; %s the %s build instead\n", b.env, env,
                !b.built(c.requested) ? b.not_built : b.lacks(c.requested), b.kernels, b.names[fallback]);
   return c;
+}
+
+void ReportIsa(const IsaBuilds& b, const IsaChoice& c, const std::atomic<long long>* counts, long long* calls,
+               int* built, int* supported, int* selected, int* requested, int* fell_back) {
+  *built = *supported = 0;
+  for (int isa = 0; isa < b.count; ++isa) {
+    calls[isa] = counts[isa].load();
+    if (b.built(isa)) *built |= 1 << isa;
+    if (b.supported(isa)) *supported |= 1 << isa;
+  }
+  *selected = c.selected;
+  *requested = c.requested;
+  *fell_back = c.fell_back ? 1 : 0;
 }
 
 }  // namespace tfmo

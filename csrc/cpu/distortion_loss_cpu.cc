@@ -1,4 +1,4 @@
-// CPU kernels of DistortionLoss and DistortionLossGrad (semantics: csrc/ops/render_ops.cc, math:
+// CPU kernels of DistortionLoss and DistortionLossGrad (semantics: csrc/ops/render_op.cc, math:
 // csrc/shared/volume_render_math.h): O(S) per ray, rays split over the project pool; per-ray results do not
 // depend on the thread count.
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "common/thread_pool.h"
-#include "ops/render_validate.h"
+#include "ops/render_args.h"
 #include "shared/volume_render_math.h"
 
 namespace {

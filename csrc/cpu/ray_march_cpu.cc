@@ -18,7 +18,7 @@
 #include "common/tfc.h"
 #include "common/thread_pool.h"
 #include "cpu/ray_march_avx2.h"
-#include "ops/ray_march_validate.h"
+#include "ops/ray_march_args.h"
 #include "shared/ray_march_math.h"
 
 namespace {

@@ -44,6 +44,11 @@ bool RmIsaSupported(int isa) {
   return true;
 }
 
+constexpr IsaBuilds kRmIsaBuilds{
+    "TF_METAL_OPS_RAY_MARCH_ISA", "the ray-march CPU kernel uses", kRmIsaNames, kRmIsaCount, &RmIsaBuilt,
+    &RmIsaSupported, "that build is not compiled into this library (x86-64 GCC/clang only)",
+    [](int) { return "this CPU (or OS) lacks AVX2"; }};
+
 }  // namespace
 
 std::atomic<long long> g_rm_path_calls[kRmIsaCount];
@@ -51,31 +56,18 @@ std::atomic<long long> g_rm_path_calls[kRmIsaCount];
 // TF_METAL_OPS_RAY_MARCH_ISA (avx2, default or auto), read once (the first march or diagnostics query of the
 // process); the rules: common/isa_choice.h (automatically AVX2 when the CPU has it).
 const RmIsaChoice& RmIsaSelection() {
-  static const RmIsaChoice choice = ChooseIsa(IsaBuilds{
-      "TF_METAL_OPS_RAY_MARCH_ISA", "the ray-march CPU kernel uses", kRmIsaNames, kRmIsaCount, &RmIsaBuilt,
-      &RmIsaSupported, "that build is not compiled into this library (x86-64 GCC/clang only)",
-      [](int) { return "this CPU (or OS) lacks AVX2"; }});
+  static const RmIsaChoice choice = ChooseIsa(kRmIsaBuilds);
   return choice;
 }
 
 }  // namespace tfmo::rm_cpu
 
-// Diagnostics (ctypes; tests/test_ray_march_isa.py). calls[2]: chunk marches of the default and avx2 paths so far
-// in this process; built/supported: bit isa set when that path is compiled in / runnable on this CPU; selected:
-// the path in use; requested: the TF_METAL_OPS_RAY_MARCH_ISA path (-1 unset or auto, -2 unknown name); fell_back:
-// 1 when the request could not be honoured.
+// Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths; tests/test_ray_march_isa.py): the arguments as
+// tfmo::ReportIsa (common/isa_choice.h), builds default, avx2; calls: chunk marches.
 extern "C" __attribute__((visibility("default"))) void tfmo_ray_march_cpu_paths(long long* calls, int* built,
                                                                                 int* supported, int* selected,
                                                                                 int* requested, int* fell_back) {
   using namespace tfmo::rm_cpu;
-  const RmIsaChoice& c = RmIsaSelection();
-  *built = *supported = 0;
-  for (int isa = 0; isa < kRmIsaCount; ++isa) {
-    calls[isa] = g_rm_path_calls[isa].load();
-    if (RmIsaBuilt(isa)) *built |= 1 << isa;
-    if (RmIsaSupported(isa)) *supported |= 1 << isa;
-  }
-  *selected = c.selected;
-  *requested = c.requested;
-  *fell_back = c.fell_back ? 1 : 0;
+  tfmo::ReportIsa(kRmIsaBuilds, RmIsaSelection(), g_rm_path_calls, calls, built, supported, selected, requested,
+                  fell_back);
 }

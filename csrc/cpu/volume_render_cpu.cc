@@ -1,4 +1,4 @@
-// CPU kernels of VolumeRender and VolumeRenderGrad (semantics: csrc/ops/render_ops.cc, math:
+// CPU kernels of VolumeRender and VolumeRenderGrad (semantics: csrc/ops/render_op.cc, math:
 // csrc/shared/volume_render_math.h). Rays are independent: the project pool splits them into ranges, and each
 // ray is one serial O(S·C) scan, so results do not depend on the thread count.
 // The per-ray loops are vectorised and built per ISA (csrc/cpu/volume_render_simd.h).
@@ -11,7 +11,7 @@
 #include "common/tfc.h"
 #include "common/thread_pool.h"
 #include "cpu/volume_render_simd.h"
-#include "ops/render_validate.h"
+#include "ops/render_args.h"
 #include "shared/volume_render_math.h"
 
 namespace {
@@ -371,6 +371,13 @@ bool VrIsaSupported(int isa) {
   return true;
 }
 
+constexpr IsaBuilds kVrIsaBuilds{
+    "TF_METAL_OPS_VOLUME_RENDER_ISA", "the volume-render CPU kernels use", kVrIsaNames, kVrIsaCount, &VrIsaBuilt,
+    &VrIsaSupported, "that build is not compiled into this library (x86-64 Linux GCC only)", [](int isa) {
+      return isa == kVrAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
+                              : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)";
+    }};
+
 }  // namespace
 
 // Ray-range calls that ran each build so far ([kVrDefault], [kVrAvx2], [kVrAvx512]), all volume-render kernels
@@ -380,33 +387,19 @@ std::atomic<long long> g_vr_path_calls[kVrIsaCount];
 // TF_METAL_OPS_VOLUME_RENDER_ISA, read once (the first volume-render call or diagnostics query of the process);
 // the rules: common/isa_choice.h.
 const VrIsaChoice& VrIsaSelection() {
-  static const VrIsaChoice choice = ChooseIsa(IsaBuilds{
-      "TF_METAL_OPS_VOLUME_RENDER_ISA", "the volume-render CPU kernels use", kVrIsaNames, kVrIsaCount, &VrIsaBuilt,
-      &VrIsaSupported, "that build is not compiled into this library (x86-64 Linux GCC only)", [](int isa) {
-        return isa == kVrAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
-                                : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)";
-      }});
+  static const VrIsaChoice choice = ChooseIsa(kVrIsaBuilds);
   return choice;
 }
 
 }  // namespace tfmo::vr_cpu
 
-// Diagnostics (ctypes, tf_metal_ops.backend.volume_render_cpu_paths). calls[3]: ray-range calls of the default,
-// avx2 and avx512 builds so far in this process; built/supported: bit isa set when that build is compiled in /
-// runnable on this CPU; selected: the build in use; requested: the TF_METAL_OPS_VOLUME_RENDER_ISA build (-1 unset
-// or auto, -2 unknown name); fell_back: 1 when the request could not be honoured.
+// Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
+// builds default, avx2, avx512; calls: ray-range calls.
 extern "C" __attribute__((visibility("default"))) void tfmo_volume_render_cpu_paths(long long* calls, int* built,
                                                                                     int* supported, int* selected,
                                                                                     int* requested,
                                                                                     int* fell_back) {
-  const VrIsaChoice& c = VrIsaSelection();
-  *built = *supported = 0;
-  for (int isa = 0; isa < kVrIsaCount; ++isa) {
-    calls[isa] = g_vr_path_calls[isa].load();
-    if (VrIsaBuilt(isa)) *built |= 1 << isa;
-    if (VrIsaSupported(isa)) *supported |= 1 << isa;
-  }
-  *selected = c.selected;
-  *requested = c.requested;
-  *fell_back = c.fell_back ? 1 : 0;
+  using namespace tfmo::vr_cpu;
+  tfmo::ReportIsa(kVrIsaBuilds, VrIsaSelection(), g_vr_path_calls, calls, built, supported, selected, requested,
+                  fell_back);
 }

@@ -1,6 +1,6 @@
 // GPU kernel host of the hash-grid ops (semantics: csrc/ops/hash_grid_op.cc; kernels and their buffer layout:
 // metal_kernels/hash_grid.metal; validation and level tables shared with the CPU kernels:
-// csrc/ops/hash_grid_kernel.h). max_level lives in host memory (read here to get the active level count).
+// csrc/ops/hash_grid_args.h). max_level lives in host memory (read here to get the active level count).
 //
 // Passes (empty work is skipped: Metal rejects empty grids and empty tensors have no buffer):
 //   encode:          grid (N, L), threadgroups 1-D along the points so a group stays on one level;
@@ -14,7 +14,7 @@
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "gpu/gpu_host.h"
-#include "ops/hash_grid_kernel.h"
+#include "ops/hash_grid_args.h"
 
 namespace {
 
@@ -170,27 +170,7 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
 }
 
 const tfmo::OnLoad kRegister([] {
-  const struct {
-    const char* op;
-    void (*compute)(void*, TF_OpKernelContext*);
-  } kernels[] = {
-      {TFMO_OP_HASH_GRID_ENCODE, &EncodeGpu},
-      {TFMO_OP_HASH_GRID_ENCODE_GRAD_PARAMS, &GradParamsGpu},
-      {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS, &GradPositionsGpu},
-      {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS_GRAD, &SecondOrderGpu},
-  };
-  for (const auto& k : kernels) {
-    tfmo::KernelSpec spec;
-    spec.op = k.op;
-    spec.device = "GPU";
-    spec.create = &tfmo::hash_grid::CreateConfig;
-    spec.compute = k.compute;
-    spec.destroy = &tfmo::hash_grid::DeleteConfig;
-    spec.type_attr = "T";
-    spec.types = {TF_FLOAT, TF_HALF};
-    spec.host_memory = {"max_level"};
-    tfmo::RegisterKernel(spec);
-  }
+  tfmo::hash_grid::RegisterKernels("GPU", &EncodeGpu, &GradParamsGpu, &GradPositionsGpu, &SecondOrderGpu);
 });
 
 }  // namespace

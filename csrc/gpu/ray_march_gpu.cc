@@ -1,6 +1,6 @@
 // GPU kernel host of RayMarch (semantics: csrc/ops/ray_march_op.cc; kernels: metal_kernels/ray_march.metal and
 // ray_march_scan.metal; math: csrc/shared/ray_march_math.h). Shapes, attrs, aabb and seed are validated exactly as
-// on the CPU (ray_march_validate.h; aabb and seed are host-memory inputs). Per-ray values are not checked on the
+// on the CPU (ray_march_args.h; aabb and seed are host-memory inputs). Per-ray values are not checked on the
 // host (they live on the GPU): a ray with a non-finite origin/direction or a NaN near/far gets no samples.
 //
 // The output length N depends on the data, so the op runs in two steps on one Call:
@@ -17,7 +17,7 @@
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "gpu/gpu_host.h"
-#include "ops/ray_march_validate.h"
+#include "ops/ray_march_args.h"
 #include "shared/ray_march_math.h"
 
 namespace {

@@ -1,6 +1,6 @@
 // GPU kernel hosts of Volume_render, Volume_render_grad, Distortion_loss, Distortion_loss_grad
-// (semantics: csrc/ops/render_ops.cc; kernels: metal_kernels/volume_render.metal, distortion_loss.metal).
-// Shapes are validated here exactly as on the CPU (render_validate.h). Value checks (sorted t, densities >= 0)
+// (semantics: csrc/ops/render_op.cc; kernels: metal_kernels/volume_render.metal, distortion_loss.metal).
+// Shapes are validated here exactly as on the CPU (render_args.h). Value checks (sorted t, densities >= 0)
 // happen per ray on the GPU, which cannot fail the op: offending rays get NaN outputs (documented in the
 // kernels and in tf_metal_ops/render.py).
 // Empty tensors have no MTLBuffer: an empty input or output is bound as `t` (never empty when R > 0: it has
@@ -8,7 +8,7 @@
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "gpu/gpu_host.h"
-#include "ops/render_validate.h"
+#include "ops/render_args.h"
 #include "shared/volume_render_math.h"
 
 namespace {

@@ -1,5 +1,7 @@
-// Host-side argument checks of the rendering ops, shared by the CPU kernels and the Metal host code
-// (shapes and dtypes only: value checks such as sorted t happen per ray inside the kernels).
+// Host-side argument checks of the rendering ops (csrc/ops/render_op.cc), shared by the CPU kernels and the GPU host
+// code (shapes and dtypes only: value checks such as sorted t happen per ray inside the kernels). The checks both
+// rendering families use (dtypes, shapes, the background, the threshold attr and the kernel state) are here;
+// csrc/ops/render_packed_args.h adds those of the packed ops.
 // Every failure names the op and the argument, and fails the kernel with InvalidArgument.
 #pragma once
 
@@ -13,14 +15,18 @@ namespace tfmo::render {
 
 enum BackgroundMode : int { kNoBackground = 0, kSharedBackground = 1, kPerRayBackground = 2 };
 
-struct VrDims {
-  int64_t R = 0, S = 0, C = 0;
+// What every rendering op's validation finds: R rays of C channels and the background's mode.
+struct RayDims {
+  int64_t R = 0, C = 0;
   BackgroundMode bg = kNoBackground;
+};
+// VolumeRender(Grad): S samples per ray.
+struct VrDims : RayDims {
+  int64_t S = 0;
 };
 
 inline bool CheckFloat(TF_OpKernelContext* ctx, const char* op, const char* name, const TensorRef& t) {
-  if (t.dtype() == TF_FLOAT) return true;
-  return Fail(ctx, TF_INVALID_ARGUMENT, "%s: %s must be float32, got %s", op, name, DataTypeName(t.dtype()));
+  return CheckDtype(ctx, op, name, t, TF_FLOAT);
 }
 
 inline bool CheckShape(TF_OpKernelContext* ctx, const char* op, const char* name, const TensorRef& t,

@@ -49,9 +49,7 @@ inline void* Create(TF_OpKernelConstruction* c) {
 inline void Delete(void* p) { delete static_cast<Attrs*>(p); }
 
 inline bool CheckType(TF_OpKernelContext* ctx, const char* name, const TensorRef& t, TF_DataType want) {
-  if (t.dtype() == want) return true;
-  return Fail(ctx, TF_INVALID_ARGUMENT, "ray_march: %s must be %s, got %s", name, DataTypeName(want),
-              DataTypeName(t.dtype()));
+  return CheckDtype(ctx, "ray_march", name, t, want);
 }
 
 // in[0..6] = rays_o, rays_d, near, far, bits, aabb, seed. aabb and seed are read on the host. Sets *R and *p.

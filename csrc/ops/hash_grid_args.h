@@ -1,5 +1,6 @@
-// Host-side parts shared by the CPU (csrc/cpu/hash_grid_cpu.cc) and Metal (csrc/metal/hash_grid_metal.mm)
-// kernels of the hash-grid ops: attr parsing/validation, level tables, input validation and max_level.
+// Host-side parts shared by the CPU kernels (csrc/cpu/hash_grid_cpu.cc) and the GPU host code
+// (csrc/gpu/hash_grid_gpu.cc) of the hash-grid ops: attr parsing/validation, level tables, input validation,
+// max_level and the kernel registrations.
 // Semantics: csrc/ops/hash_grid_op.cc; per-point math: csrc/shared/hash_grid_math.h.
 #pragma once
 
@@ -9,8 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "common/op_names.h"
 #include "common/tfc.h"
-#include "hash_grid_math.h"
+#include "shared/hash_grid_math.h"
 
 namespace tfmo {
 namespace hash_grid {
@@ -174,6 +176,33 @@ inline bool PrepareSecondOrder(TF_OpKernelContext* ctx, void* state, const char*
     return Fail(ctx, TF_INVALID_ARGUMENT, "%s: grad_grad_positions must have shape [%lld, %d] (like positions), got %s",
                 op, (long long)call->n, call->dims, ShapeString(*ddx).c_str());
   return true;
+}
+
+// Registers the kernels of the four hash-grid ops on `device` ("CPU" or "GPU", where max_level stays in host memory):
+// state from CreateConfig, T in {float, half}.
+using Compute = void (*)(void*, TF_OpKernelContext*);
+inline void RegisterKernels(const char* device, Compute encode, Compute grad_params, Compute grad_positions,
+                            Compute second_order) {
+  const struct {
+    const char* op;
+    Compute compute;
+  } kernels[] = {
+      {TFMO_OP_HASH_GRID_ENCODE, encode},
+      {TFMO_OP_HASH_GRID_ENCODE_GRAD_PARAMS, grad_params},
+      {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS, grad_positions},
+      {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS_GRAD, second_order},
+  };
+  for (const auto& k : kernels) {
+    KernelSpec spec = KernelSpecFor(device);
+    spec.op = k.op;
+    spec.create = &CreateConfig;
+    spec.compute = k.compute;
+    spec.destroy = &DeleteConfig;
+    spec.type_attr = "T";
+    spec.types = {TF_FLOAT, TF_HALF};
+    if (std::strcmp(device, "GPU") == 0) spec.host_memory = {"max_level"};
+    RegisterKernel(spec);
+  }
 }
 
 }  // namespace hash_grid
