@@ -21,46 +21,38 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OP_NAMES = os.path.join(ROOT, "csrc", "common", "op_names.h")
 
-# family -> kind -> the family's files (paths relative to the repository; None: the family has no such file, and why).
-FAMILIES = {
-    "zero_out": {
-        "cpu": ["csrc/cpu/zero_out_cpu.cc"],
-        "metal": ["metal_kernels/zero_out.metal"],
-        "math": None,  # one memset and one copy: no per-element math to share
-        "python": ["tf_metal_ops/zero_out.py"],
-    },
-    "render": {
-        "cpu": ["csrc/cpu/volume_render_cpu.cc", "csrc/cpu/distortion_loss_cpu.cc", "csrc/cpu/volume_render_simd.h"],
-        "metal": ["metal_kernels/volume_render.metal", "metal_kernels/distortion_loss.metal"],
-        "math": ["csrc/shared/volume_render_math.h"],
-        "python": ["tf_metal_ops/render.py"],
-    },
-    "render_packed": {
-        "cpu": ["csrc/cpu/render_packed_cpu.cc"],
-        "metal": ["metal_kernels/render_packed.metal"],
-        "math": ["csrc/shared/volume_render_math.h"],
-        "python": ["tf_metal_ops/render_packed.py"],
-    },
-    "hash_grid": {
-        "cpu": ["csrc/cpu/hash_grid_cpu.cc"],
-        "metal": ["metal_kernels/hash_grid.metal"],
-        "math": ["csrc/shared/hash_grid_math.h"],
-        "python": ["tf_metal_ops/hash_grid/ops.py", "tf_metal_ops/hash_grid/pure_tf.py",
-                   "tf_metal_ops/hash_grid/reference.py"],
-    },
-    "ray_march": {
-        "cpu": ["csrc/cpu/ray_march_cpu.cc", "csrc/cpu/ray_march_isa.cc", "csrc/cpu/ray_march_avx2.h"],
-        "metal": ["metal_kernels/ray_march.metal", "metal_kernels/ray_march_scan.metal"],
-        "math": ["csrc/shared/ray_march_math.h"],
-        "python": ["tf_metal_ops/occupancy.py"],
-    },
-    "metal_kernel": {
-        "cpu": ["csrc/cpu/metal_kernel_cpu.cc"],
-        "metal": None,  # the user's kernel source is an attr of the op (tf_metal_ops.metal_kernel)
-        "math": None,   # the ABI between the generated source and the kernels: csrc/common/inline_kernel_abi.h
-        "python": ["tf_metal_ops/inline_kernels/api.py", "tf_metal_ops/inline_kernels/source.py"],
-    },
-}
+# Each family's files beyond its NAME_op.cc, NAME_args.h and NAME_gpu.cc, by kind (cpu, metal, math, python):
+# repository paths, or "-" where the family has no such file (the reason follows on the line).
+FAMILY_TABLE = """
+zero_out       cpu     csrc/cpu/zero_out_cpu.cc
+zero_out       metal   metal_kernels/zero_out.metal
+zero_out       math    -   one memset and one copy: no per-element math to share
+zero_out       python  tf_metal_ops/zero_out.py
+render         cpu     csrc/cpu/volume_render_cpu.cc csrc/cpu/distortion_loss_cpu.cc csrc/cpu/volume_render_simd.h
+render         metal   metal_kernels/volume_render.metal metal_kernels/distortion_loss.metal
+render         math    csrc/shared/volume_render_math.h
+render         python  tf_metal_ops/render.py
+render_packed  cpu     csrc/cpu/render_packed_cpu.cc
+render_packed  metal   metal_kernels/render_packed.metal
+render_packed  math    csrc/shared/volume_render_math.h
+render_packed  python  tf_metal_ops/render_packed.py
+hash_grid      cpu     csrc/cpu/hash_grid_cpu.cc
+hash_grid      metal   metal_kernels/hash_grid.metal
+hash_grid      math    csrc/shared/hash_grid_math.h
+hash_grid      python  tf_metal_ops/hash_grid/ops.py tf_metal_ops/hash_grid/pure_tf.py tf_metal_ops/hash_grid/reference.py
+ray_march      cpu     csrc/cpu/ray_march_cpu.cc csrc/cpu/ray_march_isa.cc csrc/cpu/ray_march_avx2.h
+ray_march      metal   metal_kernels/ray_march.metal metal_kernels/ray_march_scan.metal
+ray_march      math    csrc/shared/ray_march_math.h
+ray_march      python  tf_metal_ops/occupancy.py
+metal_kernel   cpu     csrc/cpu/metal_kernel_cpu.cc
+metal_kernel   metal   -   the user's kernel source is an attr of the op (tf_metal_ops.metal_kernel)
+metal_kernel   math    -   the generated source's ABI with the kernels: csrc/common/inline_kernel_abi.h
+metal_kernel   python  tf_metal_ops/inline_kernels/api.py tf_metal_ops/inline_kernels/source.py
+"""
+FAMILIES = {}
+for _row in FAMILY_TABLE.strip().splitlines():
+    _family, _kind, _rest = _row.split(None, 2)
+    FAMILIES.setdefault(_family, {})[_kind] = None if _rest.startswith("-") else _rest.split()
 
 
 def families_in_op_names():

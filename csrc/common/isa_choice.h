@@ -26,8 +26,8 @@ struct IsaBuilds {
   const char* kernels;       // for messages, e.g. "the ray-march CPU kernel uses"
   const char* const* names;  // names[0 .. count): build names, "default" first
   int count;
-  bool (*built)(int);        // compiled into this library
-  bool (*supported)(int);    // built and runnable on this CPU
+  int built;                 // builds [0, built) are compiled into this library (1: only the portable one)
+  bool (*cpu_runs)(int);     // whether this CPU (and OS) can run built build isa >= 1
   const char* not_built;     // why a build that is not compiled in cannot run
   const char* (*lacks)(int); // why a built build cannot run on this CPU
   // An older variable kept working: when `env` is unset (or empty) and `alias` is set (to anything), the request
@@ -38,11 +38,28 @@ struct IsaBuilds {
 
 IsaChoice ChooseIsa(const IsaBuilds& b);
 
+// Build isa is compiled in / compiled in and runnable on this CPU (build 0 always is).
+bool IsaBuilt(const IsaBuilds& b, int isa);
+bool IsaSupported(const IsaBuilds& b, int isa);
+
 // Fills the diagnostics of a family (the arguments of its extern "C" tfmo_<family>_cpu_paths): calls[isa] from
 // counts[isa] (calls so far that ran each build); built / supported: bit isa set when that build is compiled in /
 // runnable on this CPU; selected: the build in use; requested: the requested build (-1 unset or auto, -2 not a
 // known name); fell_back: 1 when the request could not be honoured.
 void ReportIsa(const IsaBuilds& b, const IsaChoice& c, const std::atomic<long long>* counts, long long* calls,
                int* built, int* supported, int* selected, int* requested, int* fell_back);
+
+}  // namespace tfmo
+
+// Defines the family's diagnostics, extern "C" NAME(calls, built, supported, selected, requested, fell_back) (read
+// with ctypes by tf_metal_ops.backend.cpu_paths): ReportIsa of the builds BUILDS, the choice CHOICE and the call
+// counters COUNTS.
+#define TFMO_ISA_DIAGNOSTICS(NAME, BUILDS, CHOICE, COUNTS)                                                      \
+  extern "C" __attribute__((visibility("default"))) void NAME(long long* calls, int* built, int* supported,     \
+                                                              int* selected, int* requested, int* fell_back) { \
+    tfmo::ReportIsa(BUILDS, CHOICE, COUNTS, calls, built, supported, selected, requested, fell_back);          \
+  }
+
+namespace tfmo {
 
 }  // namespace tfmo

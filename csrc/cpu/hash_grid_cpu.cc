@@ -59,26 +59,19 @@ using tfmo::hash_grid::Config;
 enum HgIsa : int { kHgDefault = 0, kHgAvx2 = 1, kHgIsaCount = 2 };
 const char* const kHgIsaNames[kHgIsaCount] = {"default", "avx2"};
 
-bool HgIsaBuilt(int isa) {
 #ifdef TFMO_HG_HAVE_AVX2
-  return isa >= 0 && isa < kHgIsaCount;
+constexpr int kHgBuilt = kHgIsaCount;
+bool HgCpuRuns(int) {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
 #else
-  return isa == kHgDefault;
+constexpr int kHgBuilt = 1;
+bool HgCpuRuns(int) { return false; }
 #endif
-}
-
-bool HgIsaSupported(int isa) {
-  if (!HgIsaBuilt(isa)) return false;
-#ifdef TFMO_HG_HAVE_AVX2
-  if (isa == kHgAvx2)
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#endif
-  return true;
-}
 
 constexpr tfmo::IsaBuilds kHgIsaBuilds{
-    "TF_METAL_OPS_HASH_GRID_ISA", "the hash-grid CPU kernels use", kHgIsaNames, kHgIsaCount, &HgIsaBuilt,
-    &HgIsaSupported, "that build is not compiled into this library (x86-64 GCC only)",
+    "TF_METAL_OPS_HASH_GRID_ISA", "the hash-grid CPU kernels use", kHgIsaNames, kHgIsaCount, kHgBuilt,
+    &HgCpuRuns, "that build is not compiled into this library (x86-64 GCC only)",
     [](int) { return "this CPU lacks AVX2, FMA or F16C"; }, "TF_METAL_OPS_NO_AVX2", "default"};
 
 const tfmo::IsaChoice& HgIsaSelection() {
@@ -796,9 +789,4 @@ const tfmo::OnLoad kRegister([] {
 
 // Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
 // builds default, avx2; calls: hot-loop calls.
-extern "C" __attribute__((visibility("default"))) void tfmo_hash_grid_cpu_paths(long long* calls, int* built,
-                                                                                int* supported, int* selected,
-                                                                                int* requested, int* fell_back) {
-  tfmo::ReportIsa(kHgIsaBuilds, HgIsaSelection(), g_path_calls, calls, built, supported, selected, requested,
-                  fell_back);
-}
+TFMO_ISA_DIAGNOSTICS(tfmo_hash_grid_cpu_paths, kHgIsaBuilds, HgIsaSelection(), g_path_calls)

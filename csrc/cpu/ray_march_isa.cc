@@ -14,13 +14,11 @@ namespace {
 
 const char* const kRmIsaNames[kRmIsaCount] = {"default", "avx2"};
 
-bool RmIsaBuilt(int isa) {
 #ifdef TFMO_RM_AVX2
-  return isa >= 0 && isa < kRmIsaCount;
+constexpr int kRmBuilt = kRmIsaCount;
 #else
-  return isa == kRmDefault;
+constexpr int kRmBuilt = 1;
 #endif
-}
 
 // AVX2 usable: the CPU has it (CPUID 7.0:EBX bit 5) and the OS saves the YMM registers (OSXSAVE, XCR0 bits 1-2).
 // CPUID directly rather than __builtin_cpu_supports, which needs compiler-rt on some clang targets.
@@ -38,15 +36,9 @@ bool CpuHasAvx2() {
 #endif
 }
 
-bool RmIsaSupported(int isa) {
-  if (!RmIsaBuilt(isa)) return false;
-  if (isa == kRmAvx2) return CpuHasAvx2();
-  return true;
-}
-
 constexpr IsaBuilds kRmIsaBuilds{
-    "TF_METAL_OPS_RAY_MARCH_ISA", "the ray-march CPU kernel uses", kRmIsaNames, kRmIsaCount, &RmIsaBuilt,
-    &RmIsaSupported, "that build is not compiled into this library (x86-64 GCC/clang only)",
+    "TF_METAL_OPS_RAY_MARCH_ISA", "the ray-march CPU kernel uses", kRmIsaNames, kRmIsaCount, kRmBuilt,
+    [](int) { return CpuHasAvx2(); }, "that build is not compiled into this library (x86-64 GCC/clang only)",
     [](int) { return "this CPU (or OS) lacks AVX2"; }};
 
 }  // namespace
@@ -64,10 +56,5 @@ const RmIsaChoice& RmIsaSelection() {
 
 // Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths; tests/test_ray_march_isa.py): the arguments as
 // tfmo::ReportIsa (common/isa_choice.h), builds default, avx2; calls: chunk marches.
-extern "C" __attribute__((visibility("default"))) void tfmo_ray_march_cpu_paths(long long* calls, int* built,
-                                                                                int* supported, int* selected,
-                                                                                int* requested, int* fell_back) {
-  using namespace tfmo::rm_cpu;
-  tfmo::ReportIsa(kRmIsaBuilds, RmIsaSelection(), g_rm_path_calls, calls, built, supported, selected, requested,
-                  fell_back);
-}
+TFMO_ISA_DIAGNOSTICS(tfmo_ray_march_cpu_paths, tfmo::rm_cpu::kRmIsaBuilds, tfmo::rm_cpu::RmIsaSelection(),
+                     tfmo::rm_cpu::g_rm_path_calls)

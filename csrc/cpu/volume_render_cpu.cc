@@ -353,27 +353,25 @@ namespace {
 
 const char* const kVrIsaNames[kVrIsaCount] = {"default", "avx2", "avx512"};
 
-bool VrIsaBuilt(int isa) {
-#ifdef TFMO_VR_ISA_BUILDS
-  return isa >= 0 && isa < kVrIsaCount;
-#else
-  return isa == kVrDefault;
-#endif
-}
-
-bool VrIsaSupported(int isa) {
-  if (!VrIsaBuilt(isa)) return false;
+// Builds avx2 and avx512: x86-64-v3 / x86-64-v4.
+bool VrCpuRuns(int isa) {
 #ifdef TFMO_VR_ISA_BUILDS
   __builtin_cpu_init();
-  if (isa == kVrAvx512) return __builtin_cpu_supports("x86-64-v4");
-  if (isa == kVrAvx2) return __builtin_cpu_supports("x86-64-v3");
+  return isa == kVrAvx512 ? __builtin_cpu_supports("x86-64-v4") : __builtin_cpu_supports("x86-64-v3");
+#else
+  return false;
 #endif
-  return true;
 }
 
+#ifdef TFMO_VR_ISA_BUILDS
+constexpr int kVrBuilt = kVrIsaCount;
+#else
+constexpr int kVrBuilt = 1;
+#endif
+
 constexpr IsaBuilds kVrIsaBuilds{
-    "TF_METAL_OPS_VOLUME_RENDER_ISA", "the volume-render CPU kernels use", kVrIsaNames, kVrIsaCount, &VrIsaBuilt,
-    &VrIsaSupported, "that build is not compiled into this library (x86-64 Linux GCC only)", [](int isa) {
+    "TF_METAL_OPS_VOLUME_RENDER_ISA", "the volume-render CPU kernels use", kVrIsaNames, kVrIsaCount, kVrBuilt,
+    &VrCpuRuns, "that build is not compiled into this library (x86-64 Linux GCC only)", [](int isa) {
       return isa == kVrAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
                               : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)";
     }};
@@ -395,11 +393,5 @@ const VrIsaChoice& VrIsaSelection() {
 
 // Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
 // builds default, avx2, avx512; calls: ray-range calls.
-extern "C" __attribute__((visibility("default"))) void tfmo_volume_render_cpu_paths(long long* calls, int* built,
-                                                                                    int* supported, int* selected,
-                                                                                    int* requested,
-                                                                                    int* fell_back) {
-  using namespace tfmo::vr_cpu;
-  tfmo::ReportIsa(kVrIsaBuilds, VrIsaSelection(), g_vr_path_calls, calls, built, supported, selected, requested,
-                  fell_back);
-}
+TFMO_ISA_DIAGNOSTICS(tfmo_volume_render_cpu_paths, tfmo::vr_cpu::kVrIsaBuilds, tfmo::vr_cpu::VrIsaSelection(),
+                     tfmo::vr_cpu::g_vr_path_calls)
