@@ -38,6 +38,13 @@ struct IsaBuilds {
 
 IsaChoice ChooseIsa(const IsaBuilds& b);
 
+// The choice for the builds B, made once per process (at the first call).
+template <const IsaBuilds& B>
+const IsaChoice& ChosenIsa() {
+  static const IsaChoice choice = ChooseIsa(B);
+  return choice;
+}
+
 // Build isa is compiled in / compiled in and runnable on this CPU (build 0 always is).
 bool IsaBuilt(const IsaBuilds& b, int isa);
 bool IsaSupported(const IsaBuilds& b, int isa);

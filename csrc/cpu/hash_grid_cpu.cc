@@ -74,10 +74,7 @@ constexpr tfmo::IsaBuilds kHgIsaBuilds{
     &HgCpuRuns, "that build is not compiled into this library (x86-64 GCC only)",
     [](int) { return "this CPU lacks AVX2, FMA or F16C"; }, "TF_METAL_OPS_NO_AVX2", "default"};
 
-const tfmo::IsaChoice& HgIsaSelection() {
-  static const tfmo::IsaChoice choice = tfmo::ChooseIsa(kHgIsaBuilds);
-  return choice;
-}
+const tfmo::IsaChoice& HgIsaSelection() { return tfmo::ChosenIsa<kHgIsaBuilds>(); }
 
 // How many hot-loop calls ran each build ([kHgDefault], [kHgAvx2]), for tfmo_hash_grid_cpu_paths: lets a test
 // prove which build of the loops actually ran (one relaxed increment per call of a loop over a range of points).

@@ -47,10 +47,7 @@ std::atomic<long long> g_rm_path_calls[kRmIsaCount];
 
 // TF_METAL_OPS_RAY_MARCH_ISA (avx2, default or auto), read once (the first march or diagnostics query of the
 // process); the rules: common/isa_choice.h (automatically AVX2 when the CPU has it).
-const RmIsaChoice& RmIsaSelection() {
-  static const RmIsaChoice choice = ChooseIsa(kRmIsaBuilds);
-  return choice;
-}
+const RmIsaChoice& RmIsaSelection() { return ChosenIsa<kRmIsaBuilds>(); }
 
 }  // namespace tfmo::rm_cpu
 

@@ -384,10 +384,7 @@ std::atomic<long long> g_vr_path_calls[kVrIsaCount];
 
 // TF_METAL_OPS_VOLUME_RENDER_ISA, read once (the first volume-render call or diagnostics query of the process);
 // the rules: common/isa_choice.h.
-const VrIsaChoice& VrIsaSelection() {
-  static const VrIsaChoice choice = ChooseIsa(kVrIsaBuilds);
-  return choice;
-}
+const VrIsaChoice& VrIsaSelection() { return ChosenIsa<kVrIsaBuilds>(); }
 
 }  // namespace tfmo::vr_cpu
 
