@@ -115,7 +115,7 @@ def test_cpu_isa_families_share_one_choice_and_one_diagnostic():
                  if f'"{variable}"' in open(p, encoding="utf-8").read()]
         assert len(users) == 1, (variable, users)
         text = open(users[0], encoding="utf-8").read()
-        assert "ChooseIsa(" in text and "ReportIsa(" in text and f"tfmo_{family}_cpu_paths" in text, users[0]
+        assert "ChosenIsa<" in text and f"TFMO_ISA_DIAGNOSTICS(tfmo_{family}_cpu_paths," in text, users[0]
 
 
 # ---- every repository path named in a comment or doc exists -------------------------------------------------
