@@ -31,11 +31,12 @@ zero_out       python  tf_metal_ops/zero_out.py
 render         cpu     csrc/cpu/volume_render_cpu.cc csrc/cpu/distortion_loss_cpu.cc csrc/cpu/volume_render_simd.h
 render         metal   metal_kernels/volume_render.metal metal_kernels/distortion_loss.metal
 render         math    csrc/shared/volume_render_math.h
-render         python  tf_metal_ops/render.py
+render         python  tf_metal_ops/render/ops.py tf_metal_ops/render/pure_tf.py tf_metal_ops/render/reference.py
 render_packed  cpu     csrc/cpu/render_packed_cpu.cc
 render_packed  metal   metal_kernels/render_packed.metal
 render_packed  math    csrc/shared/volume_render_math.h
-render_packed  python  tf_metal_ops/render_packed.py
+render_packed  python  tf_metal_ops/render_packed/ops.py tf_metal_ops/render_packed/pure_tf.py
+render_packed  python  tf_metal_ops/render_packed/reference.py
 hash_grid      cpu     csrc/cpu/hash_grid_cpu.cc
 hash_grid      metal   metal_kernels/hash_grid.metal
 hash_grid      math    csrc/shared/hash_grid_math.h
@@ -43,6 +44,7 @@ hash_grid      python  tf_metal_ops/hash_grid/ops.py tf_metal_ops/hash_grid/pure
 ray_march      cpu     csrc/cpu/ray_march_cpu.cc csrc/cpu/ray_march_isa.cc csrc/cpu/ray_march_avx2.h
 ray_march      metal   metal_kernels/ray_march.metal metal_kernels/ray_march_scan.metal
 ray_march      math    csrc/shared/ray_march_math.h
+ray_march      python  tf_metal_ops/ray_march/ops.py tf_metal_ops/ray_march/pure_tf.py tf_metal_ops/ray_march/reference.py
 ray_march      python  tf_metal_ops/occupancy.py
 metal_kernel   cpu     csrc/cpu/metal_kernel_cpu.cc
 metal_kernel   metal   -   the user's kernel source is an attr of the op (tf_metal_ops.metal_kernel)
@@ -50,9 +52,10 @@ metal_kernel   math    -   the generated source's ABI with the kernels: csrc/com
 metal_kernel   python  tf_metal_ops/inline_kernels/api.py tf_metal_ops/inline_kernels/source.py
 """
 FAMILIES = {}
-for _row in FAMILY_TABLE.strip().splitlines():
+for _row in FAMILY_TABLE.strip().splitlines():  # rows of one family and kind add up
     _family, _kind, _rest = _row.split(None, 2)
-    FAMILIES.setdefault(_family, {})[_kind] = None if _rest.startswith("-") else _rest.split()
+    _files = FAMILIES.setdefault(_family, {}).setdefault(_kind, [])
+    FAMILIES[_family][_kind] = None if _rest.startswith("-") else _files + _rest.split()
 
 
 def families_in_op_names():

@@ -4,7 +4,8 @@
 // falls back to the best runnable build below it, with a message on stderr saying why.
 //
 // Every CPU kernel built for several ISAs uses it, each with its variable TF_METAL_OPS_<FAMILY>_ISA (auto, default
-// or a build name) and its diagnostics tfmo_<family>_cpu_paths (ReportIsa below; Python: tf_metal_ops.backend.cpu_paths):
+// or a build name) and its diagnostics tfmo_<family>_cpu_paths (TFMO_ISA_DIAGNOSTICS below; Python:
+// tf_metal_ops.backend.cpu_paths):
 //   hash grid      TF_METAL_OPS_HASH_GRID_ISA      default, avx2           csrc/cpu/hash_grid_cpu.cc
 //   volume render  TF_METAL_OPS_VOLUME_RENDER_ISA  default, avx2, avx512   csrc/cpu/volume_render_cpu.cc (both
 //                                                                          volume_render and volume_render_packed)

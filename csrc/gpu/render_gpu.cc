@@ -2,7 +2,7 @@
 // (semantics: csrc/ops/render_op.cc; kernels: metal_kernels/volume_render.metal, distortion_loss.metal).
 // Shapes are validated here exactly as on the CPU (render_args.h). Value checks (sorted t, densities >= 0)
 // happen per ray on the GPU, which cannot fail the op: offending rays get NaN outputs (documented in the
-// kernels and in tf_metal_ops/render.py).
+// kernels and in tf_metal_ops/render/__init__.py).
 // Empty tensors have no MTLBuffer: an empty input or output is bound as `t` (never empty when R > 0: it has
 // S + 1 >= 1 columns); the kernels never touch it because the matching loops are empty. R == 0 skips the dispatch.
 #include "common/op_names.h"

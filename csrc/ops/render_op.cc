@@ -8,7 +8,7 @@
 //     grad_densities [R,S], grad_colors [R,S,C], grad_t [R,S+1], grad_background
 //   grad_background is always per ray, [R,C] = T_final * grad_color (the gradient w.r.t. a per-ray background,
 //   whatever background was given). The caller sums it over rays for a shared [C] background and drops it for
-//   none (tf_metal_ops/render.py does): that keeps the kernels one-thread-per-ray and deterministic, with no
+//   none (tf_metal_ops/render/ops.py does): that keeps the kernels one-thread-per-ray and deterministic, with no
 //   cross-ray reduction or atomics.
 // DistortionLoss(weights [R,S], t [R,S+1]) -> loss [R]
 // DistortionLossGrad(weights, t, grad_loss [R]) -> grad_weights [R,S], grad_t [R,S+1]
@@ -34,29 +34,33 @@ bool VolumeRenderInputs(TF_ShapeInferenceContext* ctx, TF_Status* status, Shape*
 
 void VolumeRenderShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   Shape dens, cols, t, r, rc;
-  if (VolumeRenderInputs(ctx, status, &dens, &cols, &t, &r, &rc)) tfmo::SetOutputs(ctx, {&rc, &r, &r, &dens}, status);
+  if (VolumeRenderInputs(ctx, status, &dens, &cols, &t, &r, &rc))
+    tfmo::SetOutputs(ctx, {&rc, &r, &r, &dens}, status);
 }
 
 void VolumeRenderGradShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   Shape dens, cols, t, r, rc;
-  if (VolumeRenderInputs(ctx, status, &dens, &cols, &t, &r, &rc)) tfmo::SetOutputs(ctx, {&dens, &cols, &t, &rc}, status);
+  if (VolumeRenderInputs(ctx, status, &dens, &cols, &t, &r, &rc))
+    tfmo::SetOutputs(ctx, {&dens, &cols, &t, &rc}, status);
 }
 
 void DistortionLossShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   Shape w, t, r;
-  if (InputWithRank(ctx, 0, 2, &w, status) && InputWithRank(ctx, 1, 2, &t, status) && Subshape(ctx, w, 0, 1, &r, status))
+  if (InputWithRank(ctx, 0, 2, &w, status) && InputWithRank(ctx, 1, 2, &t, status) &&
+      Subshape(ctx, w, 0, 1, &r, status))
     tfmo::SetOutputs(ctx, {&r}, status);
 }
 
 void DistortionLossGradShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   Shape w, t;
-  if (InputWithRank(ctx, 0, 2, &w, status) && InputWithRank(ctx, 1, 2, &t, status)) tfmo::SetOutputs(ctx, {&w, &t}, status);
+  if (InputWithRank(ctx, 0, 2, &w, status) && InputWithRank(ctx, 1, 2, &t, status))
+    tfmo::SetOutputs(ctx, {&w, &t}, status);
 }
 
 static const tfmo::OnLoad kRegister([] {
   const char* threshold = "termination_threshold: float = 0.0";
-  tfmo::DefineOp(TFMO_OP_VOLUME_RENDER, {threshold}, {"densities: float", "colors: float", "t: float", "background: float"},
-                 {"color: float", "depth: float", "opacity: float", "weights: float"}, &VolumeRenderShape);
+  tfmo::DefineOp(TFMO_OP_VOLUME_RENDER, {threshold},
+                 {"densities: float", "colors: float", "t: float", "background: float"}, {"color: float", "depth: float", "opacity: float", "weights: float"}, &VolumeRenderShape);
   tfmo::DefineOp(TFMO_OP_VOLUME_RENDER_GRAD, {threshold},
                  {"densities: float", "colors: float", "t: float", "background: float", "grad_color: float",
                   "grad_depth: float", "grad_opacity: float", "grad_weights: float"},
