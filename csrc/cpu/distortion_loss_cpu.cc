@@ -37,12 +37,9 @@ void FailUnsorted(TF_OpKernelContext* ctx, const char* op, const float* t, int64
 
 void DlCompute(void*, TF_OpKernelContext* ctx) {
   const char* op = "distortion_loss";
-  TensorRef w, t;
-  if (!tfmo::GetInput(ctx, 0, &w) || !tfmo::GetInput(ctx, 1, &t)) return;
+  TensorRef w, t, loss;
   int64_t R = 0, S = 0;
-  if (!tfmo::render::ValidateDistortionLoss(ctx, op, w, t, &R, &S)) return;
-  TensorRef loss;
-  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {R}, &loss) || R == 0) return;
+  if (!tfmo::render::PrepareDistortionLoss(ctx, op, &w, &t, &loss, &R, &S) || R == 0) return;
   const float* w_all = w.data<float>();
   const float* t_all = t.data<float>();
   float* out = loss.data<float>();

@@ -752,10 +752,7 @@ void SecondOrderCompute(void* state, TF_OpKernelContext* ctx) {
   if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, op, &call, &ddx)) return;
   const Config& cfg = *call.cfg;
   tfmo::TensorRef out_dy, out_params, out_dx;
-  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, (int64_t)cfg.n_levels * cfg.n_features}, &out_dy) ||
-      !tfmo::AllocateOutput(ctx, 1, cfg.dtype, {call.rows, (int64_t)cfg.n_features}, &out_params) ||
-      !tfmo::AllocateOutput(ctx, 2, TF_FLOAT, {call.n, (int64_t)call.dims}, &out_dx))
-    return;
+  if (!tfmo::hash_grid::AllocateSecondOrderOutputs(ctx, call, &out_dy, &out_params, &out_dx)) return;
   const int64_t elems = call.rows * cfg.n_features;
   const bool half = cfg.dtype == TF_HALF;
   std::unique_ptr<float[]> tmp(half ? new (std::nothrow) float[elems] : nullptr);

@@ -127,11 +127,7 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
   if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, op, &call, &ddx)) return;
   const Config& cfg = *call.cfg;
   tfmo::TensorRef out_dy, out_params, out_dx;
-  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, static_cast<int64_t>(cfg.n_levels) * cfg.n_features},
-                            &out_dy) ||
-      !tfmo::AllocateOutput(ctx, 1, cfg.dtype, {call.rows, static_cast<int64_t>(cfg.n_features)}, &out_params) ||
-      !tfmo::AllocateOutput(ctx, 2, TF_FLOAT, {call.n, static_cast<int64_t>(call.dims)}, &out_dx))
-    return;
+  if (!tfmo::hash_grid::AllocateSecondOrderOutputs(ctx, call, &out_dy, &out_params, &out_dx)) return;
   const int64_t elems = call.rows * cfg.n_features;  // >= 8 rows: never empty
   if (!CheckSizes(ctx, op, call)) return;
   tfmo::gpu::Call gpu(ctx, op);

@@ -110,12 +110,9 @@ void VrGradGpu(void* attrs, TF_OpKernelContext* ctx) {
 
 void DlGpu(void*, TF_OpKernelContext* ctx) {
   const char* op = "distortion_loss";
-  TensorRef w, t;
-  if (!tfmo::GetInput(ctx, 0, &w) || !tfmo::GetInput(ctx, 1, &t)) return;
+  TensorRef w, t, loss;
   int64_t R = 0, S = 0;
-  if (!tfmo::render::ValidateDistortionLoss(ctx, op, w, t, &R, &S)) return;
-  TensorRef loss;
-  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {R}, &loss)) return;
+  if (!tfmo::render::PrepareDistortionLoss(ctx, op, &w, &t, &loss, &R, &S)) return;
   if (R == 0 || !CheckDims(ctx, op, R, S, 1)) return;
   DlParams params;
   params.R = static_cast<uint32_t>(R);

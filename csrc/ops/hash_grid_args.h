@@ -178,6 +178,15 @@ inline bool PrepareSecondOrder(TF_OpKernelContext* ctx, void* state, const char*
   return true;
 }
 
+// The outputs of the second-order op: grad_grad [N, L*F] T, grad_params [E, F] T, grad_positions [N, D] float32.
+inline bool AllocateSecondOrderOutputs(TF_OpKernelContext* ctx, const Call& call, TensorRef* dy, TensorRef* params,
+                                       TensorRef* dx) {
+  const Config& cfg = *call.cfg;
+  return AllocateOutput(ctx, 0, cfg.dtype, {call.n, static_cast<int64_t>(cfg.n_levels) * cfg.n_features}, dy) &&
+         AllocateOutput(ctx, 1, cfg.dtype, {call.rows, static_cast<int64_t>(cfg.n_features)}, params) &&
+         AllocateOutput(ctx, 2, TF_FLOAT, {call.n, static_cast<int64_t>(call.dims)}, dx);
+}
+
 // Registers the kernels of the four hash-grid ops on `device` ("CPU" or "GPU", where max_level stays in host memory):
 // state from CreateConfig, T in {float, half}.
 using Compute = void (*)(void*, TF_OpKernelContext*);

@@ -95,16 +95,24 @@ inline bool ValidateVolumeRender(TF_OpKernelContext* ctx, const char* op, const 
   return ClassifyBackground(ctx, op, bg, d->R, d->C, &d->bg);
 }
 
-// The upstream gradients of VolumeRenderGrad (inputs 4..7).
-inline bool ValidateVolumeRenderUpstream(TF_OpKernelContext* ctx, const char* op, const VrDims& d,
-                                         const TensorRef& gc, const TensorRef& gd, const TensorRef& go,
-                                         const TensorRef& gw) {
+// The upstream gradients of the volume-render gradient ops: grad_color [R,C], grad_depth [R], grad_opacity [R] and
+// grad_weights shaped like the weights (`weights`: [R,S] for VolumeRenderGrad, [N] for VolumeRenderPackedGrad).
+inline bool ValidateUpstream(TF_OpKernelContext* ctx, const char* op, const RayDims& d,
+                             std::initializer_list<int64_t> weights, const TensorRef& gc, const TensorRef& gd,
+                             const TensorRef& go, const TensorRef& gw) {
   return CheckFloat(ctx, op, "grad_color", gc) && CheckFloat(ctx, op, "grad_depth", gd) &&
          CheckFloat(ctx, op, "grad_opacity", go) && CheckFloat(ctx, op, "grad_weights", gw) &&
          CheckShape(ctx, op, "grad_color", gc, {d.R, d.C}, Dims({d.R, d.C}).c_str()) &&
          CheckShape(ctx, op, "grad_depth", gd, {d.R}, Dims({d.R}).c_str()) &&
          CheckShape(ctx, op, "grad_opacity", go, {d.R}, Dims({d.R}).c_str()) &&
-         CheckShape(ctx, op, "grad_weights", gw, {d.R, d.S}, Dims({d.R, d.S}).c_str());
+         CheckShape(ctx, op, "grad_weights", gw, weights, Dims(weights).c_str());
+}
+
+// The upstream gradients of VolumeRenderGrad (inputs 4..7).
+inline bool ValidateVolumeRenderUpstream(TF_OpKernelContext* ctx, const char* op, const VrDims& d,
+                                         const TensorRef& gc, const TensorRef& gd, const TensorRef& go,
+                                         const TensorRef& gw) {
+  return ValidateUpstream(ctx, op, d, {d.R, d.S}, gc, gd, go, gw);
 }
 
 // weights [R,S], t [R,S+1].
@@ -118,6 +126,13 @@ inline bool ValidateDistortionLoss(TF_OpKernelContext* ctx, const char* op, cons
   *S = w.dim(1);
   return CheckShape(ctx, op, "t (interval edges, one more than samples)", t, {*R, *S + 1},
                     Dims({*R, *S + 1}).c_str());
+}
+
+// DistortionLoss: reads and validates (weights, t), allocates loss [R]. Returns false after failing ctx.
+inline bool PrepareDistortionLoss(TF_OpKernelContext* ctx, const char* op, TensorRef* w, TensorRef* t,
+                                  TensorRef* loss, int64_t* R, int64_t* S) {
+  return GetInput(ctx, 0, w) && GetInput(ctx, 1, t) && ValidateDistortionLoss(ctx, op, *w, *t, R, S) &&
+         AllocateOutput(ctx, 0, TF_FLOAT, {*R}, loss);
 }
 
 // DistortionLossGrad: reads and validates (weights, t, grad_loss), allocates (grad_weights [R,S], grad_t [R,S+1]).

@@ -60,12 +60,7 @@ inline bool ValidateVolumeRenderPacked(TF_OpKernelContext* ctx, const char* op, 
 inline bool ValidateVolumeRenderPackedUpstream(TF_OpKernelContext* ctx, const char* op, const VrpDims& d,
                                                const TensorRef& gc, const TensorRef& gd, const TensorRef& go,
                                                const TensorRef& gw) {
-  return CheckFloat(ctx, op, "grad_color", gc) && CheckFloat(ctx, op, "grad_depth", gd) &&
-         CheckFloat(ctx, op, "grad_opacity", go) && CheckFloat(ctx, op, "grad_weights", gw) &&
-         CheckShape(ctx, op, "grad_color", gc, {d.R, d.C}, Dims({d.R, d.C}).c_str()) &&
-         CheckShape(ctx, op, "grad_depth", gd, {d.R}, Dims({d.R}).c_str()) &&
-         CheckShape(ctx, op, "grad_opacity", go, {d.R}, Dims({d.R}).c_str()) &&
-         CheckShape(ctx, op, "grad_weights", gw, {d.N}, Dims({d.N}).c_str());
+  return ValidateUpstream(ctx, op, d, {d.N}, gc, gd, go, gw);
 }
 
 // weights [N], t_starts [N], t_ends [N], row_splits [R+1].
