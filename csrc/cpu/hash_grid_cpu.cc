@@ -749,10 +749,9 @@ void SecondOrderCompute(void* state, TF_OpKernelContext* ctx) {
   const char* op = "hash_grid_encode (second derivative: gradient of the position gradient)";
   Call call;
   tfmo::TensorRef ddx;
-  if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, op, &call, &ddx)) return;
+  tfmo::hash_grid::SecondOrderOutputs out;
+  if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, op, &call, &ddx, &out)) return;
   const Config& cfg = *call.cfg;
-  tfmo::TensorRef out_dy, out_params, out_dx;
-  if (!tfmo::hash_grid::AllocateSecondOrderOutputs(ctx, call, &out_dy, &out_params, &out_dx)) return;
   const int64_t elems = call.rows * cfg.n_features;
   const bool half = cfg.dtype == TF_HALF;
   std::unique_ptr<float[]> tmp(half ? new (std::nothrow) float[elems] : nullptr);
@@ -760,15 +759,15 @@ void SecondOrderCompute(void* state, TF_OpKernelContext* ctx) {
     tfmo::Fail(ctx, TF_RESOURCE_EXHAUSTED, "%s: out of memory for the float32 accumulator", op);
     return;
   }
-  float* acc = half ? tmp.get() : out_params.data<float>();
+  float* acc = half ? tmp.get() : out.params.data<float>();
   try {
-    Dispatch<SecondOrderK>(call, ddx.data<float>(), call.grad.raw(), out_dy.raw(), acc, out_dx.data<float>());
+    Dispatch<SecondOrderK>(call, ddx.data<float>(), call.grad.raw(), out.dy.raw(), acc, out.dx.data<float>());
   } catch (const std::bad_alloc&) {
     tfmo::Fail(ctx, TF_RESOURCE_EXHAUSTED, "%s: out of memory for %lld points", op, (long long)call.n);
     return;
   }
   if (half) {
-    uint16_t* o = out_params.data<uint16_t>();
+    uint16_t* o = out.params.data<uint16_t>();
     tfmo::ParallelFor(elems, 1 << 16, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) o[i] = tfmo::FloatToHalf(acc[i]);
     });

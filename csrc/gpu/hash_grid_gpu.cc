@@ -124,14 +124,13 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
   const char* op = "hash_grid_encode (second derivative: gradient of the position gradient)";
   Call call;
   tfmo::TensorRef ddx;
-  if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, op, &call, &ddx)) return;
+  tfmo::hash_grid::SecondOrderOutputs out;
+  if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, op, &call, &ddx, &out)) return;
   const Config& cfg = *call.cfg;
-  tfmo::TensorRef out_dy, out_params, out_dx;
-  if (!tfmo::hash_grid::AllocateSecondOrderOutputs(ctx, call, &out_dy, &out_params, &out_dx)) return;
   const int64_t elems = call.rows * cfg.n_features;  // >= 8 rows: never empty
   if (!CheckSizes(ctx, op, call)) return;
   tfmo::gpu::Call gpu(ctx, op);
-  const tfmo::TensorRef* acc = cfg.dtype == TF_HALF ? gpu.scratch(TF_FLOAT, elems) : &out_params;
+  const tfmo::TensorRef* acc = cfg.dtype == TF_HALF ? gpu.scratch(TF_FLOAT, elems) : &out.params;
   if (acc == nullptr) return (void)gpu.Run();  // reports the allocation failure
   HgArgs args = MakeArgs(call);
   args.count = static_cast<uint32_t>(elems);
@@ -143,8 +142,8 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
         .buffer(3, call.params)
         .bytes(4, call.levels, LevelBytes(call))
         .value(5, args)
-        .buffer(6, out_dy)
-        .buffer(7, out_dx)
+        .buffer(6, out.dy)
+        .buffer(7, out.dx)
         .threads(static_cast<uint64_t>(call.n));
   }
   gpu.pass("hash_grid_fill_zero").buffer(0, *acc).value(1, args).threads(static_cast<uint64_t>(elems));
@@ -159,7 +158,7 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
         .threads({static_cast<uint64_t>(call.n), static_cast<uint64_t>(call.n_active), 1}, {256, 1, 1});
   }
   if (cfg.dtype == TF_HALF) {
-    gpu.pass("hash_grid_float_to_half").buffer(0, *acc).buffer(1, out_params).value(2, args)
+    gpu.pass("hash_grid_float_to_half").buffer(0, *acc).buffer(1, out.params).value(2, args)
         .threads(static_cast<uint64_t>(elems));
   }
   gpu.Run();

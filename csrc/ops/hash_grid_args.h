@@ -166,7 +166,7 @@ inline bool Prepare(TF_OpKernelContext* ctx, void* state, bool has_grad, const c
 
 // The second-order op (HashGridEncodeGradPositionsGrad): input 0 is ddx [N, D] float32 (the incoming gradient of
 // grad_positions), then grad, positions, params, max_level as for the first-order gradient ops.
-inline bool PrepareSecondOrder(TF_OpKernelContext* ctx, void* state, const char* op, Call* call, TensorRef* ddx) {
+inline bool ReadSecondOrder(TF_OpKernelContext* ctx, void* state, const char* op, Call* call, TensorRef* ddx) {
   if (!GetInput(ctx, 0, ddx)) return false;
   if (!Prepare(ctx, state, true, op, call, 1)) return false;
   if (ddx->dtype() != TF_FLOAT)
@@ -179,12 +179,18 @@ inline bool PrepareSecondOrder(TF_OpKernelContext* ctx, void* state, const char*
 }
 
 // The outputs of the second-order op: grad_grad [N, L*F] T, grad_params [E, F] T, grad_positions [N, D] float32.
-inline bool AllocateSecondOrderOutputs(TF_OpKernelContext* ctx, const Call& call, TensorRef* dy, TensorRef* params,
-                                       TensorRef* dx) {
-  const Config& cfg = *call.cfg;
-  return AllocateOutput(ctx, 0, cfg.dtype, {call.n, static_cast<int64_t>(cfg.n_levels) * cfg.n_features}, dy) &&
-         AllocateOutput(ctx, 1, cfg.dtype, {call.rows, static_cast<int64_t>(cfg.n_features)}, params) &&
-         AllocateOutput(ctx, 2, TF_FLOAT, {call.n, static_cast<int64_t>(call.dims)}, dx);
+struct SecondOrderOutputs {
+  TensorRef dy, params, dx;
+};
+
+// ReadSecondOrder, then allocates the outputs. Returns false after failing ctx.
+inline bool PrepareSecondOrder(TF_OpKernelContext* ctx, void* state, const char* op, Call* call, TensorRef* ddx,
+                               SecondOrderOutputs* out) {
+  if (!ReadSecondOrder(ctx, state, op, call, ddx)) return false;
+  const Config& cfg = *call->cfg;
+  return AllocateOutput(ctx, 0, cfg.dtype, {call->n, static_cast<int64_t>(cfg.n_levels) * cfg.n_features}, &out->dy) &&
+         AllocateOutput(ctx, 1, cfg.dtype, {call->rows, static_cast<int64_t>(cfg.n_features)}, &out->params) &&
+         AllocateOutput(ctx, 2, TF_FLOAT, {call->n, static_cast<int64_t>(call->dims)}, &out->dx);
 }
 
 // Registers the kernels of the four hash-grid ops on `device` ("CPU" or "GPU", where max_level stays in host memory):

@@ -159,14 +159,16 @@ inline bool ReadThreshold(TF_OpKernelConstruction* c, const char* op, float* thr
 struct VrAttrs {
   float threshold = 0.0f;
 };
-inline void* VrCreate(TF_OpKernelConstruction* c) {
+// Kernel state of a rendering op `op`: its VrAttrs, or nullptr after failing construction.
+inline void* NewVrAttrs(TF_OpKernelConstruction* c, const char* op) {
   auto* a = new VrAttrs;
-  if (!ReadThreshold(c, "volume_render", &a->threshold)) {
+  if (!ReadThreshold(c, op, &a->threshold)) {
     delete a;
     return nullptr;
   }
   return a;
 }
+inline void* VrCreate(TF_OpKernelConstruction* c) { return NewVrAttrs(c, "volume_render"); }
 inline void VrDelete(void* p) { delete static_cast<VrAttrs*>(p); }
 
 // Kernel registration spec of the volume-render ops on `device`: state from `create` (VrCreate, VrpCreate).

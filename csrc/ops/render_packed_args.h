@@ -104,13 +104,6 @@ inline bool ValidateRowSplitsValues(TF_OpKernelContext* ctx, const char* op, con
 }
 
 // Kernel state of VolumeRenderPacked(Grad) (CPU and GPU): the validated threshold attr (VrAttrs, deleted by VrDelete).
-inline void* VrpCreate(TF_OpKernelConstruction* c) {
-  auto* a = new VrAttrs;
-  if (!ReadThreshold(c, "volume_render_packed", &a->threshold)) {
-    delete a;
-    return nullptr;
-  }
-  return a;
-}
+inline void* VrpCreate(TF_OpKernelConstruction* c) { return NewVrAttrs(c, "volume_render_packed"); }
 
 }  // namespace tfmo::render
