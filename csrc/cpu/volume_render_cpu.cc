@@ -354,14 +354,14 @@ namespace {
 const char* const kVrIsaNames[kVrIsaCount] = {"default", "avx2", "avx512"};
 
 // Builds avx2 and avx512: x86-64-v3 / x86-64-v4.
-bool VrCpuRuns(int isa) {
 #ifdef TFMO_VR_ISA_BUILDS
+bool VrCpuRuns(int isa) {
   __builtin_cpu_init();
   return isa == kVrAvx512 ? __builtin_cpu_supports("x86-64-v4") : __builtin_cpu_supports("x86-64-v3");
-#else
-  return false;
-#endif
 }
+#else
+bool VrCpuRuns(int) { return false; }
+#endif
 
 #ifdef TFMO_VR_ISA_BUILDS
 constexpr int kVrBuilt = kVrIsaCount;
