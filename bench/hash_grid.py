@@ -2,7 +2,7 @@
 
     python bench/hash_grid.py [--points 262144] [--repeats 7] [--dtypes float32,float16] [--threads 1,2] [--json OUT]
 
-Config (issue 3): D=3, L=16, F=2, log2 T=19, N_min=16, b=1.5, 2^18 points uniform in [0,1]^3. Every number is the
+Config: D=3, L=16, F=2, log2 T=19, N_min=16, b=1.5, 2^18 points uniform in [0,1]^3. Every number is the
 median of --repeats runs in this process after one warm-up run:
   op fwd / fwd+bwd   tf_metal_ops.hash_grid_encode in a tf.function; fwd+bwd = forward + d(loss)/d(params) with
                      loss = sum(w * encoded^2)/2 with fixed random w, so the gradient op waits for the forward, as in training
@@ -18,7 +18,7 @@ median of --repeats runs in this process after one warm-up run:
                      float16 converted with F16C where the CPU has it (as the op's AVX2 build);
 and the op at 1 and 2 threads (tf_metal_ops.num_threads; TF's own pools keep their size; pure TF always runs
 with TF's default threads).
-Targets (issue 12), per dtype, printed as PASS/FAIL at the largest thread count and, for information, at 1 thread:
+Targets, per dtype, printed as PASS/FAIL at the largest thread count and, for information, at 1 thread:
   fwd+bwd: the faster pure-TF variant (plain or XLA) / op >= 3x;   fwd: op / gather loop (same threads) <= 1.6x.
 Also the scaling from the second thread. The machine may be shared: rerun when the spread (min..max) is wide.
 """

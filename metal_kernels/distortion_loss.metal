@@ -1,5 +1,5 @@
-// Metal kernels of DistortionLoss / DistortionLossGrad (semantics: csrc/ops/render_ops.cc; math:
-// csrc/shared/volume_render_math.h; host: csrc/metal/render_metal.mm). One thread per ray, dispatched with
+// Metal kernels of DistortionLoss / DistortionLossGrad (semantics: csrc/ops/render_op.cc; math:
+// csrc/shared/volume_render_math.h; host: csrc/gpu/render_gpu.cc). One thread per ray, dispatched with
 // dispatchThreads over R rays (the host skips R == 0); O(S) per ray. A ray whose t decreases gets NaN outputs
 // (a GPU kernel cannot fail the op). For an empty input the host binds another buffer in its place (never read).
 //

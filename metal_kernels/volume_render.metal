@@ -1,5 +1,5 @@
-// Metal kernels of VolumeRender / VolumeRenderGrad (semantics: csrc/ops/render_ops.cc; math and conventions:
-// csrc/shared/volume_render_math.h; host: csrc/metal/render_metal.mm). One thread per ray, dispatched with
+// Metal kernels of VolumeRender / VolumeRenderGrad (semantics: csrc/ops/render_op.cc; math and conventions:
+// csrc/shared/volume_render_math.h; host: csrc/gpu/render_gpu.cc). One thread per ray, dispatched with
 // dispatchThreads over R rays (the host skips R == 0). Offsets are 64-bit (R*S*C may exceed 2^32).
 // Invalid input (a negative density, or t decreasing along the ray) cannot fail the op from the GPU: every output
 // of that ray is NaN instead. For an empty input the host binds another buffer in its place; it is never read.

@@ -640,7 +640,7 @@ def check_ray_march(seed):
     """GPU == CPU bitwise (the same float32 expressions of ray_march_math.h in the same order), incl. R large enough
     for three scan levels (R > 256^2), R = 0, N = 0, cone angle, the per-ray cap, jitter seeds, NaN rays (no samples
     on the GPU) and tf.function with varying R."""
-    import ray_march_reference as ref
+    from tf_metal_ops.ray_march import reference as ref
 
     rng = np.random.default_rng(seed)
     configs = [

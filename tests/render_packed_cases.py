@@ -1,8 +1,9 @@
-"""Shared inputs and NumPy float64 references of the packed rendering ops (tests/test_render_packed.py and the
-emulated GPU checks). The references are written from the definitions (explicit loops, a pair sum for the
-distortion loss), independent of the kernels' recurrences."""
+"""Shared inputs of the packed rendering ops' tests (tests/test_render_packed.py and the emulated GPU checks), and
+their NumPy float64 references (tf_metal_ops.render_packed.reference)."""
 
 import numpy as np
+
+from tf_metal_ops.render_packed.reference import np_distortion_packed, np_volume_render_packed  # noqa: F401
 
 
 def make_packed(counts, C=3, seed=0, dens_scale=3.0, bg="shared", gaps=True, min_len=0.05):
@@ -42,39 +43,3 @@ def make_packed(counts, C=3, seed=0, dens_scale=3.0, bg="shared", gaps=True, min
 
 def random_counts(rng, R, lo=0, hi=12):
     return rng.integers(lo, hi + 1, R)
-
-
-def np_volume_render_packed(d, c, ts, te, rs, bg=None, thr=0.0):
-    d, c, ts, te = (np.asarray(x, np.float64) for x in (d, c, ts, te))
-    R, C = len(rs) - 1, c.shape[1]
-    color, depth, opacity = np.zeros((R, C)), np.zeros(R), np.zeros(R)
-    weights = np.zeros(len(d))
-    for r in range(R):
-        a, b = int(rs[r]), int(rs[r + 1])
-        cum = 0.0
-        for k in range(a, b):
-            T = np.exp(-cum)
-            if T < thr:
-                break
-            tau = d[k] * (te[k] - ts[k])
-            weights[k] = T * -np.expm1(-tau)
-            cum += tau
-        color[r] = weights[a:b] @ c[a:b]
-        if bg is not None:
-            bg64 = np.asarray(bg, np.float64)
-            color[r] += np.exp(-cum) * (bg64 if bg64.ndim == 1 else bg64[r])
-        depth[r] = np.sum(weights[a:b] * 0.5 * (ts[a:b] + te[a:b]))
-        opacity[r] = -np.expm1(-cum)
-    return color, depth, opacity, weights
-
-
-def np_distortion_packed(w, ts, te, rs):
-    w, ts, te = (np.asarray(x, np.float64) for x in (w, ts, te))
-    out = np.zeros(len(rs) - 1)
-    for r in range(len(rs) - 1):
-        a, b = int(rs[r]), int(rs[r + 1])
-        m = 0.5 * (ts[a:b] + te[a:b])
-        wr = w[a:b]
-        out[r] = np.sum(wr[:, None] * wr[None, :] * np.abs(m[:, None] - m[None, :])) + np.sum(
-            wr * wr * (te[a:b] - ts[a:b])) / 3.0
-    return out

@@ -1,4 +1,4 @@
-"""Claims the README and docs make that no other test checked (issue 12, section 3):
+"""Claims the README and docs make that no other test checked:
 
 - ``TF_METAL_OPS_NUM_THREADS`` sets the CPU kernels' thread count (README, Threads);
 - ``examples/zero_out.py`` runs and prints what its docstring and the README say;

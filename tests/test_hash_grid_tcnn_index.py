@@ -1,4 +1,4 @@
-"""Exactly today's tiny-cuda-nn (issue 12 section 1): its current ``grid_index`` (MAX_BASE table, the full row-major
+"""Exactly today's tiny-cuda-nn: its current ``grid_index`` (MAX_BASE table, the full row-major
 index over all D dims, index 0 beyond MAX_BASE) and ``pos = fmaf(scale, x, 0.5f)`` (one rounding), on the CPU op,
 the NumPy reference and pure TF (eager and XLA).
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import ray_march_reference as ref
 import tf_metal_ops as tfmo
 from tf_metal_ops.occupancy import pack_bits, unpack_bits
+from tf_metal_ops.ray_march import reference as ref
 
 AABB = np.array([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]], np.float32)
 

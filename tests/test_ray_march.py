@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import ray_march_reference as ref
 import tf_metal_ops as tfmo
 from tf_metal_ops._library import ops
+from tf_metal_ops.ray_march import reference as ref
 
 AABB = np.array([[-1.1, -0.9, -1.3], [0.9, 1.2, 0.7]], np.float32)  # not a cube, faces not on round numbers
 
@@ -51,7 +51,7 @@ def check_positions(res, o, d, aabb=AABB):
 
 def compare_to_reference(res, o, d, near, far, bits, G, aabb, **kw):
     """Exact sample counts and t within T_ATOL on every ray whose decisions are not within rounding of a
-    threshold (see ray_march_reference); returns the number of rays compared."""
+    threshold (see tf_metal_ops.ray_march.reference); returns the number of rays compared."""
     counts, t0s, t1s, margins = ref.march(o, d, near, far, bits, aabb, G, **kw)
     rs = res.row_splits.numpy()
     t0, t1 = res.t_starts.numpy(), res.t_ends.numpy()

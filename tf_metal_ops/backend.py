@@ -135,52 +135,64 @@ def _metal_status(tf, build, system=None):
     return True, f"Metal kernels run on {gpus[0].name} ({reason})"
 
 
-def hash_grid_cpu_paths() -> dict:
-    """Which build of the hash-grid CPU loops runs in this process: ``avx2_built`` (an AVX2+FMA build is compiled
-    in), ``avx2_selected`` (the CPU has AVX2+FMA and ``TF_METAL_OPS_NO_AVX2`` is unset), and the number of loop
-    calls so far that ran the ``baseline_calls`` / ``avx2_calls`` build (a diagnostic: tests use it to prove
-    which path produced a result). Both builds give bitwise identical results."""
+# The CPU kernels built for several ISAs, and their builds in index order (csrc/common/isa_choice.h): family ->
+# (the op library's diagnostics function, the environment variable that picks a build, build names).
+CPU_ISA_FAMILIES = {
+    "hash_grid": ("tfmo_hash_grid_cpu_paths", "TF_METAL_OPS_HASH_GRID_ISA", ("default", "avx2")),
+    "volume_render": ("tfmo_volume_render_cpu_paths", "TF_METAL_OPS_VOLUME_RENDER_ISA", ("default", "avx2", "avx512")),
+    "ray_march": ("tfmo_ray_march_cpu_paths", "TF_METAL_OPS_RAY_MARCH_ISA", ("default", "avx2")),
+}
+VOLUME_RENDER_ISAS = CPU_ISA_FAMILIES["volume_render"][2]
+
+
+def cpu_paths(family: str | None = None) -> dict:
+    """Which build of each CPU kernel family's loops runs in this process (one diagnostic for every op built per
+    ISA): ``{family: paths}`` for the families of ``CPU_ISA_FAMILIES``, or the paths of one ``family``.
+
+    A family's loops are compiled for the baseline ISA (``default``) and, on x86-64, for AVX2 (and AVX-512 for the
+    volume render); one build is chosen once per process: the best the CPU supports, or the one named by the family's
+    variable (``TF_METAL_OPS_HASH_GRID_ISA``, ``TF_METAL_OPS_VOLUME_RENDER_ISA``, ``TF_METAL_OPS_RAY_MARCH_ISA``: a
+    build name or ``auto``; a build the CPU cannot run falls back to the best lower one, with a message on stderr;
+    ``TF_METAL_OPS_NO_AVX2`` is an alias of ``TF_METAL_OPS_HASH_GRID_ISA=default``). ``paths`` holds ``built`` and
+    ``supported`` (lists of build names), ``selected``, ``requested`` (None when unset or ``auto``, ``"?"`` for an
+    unknown name), ``fell_back`` (the request could not be honoured), ``variable`` and ``calls`` (loop calls so far
+    per build: a diagnostic that proves which build produced a result). The builds give bitwise identical results."""
     import ctypes
 
     from tf_metal_ops import _library
 
-    base, avx2 = ctypes.c_longlong(), ctypes.c_longlong()
-    built, selected = ctypes.c_int(), ctypes.c_int()
-    _library.native().tfmo_hash_grid_cpu_paths(ctypes.byref(base), ctypes.byref(avx2), ctypes.byref(built),
-                                               ctypes.byref(selected))
-    return {"avx2_built": bool(built.value), "avx2_selected": bool(selected.value),
-            "baseline_calls": int(base.value), "avx2_calls": int(avx2.value)}
-
-
-VOLUME_RENDER_ISAS = ("default", "avx2", "avx512")
-
-
-def volume_render_cpu_paths() -> dict:
-    """Which build of the volume-render CPU ray loops (volume_render and volume_render_packed) runs in this process.
-    The loops are compiled for the baseline ISA (``default``), x86-64-v3 (``avx2``) and x86-64-v4 (``avx512``) on
-    x86-64 Linux; one is chosen once per process: the best the CPU supports, or the one named by
-    ``TF_METAL_OPS_VOLUME_RENDER_ISA`` (``avx512``, ``avx2``, ``default`` or ``auto``; a build the CPU cannot run falls
-    back to the best lower one, with a message on stderr). Returns ``built`` and ``supported`` (lists of build names),
-    ``selected``, ``requested`` (None when unset or ``auto``, ``"?"`` for an unknown name), ``fell_back`` (the request
-    could not be honoured) and ``calls`` (ray-range calls so far per build, both ops, forward and gradient: a
-    diagnostic that proves which build produced a result). The builds give bitwise identical results."""
-    import ctypes
-
-    from tf_metal_ops import _library
-
-    calls = (ctypes.c_longlong * 3)()
+    if family is None:
+        return {f: cpu_paths(f) for f in CPU_ISA_FAMILIES if hasattr(_library.native(), CPU_ISA_FAMILIES[f][0])}
+    symbol, variable, names = CPU_ISA_FAMILIES[family]
+    calls = (ctypes.c_longlong * len(names))()
     built, supported, selected, requested, fell_back = (ctypes.c_int() for _ in range(5))
-    _library.native().tfmo_volume_render_cpu_paths(calls, ctypes.byref(built), ctypes.byref(supported),
-                                                   ctypes.byref(selected), ctypes.byref(requested),
-                                                   ctypes.byref(fell_back))
-    names = VOLUME_RENDER_ISAS
+    getattr(_library.native(), symbol)(calls, ctypes.byref(built), ctypes.byref(supported), ctypes.byref(selected),
+                                       ctypes.byref(requested), ctypes.byref(fell_back))
     req = requested.value
     return {"built": [n for i, n in enumerate(names) if built.value >> i & 1],
             "supported": [n for i, n in enumerate(names) if supported.value >> i & 1],
             "selected": names[selected.value],
             "requested": None if req == -1 else ("?" if req == -2 else names[req]),
             "fell_back": bool(fell_back.value),
+            "variable": variable,
             "calls": {n: int(calls[i]) for i, n in enumerate(names)}}
+
+
+def hash_grid_cpu_paths() -> dict:
+    """The hash grid's ``cpu_paths("hash_grid")`` in its own terms: ``avx2_built`` (an AVX2+FMA build is compiled
+    in), ``avx2_selected`` (it runs: the CPU has AVX2, FMA and F16C and no variable asks for ``default``), and the
+    number of loop calls so far that ran the ``baseline_calls`` / ``avx2_calls`` build."""
+    p = cpu_paths("hash_grid")
+    return {"avx2_built": "avx2" in p["built"], "avx2_selected": p["selected"] == "avx2",
+            "baseline_calls": p["calls"]["default"], "avx2_calls": p["calls"]["avx2"]}
+
+
+def volume_render_cpu_paths() -> dict:
+    """``cpu_paths("volume_render")`` (the ray loops of volume_render and volume_render_packed, forward and gradient)
+    without its ``variable`` entry."""
+    p = cpu_paths("volume_render")
+    del p["variable"]
+    return p
 
 
 def backend_info() -> dict:
@@ -211,10 +223,11 @@ def backend_info() -> dict:
     if hasattr(_library.native(), "tfmo_metal_info"):  # Metal device, GPU family, metallib location
         info["metal_device"] = json.loads(_library.native().tfmo_metal_info().decode())
     info["num_threads"] = int(_library.native().tfmo_get_num_threads())
-    if hasattr(_library.native(), "tfmo_hash_grid_cpu_paths"):
-        info["hash_grid_cpu_path"] = "avx2" if hash_grid_cpu_paths()["avx2_selected"] else "baseline"
-    if hasattr(_library.native(), "tfmo_volume_render_cpu_paths"):
-        info["volume_render_cpu_path"] = volume_render_cpu_paths()["selected"]
+    info["cpu_paths"] = {family: p["selected"] for family, p in cpu_paths().items()}
+    if "hash_grid" in info["cpu_paths"]:
+        info["hash_grid_cpu_path"] = "avx2" if info["cpu_paths"]["hash_grid"] == "avx2" else "baseline"
+    if "volume_render" in info["cpu_paths"]:
+        info["volume_render_cpu_path"] = info["cpu_paths"]["volume_render"]
     info["kernels"] = {op: _registered_kernels(op) for op in op_types(module)}
     info["metal_usable"], info["metal_reason"] = _metal_status(tf, build)
     info["emulated_gpu"] = _emulated_gpu_status(tf)

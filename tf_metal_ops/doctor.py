@@ -255,6 +255,8 @@ def main(argv=None) -> int:
     if emu.get("requested") or emu.get("enabled"):
         print(f"  emulated GPU        {'usable' if emu.get('usable') else 'not usable'}: {emu.get('reason')}")
     print(f"  CPU threads         {info['num_threads']}")
+    if info.get("cpu_paths"):  # the build each per-ISA CPU kernel family runs (backend.cpu_paths)
+        print(f"  CPU builds          {', '.join(f'{k} {v}' for k, v in info['cpu_paths'].items())}")
 
     gpus = tf.config.list_logical_devices("GPU")
     devices = ["/GPU:0"] if gpus else []

@@ -7,15 +7,21 @@
 
 namespace tfmo {
 
+bool IsaBuilt(const IsaBuilds& b, int isa) { return isa >= 0 && isa < b.built && isa < b.count; }
+
+bool IsaSupported(const IsaBuilds& b, int isa) { return IsaBuilt(b, isa) && (isa == 0 || b.cpu_runs(isa)); }
+
 IsaChoice ChooseIsa(const IsaBuilds& b) {
   int best = 0;
   for (int isa = b.count - 1; isa > 0; --isa)
-    if (b.supported(isa)) {
+    if (IsaSupported(b, isa)) {
       best = isa;
       break;
     }
   IsaChoice c{best, -1, false};
   const char* env = std::getenv(b.env);
+  if ((env == nullptr || env[0] == '\0') && b.alias != nullptr && std::getenv(b.alias) != nullptr)
+    env = b.alias_request;
   if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return c;
   for (int isa = 0; isa < b.count; ++isa)
     if (std::strcmp(env, b.names[isa]) == 0) c.requested = isa;
@@ -28,21 +34,34 @@ IsaChoice ChooseIsa(const IsaBuilds& b) {
                  known.c_str(), b.kernels, b.names[best]);
     return c;
   }
-  if (b.supported(c.requested)) {
+  if (IsaSupported(b, c.requested)) {
     c.selected = c.requested;
     return c;
   }
   int fallback = 0;
   for (int isa = c.requested - 1; isa > 0; --isa)
-    if (b.supported(isa)) {
+    if (IsaSupported(b, isa)) {
       fallback = isa;
       break;
     }
   c.selected = fallback;
   c.fell_back = true;
   std::fprintf(stderr, "tf_metal_ops: error: %s=%s: %s; %s the %s build instead\n", b.env, env,
-               !b.built(c.requested) ? b.not_built : b.lacks(c.requested), b.kernels, b.names[fallback]);
+               !IsaBuilt(b, c.requested) ? b.not_built : b.lacks(c.requested), b.kernels, b.names[fallback]);
   return c;
+}
+
+void ReportIsa(const IsaBuilds& b, const IsaChoice& c, const std::atomic<long long>* counts, long long* calls,
+               int* built, int* supported, int* selected, int* requested, int* fell_back) {
+  *built = *supported = 0;
+  for (int isa = 0; isa < b.count; ++isa) {
+    calls[isa] = counts[isa].load();
+    if (IsaBuilt(b, isa)) *built |= 1 << isa;
+    if (IsaSupported(b, isa)) *supported |= 1 << isa;
+  }
+  *selected = c.selected;
+  *requested = c.requested;
+  *fell_back = c.fell_back ? 1 : 0;
 }
 
 }  // namespace tfmo

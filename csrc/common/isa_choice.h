@@ -2,7 +2,17 @@
 // environment variable names one (for tests and comparisons). Build 0 is the portable one, higher numbers are
 // preferred. A request that cannot be honoured (an unknown name, a build not compiled in or that this CPU cannot run)
 // falls back to the best runnable build below it, with a message on stderr saying why.
+//
+// Every CPU kernel built for several ISAs uses it, each with its variable TF_METAL_OPS_<FAMILY>_ISA (auto, default
+// or a build name) and its diagnostics tfmo_<family>_cpu_paths (TFMO_ISA_DIAGNOSTICS below; Python:
+// tf_metal_ops.backend.cpu_paths):
+//   hash grid      TF_METAL_OPS_HASH_GRID_ISA      default, avx2           csrc/cpu/hash_grid_cpu.cc
+//   volume render  TF_METAL_OPS_VOLUME_RENDER_ISA  default, avx2, avx512   csrc/cpu/volume_render_cpu.cc (both
+//                                                                          volume_render and volume_render_packed)
+//   ray march      TF_METAL_OPS_RAY_MARCH_ISA      default, avx2           csrc/cpu/ray_march_isa.cc
 #pragma once
+
+#include <atomic>
 
 namespace tfmo {
 
@@ -17,12 +27,47 @@ struct IsaBuilds {
   const char* kernels;       // for messages, e.g. "the ray-march CPU kernel uses"
   const char* const* names;  // names[0 .. count): build names, "default" first
   int count;
-  bool (*built)(int);        // compiled into this library
-  bool (*supported)(int);    // built and runnable on this CPU
+  int built;                 // builds [0, built) are compiled into this library (1: only the portable one)
+  bool (*cpu_runs)(int);     // whether this CPU (and OS) can run built build isa >= 1
   const char* not_built;     // why a build that is not compiled in cannot run
   const char* (*lacks)(int); // why a built build cannot run on this CPU
+  // An older variable kept working: when `env` is unset (or empty) and `alias` is set (to anything), the request
+  // is `alias_request` (e.g. TF_METAL_OPS_NO_AVX2 for TF_METAL_OPS_HASH_GRID_ISA=default).
+  const char* alias = nullptr;
+  const char* alias_request = nullptr;
 };
 
 IsaChoice ChooseIsa(const IsaBuilds& b);
+
+// The choice for the builds B, made once per process (at the first call).
+template <const IsaBuilds& B>
+const IsaChoice& ChosenIsa() {
+  static const IsaChoice choice = ChooseIsa(B);
+  return choice;
+}
+
+// Build isa is compiled in / compiled in and runnable on this CPU (build 0 always is).
+bool IsaBuilt(const IsaBuilds& b, int isa);
+bool IsaSupported(const IsaBuilds& b, int isa);
+
+// Fills the diagnostics of a family (the arguments of its extern "C" tfmo_<family>_cpu_paths): calls[isa] from
+// counts[isa] (calls so far that ran each build); built / supported: bit isa set when that build is compiled in /
+// runnable on this CPU; selected: the build in use; requested: the requested build (-1 unset or auto, -2 not a
+// known name); fell_back: 1 when the request could not be honoured.
+void ReportIsa(const IsaBuilds& b, const IsaChoice& c, const std::atomic<long long>* counts, long long* calls,
+               int* built, int* supported, int* selected, int* requested, int* fell_back);
+
+}  // namespace tfmo
+
+// Defines the family's diagnostics, extern "C" NAME(calls, built, supported, selected, requested, fell_back) (read
+// with ctypes by tf_metal_ops.backend.cpu_paths): ReportIsa of the builds BUILDS, the choice CHOICE and the call
+// counters COUNTS.
+#define TFMO_ISA_DIAGNOSTICS(NAME, BUILDS, CHOICE, COUNTS)                                                      \
+  extern "C" __attribute__((visibility("default"))) void NAME(long long* calls, int* built, int* supported,     \
+                                                              int* selected, int* requested, int* fell_back) { \
+    tfmo::ReportIsa(BUILDS, CHOICE, COUNTS, calls, built, supported, selected, requested, fell_back);          \
+  }
+
+namespace tfmo {
 
 }  // namespace tfmo

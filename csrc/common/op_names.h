@@ -11,20 +11,37 @@
 // tensorflow/custom-op example (and of TF's "Create an op" guide): loading that example's library and this one in
 // the same process fails with a duplicate op registration. It is the seed's hello-world and nothing else uses it;
 // a new op whose name is generic enough to collide (another library's or a future TF op) gets a "Tfmo" prefix.
+//
+// Families: ops that share their files are listed under a `// family: <family>` line. Every op of a family is
+// defined in csrc/ops/<family>_op.cc (through common/shape_fns.h), its host-side argument checks are in
+// csrc/ops/<family>_args.h, its kernels in csrc/cpu/*_cpu.cc, csrc/gpu/<family>_gpu.cc and metal_kernels/*.metal,
+// its per-element math in csrc/shared/*_math.h, and its Python in tf_metal_ops/ (the files of each family:
+// tests/test_op_layout.py).
 #pragma once
 
+// family: zero_out
 #define TFMO_OP_ZERO_OUT "ZeroOut"
+
+// family: render
 #define TFMO_OP_VOLUME_RENDER "VolumeRender"
 #define TFMO_OP_VOLUME_RENDER_GRAD "VolumeRenderGrad"
 #define TFMO_OP_DISTORTION_LOSS "DistortionLoss"
 #define TFMO_OP_DISTORTION_LOSS_GRAD "DistortionLossGrad"
+
+// family: hash_grid
 #define TFMO_OP_HASH_GRID_ENCODE "HashGridEncode"
 #define TFMO_OP_HASH_GRID_ENCODE_GRAD_PARAMS "HashGridEncodeGradParams"
 #define TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS "HashGridEncodeGradPositions"
 #define TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS_GRAD "HashGridEncodeGradPositionsGrad"
+
+// family: render_packed
 #define TFMO_OP_VOLUME_RENDER_PACKED "VolumeRenderPacked"
 #define TFMO_OP_VOLUME_RENDER_PACKED_GRAD "VolumeRenderPackedGrad"
 #define TFMO_OP_DISTORTION_LOSS_PACKED "DistortionLossPacked"
 #define TFMO_OP_DISTORTION_LOSS_PACKED_GRAD "DistortionLossPackedGrad"
+
+// family: ray_march
 #define TFMO_OP_RAY_MARCH "RayMarch"
+
+// family: metal_kernel
 #define TFMO_OP_METAL_KERNEL "TfmoMetalKernel"  // generic: prefixed (see the rule above)

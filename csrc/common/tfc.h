@@ -179,6 +179,15 @@ inline bool ConstructionFail(TF_OpKernelConstruction* c, TF_Code code, const cha
 const char* DataTypeName(TF_DataType t);
 std::string ShapeString(const TensorRef& t);
 
+// Argument check of a kernel: true when t has dtype `want`, else fails ctx with InvalidArgument
+// "<op>: <name> must be <want>, got <dtype>".
+inline bool CheckDtype(TF_OpKernelContext* ctx, const char* op, const char* name, const TensorRef& t,
+                       TF_DataType want) {
+  if (t.dtype() == want) return true;
+  return Fail(ctx, TF_INVALID_ARGUMENT, "%s: %s must be %s, got %s", op, name, DataTypeName(want),
+              DataTypeName(t.dtype()));
+}
+
 // Registers a kernel for `op` on `device` ("CPU" or "GPU"), optionally constrained on a type attr.
 // Registration failures are reported on stderr (there is no context to fail at load time).
 struct KernelSpec {

@@ -1,4 +1,4 @@
-// CPU kernels of DistortionLoss and DistortionLossGrad (semantics: csrc/ops/render_ops.cc, math:
+// CPU kernels of DistortionLoss and DistortionLossGrad (semantics: csrc/ops/render_op.cc, math:
 // csrc/shared/volume_render_math.h): O(S) per ray, rays split over the project pool; per-ray results do not
 // depend on the thread count.
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "common/thread_pool.h"
-#include "ops/render_validate.h"
+#include "ops/render_args.h"
 #include "shared/volume_render_math.h"
 
 namespace {
@@ -37,12 +37,9 @@ void FailUnsorted(TF_OpKernelContext* ctx, const char* op, const float* t, int64
 
 void DlCompute(void*, TF_OpKernelContext* ctx) {
   const char* op = "distortion_loss";
-  TensorRef w, t;
-  if (!tfmo::GetInput(ctx, 0, &w) || !tfmo::GetInput(ctx, 1, &t)) return;
+  TensorRef w, t, loss;
   int64_t R = 0, S = 0;
-  if (!tfmo::render::ValidateDistortionLoss(ctx, op, w, t, &R, &S)) return;
-  TensorRef loss;
-  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {R}, &loss) || R == 0) return;
+  if (!tfmo::render::PrepareDistortionLoss(ctx, op, &w, &t, &loss, &R, &S) || R == 0) return;
   const float* w_all = w.data<float>();
   const float* t_all = t.data<float>();
   float* out = loss.data<float>();

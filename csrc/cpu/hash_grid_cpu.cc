@@ -25,18 +25,19 @@
 #include <type_traits>
 
 #include "common/half.h"
+#include "common/isa_choice.h"
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "common/thread_pool.h"
-#include "hash_grid_math.h"
-#include "ops/hash_grid_kernel.h"
+#include "shared/hash_grid_math.h"
+#include "ops/hash_grid_args.h"
 
 namespace {
 
 using tfmo::hash_grid::Call;
 using tfmo::hash_grid::Config;
 
-// Hot loops are always-inline bodies instantiated twice (see TFMO_HG_VARIANTS): plain (baseline ISA) and, on
+// Hot loops are always-inline bodies instantiated twice (see TFMO_HG_BUILDS): default (baseline ISA) and, on
 // x86-64 with GCC, with target("avx2,fma"), chosen at run time. Same source and same float operation order, so
 // the two give bitwise identical results: the one fused multiply-add of the math (pos = fma(scale, x, 0.5), as
 // tcnn) is explicit (tfmo_fma: the vfmadd instruction in the AVX2 variant, glibc's correctly rounded fmaf in the
@@ -52,39 +53,53 @@ using tfmo::hash_grid::Config;
 #include <immintrin.h>
 #endif
 
+// The builds of the hot loops and the choice between them, once per process (common/isa_choice.h):
+// TF_METAL_OPS_HASH_GRID_ISA = avx2 | default | auto (automatically AVX2 when the CPU has AVX2, FMA and F16C);
+// TF_METAL_OPS_NO_AVX2 (set to anything) is an alias of TF_METAL_OPS_HASH_GRID_ISA=default.
+enum HgIsa : int { kHgDefault = 0, kHgAvx2 = 1, kHgIsaCount = 2 };
+const char* const kHgIsaNames[kHgIsaCount] = {"default", "avx2"};
+
 #ifdef TFMO_HG_HAVE_AVX2
-bool UseAvx2() {
-  // TF_METAL_OPS_NO_AVX2=1 forces the baseline path (tests compare the two bit for bit).
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                           __builtin_cpu_supports("f16c") &&
-                           std::getenv("TF_METAL_OPS_NO_AVX2") == nullptr;
-  return avx2;
+constexpr int kHgBuilt = kHgIsaCount;
+bool HgCpuRuns(int) {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
+#else
+constexpr int kHgBuilt = 1;
+bool HgCpuRuns(int) { return false; }
 #endif
 
-// How many hot-loop calls ran each variant ([0] baseline, [1] AVX2), for tfmo_hash_grid_cpu_paths: lets a test
-// prove which build of the loops actually ran (one relaxed increment per call of a loop over a range of points).
-std::atomic<long long> g_path_calls[2];
+constexpr tfmo::IsaBuilds kHgIsaBuilds{
+    "TF_METAL_OPS_HASH_GRID_ISA", "the hash-grid CPU kernels use", kHgIsaNames, kHgIsaCount, kHgBuilt,
+    &HgCpuRuns, "that build is not compiled into this library (x86-64 GCC only)",
+    [](int) { return "this CPU lacks AVX2, FMA or F16C"; }, "TF_METAL_OPS_NO_AVX2", "default"};
 
-// Declares NAME_plain(ARGS) and NAME_avx2(ARGS) calling the always-inline BODY<D, F, T, kAvx2> (kAvx2 selects the
-// intrinsic fast paths, which compute the same operations in the same order per point), and NAME(ARGS) choosing.
+const tfmo::IsaChoice& HgIsaSelection() { return tfmo::ChosenIsa<kHgIsaBuilds>(); }
+
+// How many hot-loop calls ran each build ([kHgDefault], [kHgAvx2]), for tfmo_hash_grid_cpu_paths: lets a test
+// prove which build of the loops actually ran (one relaxed increment per call of a loop over a range of points).
+std::atomic<long long> g_path_calls[kHgIsaCount];
+
+// Declares NAME_default(ARGS) and NAME_avx2(ARGS) calling the always-inline BODY<D, F, T, kAvx2> (kAvx2 selects
+// the intrinsic fast paths, which compute the same operations in the same order per point), and NAME(ARGS) running
+// the selected one and counting the call.
 #ifdef TFMO_HG_HAVE_AVX2
-#define TFMO_HG_VARIANTS(NAME, BODY)                                                            \
+#define TFMO_HG_BUILDS(NAME, BODY)                                                              \
   template <int D, int F, typename T, typename... A>                                            \
-  __attribute__((noinline)) void NAME##_plain(A... a) { BODY<D, F, T, false>(a...); }           \
+  __attribute__((noinline)) void NAME##_default(A... a) { BODY<D, F, T, false>(a...); }         \
   template <int D, int F, typename T, typename... A>                                            \
   TFMO_HG_AVX2 void NAME##_avx2(A... a) { BODY<D, F, T, true>(a...); }                          \
   template <int D, int F, typename T, typename... A>                                            \
   void NAME(A... a) {                                                                           \
-    const bool avx2 = UseAvx2();                                                                \
-    g_path_calls[avx2 ? 1 : 0].fetch_add(1, std::memory_order_relaxed);                         \
-    avx2 ? NAME##_avx2<D, F, T>(a...) : NAME##_plain<D, F, T>(a...);                             \
+    const int isa = HgIsaSelection().selected;                                                  \
+    g_path_calls[isa].fetch_add(1, std::memory_order_relaxed);                                  \
+    isa == kHgAvx2 ? NAME##_avx2<D, F, T>(a...) : NAME##_default<D, F, T>(a...);                \
   }
 #else
-#define TFMO_HG_VARIANTS(NAME, BODY)                                                            \
+#define TFMO_HG_BUILDS(NAME, BODY)                                                              \
   template <int D, int F, typename T, typename... A>                                            \
   void NAME(A... a) {                                                                           \
-    g_path_calls[0].fetch_add(1, std::memory_order_relaxed);                                    \
+    g_path_calls[kHgDefault].fetch_add(1, std::memory_order_relaxed);                           \
     BODY<D, F, T, false>(a...);                                                                 \
   }
 #endif
@@ -350,7 +365,7 @@ TFMO_HG_INLINE void EncodeRangeBody(const HgLevel* lvp, int interp, int nc, cons
     }
   }
 }
-TFMO_HG_VARIANTS(EncodeRange, EncodeRangeBody)
+TFMO_HG_BUILDS(EncodeRange, EncodeRangeBody)
 
 // d/dparams of all points [0, n) of one level, for table rows [lo, hi) only when split.
 template <int D, int F, typename T, bool kAvx2>
@@ -383,7 +398,7 @@ TFMO_HG_INLINE void ScatterLevelBody(const HgLevel* lvp, int interp, int nc, con
     else split ? points(Full(), std::true_type()) : points(Full(), std::false_type());
   }
 }
-TFMO_HG_VARIANTS(ScatterLevel, ScatterLevelBody)
+TFMO_HG_BUILDS(ScatterLevel, ScatterLevelBody)
 
 // The values of all 2^D corners of tile point i (val[c*F + f], float32) and their dot products with the point's
 // dy of the level: sc[c] = <dy, value of corner c> (features in order). Shared by the position gradient and the
@@ -422,7 +437,7 @@ TFMO_HG_INLINE void GradPosRangeBody(const HgLevel* lvp, int interp, const float
     }
   }
 }
-TFMO_HG_VARIANTS(GradPosRange, GradPosRangeBody)
+TFMO_HG_BUILDS(GradPosRange, GradPosRangeBody)
 
 // Second order, per point of one level (points [b, e)): d/d(dy) of the level's columns into out_dy [N, L*F] (T)
 // and the level's d/dx contribution added to out_dx [N, D]. gl: dy of the level, float32 [N][F].
@@ -460,7 +475,7 @@ TFMO_HG_INLINE void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int L, 
     }
   }
 }
-TFMO_HG_VARIANTS(Grad2PointsRange, Grad2PointsRangeBody)
+TFMO_HG_BUILDS(Grad2PointsRange, Grad2PointsRangeBody)
 
 // Second order, d/dparams of all points [0, n) of one level (rows [lo, hi) only when split): scatters
 // v[c] * dy (hg_second_order_weights) in point order, like ScatterLevel.
@@ -492,7 +507,7 @@ TFMO_HG_INLINE void Scatter2LevelBody(const HgLevel* lvp, int interp, const floa
     }
   }
 }
-TFMO_HG_VARIANTS(Scatter2Level, Scatter2LevelBody)
+TFMO_HG_BUILDS(Scatter2Level, Scatter2LevelBody)
 
 // ---------------------------------------------------------------------------------------------------------
 // Forward. Results go level-major into scratch [active][N][F] (each level pass then writes one contiguous
@@ -734,13 +749,9 @@ void SecondOrderCompute(void* state, TF_OpKernelContext* ctx) {
   const char* op = "hash_grid_encode (second derivative: gradient of the position gradient)";
   Call call;
   tfmo::TensorRef ddx;
-  if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, op, &call, &ddx)) return;
+  tfmo::hash_grid::SecondOrderOutputs out;
+  if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, op, &call, &ddx, &out)) return;
   const Config& cfg = *call.cfg;
-  tfmo::TensorRef out_dy, out_params, out_dx;
-  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, (int64_t)cfg.n_levels * cfg.n_features}, &out_dy) ||
-      !tfmo::AllocateOutput(ctx, 1, cfg.dtype, {call.rows, (int64_t)cfg.n_features}, &out_params) ||
-      !tfmo::AllocateOutput(ctx, 2, TF_FLOAT, {call.n, (int64_t)call.dims}, &out_dx))
-    return;
   const int64_t elems = call.rows * cfg.n_features;
   const bool half = cfg.dtype == TF_HALF;
   std::unique_ptr<float[]> tmp(half ? new (std::nothrow) float[elems] : nullptr);
@@ -748,55 +759,27 @@ void SecondOrderCompute(void* state, TF_OpKernelContext* ctx) {
     tfmo::Fail(ctx, TF_RESOURCE_EXHAUSTED, "%s: out of memory for the float32 accumulator", op);
     return;
   }
-  float* acc = half ? tmp.get() : out_params.data<float>();
+  float* acc = half ? tmp.get() : out.params.data<float>();
   try {
-    Dispatch<SecondOrderK>(call, ddx.data<float>(), call.grad.raw(), out_dy.raw(), acc, out_dx.data<float>());
+    Dispatch<SecondOrderK>(call, ddx.data<float>(), call.grad.raw(), out.dy.raw(), acc, out.dx.data<float>());
   } catch (const std::bad_alloc&) {
     tfmo::Fail(ctx, TF_RESOURCE_EXHAUSTED, "%s: out of memory for %lld points", op, (long long)call.n);
     return;
   }
   if (half) {
-    uint16_t* o = out_params.data<uint16_t>();
+    uint16_t* o = out.params.data<uint16_t>();
     tfmo::ParallelFor(elems, 1 << 16, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) o[i] = tfmo::FloatToHalf(acc[i]);
     });
   }
 }
 
-static const tfmo::OnLoad kRegister([] {
-  const struct { const char* op; void (*compute)(void*, TF_OpKernelContext*); } kernels[] = {
-      {TFMO_OP_HASH_GRID_ENCODE, &EncodeCompute},
-      {TFMO_OP_HASH_GRID_ENCODE_GRAD_PARAMS, &GradParamsCompute},
-      {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS, &GradPositionsCompute},
-      {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS_GRAD, &SecondOrderCompute},
-  };
-  for (const auto& k : kernels) {
-    tfmo::KernelSpec spec;
-    spec.op = k.op;
-    spec.device = "CPU";
-    spec.create = &tfmo::hash_grid::CreateConfig;
-    spec.compute = k.compute;
-    spec.destroy = &tfmo::hash_grid::DeleteConfig;
-    spec.type_attr = "T";
-    spec.types = {TF_FLOAT, TF_HALF};
-    tfmo::RegisterKernel(spec);
-  }
+const tfmo::OnLoad kRegister([] {
+  tfmo::hash_grid::RegisterKernels("CPU", &EncodeCompute, &GradParamsCompute, &GradPositionsCompute, &SecondOrderCompute);
 });
 
 }  // namespace
 
-// Diagnostics (ctypes, tf_metal_ops.backend.hash_grid_cpu_paths): the hot-loop calls that ran the baseline and the
-// AVX2 build so far in this process, and whether the AVX2 build is compiled in and selected.
-extern "C" __attribute__((visibility("default"))) void tfmo_hash_grid_cpu_paths(long long* baseline_calls,
-                                                                                long long* avx2_calls,
-                                                                                int* avx2_built, int* avx2_selected) {
-  *baseline_calls = g_path_calls[0].load();
-  *avx2_calls = g_path_calls[1].load();
-#ifdef TFMO_HG_HAVE_AVX2
-  *avx2_built = 1;
-  *avx2_selected = UseAvx2() ? 1 : 0;
-#else
-  *avx2_built = 0;
-  *avx2_selected = 0;
-#endif
-}
+// Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
+// builds default, avx2; calls: hot-loop calls.
+TFMO_ISA_DIAGNOSTICS(tfmo_hash_grid_cpu_paths, kHgIsaBuilds, HgIsaSelection(), g_path_calls)

@@ -106,13 +106,6 @@ void Compute(void* state, TF_OpKernelContext* ctx) {
     tfmo::Fail(ctx, TF_INVALID_ARGUMENT, "metal_kernel %s: %s", a.kernel.c_str(), error.c_str());
 }
 
-const tfmo::OnLoad kRegister([] {
-  tfmo::KernelSpec spec = tfmo::KernelSpecFor("CPU");
-  spec.op = TFMO_OP_METAL_KERNEL;
-  spec.create = &tfmo::metal_kernel::CreateState<State>;
-  spec.compute = &Compute;
-  spec.destroy = &tfmo::metal_kernel::DeleteState<State>;
-  tfmo::RegisterKernel(spec);
-});
+const tfmo::OnLoad kRegister([] { tfmo::metal_kernel::RegisterKernels<State>("CPU", &Compute); });
 
 }  // namespace

@@ -18,7 +18,7 @@
 #include "common/tfc.h"
 #include "common/thread_pool.h"
 #include "cpu/ray_march_avx2.h"
-#include "ops/ray_march_validate.h"
+#include "ops/ray_march_args.h"
 #include "shared/ray_march_math.h"
 
 namespace {
@@ -201,13 +201,10 @@ int64_t PrefixSum(const std::vector<int64_t>& counts, std::vector<int64_t>* spli
 }
 
 void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
-  const auto& a = *static_cast<const tfmo::march::Attrs*>(attrs);
   TensorRef in[7];
-  for (int i = 0; i < 7; ++i)
-    if (!tfmo::GetInput(ctx, i, &in[i])) return;
   int64_t R = 0;
   RmParams p;
-  if (!tfmo::march::Validate(ctx, a, in, &R, &p)) return;
+  if (!tfmo::march::Prepare(ctx, attrs, in, &R, &p)) return;
   const float* o = in[0].data<float>();
   const float* d = in[1].data<float>();
   const float* near_t = in[2].data<float>();
@@ -297,14 +294,6 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
   });
 }
 
-static const tfmo::OnLoad kRegister([] {
-  tfmo::KernelSpec spec;
-  spec.op = TFMO_OP_RAY_MARCH;
-  spec.device = "CPU";
-  spec.create = &tfmo::march::Create;
-  spec.destroy = &tfmo::march::Delete;
-  spec.compute = &RayMarchCompute;
-  tfmo::RegisterKernel(spec);
-});
+static const tfmo::OnLoad kRegister([] { tfmo::march::RegisterKernels("CPU", &RayMarchCompute); });
 
 }  // namespace

@@ -14,13 +14,11 @@ namespace {
 
 const char* const kRmIsaNames[kRmIsaCount] = {"default", "avx2"};
 
-bool RmIsaBuilt(int isa) {
 #ifdef TFMO_RM_AVX2
-  return isa >= 0 && isa < kRmIsaCount;
+constexpr int kRmBuilt = kRmIsaCount;
 #else
-  return isa == kRmDefault;
+constexpr int kRmBuilt = 1;
 #endif
-}
 
 // AVX2 usable: the CPU has it (CPUID 7.0:EBX bit 5) and the OS saves the YMM registers (OSXSAVE, XCR0 bits 1-2).
 // CPUID directly rather than __builtin_cpu_supports, which needs compiler-rt on some clang targets.
@@ -38,11 +36,10 @@ bool CpuHasAvx2() {
 #endif
 }
 
-bool RmIsaSupported(int isa) {
-  if (!RmIsaBuilt(isa)) return false;
-  if (isa == kRmAvx2) return CpuHasAvx2();
-  return true;
-}
+constexpr IsaBuilds kRmIsaBuilds{
+    "TF_METAL_OPS_RAY_MARCH_ISA", "the ray-march CPU kernel uses", kRmIsaNames, kRmIsaCount, kRmBuilt,
+    [](int) { return CpuHasAvx2(); }, "that build is not compiled into this library (x86-64 GCC/clang only)",
+    [](int) { return "this CPU (or OS) lacks AVX2"; }};
 
 }  // namespace
 
@@ -50,32 +47,11 @@ std::atomic<long long> g_rm_path_calls[kRmIsaCount];
 
 // TF_METAL_OPS_RAY_MARCH_ISA (avx2, default or auto), read once (the first march or diagnostics query of the
 // process); the rules: common/isa_choice.h (automatically AVX2 when the CPU has it).
-const RmIsaChoice& RmIsaSelection() {
-  static const RmIsaChoice choice = ChooseIsa(IsaBuilds{
-      "TF_METAL_OPS_RAY_MARCH_ISA", "the ray-march CPU kernel uses", kRmIsaNames, kRmIsaCount, &RmIsaBuilt,
-      &RmIsaSupported, "that build is not compiled into this library (x86-64 GCC/clang only)",
-      [](int) { return "this CPU (or OS) lacks AVX2"; }});
-  return choice;
-}
+const RmIsaChoice& RmIsaSelection() { return ChosenIsa<kRmIsaBuilds>(); }
 
 }  // namespace tfmo::rm_cpu
 
-// Diagnostics (ctypes; tests/test_ray_march_isa.py). calls[2]: chunk marches of the default and avx2 paths so far
-// in this process; built/supported: bit isa set when that path is compiled in / runnable on this CPU; selected:
-// the path in use; requested: the TF_METAL_OPS_RAY_MARCH_ISA path (-1 unset or auto, -2 unknown name); fell_back:
-// 1 when the request could not be honoured.
-extern "C" __attribute__((visibility("default"))) void tfmo_ray_march_cpu_paths(long long* calls, int* built,
-                                                                                int* supported, int* selected,
-                                                                                int* requested, int* fell_back) {
-  using namespace tfmo::rm_cpu;
-  const RmIsaChoice& c = RmIsaSelection();
-  *built = *supported = 0;
-  for (int isa = 0; isa < kRmIsaCount; ++isa) {
-    calls[isa] = g_rm_path_calls[isa].load();
-    if (RmIsaBuilt(isa)) *built |= 1 << isa;
-    if (RmIsaSupported(isa)) *supported |= 1 << isa;
-  }
-  *selected = c.selected;
-  *requested = c.requested;
-  *fell_back = c.fell_back ? 1 : 0;
-}
+// Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths; tests/test_ray_march_isa.py): the arguments as
+// tfmo::ReportIsa (common/isa_choice.h), builds default, avx2; calls: chunk marches.
+TFMO_ISA_DIAGNOSTICS(tfmo_ray_march_cpu_paths, tfmo::rm_cpu::kRmIsaBuilds, tfmo::rm_cpu::RmIsaSelection(),
+                     tfmo::rm_cpu::g_rm_path_calls)

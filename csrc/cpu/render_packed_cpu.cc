@@ -1,5 +1,5 @@
 // CPU kernels of VolumeRenderPacked, DistortionLossPacked and their gradients (semantics:
-// csrc/ops/render_packed_ops.cc; math: csrc/shared/volume_render_math.h). The project pool splits the rays into
+// csrc/ops/render_packed_op.cc; math: csrc/shared/volume_render_math.h). The project pool splits the rays into
 // ranges; a range checks its samples first (RangeValid), then runs in chunks of consecutive rays (ChunkEnd), whose
 // samples are contiguous in the flat arrays. VolumeRenderPacked computes the per-sample parts of a chunk (tau, the
 // transmittances exp(-cum), the weights) in flat vectorised loops over all its samples, many rays at once
@@ -18,7 +18,7 @@
 #include "common/tfc.h"
 #include "common/thread_pool.h"
 #include "cpu/volume_render_simd.h"
-#include "ops/render_packed_validate.h"
+#include "ops/render_packed_args.h"
 #include "shared/volume_render_math.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// CPU kernels of VolumeRender and VolumeRenderGrad (semantics: csrc/ops/render_ops.cc, math:
+// CPU kernels of VolumeRender and VolumeRenderGrad (semantics: csrc/ops/render_op.cc, math:
 // csrc/shared/volume_render_math.h). Rays are independent: the project pool splits them into ranges, and each
 // ray is one serial O(S·C) scan, so results do not depend on the thread count.
 // The per-ray loops are vectorised and built per ISA (csrc/cpu/volume_render_simd.h).
@@ -11,7 +11,7 @@
 #include "common/tfc.h"
 #include "common/thread_pool.h"
 #include "cpu/volume_render_simd.h"
-#include "ops/render_validate.h"
+#include "ops/render_args.h"
 #include "shared/volume_render_math.h"
 
 namespace {
@@ -353,23 +353,28 @@ namespace {
 
 const char* const kVrIsaNames[kVrIsaCount] = {"default", "avx2", "avx512"};
 
-bool VrIsaBuilt(int isa) {
+// Builds avx2 and avx512: x86-64-v3 / x86-64-v4.
 #ifdef TFMO_VR_ISA_BUILDS
-  return isa >= 0 && isa < kVrIsaCount;
-#else
-  return isa == kVrDefault;
-#endif
-}
-
-bool VrIsaSupported(int isa) {
-  if (!VrIsaBuilt(isa)) return false;
-#ifdef TFMO_VR_ISA_BUILDS
+bool VrCpuRuns(int isa) {
   __builtin_cpu_init();
-  if (isa == kVrAvx512) return __builtin_cpu_supports("x86-64-v4");
-  if (isa == kVrAvx2) return __builtin_cpu_supports("x86-64-v3");
-#endif
-  return true;
+  return isa == kVrAvx512 ? __builtin_cpu_supports("x86-64-v4") : __builtin_cpu_supports("x86-64-v3");
 }
+#else
+bool VrCpuRuns(int) { return false; }
+#endif
+
+#ifdef TFMO_VR_ISA_BUILDS
+constexpr int kVrBuilt = kVrIsaCount;
+#else
+constexpr int kVrBuilt = 1;
+#endif
+
+constexpr IsaBuilds kVrIsaBuilds{
+    "TF_METAL_OPS_VOLUME_RENDER_ISA", "the volume-render CPU kernels use", kVrIsaNames, kVrIsaCount, kVrBuilt,
+    &VrCpuRuns, "that build is not compiled into this library (x86-64 Linux GCC only)", [](int isa) {
+      return isa == kVrAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
+                              : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)";
+    }};
 
 }  // namespace
 
@@ -379,34 +384,11 @@ std::atomic<long long> g_vr_path_calls[kVrIsaCount];
 
 // TF_METAL_OPS_VOLUME_RENDER_ISA, read once (the first volume-render call or diagnostics query of the process);
 // the rules: common/isa_choice.h.
-const VrIsaChoice& VrIsaSelection() {
-  static const VrIsaChoice choice = ChooseIsa(IsaBuilds{
-      "TF_METAL_OPS_VOLUME_RENDER_ISA", "the volume-render CPU kernels use", kVrIsaNames, kVrIsaCount, &VrIsaBuilt,
-      &VrIsaSupported, "that build is not compiled into this library (x86-64 Linux GCC only)", [](int isa) {
-        return isa == kVrAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
-                                : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)";
-      }});
-  return choice;
-}
+const VrIsaChoice& VrIsaSelection() { return ChosenIsa<kVrIsaBuilds>(); }
 
 }  // namespace tfmo::vr_cpu
 
-// Diagnostics (ctypes, tf_metal_ops.backend.volume_render_cpu_paths). calls[3]: ray-range calls of the default,
-// avx2 and avx512 builds so far in this process; built/supported: bit isa set when that build is compiled in /
-// runnable on this CPU; selected: the build in use; requested: the TF_METAL_OPS_VOLUME_RENDER_ISA build (-1 unset
-// or auto, -2 unknown name); fell_back: 1 when the request could not be honoured.
-extern "C" __attribute__((visibility("default"))) void tfmo_volume_render_cpu_paths(long long* calls, int* built,
-                                                                                    int* supported, int* selected,
-                                                                                    int* requested,
-                                                                                    int* fell_back) {
-  const VrIsaChoice& c = VrIsaSelection();
-  *built = *supported = 0;
-  for (int isa = 0; isa < kVrIsaCount; ++isa) {
-    calls[isa] = g_vr_path_calls[isa].load();
-    if (VrIsaBuilt(isa)) *built |= 1 << isa;
-    if (VrIsaSupported(isa)) *supported |= 1 << isa;
-  }
-  *selected = c.selected;
-  *requested = c.requested;
-  *fell_back = c.fell_back ? 1 : 0;
-}
+// Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
+// builds default, avx2, avx512; calls: ray-range calls.
+TFMO_ISA_DIAGNOSTICS(tfmo_volume_render_cpu_paths, tfmo::vr_cpu::kVrIsaBuilds, tfmo::vr_cpu::VrIsaSelection(),
+                     tfmo::vr_cpu::g_vr_path_calls)

@@ -1,6 +1,6 @@
 // GPU kernel host of the hash-grid ops (semantics: csrc/ops/hash_grid_op.cc; kernels and their buffer layout:
 // metal_kernels/hash_grid.metal; validation and level tables shared with the CPU kernels:
-// csrc/ops/hash_grid_kernel.h). max_level lives in host memory (read here to get the active level count).
+// csrc/ops/hash_grid_args.h). max_level lives in host memory (read here to get the active level count).
 //
 // Passes (empty work is skipped: Metal rejects empty grids and empty tensors have no buffer):
 //   encode:          grid (N, L), threadgroups 1-D along the points so a group stays on one level;
@@ -14,7 +14,7 @@
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "gpu/gpu_host.h"
-#include "ops/hash_grid_kernel.h"
+#include "ops/hash_grid_args.h"
 
 namespace {
 
@@ -124,18 +124,13 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
   const char* op = "hash_grid_encode (second derivative: gradient of the position gradient)";
   Call call;
   tfmo::TensorRef ddx;
-  if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, op, &call, &ddx)) return;
+  tfmo::hash_grid::SecondOrderOutputs out;
+  if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, op, &call, &ddx, &out)) return;
   const Config& cfg = *call.cfg;
-  tfmo::TensorRef out_dy, out_params, out_dx;
-  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, static_cast<int64_t>(cfg.n_levels) * cfg.n_features},
-                            &out_dy) ||
-      !tfmo::AllocateOutput(ctx, 1, cfg.dtype, {call.rows, static_cast<int64_t>(cfg.n_features)}, &out_params) ||
-      !tfmo::AllocateOutput(ctx, 2, TF_FLOAT, {call.n, static_cast<int64_t>(call.dims)}, &out_dx))
-    return;
   const int64_t elems = call.rows * cfg.n_features;  // >= 8 rows: never empty
   if (!CheckSizes(ctx, op, call)) return;
   tfmo::gpu::Call gpu(ctx, op);
-  const tfmo::TensorRef* acc = cfg.dtype == TF_HALF ? gpu.scratch(TF_FLOAT, elems) : &out_params;
+  const tfmo::TensorRef* acc = cfg.dtype == TF_HALF ? gpu.scratch(TF_FLOAT, elems) : &out.params;
   if (acc == nullptr) return (void)gpu.Run();  // reports the allocation failure
   HgArgs args = MakeArgs(call);
   args.count = static_cast<uint32_t>(elems);
@@ -147,8 +142,8 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
         .buffer(3, call.params)
         .bytes(4, call.levels, LevelBytes(call))
         .value(5, args)
-        .buffer(6, out_dy)
-        .buffer(7, out_dx)
+        .buffer(6, out.dy)
+        .buffer(7, out.dx)
         .threads(static_cast<uint64_t>(call.n));
   }
   gpu.pass("hash_grid_fill_zero").buffer(0, *acc).value(1, args).threads(static_cast<uint64_t>(elems));
@@ -163,34 +158,14 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
         .threads({static_cast<uint64_t>(call.n), static_cast<uint64_t>(call.n_active), 1}, {256, 1, 1});
   }
   if (cfg.dtype == TF_HALF) {
-    gpu.pass("hash_grid_float_to_half").buffer(0, *acc).buffer(1, out_params).value(2, args)
+    gpu.pass("hash_grid_float_to_half").buffer(0, *acc).buffer(1, out.params).value(2, args)
         .threads(static_cast<uint64_t>(elems));
   }
   gpu.Run();
 }
 
 const tfmo::OnLoad kRegister([] {
-  const struct {
-    const char* op;
-    void (*compute)(void*, TF_OpKernelContext*);
-  } kernels[] = {
-      {TFMO_OP_HASH_GRID_ENCODE, &EncodeGpu},
-      {TFMO_OP_HASH_GRID_ENCODE_GRAD_PARAMS, &GradParamsGpu},
-      {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS, &GradPositionsGpu},
-      {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS_GRAD, &SecondOrderGpu},
-  };
-  for (const auto& k : kernels) {
-    tfmo::KernelSpec spec;
-    spec.op = k.op;
-    spec.device = "GPU";
-    spec.create = &tfmo::hash_grid::CreateConfig;
-    spec.compute = k.compute;
-    spec.destroy = &tfmo::hash_grid::DeleteConfig;
-    spec.type_attr = "T";
-    spec.types = {TF_FLOAT, TF_HALF};
-    spec.host_memory = {"max_level"};
-    tfmo::RegisterKernel(spec);
-  }
+  tfmo::hash_grid::RegisterKernels("GPU", &EncodeGpu, &GradParamsGpu, &GradPositionsGpu, &SecondOrderGpu);
 });
 
 }  // namespace

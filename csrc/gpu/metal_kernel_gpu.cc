@@ -72,14 +72,6 @@ void Compute(void* state, TF_OpKernelContext* ctx) {
   call.Run();
 }
 
-const tfmo::OnLoad kRegister([] {
-  tfmo::KernelSpec spec = tfmo::KernelSpecFor("GPU");
-  spec.op = TFMO_OP_METAL_KERNEL;
-  spec.create = &tfmo::metal_kernel::CreateState<State>;
-  spec.compute = &Compute;
-  spec.destroy = &tfmo::metal_kernel::DeleteState<State>;
-  spec.host_memory = {"launch_values"};
-  tfmo::RegisterKernel(spec);
-});
+const tfmo::OnLoad kRegister([] { tfmo::metal_kernel::RegisterKernels<State>("GPU", &Compute); });
 
 }  // namespace

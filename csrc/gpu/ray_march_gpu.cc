@@ -1,6 +1,6 @@
 // GPU kernel host of RayMarch (semantics: csrc/ops/ray_march_op.cc; kernels: metal_kernels/ray_march.metal and
 // ray_march_scan.metal; math: csrc/shared/ray_march_math.h). Shapes, attrs, aabb and seed are validated exactly as
-// on the CPU (ray_march_validate.h; aabb and seed are host-memory inputs). Per-ray values are not checked on the
+// on the CPU (ray_march_args.h; aabb and seed are host-memory inputs). Per-ray values are not checked on the
 // host (they live on the GPU): a ray with a non-finite origin/direction or a NaN near/far gets no samples.
 //
 // The output length N depends on the data, so the op runs in two steps on one Call:
@@ -17,7 +17,7 @@
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "gpu/gpu_host.h"
-#include "ops/ray_march_validate.h"
+#include "ops/ray_march_args.h"
 #include "shared/ray_march_math.h"
 
 namespace {
@@ -26,13 +26,10 @@ using tfmo::TensorRef;
 
 void RayMarchGpu(void* attrs, TF_OpKernelContext* ctx) {
   const char* op = "ray_march";
-  const auto& a = *static_cast<const tfmo::march::Attrs*>(attrs);
   TensorRef in[7];
-  for (int i = 0; i < 7; ++i)
-    if (!tfmo::GetInput(ctx, i, &in[i])) return;
   int64_t R = 0;
   RmParams params;
-  if (!tfmo::march::Validate(ctx, a, in, &R, &params)) return;
+  if (!tfmo::march::Prepare(ctx, attrs, in, &R, &params)) return;
   if (!tfmo::gpu::CheckGridSize(ctx, op, "the number of rays + 1", static_cast<uint64_t>(R) + 1)) return;
   TensorRef t_starts, t_ends, row_splits, ray_indices, positions;
   if (R == 0) {
@@ -123,15 +120,6 @@ void RayMarchGpu(void* attrs, TF_OpKernelContext* ctx) {
   call.Run();
 }
 
-const tfmo::OnLoad kRegister([] {
-  tfmo::KernelSpec spec;
-  spec.device = "GPU";
-  spec.op = TFMO_OP_RAY_MARCH;
-  spec.create = &tfmo::march::Create;
-  spec.destroy = &tfmo::march::Delete;
-  spec.compute = &RayMarchGpu;
-  spec.host_memory = {"aabb", "seed"};
-  tfmo::RegisterKernel(spec);
-});
+const tfmo::OnLoad kRegister([] { tfmo::march::RegisterKernels("GPU", &RayMarchGpu); });
 
 }  // namespace

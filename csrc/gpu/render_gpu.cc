@@ -1,14 +1,14 @@
 // GPU kernel hosts of Volume_render, Volume_render_grad, Distortion_loss, Distortion_loss_grad
-// (semantics: csrc/ops/render_ops.cc; kernels: metal_kernels/volume_render.metal, distortion_loss.metal).
-// Shapes are validated here exactly as on the CPU (render_validate.h). Value checks (sorted t, densities >= 0)
+// (semantics: csrc/ops/render_op.cc; kernels: metal_kernels/volume_render.metal, distortion_loss.metal).
+// Shapes are validated here exactly as on the CPU (render_args.h). Value checks (sorted t, densities >= 0)
 // happen per ray on the GPU, which cannot fail the op: offending rays get NaN outputs (documented in the
-// kernels and in tf_metal_ops/render.py).
+// kernels and in tf_metal_ops/render/__init__.py).
 // Empty tensors have no MTLBuffer: an empty input or output is bound as `t` (never empty when R > 0: it has
 // S + 1 >= 1 columns); the kernels never touch it because the matching loops are empty. R == 0 skips the dispatch.
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "gpu/gpu_host.h"
-#include "ops/render_validate.h"
+#include "ops/render_args.h"
 #include "shared/volume_render_math.h"
 
 namespace {
@@ -110,12 +110,9 @@ void VrGradGpu(void* attrs, TF_OpKernelContext* ctx) {
 
 void DlGpu(void*, TF_OpKernelContext* ctx) {
   const char* op = "distortion_loss";
-  TensorRef w, t;
-  if (!tfmo::GetInput(ctx, 0, &w) || !tfmo::GetInput(ctx, 1, &t)) return;
+  TensorRef w, t, loss;
   int64_t R = 0, S = 0;
-  if (!tfmo::render::ValidateDistortionLoss(ctx, op, w, t, &R, &S)) return;
-  TensorRef loss;
-  if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {R}, &loss)) return;
+  if (!tfmo::render::PrepareDistortionLoss(ctx, op, &w, &t, &loss, &R, &S)) return;
   if (R == 0 || !CheckDims(ctx, op, R, S, 1)) return;
   DlParams params;
   params.R = static_cast<uint32_t>(R);

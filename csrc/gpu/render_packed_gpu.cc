@@ -1,6 +1,6 @@
 // GPU kernel hosts of VolumeRenderPacked(Grad) and DistortionLossPacked(Grad) (semantics:
-// csrc/ops/render_packed_ops.cc; kernels and their NaN policy: metal_kernels/render_packed.metal).
-// Shapes are validated here exactly as on the CPU (render_packed_validate.h); row_splits and sample values live in
+// csrc/ops/render_packed_op.cc; kernels and their NaN policy: metal_kernels/render_packed.metal).
+// Shapes are validated here exactly as on the CPU (render_packed_args.h); row_splits and sample values live in
 // device memory and are checked by the kernels: every call first runs render_packed_check_init and
 // render_packed_check_splits (status scratch), then the op's kernel, in one encoder.
 // Empty tensors have no MTLBuffer: an empty input or output is bound as a one-element float scratch buffer that the
@@ -10,7 +10,7 @@
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "gpu/gpu_host.h"
-#include "ops/render_packed_validate.h"
+#include "ops/render_packed_args.h"
 #include "shared/volume_render_math.h"
 
 namespace {

@@ -1,8 +1,9 @@
 // GPU kernel host of ZeroOut (semantics: csrc/ops/zero_out_op.cc; kernels: metal_kernels/zero_out.metal,
-// zero_out_<dtype>(in [[buffer(0)]], out [[buffer(1)]], n [[buffer(2)]]): one thread per element).
-#include "common/op_names.h"
+// zero_out_<dtype>(in [[buffer(0)]], out [[buffer(1)]], n [[buffer(2)]]): one thread per element; input check and
+// registration: csrc/ops/zero_out_args.h).
 #include "common/tfc.h"
 #include "gpu/gpu_host.h"
+#include "ops/zero_out_args.h"
 
 namespace {
 
@@ -19,12 +20,8 @@ const char* KernelName(TF_DataType dtype) {
 void ZeroOutGpu(void*, TF_OpKernelContext* ctx) {
   tfmo::TensorRef in;
   if (!tfmo::GetInput(ctx, 0, &in)) return;
+  if (!tfmo::zero_out::CheckInput(ctx, in)) return;
   const char* kernel = KernelName(in.dtype());
-  if (kernel == nullptr) {
-    tfmo::Fail(ctx, TF_INVALID_ARGUMENT, "zero_out: to_zero must be int32, int64, float32 or float16, got %s",
-               tfmo::DataTypeName(in.dtype()));
-    return;
-  }
   tfmo::TensorRef out;
   if (!tfmo::AllocateOutput(ctx, 0, in.dtype(), in.shape(), &out)) return;
   const int64_t n = in.num_elements();
@@ -36,14 +33,6 @@ void ZeroOutGpu(void*, TF_OpKernelContext* ctx) {
   call.Run();
 }
 
-const tfmo::OnLoad kRegister([] {
-  tfmo::KernelSpec spec;
-  spec.op = TFMO_OP_ZERO_OUT;
-  spec.device = "GPU";
-  spec.compute = &ZeroOutGpu;
-  spec.type_attr = "T";
-  spec.types = {TF_INT32, TF_FLOAT, TF_INT64, TF_HALF};
-  tfmo::RegisterKernel(spec);
-});
+const tfmo::OnLoad kRegister([] { tfmo::zero_out::RegisterKernels("GPU", &ZeroOutGpu); });
 
 }  // namespace

@@ -4,10 +4,12 @@
 
 #include <cinttypes>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/op_names.h"
 #include "common/tfc.h"
 
 namespace tfmo::metal_kernel {
@@ -304,6 +306,19 @@ inline bool ShapeValues(TF_OpKernelContext* ctx, const Attrs& a, const TensorRef
   }
   if (out->empty()) out->push_back(0);
   return true;
+}
+
+// Registers TfmoMetalKernel's kernel on `device` ("CPU" or "GPU", where launch_values stays in host memory), with
+// kernel state State (CreateState / DeleteState).
+template <class State>
+void RegisterKernels(const char* device, void (*compute)(void*, TF_OpKernelContext*)) {
+  KernelSpec spec = KernelSpecFor(device);
+  spec.op = TFMO_OP_METAL_KERNEL;
+  spec.create = &CreateState<State>;
+  spec.compute = compute;
+  spec.destroy = &DeleteState<State>;
+  if (std::strcmp(device, "GPU") == 0) spec.host_memory = {"launch_values"};
+  RegisterKernel(spec);
 }
 
 }  // namespace tfmo::metal_kernel

@@ -12,6 +12,7 @@
 // Kernels: CPU (csrc/cpu/metal_kernel_cpu.cc) and GPU (csrc/gpu/metal_kernel_gpu.cc); validation in
 // csrc/ops/metal_kernel_args.h. No gradient: tf_metal_ops.metal_kernel pairs kernels with tf.custom_gradient.
 #include "common/op_names.h"
+#include "common/shape_fns.h"
 #include "common/tfc.h"
 #include "ops/metal_kernel_args.h"
 
@@ -22,22 +23,13 @@ void MetalKernelShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
 }
 
 static const tfmo::OnLoad kRegister([] {
-  TF_OpDefinitionBuilder* b = TF_NewOpDefinitionBuilder(TFMO_OP_METAL_KERNEL);
   const std::string types = tfmo::metal_kernel::kTypeList;
-  TF_OpDefinitionBuilderAddAttr(b, ("Tin: list(" + types + ") >= 0").c_str());
-  TF_OpDefinitionBuilderAddAttr(b, ("Tout: list(" + types + ") >= 1").c_str());
-  TF_OpDefinitionBuilderAddAttr(b, "NL: int >= 0");
-  TF_OpDefinitionBuilderAddAttr(b, "source: string");
-  TF_OpDefinitionBuilderAddAttr(b, "kernel: string");
-  TF_OpDefinitionBuilderAddAttr(b, "bindings: list(string)");
-  TF_OpDefinitionBuilderAddAttr(b, "output_ranks: list(int)");
-  TF_OpDefinitionBuilderAddAttr(b, "launch: list(int) = []");
-  TF_OpDefinitionBuilderAddAttr(b, "init_value: list(float) = []");
-  TF_OpDefinitionBuilderAddInput(b, "inputs: Tin");
-  TF_OpDefinitionBuilderAddInput(b, "launch_values: NL * int64");
-  TF_OpDefinitionBuilderAddOutput(b, "outputs: Tout");
-  TF_OpDefinitionBuilderSetShapeInferenceFunction(b, &MetalKernelShape);
-  tfmo::RegisterOp(b);
+  const std::string tin = "Tin: list(" + types + ") >= 0", tout = "Tout: list(" + types + ") >= 1";
+  tfmo::DefineOp(TFMO_OP_METAL_KERNEL,
+                 {tin.c_str(), tout.c_str(), "NL: int >= 0", "source: string", "kernel: string",
+                  "bindings: list(string)", "output_ranks: list(int)", "launch: list(int) = []",
+                  "init_value: list(float) = []"},
+                 {"inputs: Tin", "launch_values: NL * int64"}, {"outputs: Tout"}, &MetalKernelShape);
 });
 
 }  // namespace

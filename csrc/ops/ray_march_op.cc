@@ -7,7 +7,7 @@
 //   covering [t_starts[k], t_ends[k]]; sorted and non-overlapping within a ray. N <= 2^31 - 1. positions[k]: the
 //   sample's midpoint in the aabb's unit coordinates, clamped to [0, 1] (ray_march_math.h rm_unit_coord).
 //   No gradient (the outputs are sample positions). The shape function (graph mode only) checks ranks; the
-//   kernels check everything (ray_march_validate.h).
+//   kernels check everything (csrc/ops/ray_march_args.h).
 #include "common/op_names.h"
 #include "common/shape_fns.h"
 #include "common/tfc.h"
@@ -18,12 +18,8 @@ using tfmo::InputWithRank;
 using tfmo::Shape;
 
 void RayMarchShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
-  Shape o, d, n, f, bits, aabb, seed;
-  if (!InputWithRank(ctx, 0, 2, &o, status) || !InputWithRank(ctx, 1, 2, &d, status) ||
-      !InputWithRank(ctx, 2, 1, &n, status) || !InputWithRank(ctx, 3, 1, &f, status) ||
-      !InputWithRank(ctx, 4, 1, &bits, status) || !InputWithRank(ctx, 5, 2, &aabb, status) ||
-      !InputWithRank(ctx, 6, 0, &seed, status))
-    return;
+  Shape o;  // rays_o, rays_d, near, far, bits, aabb, seed
+  if (!InputWithRank(ctx, 0, 2, &o, status) || !tfmo::InputsWithRanks(ctx, 1, {2, 1, 1, 1, 2, 0}, status)) return;
   TF_ShapeInferenceContextSetUnknownShape(ctx, status);  // N is data-dependent
   if (TF_GetCode(status) != TF_OK) return;
   Shape unknown, vec;  // a default handle has unknown rank; WithRank(1) makes it [?]
@@ -51,26 +47,13 @@ void RayMarchShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
 }
 
 static const tfmo::OnLoad kRegister([] {
-  TF_OpDefinitionBuilder* b = TF_NewOpDefinitionBuilder(TFMO_OP_RAY_MARCH);
-  TF_OpDefinitionBuilderAddAttr(b, "resolution: int");
-  TF_OpDefinitionBuilderAddAttr(b, "step_size: float");
-  TF_OpDefinitionBuilderAddAttr(b, "cone_angle: float = 0.0");
-  TF_OpDefinitionBuilderAddAttr(b, "max_samples: int = 1024");
-  TF_OpDefinitionBuilderAddAttr(b, "jitter: bool = true");
-  TF_OpDefinitionBuilderAddInput(b, "rays_o: float");
-  TF_OpDefinitionBuilderAddInput(b, "rays_d: float");
-  TF_OpDefinitionBuilderAddInput(b, "near: float");
-  TF_OpDefinitionBuilderAddInput(b, "far: float");
-  TF_OpDefinitionBuilderAddInput(b, "bits: uint8");
-  TF_OpDefinitionBuilderAddInput(b, "aabb: float");
-  TF_OpDefinitionBuilderAddInput(b, "seed: int64");
-  TF_OpDefinitionBuilderAddOutput(b, "t_starts: float");
-  TF_OpDefinitionBuilderAddOutput(b, "t_ends: float");
-  TF_OpDefinitionBuilderAddOutput(b, "row_splits: int32");
-  TF_OpDefinitionBuilderAddOutput(b, "ray_indices: int32");
-  TF_OpDefinitionBuilderAddOutput(b, "positions: float");
-  TF_OpDefinitionBuilderSetShapeInferenceFunction(b, &RayMarchShape);
-  tfmo::RegisterOp(b);
+  tfmo::DefineOp(TFMO_OP_RAY_MARCH,
+                 {"resolution: int", "step_size: float", "cone_angle: float = 0.0", "max_samples: int = 1024",
+                  "jitter: bool = true"},
+                 {"rays_o: float", "rays_d: float", "near: float", "far: float", "bits: uint8", "aabb: float",
+                  "seed: int64"},
+                 {"t_starts: float", "t_ends: float", "row_splits: int32", "ray_indices: int32", "positions: float"},
+                 &RayMarchShape);
 });
 
 }  // namespace

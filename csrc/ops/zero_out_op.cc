@@ -5,10 +5,6 @@
 #include "common/tfc.h"
 
 static const tfmo::OnLoad kRegister([] {
-  TF_OpDefinitionBuilder* b = TF_NewOpDefinitionBuilder(TFMO_OP_ZERO_OUT);
-  TF_OpDefinitionBuilderAddAttr(b, "T: {int32, int64, float, half}");
-  TF_OpDefinitionBuilderAddInput(b, "to_zero: T");
-  TF_OpDefinitionBuilderAddOutput(b, "zeroed: T");
-  TF_OpDefinitionBuilderSetShapeInferenceFunction(b, &tfmo::UnchangedShape);
-  tfmo::RegisterOp(b);
+  tfmo::DefineOp(TFMO_OP_ZERO_OUT, {"T: {int32, int64, float, half}"}, {"to_zero: T"}, {"zeroed: T"},
+                 &tfmo::UnchangedShape);
 });

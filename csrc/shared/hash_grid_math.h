@@ -59,7 +59,7 @@ struct HgLevel {
   uint stride[HG_MAX_DIMS];  // res^d for d < n_stride_dims, 0 beyond (unused dims, or all when index 0)
 };
 
-// Scalar arguments of the Metal kernels (metal_kernels/hash_grid.metal), set by csrc/metal/hash_grid_metal.mm.
+// Scalar arguments of the Metal kernels (metal_kernels/hash_grid.metal), set by csrc/gpu/hash_grid_gpu.cc.
 struct HgArgs {
   uint n;             // points
   uint dims;          // D

@@ -36,7 +36,7 @@
 //   dL/dw_k = 2 (A_k + B_k) + (2/3) w_k delta_k;
 //   dL/dm_k = 2 w_k (W_{<k} - W_{>k});  dL/dt_j = (dL/dm_{j-1} + dL/dm_j) / 2 + (w_{j-1}^2 - w_j^2) / 3.
 //
-// Packed (ragged) rays: VolumeRenderPacked / DistortionLossPacked (csrc/ops/render_packed_ops.cc). Sample k has
+// Packed (ragged) rays: VolumeRenderPacked / DistortionLossPacked (csrc/ops/render_packed_op.cc). Sample k has
 // its own interval [s_k, e_k] (t_starts, t_ends); the samples of ray r are k in [row_splits[r], row_splits[r+1]),
 // sorted and non-overlapping: s_k <= e_k <= s_{k+1} (gaps allowed). The per-sample math is the functions above:
 // delta_k = e_k - s_k, m_k = vr_mid(s_k, e_k); a gap g_k = s_k - e_{k-1} >= 0 only moves midpoints apart:

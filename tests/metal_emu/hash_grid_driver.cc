@@ -1,5 +1,5 @@
 // Runs metal_kernels/hash_grid.metal through the MSL emulation (tools/msl_emu), mirroring
-// csrc/metal/hash_grid_metal.mm: same level table (hg_level_table), same dispatch shapes, same buffers.
+// csrc/gpu/hash_grid_gpu.cc: same level table (hg_level_table), same dispatch shapes, same buffers.
 // Args: kernel=encode|grad_params|grad_positions dtype=float32|float16 n_levels= n_features= log2_hashmap_size=
 //       base_resolution= per_level_scale= grid_type=0|1|2 interpolation=0|1|2 n_active= [tg=64]
 //       in:positions:float32:N*D  in:params:DTYPE:ROWS*F  [in:dy:DTYPE:N*L*F]   scalar dims=D

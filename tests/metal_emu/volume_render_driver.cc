@@ -1,5 +1,5 @@
 // Runs metal_kernels/volume_render.metal through the MSL emulation (tools/msl_emu), mirroring
-// csrc/metal/render_metal.mm: one thread per ray, dispatchThreads(R, tg), no dispatch when R == 0, the same
+// csrc/gpu/render_gpu.cc: one thread per ray, dispatchThreads(R, tg), no dispatch when R == 0, the same
 // VrParams, and t bound in place of an empty tensor (background [0], or anything with S == 0).
 // Args: kernel=forward|backward R= S= C= bg_mode=0|1|2 threshold= [tg=64]
 //   in:densities in:colors in:t in:background (float32; background may be empty)

@@ -27,8 +27,8 @@ Coordinate convention (Instant-NGP / tiny-cuda-nn, "tcnn"), stated once for the 
     ``pi = (1, 2654435761, 805459861, 3674653429)``;
   - then ``index mod size_l``.
 
-  So a tiled level finer than its tile (``resolution^D > size``) wraps the full row-major index (older tcnn, and
-  this package before, summed only the leading dims whose stride fit in the level), and a tiled level with
+  So a tiled level finer than its tile (``resolution^D > size``) wraps the full row-major index (older tcnn
+  summed only the leading dims whose stride fit in the level), and a tiled level with
   ``resolution > MAX_BASE[D]`` reads row 0 for every corner, as tcnn does. For ``resolution <= MAX_BASE[D]`` the
   uint32 sum cannot wrap (even with ``g_i = resolution``), so the exact integer sum is the same number.
   ``g_i`` can equal ``resolution_l`` at the upper edge; like tcnn, that corner aliases through the modulo.

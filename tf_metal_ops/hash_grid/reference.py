@@ -5,7 +5,7 @@ Written for clarity: a Python loop over levels and corners, vectorised over poin
 float32 and that decides which cell a point falls in: ``pos = fma(scale, x, 0.5)``. Its rounding is emulated
 (``pos_rounding``): ``"fma"`` (default, the convention: tcnn's ``fmaf`` and every backend of this package) rounds
 ``x * scale + 0.5`` once to float32 (``fma32``: exact); ``"separate"`` rounds the product and the sum separately
-(plain float32 code without a fused multiply-add, e.g. this package before it followed tcnn here). The two differ in
+(plain float32 code without a fused multiply-add). The two differ in
 about one value of ``pos`` in 10^6 (by one ulp), which moves fine-level weights by ~1e-7 relative and only changes
 a cell for ``pos`` exactly at a cell boundary.
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/op_names.h"
 #include "common/tfc.h"
 #include "shared/ray_march_math.h"
 
@@ -49,9 +50,7 @@ inline void* Create(TF_OpKernelConstruction* c) {
 inline void Delete(void* p) { delete static_cast<Attrs*>(p); }
 
 inline bool CheckType(TF_OpKernelContext* ctx, const char* name, const TensorRef& t, TF_DataType want) {
-  if (t.dtype() == want) return true;
-  return Fail(ctx, TF_INVALID_ARGUMENT, "ray_march: %s must be %s, got %s", name, DataTypeName(want),
-              DataTypeName(t.dtype()));
+  return CheckDtype(ctx, "ray_march", name, t, want);
 }
 
 // in[0..6] = rays_o, rays_d, near, far, bits, aabb, seed. aabb and seed are read on the host. Sets *R and *p.
@@ -129,6 +128,24 @@ inline bool Validate(TF_OpKernelContext* ctx, const Attrs& a, const TensorRef* i
   rm_mip_layout(&q);
   *p = q;
   return true;
+}
+
+// Reads the seven inputs (rays_o, rays_d, near, far, bits, aabb, seed) into in[0..6] and validates them (Validate).
+inline bool Prepare(TF_OpKernelContext* ctx, const void* attrs, TensorRef* in, int64_t* R, RmParams* p) {
+  for (int i = 0; i < 7; ++i)
+    if (!GetInput(ctx, i, &in[i])) return false;
+  return Validate(ctx, *static_cast<const Attrs*>(attrs), in, R, p);
+}
+
+// Registers RayMarch's kernel on `device` ("CPU" or "GPU", where aabb and seed stay in host memory).
+inline void RegisterKernels(const char* device, void (*compute)(void*, TF_OpKernelContext*)) {
+  KernelSpec spec = KernelSpecFor(device);
+  spec.op = TFMO_OP_RAY_MARCH;
+  spec.create = &Create;
+  spec.destroy = &Delete;
+  spec.compute = compute;
+  if (std::strcmp(device, "GPU") == 0) spec.host_memory = {"aabb", "seed"};
+  RegisterKernel(spec);
 }
 
 }  // namespace tfmo::march

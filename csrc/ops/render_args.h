@@ -1,5 +1,7 @@
-// Host-side argument checks of the rendering ops, shared by the CPU kernels and the Metal host code
-// (shapes and dtypes only: value checks such as sorted t happen per ray inside the kernels).
+// Host-side argument checks of the rendering ops (csrc/ops/render_op.cc), shared by the CPU kernels and the GPU host
+// code (shapes and dtypes only: value checks such as sorted t happen per ray inside the kernels). The checks both
+// rendering families use (dtypes, shapes, the background, the threshold attr and the kernel state) are here;
+// csrc/ops/render_packed_args.h adds those of the packed ops.
 // Every failure names the op and the argument, and fails the kernel with InvalidArgument.
 #pragma once
 
@@ -13,14 +15,18 @@ namespace tfmo::render {
 
 enum BackgroundMode : int { kNoBackground = 0, kSharedBackground = 1, kPerRayBackground = 2 };
 
-struct VrDims {
-  int64_t R = 0, S = 0, C = 0;
+// What every rendering op's validation finds: R rays of C channels and the background's mode.
+struct RayDims {
+  int64_t R = 0, C = 0;
   BackgroundMode bg = kNoBackground;
+};
+// VolumeRender(Grad): S samples per ray.
+struct VrDims : RayDims {
+  int64_t S = 0;
 };
 
 inline bool CheckFloat(TF_OpKernelContext* ctx, const char* op, const char* name, const TensorRef& t) {
-  if (t.dtype() == TF_FLOAT) return true;
-  return Fail(ctx, TF_INVALID_ARGUMENT, "%s: %s must be float32, got %s", op, name, DataTypeName(t.dtype()));
+  return CheckDtype(ctx, op, name, t, TF_FLOAT);
 }
 
 inline bool CheckShape(TF_OpKernelContext* ctx, const char* op, const char* name, const TensorRef& t,
@@ -89,16 +95,24 @@ inline bool ValidateVolumeRender(TF_OpKernelContext* ctx, const char* op, const 
   return ClassifyBackground(ctx, op, bg, d->R, d->C, &d->bg);
 }
 
-// The upstream gradients of VolumeRenderGrad (inputs 4..7).
-inline bool ValidateVolumeRenderUpstream(TF_OpKernelContext* ctx, const char* op, const VrDims& d,
-                                         const TensorRef& gc, const TensorRef& gd, const TensorRef& go,
-                                         const TensorRef& gw) {
+// The upstream gradients of the volume-render gradient ops: grad_color [R,C], grad_depth [R], grad_opacity [R] and
+// grad_weights shaped like the weights (`weights`: [R,S] for VolumeRenderGrad, [N] for VolumeRenderPackedGrad).
+inline bool ValidateUpstream(TF_OpKernelContext* ctx, const char* op, const RayDims& d,
+                             std::initializer_list<int64_t> weights, const TensorRef& gc, const TensorRef& gd,
+                             const TensorRef& go, const TensorRef& gw) {
   return CheckFloat(ctx, op, "grad_color", gc) && CheckFloat(ctx, op, "grad_depth", gd) &&
          CheckFloat(ctx, op, "grad_opacity", go) && CheckFloat(ctx, op, "grad_weights", gw) &&
          CheckShape(ctx, op, "grad_color", gc, {d.R, d.C}, Dims({d.R, d.C}).c_str()) &&
          CheckShape(ctx, op, "grad_depth", gd, {d.R}, Dims({d.R}).c_str()) &&
          CheckShape(ctx, op, "grad_opacity", go, {d.R}, Dims({d.R}).c_str()) &&
-         CheckShape(ctx, op, "grad_weights", gw, {d.R, d.S}, Dims({d.R, d.S}).c_str());
+         CheckShape(ctx, op, "grad_weights", gw, weights, Dims(weights).c_str());
+}
+
+// The upstream gradients of VolumeRenderGrad (inputs 4..7).
+inline bool ValidateVolumeRenderUpstream(TF_OpKernelContext* ctx, const char* op, const VrDims& d,
+                                         const TensorRef& gc, const TensorRef& gd, const TensorRef& go,
+                                         const TensorRef& gw) {
+  return ValidateUpstream(ctx, op, d, {d.R, d.S}, gc, gd, go, gw);
 }
 
 // weights [R,S], t [R,S+1].
@@ -112,6 +126,13 @@ inline bool ValidateDistortionLoss(TF_OpKernelContext* ctx, const char* op, cons
   *S = w.dim(1);
   return CheckShape(ctx, op, "t (interval edges, one more than samples)", t, {*R, *S + 1},
                     Dims({*R, *S + 1}).c_str());
+}
+
+// DistortionLoss: reads and validates (weights, t), allocates loss [R]. Returns false after failing ctx.
+inline bool PrepareDistortionLoss(TF_OpKernelContext* ctx, const char* op, TensorRef* w, TensorRef* t,
+                                  TensorRef* loss, int64_t* R, int64_t* S) {
+  return GetInput(ctx, 0, w) && GetInput(ctx, 1, t) && ValidateDistortionLoss(ctx, op, *w, *t, R, S) &&
+         AllocateOutput(ctx, 0, TF_FLOAT, {*R}, loss);
 }
 
 // DistortionLossGrad: reads and validates (weights, t, grad_loss), allocates (grad_weights [R,S], grad_t [R,S+1]).
@@ -138,14 +159,16 @@ inline bool ReadThreshold(TF_OpKernelConstruction* c, const char* op, float* thr
 struct VrAttrs {
   float threshold = 0.0f;
 };
-inline void* VrCreate(TF_OpKernelConstruction* c) {
+// Kernel state of a rendering op `op`: its VrAttrs, or nullptr after failing construction.
+inline void* NewVrAttrs(TF_OpKernelConstruction* c, const char* op) {
   auto* a = new VrAttrs;
-  if (!ReadThreshold(c, "volume_render", &a->threshold)) {
+  if (!ReadThreshold(c, op, &a->threshold)) {
     delete a;
     return nullptr;
   }
   return a;
 }
+inline void* VrCreate(TF_OpKernelConstruction* c) { return NewVrAttrs(c, "volume_render"); }
 inline void VrDelete(void* p) { delete static_cast<VrAttrs*>(p); }
 
 // Kernel registration spec of the volume-render ops on `device`: state from `create` (VrCreate, VrpCreate).

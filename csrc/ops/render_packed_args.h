@@ -1,4 +1,4 @@
-// Host-side argument checks of the packed rendering ops (csrc/ops/render_packed_ops.cc), shared by the CPU
+// Host-side argument checks of the packed rendering ops (csrc/ops/render_packed_op.cc), shared by the CPU
 // kernels and the GPU host code: dtypes and shapes. RowSplitsError reads row_splits values, so only the CPU
 // kernels (host memory) call it; the GPU kernels apply the NaN policy instead (metal_kernels/render_packed.metal).
 // Every failure names the op and the argument and fails the kernel with InvalidArgument.
@@ -7,23 +7,18 @@
 #include <cstdint>
 
 #include "common/tfc.h"
-#include "ops/render_validate.h"
+#include "ops/render_args.h"
 
 namespace tfmo::render {
 
-struct VrpDims {
-  int64_t R = 0, N = 0, C = 0;
-  BackgroundMode bg = kNoBackground;
+// VolumeRenderPacked(Grad): N samples in total.
+struct VrpDims : RayDims {
+  int64_t N = 0;
 };
-
-inline bool CheckInt32(TF_OpKernelContext* ctx, const char* op, const char* name, const TensorRef& t) {
-  if (t.dtype() == TF_INT32) return true;
-  return Fail(ctx, TF_INVALID_ARGUMENT, "%s: %s must be int32, got %s", op, name, DataTypeName(t.dtype()));
-}
 
 // row_splits int32 [R+1] with R + 1 >= 1; sets *R.
 inline bool ValidateRowSplitsShape(TF_OpKernelContext* ctx, const char* op, const TensorRef& rs, int64_t* R) {
-  if (!CheckInt32(ctx, op, "row_splits", rs)) return false;
+  if (!CheckDtype(ctx, op, "row_splits", rs, TF_INT32)) return false;
   if (rs.rank() != 1 || rs.dim(0) < 1)
     return Fail(ctx, TF_INVALID_ARGUMENT,
                 "%s: row_splits must have shape [R + 1] (rank 1, at least one entry), got %s", op,
@@ -65,12 +60,7 @@ inline bool ValidateVolumeRenderPacked(TF_OpKernelContext* ctx, const char* op, 
 inline bool ValidateVolumeRenderPackedUpstream(TF_OpKernelContext* ctx, const char* op, const VrpDims& d,
                                                const TensorRef& gc, const TensorRef& gd, const TensorRef& go,
                                                const TensorRef& gw) {
-  return CheckFloat(ctx, op, "grad_color", gc) && CheckFloat(ctx, op, "grad_depth", gd) &&
-         CheckFloat(ctx, op, "grad_opacity", go) && CheckFloat(ctx, op, "grad_weights", gw) &&
-         CheckShape(ctx, op, "grad_color", gc, {d.R, d.C}, Dims({d.R, d.C}).c_str()) &&
-         CheckShape(ctx, op, "grad_depth", gd, {d.R}, Dims({d.R}).c_str()) &&
-         CheckShape(ctx, op, "grad_opacity", go, {d.R}, Dims({d.R}).c_str()) &&
-         CheckShape(ctx, op, "grad_weights", gw, {d.N}, Dims({d.N}).c_str());
+  return ValidateUpstream(ctx, op, d, {d.N}, gc, gd, go, gw);
 }
 
 // weights [N], t_starts [N], t_ends [N], row_splits [R+1].
@@ -114,13 +104,6 @@ inline bool ValidateRowSplitsValues(TF_OpKernelContext* ctx, const char* op, con
 }
 
 // Kernel state of VolumeRenderPacked(Grad) (CPU and GPU): the validated threshold attr (VrAttrs, deleted by VrDelete).
-inline void* VrpCreate(TF_OpKernelConstruction* c) {
-  auto* a = new VrAttrs;
-  if (!ReadThreshold(c, "volume_render_packed", &a->threshold)) {
-    delete a;
-    return nullptr;
-  }
-  return a;
-}
+inline void* VrpCreate(TF_OpKernelConstruction* c) { return NewVrAttrs(c, "volume_render_packed"); }
 
 }  // namespace tfmo::render

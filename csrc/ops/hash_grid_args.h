@@ -1,5 +1,6 @@
-// Host-side parts shared by the CPU (csrc/cpu/hash_grid_cpu.cc) and Metal (csrc/metal/hash_grid_metal.mm)
-// kernels of the hash-grid ops: attr parsing/validation, level tables, input validation and max_level.
+// Host-side parts shared by the CPU kernels (csrc/cpu/hash_grid_cpu.cc) and the GPU host code
+// (csrc/gpu/hash_grid_gpu.cc) of the hash-grid ops: attr parsing/validation, level tables, input validation,
+// max_level and the kernel registrations.
 // Semantics: csrc/ops/hash_grid_op.cc; per-point math: csrc/shared/hash_grid_math.h.
 #pragma once
 
@@ -9,8 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "common/op_names.h"
 #include "common/tfc.h"
-#include "hash_grid_math.h"
+#include "shared/hash_grid_math.h"
 
 namespace tfmo {
 namespace hash_grid {
@@ -164,7 +166,7 @@ inline bool Prepare(TF_OpKernelContext* ctx, void* state, bool has_grad, const c
 
 // The second-order op (HashGridEncodeGradPositionsGrad): input 0 is ddx [N, D] float32 (the incoming gradient of
 // grad_positions), then grad, positions, params, max_level as for the first-order gradient ops.
-inline bool PrepareSecondOrder(TF_OpKernelContext* ctx, void* state, const char* op, Call* call, TensorRef* ddx) {
+inline bool ReadSecondOrder(TF_OpKernelContext* ctx, void* state, const char* op, Call* call, TensorRef* ddx) {
   if (!GetInput(ctx, 0, ddx)) return false;
   if (!Prepare(ctx, state, true, op, call, 1)) return false;
   if (ddx->dtype() != TF_FLOAT)
@@ -174,6 +176,48 @@ inline bool PrepareSecondOrder(TF_OpKernelContext* ctx, void* state, const char*
     return Fail(ctx, TF_INVALID_ARGUMENT, "%s: grad_grad_positions must have shape [%lld, %d] (like positions), got %s",
                 op, (long long)call->n, call->dims, ShapeString(*ddx).c_str());
   return true;
+}
+
+// The outputs of the second-order op: grad_grad [N, L*F] T, grad_params [E, F] T, grad_positions [N, D] float32.
+struct SecondOrderOutputs {
+  TensorRef dy, params, dx;
+};
+
+// ReadSecondOrder, then allocates the outputs. Returns false after failing ctx.
+inline bool PrepareSecondOrder(TF_OpKernelContext* ctx, void* state, const char* op, Call* call, TensorRef* ddx,
+                               SecondOrderOutputs* out) {
+  if (!ReadSecondOrder(ctx, state, op, call, ddx)) return false;
+  const Config& cfg = *call->cfg;
+  return AllocateOutput(ctx, 0, cfg.dtype, {call->n, static_cast<int64_t>(cfg.n_levels) * cfg.n_features}, &out->dy) &&
+         AllocateOutput(ctx, 1, cfg.dtype, {call->rows, static_cast<int64_t>(cfg.n_features)}, &out->params) &&
+         AllocateOutput(ctx, 2, TF_FLOAT, {call->n, static_cast<int64_t>(call->dims)}, &out->dx);
+}
+
+// Registers the kernels of the four hash-grid ops on `device` ("CPU" or "GPU", where max_level stays in host memory):
+// state from CreateConfig, T in {float, half}.
+using Compute = void (*)(void*, TF_OpKernelContext*);
+inline void RegisterKernels(const char* device, Compute encode, Compute grad_params, Compute grad_positions,
+                            Compute second_order) {
+  const struct {
+    const char* op;
+    Compute compute;
+  } kernels[] = {
+      {TFMO_OP_HASH_GRID_ENCODE, encode},
+      {TFMO_OP_HASH_GRID_ENCODE_GRAD_PARAMS, grad_params},
+      {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS, grad_positions},
+      {TFMO_OP_HASH_GRID_ENCODE_GRAD_POSITIONS_GRAD, second_order},
+  };
+  for (const auto& k : kernels) {
+    KernelSpec spec = KernelSpecFor(device);
+    spec.op = k.op;
+    spec.create = &CreateConfig;
+    spec.compute = k.compute;
+    spec.destroy = &DeleteConfig;
+    spec.type_attr = "T";
+    spec.types = {TF_FLOAT, TF_HALF};
+    if (std::strcmp(device, "GPU") == 0) spec.host_memory = {"max_level"};
+    RegisterKernel(spec);
+  }
 }
 
 }  // namespace hash_grid
