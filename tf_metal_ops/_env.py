@@ -1,12 +1,13 @@
 """The process environment, read in one place: the ``TF_METAL_OPS_*`` switches, which Metal plugin is installed,
 and where the package's sources and build cache are.
 
-The package's layers, each importing only those before it (tests/test_import_graph.py checks there is no cycle):
+The package's layers, each importing only earlier ones (tests/test_import_graph.py checks there is no cycle):
   1. ``_env`` (this module) and the standard-library-only helpers ``_builder``, ``msl_check``, ``emulated_gpu/glue``;
   2. ``_library``: finds and loads the op library;
   3. the op modules (``zero_out``, ``render``, ``hash_grid``, ...), ``emulated_gpu``, ``inline_kernels``,
      ``extension``;
-  4. ``diagnostics`` (``backend_info``; also importable as ``tf_metal_ops.backend``) and ``doctor``.
+  4. ``diagnostics`` (``backend_info``; also importable as ``tf_metal_ops.backend``), the package's ``__init__``,
+     ``doctor``.
 
 A leaf module: standard library only. ``msl_check.py`` and ``emulated_gpu/glue.py`` are also loaded by path by tools
 and tests, so they read their own switches (``TF_METAL_OPS_CLANGXX``, ``TFMO_SOURCE_ROOT``) themselves.
