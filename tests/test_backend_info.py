@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tf_metal_ops
-from tf_metal_ops import backend
+from tf_metal_ops import _env, backend
 
 GPU = "/job:localhost/replica:0/task:0/device:GPU:0"
 CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
@@ -91,7 +91,7 @@ def test_real_probe_on_a_cpu_only_tensorflow_says_where_it_ran():
 def mac(monkeypatch):
     """A macOS process with tensorflow-metal 1.2.0 and no community plugin; the probe runs on a fake TF."""
     versions = {"tensorflow-metal": "1.2.0"}
-    monkeypatch.setattr(backend, "_version", lambda dist: versions.get(dist))
+    monkeypatch.setattr(_env, "distribution_version", lambda dist: versions.get(dist))
     fake = FakeTF(placed=_like_tf_eager)
     monkeypatch.setattr(sys.modules["tf_metal_ops.zero_out"], "zero_out", fake.zero_out)
     return versions, fake
@@ -163,7 +163,8 @@ def test_backend_info_on_this_machine():
 def test_community_plugin_warning_before_the_library_loads(monkeypatch, caplog):
     from tf_metal_ops import _library
 
-    monkeypatch.setattr(backend, "_version", lambda dist: "0.4.1" if dist == "tensorflow-metal-plugin" else None)
+    monkeypatch.setattr(_env, "distribution_version",
+                        lambda dist: "0.4.1" if dist == "tensorflow-metal-plugin" else None)
     monkeypatch.setattr(_library.sys, "platform", "darwin")
     monkeypatch.setenv("TF_METAL_OPS_NO_GPU_KERNELS", "0")  # so monkeypatch removes it again: it is process-wide
     with caplog.at_level("WARNING", logger="tf_metal_ops"):

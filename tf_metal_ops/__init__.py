@@ -4,13 +4,18 @@ The op library is compiled at install time (``pip install .``) against TensorFlo
 loads in every TensorFlow >= 2.16. ``library_path()`` gives its path for ``tf.load_op_library``.
 """
 
+import sys as _sys
+
+from tf_metal_ops import diagnostics, emulated_gpu
 from tf_metal_ops._library import OpLibraryError, library_path
+from tf_metal_ops._library import ops as _ops
 from tf_metal_ops._version import __version__
-from tf_metal_ops.backend import backend_info
+from tf_metal_ops.diagnostics import backend_info
 from tf_metal_ops.hash_grid import HashGridConfig, HashGridEncoding
 from tf_metal_ops.hash_grid.config import hash_grid_table_layout
 from tf_metal_ops.hash_grid.ops import hash_grid_encode
 from tf_metal_ops.inline_kernels import KernelCompileError, MetalKernel, ShaderLibrary, compile_shader, metal_kernel
+from tf_metal_ops.inline_kernels import build as _inline_build
 from tf_metal_ops.occupancy import OccupancyGrid, RayMarchResult, ray_march, ray_march_tf
 from tf_metal_ops.render import (
     VolumeRenderResult,
@@ -61,27 +66,26 @@ __all__ = [
     "zero_out",
 ]
 
+# tf_metal_ops.backend: the documented name of the diagnostics module, bound to the same module object (so
+# `from tf_metal_ops.backend import ...` and attribute patches on either name see one module).
+backend = diagnostics
+_sys.modules[__name__ + ".backend"] = diagnostics
+
 # Load the op library now when it is installed, so `import tf_metal_ops` is all a process needs before
 # tf.saved_model.load of a graph containing the ops (their gradients are registered by the imports above).
 # Without the library the package still imports (the Keras layer then falls back to pure TF).
 try:
-    from tf_metal_ops._library import ops as _ops
-
     _ops()
 except OpLibraryError:
     pass
 
 # TF_METAL_OPS_EMULATED_GPU=1: the Metal-emulating GPU device (development and tests; tf_metal_ops/emulated_gpu).
-from tf_metal_ops import emulated_gpu as _emulated_gpu  # noqa: E402
-
-if _emulated_gpu.requested():
-    _emulated_gpu.enable()
+if emulated_gpu.requested():
+    emulated_gpu.enable()
 
 # Inline kernels (metal_kernel) compile on first use through a callback the op libraries call; registering it now
 # lets a graph or SavedModel holding such a kernel run in a new process after `import tf_metal_ops` alone.
 try:
-    from tf_metal_ops.inline_kernels import build as _inline_build
-
     _inline_build.ensure_registered()
 except OpLibraryError:
     pass

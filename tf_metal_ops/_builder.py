@@ -13,7 +13,7 @@ Invariants:
   - compile jobs run in parallel on every CPU; a failure raises the caller's error type with the command and the
     compiler's output.
 
-A leaf module: standard library only.
+The cache root is _env.cache_root(). A leaf module: standard library only.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -28,13 +29,6 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
-
-
-def cache_root() -> Path:
-    """``$TF_METAL_OPS_CACHE``, else ``$XDG_CACHE_HOME/tf-metal-ops``, else ``~/.cache/tf-metal-ops``."""
-    base = os.environ.get("TF_METAL_OPS_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tf-metal-ops")
-    return Path(base)
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,6 +70,23 @@ def run_parallel(jobs: Sequence[tuple[Sequence[str], str]], error: type[Exceptio
         return
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         list(pool.map(lambda job: run(job[0], job[1], error), jobs))
+
+
+def compile_all(compiler: str, jobs: Iterable[tuple[Path, Path, Sequence[str]]], what: str,
+                error: type[Exception]) -> None:
+    """Compiles each (source, object, flags) job (``compiler *flags -c source -o object``) with run_parallel; `what`
+    names a job in the error, formatted with ``{source}`` (its path) and ``{name}`` (its file name)."""
+    run_parallel([([compiler, *flags, "-c", str(source), "-o", str(obj)],
+                   what.format(source=source, name=Path(source).name)) for source, obj, flags in jobs], error)
+
+
+def metal_sources_tool(root: Path):
+    """tools/metal_sources.py of the source tree at `root` (embedded Metal sources, metallibs), loaded by path: it is
+    a build tool of the source tree, not a module of the package."""
+    spec = importlib.util.spec_from_file_location("tfmo_metal_sources", Path(root) / "tools" / "metal_sources.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 _locks_guard = threading.Lock()

@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tf_metal_ops as tfmo  # noqa: E402
+from tf_metal_ops.hash_grid import pure_tf  # noqa: E402
+from tf_metal_ops.inline_kernels import build  # noqa: E402
 
 
 def _cases(tf, tfmo):
@@ -118,8 +124,6 @@ def _cases(tf, tfmo):
     def inline_ref(x):
         return [tf.exp(x), 2 * tf.exp(x) ** 2]
 
-    from tf_metal_ops.hash_grid import pure_tf
-
     return {
         "ZeroOut": ([np.arange(1, 4097, dtype=np.float32)], lambda x: [tfmo.zero_out(x)], zero_out_ref, 0, 0),
         INLINE_CASE: ([rng.uniform(-2, 2, 1000).astype(np.float32)], inline, inline_ref, 1e-5, 1e-6),
@@ -174,8 +178,6 @@ class _SkipCpu(Exception):
 
 def _inline_cpu_compiler(tfmo) -> bool:
     """Whether inline kernels can run on the CPU here (a clang++ >= 16); the reason when not."""
-    from tf_metal_ops.inline_kernels import build
-
     try:
         build.find_compiler()
         return True
@@ -228,10 +230,6 @@ def run_checks(tf, tfmo, devices, out=print):
 
 
 def main(argv=None) -> int:
-    import tensorflow as tf
-
-    import tf_metal_ops as tfmo
-
     info = tfmo.backend_info()
     print("tf-metal-ops doctor")
     print(f"  tf-metal-ops        {tfmo.__version__}")
@@ -264,8 +262,6 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     failures = run_checks(tf, tfmo, devices)
     print(f"  (checks took {time.perf_counter() - start:.1f} s)")
-
-    import platform
 
     # Metal kernels are expected on Apple-silicon Macs; Intel Macs get the CPU kernels (no tensorflow-metal wheel).
     on_mac = sys.platform == "darwin" and platform.machine() == "arm64"

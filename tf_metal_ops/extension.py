@@ -27,7 +27,10 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from tf_metal_ops import _builder, emulated_gpu
+from tf_metal_ops import _builder, _env, emulated_gpu
+from tf_metal_ops.emulated_gpu import glue
+
+# TensorFlow is imported in the functions that use it: setup.py's BuildExt and get_include() work without it.
 
 
 class BuildError(RuntimeError):
@@ -133,7 +136,7 @@ def _key(name: str, compiler: str, gpu: str | None, kinds, flags: Sequence[str],
     parts = [name, _builder.compiler_identity(compiler), tf.__version__, str(gpu), sys.version, *flags, "|", *ldflags]
     files = [f for fs in kinds.values() for f in fs]
     files += _headers_near(files) + _builder.tree_files(emulated_gpu.source_root(), ("csrc", "tools/msl_emu"))
-    return _builder.content_key(parts, [*files, Path(__file__), Path(emulated_gpu.__file__).with_name("glue.py")])
+    return _builder.content_key(parts, [*files, Path(__file__), Path(glue.__file__)])
 
 
 def build(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Sequence[str] = (),
@@ -148,10 +151,10 @@ def build(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Sequ
         kinds["objc"] = []  # Objective-C++ is macOS-only
     cxx = find_cxx(gpu)
     # TF_METAL_OPS_EMU_COVERAGE=1 (tools/emulated_gpu_coverage.py): host code instrumented, as the package's own.
-    cov = emulated_gpu.COVERAGE_FLAGS if gpu == "emulated" and os.environ.get(emulated_gpu.COVERAGE_SWITCH) == "1" else []
+    cov = emulated_gpu.COVERAGE_FLAGS if gpu == "emulated" and _env.emu_coverage() else []
     flags = [*compile_flags(), "-O2", "-fvisibility=hidden", "-DNDEBUG", *cov, *extra_cflags]
     ldflags = [*link_flags(), *cov, *extra_ldflags]
-    root = Path(build_directory) if build_directory else _builder.cache_root() / "extensions"
+    root = Path(build_directory) if build_directory else _env.cache_root() / "extensions"
     out_dir = root / f"{name}-{_key(name, cxx, gpu, kinds, flags, ldflags)}{'-coverage' if cov else ''}"
     lib_name = f"lib{name}.so"
 
@@ -169,17 +172,14 @@ def build(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Sequ
                 jobs.append((s, [*flags, "-x", "objective-c++", "-fobjc-arc", "-fblocks", f"-I{s.parent}"]))
             jobs.append((_embedded_metal(kinds["metal"], work), [*flags]))  # the backend needs the table, even empty
         elif gpu == "emulated" and kinds["metal"]:
-            from tf_metal_ops.emulated_gpu import glue
-
             units = glue.generate(kinds["metal"], work / "glue")
             for u in units:
                 jobs.append((u.source, [*glue.base_flags(), "-O2", *u.flags]))
             jobs.append((glue.launch_source(), [*glue.base_flags(), "-O2",
                                                 *[f"-I{d}" for d in glue.include_dirs()]]))
         objects = [str(work / f"{i:03d}_{source.stem}.o") for i, (source, _) in enumerate(jobs)]
-        _builder.run_parallel([([cxx, *job_flags, "-c", str(source), "-o", obj],
-                                f"tf_metal_ops.extension: compiling {source}")
-                               for obj, (source, job_flags) in zip(objects, jobs)], BuildError)
+        _builder.compile_all(cxx, [(source, obj, job_flags) for obj, (source, job_flags) in zip(objects, jobs)],
+                             "tf_metal_ops.extension: compiling {source}", BuildError)
         _builder.run([cxx, "-shared", "-o", str(work / lib_name), *objects, *ldflags],
                      f"tf_metal_ops.extension: linking {lib_name}", BuildError)
         if gpu == "metal" and kinds["metal"]:
@@ -190,13 +190,7 @@ def build(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Sequ
 
 
 def _metal_tools():
-    import importlib.util
-
-    path = emulated_gpu.source_root() / "tools" / "metal_sources.py"
-    spec = importlib.util.spec_from_file_location("tfmo_metal_sources", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _builder.metal_sources_tool(emulated_gpu.source_root())
 
 
 def _embedded_metal(metal_files: list[Path], work: Path) -> Path:

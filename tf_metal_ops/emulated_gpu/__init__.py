@@ -27,14 +27,16 @@ import sys
 import threading
 from pathlib import Path
 
-from tf_metal_ops import _builder, msl_check
-from tf_metal_ops.emulated_gpu import metal_double
+from tf_metal_ops import _builder, _env, _library, msl_check
+from tf_metal_ops.emulated_gpu import glue, metal_double
 
-ENV_SWITCH = "TF_METAL_OPS_EMULATED_GPU"
+# TensorFlow is imported in the functions that use it: requested() and info() work without importing it.
+
+ENV_SWITCH = _env.EMULATED_GPU
 DEVICE_LIBRARY = "libtfmo_emulated_device.so"
 KERNEL_LIBRARY = "libtf_metal_ops_emulated_gpu.so"
 PLATFORM_NAME = "TFMO_EMULATED_METAL"
-COVERAGE_SWITCH = "TF_METAL_OPS_EMU_COVERAGE"  # =1: host code with clang source-based coverage (own cache dir)
+COVERAGE_SWITCH = _env.EMU_COVERAGE  # =1: host code with clang source-based coverage (own cache dir)
 COVERAGE_FLAGS = ["-fprofile-instr-generate", "-fcoverage-mapping"]
 # The device library's sources in csrc/emulated/ (C++17, TensorFlow's C headers only; tests/emulated_device_build.py
 # builds the same list).
@@ -54,19 +56,18 @@ def requested() -> bool:
 
 def backend() -> str | None:
     """The GPU backend the switch asks for: "emulated" (=1), "metal" (=metal), else None."""
-    return {"1": "emulated", "metal": "metal"}.get(os.environ.get(ENV_SWITCH, ""))
+    return _env.emulated_gpu_backend()
 
 
 # ---- sources -------------------------------------------------------------------------------------------------
 def source_root() -> Path:
     """Where csrc/, metal_kernels/ and tools/msl_emu/ are: the wheel's package data (tf_metal_ops/_sources), or the
     source checkout this package was installed from in editable mode."""
-    pkg = Path(__file__).resolve().parents[1]
-    for root in (pkg / "_sources", pkg.parent):
-        if (root / "csrc" / "emulated" / "emu_backend.cc").is_file() and (root / "tools" / "msl_emu").is_dir():
-            return root
+    root = _env.source_root()
+    if root is not None:
+        return root
     raise EmulatedGPUError(
-        f"tf_metal_ops: the emulated GPU's sources are missing (looked in {pkg / '_sources'} and {pkg.parent}); "
+        "tf_metal_ops: the emulated GPU's sources are missing (looked in {} and {}); ".format(*_env.source_roots()) +
         "reinstall tf-metal-ops from a wheel or source tree built by this version's setup.py"
     )
 
@@ -89,7 +90,7 @@ def find_compiler() -> str:
     try:
         return msl_check.find_compiler()
     except msl_check.MSLCompilerNotFound as e:
-        if os.environ.get("TF_METAL_OPS_CLANGXX"):
+        if _env.clangxx():
             raise EmulatedGPUError(f"tf_metal_ops: {e}") from None
         raise EmulatedGPUError(
             "tf_metal_ops: TF_METAL_OPS_EMULATED_GPU=1 needs clang++ >= 16 to build the emulated GPU device "
@@ -104,7 +105,7 @@ def _tensorflow_dirs() -> tuple[str, str]:
 
 
 def cache_root() -> Path:
-    return _builder.cache_root() / "emulated-gpu"
+    return _env.cache_root() / "emulated-gpu"
 
 
 # ---- build ---------------------------------------------------------------------------------------------------
@@ -120,13 +121,11 @@ def _key(compiler: str, tf_include: str, tf_lib: str, root: Path, extra: list[st
 def build(verbose: bool = False, gpu_backend: str | None = None) -> dict[str, Path]:
     """Compiles the device and the GPU kernel library into the cache (once per content hash); returns their paths.
     `gpu_backend`: "emulated" or "metal" (default: what TF_METAL_OPS_EMULATED_GPU asks for, else "emulated")."""
-    from tf_metal_ops.emulated_gpu import glue
-
     gpu_backend = gpu_backend or backend() or "emulated"
     root = source_root()
     compiler = find_compiler()
     tf_include, tf_lib = _tensorflow_dirs()
-    coverage = os.environ.get(COVERAGE_SWITCH, "") == "1"  # tools/emulated_gpu_coverage.py
+    coverage = _env.emu_coverage()  # tools/emulated_gpu_coverage.py
     cov = COVERAGE_FLAGS if coverage else []
     if gpu_backend == "metal":
         runtime = metal_double.objc_runtime(EmulatedGPUError)
@@ -159,9 +158,7 @@ def build(verbose: bool = False, gpu_backend: str | None = None) -> dict[str, Pa
         kernel_objects = [str(o) for _, o, _ in jobs]
         device_objects = [str(work / f"device_{f.stem}.o") for f in src["device"]]
         jobs += [(f, Path(o), ["-std=c++17", *common, f"-I{tf_include}"]) for f, o in zip(src["device"], device_objects)]
-        _builder.run_parallel([([compiler, *flags, "-c", str(source), "-o", str(obj)],
-                                f"building the emulated GPU (compiling {source.name})") for source, obj, flags in jobs],
-                              EmulatedGPUError)
+        _builder.compile_all(compiler, jobs, "building the emulated GPU (compiling {name})", EmulatedGPUError)
         _builder.run([compiler, "-shared", *cov, "-o", str(work / KERNEL_LIBRARY), *kernel_objects, *link],
                      "building the emulated GPU (linking the GPU kernels)", EmulatedGPUError)
         _builder.run([compiler, "-shared", "-o", str(work / DEVICE_LIBRARY), *device_objects, *link],
@@ -186,8 +183,6 @@ def enable(verbose: bool = True) -> dict[str, str]:
         import tensorflow as tf
         from tensorflow.python.framework import load_library
 
-        from tf_metal_ops import _library
-
         if tf.config.list_physical_devices("GPU"):
             raise EmulatedGPUError(
                 "tf_metal_ops: this TensorFlow already has a GPU device "
@@ -204,7 +199,7 @@ def enable(verbose: bool = True) -> dict[str, str]:
                 f"initialised its devices. Set {ENV_SWITCH}=1 before the first TensorFlow op (import tf_metal_ops "
                 "first, or call tf_metal_ops.emulated_gpu.enable() at the top of the program)"
             )
-        if os.environ.get("TF_METAL_OPS_NO_GPU_KERNELS") == "1":
+        if _env.no_gpu_kernels():
             raise EmulatedGPUError(
                 "tf_metal_ops: TF_METAL_OPS_NO_GPU_KERNELS=1 is set, so no GPU kernel would be registered and every op "
                 "would silently run on the CPU; unset it to use the emulated GPU")

@@ -12,13 +12,12 @@ compiled by msl_emu, i.e. the "GPU"), the device, the GPU kernel library, and th
 
 from __future__ import annotations
 
-import os
 import tarfile
 from pathlib import Path
 
-from tf_metal_ops import _builder
+from tf_metal_ops import _builder, _env
 
-RUNTIME_SWITCH = "TF_METAL_OPS_OBJC_RUNTIME"
+RUNTIME_SWITCH = _env.OBJC_RUNTIME
 APPLE_LIBRARY = "libtfmo_apple_double.so"
 DEVICE_LIBRARY = "libtfmo_metal_double_device.so"
 KERNEL_LIBRARY = "libtf_metal_ops_metal_double.so"
@@ -28,14 +27,14 @@ OBJC_FLAGS = ["-fobjc-runtime=gnustep-2.0", "-fobjc-arc", "-fblocks", "-fobjc-ex
 
 def objc_runtime(error: type[Exception]) -> Path:
     """The libobjc2 directory named by TF_METAL_OPS_OBJC_RUNTIME (a .tgz is unpacked into the cache once)."""
-    value = os.environ.get(RUNTIME_SWITCH, "")
+    value = _env.objc_runtime()
     if not value:
         raise error(
             f"tf_metal_ops: TF_METAL_OPS_EMULATED_GPU=metal needs the GNUstep Objective-C runtime (libobjc2): set "
             f"{RUNTIME_SWITCH} to its directory or .tgz (in this project: ../shared/objc-runtime/*.tgz)")
     path = Path(value)
     if path.is_file():
-        out = _builder.cache_root() / "objc-runtime" / _builder.content_key([path.name], [path], length=12)
+        out = _env.cache_root() / "objc-runtime" / _builder.content_key([path.name], [path], length=12)
         if not (out / "libobjc2" / "lib").is_dir():
             out.mkdir(parents=True, exist_ok=True)
             with tarfile.open(path) as t:
@@ -56,7 +55,7 @@ def make(work: Path, *, root: Path, compiler: str, tf_include: str, tf_lib: str,
     csrc = root / "csrc"
     mock = root / "tools" / "apple_mock"
     metal_files = sorted((root / "metal_kernels").glob("*.metal"))
-    tools = _metal_tools(root)
+    tools = _builder.metal_sources_tool(root)
     embedded = work / "metal_embedded_sources.cc"
     tools.write_embedded_source(str(embedded), [str(f) for f in metal_files],
                                 [str(root / "metal_kernels"), str(csrc / "shared")])
@@ -85,8 +84,7 @@ def make(work: Path, *, root: Path, compiler: str, tf_include: str, tf_lib: str,
     kernels.append((embedded, work / "k_embedded.o", ["-std=c++20", *common, f"-I{csrc}"]))
     device.append((mock / "src" / "tensorflow_metal_device.mm", work / "device.o", objc))
     jobs = apple + kernels + device
-    _builder.run_parallel([([compiler, *flags, "-c", str(s), "-o", str(o)],
-                            f"building the Metal double (compiling {s.name})") for s, o, flags in jobs], error)
+    _builder.compile_all(compiler, jobs, "building the Metal double (compiling {name})", error)
 
     origin = ["-Wl,-rpath,$ORIGIN", f"-L{work}", "-l:" + APPLE_LIBRARY]
     _builder.run([compiler, "-shared", "-o", str(work / APPLE_LIBRARY), *[str(o) for _, o, _ in apple], *objc_link],
@@ -100,13 +98,3 @@ def make(work: Path, *, root: Path, compiler: str, tf_include: str, tf_lib: str,
     for name in METALLIBS:
         (work / name).write_text("TFMO-MOCK-METALLIB 1\n" + "".join(n + "\n" for n in names))
     return [*METALLIBS, APPLE_LIBRARY]
-
-
-def _metal_tools(root: Path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("tfmo_metal_sources", root / "tools" / "metal_sources.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-

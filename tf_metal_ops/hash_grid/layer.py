@@ -13,8 +13,10 @@ import warnings
 import keras
 import tensorflow as tf
 
+from tf_metal_ops import _library
 from tf_metal_ops.hash_grid import pure_tf
 from tf_metal_ops.hash_grid.config import HashGridConfig
+from tf_metal_ops.hash_grid.ops import hash_grid_encode
 
 IMPLEMENTATIONS = ("auto", "op", "pure_tf")
 _warned_fallback = False
@@ -22,18 +24,13 @@ _warned_fallback = False
 
 def _op_encode():
     """``hash_grid_encode`` of the compiled op library, or raises OpLibraryError/ImportError."""
-    from tf_metal_ops._library import ops
-
-    ops()  # raises OpLibraryError when the library is missing or does not load
-    from tf_metal_ops.hash_grid.ops import hash_grid_encode
-
+    _library.ops()  # raises OpLibraryError when the library is missing or does not load
     return hash_grid_encode
 
 
 def resolve_implementation(implementation):
     """``(name, encode_fn)``: the op for "op", pure TF for "pure_tf", the op if it loads for "auto"."""
     global _warned_fallback
-    from tf_metal_ops._library import OpLibraryError
 
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
@@ -41,7 +38,7 @@ def resolve_implementation(implementation):
         return "pure_tf", pure_tf.hash_grid_encode
     try:
         return "op", _op_encode()
-    except (OpLibraryError, ImportError) as e:
+    except (_library.OpLibraryError, ImportError) as e:
         if implementation == "op":
             raise
         if not _warned_fallback:

@@ -25,14 +25,13 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import functools
-import hashlib
 import platform
 import re
 import sys
 import threading
 from pathlib import Path
 
-from tf_metal_ops import _builder, _library, emulated_gpu, msl_check
+from tf_metal_ops import _builder, _env, _library, emulated_gpu, msl_check
 from tf_metal_ops.emulated_gpu import glue
 
 
@@ -86,7 +85,7 @@ def _toolchain() -> tuple[str, Path, list[str], str]:
 
 
 def cache_dir() -> Path:
-    return _builder.cache_root() / "inline-kernels"
+    return _env.cache_root() / "inline-kernels"
 
 
 def _runtime_object() -> Path:
@@ -238,7 +237,7 @@ def compile(msl: str, *, checked: bool) -> Path:
     """The path of the library compiled from `msl` (cached). Raises KernelCompileError."""
     stats["requested"] += 1
     compiler, root, flags, key = _toolchain()
-    src_key = hashlib.sha256(msl.encode()).hexdigest()[:24]
+    src_key = _builder.content_key([msl], length=24)
     out = cache_dir() / f"{src_key}-{'checked' if checked else 'fast'}-{key[:12]}"
     runtime = _runtime_object()
 

@@ -1,11 +1,17 @@
-"""What this installation can run: ``backend_info()``."""
+"""What this installation can run: ``backend_info()``. Also importable as ``tf_metal_ops.backend`` (the same
+module)."""
 
 from __future__ import annotations
 
-import importlib.metadata
+import ctypes
 import json
 import platform
 import sys
+
+from tf_metal_ops import _env, _library, emulated_gpu
+from tf_metal_ops._env import COMMUNITY_METAL_PLUGINS, community_metal_plugin  # noqa: F401 (part of this API)
+
+# TensorFlow, and zero_out (which imports it), are imported in the functions that run a diagnostic.
 
 # tensorflow-metal release -> TensorFlow versions it loads in (from its own PyPI description).
 TENSORFLOW_METAL_SUPPORT = {
@@ -13,13 +19,6 @@ TENSORFLOW_METAL_SUPPORT = {
     "1.1": ((2, 14), (2, 17)),
     "1.2": ((2, 18), (2, 19)),
 }
-
-
-def _version(dist: str):
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _tf_minor(v: str):
@@ -49,22 +48,7 @@ def _registered_kernels(op_type: str):
     return {dev: sorted(types) for dev, types in sorted(found.items())}
 
 
-# ---- the TF >= 2.20 community Metal plugin ------------------------------------------------------------------
-# Its stream (TF_GetStream) is a C++ struct, not an Objective-C object with tensorflow-metal's stream protocol, and
-# kernels see `contents` addresses, not id<MTLBuffer>: messaging that stream crashes the process. It is detected by
-# its installed distribution (no pointer is ever messaged) and the ops then stay on their CPU kernels.
-COMMUNITY_METAL_PLUGINS = ("tensorflow-metal-plugin", "metal-pluggable-device")
-
-
-def community_metal_plugin():
-    """(distribution, version) of an installed community Metal plugin (TF >= 2.20), or None."""
-    for dist in COMMUNITY_METAL_PLUGINS:
-        v = _version(dist)
-        if v is not None:
-            return dist, v
-    return None
-
-
+# ---- the TF >= 2.20 community Metal plugin (detected by _env.community_metal_plugin) ---------------------------
 def community_plugin_reason(plugin) -> str:
     dist, version = plugin
     return (
@@ -113,7 +97,7 @@ def _metal_status(tf, build, system=None):
     plugin = community_metal_plugin()
     if plugin is not None:
         return False, community_plugin_reason(plugin)
-    tfm = _version("tensorflow-metal")
+    tfm = _env.distribution_version("tensorflow-metal")
     if tfm is None:
         return False, "tensorflow-metal is not installed (pip install 'tf-metal-ops[metal]')"
     supported = TENSORFLOW_METAL_SUPPORT.get(".".join(tfm.split(".")[:2]))
@@ -157,10 +141,6 @@ def cpu_paths(family: str | None = None) -> dict:
     ``supported`` (lists of build names), ``selected``, ``requested`` (None when unset or ``auto``, ``"?"`` for an
     unknown name), ``fell_back`` (the request could not be honoured), ``variable`` and ``calls`` (loop calls so far
     per build: a diagnostic that proves which build produced a result). The builds give bitwise identical results."""
-    import ctypes
-
-    from tf_metal_ops import _library
-
     if family is None:
         return {f: cpu_paths(f) for f in CPU_ISA_FAMILIES if hasattr(_library.native(), CPU_ISA_FAMILIES[f][0])}
     symbol, variable, names = CPU_ISA_FAMILIES[family]
@@ -200,13 +180,11 @@ def backend_info() -> dict:
     (with the reason when it is not). Never raises: problems are reported in the result."""
     import tensorflow as tf
 
-    from tf_metal_ops import _library
-
     info = {
         "tensorflow": tf.__version__,
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
-        "tensorflow_metal": _version("tensorflow-metal"),
+        "tensorflow_metal": _env.distribution_version("tensorflow-metal"),
         "community_metal_plugin": (lambda p: f"{p[0]} {p[1]}" if p else None)(community_metal_plugin()),
         "devices": [d.name for d in tf.config.list_physical_devices()],
     }
@@ -248,8 +226,6 @@ def _gpu_backend(info: dict) -> str | None:
 def _emulated_gpu_status(tf) -> dict:
     """tf_metal_ops.emulated_gpu.info(), plus a GPU probe when the emulated device is enabled in this process."""
     try:
-        from tf_metal_ops import emulated_gpu
-
         out = emulated_gpu.info()
         if out.get("enabled"):
             from tf_metal_ops.zero_out import zero_out

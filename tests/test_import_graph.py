@@ -1,0 +1,173 @@
+"""The package's modules depend one way: the import graph of tf_metal_ops (read from the source with `ast`, function-level
+imports included) has no cycle, and the environment module is a leaf (layers: tf_metal_ops/_env.py).
+
+Edges: ``import a.b`` and ``from a.b import name`` lead to the module ``a.b`` (to ``a.b.name`` when that is a module);
+relative imports are resolved against the importing module; a name that is no module of the package leads to the
+longest module prefix it has. Implicit imports of parent packages are not edges (every module has them)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def package_modules(pkg_dir: Path) -> dict[str, tuple[Path, bool]]:
+    """Module name -> (file, is a package) for every .py file under pkg_dir (pkg_dir's name is the top package)."""
+    out = {}
+    for path in sorted(pkg_dir.rglob("*.py")):
+        rel = path.relative_to(pkg_dir.parent).with_suffix("")
+        if "__pycache__" in rel.parts or "_sources" in rel.parts:
+            continue
+        parts = list(rel.parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts.pop()
+        out[".".join(parts)] = (path, is_package)
+    return out
+
+
+def _known_prefix(name: str, modules) -> str | None:
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _targets(node, module: str, is_package: bool, modules) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [t for t in (_known_prefix(a.name, modules) for a in node.names) if t]
+    if node.level:
+        base = module if is_package else module.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            base = base.rpartition(".")[0]
+        base = f"{base}.{node.module}" if node.module else base
+    else:
+        base = node.module
+    out = []
+    for alias in node.names:
+        target = f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else _known_prefix(base, modules)
+        if target:
+            out.append(target)
+    return out
+
+
+def import_graph(pkg_dir: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports anywhere in its text (module level, functions, classes)."""
+    modules = package_modules(pkg_dir)
+    graph = {}
+    for name, (path, is_package) in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        edges = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                edges.update(_targets(node, name, is_package, modules))
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as [m0, m1, ..., m0], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                return path[path.index(n):] + [n]
+            if n not in state:
+                found = visit(n)
+                if found:
+                    return found
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+PACKAGE_GRAPH = import_graph(REPO_ROOT / "tf_metal_ops")
+
+
+def test_tf_metal_ops_has_no_import_cycle():
+    cycle = find_cycle(PACKAGE_GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_graph_holds_function_level_imports():
+    # diagnostics imports zero_out (which imports TensorFlow) inside the functions that run the GPU probe
+    assert "tf_metal_ops.zero_out" in PACKAGE_GRAPH["tf_metal_ops.diagnostics"]
+    assert "tf_metal_ops.emulated_gpu.glue" in PACKAGE_GRAPH["tf_metal_ops.emulated_gpu"]
+
+
+def test_the_platform_layers():
+    assert PACKAGE_GRAPH["tf_metal_ops._env"] == set()
+    assert PACKAGE_GRAPH["tf_metal_ops._builder"] == set()
+    assert PACKAGE_GRAPH["tf_metal_ops._library"] == {"tf_metal_ops._env"}
+    # loaded by path by tools and tests, so standard library only
+    assert PACKAGE_GRAPH["tf_metal_ops.msl_check"] == set()
+    assert PACKAGE_GRAPH["tf_metal_ops.emulated_gpu.glue"] == set()
+
+
+# ---- negative controls: a small package with a cycle ------------------------------------------------------------
+def _package(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = root / "pkg" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root / "pkg"
+
+
+CYCLES = {
+    "module level, relative": {
+        "__init__.py": "",
+        "a.py": "from . import b\n",
+        "b.py": "from .sub.c import f\n",
+        "sub/__init__.py": "",
+        "sub/c.py": "from ..a import x\n",
+    },
+    "hidden in a function": {
+        "__init__.py": "from pkg.a import g\n",
+        "a.py": "from pkg import b\ndef g():\n    return b\n",
+        "b.py": "def h():\n    from pkg import a\n    return a\n",
+    },
+    "import ... as, in a method": {
+        "__init__.py": "",
+        "a.py": "import pkg.b as b\n",
+        "b.py": "class K:\n    def m(self):\n        import pkg.a\n",
+    },
+    "through a package's name": {
+        "__init__.py": "from pkg.a import g\n",
+        "a.py": "def g():\n    from pkg import g2\n",
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(CYCLES))
+def test_a_cycle_is_found(tmp_path, case):
+    cycle = find_cycle(import_graph(_package(tmp_path, CYCLES[case])))
+    assert cycle is not None and cycle[0] == cycle[-1], cycle
+
+
+def test_no_cycle_in_a_one_way_package(tmp_path):
+    pkg = _package(tmp_path, {
+        "__init__.py": "from pkg.a import g\nfrom pkg import b\n",
+        "a.py": "import os\nfrom . import b\ndef g():\n    from pkg.sub import c\n",
+        "b.py": "from .sub.c import f\n",
+        "sub/__init__.py": "",
+        "sub/c.py": "import json\ndef f():\n    pass\n",
+    })
+    graph = import_graph(pkg)
+    assert graph["pkg.a"] == {"pkg.b", "pkg.sub.c"}
+    assert graph["pkg.b"] == {"pkg.sub.c"}
+    assert find_cycle(graph) is None
