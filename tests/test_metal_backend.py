@@ -47,12 +47,22 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def metal_double(clang16):
+    """Builds the Metal double once (cached); returns the environment that selects it. The build reads the switch
+    from os.environ, which is restored after it: later tests' subprocesses must not inherit it."""
     from tf_metal_ops import emulated_gpu
 
     os.environ.setdefault("TF_METAL_OPS_CLANGXX", clang16)
     env = gpu_backend_env("metal")
+    saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    emulated_gpu.build(gpu_backend="metal")
+    try:
+        emulated_gpu.build(gpu_backend="metal")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return env
 
 
