@@ -59,15 +59,12 @@ constexpr NSUInteger kMaxThreads = 1024;            // maxTotalThreadsPerThreadg
 constexpr NSUInteger kExecutionWidth = 32;
 constexpr const char* kMetallibMagic = "TFMO-MOCK-METALLIB 1";
 
-std::atomic<uint64_t> g_violations{0};
-
 [[noreturn]] __attribute__((format(printf, 2, 3))) void Violation(const char* where, const char* fmt, ...) {
   char msg[2048];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  ++g_violations;
   fprintf(stderr, "-[%s] failed assertion `%s' (tf-metal-ops Metal double: a rule Apple's validation layer enforces)\n",
           where, msg);
   fflush(stderr);

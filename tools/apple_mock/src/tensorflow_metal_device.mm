@@ -74,7 +74,6 @@ extern "C" void tfmo_mock_forget_heap_block(const void* ptr);
   id<MTLCommandBuffer> _current;  // nil until asked for (plain), or the MPS-like wrapper
   bool _mps;
   id<MTLBlitCommandEncoder> _openBlit;  // tfmo_mock_tf_metal_leave_encoder_open: the stream's own work, still open
-  uint64_t _commits;
 }
 - (dispatch_queue_t)queue;
 - (id<MTLCommandBuffer>)currentCommandBuffer;
@@ -104,7 +103,6 @@ extern "C" void tfmo_mock_forget_heap_block(const void* ptr);
 - (void)commit {
   [self endOpenEncoder];
   if (_current == nil) return;
-  ++_commits;
   if (_mps) {
     [(TFMOMockMPSCommandBuffer*)_current commitAndContinue];
   } else {
