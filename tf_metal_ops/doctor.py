@@ -42,34 +42,31 @@ def _cases(tf, tfmo):
     bg = rng.random(3, dtype=np.float32)
     w = (sigma / sigma.sum(axis=1, keepdims=True)).astype(np.float32)
 
-    def hash_grid(encode):
-        def fn(x, params):
+    def with_gradients(op, loss_of, wrt):
+        """fn(*inputs) -> [*outputs, d loss / d inputs[i] for i in wrt] (dense)."""
+
+        def fn(*inputs):
+            watched = [inputs[i] for i in wrt]
             with tf.GradientTape() as tape:
-                tape.watch([x, params])
-                y = encode(x, params, **hg)
-                loss = tf.reduce_sum(y**2)
-            return [y, *(tf.convert_to_tensor(g) for g in tape.gradient(loss, [x, params]))]  # dense
+                tape.watch(watched)
+                out = op(*inputs)
+                loss = loss_of(out)
+            out = out if isinstance(out, (list, tuple)) else [out]
+            return [*out, *(tf.convert_to_tensor(g) for g in tape.gradient(loss, watched))]
 
         return fn
+
+    def hash_grid(encode):
+        return with_gradients(lambda x, p: encode(x, p, **hg), lambda y: tf.reduce_sum(y**2), (0, 1))
+
+    def render_loss(out):
+        return tf.reduce_sum(out[0] ** 2) + tf.reduce_sum(out[1]) + tf.reduce_sum(out[3] ** 2)
 
     def render(op):
-        def fn(sigma, rgb, t, bg):
-            with tf.GradientTape() as tape:
-                tape.watch([sigma, rgb, bg])
-                out = op(sigma, rgb, t, bg)
-                loss = tf.reduce_sum(out[0] ** 2) + tf.reduce_sum(out[1]) + tf.reduce_sum(out[3] ** 2)
-            return [*out, *tape.gradient(loss, [sigma, rgb, bg])]
-
-        return fn
+        return with_gradients(op, render_loss, (0, 1, 3))  # sigma, rgb, bg
 
     def distortion(op):
-        def fn(w, t):
-            with tf.GradientTape() as tape:
-                tape.watch([w, t])
-                loss = op(w, t)
-            return [loss, *tape.gradient(loss, [w, t])]
-
-        return fn
+        return with_gradients(op, lambda loss: loss, (0, 1))  # w, t
 
     # packed (ragged) rays: 0..63 samples per ray, gaps between samples
     counts = rng.integers(0, 64, 256)
@@ -83,23 +80,10 @@ def _cases(tf, tfmo):
     p_w = rng.uniform(0.0, 0.05, n).astype(np.float32)
 
     def render_packed(op):
-        def fn(sigma, rgb, ts, te, rs, bg):
-            with tf.GradientTape() as tape:
-                tape.watch([sigma, rgb, ts, te, bg])
-                out = op(sigma, rgb, ts, te, rs, bg)
-                loss = tf.reduce_sum(out[0] ** 2) + tf.reduce_sum(out[1]) + tf.reduce_sum(out[3] ** 2)
-            return [*out, *tape.gradient(loss, [sigma, rgb, ts, te, bg])]
-
-        return fn
+        return with_gradients(op, render_loss, (0, 1, 2, 3, 5))  # sigma, rgb, t_starts, t_ends, bg
 
     def distortion_packed(op):
-        def fn(w, ts, te, rs):
-            with tf.GradientTape() as tape:
-                tape.watch([w, ts, te])
-                loss = op(w, ts, te, rs)
-            return [loss, *tape.gradient(loss, [w, ts, te])]
-
-        return fn
+        return with_gradients(op, lambda loss: loss, (0, 1, 2))  # w, t_starts, t_ends
 
     def zero_out_ref(x):
         return [tf.concat([x[:1], tf.zeros_like(x[1:])], 0)]

@@ -234,19 +234,19 @@ def build_metallib(metal_files, include_dirs, out_path):
         return False
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        error = _build_one(metal_files, include_dirs, out_path, "macos-metal2.4", "12.0", tmp)
-        if error:
-            print(f"tf-metal-ops: building {out_path} failed; the embedded sources will be compiled at first use:\n"
-                  f"{error}")
-            if os.path.exists(out_path):
-                os.remove(out_path)
+
+        def build(path, std, min_os, fallback):
+            """Builds one metallib; on failure says what is used instead and leaves no partial file."""
+            error = _build_one(metal_files, include_dirs, path, std, min_os, tmp)
+            if error:
+                print(f"tf-metal-ops: building {path} failed; {fallback}:\n{error}")
+                if os.path.exists(path):
+                    os.remove(path)
+            return not error
+
+        if not build(out_path, "macos-metal2.4", "12.0", "the embedded sources will be compiled at first use"):
             return False
-        error = _build_one(metal_files, include_dirs, metal3_path, "metal3.0", "13.0", tmp)
-        if error:
-            print(f"tf-metal-ops: building {metal3_path} (MSL 3.0) failed; Metal 3 GPUs will use the MSL 2.4 "
-                  f"library:\n{error}")
-            if os.path.exists(metal3_path):
-                os.remove(metal3_path)
+        build(metal3_path, "metal3.0", "13.0", "Metal 3 GPUs will use the MSL 2.4 library")
     print(f"tf-metal-ops: built {out_path}" + (f" and {metal3_path}" if os.path.exists(metal3_path) else ""))
     return True
 

@@ -73,29 +73,30 @@ class TensorRef {
   TF_Tensor* t_ = nullptr;
 };
 
-// printf-style message into `status` with `code`.
+// printf-style message into `status` with `code` (va_list form for the variadic helpers below).
+inline void SetStatusV(TF_Status* status, TF_Code code, const char* fmt, va_list ap) {
+  char buf[1024];
+  std::vsnprintf(buf, sizeof(buf), fmt, ap);
+  TF_SetStatus(status, code, buf);
+}
 inline void SetStatus(TF_Status* status, TF_Code code, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
 inline void SetStatus(TF_Status* status, TF_Code code, const char* fmt, ...) {
-  char buf[1024];
   va_list ap;
   va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof(buf), fmt, ap);
+  SetStatusV(status, code, fmt, ap);
   va_end(ap);
-  TF_SetStatus(status, code, buf);
 }
 
 // Fails the op with a printf-style message. Returns false so callers can write `return Fail(...)`.
 inline bool Fail(TF_OpKernelContext* ctx, TF_Code code, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
 inline bool Fail(TF_OpKernelContext* ctx, TF_Code code, const char* fmt, ...) {
-  char buf[1024];
+  Status s;
   va_list ap;
   va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof(buf), fmt, ap);
+  SetStatusV(s, code, fmt, ap);
   va_end(ap);
-  Status s;
-  TF_SetStatus(s, code, buf);
   TF_OpKernelContext_Failure(ctx, s);
   return false;
 }
@@ -123,32 +124,35 @@ inline bool AllocateOutput(TF_OpKernelContext* ctx, int i, TF_DataType dtype,
   return Check(ctx, s);
 }
 
+// Forwards a non-OK status to the kernel construction. Returns status.ok().
+inline bool Check(TF_OpKernelConstruction* c, const Status& s) {
+  if (s.ok()) return true;
+  TF_OpKernelConstruction_Failure(c, s.get());
+  return false;
+}
+
 // Attribute readers: fail the op (and return false) when the attr is missing or mistyped.
 inline bool GetAttr(TF_OpKernelConstruction* c, const char* name, int64_t* v) {
   Status s;
   TF_OpKernelConstruction_GetAttrInt64(c, name, v, s);
-  if (!s.ok()) TF_OpKernelConstruction_Failure(c, s);
-  return s.ok();
+  return Check(c, s);
 }
 inline bool GetAttr(TF_OpKernelConstruction* c, const char* name, float* v) {
   Status s;
   TF_OpKernelConstruction_GetAttrFloat(c, name, v, s);
-  if (!s.ok()) TF_OpKernelConstruction_Failure(c, s);
-  return s.ok();
+  return Check(c, s);
 }
 inline bool GetAttr(TF_OpKernelConstruction* c, const char* name, bool* v) {
   Status s;
   TF_Bool b = 0;
   TF_OpKernelConstruction_GetAttrBool(c, name, &b, s);
-  if (!s.ok()) TF_OpKernelConstruction_Failure(c, s);
   *v = b != 0;
-  return s.ok();
+  return Check(c, s);
 }
 inline bool GetAttr(TF_OpKernelConstruction* c, const char* name, TF_DataType* v) {
   Status s;
   TF_OpKernelConstruction_GetAttrType(c, name, v, s);
-  if (!s.ok()) TF_OpKernelConstruction_Failure(c, s);
-  return s.ok();
+  return Check(c, s);
 }
 inline bool GetAttr(TF_OpKernelConstruction* c, const char* name, std::string* v) {
   Status s;
@@ -159,21 +163,17 @@ inline bool GetAttr(TF_OpKernelConstruction* c, const char* name, std::string* v
     TF_OpKernelConstruction_GetAttrString(c, name, buf.data(), buf.size(), s);
     *v = buf;
   }
-  if (!s.ok()) TF_OpKernelConstruction_Failure(c, s);
-  return s.ok();
+  return Check(c, s);
 }
 inline bool ConstructionFail(TF_OpKernelConstruction* c, TF_Code code, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
 inline bool ConstructionFail(TF_OpKernelConstruction* c, TF_Code code, const char* fmt, ...) {
-  char buf[1024];
+  Status s;
   va_list ap;
   va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof(buf), fmt, ap);
+  SetStatusV(s, code, fmt, ap);
   va_end(ap);
-  Status s;
-  TF_SetStatus(s, code, buf);
-  TF_OpKernelConstruction_Failure(c, s);
-  return false;
+  return Check(c, s);
 }
 
 const char* DataTypeName(TF_DataType t);

@@ -35,6 +35,24 @@ void FailUnsorted(TF_OpKernelContext* ctx, const char* op, const float* t, int64
              static_cast<long long>(r), static_cast<long long>(i + 1), static_cast<double>(tt[i + 1]));
 }
 
+// Runs body(r, tt) for every ray r whose t row tt is sorted, rays split over the pool; after the loop, fails ctx
+// naming the first unsorted ray, if any.
+template <class Body>
+void ForSortedRays(TF_OpKernelContext* ctx, const char* op, const float* t_all, int64_t R, int64_t S, Body body) {
+  FirstBadRay bad;
+  tfmo::ParallelFor(R, RayGrain(S), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* tt = t_all + r * (S + 1);
+      if (Unsorted(tt, S)) {
+        bad.Note(r);
+        continue;
+      }
+      body(r, tt);
+    }
+  });
+  if (bad.get() >= 0) FailUnsorted(ctx, op, t_all, bad.get(), S);
+}
+
 void DlCompute(void*, TF_OpKernelContext* ctx) {
   const char* op = "distortion_loss";
   TensorRef w, t, loss;
@@ -43,21 +61,12 @@ void DlCompute(void*, TF_OpKernelContext* ctx) {
   const float* w_all = w.data<float>();
   const float* t_all = t.data<float>();
   float* out = loss.data<float>();
-  FirstBadRay bad;
-  tfmo::ParallelFor(R, RayGrain(S), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* wr = w_all + r * S;
-      const float* tt = t_all + r * (S + 1);
-      if (Unsorted(tt, S)) {
-        bad.Note(r);
-        continue;
-      }
-      DlScan s = dl_scan_begin();
-      for (int64_t k = 0; k < S; ++k) dl_scan_step(&s, wr[k], tt[k + 1] - tt[k]);
-      out[r] = s.loss;
-    }
+  ForSortedRays(ctx, op, t_all, R, S, [&](int64_t r, const float* tt) {
+    const float* wr = w_all + r * S;
+    DlScan s = dl_scan_begin();
+    for (int64_t k = 0; k < S; ++k) dl_scan_step(&s, wr[k], tt[k + 1] - tt[k]);
+    out[r] = s.loss;
   });
-  if (bad.get() >= 0) FailUnsorted(ctx, op, t_all, bad.get(), S);
 }
 
 void DlGradCompute(void*, TF_OpKernelContext* ctx) {
@@ -70,39 +79,30 @@ void DlGradCompute(void*, TF_OpKernelContext* ctx) {
   const float* g_all = g.data<float>();
   float* gw_all = gw.data<float>();
   float* gt_all = gt.data<float>();
-  FirstBadRay bad;
-  tfmo::ParallelFor(R, RayGrain(S), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* wr = w_all + r * S;
-      const float* tt = t_all + r * (S + 1);
-      float* gwr = gw_all + r * S;       // holds A_k between the passes
-      float* gtr = gt_all + r * (S + 1);  // gtr[k] holds W_{<k} between the passes (k < S)
-      if (Unsorted(tt, S)) {
-        bad.Note(r);
-        continue;
-      }
-      const float gl = g_all[r];
-      DlScan s = dl_scan_begin();
-      for (int64_t k = 0; k < S; ++k) {
-        gtr[k] = s.W;
-        gwr[k] = dl_scan_step(&s, wr[k], tt[k + 1] - tt[k]);
-      }
-      DlRevScan rs = dl_rev_begin();
-      float gm_hi = 0.0f, w_hi = 0.0f;  // dL/dm_{k+1}, w_{k+1}
-      for (int64_t k = S - 1; k >= 0; --k) {
-        const float delta = tt[k + 1] - tt[k];
-        float B, W_after;
-        dl_rev_step(&rs, wr[k], delta, &B, &W_after);
-        const float gm = dl_grad_m(wr[k], gtr[k], W_after);
-        gwr[k] = gl * dl_grad_w(wr[k], delta, gwr[k], B);
-        gtr[k + 1] = gl * dl_grad_t(gm, wr[k], gm_hi, w_hi);
-        gm_hi = gm;
-        w_hi = wr[k];
-      }
-      gtr[0] = gl * dl_grad_t(0.0f, 0.0f, gm_hi, w_hi);
+  ForSortedRays(ctx, op, t_all, R, S, [&](int64_t r, const float* tt) {
+    const float* wr = w_all + r * S;
+    float* gwr = gw_all + r * S;       // holds A_k between the passes
+    float* gtr = gt_all + r * (S + 1);  // gtr[k] holds W_{<k} between the passes (k < S)
+    const float gl = g_all[r];
+    DlScan s = dl_scan_begin();
+    for (int64_t k = 0; k < S; ++k) {
+      gtr[k] = s.W;
+      gwr[k] = dl_scan_step(&s, wr[k], tt[k + 1] - tt[k]);
     }
+    DlRevScan rs = dl_rev_begin();
+    float gm_hi = 0.0f, w_hi = 0.0f;  // dL/dm_{k+1}, w_{k+1}
+    for (int64_t k = S - 1; k >= 0; --k) {
+      const float delta = tt[k + 1] - tt[k];
+      float B, W_after;
+      dl_rev_step(&rs, wr[k], delta, &B, &W_after);
+      const float gm = dl_grad_m(wr[k], gtr[k], W_after);
+      gwr[k] = gl * dl_grad_w(wr[k], delta, gwr[k], B);
+      gtr[k + 1] = gl * dl_grad_t(gm, wr[k], gm_hi, w_hi);
+      gm_hi = gm;
+      w_hi = wr[k];
+    }
+    gtr[0] = gl * dl_grad_t(0.0f, 0.0f, gm_hi, w_hi);
   });
-  if (bad.get() >= 0) FailUnsorted(ctx, op, t_all, bad.get(), S);
 }
 
 static const tfmo::OnLoad kRegister([] {

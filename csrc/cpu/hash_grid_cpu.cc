@@ -746,13 +746,10 @@ void GradPositionsCompute(void* state, TF_OpKernelContext* ctx) {
 }
 
 void SecondOrderCompute(void* state, TF_OpKernelContext* ctx) {
-  const char* op = "hash_grid_encode (second derivative: gradient of the position gradient)";
-  Call call;
-  tfmo::TensorRef ddx;
-  tfmo::hash_grid::SecondOrderOutputs out;
-  if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, op, &call, &ddx, &out)) return;
+  tfmo::hash_grid::SecondOrderCall so;
+  if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, &so)) return;
+  auto& [op, call, ddx, out, elems] = so;
   const Config& cfg = *call.cfg;
-  const int64_t elems = call.rows * cfg.n_features;
   const bool half = cfg.dtype == TF_HALF;
   std::unique_ptr<float[]> tmp(half ? new (std::nothrow) float[elems] : nullptr);
   if (half && !tmp) {

@@ -127,33 +127,43 @@ TFMO_INLINE int64_t RayForward(const float* sg, const float* tt, int64_t S, floa
   return n;
 }
 
-struct VrFwdJob {
+// The forward inputs both ray loops read (densities, colors, t, background), and where they note an invalid ray.
+struct VrIn {
   const float *sg_all, *c_all, *t_all, *bg_all;
-  float *color_out, *depth_out, *opac_out, *w_out;
   VrDims d;
   float thr;
   FirstBadRay* bad;
 };
 
+// Ray r's rows of the forward inputs; false, after noting r as bad, when they are invalid.
+struct VrRayIn {
+  const float *sg, *tt, *cl;
+};
+TFMO_INLINE bool RayIn(const VrIn& in, int64_t r, VrRayIn* ray) {
+  const int64_t S = in.d.S;
+  *ray = VrRayIn{in.sg_all + r * S, in.t_all + r * (S + 1), in.c_all + r * S * in.d.C};
+  if (!RayInvalid(ray->sg, ray->tt, S)) return true;
+  in.bad->Note(r);
+  return false;
+}
+
+struct VrFwdJob {
+  VrIn in;
+  float *color_out, *depth_out, *opac_out, *w_out;
+};
+
 TFMO_INLINE void VrForwardRaysBody(const VrFwdJob& j, int64_t r0, int64_t r1) {
-  const float *sg_all = j.sg_all, *c_all = j.c_all, *t_all = j.t_all, *bg_all = j.bg_all;
-  float *color_out = j.color_out, *depth_out = j.depth_out, *opac_out = j.opac_out, *w_out = j.w_out;
-  const VrDims& d = j.d;
+  const VrIn& in = j.in;
+  const VrDims& d = in.d;
   const int64_t S = d.S, C = d.C;
-  const float thr = j.thr;
-  FirstBadRay& bad = *j.bad;
   RayScratch sc(S);
   for (int64_t r = r0; r < r1; ++r) {
-    const float* sg = sg_all + r * S;
-    const float* tt = t_all + r * (S + 1);
-    const float* cl = c_all + r * S * C;
-    float* col = color_out + r * C;
-    if (RayInvalid(sg, tt, S)) {
-      bad.Note(r);
-      continue;
-    }
-    float* w = w_out + r * S;
-    const int64_t n = RayForward(sg, tt, S, thr, &sc, w);
+    VrRayIn ray;
+    if (!RayIn(in, r, &ray)) continue;
+    const float *tt = ray.tt, *cl = ray.cl;
+    float* col = j.color_out + r * C;
+    float* w = j.w_out + r * S;
+    const int64_t n = RayForward(ray.sg, tt, S, in.thr, &sc, w);
     float dep = 0.0f;
     for (int64_t i = 0; i < n; ++i) dep += w[i] * vr_mid(tt[i], tt[i + 1]);
     if (C == 3) {
@@ -170,57 +180,48 @@ TFMO_INLINE void VrForwardRaysBody(const VrFwdJob& j, int64_t r0, int64_t r1) {
         for (int64_t c = 0; c < C; ++c) col[c] += w[i] * cl[i * C + c];
     }
     const float T_final = sc.T[n];
-    const float* b = tfmo::render::BackgroundRow(d.bg, bg_all, r, C);
+    const float* b = tfmo::render::BackgroundRow(d.bg, in.bg_all, r, C);
     if (b)
       for (int64_t c = 0; c < C; ++c) col[c] += T_final * b[c];
-    depth_out[r] = dep;
-    opac_out[r] = vr_opacity(VrScan{sc.cum[n], T_final});
+    j.depth_out[r] = dep;
+    j.opac_out[r] = vr_opacity(VrScan{sc.cum[n], T_final});
   }
 }
 
 struct VrGradJob {
-  const float *sg_all, *c_all, *t_all, *bg_all, *gc_all, *gd_all, *go_all, *gw_all;
+  VrIn in;
+  const float *gc_all, *gd_all, *go_all, *gw_all;
   float *gs_out, *gcol_out, *gt_out, *gbg_out;
-  VrDims d;
-  float thr;
-  FirstBadRay* bad;
 };
 
 TFMO_INLINE void VrGradRaysBody(const VrGradJob& j, int64_t r0, int64_t r1) {
-  const float *sg_all = j.sg_all, *c_all = j.c_all, *t_all = j.t_all, *bg_all = j.bg_all;
-  const float *gc_all = j.gc_all, *gd_all = j.gd_all, *go_all = j.go_all, *gw_all = j.gw_all;
-  float *gs_out = j.gs_out, *gcol_out = j.gcol_out, *gt_out = j.gt_out, *gbg_out = j.gbg_out;
-  const VrDims& d = j.d;
+  const VrIn& in = j.in;
+  const VrDims& d = in.d;
   const int64_t S = d.S, C = d.C;
-  const float thr = j.thr;
-  FirstBadRay& bad = *j.bad;
+  float* gbg_out = j.gbg_out;
   RayScratch sc(S);
   for (int64_t r = r0; r < r1; ++r) {
-    const float* sg = sg_all + r * S;
-    const float* tt = t_all + r * (S + 1);
-    const float* cl = c_all + r * S * C;
-    const float* gcr = gc_all + r * C;
-    const float* gwr = gw_all + r * S;
-    float* gs = gs_out + r * S;
-    float* gcol = gcol_out + r * S * C;
-    float* gt = gt_out + r * (S + 1);
-    if (RayInvalid(sg, tt, S)) {
-      bad.Note(r);
-      continue;
-    }
+    VrRayIn ray;
+    if (!RayIn(in, r, &ray)) continue;
+    const float *sg = ray.sg, *tt = ray.tt, *cl = ray.cl;
+    const float* gcr = j.gc_all + r * C;
+    const float* gwr = j.gw_all + r * S;
+    float* gs = j.gs_out + r * S;
+    float* gcol = j.gcol_out + r * S * C;
+    float* gt = j.gt_out + r * (S + 1);
     float* w = sc.w.data();
-    const int64_t n = RayForward(sg, tt, S, thr, &sc, w);
+    const int64_t n = RayForward(sg, tt, S, in.thr, &sc, w);
     const float* T = sc.T.data();
     float* v = sc.v.data();
     const float T_final = T[n];
-    const float* b = tfmo::render::BackgroundRow(d.bg, bg_all, r, C);
+    const float* b = tfmo::render::BackgroundRow(d.bg, in.bg_all, r, C);
     float bdot = 0.0f;
     for (int64_t c = 0; c < C; ++c) {
       if (b) bdot += gcr[c] * b[c];
       gbg_out[r * C + c] = T_final * gcr[c];
     }
     const float tail = T_final * bdot;
-    const float g_depth = gd_all[r], g_opac = go_all[r];
+    const float g_depth = j.gd_all[r], g_opac = j.go_all[r];
     // v_i = sum_c gC_c c_ic + gD m_i + gO + gW_i, and dL/dc_ic = w_i gC_c.
     if (C == 3) {
       const float g0 = gcr[0], g1 = gcr[1], g2 = gcr[2];
@@ -296,7 +297,7 @@ void VrCompute(void* p, TF_OpKernelContext* ctx) {
   float* w_out = weights.data<float>();
   FirstBadRay bad;
 
-  const VrFwdJob job{sg_all, c_all, t_all, bg_all, color_out, depth_out, opac_out, w_out, d, thr, &bad};
+  const VrFwdJob job{{sg_all, c_all, t_all, bg_all, d, thr, &bad}, color_out, depth_out, opac_out, w_out};
   tfmo::ParallelFor(R, RayGrain(S, C), [&](int64_t r0, int64_t r1) { VrForwardRays(job, r0, r1); });
   if (bad.get() >= 0) FailBadRay(ctx, op, sg_all, t_all, bad.get(), S);
 }
@@ -334,8 +335,8 @@ void VrGradCompute(void* p, TF_OpKernelContext* ctx) {
   float* gbg_out = g_bg.data<float>();
   FirstBadRay bad;
 
-  const VrGradJob job{sg_all, c_all, t_all, bg_all, gc_all, gd_all, go_all, gw_all,
-                      gs_out, gcol_out, gt_out, gbg_out, d, thr, &bad};
+  const VrGradJob job{{sg_all, c_all, t_all, bg_all, d, thr, &bad}, gc_all, gd_all, go_all, gw_all,
+                      gs_out, gcol_out, gt_out, gbg_out};
   tfmo::ParallelFor(R, RayGrain(S, C), [&](int64_t r0, int64_t r1) { VrGradRays(job, r0, r1); });
   if (bad.get() >= 0) FailBadRay(ctx, op, sg_all, t_all, bad.get(), S);
 }

@@ -121,13 +121,10 @@ void GradPositionsGpu(void* state, TF_OpKernelContext* ctx) {
 // Second order (gradient of grad_positions): d/d(dy) and d/dx per point (hash_grid_grad2_points, grid N), d/dparams
 // zeroed then scattered with float atomics (hash_grid_grad2_params, grid (N, n_active)), converted for float16.
 void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
-  const char* op = "hash_grid_encode (second derivative: gradient of the position gradient)";
-  Call call;
-  tfmo::TensorRef ddx;
-  tfmo::hash_grid::SecondOrderOutputs out;
-  if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, op, &call, &ddx, &out)) return;
+  tfmo::hash_grid::SecondOrderCall so;
+  if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, &so)) return;
+  auto& [op, call, ddx, out, elems] = so;  // elems >= 8 rows: never empty
   const Config& cfg = *call.cfg;
-  const int64_t elems = call.rows * cfg.n_features;  // >= 8 rows: never empty
   if (!CheckSizes(ctx, op, call)) return;
   tfmo::gpu::Call gpu(ctx, op);
   const tfmo::TensorRef* acc = cfg.dtype == TF_HALF ? gpu.scratch(TF_FLOAT, elems) : &out.params;

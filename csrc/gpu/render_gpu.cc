@@ -31,13 +31,17 @@ bool CheckDims(TF_OpKernelContext* ctx, const char* op, int64_t R, int64_t S, in
 }
 
 VrParams MakeVrParams(const tfmo::render::VrDims& d, float threshold) {
-  VrParams p;
-  p.R = static_cast<uint32_t>(d.R);
-  p.S = static_cast<uint32_t>(d.S);
-  p.C = static_cast<uint32_t>(d.C);
-  p.bg_mode = static_cast<uint32_t>(d.bg);
-  p.threshold = threshold;
-  return p;
+  return VrParams{static_cast<uint32_t>(d.R), static_cast<uint32_t>(d.S), static_cast<uint32_t>(d.C),
+                  static_cast<uint32_t>(d.bg), threshold};
+}
+
+// Slots 0-3 of both volume-render kernels: densities, colors, t, background.
+void BindVrInputs(tfmo::gpu::Pass& p, const TensorRef& dens, const TensorRef& cols, const TensorRef& t,
+                  const TensorRef& bg) {
+  BindOr(p, 0, dens, t);
+  BindOr(p, 1, cols, t);
+  p.buffer(2, t);
+  BindOr(p, 3, bg, t);
 }
 
 void VrGpu(void* attrs, TF_OpKernelContext* ctx) {
@@ -58,10 +62,7 @@ void VrGpu(void* attrs, TF_OpKernelContext* ctx) {
   const VrParams params = MakeVrParams(d, static_cast<VrAttrs*>(attrs)->threshold);
   tfmo::gpu::Call call(ctx, op);
   tfmo::gpu::Pass& p = call.pass("volume_render_forward");
-  BindOr(p, 0, dens, t);
-  BindOr(p, 1, cols, t);
-  p.buffer(2, t);
-  BindOr(p, 3, bg, t);
+  BindVrInputs(p, dens, cols, t, bg);
   p.buffer(4, color);
   p.buffer(5, depth);
   p.buffer(6, opacity);
@@ -91,10 +92,7 @@ void VrGradGpu(void* attrs, TF_OpKernelContext* ctx) {
   const VrParams params = MakeVrParams(d, static_cast<VrAttrs*>(attrs)->threshold);
   tfmo::gpu::Call call(ctx, op);
   tfmo::gpu::Pass& p = call.pass("volume_render_backward");
-  BindOr(p, 0, dens, t);
-  BindOr(p, 1, cols, t);
-  p.buffer(2, t);
-  BindOr(p, 3, bg, t);
+  BindVrInputs(p, dens, cols, t, bg);
   p.buffer(4, in[4]);
   p.buffer(5, in[5]);
   p.buffer(6, in[6]);

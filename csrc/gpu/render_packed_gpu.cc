@@ -94,13 +94,8 @@ bool VrpInputs(TF_OpKernelContext* ctx, const char* op, int n, TensorRef* in, tf
 }
 
 VrpParams MakeParams(const tfmo::render::VrpDims& d, float threshold) {
-  VrpParams p;
-  p.R = static_cast<uint32_t>(d.R);
-  p.N = static_cast<uint32_t>(d.N);
-  p.C = static_cast<uint32_t>(d.C);
-  p.bg_mode = static_cast<uint32_t>(d.bg);
-  p.threshold = threshold;
-  return p;
+  return VrpParams{static_cast<uint32_t>(d.R), static_cast<uint32_t>(d.N), static_cast<uint32_t>(d.C),
+                   static_cast<uint32_t>(d.bg), threshold};
 }
 
 void VrpGpu(void* attrs, TF_OpKernelContext* ctx) {

@@ -178,19 +178,28 @@ inline bool ReadSecondOrder(TF_OpKernelContext* ctx, void* state, const char* op
   return true;
 }
 
-// The outputs of the second-order op: grad_grad [N, L*F] T, grad_params [E, F] T, grad_positions [N, D] float32.
+// One call of the second-order op: its inputs (Call, ddx) and outputs grad_grad [N, L*F] T, grad_params [E, F] T,
+// grad_positions [N, D] float32; param_elems = E * F.
 struct SecondOrderOutputs {
   TensorRef dy, params, dx;
 };
+struct SecondOrderCall {
+  const char* op = "hash_grid_encode (second derivative: gradient of the position gradient)";
+  Call call;
+  TensorRef ddx;
+  SecondOrderOutputs out;
+  int64_t param_elems = 0;
+};
 
 // ReadSecondOrder, then allocates the outputs. Returns false after failing ctx.
-inline bool PrepareSecondOrder(TF_OpKernelContext* ctx, void* state, const char* op, Call* call, TensorRef* ddx,
-                               SecondOrderOutputs* out) {
-  if (!ReadSecondOrder(ctx, state, op, call, ddx)) return false;
+inline bool PrepareSecondOrder(TF_OpKernelContext* ctx, void* state, SecondOrderCall* so) {
+  Call* call = &so->call;
+  if (!ReadSecondOrder(ctx, state, so->op, call, &so->ddx)) return false;
   const Config& cfg = *call->cfg;
-  return AllocateOutput(ctx, 0, cfg.dtype, {call->n, static_cast<int64_t>(cfg.n_levels) * cfg.n_features}, &out->dy) &&
-         AllocateOutput(ctx, 1, cfg.dtype, {call->rows, static_cast<int64_t>(cfg.n_features)}, &out->params) &&
-         AllocateOutput(ctx, 2, TF_FLOAT, {call->n, static_cast<int64_t>(call->dims)}, &out->dx);
+  so->param_elems = call->rows * cfg.n_features;
+  return AllocateOutput(ctx, 0, cfg.dtype, {call->n, static_cast<int64_t>(cfg.n_levels) * cfg.n_features}, &so->out.dy) &&
+         AllocateOutput(ctx, 1, cfg.dtype, {call->rows, static_cast<int64_t>(cfg.n_features)}, &so->out.params) &&
+         AllocateOutput(ctx, 2, TF_FLOAT, {call->n, static_cast<int64_t>(call->dims)}, &so->out.dx);
 }
 
 // Registers the kernels of the four hash-grid ops on `device` ("CPU" or "GPU", where max_level stays in host memory):

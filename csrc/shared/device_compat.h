@@ -26,48 +26,40 @@
 // No contraction of a*b + c into an FMA (Metal compilers contract by default, fast math on or off): results match
 // the CPU kernels, built with -ffp-contract=off. The metallibs get -ffp-contract=off too (tools/metal_sources.py).
 #pragma clang fp contract(off)
+#define TFMO_MATH metal
 #define TFMO_FN inline
 #define TFMO_THREAD thread
 #define TFMO_DEVICE device
 #define TFMO_CONSTANT constant
-TFMO_FN float tfmo_floor(float x) { return metal::floor(x); }
 TFMO_FN float tfmo_fma(float a, float b, float c) { return metal::fma(a, b, c); }  // one rounding (MSL: exact)
-TFMO_FN float tfmo_exp(float x) { return metal::exp(x); }
-TFMO_FN float tfmo_log(float x) { return metal::log(x); }
-TFMO_FN float tfmo_ceil(float x) { return metal::ceil(x); }
-TFMO_FN float tfmo_fabs(float x) { return metal::fabs(x); }
-TFMO_FN float tfmo_exp2(float x) { return metal::exp2(x); }
-TFMO_FN float tfmo_log2(float x) { return metal::log2(x); }
-TFMO_FN float tfmo_fmin(float a, float b) { return metal::fmin(a, b); }
-TFMO_FN float tfmo_fmax(float a, float b) { return metal::fmax(a, b); }
-TFMO_FN bool tfmo_isfinite(float x) { return metal::isfinite(x); }
-TFMO_FN bool tfmo_isnan(float x) { return metal::isnan(x); }
-TFMO_FN float tfmo_sqrt(float x) { return metal::sqrt(x); }
 #else
 #include <cmath>
 #include <cstdint>
 typedef uint32_t uint;
 typedef uint64_t ulong;
 typedef unsigned char uchar;
+#define TFMO_MATH std
 #define TFMO_FN inline
 #define TFMO_THREAD
 #define TFMO_DEVICE
 #define TFMO_CONSTANT constexpr
-TFMO_FN float tfmo_floor(float x) { return std::floor(x); }
 // a*b + c with one rounding (IEEE fusedMultiplyAdd): an FMA instruction where the function's target has one
 // (e.g. the CPU kernels' target("avx2,fma") variants), else glibc's correctly rounded fmaf. Either way the same
 // bits, so code using it may be compiled for several ISAs and stay bitwise equal. Build with -ffp-contract=off
 // so that the compiler never fuses a*b + c on its own (which it would do only where the target has FMA).
 TFMO_FN float tfmo_fma(float a, float b, float c) { return std::fma(a, b, c); }
-TFMO_FN float tfmo_exp(float x) { return std::exp(x); }
-TFMO_FN float tfmo_log(float x) { return std::log(x); }
-TFMO_FN float tfmo_ceil(float x) { return std::ceil(x); }
-TFMO_FN float tfmo_fabs(float x) { return std::fabs(x); }
-TFMO_FN float tfmo_exp2(float x) { return std::exp2(x); }
-TFMO_FN float tfmo_log2(float x) { return std::log2(x); }
-TFMO_FN float tfmo_fmin(float a, float b) { return std::fmin(a, b); }
-TFMO_FN float tfmo_fmax(float a, float b) { return std::fmax(a, b); }
-TFMO_FN bool tfmo_isfinite(float x) { return std::isfinite(x); }
-TFMO_FN bool tfmo_isnan(float x) { return std::isnan(x); }
-TFMO_FN float tfmo_sqrt(float x) { return std::sqrt(x); }
 #endif
+
+// The float overloads of the math library on either side (TFMO_MATH is metal:: or std::).
+TFMO_FN float tfmo_floor(float x) { return TFMO_MATH::floor(x); }
+TFMO_FN float tfmo_ceil(float x) { return TFMO_MATH::ceil(x); }
+TFMO_FN float tfmo_fabs(float x) { return TFMO_MATH::fabs(x); }
+TFMO_FN float tfmo_exp(float x) { return TFMO_MATH::exp(x); }
+TFMO_FN float tfmo_log(float x) { return TFMO_MATH::log(x); }
+TFMO_FN float tfmo_exp2(float x) { return TFMO_MATH::exp2(x); }
+TFMO_FN float tfmo_log2(float x) { return TFMO_MATH::log2(x); }
+TFMO_FN float tfmo_sqrt(float x) { return TFMO_MATH::sqrt(x); }
+TFMO_FN float tfmo_fmin(float a, float b) { return TFMO_MATH::fmin(a, b); }
+TFMO_FN float tfmo_fmax(float a, float b) { return TFMO_MATH::fmax(a, b); }
+TFMO_FN bool tfmo_isfinite(float x) { return TFMO_MATH::isfinite(x); }
+TFMO_FN bool tfmo_isnan(float x) { return TFMO_MATH::isnan(x); }

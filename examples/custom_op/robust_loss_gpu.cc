@@ -50,16 +50,7 @@ void GradGpu(void* state, TF_OpKernelContext* ctx) {
 }
 
 const tfmo::OnLoad kRegister([] {
-  tfmo::KernelSpec spec;
-  spec.device = "GPU";
-  spec.create = &robust_loss::CreateEps;
-  spec.destroy = &robust_loss::DeleteEps;
-  spec.op = "RobustLoss";
-  spec.compute = &LossGpu;
-  tfmo::RegisterKernel(spec);
-  spec.op = "RobustLossGrad";
-  spec.compute = &GradGpu;
-  tfmo::RegisterKernel(spec);
+  tfmo::RegisterKernelPair(robust_loss::KernelSpec("GPU"), "RobustLoss", &LossGpu, "RobustLossGrad", &GradGpu);
 });
 
 }  // namespace

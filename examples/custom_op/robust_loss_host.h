@@ -1,5 +1,5 @@
 // Host-side parts shared by the CPU kernels (robust_loss_op.cc) and the GPU kernels' host code (robust_loss_gpu.cc):
-// the epsilon attr and the input checks. Every failure is an InvalidArgumentError naming the argument.
+// the epsilon attr, the kernel spec and the input checks. Every failure is an InvalidArgumentError naming the argument.
 #pragma once
 
 #include "common/tfc.h"
@@ -17,6 +17,14 @@ inline void* CreateEps(TF_OpKernelConstruction* c) {
 }
 inline void DeleteEps(void* p) { delete static_cast<float*>(p); }
 inline float Eps(void* state) { return *static_cast<float*>(state); }
+
+// The kernel spec both ops register on `device` ("CPU" or "GPU"): epsilon as the kernel state.
+inline tfmo::KernelSpec KernelSpec(const char* device) {
+  tfmo::KernelSpec spec = tfmo::KernelSpecFor(device);
+  spec.create = &CreateEps;
+  spec.destroy = &DeleteEps;
+  return spec;
+}
 
 // predictions and targets: float32 [N, C] of one shape.
 inline bool Validate(TF_OpKernelContext* ctx, const tfmo::TensorRef& p, const tfmo::TensorRef& t) {

@@ -3,6 +3,7 @@
 //   RobustLossGrad(grad_loss [N], predictions, targets; epsilon) -> grad_predictions [N, C] = grad_loss * rho'(p - t)
 // rho and rho' live in robust_loss_math.h, shared with the Metal kernel. The kernel validates its inputs itself:
 // eager mode runs no shape function.
+#include "common/shape_fns.h"
 #include "common/tfc.h"
 #include "common/thread_pool.h"
 #include "robust_loss_host.h"
@@ -46,52 +47,21 @@ void GradCpu(void* state, TF_OpKernelContext* ctx) {
 
 // loss has shape [N] (the first dimension of predictions).
 void LossShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
-  TF_ShapeHandle* in = TF_NewShapeHandle();
-  TF_ShapeHandle* out = TF_NewShapeHandle();
-  TF_ShapeInferenceContextGetInput(ctx, 0, in, status);
-  if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextWithRank(ctx, in, 2, in, status);
-  if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextSubshape(ctx, in, 0, 1, out, status);
-  if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextSetOutput(ctx, 0, out, status);
-  TF_DeleteShapeHandle(out);
-  TF_DeleteShapeHandle(in);
+  tfmo::Shape p, n;
+  if (tfmo::InputWithRank(ctx, 0, 2, &p, status) && tfmo::Subshape(ctx, p, 0, 1, &n, status))
+    tfmo::SetOutputs(ctx, {&n}, status);
 }
 
 // grad_predictions has the shape of predictions (input 1).
-void GradShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
-  TF_ShapeHandle* in = TF_NewShapeHandle();
-  TF_ShapeInferenceContextGetInput(ctx, 1, in, status);
-  if (TF_GetCode(status) == TF_OK) TF_ShapeInferenceContextSetOutput(ctx, 0, in, status);
-  TF_DeleteShapeHandle(in);
-}
+void GradShape(TF_ShapeInferenceContext* ctx, TF_Status* status) { tfmo::OutputsLikeInputs(ctx, {1}, status); }
 
 const tfmo::OnLoad kRegister([] {
-  TF_OpDefinitionBuilder* op = TF_NewOpDefinitionBuilder("RobustLoss");
-  TF_OpDefinitionBuilderAddInput(op, "predictions: float");
-  TF_OpDefinitionBuilderAddInput(op, "targets: float");
-  TF_OpDefinitionBuilderAddOutput(op, "loss: float");
-  TF_OpDefinitionBuilderAddAttr(op, "epsilon: float = 0.001");
-  TF_OpDefinitionBuilderSetShapeInferenceFunction(op, &LossShape);
-  tfmo::RegisterOp(op);
-
-  TF_OpDefinitionBuilder* grad = TF_NewOpDefinitionBuilder("RobustLossGrad");
-  TF_OpDefinitionBuilderAddInput(grad, "grad_loss: float");
-  TF_OpDefinitionBuilderAddInput(grad, "predictions: float");
-  TF_OpDefinitionBuilderAddInput(grad, "targets: float");
-  TF_OpDefinitionBuilderAddOutput(grad, "grad_predictions: float");
-  TF_OpDefinitionBuilderAddAttr(grad, "epsilon: float = 0.001");
-  TF_OpDefinitionBuilderSetShapeInferenceFunction(grad, &GradShape);
-  tfmo::RegisterOp(grad);
-
-  tfmo::KernelSpec spec;
-  spec.device = "CPU";
-  spec.create = &robust_loss::CreateEps;
-  spec.destroy = &robust_loss::DeleteEps;
-  spec.op = "RobustLoss";
-  spec.compute = &LossCpu;
-  tfmo::RegisterKernel(spec);
-  spec.op = "RobustLossGrad";
-  spec.compute = &GradCpu;
-  tfmo::RegisterKernel(spec);
+  tfmo::DefineOp("RobustLoss", {"epsilon: float = 0.001"}, {"predictions: float", "targets: float"},
+                 {"loss: float"}, &LossShape);
+  tfmo::DefineOp("RobustLossGrad", {"epsilon: float = 0.001"},
+                 {"grad_loss: float", "predictions: float", "targets: float"}, {"grad_predictions: float"},
+                 &GradShape);
+  tfmo::RegisterKernelPair(robust_loss::KernelSpec("CPU"), "RobustLoss", &LossCpu, "RobustLossGrad", &GradCpu);
 });
 
 }  // namespace

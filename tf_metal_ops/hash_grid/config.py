@@ -316,35 +316,22 @@ class HashGridTableLayout:
         return (self.total_entries, self.n_features_per_level)
 
 
-def hash_grid_table_layout(
-    n_input_dims,
-    n_levels=16,
-    n_features_per_level=2,
-    log2_hashmap_size=19,
-    base_resolution=16,
-    per_level_scale=2.0,
-    grid_type="hash",
-    interpolation="linear",
-    *,
-    finest_resolution: Optional[float] = None,
-) -> HashGridTableLayout:
+def hash_grid_table_layout(n_input_dims, *, finest_resolution: Optional[float] = None, **options) -> HashGridTableLayout:
     """Table size, per-level sizes/offsets/resolutions of a hash-grid config.
 
-    ``params`` for ``hash_grid_encode`` must have shape ``layout.params_shape == (total_entries, F)``.
+    ``options`` are ``HashGridConfig``'s keyword arguments (``n_levels``, ``n_features_per_level``,
+    ``log2_hashmap_size``, ``base_resolution``, ``per_level_scale``, ``grid_type``, ``interpolation``), with its
+    defaults. ``params`` for ``hash_grid_encode`` must have shape ``layout.params_shape == (total_entries, F)``.
     Pass ``finest_resolution`` instead of ``per_level_scale`` to derive the scale from it.
     ``n_input_dims`` may also be a ``HashGridConfig`` (then the other arguments are ignored).
+
+    >>> hash_grid_table_layout(3, n_levels=2, log2_hashmap_size=10, base_resolution=4).params_shape
+    (576, 2)
     """
     if isinstance(n_input_dims, HashGridConfig):
         return n_input_dims.layout()
     if finest_resolution is not None:
-        per_level_scale = per_level_scale_from_finest_resolution(base_resolution, finest_resolution, n_levels)
-    return HashGridConfig(
-        n_input_dims,
-        n_levels=n_levels,
-        n_features_per_level=n_features_per_level,
-        log2_hashmap_size=log2_hashmap_size,
-        base_resolution=base_resolution,
-        per_level_scale=per_level_scale,
-        grid_type=grid_type,
-        interpolation=interpolation,
-    ).layout()
+        options["per_level_scale"] = per_level_scale_from_finest_resolution(
+            options.get("base_resolution", HashGridConfig.base_resolution), finest_resolution,
+            options.get("n_levels", HashGridConfig.n_levels))
+    return HashGridConfig(n_input_dims, **options).layout()
