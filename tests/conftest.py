@@ -11,7 +11,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support.native import GPU_BACKENDS, gpu_backend_env, skip_or_fail  # noqa: E402
+from support.paths import REPO_ROOT  # noqa: E402
 
 
 def pytest_configure(config):
@@ -27,18 +28,8 @@ def pytest_configure(config):
 
 
 # --- native toolchain (Mac compile check, MSL emulation, sanitizer builds) --------------------------------
-# Without clang-16 these checks skip and say how to enable them; CI sets TFMO_REQUIRE_MAC_CHECKS=1 so a
-# missing toolchain fails the run instead of passing it silently.
-REQUIRE_NATIVE_CHECKS = os.environ.get("TFMO_REQUIRE_MAC_CHECKS") == "1"
-
-
-def skip_or_fail(reason: str):
-    """Skips the test with `reason`, or fails it when CI requires the native checks."""
-    if REQUIRE_NATIVE_CHECKS:
-        pytest.fail(f"{reason} (required: TFMO_REQUIRE_MAC_CHECKS=1)", pytrace=False)
-    pytest.skip(reason)
-
-
+# Without clang-16 these checks skip and say how to enable them, or fail under TFMO_REQUIRE_MAC_CHECKS=1
+# (support/native.py).
 @pytest.fixture(scope="session")
 def clang16():
     """Path of clang++-16 (the compiler of the Mac checks, the MSL emulation and the sanitizer builds)."""
@@ -50,11 +41,11 @@ def clang16():
     return path
 
 
-# --- MSL emulation (tools/msl_emu; helpers in tests/msl_emu_build.py) ----------------------------------------
+# --- MSL emulation (tools/msl_emu; helpers in tests/support/msl_emu_build.py) --------------------------------
 @pytest.fixture(scope="session")
 def msl_emu(clang16):
     """msl_emu_build.Toolchain bound to clang++-16: .build(driver, defines=...) -> exe, .run(exe, inputs=...)."""
-    import msl_emu_build
+    from support import msl_emu_build
 
     return msl_emu_build.Toolchain(clang16)
 
@@ -78,25 +69,7 @@ def mac_host_check():
     return module
 
 
-# --- the two GPU backends of the emulated GPU (tf_metal_ops/emulated_gpu) -----------------------------------
-# "emulated": TF_METAL_OPS_EMULATED_GPU=1, the emulated backend on the emulated device. "metal":
-# TF_METAL_OPS_EMULATED_GPU=metal, the unchanged csrc/metal/metal_backend.mm over the doubles of Apple's stack
-# (tools/apple_mock), which needs the GNUstep Objective-C runtime named by TF_METAL_OPS_OBJC_RUNTIME.
-GPU_BACKENDS = {"emulated": "1", "metal": "metal"}
-
-
-def gpu_backend_env(backend: str) -> dict:
-    """The environment that selects `backend` in a subprocess (skips or fails when it cannot be built here)."""
-    env = {"TF_METAL_OPS_EMULATED_GPU": GPU_BACKENDS[backend]}
-    if backend == "metal":
-        runtime = os.environ.get("TF_METAL_OPS_OBJC_RUNTIME")
-        if not runtime or not os.path.exists(runtime):
-            skip_or_fail("the Metal backend over Apple's doubles needs TF_METAL_OPS_OBJC_RUNTIME (the libobjc2 "
-                         "directory or .tgz; in this project ../shared/objc-runtime/*.tgz)")
-        env["TF_METAL_OPS_OBJC_RUNTIME"] = runtime
-    return env
-
-
+# --- the two GPU backends of the emulated GPU (tf_metal_ops/emulated_gpu; support/native.py GPU_BACKENDS) -----
 @pytest.fixture(scope="session", params=list(GPU_BACKENDS))
 def gpu_backend(request, clang16):
     """Each GPU test that takes this fixture runs under both backends: builds the backend once (cached) and

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from op_cases import CASES, run_eager
+from support.op_cases import CASES, run_eager
 
 THREADS = 8
 

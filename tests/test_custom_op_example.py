@@ -1,17 +1,17 @@
 """The op kit's promise, as a new user meets it: examples/custom_op copied into a fresh directory outside the
 repository, built with tf_metal_ops.extension.load(), run on the CPU and (Linux) on the emulated GPU; a second
-process only loads the cached build. The checks are in tests/custom_op_checks.py."""
+process only loads the cached build. The checks are in tests/support/custom_op_checks.py."""
 
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "custom_op")
+from support import scripts
+from support.paths import EXAMPLES
+
+EXAMPLE = os.path.join(EXAMPLES, "custom_op")
 
 
 def run_checks(tmp_path, env):
@@ -19,8 +19,7 @@ def run_checks(tmp_path, env):
     if not work.exists():
         shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("__pycache__"))
     full = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_METAL_OPS_CACHE=str(tmp_path / "cache"), **env)
-    r = subprocess.run([sys.executable, os.path.join(HERE, "custom_op_checks.py"), str(work)], capture_output=True,
-                       text=True, env=full, timeout=900, cwd=str(tmp_path))
+    r = scripts.run("custom_op_checks", env=full, pythonpath=[work], timeout=900)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     return r.stdout
 

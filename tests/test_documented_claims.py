@@ -141,8 +141,7 @@ def readme_main_command():
 def test_readme_main_command_flags_mean_what_it_says():
     """--quick: 2.5 minutes of training (about 3 minutes in all), small evaluations; the hash-grid model with the
     package's ops (the README: 'train a NeRF ... with the hash-grid and volume-rendering ops')."""
-    sys.path.insert(0, os.path.join(EXAMPLES, "nerf"))
-    import train
+    from nerf import train
 
     args = train.parse_args(readme_main_command())
     assert args.quick and args.minutes == 2.5 and args.steps is None and args.epochs is None
@@ -199,7 +198,6 @@ def test_xla_inner_trains_with_finite_loss(tmp_path):
 def test_xla_inner_model_compiles_the_parts_around_the_ops():
     """The model built with xla_inner=True runs its pre/post parts as jit_compile=True tf.functions, and agrees with
     the same weights without them."""
-    sys.path.insert(0, os.path.join(EXAMPLES, "nerf"))
     from nerf import models
 
     kw = dict(n_levels=4, log2_hashmap_size=10, finest_resolution=64, n_samples=16)

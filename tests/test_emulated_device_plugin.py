@@ -3,7 +3,7 @@ TensorFlow as /GPU:0, exact host<->device round trips, stream-ordered frees, tra
 stream protocol (csrc/emulated/emu_stream.h) checked natively (tests/native/emulated_device_test.cc).
 
 Every scenario runs in its own process (a PluggableDevice is loaded once per process, before the first op), with a
-timeout. Helpers: tests/emulated_device_build.py.
+timeout. Helpers: tests/support/emulated_device_build.py.
 """
 
 import json
@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-import emulated_device_build as edb
+from support import emulated_device_build as edb
 
 TIMEOUT = 60
 

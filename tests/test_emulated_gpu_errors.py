@@ -1,7 +1,7 @@
 """Error paths of the GPU host code on the Metal-emulating device (tf_metal_ops/emulated_gpu): invalid shapes and
 attrs reaching the GPU kernels through the raw ops, work with nothing to dispatch, and device allocation failures,
 each asserting the exact error class and message and that the GPU kernel raised it. Each check runs in a fresh
-process under each GPU backend, TF_METAL_OPS_EMULATED_GPU=1 and =metal (tests/emulated_gpu_error_checks.py holds
+process under each GPU backend, TF_METAL_OPS_EMULATED_GPU=1 and =metal (tests/support/emulated_gpu_error_checks.py holds
 the checks).
 
 Needs clang++-16 like the other native checks: skips without it, fails under TFMO_REQUIRE_MAC_CHECKS=1 (CI).
@@ -9,7 +9,7 @@ Needs clang++-16 like the other native checks: skips without it, fails under TFM
 
 import pytest
 
-from gpu_check_runner import run_check
+from support.gpu_check_runner import run_check
 
 
 CASES = [
@@ -25,4 +25,4 @@ CASES = [
 def test_gpu_error_path_on_emulated_device(gpu_backend, check, env):
     """Under both GPU backends (conftest.gpu_backend); the tensorflow-metal double bounds its memory by the same
     TF_METAL_OPS_EMU_MEMORY_MB."""
-    run_check("emulated_gpu_error_checks.py", check, env={**gpu_backend[1], **env}, timeout=600)
+    run_check("emulated_gpu_error_checks", check, env={**gpu_backend[1], **env}, timeout=600)

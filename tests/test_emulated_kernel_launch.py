@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import msl_emu_build
+from support import msl_emu_build
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_DIR = REPO / "tests" / "metal_emu" / "launch"

@@ -8,23 +8,17 @@ were exercised. A negative control shows that a wrongly rejected valid call does
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO_ROOT
-
-sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "fuzz"))
-from fuzz_ops import FUZZERS  # noqa: E402
+from support import scripts
+from support.fuzz_ops import FUZZERS
 
 EXAMPLES = int(os.environ.get("TFMO_FUZZ_EXAMPLES", "1000"))
-SCRIPT = os.path.join(REPO_ROOT, "tests", "fuzz", "fuzz_ops.py")
 
 
 def run_fuzzer(op, examples, *extra):
-    return subprocess.run([sys.executable, SCRIPT, op, "--examples", str(examples), *extra],
-                          capture_output=True, text=True, timeout=900)
+    return scripts.run("fuzz_ops", op, "--examples", examples, *extra, timeout=900)
 
 
 @pytest.mark.parametrize("op", sorted(FUZZERS))

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO_ROOT
+from support.paths import REPO_ROOT
 from tf_metal_ops.hash_grid import HashGridConfig
 from tf_metal_ops.hash_grid import config as config_mod
 from tf_metal_ops.hash_grid.config import MAX_SCALE

@@ -18,7 +18,7 @@ import tf_metal_ops
 from tf_metal_ops._library import ops
 from tf_metal_ops.hash_grid import HashGridConfig, reference
 
-from hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_config, random_positions, seeded
+from support.hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_config, random_positions, seeded
 
 
 def raw_kwargs(cfg):

@@ -23,8 +23,8 @@ import tensorflow as tf
 from tf_metal_ops.hash_grid import HashGridConfig, pure_tf, reference
 from tf_metal_ops.hash_grid.config import HASH_PRIMES, MAX_BASE
 
-import hash_grid_cases
-from hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_positions, seeded
+from support import hash_grid_cases
+from support.hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_positions, seeded
 
 
 def random_config(rng, d=None, grid_type=None, interpolation=None):

@@ -26,7 +26,7 @@ import tf_metal_ops
 from tf_metal_ops._library import ops
 from tf_metal_ops.hash_grid import HashGridConfig, pure_tf, reference
 
-from hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_positions, seeded
+from support.hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_positions, seeded
 
 
 def second_order_config(d, grid_type, interpolation, n_features=2):

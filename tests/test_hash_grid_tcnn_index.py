@@ -16,7 +16,7 @@ import tf_metal_ops
 from tf_metal_ops.hash_grid import HashGridConfig, pure_tf, reference
 from tf_metal_ops.hash_grid.config import MAX_BASE
 
-from hash_grid_cases import INTERPOLATIONS, seeded
+from support.hash_grid_cases import INTERPOLATIONS, seeded
 
 
 def op_encode(x, p, cfg):

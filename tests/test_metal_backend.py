@@ -16,32 +16,33 @@ import os
 
 import pytest
 
-from conftest import gpu_backend_env
-from gpu_check_runner import run_check
+from support.gpu_check_runner import run_check
+from support.native import gpu_backend_env
+
 MPS = {"TFMO_MOCK_TF_METAL_STREAM": "mps"}
 
 # (script, check, environment)
 CASES = [
-    ("emulated_gpu_checks.py", "ray_march", MPS),
-    ("emulated_gpu_checks.py", "ray_march", {**MPS, "TF_METAL_OPS_SYNC": "1"}),
-    ("emulated_gpu_checks.py", "hash_grid", {**MPS, "TF_METAL_OPS_SYNC": "1"}),
-    ("emulated_gpu_checks.py", "threads", MPS),
-    ("metal_backend_checks.py", "open_encoder_on_the_stream", {}),
-    ("metal_backend_checks.py", "open_encoder_on_the_stream", MPS),
-    ("metal_backend_checks.py", "gpu_error_reported_on_next_call", {"TF_METAL_OPS_BOUNDS_CHECK": "1"}),
-    ("metal_backend_checks.py", "gpu_error_at_the_op_in_sync_mode",
+    ("emulated_gpu_checks", "ray_march", MPS),
+    ("emulated_gpu_checks", "ray_march", {**MPS, "TF_METAL_OPS_SYNC": "1"}),
+    ("emulated_gpu_checks", "hash_grid", {**MPS, "TF_METAL_OPS_SYNC": "1"}),
+    ("emulated_gpu_checks", "threads", MPS),
+    ("metal_backend_checks", "open_encoder_on_the_stream", {}),
+    ("metal_backend_checks", "open_encoder_on_the_stream", MPS),
+    ("metal_backend_checks", "gpu_error_reported_on_next_call", {"TF_METAL_OPS_BOUNDS_CHECK": "1"}),
+    ("metal_backend_checks", "gpu_error_at_the_op_in_sync_mode",
      {"TF_METAL_OPS_BOUNDS_CHECK": "1", "TF_METAL_OPS_SYNC": "1"}),
-    ("metal_backend_checks.py", "foreign_buffers_explain_themselves", {"TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS": "1"}),
-    ("metal_backend_checks.py", "foreign_buffers_explain_themselves",
+    ("metal_backend_checks", "foreign_buffers_explain_themselves", {"TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS": "1"}),
+    ("metal_backend_checks", "foreign_buffers_explain_themselves",
      {"TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS": "1", "TF_METAL_OPS_SKIP_OBJECT_CHECK": "1"}),
-    ("metal_backend_checks.py", "static_threadgroup_memory_counts", {"TFMO_MOCK_METAL_STATIC_TG_BYTES": "31744"}),
-    ("metal_backend_checks.py", "small_pipelines", {"TFMO_MOCK_METAL_MAX_THREADS": "64"}),
-    ("metal_backend_checks.py", "scratch_freed", {}),
-    ("metal_backend_checks.py", "scratch_freed", {"TF_METAL_OPS_SYNC": "1"}),
+    ("metal_backend_checks", "static_threadgroup_memory_counts", {"TFMO_MOCK_METAL_STATIC_TG_BYTES": "31744"}),
+    ("metal_backend_checks", "small_pipelines", {"TFMO_MOCK_METAL_MAX_THREADS": "64"}),
+    ("metal_backend_checks", "scratch_freed", {}),
+    ("metal_backend_checks", "scratch_freed", {"TF_METAL_OPS_SYNC": "1"}),
     # No loadable metallib: every pipeline comes from the embedded sources, compiled at first use (MSL 3.0 / 2.4).
-    ("emulated_gpu_checks.py", "hash_grid", {"TFMO_MOCK_METAL_METALLIB_UNLOADABLE": "1"}),
-    ("emulated_gpu_checks.py", "ray_march", {"TFMO_MOCK_METAL_METALLIB_UNLOADABLE": "1", "TFMO_MOCK_METAL_NO_METAL3": "1"}),
-    ("emulated_gpu_checks.py", "volume_render", {"TFMO_MOCK_METAL_NO_METAL3": "1"}),
+    ("emulated_gpu_checks", "hash_grid", {"TFMO_MOCK_METAL_METALLIB_UNLOADABLE": "1"}),
+    ("emulated_gpu_checks", "ray_march", {"TFMO_MOCK_METAL_METALLIB_UNLOADABLE": "1", "TFMO_MOCK_METAL_NO_METAL3": "1"}),
+    ("emulated_gpu_checks", "volume_render", {"TFMO_MOCK_METAL_NO_METAL3": "1"}),
 ]
 
 
@@ -69,4 +70,4 @@ def metal_double(clang16):
 @pytest.mark.parametrize("script,check,env", CASES,
                          ids=[f"{c}-{'-'.join(f'{k}={v}' for k, v in e.items())}" for _, c, e in CASES])
 def test_metal_backend_on_apples_doubles(metal_double, script, check, env):
-    run_check(script, check, 0 if script == "emulated_gpu_checks.py" else None, {**metal_double, **env})
+    run_check(script, check, 0 if script == "emulated_gpu_checks" else None, {**metal_double, **env})

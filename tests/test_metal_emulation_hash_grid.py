@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tf_metal_ops._library import ops
 from tf_metal_ops.hash_grid import HashGridConfig
-from hash_grid_cases import random_config, seeded
+from support.hash_grid_cases import random_config, seeded
 
 GRID_CODE = {"hash": 0, "dense": 1, "tiled": 2}
 INTERP_CODE = {"nearest": 0, "linear": 1, "smoothstep": 2}

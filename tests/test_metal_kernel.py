@@ -1,5 +1,5 @@
 """Inline Metal kernels (tf_metal_ops.metal_kernel, compile_shader; docs/metal_kernels.md): every check of
-tests/metal_kernel_checks.py on /CPU:0 (here) and on the emulated /GPU:0 (one subprocess), the errors, bounds
+tests/support/metal_kernel_checks.py on /CPU:0 (here) and on the emulated /GPU:0 (one subprocess), the errors, bounds
 checks, a SavedModel reloaded in a new process, and the disk cache shared between processes.
 
 The CPU path compiles kernels with clang++ >= 16 like the other native checks: skips without it, fails under
@@ -14,7 +14,8 @@ import textwrap
 import numpy as np
 import pytest
 
-import metal_kernel_checks as checks
+from support import metal_kernel_checks as checks
+from support import scripts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
@@ -41,8 +42,7 @@ def test_on_the_emulated_gpu(gpu_backend):
     """Under both GPU backends (conftest.gpu_backend): inline kernels compile through msl_emu in the emulated
     backend, and through the Metal double's newLibraryWithSource: under metal_backend.mm."""
     env = {**os.environ, **QUIET, **gpu_backend[1]}
-    r = subprocess.run([sys.executable, os.path.join(HERE, "metal_kernel_checks.py"), "/GPU:0"], capture_output=True,
-                       text=True, env=env, timeout=1800, cwd=HERE)
+    r = scripts.run("metal_kernel_checks", "/GPU:0", env=env, timeout=1800)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
     lines = r.stdout.splitlines()
     assert lines[-1] == "ok all" and all(f"ok {n}" in lines for n in checks.CHECKS), r.stdout

@@ -5,7 +5,7 @@ tests/metal_emu/emu_selftest.metal, emu_selftest_driver.cc. Needs clang++-16 (se
 import numpy as np
 import pytest
 
-import msl_emu_build
+from support import msl_emu_build
 
 DRIVER = "tests/metal_emu/emu_selftest_driver.cc"
 

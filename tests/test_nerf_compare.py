@@ -2,14 +2,9 @@
 
 import json
 import os
-import sys
 
 import pytest
-
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-sys.path.insert(0, os.path.join(EXAMPLES, "nerf"))
-
-import compare  # noqa: E402
+from nerf import compare
 
 
 def fake_run(minutes, ms_per_step, curve, samples_per_ray=None):
@@ -115,7 +110,7 @@ def test_reused_and_measured_variants_are_marked(tmp_path, monkeypatch):
 def test_variants_sample_as_named():
     """hash-op and hash-puretf keep the uniform sampler (the earlier comparisons' protocol); hash-op-occupancy is the
     same model with the occupancy sampler."""
-    import train
+    from nerf import train
 
     args = {name: train.parse_args(argv) for name, argv in compare.VARIANTS.items()}
     assert args["hash-op-occupancy"].sampler == "occupancy" and args["hash-op"].sampler == "uniform"

@@ -3,16 +3,13 @@
 import json
 import math
 import os
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
-
-from nerf.data import get_rays, load_dataset, look_at, project  # noqa: E402
-from nerf.data import synthetic  # noqa: E402
-from nerf.data.rays import focal_from_fov, spherical_pose  # noqa: E402
+from nerf.data import get_rays, load_dataset, look_at, project
+from nerf.data import synthetic
+from nerf.data.rays import focal_from_fov, spherical_pose
 
 SMALL = dict(H=24, W=32, n_train=6, n_val=2, n_test=3, ss=1)
 

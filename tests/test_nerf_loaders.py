@@ -3,17 +3,14 @@
 import json
 import math
 import os
-import sys
 
 import imageio.v3 as iio
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
-
-from nerf.data import DatasetError, load_dataset  # noqa: E402
-from nerf.data.loaders import downscale, load_blender, load_tiny_npz  # noqa: E402
-from nerf.data.rays import spherical_pose  # noqa: E402
+from nerf.data import DatasetError, load_dataset
+from nerf.data.loaders import downscale, load_blender, load_tiny_npz
+from nerf.data.rays import spherical_pose
 
 RNG = np.random.default_rng(0)
 

@@ -15,13 +15,13 @@ import time
 import numpy as np
 import pytest
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+from nerf import distributed
+
+from support import scripts
+from support.paths import EXAMPLES
+
 TRAIN = os.path.join(EXAMPLES, "nerf", "train.py")
 LAUNCH = os.path.join(EXAMPLES, "nerf", "launch_local.py")
-sys.path.insert(0, EXAMPLES)
-sys.path.insert(0, os.path.join(EXAMPLES, "nerf"))
-
-from nerf import distributed  # noqa: E402
 
 # the uniform sampler (fixed batches: a 2-worker run matches one process step for step)
 TINY = ["--scene-res", "24", "--batch-rays", "256", "--samples", "16", "--log2-table", "12", "--eval-views", "1",
@@ -138,10 +138,9 @@ def test_occupancy_gradient_equals_one_process(tmp_path, env):
     """Two replicas (MirroredStrategy on 2 logical CPUs) each march their half of a global ray batch with the
     occupancy sampler (different sample counts); the all-reduced gradient of that batch equals the single-process
     gradient up to float32 summation order, at several steps (weights trained in between, grid updated)."""
-    p = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "nerf_gradient_check.py"),
-                        *TINY_OCC, "--grid-warmup", "1", "--grid-every", "2", "--no-jitter", "--steps", "4",
-                        "--out", str(tmp_path / "g")], env=dict(env, GRAD_CHECK_STEPS="4"), capture_output=True,
-                       text=True, timeout=180)
+    p = scripts.run("nerf_gradient_check", *TINY_OCC, "--grid-warmup", "1", "--grid-every", "2", "--no-jitter",
+                    "--steps", "4", "--out", tmp_path / "g", env=dict(env, GRAD_CHECK_STEPS="4"),
+                    pythonpath=[EXAMPLES], timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     steps = json.loads(p.stdout.split("RESULT ", 1)[1])["steps"]
     assert len(steps) == 4
@@ -337,7 +336,7 @@ def test_tf_config_chief_job_and_generated_configs():
 
 
 def test_resume_refuses_different_settings(tmp_path, env):
-    import train  # examples/nerf/train.py, in this process (no second TensorFlow start-up)
+    from nerf import train  # examples/nerf/train.py, in this process (no second TensorFlow start-up)
 
     os.environ["TF_METAL_OPS_CACHE"] = env["TF_METAL_OPS_CACHE"]
     try:

@@ -4,24 +4,18 @@ grid becoming non-trivial, rejected combinations."""
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-sys.path.insert(0, EXAMPLES)
-sys.path.insert(0, os.path.join(EXAMPLES, "nerf"))
-
-from nerf import models  # noqa: E402
+from nerf import models
 
 TINY = ["--scene-res", "24", "--eval-views", "1", "--final-views", "2", "--no-progress", "--log2-table", "12",
         "--sampler", "occupancy", "--sample-budget", "4096", "--grid-res", "32", "--grid-every", "4"]
 
 
 def run_train(tmp_path, *extra):
-    import train  # examples/nerf/train.py
+    from nerf import train  # examples/nerf/train.py
 
     os.environ["TF_METAL_OPS_CACHE"] = str(tmp_path / "cache")
     try:
@@ -138,7 +132,7 @@ def test_occupancy_training_run(tmp_path):
 
 
 def test_train_step_does_not_retrace_for_other_ray_counts(tmp_path):
-    import train
+    from nerf import train
     from nerf.data import load_dataset
 
     os.environ["TF_METAL_OPS_CACHE"] = str(tmp_path / "cache")
@@ -163,7 +157,7 @@ def test_train_step_does_not_retrace_for_other_ray_counts(tmp_path):
     (["--xla-inner"], "--xla-inner applies to the uniform sampler only"),
 ])
 def test_rejected_combinations(extra, message, capsys):
-    import train
+    from nerf import train
 
     with pytest.raises(SystemExit) as e:
         train.parse_args(["--sampler", "occupancy", *extra])
@@ -171,7 +165,7 @@ def test_rejected_combinations(extra, message, capsys):
 
 
 def test_sampler_defaults():
-    import train
+    from nerf import train
 
     assert train.parse_args([]).sampler == "occupancy"
     assert train.parse_args(["--model", "mlp"]).sampler == "uniform"

@@ -9,13 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-sys.path.insert(0, EXAMPLES)
+from nerf import models
+from nerf.data import synthetic
 
-from nerf import models  # noqa: E402
-from nerf.data import synthetic  # noqa: E402
-
-import tf_metal_ops  # noqa: E402
+import tf_metal_ops
+from support.paths import EXAMPLES
 
 
 def rays(n, seed=0):
@@ -96,7 +94,7 @@ OCCUPANCY_TINY = ["--sample-budget", "8192", "--grid-res", "32", "--grid-every",
 
 def run_train(tmp_path, *extra, env_extra=None):
     """train.run in this process, with the scene cache in tmp_path."""
-    import train  # examples/nerf/train.py
+    from nerf import train  # examples/nerf/train.py
 
     os.environ["TF_METAL_OPS_CACHE"] = str(tmp_path / "cache")
     try:
@@ -105,9 +103,6 @@ def run_train(tmp_path, *extra, env_extra=None):
                           *OCCUPANCY_TINY, *extra])
     finally:
         del os.environ["TF_METAL_OPS_CACHE"]
-
-
-sys.path.insert(0, os.path.join(EXAMPLES, "nerf"))
 
 
 @pytest.mark.parametrize("model", ["hash", "hash-uniform", "mlp"])
@@ -188,7 +183,7 @@ def test_mirrored_strategy_matches_single_device(tmp_path):
     cmd = [sys.executable, os.path.join(EXAMPLES, "nerf", "train.py"), "--strategy", "mirrored", *common,
            "--out", str(tmp_path / "mirrored")]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    import train
+    from nerf import train
 
     os.environ["TF_METAL_OPS_CACHE"] = str(tmp_path / "cache")
     try:

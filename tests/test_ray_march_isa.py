@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from isa_subprocess import only_ran, run_each_build, run_with_isa
+from support.isa_subprocess import only_ran, run_each_build, run_with_isa
 
 ISAS = ("default", "avx2")
 

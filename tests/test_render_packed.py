@@ -10,9 +10,6 @@ equal). Gradients vs float64: rtol 1e-4, atol
 2e-5 * max|g|. Jacobians vs float64 finite differences: max abs error 2e-3.
 """
 
-import os
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -20,8 +17,7 @@ import tensorflow as tf
 import tf_metal_ops as tfmo
 from tf_metal_ops._library import ops
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from render_packed_cases import (  # noqa: E402
+from support.render_packed_cases import (
     make_packed,
     np_distortion_packed,
     np_volume_render_packed,

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO_ROOT
+from support.paths import REPO_ROOT
 
 SOURCES = [
     os.path.join(REPO_ROOT, "tests", "native", "thread_pool_test.cc"),

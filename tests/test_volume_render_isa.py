@@ -8,7 +8,7 @@ operations in every lane). DistortionLoss and DistortionLossPacked have a single
 import numpy as np
 import pytest
 
-from isa_subprocess import only_ran, run_each_build, run_with_isa
+from support.isa_subprocess import only_ran, run_each_build, run_with_isa
 from tf_metal_ops.backend import VOLUME_RENDER_ISAS
 
 # Runs forward + gradient of VolumeRender over cases chosen to reach every branch of the loops: S below, at and

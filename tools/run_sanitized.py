@@ -4,7 +4,7 @@
 
 The CPU kernels run inside the real TensorFlow process: libasan is preloaded (it must come first), leak detection
 is off (TensorFlow's own one-time allocations would drown the report) and any UB aborts (-fno-sanitize-recover).
-The emulated Metal kernels and the thread pool have their own sanitizer builds (tests/msl_emu_build.py,
+The emulated Metal kernels and the thread pool have their own sanitizer builds (tests/support/msl_emu_build.py,
 tests/test_thread_pool_native.py). Exits with pytest's status.
 """
 

@@ -38,8 +38,8 @@ KERNEL_LIBRARY = "libtf_metal_ops_emulated_gpu.so"
 PLATFORM_NAME = "TFMO_EMULATED_METAL"
 COVERAGE_SWITCH = _env.EMU_COVERAGE  # =1: host code with clang source-based coverage (own cache dir)
 COVERAGE_FLAGS = ["-fprofile-instr-generate", "-fcoverage-mapping"]
-# The device library's sources in csrc/emulated/ (C++17, TensorFlow's C headers only; tests/emulated_device_build.py
-# builds the same list).
+# The device library's sources in csrc/emulated/ (C++17, TensorFlow's C headers only;
+# tests/support/emulated_device_build.py builds the same list).
 DEVICE_SOURCES = ("device_memory.cc", "fault_reporter.cc", "streams.cc", "emu_stream.cc", "device_copies.cc",
                   "se_plugin.cc", "device_stats.cc")
 

@@ -1,6 +1,6 @@
 // msl_emu harness: the I/O side of a kernel test driver (see tools/msl_emu/README.md, "Driver pattern").
 //
-// Command line of a driver (tests/msl_emu_build.py writes it; tokens in any order):
+// Command line of a driver (tests/support/msl_emu_build.py writes it; tokens in any order):
 //   in:NAME:DTYPE:COUNT=PATH   raw little-endian array (numpy `tofile`), COUNT elements of DTYPE
 //   out:NAME=PATH              where the driver writes output NAME (raw, the dtype the driver chooses)
 //   NAME=VALUE                 a scalar or string

@@ -1,15 +1,15 @@
 """Checks of examples/custom_op (a user's op written with the op kit), run in a subprocess by
 tests/test_custom_op_example.py from a copy of the example in a fresh directory:
 
-    python custom_op_checks.py EXAMPLE_DIR            # CPU kernels
-    TF_METAL_OPS_EMULATED_GPU=1 python custom_op_checks.py EXAMPLE_DIR    # + the GPU kernels on the emulated GPU
+    cd tests && PYTHONPATH=EXAMPLE_DIR python -m support.custom_op_checks       # CPU kernels
+    cd tests && PYTHONPATH=EXAMPLE_DIR TF_METAL_OPS_EMULATED_GPU=1 python -m support.custom_op_checks
+                                                                  # + the GPU kernels on the emulated GPU
 
 Values against a NumPy float64 reference (rtol 1e-5), the gradient with tf.test.compute_gradient (float32 finite
 differences: atol 2e-3), a Keras model.compile(loss=RobustLoss()) fit, errors; prints timings of load().
 """
 
 import os
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -20,8 +20,7 @@ import tensorflow as tf  # noqa: E402
 import tf_metal_ops  # noqa: E402
 from tf_metal_ops import emulated_gpu  # noqa: E402
 
-sys.path.insert(0, sys.argv[1])
-import robust_loss as rl  # noqa: E402
+import robust_loss as rl  # noqa: E402  (EXAMPLE_DIR/robust_loss.py)
 
 
 def reference(p, t, eps):

@@ -1,7 +1,7 @@
 """Property-based fuzzing of the public ops, one op per process (run by tests/test_fuzz.py in a subprocess, so a
 hard crash fails the test instead of killing pytest).
 
-    python tests/fuzz/fuzz_ops.py OP --examples 1000 [--seed 0]
+    cd tests && python -m support.fuzz_ops OP --examples 1000 [--seed 0]
 
 Every generated call must either return a documented result (checked here) or raise ValueError (wrapper) /
 tf.errors.InvalidArgumentError (kernel) with a message naming the offending argument. Anything else fails, and so

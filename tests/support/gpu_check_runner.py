@@ -1,6 +1,7 @@
-"""One runner for the GPU check scripts (emulated_gpu_checks.py, emulated_gpu_error_checks.py,
-metal_backend_checks.py). A script is run as `python SCRIPT CHECK [SEED]` in a fresh process whose environment
-selects the GPU backend (TF_METAL_OPS_EMULATED_GPU=1 or =metal); its last line is "ok CHECK <summary>".
+"""One runner for the GPU check scripts (support/emulated_gpu_checks.py, emulated_gpu_error_checks.py,
+metal_backend_checks.py). A script is run as `python -m support.SCRIPT CHECK [SEED]` (support/scripts.py) in a fresh
+process whose environment selects the GPU backend (TF_METAL_OPS_EMULATED_GPU=1 or =metal); its last line is
+"ok CHECK <summary>".
 
 Script side: `CHECKS = collect(globals())` and `main(CHECKS)`. Test side: `run_check(script, check, seed, env)`.
 """
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 import inspect
 import os
-import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from support import scripts
+from support.paths import EXAMPLES
+
 QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONWARNINGS": "ignore"}
 
 
@@ -34,10 +36,11 @@ def main(checks: dict, argv: list[str] | None = None) -> None:
 
 
 def run_check(script: str, check: str, seed: int | None = None, env: dict | None = None, timeout: int = 900):
-    """Runs one check in a fresh process and asserts it passed (exit 0, last line "ok CHECK")."""
-    args = [os.path.join(HERE, script), check] + ([] if seed is None else [str(seed)])
-    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env={**os.environ, **QUIET, **(env or {})},
-                       timeout=timeout, cwd=HERE)
+    """Runs one check of support/<script>.py in a fresh process and asserts it passed (exit 0, last line
+    "ok CHECK")."""
+    args = [check] + ([] if seed is None else [str(seed)])
+    r = scripts.run(script, *args, env={**os.environ, **QUIET, **(env or {})}, timeout=timeout,
+                    pythonpath=[EXAMPLES])  # the NeRF check imports nerf
     assert r.returncode == 0, f"{check} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
     assert f"ok {check}" in r.stdout.splitlines()[-1], r.stdout
     return r

@@ -15,7 +15,7 @@ Conventions:
     `threadgroup` in pointer/reference types (`threadgroup float* p`) to MSL_EMU_TGP, because the header
     expands the `threadgroup` storage qualifier to `static thread_local`, which is illegal/wrong there;
   - the compiler is $TFMO_CLANGXX or clang++-16 on PATH; find_clang() returns None when missing (the tests'
-    skip-or-fail policy lives in tests/conftest.py).
+    skip-or-fail policy lives in tests/support/native.py).
 """
 
 from __future__ import annotations
@@ -32,12 +32,14 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+from support.paths import REPO_ROOT
+
+REPO = Path(REPO_ROOT).resolve()
 
 
 def _load_glue():
-    """tf_metal_ops.emulated_gpu.glue: from the importable package (installed, or the repo root on sys.path) when
-    it has it, else from this checkout's file (an installed package that predates it)."""
+    """tf_metal_ops.emulated_gpu.glue: from the imported package (the installed one) when it has it, else from
+    this checkout's file (an installed package that predates it)."""
     try:
         from tf_metal_ops.emulated_gpu import glue
         return glue

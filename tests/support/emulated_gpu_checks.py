@@ -1,6 +1,6 @@
 """Checks of the GPU code path on the Metal-emulating device, run in a subprocess by tests/test_emulated_gpu.py:
 
-    TF_METAL_OPS_EMULATED_GPU=1 python tests/emulated_gpu_checks.py CHECK [SEED]
+    cd tests && TF_METAL_OPS_EMULATED_GPU=1 PYTHONPATH=../examples python -m support.emulated_gpu_checks CHECK [SEED]
 
 Each check compares the ops on /GPU:0 (the package's GPU host code + the unchanged Metal kernels, emulated) with
 the same ops on /CPU:0, and asserts that the GPU kernels really ran (the emulated backend's dispatch counters and
@@ -14,7 +14,6 @@ order that differs from the CPU's point order (rtol 1e-4, atol 1e-5; float16 tab
 from __future__ import annotations
 
 import os
-import sys
 import threading
 
 os.environ.setdefault("TF_METAL_OPS_EMULATED_GPU", "1")
@@ -26,11 +25,10 @@ import tensorflow as tf  # noqa: E402
 import tf_metal_ops as t  # noqa: E402
 from tf_metal_ops import emulated_gpu  # noqa: E402
 
-from gpu_check_runner import collect, main  # noqa: E402
 from tf_metal_ops.hash_grid import HashGridConfig  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_positions  # noqa: E402
+from support.gpu_check_runner import collect, main  # noqa: E402
+from support.hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_positions  # noqa: E402
 
 GPU, CPU = "/GPU:0", "/CPU:0"
 
@@ -383,7 +381,7 @@ def check_render_packed(seed):
     """Packed ops and gradients on /GPU:0 against the CPU kernels. Both run the functions of
     csrc/shared/volume_render_math.h, the CPU kernel's volume rendering on arrays with its own vectorised exp (as
     volume_render's): rtol 1e-5, atol 1e-5 * max(1, max |value|) (the t gradients are differences of terms)."""
-    from render_packed_cases import make_packed, random_counts
+    from support.render_packed_cases import make_packed, random_counts
 
     rng = np.random.default_rng(seed)
     cases = 0
@@ -417,7 +415,7 @@ def check_render_packed(seed):
 def check_render_packed_nan_policy(seed):
     """Invalid packed input on the GPU: NaN outputs (documented in metal_kernels/render_packed.metal), never a crash
     or an out-of-bounds access (the emulated device faults on those); the CPU kernels raise instead."""
-    from render_packed_cases import make_packed
+    from support.render_packed_cases import make_packed
 
     good = make_packed([3, 5, 0, 4, 2], 3, seed=seed, bg="shared")
     d, c, ts, te, rs, bg = good
@@ -542,9 +540,7 @@ def check_layer_and_savedmodel(seed):
 
 
 def check_nerf_steps(seed):
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, repo)
-    from examples.nerf import models
+    from nerf import models  # examples/nerf (gpu_check_runner puts examples/ on PYTHONPATH)
 
     rng = np.random.default_rng(seed)
     tf.keras.utils.set_random_seed(seed)

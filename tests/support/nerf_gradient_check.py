@@ -1,24 +1,21 @@
-"""Run by tests/test_nerf_multiworker.py in a fresh process (two logical CPU devices must be set up before TensorFlow
-starts): the all-reduced gradient of one global batch under MirroredStrategy (2 replicas, each marching its own
-half of the rays with the occupancy sampler: ragged sample counts) against the single-process gradient of the same
-batch. Prints one JSON line: per variable the largest absolute difference and the largest gradient magnitude, the
-projection <g_2, g_1> / <g_1, g_1>, and the samples each replica marched."""
+"""Run by tests/test_nerf_multiworker.py in a fresh process, `python -m support.nerf_gradient_check` with examples/
+on PYTHONPATH (two logical CPU devices must be set up before TensorFlow starts): the all-reduced gradient of one
+global batch under MirroredStrategy (2 replicas, each marching its own half of the rays with the occupancy sampler:
+ragged sample counts) against the single-process gradient of the same batch. Prints one JSON line: per variable
+the largest absolute difference and the largest gradient magnitude, the projection <g_2, g_1> / <g_1, g_1>, and
+the samples each replica marched."""
 
 import json
 import os
 import sys
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-sys.path.insert(0, os.path.join(EXAMPLES, "nerf"))
-sys.path.insert(0, EXAMPLES)
-
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-import train  # noqa: E402
+from nerf import train  # noqa: E402
 from nerf.data import load_dataset  # noqa: E402
 
 argv = sys.argv[1:]

@@ -1,7 +1,8 @@
 """Checks of csrc/metal/metal_backend.mm over the doubles of Apple's stack (TF_METAL_OPS_EMULATED_GPU=metal), one per
 review defect the doubles can show, run in a subprocess by tests/test_metal_backend.py:
 
-    TF_METAL_OPS_EMULATED_GPU=metal TF_METAL_OPS_OBJC_RUNTIME=... python tests/metal_backend_checks.py CHECK
+    cd tests
+    TF_METAL_OPS_EMULATED_GPU=metal TF_METAL_OPS_OBJC_RUNTIME=... python -m support.metal_backend_checks CHECK
 
 Each check sets up what a Mac could present (a stream that keeps an encoder open, a GPU fault, buffers no malloc
 zone claims, pipelines with their own threadgroup memory) through the doubles' TFMO_MOCK_* switches, which the
@@ -22,7 +23,7 @@ import tensorflow as tf  # noqa: E402
 import tf_metal_ops as t  # noqa: E402
 from tf_metal_ops import emulated_gpu  # noqa: E402
 
-from gpu_check_runner import collect, main  # noqa: E402
+from support.gpu_check_runner import collect, main  # noqa: E402
 
 GPU, CPU = "/GPU:0", "/CPU:0"
 

@@ -24,7 +24,9 @@ import tempfile
 from pathlib import Path
 from typing import Mapping, Sequence
 
-REPO = Path(__file__).resolve().parents[1]
+from support.paths import REPO_ROOT
+
+REPO = Path(REPO_ROOT).resolve()
 EMU_DIR = REPO / "csrc" / "emulated"
 # The device library's sources: the list of tf_metal_ops.emulated_gpu.DEVICE_SOURCES (this module does not import
 # the package).

@@ -2,7 +2,7 @@
 float64 reference with a stated tolerance. tests/test_metal_kernel.py runs them on /CPU:0 in its own process and
 on the emulated /GPU:0 in one subprocess:
 
-    TF_METAL_OPS_EMULATED_GPU=1 python tests/metal_kernel_checks.py /GPU:0      # prints "ok <check>" per check
+    cd tests && TF_METAL_OPS_EMULATED_GPU=1 python -m support.metal_kernel_checks /GPU:0   # "ok <check>" per check
 
 Tolerances: exp/log-type results rtol 2e-6 (float32; the CPU path vectorises with glibc's libmvec, whose expf is
 within 4 ulp), float16 rtol 1e-3, sums of N float32 terms rtol 1e-5, integer results exact.

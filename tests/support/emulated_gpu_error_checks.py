@@ -1,7 +1,7 @@
 """Error paths of the GPU host code on the Metal-emulating device, run in a subprocess by
 tests/test_emulated_gpu_errors.py:
 
-    TF_METAL_OPS_EMULATED_GPU=1 python tests/emulated_gpu_error_checks.py CHECK
+    cd tests && TF_METAL_OPS_EMULATED_GPU=1 python -m support.emulated_gpu_error_checks CHECK
 
 Invalid shapes and attrs reach the GPU kernels through the raw ops (tf_metal_ops._library.ops(), which skip the
 Python wrappers' checks; eager execution runs no shape functions), with soft placement off so an op that cannot
@@ -27,9 +27,10 @@ import tensorflow as tf  # noqa: E402
 import tf_metal_ops  # noqa: E402,F401  (enables the emulated GPU)
 from tf_metal_ops import emulated_gpu  # noqa: E402
 
-from gpu_check_runner import collect, main  # noqa: E402
 from tf_metal_ops._library import ops  # noqa: E402
 from tf_metal_ops.hash_grid import HashGridConfig  # noqa: E402
+
+from support.gpu_check_runner import collect, main  # noqa: E402
 
 GPU, CPU = "/GPU:0", "/CPU:0"
 InvalidArgument = tf.errors.InvalidArgumentError
