@@ -146,17 +146,20 @@ def test_occupancy_gradient_equals_one_process(tmp_path, env):
     assert len(steps) == 4
     assert any(s["samples_per_replica"][0] != s["samples_per_replica"][1] for s in steps)
     for s in steps:
-        # float32 gradients summed in two halves vs at once: differences of a few ulps of the largest entry
-        for diff, mag in zip(s["max_abs_diff"], s["max_abs"]):
-            assert mag > 0 and diff <= 1e-5 * mag, s
-        assert abs(s["projection"] - 1.0) < 1e-5, s  # a wrong normalisation scales it (e.g. 2 or 0.5)
+        assert sorted(s["modes"]) == ["allreduce", "gather"], s
+        for mode in s["modes"].values():
+            # float32 gradients summed in two halves vs at once: differences of a few ulps of the largest entry
+            for diff, mag in zip(mode["max_abs_diff"], s["max_abs"]):
+                assert mag > 0 and diff <= 1e-5 * mag, s
+            assert abs(mode["projection"] - 1.0) < 1e-5, s  # a wrong normalisation scales it (e.g. 2 or 0.5)
 
 
 def test_two_workers_occupancy_grids_stay_bitwise_equal(tmp_path, env, procs):
     """2 workers × 120 steps with the occupancy sampler: every one of the 30 grid updates gives both workers the
     same grid (digests of density, bitfield and step), no grid communication; the weights stay bitwise equal; the
     grid changes; during the warm-up (all cells occupied) the run matches one process step for step."""
-    common = [*TINY_OCC, "--steps", "120", "--no-jitter", "--save-worker-weights", "--checkpoint-every", "0"]
+    common = [*TINY_OCC, "--steps", "120", "--no-jitter", "--save-worker-weights", "--checkpoint-every", "0",
+              "--table-grad", "gather"]  # the default for real tables; auto picks allreduce for this tiny one
     rc, log = run_launcher(procs, env, tmp_path, "mw", *common, "--out", str(tmp_path / "mw"))
     assert rc == 0, log[-4000:]
     assert "occupancy sampler" in log and "replicas: 2" in log
@@ -174,6 +177,10 @@ def test_two_workers_occupancy_grids_stay_bitwise_equal(tmp_path, env, procs):
     with open(tmp_path / "mw" / "metrics.json") as f:
         mw = json.load(f)
     assert mw["final"]["trace_count"] <= 3  # varying batch sizes: no retrace per step
+    table = max(weights(workers / "rank-0.npz"), key=lambda a: a.size)
+    assert mw["cluster"]["table_gradient"] == "gather"
+    assert mw["cluster"]["allreduce_bytes_per_step"] == 4 * (mw["n_params"] - table.size)  # the MLPs only
+    assert mw["cluster"]["allgather_bytes_per_step"] == mw["config"]["sample_budget"] * (3 + 16 * 2) * 4
 
     single_out = tmp_path / "single"
     p = procs.start([sys.executable, TRAIN, *common, "--out", str(single_out)], env,
@@ -208,7 +215,8 @@ def test_killed_worker_stops_the_job_and_a_restart_resumes(tmp_path, env, procs)
     ends with exactly the weights and the occupancy grid of an uninterrupted run (batches, sample jitter and grid
     updates are functions of the step; the grid and the ray-stream position are checkpointed)."""
     steps = 240
-    common = [*TINY_OCC, "--steps", str(steps), "--checkpoint-every", "20", "--save-worker-weights"]
+    common = [*TINY_OCC, "--steps", str(steps), "--checkpoint-every", "20", "--save-worker-weights",
+              "--table-grad", "gather"]
     rc, log = run_launcher(procs, env, tmp_path, "ref", *common, "--out", str(tmp_path / "ref"))
     assert rc == 0, log[-4000:]
     reference = weights(tmp_path / "ref" / "workers" / "rank-0.npz")

@@ -39,6 +39,7 @@ class TrainConfig:
     grid_res: int
     grid_every: int
     grid_sync: str
+    table_grad: str
     grid_warmup: int
     step_size: float | None
     max_samples: int
@@ -118,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
         "occupancy sampler with several workers: every worker updates its grid from the same weights with the same "
         "seeds (replicate: bitwise equal, no communication), or the chief updates it and all-gathers it to the "
         "others (broadcast); see docs/distributed.md"))
+    p.add_argument("--table-grad", choices=("auto", "allreduce", "gather"), default="auto", help=(
+        "hash model with several replicas: all-reduce the dense table gradient, or all-gather every replica's "
+        "sample positions and per-sample feature gradients and compute the table gradient on each (the same "
+        "gradient, fewer bytes when a step has fewer samples than the table has entries); auto picks the smaller "
+        "(gather for the occupancy sampler's default budget); see docs/distributed.md"))
     p.add_argument("--grid-warmup", type=int, default=64,
                    help="occupancy sampler: steps during which every cell counts as occupied (and all cells are "
                         "re-evaluated at each update)")

@@ -127,7 +127,9 @@ class RunMetrics:
                     "rays_per_epoch": tr.n_rays, "evals": []}
         if cluster is not None:
             self.doc["cluster"] = dict(workers=cluster.n_workers, addresses=list(cluster.addresses),
-                                       allreduce_bytes_per_step=tr.allreduce_bytes)
+                                       allreduce_bytes_per_step=tr.allreduce_bytes,
+                                       table_gradient="gather" if tr.gather_table_grad else "allreduce",
+                                       allgather_bytes_per_step=tr.allgather_bytes)
 
     def resume(self, step, train_s, checkpoint, read_file):
         """Resumed at ``step`` from ``checkpoint``; ``read_file``: keep the evaluations and series up to there from

@@ -338,18 +338,22 @@ class HashNeRF(keras.Model):
         if c["early_stop"] > 0:
             m = self._prune(rays_o, rays_d, m)
         sh = tf.gather(sh_encoding_deg4(rays_d) if view_sh is None else view_sh, m.ray_indices)
-        sigma, rgb = self._field(self.encoding(m.positions), sh)  # the grid's box is the hash grid's [0, 1]^3
+        feat = self.encoding(m.positions)  # the grid's box is the hash grid's [0, 1]^3
+        sigma, rgb = self._field(feat, sh)
         render = (tf_metal_ops.volume_render_packed if c["implementation"] == "op"
                   else tf_metal_ops.volume_render_packed_tf)
         color, depth, opacity, weights = render(sigma, rgb, m.t_starts, m.t_ends, m.row_splits,
                                                 background=tf.constant(c["background"]))
         return dict(color=color, depth=depth, opacity=opacity, weights=weights, t_starts=m.t_starts,
-                    t_ends=m.t_ends, row_splits=m.row_splits, ray_indices=m.ray_indices, n_marched=n_marched)
+                    t_ends=m.t_ends, row_splits=m.row_splits, ray_indices=m.ray_indices, n_marched=n_marched,
+                    features=feat, positions=m.positions)
 
     def call(self, rays_o, rays_d, training=False, jitter_seed=None, view_sh=None):
         """``jitter_seed``: optional int ``[2]`` tensor, the stateless seed of the sample jitter (see stratified_t).
         ``view_sh``: optional ``sh_encoding_deg4(rays_d)`` ``[R, 16]`` computed beforehand (the training rays'
-        directions never change: train.py encodes them once)."""
+        directions never change: train.py encodes them once). Besides the render, the output holds the samples'
+        hash-grid coordinates ``positions [M, 3]`` and their encoding ``features [M, L*F]`` (the trainer may
+        compute the table's gradient from these)."""
         c = self.cfg
         if c["sampler"] == "occupancy":
             return self._call_packed(rays_o, rays_d, training, jitter_seed, view_sh)
@@ -373,7 +377,8 @@ class HashNeRF(keras.Model):
 
         render = tf_metal_ops.volume_render if op else tf_metal_ops.volume_render_tf
         color, depth, opacity, weights = render(sigma, rgb, edges, background=bg)
-        return dict(color=color, depth=depth, opacity=opacity, weights=weights, t=t, edges=edges)
+        return dict(color=color, depth=depth, opacity=opacity, weights=weights, t=t, edges=edges, features=feat,
+                    positions=x)
 
     def build_for_rays(self):
         self(tf.constant([[0.0, 0.0, 4.0]]), tf.constant([[0.0, 0.0, -1.0]]))

@@ -108,7 +108,9 @@ def describe(cfg: TrainConfig, tr, multi):
             f"{sampling}, "
             f"XLA train step: {tr.jit and tr.strategy.num_replicas_in_sync == 1}, "
             f"replicas: {tr.strategy.num_replicas_in_sync}"
-            + (f", all-reduced per step: {tr.allreduce_bytes:,} bytes" if multi else ""))
+            + (f", all-reduced per step: {tr.allreduce_bytes:,} bytes" if multi else "")
+            + (f", table gradient from all-gathered samples: ~{tr.allgather_bytes:,} bytes per step"
+               if multi and tr.gather_table_grad else ""))
 
 
 @dataclasses.dataclass(frozen=True)

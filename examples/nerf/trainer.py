@@ -25,7 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from nerf import models
+from nerf import fused_adam, models
 from nerf.config import TrainConfig
 from nerf.data.rays import get_rays
 
@@ -153,9 +153,33 @@ class Trainer:
                 self.opt_table = keras.optimizers.Adam(args.lr_table, beta_2=0.99, epsilon=1e-15)
                 self.opt_table.build(self.table_vars)
         self.n_params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
-        # gradients all-reduced per step: one float32 value per trainable parameter (dense, the table included)
-        self.allreduce_bytes = int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
-                                       for v in self.model.trainable_variables))
+        self._choose_table_gradient()
+
+    def _choose_table_gradient(self):
+        """--table-grad: how replicas aggregate the table's gradient. ``allreduce``: the dense table gradient (one
+        float32 per entry). ``gather``: every replica all-gathers all replicas' sample positions and per-sample
+        feature gradients (``D + L*F`` float32 per sample) and computes the global table gradient itself (the same
+        gradient, from the same inputs in the same order: identical on every replica). ``auto``: gather when a
+        step's samples carry fewer values than the table (the occupancy sampler's budget by default), with several
+        replicas. Sets ``allreduce_bytes`` (all-reduced per step) and ``allgather_bytes`` (all-gathered per step at
+        the step's nominal sample count, all replicas together)."""
+        args = self.args
+        nbytes = lambda vs: int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in vs))  # noqa: E731
+        table_values = int(sum(np.prod(v.shape) for v in self.table_vars))
+        samples = args.sample_budget if self.occupancy else args.batch_rays * args.samples
+        per_sample = 3 + args.levels * args.features
+        if args.table_grad == "auto":
+            self.gather_table_grad = bool(self.table_vars) and self.strategy.num_replicas_in_sync > 1 and (
+                samples * per_sample < table_values)
+        else:
+            if args.table_grad == "gather" and not self.table_vars:
+                raise SystemExit("error: --table-grad gather needs --model hash")
+            self.gather_table_grad = args.table_grad == "gather"
+        if self.gather_table_grad:
+            self.allreduce_bytes = nbytes(self.mlp_vars)
+            self.allgather_bytes = samples * per_sample * 4
+        else:
+            self.allreduce_bytes, self.allgather_bytes = nbytes(self.mlp_vars + self.table_vars), 0
 
     def _make_state(self):
         """The training state beside the model and optimisers (see the module's conventions)."""
@@ -216,8 +240,10 @@ class Trainer:
         return rid, tf.stack([tf.constant(self.args.seed, tf.int64), step_no * 4096 + rid])
 
     def _replica_grads(self, o, d, y, view_sh, seed, n_global):
-        """The replica's share of the global loss and its gradient: sums over its rays divided by the global ray
-        count ``n_global`` (see the module's conventions)."""
+        """The replica's share of the global loss (sums over its rays divided by the global ray count ``n_global``,
+        see the module's conventions) and the global batch's gradient, aggregated across replicas: MLP variables
+        all-reduced; the table's all-reduced, or (``self.gather_table_grad``) computed on every replica from the
+        all-gathered sample positions and per-sample feature gradients of all replicas."""
         dist_w = float(self.args.distortion)
         with tf.GradientTape() as tape:
             extra = {} if view_sh is None else dict(view_sh=view_sh)
@@ -226,14 +252,26 @@ class Trainer:
             loss = mse
             if dist_w > 0:
                 loss = loss + dist_w * tf.reduce_sum(distortion_loss(out, self.args.impl == "op")) / n_global
-        grads = tape.gradient(loss, self.mlp_vars + self.table_vars)
+        wrt = self.mlp_vars + ([out["features"]] if self.gather_table_grad else self.table_vars)
+        grads = tape.gradient(loss, wrt)
+        if self.strategy.num_replicas_in_sync > 1:
+            ctx = tf.distribute.get_replica_context()
+            if self.gather_table_grad:
+                pos = ctx.all_gather(out["positions"], axis=0)  # replica order = the global batch's sample order
+                dy = ctx.all_gather(grads[-1], axis=0)
+                grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads[:-1]) + [
+                    self.model.encoding.table_gradient(pos, dy)]
+            else:
+                grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        elif self.gather_table_grad:
+            grads = grads[:-1] + [self.model.encoding.table_gradient(out["positions"], grads[-1])]
         return mse, out, grads
 
     def _replica_step(self, o, d, y, view_sh, seed, n_global):
         mse, out, grads = self._replica_grads(o, d, y, view_sh, seed, n_global)
-        self.opt.apply_gradients(zip(grads[:len(self.mlp_vars)], self.mlp_vars))
+        fused_adam.apply(self.opt, grads[:len(self.mlp_vars)], self.mlp_vars)
         if self.table_vars:
-            self.opt_table.apply_gradients(zip(grads[len(self.mlp_vars):], self.table_vars))
+            fused_adam.apply(self.opt_table, grads[len(self.mlp_vars):], self.table_vars)
         n = tf.shape(out["weights"])[0] if "row_splits" in out else tf.size(out["weights"])
         return mse, tf.cast(tf.stack([n, out.get("n_marched", n)]), tf.float32)
 
@@ -256,8 +294,8 @@ class Trainer:
         def per_replica(i):
             return self._replica_grads(*self.batch(i), self._replica_seed(step_no)[1], n_global)[2]
 
-        per = self.strategy.run(per_replica, args=(idx,))
-        return [self.strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in per]
+        per = self.strategy.run(per_replica, args=(idx,))  # aggregated already: every replica holds the same
+        return [self.strategy.experimental_local_results(g)[0] for g in per]
 
     def _grid_update(self, step_no):
         return self.model.update_grid(step=step_no, seed=tf.constant(self.args.seed, tf.int64) * 1000003 + step_no)

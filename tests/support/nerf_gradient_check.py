@@ -1,8 +1,9 @@
 """Run by tests/test_nerf_multiworker.py in a fresh process, `python -m support.nerf_gradient_check` with examples/
 on PYTHONPATH (two logical CPU devices must be set up before TensorFlow starts): the all-reduced gradient of one
 global batch under MirroredStrategy (2 replicas, each marching its own half of the rays with the occupancy sampler:
-ragged sample counts) against the single-process gradient of the same batch. Prints one JSON line: per variable
-the largest absolute difference and the largest gradient magnitude, the projection <g_2, g_1> / <g_1, g_1>, and
+ragged sample counts) against the single-process gradient of the same batch, for each way of aggregating the
+table's gradient (--table-grad allreduce and gather). Prints one JSON line: per step and mode, per variable the
+largest absolute difference and the largest gradient magnitude, the projection <g_2, g_1> / <g_1, g_1>; per step
 the samples each replica marched."""
 
 import json
@@ -25,34 +26,43 @@ assert args_1.sampler == args_2.sampler == "occupancy"
 ds = load_dataset("builtin", background=args_1.background_rgb, seed=args_1.scene_seed, H=args_1.scene_res,
                   W=args_1.scene_res)
 one = train.Trainer(args_1, ds)
-two = train.Trainer(args_2, ds, strategy=tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
-assert two.strategy.num_replicas_in_sync == 2
-for a, b in zip(one.model.get_weights(), two.model.get_weights()):
-    np.testing.assert_array_equal(a, b)  # the same seeded initialisation
+MODES = ("allreduce", "gather")
+two = {}
+mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])  # one for both: separate strategies in one process
+for mode in MODES:                                             # would allocate clashing collective keys
+    args_2 = train.parse_args([*argv, "--strategy", "mirrored", "--replicas", "2", "--table-grad", mode])
+    two[mode] = train.Trainer(args_2, ds, strategy=mirrored)
+    assert two[mode].strategy.num_replicas_in_sync == 2 and two[mode].gather_table_grad == (mode == "gather")
+    for a, b in zip(one.model.get_weights(), two[mode].model.get_weights()):
+        np.testing.assert_array_equal(a, b)  # the same seeded initialisation
 
 result = {"steps": []}
 for step_no in range(int(os.environ.get("GRAD_CHECK_STEPS", "3"))):
     if step_no % args_1.grid_every == 0:
-        one.update_grid(step_no)
-        two.update_grid(step_no)
-    np.testing.assert_array_equal(one.model.grid.bits.numpy(), two.model.grid.bits.numpy())
+        for t in (one, *two.values()):
+            t.update_grid(step_no)
     idx = one.next_rays()
-    assert np.array_equal(idx, two.next_rays())
-    g1, g2 = one.gradients(idx, step_no), two.gradients(idx, step_no)
+    for t in two.values():
+        np.testing.assert_array_equal(one.model.grid.bits.numpy(), t.model.grid.bits.numpy())
+        assert np.array_equal(idx, t.next_rays())
+    g1 = one.gradients(idx, step_no)
+    flat1 = np.concatenate([g.ravel() for g in g1]).astype(np.float64)
     half = len(idx) // 2
     m = [one.model.march(*[tf.gather(t, idx[i * half:(i + 1) * half]) for t in (one.rays_o, one.rays_d)])
          for i in range(2)]
-    flat1 = np.concatenate([g.ravel() for g in g1]).astype(np.float64)
-    flat2 = np.concatenate([g.ravel() for g in g2]).astype(np.float64)
-    result["steps"].append(dict(
-        rays=len(idx), samples_per_replica=[int(x.t_starts.shape[0]) for x in m],
-        max_abs_diff=[float(np.abs(a - b).max()) for a, b in zip(g1, g2)],
-        max_abs=[float(np.abs(a).max()) for a in g1],
-        projection=float(flat2 @ flat1 / (flat1 @ flat1))))
-    # train both one step on that batch (the single process's own step), so the next check starts from
-    # trained weights (copied: the comparison is of one step's gradients, not of accumulated rounding)
+    entry = dict(rays=len(idx), samples_per_replica=[int(x.t_starts.shape[0]) for x in m],
+                 max_abs=[float(np.abs(a).max()) for a in g1], modes={})
+    for mode, t in two.items():
+        g2 = t.gradients(idx, step_no)
+        flat2 = np.concatenate([g.ravel() for g in g2]).astype(np.float64)
+        entry["modes"][mode] = dict(max_abs_diff=[float(np.abs(a - b).max()) for a, b in zip(g1, g2)],
+                                    projection=float(flat2 @ flat1 / (flat1 @ flat1)))
+    result["steps"].append(entry)
+    # train the single process one step on that batch (its own step), so the next check starts from trained
+    # weights (copied: the comparison is of one step's gradients, not of accumulated rounding)
     one._step_fn(one.distribute_rays(idx), tf.constant(step_no, tf.int64), tf.constant([0.0]),
                  tf.constant(len(idx), tf.float32))
-    for v2, v1 in zip(two.model.weights, one.model.weights):
-        v2.assign(v1.numpy())
+    for t in two.values():
+        for v2, v1 in zip(t.model.weights, one.model.weights):
+            v2.assign(v1.numpy())
 print("RESULT " + json.dumps(result))

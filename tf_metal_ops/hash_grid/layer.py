@@ -16,7 +16,7 @@ import tensorflow as tf
 from tf_metal_ops import _library
 from tf_metal_ops.hash_grid import pure_tf
 from tf_metal_ops.hash_grid.config import HashGridConfig
-from tf_metal_ops.hash_grid.ops import hash_grid_encode
+from tf_metal_ops.hash_grid.ops import hash_grid_encode, hash_grid_encode_params_grad
 
 IMPLEMENTATIONS = ("auto", "op", "pure_tf")
 _warned_fallback = False
@@ -118,6 +118,34 @@ class HashGridEncoding(keras.layers.Layer):
             kwargs["max_level"] = max_level
         y = self._encode(x, params, **kwargs)
         return tf.reshape(y, tf.concat([lead, [cfg.n_output_dims]], axis=0)) if flat else y
+
+    def table_gradient(self, inputs, output_gradients, max_level=None):
+        """The gradient of ``sum(self(inputs) * output_gradients)`` w.r.t. the table (``inputs [N, D]``,
+        ``output_gradients [N, n_levels * F]``), without the forward pass on the op implementation
+        (:func:`~tf_metal_ops.hash_grid.ops.hash_grid_encode_params_grad`; pure TF: a tape over the forward). For
+        data-parallel training that all-gathers per-sample output gradients instead of all-reducing the table's.
+
+        >>> enc = HashGridEncoding(n_levels=2, log2_hashmap_size=8, implementation="pure_tf")
+        >>> x = tf.constant([[0.25, 0.5, 0.75]])
+        >>> _ = enc(x)  # builds the table
+        >>> float(tf.reduce_sum(enc.table_gradient(x, tf.ones([1, 4]))))  # 2 levels x 2 features x weights summing to 1
+        4.0
+        """
+        cfg = self.hash_grid_config
+        if cfg is None:
+            raise ValueError("HashGridEncoding.table_gradient: the layer is not built (call it once first)")
+        x = tf.cast(inputs, tf.float32)
+        params = tf.cast(self.table, self.compute_dtype) if self.table.dtype != self.compute_dtype else self.table
+        dy = tf.cast(output_gradients, params.dtype)
+        if self.resolved_implementation == "op":
+            g = hash_grid_encode_params_grad(x, params, dy, max_level=max_level, **self._options)
+        else:
+            params = tf.convert_to_tensor(params)
+            with tf.GradientTape() as tape:
+                tape.watch(params)
+                y = self._encode(x, params, **self._options, **({} if max_level is None else dict(max_level=max_level)))
+            g = tape.gradient(y, params, output_gradients=dy)
+        return tf.cast(tf.convert_to_tensor(g), self.table.dtype)  # pure TF: IndexedSlices -> dense
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self._options["n_levels"] * self._options["n_features_per_level"],)

@@ -31,6 +31,7 @@ returning a wrong value.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 
 import tensorflow as tf
@@ -38,7 +39,7 @@ import tensorflow as tf
 from tf_metal_ops._library import ops
 from tf_metal_ops.hash_grid.config import HashGridConfig
 
-__all__ = ["hash_grid_encode"]
+__all__ = ["hash_grid_encode", "hash_grid_encode_params_grad"]
 
 _ATTRS = (
     "n_levels",
@@ -67,6 +68,31 @@ def _max_level_tensor(max_level, n_levels):
     if t.shape.rank not in (None, 0):
         raise ValueError(f"hash_grid_encode: max_level must be a scalar, got shape {t.shape}")
     return t
+
+
+def _checked_inputs(fn, positions, params, options):
+    """(positions, params, HashGridConfig) after the static checks of ``fn``'s arguments (ValueError)."""
+    positions = tf.convert_to_tensor(positions)
+    if positions.dtype != tf.float32:
+        raise ValueError(f"{fn}: positions must be float32, got {positions.dtype.name}")
+    params = tf.convert_to_tensor(params)
+    if params.dtype not in (tf.float32, tf.float16):
+        raise ValueError(f"{fn}: params must be float32 or float16, got {params.dtype.name}")
+    if positions.shape.rank is not None and positions.shape.rank != 2:
+        raise ValueError(f"{fn}: positions must have rank 2 [N, D], got shape {positions.shape}")
+    if params.shape.rank is not None and params.shape.rank != 2:
+        raise ValueError(f"{fn}: params must have rank 2 [total_entries, F], got shape {params.shape}")
+    d = positions.shape[-1] if positions.shape.rank == 2 else None
+    if d is not None and not 1 <= d <= 4:
+        raise ValueError(f"{fn}: positions must have 1 to 4 columns (D), got shape {positions.shape}")
+    # Validates the options (ValueError); with a static D also the params shape.
+    cfg = HashGridConfig(d if d is not None else 1, **options)
+    if d is not None and params.shape.rank == 2 and not params.shape.is_compatible_with(cfg.params_shape):
+        raise ValueError(
+            f"{fn}: params must have shape {list(cfg.params_shape)} for this config "
+            f"(D={d}, {', '.join(f'{k}={v!r}' for k, v in options.items())}), got {params.shape}"
+        )
+    return positions, params, cfg
 
 
 def hash_grid_encode(
@@ -102,26 +128,7 @@ def hash_grid_encode(
         interpolation=interpolation,
     )
     with tf.name_scope(name or "hash_grid_encode"):
-        positions = tf.convert_to_tensor(positions)
-        if positions.dtype != tf.float32:
-            raise ValueError(f"hash_grid_encode: positions must be float32, got {positions.dtype.name}")
-        params = tf.convert_to_tensor(params)
-        if params.dtype not in (tf.float32, tf.float16):
-            raise ValueError(f"hash_grid_encode: params must be float32 or float16, got {params.dtype.name}")
-        if positions.shape.rank is not None and positions.shape.rank != 2:
-            raise ValueError(f"hash_grid_encode: positions must have rank 2 [N, D], got shape {positions.shape}")
-        if params.shape.rank is not None and params.shape.rank != 2:
-            raise ValueError(f"hash_grid_encode: params must have rank 2 [total_entries, F], got shape {params.shape}")
-        d = positions.shape[-1] if positions.shape.rank == 2 else None
-        if d is not None and not 1 <= d <= 4:
-            raise ValueError(f"hash_grid_encode: positions must have 1 to 4 columns (D), got shape {positions.shape}")
-        # Validates the options (ValueError); with a static D also the params shape.
-        cfg = HashGridConfig(d if d is not None else 1, **options)
-        if d is not None and params.shape.rank == 2 and not params.shape.is_compatible_with(cfg.params_shape):
-            raise ValueError(
-                f"hash_grid_encode: params must have shape {list(cfg.params_shape)} for this config "
-                f"(D={d}, {', '.join(f'{k}={v!r}' for k, v in options.items())}), got {params.shape}"
-            )
+        positions, params, cfg = _checked_inputs("hash_grid_encode", positions, params, options)
         level = _max_level_tensor(max_level, cfg.n_levels)
         out = ops().hash_grid_encode(
             positions,
@@ -131,6 +138,37 @@ def hash_grid_encode(
         )
         out.set_shape([positions.shape[0] if positions.shape.rank == 2 else None, cfg.n_output_dims])
         return out
+
+
+_DEFAULT_OPTIONS = {k: inspect.signature(hash_grid_encode).parameters[k].default for k in _ATTRS}
+
+
+def hash_grid_encode_params_grad(positions, params, output_grad, *, max_level=None, name=None, **options):
+    """The gradient of ``sum(hash_grid_encode(positions, params, **options) * output_grad)`` w.r.t. ``params``,
+    computed without the forward pass (the registered gradient's op, called directly): equal, bitwise on the CPU, to
+    ``tape.gradient(hash_grid_encode(positions, params, ...), params, output_gradients=output_grad)``.
+
+    For data-parallel training that exchanges the per-sample output gradients ``[N, n_levels * F]`` (and the
+    positions) instead of the dense table gradient: each worker then computes the table gradient of the whole
+    batch itself. ``options``: those of :func:`hash_grid_encode` (the same defaults).
+    """
+    options = {**_DEFAULT_OPTIONS, **options}
+    unknown = set(options) - set(_ATTRS)
+    if unknown:
+        raise ValueError(f"hash_grid_encode_params_grad: unknown options {sorted(unknown)}")
+    with tf.name_scope(name or "hash_grid_encode_params_grad"):
+        positions, params, cfg = _checked_inputs("hash_grid_encode_params_grad", positions, params, options)
+        dy = tf.convert_to_tensor(output_grad)
+        if dy.dtype != params.dtype:
+            raise ValueError(f"hash_grid_encode_params_grad: output_grad must have params' dtype {params.dtype.name}, "
+                             f"got {dy.dtype.name}")
+        if dy.shape.rank is not None and dy.shape.rank == 2 and not dy.shape.is_compatible_with(
+                [positions.shape[0], cfg.n_output_dims]):
+            raise ValueError(f"hash_grid_encode_params_grad: output_grad must have shape [N, {cfg.n_output_dims}] "
+                             f"with N = positions' rows ({positions.shape[0]}), got {dy.shape}")
+        level = _max_level_tensor(max_level, cfg.n_levels)
+        return ops().hash_grid_encode_grad_params(dy, positions, params, level,
+                                                  **{k: getattr(cfg, k) for k in _ATTRS})
 
 
 def _attrs(op):
