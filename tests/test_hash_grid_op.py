@@ -601,3 +601,42 @@ def test_second_derivative_is_registered():
                                          cfg)[1]
     np.testing.assert_allclose(gp.numpy(), want, rtol=1e-5, atol=1e-5)
     assert np.abs(want).max() > 0.1
+
+
+# ---- the parameter gradient without the forward (data-parallel training) ------------------------------------
+@pytest.mark.parametrize("grid_type", GRID_TYPES)
+def test_params_grad_equals_tape_gradient(grid_type):
+    """hash_grid_encode_params_grad (and HashGridEncoding.table_gradient, op and pure TF) give what the tape gives
+    for the same output gradient: the op's bitwise, pure TF's within float32 summation order, and the NumPy float64
+    reference's."""
+    cfg = HashGridConfig(3, n_levels=4, n_features_per_level=2, log2_hashmap_size=8, base_resolution=4,
+                         per_level_scale=1.7, grid_type=grid_type)
+    rng = seeded("params_grad", grid_type)
+    x = random_positions(rng, 300, 3)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    dy = rng.normal(size=(300, cfg.n_output_dims)).astype(np.float32)
+    _, _, g_tape = grads(x, p, dy, cfg)
+    g = tf_metal_ops.hash_grid.ops.hash_grid_encode_params_grad(x, p, dy, **cfg.op_kwargs()).numpy()
+    np.testing.assert_array_equal(g, g_tape)
+    np.testing.assert_allclose(g, reference.grad_params(x, p, dy, cfg), rtol=1e-5, atol=1e-5)
+    for impl in ("op", "pure_tf"):
+        layer = tf_metal_ops.HashGridEncoding(**cfg.op_kwargs(), implementation=impl)
+        layer(x)
+        layer.table.assign(p)
+        np.testing.assert_allclose(layer.table_gradient(x, dy).numpy(), g, rtol=1e-5, atol=1e-5)
+
+
+def test_params_grad_bad_input():
+    cfg = HashGridConfig(3, n_levels=2, log2_hashmap_size=6)
+    x = np.full((5, 3), 0.5, np.float32)
+    p = np.zeros(cfg.params_shape, np.float32)
+    fn = tf_metal_ops.hash_grid.ops.hash_grid_encode_params_grad
+    with pytest.raises(ValueError, match=r"output_grad must have shape \[N, 4\]"):
+        fn(x, p, np.zeros((4, 4), np.float32), **cfg.op_kwargs())
+    with pytest.raises(ValueError, match="unknown options"):
+        fn(x, p, np.zeros((5, 4), np.float32), resolution=3)
+    with pytest.raises(ValueError, match="dtype"):
+        fn(x, p, np.zeros((5, 4), np.float16), **cfg.op_kwargs())
+    unknown = tf.function(lambda dy: fn(x, p, dy, **cfg.op_kwargs()), input_signature=[tf.TensorSpec(None)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must have shape"):
+        unknown(tf.zeros([6, 4]))  # shape unknown when traced: the kernel checks it
