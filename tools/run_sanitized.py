@@ -8,6 +8,7 @@ The emulated Metal kernels and the thread pool have their own sanitizer builds (
 tests/test_thread_pool_native.py). Exits with pytest's status.
 """
 
+import concurrent.futures
 import glob
 import os
 import subprocess
@@ -32,12 +33,17 @@ def main(extra):
     sources = [s for s in sources if os.path.relpath(s, os.path.join(ROOT, "csrc")).split(os.sep)[0] not in gpu_dirs]
     version = {}
     exec(open(os.path.join(ROOT, "tf_metal_ops", "_version.py")).read(), version)
-    cmd = [cxx, "-std=c++17", f'-DTFMO_VERSION="{version["__version__"]}"', "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-           "-fno-sanitize-recover=all", "-shared", "-fPIC", "-I", os.path.join(ROOT, "csrc"),
-           "-I", os.path.join(ROOT, "csrc", "shared"), "-I", tf.sysconfig.get_include(), *sources,
-           "-L", tf.sysconfig.get_lib(), "-l:libtensorflow_framework.so.2", "-o", lib]
+    flags = [f'-DTFMO_VERSION="{version["__version__"]}"', "-std=c++17", "-O1", "-g", "-fno-omit-frame-pointer",
+             "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fPIC", "-I", os.path.join(ROOT, "csrc"),
+             "-I", os.path.join(ROOT, "csrc", "shared"), "-I", tf.sysconfig.get_include()]
+    objects = [os.path.join(out_dir, f"{i}.o") for i in range(len(sources))]
     print("building", lib, flush=True)
-    subprocess.run(cmd, check=True)
+    jobs = sorted(zip(sources, objects), key=lambda so: -os.path.getsize(so[0]))  # the big ones first
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # one compiler per core
+        list(pool.map(lambda so: subprocess.run([cxx, *flags, "-c", so[0], "-o", so[1]], check=True), jobs))
+    subprocess.run([cxx, "-fsanitize=address,undefined", "-shared", *objects, "-L", tf.sysconfig.get_lib(),
+                    "-l:libtensorflow_framework.so.2", "-o", lib], check=True)
+
     def runtime(name):
         return subprocess.run([cxx, f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
 

@@ -10,12 +10,13 @@ with ``t`` the iteration count + 1; the optimiser's own variables hold the state
 Runs in a replica context: each replica updates its own copies, with the same gradient everywhere.
 """
 
+import keras
 import tensorflow as tf
 
 
 def _handle(variable):
-    """The resource handle of a Keras variable (this replica's copy under a tf.distribute strategy)."""
-    return getattr(variable, "value", variable).handle
+    """The resource handle of a Keras or TF variable (this replica's copy under a tf.distribute strategy)."""
+    return (variable.value if isinstance(variable, keras.Variable) else variable).handle
 
 
 def apply(opt, grads, variables):

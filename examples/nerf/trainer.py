@@ -257,10 +257,11 @@ class Trainer:
         if self.strategy.num_replicas_in_sync > 1:
             ctx = tf.distribute.get_replica_context()
             if self.gather_table_grad:
-                pos = ctx.all_gather(out["positions"], axis=0)  # replica order = the global batch's sample order
-                dy = ctx.all_gather(grads[-1], axis=0)
+                # one all-gather of [positions | feature gradients] per sample; replica order = the global batch's
+                # sample order
+                rows = ctx.all_gather(tf.concat([out["positions"], grads[-1]], axis=1), axis=0)
                 grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads[:-1]) + [
-                    self.model.encoding.table_gradient(pos, dy)]
+                    self.model.encoding.table_gradient(rows[:, :3], rows[:, 3:])]
             else:
                 grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
         elif self.gather_table_grad:
