@@ -58,6 +58,22 @@ def worker(n, repeats, samples, n_workers):
         return strategy.experimental_local_results(per)[0]
 
     res = dict(allreduce=times, allgather=timed(lambda i: allgather(tf.constant(i)).numpy(), repeats))
+    # the latency of one collective: the step's 16-byte all-reduce (loss, clock, sample counts), and an all-gather
+    # of one 35-float row per worker
+    tiny = tf.zeros([4])
+
+    @tf.function
+    def allreduce_tiny(i):
+        per = strategy.run(lambda: tiny + tf.cast(i, tf.float32))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per, axis=None)
+
+    @tf.function
+    def allgather_tiny(i):
+        per = strategy.run(lambda: tf.distribute.get_replica_context().all_gather(share[:1] + tf.cast(i, tf.float32), 0))
+        return strategy.experimental_local_results(per)[0]
+
+    res["allreduce_16_bytes"] = timed(lambda i: allreduce_tiny(tf.constant(i)).numpy(), repeats)
+    res["allgather_1_row"] = timed(lambda i: allgather_tiny(tf.constant(i)).numpy(), repeats)
     # the rest on this worker alone (plain variables, outside the strategy)
     import tf_metal_ops
     from nerf import fused_adam

@@ -142,7 +142,10 @@ def test_occupancy_gradient_equals_one_process(tmp_path, env):
                     "--steps", "4", "--out", tmp_path / "g", env=dict(env, GRAD_CHECK_STEPS="4"),
                     pythonpath=[EXAMPLES], timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    steps = json.loads(p.stdout.split("RESULT ", 1)[1])["steps"]
+    result = json.loads(p.stdout.split("RESULT ", 1)[1])
+    # the step's collectives (nerf.collectives) against NumPy, on both replicas
+    assert result["collectives"] == [dict(rows=True, sums=True, evaluations=True)] * 2, result["collectives"]
+    steps = result["steps"]
     assert len(steps) == 4
     assert any(s["samples_per_replica"][0] != s["samples_per_replica"][1] for s in steps)
     for s in steps:
@@ -192,12 +195,14 @@ def test_two_workers_occupancy_grids_stay_bitwise_equal(tmp_path, env, procs):
     np.testing.assert_allclose(mw["train_losses"][:16], single["train_losses"][:16], rtol=1e-4)
 
 
-def test_grid_broadcast_equals_replicated_updates(tmp_path, env, procs):
+def test_grid_sync_modes_give_the_replicated_grids(tmp_path, env, procs):
     """--grid-sync broadcast (the chief's grid all-gathered to the others) gives both workers the grid the
-    replicated updates give: the same digest after every update, and the same final weights, bitwise."""
+    replicated updates give: the same digest after every update, and the same final weights, bitwise. shard (each
+    worker evaluates half of the cells, one all-gather): both workers' grids are bitwise equal after every update,
+    and the grid and weights are those of replicate up to float32 rounding."""
     common = [*TINY_OCC, "--steps", "40", "--no-jitter", "--save-worker-weights", "--checkpoint-every", "0"]
     runs = {}
-    for mode in ("replicate", "broadcast"):
+    for mode in ("replicate", "broadcast", "shard"):
         rc, log = run_launcher(procs, env, tmp_path, mode, *common, "--grid-sync", mode, "--out", str(tmp_path / mode))
         assert rc == 0, log[-4000:]
         workers = tmp_path / mode / "workers"
@@ -207,6 +212,17 @@ def test_grid_broadcast_equals_replicated_updates(tmp_path, env, procs):
     assert runs["broadcast"][0] == runs["broadcast"][1] == runs["replicate"][0] == runs["replicate"][1]
     for a, b in zip(runs["replicate-weights"], runs["broadcast-weights"]):
         np.testing.assert_array_equal(a, b)
+    # shard: the workers' grids are bitwise equal after every update; the densities come from the MLP on half
+    # the cells, whose matrix products may round differently from the whole batch's
+    assert runs["shard"][0] == runs["shard"][1]
+    for a, b in zip(runs["replicate-weights"], runs["shard-weights"]):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-4 * np.abs(a).max())
+    for mode in ("replicate", "shard"):
+        with np.load(tmp_path / mode / "workers" / "rank-0-grid.npz") as z:
+            runs[mode + "-grid"] = z["density"], z["bits"]
+    (d_rep, bits_rep), (d_shard, bits_shard) = runs["replicate-grid"], runs["shard-grid"]
+    np.testing.assert_allclose(d_shard, d_rep, rtol=0, atol=1e-4 * d_rep.max())
+    assert np.mean(bits_shard != bits_rep) <= 0.01
 
 
 def test_killed_worker_stops_the_job_and_a_restart_resumes(tmp_path, env, procs):

@@ -24,9 +24,10 @@ import numpy as np
 import tensorflow as tf
 
 from nerf import models
+from nerf.collectives import make_broadcast
 from nerf.data.rays import spherical_pose
 from nerf.metrics import write_json_atomic
-from nerf.trainer import Trainer, make_broadcast
+from nerf.trainer import Trainer
 
 # Settings a resumed run must share with the run that wrote the checkpoint (weights shapes, data order, samples).
 RESUME_KEYS = ("data", "model", "impl", "samples", "batch_rays", "levels", "features", "log2_table", "base_res",

@@ -290,16 +290,19 @@ class HashNeRF(keras.Model):
         h = hidden(self.encoding(x))
         return trunc_exp(tf.matmul(h, out.kernel[:, :1])[:, 0] + out.bias[0])
 
-    def update_grid(self, step, seed, n_cells=None):
+    def update_grid(self, step, seed, n_cells=None, evaluate=None):
         """One occupancy-grid update (tf.function-compatible). The grid stores the optical thickness of a step of
         the box diagonal / 1024 (Instant-NGP's: its minimal step), so its threshold 0.01 means density > ~3 for the
         box [-1,1]^3, independent of the marching step: space no training ray has shaped (density ~1 at
         initialisation) counts as empty. ``n_cells``: random cells (plus as many occupied ones) per update after
-        warm-up (default G^3/4, Instant-NGP's)."""
+        warm-up (default G^3/4, Instant-NGP's). ``evaluate(fn, points)``: how ``fn`` (the thickness) is evaluated
+        at the update's points (default ``fn(points)``; e.g. shared among replicas)."""
         G = self.cfg["grid_resolution"]
         dt = 2.0 * math.sqrt(3.0) * self.cfg["bound"] / 1024
         n = G ** 3 // 4 if n_cells is None else n_cells
-        return self.grid.update(lambda p: self.density(p) * dt, step=step, n_cells=n, seed=seed)
+        thickness = lambda p: self.density(p) * dt  # noqa: E731
+        fn = thickness if evaluate is None else (lambda p: evaluate(thickness, p))
+        return self.grid.update(fn, step=step, n_cells=n, seed=seed)
 
     def march(self, rays_o, rays_d, training=False, jitter_seed=None):
         """Packed samples of the occupancy sampler (a ``RayMarchResult``); jitter only in training."""

@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from nerf import fused_adam, models
+from nerf.collectives import gather_evaluations, gather_rows_and_sum, make_broadcast
 from nerf.config import TrainConfig
 from nerf.data.rays import get_rays
 
@@ -36,31 +37,6 @@ MIN_RAYS, RAY_GRANULARITY = 64, 16
 def make_strategy(cfg: TrainConfig):
     """The strategy of --strategy default or mirrored (multiworker: created by ``train.py`` before any TF op)."""
     return tf.distribute.MirroredStrategy() if cfg.strategy == "mirrored" else tf.distribute.get_strategy()
-
-
-def make_broadcast(strategy, variables):
-    """A function that gives every variable in ``variables`` the chief's value on every worker: an all-gather that
-    keeps replica 0's slice (exact bits; types the collectives lack, e.g. uint8, travel as int32)."""
-    wire = {tf.uint8: tf.int32, tf.bool: tf.int32}
-
-    def replica_values():
-        ctx = tf.distribute.get_replica_context()
-        out = []
-        for v in variables:
-            x = tf.convert_to_tensor(v)
-            x = tf.cast(x, wire[x.dtype]) if x.dtype in wire else x
-            out.append(tf.cast(ctx.all_gather(x[None], axis=0)[0], v.dtype))
-        return out
-
-    @tf.function
-    def gather():
-        return [strategy.experimental_local_results(x)[0] for x in strategy.run(replica_values)]
-
-    def broadcast():
-        for v, x in zip(variables, gather()):
-            v.assign(x)
-
-    return broadcast
 
 
 def model_config(cfg: TrainConfig, dataset) -> dict:
@@ -228,7 +204,10 @@ class Trainer:
         self._grad_fn = tf.function(self._global_gradients, reduce_retracing=True)
         self._grid_fn = self._grid_broadcast_fn = None
         if self.occupancy:
-            self._grid_fn = tf.function(self._grid_update, input_signature=[tf.TensorSpec([], tf.int64)])
+            update = self._grid_update
+            if self.cluster is not None and self.args.grid_sync == "shard":
+                update = self._grid_update_sharded
+            self._grid_fn = tf.function(update, input_signature=[tf.TensorSpec([], tf.int64)])
             if self.cluster is not None and self.cluster.n_workers > 1 and self.args.grid_sync == "broadcast":
                 grid = self.model.grid
                 self._grid_broadcast_fn = make_broadcast(self.strategy, [grid.density, grid.bits, grid.step])
@@ -239,11 +218,13 @@ class Trainer:
         rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
         return rid, tf.stack([tf.constant(self.args.seed, tf.int64), step_no * 4096 + rid])
 
-    def _replica_grads(self, o, d, y, view_sh, seed, n_global):
+    def _replica_grads(self, o, d, y, view_sh, seed, n_global, summands=()):
         """The replica's share of the global loss (sums over its rays divided by the global ray count ``n_global``,
         see the module's conventions) and the global batch's gradient, aggregated across replicas: MLP variables
         all-reduced; the table's all-reduced, or (``self.gather_table_grad``) computed on every replica from the
-        all-gathered sample positions and per-sample feature gradients of all replicas."""
+        all-gathered sample positions and per-sample feature gradients of all replicas. ``summands(mse, out)``
+        (optional): float32 tensors summed over the replicas in the same collective. Returns (mse, model output,
+        gradients, summed summands)."""
         dist_w = float(self.args.distortion)
         with tf.GradientTape() as tape:
             extra = {} if view_sh is None else dict(view_sh=view_sh)
@@ -254,42 +235,50 @@ class Trainer:
                 loss = loss + dist_w * tf.reduce_sum(distortion_loss(out, self.args.impl == "op")) / n_global
         wrt = self.mlp_vars + ([out["features"]] if self.gather_table_grad else self.table_vars)
         grads = tape.gradient(loss, wrt)
+        sums = list(summands(mse, out)) if summands else []
+        n_mlp = len(self.mlp_vars)
         if self.strategy.num_replicas_in_sync > 1:
-            ctx = tf.distribute.get_replica_context()
             if self.gather_table_grad:
-                # one all-gather of [positions | feature gradients] per sample; replica order = the global batch's
-                # sample order
-                rows = ctx.all_gather(tf.concat([out["positions"], grads[-1]], axis=1), axis=0)
-                grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads[:-1]) + [
-                    self.model.encoding.table_gradient(rows[:, :3], rows[:, 3:])]
+                # one all-gather per step: [positions | feature gradients] per sample (replica order = the global
+                # batch's sample order) with the MLP gradients and the summands in each replica's header
+                rows, summed = gather_rows_and_sum(tf.concat([out["positions"], grads[-1]], axis=1),
+                                                   grads[:n_mlp] + sums)
+                d = int(out["positions"].shape[1])
+                grads = summed[:n_mlp] + [self.model.encoding.table_gradient(rows[:, :d], rows[:, d:])]
             else:
-                grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+                summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads + sums)
+                grads = summed[:len(grads)]
+            sums = summed[len(summed) - len(sums):] if sums else []
         elif self.gather_table_grad:
             grads = grads[:-1] + [self.model.encoding.table_gradient(out["positions"], grads[-1])]
-        return mse, out, grads
+        return mse, out, grads, sums
 
-    def _replica_step(self, o, d, y, view_sh, seed, n_global):
-        mse, out, grads = self._replica_grads(o, d, y, view_sh, seed, n_global)
+    def _replica_step(self, o, d, y, view_sh, seed, n_global, summands):
+        mse, out, grads, sums = self._replica_grads(o, d, y, view_sh, seed, n_global, summands)
         fused_adam.apply(self.opt, grads[:len(self.mlp_vars)], self.mlp_vars)
         if self.table_vars:
             fused_adam.apply(self.opt_table, grads[len(self.mlp_vars):], self.table_vars)
-        n = tf.shape(out["weights"])[0] if "row_splits" in out else tf.size(out["weights"])
-        return mse, tf.cast(tf.stack([n, out.get("n_marched", n)]), tf.float32)
+        return sums
 
     def _global_step(self, idx, step_no, ctrl, n_global):
         """One synchronous step on the replicas' shares of the global batch (``n_global`` rays in all).
-        Returns [mean loss, *ctrl of replica 0, samples and marched samples of all replicas] on every worker:
-        ``ctrl`` carries the chief's clock so all workers take the same learning rate, stop and checkpoint
-        decisions."""
+        Returns [mean loss, *ctrl of replica 0, samples and marched samples of all replicas] on every worker,
+        summed in the step's one collective: ``ctrl`` carries the chief's clock so all workers take the same
+        learning rate, stop and checkpoint decisions."""
 
         def per_replica(i, ctrl):
             rid, seed = self._replica_seed(step_no)
-            mse, n = self._replica_step(*self.batch(i), seed, n_global)
             first = tf.cast(tf.equal(rid, 0), tf.float32)
-            return tf.concat([tf.reshape(mse, [1]), ctrl * first, n], 0)
 
-        per = self.strategy.run(per_replica, args=(idx, ctrl))
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per, axis=None)
+            def summands(mse, out):
+                n = tf.shape(out["weights"])[0] if "row_splits" in out else tf.size(out["weights"])
+                counts = tf.cast(tf.stack([n, out.get("n_marched", n)]), tf.float32)
+                return [tf.concat([tf.reshape(mse, [1]), ctrl * first, counts], 0)]
+
+            return self._replica_step(*self.batch(i), seed, n_global, summands)[0]
+
+        per = self.strategy.run(per_replica, args=(idx, ctrl))  # summed already: every replica holds the same
+        return self.strategy.experimental_local_results(per)[0]
 
     def _global_gradients(self, idx, step_no, n_global):
         def per_replica(i):
@@ -298,8 +287,15 @@ class Trainer:
         per = self.strategy.run(per_replica, args=(idx,))  # aggregated already: every replica holds the same
         return [self.strategy.experimental_local_results(g)[0] for g in per]
 
-    def _grid_update(self, step_no):
-        return self.model.update_grid(step=step_no, seed=tf.constant(self.args.seed, tf.int64) * 1000003 + step_no)
+    def _grid_update(self, step_no, evaluate=None):
+        return self.model.update_grid(step=step_no, seed=tf.constant(self.args.seed, tf.int64) * 1000003 + step_no,
+                                      evaluate=evaluate)
+
+    def _grid_update_sharded(self, step_no):
+        """--grid-sync shard (multiworker: one replica per worker): every worker picks the same cells, evaluates
+        the density at its share of them, and one all-gather gives every worker all of them."""
+        per = self.strategy.run(lambda s: self._grid_update(s, evaluate=gather_evaluations), args=(step_no,))
+        return self.strategy.experimental_local_results(per)[0]
 
     def batch(self, idx):
         """Rays ``idx`` of the training set -> origins, directions, colours, view-direction SH (None for the MLP

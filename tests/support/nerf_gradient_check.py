@@ -4,7 +4,7 @@ global batch under MirroredStrategy (2 replicas, each marching its own half of t
 ragged sample counts) against the single-process gradient of the same batch, for each way of aggregating the
 table's gradient (--table-grad allreduce and gather). Prints one JSON line: per step and mode, per variable the
 largest absolute difference and the largest gradient magnitude, the projection <g_2, g_1> / <g_1, g_1>; per step
-the samples each replica marched."""
+the samples each replica marched; and, per replica, whether nerf.collectives' helpers gave what NumPy gives."""
 
 import json
 import os
@@ -17,6 +17,7 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 from nerf import train  # noqa: E402
+from nerf.collectives import gather_evaluations, gather_rows_and_sum  # noqa: E402
 from nerf.data import load_dataset  # noqa: E402
 
 argv = sys.argv[1:]
@@ -65,4 +66,35 @@ for step_no in range(int(os.environ.get("GRAD_CHECK_STEPS", "3"))):
     for t in two.values():
         for v2, v1 in zip(t.model.weights, one.model.weights):
             v2.assign(v1.numpy())
+
+
+def check_collectives(strategy):
+    """gather_rows_and_sum (replicas with 3 and 5 rows) and gather_evaluations (7 points over 2 replicas) against
+    NumPy: per replica, whether every output is exactly the expected one."""
+    rows_np = [np.arange(n * 4, dtype=np.float32).reshape(n, 4) + 100 * r for r, n in enumerate((3, 5))]
+    points = np.random.default_rng(0).uniform(-1, 1, [7, 2]).astype(np.float32)
+    rows_in = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(rows_np[ctx.replica_id_in_sync_group]))
+
+    @tf.function
+    def run(rows):
+        def per_replica(rows):
+            rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
+            got_rows, sums = gather_rows_and_sum(rows, [tf.fill([2, 3], rid + 0.25), tf.stack([rid * 1e8, 1.0])])
+            return got_rows, sums, gather_evaluations(lambda p: p[:, :1] * 2.0 + p[:, 1:], tf.constant(points))
+
+        return strategy.run(per_replica, args=(rows,))
+
+    got_rows, sums, evals = run(rows_in)
+    want_evals = (points[:, 0] * np.float32(2.0) + points[:, 1]).astype(np.float32)
+    local = strategy.experimental_local_results
+    return [dict(rows=bool(np.array_equal(r.numpy(), np.concatenate(rows_np)))
+                 and r.dtype == tf.float32,
+                 sums=bool(np.array_equal(a.numpy(), np.full([2, 3], 1.5, np.float32))
+                           and np.array_equal(b.numpy(), np.float32([1e8, 2.0]))),
+                 evaluations=bool(np.array_equal(e.numpy(), want_evals)))
+            for r, a, b, e in zip(local(got_rows), local(sums[0]), local(sums[1]), local(evals))]
+
+
+result["collectives"] = check_collectives(mirrored)
 print("RESULT " + json.dumps(result))
