@@ -69,7 +69,8 @@ def worker(n, repeats, samples, n_workers):
 
     @tf.function
     def allgather_tiny(i):
-        per = strategy.run(lambda: tf.distribute.get_replica_context().all_gather(share[:1] + tf.cast(i, tf.float32), 0))
+        row = share[:1] + tf.cast(i, tf.float32)
+        per = strategy.run(lambda: tf.distribute.get_replica_context().all_gather(row, 0))
         return strategy.experimental_local_results(per)[0]
 
     res["allreduce_16_bytes"] = timed(lambda i: allreduce_tiny(tf.constant(i)).numpy(), repeats)

@@ -1,8 +1,8 @@
 """The cross-replica exchanges of the NeRF trainer, in replica context (inside ``strategy.run``) unless stated.
 
 Every function here returns the same bits on every replica: what is summed is summed in replica order, and the
-all-gathers deliver every replica's slice unchanged. One collective costs 1.3–2.3 ms of latency between two local workers on one core each
-(``bench/allreduce_local.py``), so a step sends what it must in as few of them as it can.
+all-gathers deliver every replica's slice unchanged. One collective costs 1.3–2.3 ms of latency between two local
+workers on one core each (``bench/allreduce_local.py``), so a step sends what it must in as few of them as it can.
 """
 
 from __future__ import annotations

@@ -115,11 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="occupancy sampler: grid cells per axis (64: on 2 CPU cores 128 costs more per step than its "
                         "~7 %% fewer samples save, see the README)")
     p.add_argument("--grid-every", type=int, default=16, help="occupancy sampler: steps between grid updates")
-    p.add_argument("--grid-sync", choices=("replicate", "shard", "broadcast"), default="replicate", help=(
-        "occupancy sampler with several workers: every worker updates its grid from the same weights with the same "
-        "seeds (replicate: bitwise equal, no communication), or the same but every worker evaluates the density at "
-        "its share of the cells and all-gathers the rest (shard), or the chief updates it and all-gathers it to "
-        "the others (broadcast); see docs/distributed.md"))
+    p.add_argument("--grid-sync", choices=("shard", "replicate", "broadcast"), default="shard", help=(
+        "occupancy sampler with several workers: every worker picks the same cells with the same seeds and "
+        "evaluates the density at its share of them, one all-gather gives every worker all of them (shard: "
+        "bitwise equal grids); or every worker evaluates all cells (replicate: no communication); or the chief "
+        "updates its grid and all-gathers it to the others (broadcast); see docs/distributed.md"))
     p.add_argument("--table-grad", choices=("auto", "allreduce", "gather"), default="auto", help=(
         "hash model with several replicas: all-reduce the dense table gradient, or all-gather every replica's "
         "sample positions and per-sample feature gradients and compute the table gradient on each (the same "

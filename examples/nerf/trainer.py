@@ -339,9 +339,9 @@ class Trainer:
 
     def update_grid(self, step_no):
         """The occupancy-grid update of step ``step_no``, identical on every worker: each worker computes it from
-        its (identical) weights with the same seed (--grid-sync replicate), or the chief computes it and the others
-        take its grid (broadcast). Records the update's seconds and, with --save-worker-weights, a digest of the
-        grid it produced."""
+        its (identical) weights with the same seed, evaluating the density at its share of the cells (--grid-sync
+        shard) or at all of them (replicate), or the chief computes it and the others take its grid (broadcast).
+        Records the update's seconds and, with --save-worker-weights, a digest of the grid it produced."""
         t = time.perf_counter()
         if self._grid_broadcast_fn is None or self.is_chief:
             self._grid_fn(tf.constant(step_no, tf.int64))
