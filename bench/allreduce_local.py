@@ -69,8 +69,8 @@ def worker(n, repeats, samples, n_workers):
 
     @tf.function
     def allgather_tiny(i):
-        row = share[:1] + tf.cast(i, tf.float32)
-        per = strategy.run(lambda: tf.distribute.get_replica_context().all_gather(row, 0))
+        ctx = tf.distribute.get_replica_context
+        per = strategy.run(lambda: ctx().all_gather(share[:1] + tf.cast(i, tf.float32), 0))
         return strategy.experimental_local_results(per)[0]
 
     res["allreduce_16_bytes"] = timed(lambda i: allreduce_tiny(tf.constant(i)).numpy(), repeats)
