@@ -42,7 +42,8 @@ def tensorflow_dirs():
 
 
 def metal_tools():
-    spec = importlib.util.spec_from_file_location("metal_sources", os.path.join(ROOT, "tools", "metal_sources.py"))
+    """tf_metal_ops/metal_sources.py, loaded by path: the package's __init__ imports TensorFlow."""
+    spec = importlib.util.spec_from_file_location("metal_sources", os.path.join(ROOT, "tf_metal_ops", "metal_sources.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -104,20 +105,21 @@ class BuildOpLibrary(build_ext):
                 os.remove(inplace)
 
 
-METALLIB_NAMES = ("tf_metal_ops.metallib", "tf_metal_ops.metal3.metallib")  # tools/metal_sources.py builds both
+METALLIB_NAMES = ("tf_metal_ops.metallib", "tf_metal_ops.metal3.metallib")  # tf_metal_ops/metal_sources.py builds both
 
 
 METAL_INCLUDE_DIRS = [_rel("metal_kernels"), _rel("csrc", "shared")]
 
-# What the emulated GPU (tf_metal_ops/emulated_gpu, opt-in) compiles at first use, and the stub <metal_stdlib> of the
-# strict Metal-language check (tf_metal_ops/msl_check.py, tools/msl_check), shipped as package data under
-# tf_metal_ops/_sources/ so that they work from an installed wheel. Our own sources only (no SDK, nothing vendored).
-EMULATED_GPU_SOURCES = ["csrc/**/*.h", "csrc/**/*.cc", "csrc/**/*.mm", "metal_kernels/*.metal", "tools/msl_emu/**/*",
-                        "tools/metal_sources.py", "tools/msl_check/**/*", "tools/apple_mock/**/*"]
+# What the emulated GPU (tf_metal_ops/emulated_gpu, opt-in), inline kernels (csrc/msl_emu) and the op kit compile at
+# run time, and the stub <metal_stdlib> of the strict Metal-language check (tf_metal_ops/msl_check, csrc/msl_check),
+# shipped as package data under tf_metal_ops/_sources/ so that they work from an installed wheel. Our own sources
+# only: no SDK, nothing vendored, nothing of dev/ (the development tools and the Apple doubles never ship).
+EMULATED_GPU_SOURCES = ["csrc/**/*.h", "csrc/**/*.cc", "csrc/**/*.mm", "metal_kernels/*.metal", "csrc/msl_emu/**/*",
+                        "tools/msl_check/**/*"]
 # The op kit's public headers (tf_metal_ops.extension.get_include()), laid out as under csrc/.
-# Of csrc/emulated/ only the stream protocol and the kernel launcher: the device's own headers are internal.
-PUBLIC_HEADERS = ["csrc/common/*.h", "csrc/gpu/*.h", "csrc/shared/*.h", "csrc/emulated/emu_stream.h",
-                  "csrc/emulated/kernel_*.h"]
+# Of csrc/emulated_gpu/ only the stream protocol and the kernel launcher: the device's own headers are internal.
+PUBLIC_HEADERS = ["csrc/common/*.h", "csrc/gpu/*.h", "csrc/shared/*.h", "csrc/emulated_gpu/emu_stream.h",
+                  "csrc/emulated_gpu/kernel_*.h"]
 
 
 class BuildPy(build_py):
@@ -143,9 +145,9 @@ def extension():
     tf_include, tf_lib, tf_version = tensorflow_dirs()
     version = {}
     exec(open(os.path.join(ROOT, "tf_metal_ops", "_version.py")).read(), version)
-    # csrc/gpu/ (GPU host code) goes with a GPU backend: csrc/metal/ on macOS; csrc/emulated/ is the opt-in
+    # csrc/gpu/ (GPU host code) goes with a GPU backend: csrc/metal/ on macOS; csrc/emulated_gpu/ is the opt-in
     # emulated GPU (tf_metal_ops/emulated_gpu), compiled at first use, never here.
-    gpu_dirs = ("gpu", "metal", "emulated")
+    gpu_dirs = ("gpu", "metal", "emulated_gpu")
     sources = [s for s in sorted(glob.glob(_rel("csrc", "**", "*.cc"), recursive=True))
                if s.split(os.sep)[1] not in gpu_dirs]
     # -ffp-contract=off: the compiler never fuses a*b + c by itself (kernels compiled for several ISAs, e.g. the hash

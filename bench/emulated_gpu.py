@@ -141,7 +141,7 @@ def worker(sizes: dict, repeats: int) -> dict:
         rows.append({"op": name, "size": size, "emulated_gpu": g, "cpu": c, "ratio": g["median_s"] / c["median_s"]})
         print(f"  {name}: emulated {g['median_s']:.4f} s, CPU {c['median_s']:.4f} s", file=sys.stderr, flush=True)
     return {"rows": rows, "tensorflow": tf.__version__, "op_threads": t.get_num_threads(),
-            "emu_workers": os.environ.get("TF_METAL_OPS_EMU_WORKERS") or os.environ.get("MSL_EMU_WORKERS") or "default"}
+            "emu_workers": os.environ.get("TF_METAL_OPS_EMULATED_GPU_WORKERS") or os.environ.get("MSL_EMU_WORKERS") or "default"}
 
 
 # ---- parent --------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ print(zero_out_module.zero_out([[1, 2], [3, 4]]).numpy())
 # On a Mac with tensorflow-metal (or on the emulated GPU) the op runs on the GPU; elsewhere backend_info says why not.
 info = tf_metal_ops.backend_info()
 print(json.dumps({k: info[k] for k in ("tensorflow", "kernels", "metal_usable", "metal_reason")}, indent=2))
-if info["metal_usable"] or tf_metal_ops.emulated_gpu.enabled():
+if info["gpu_backend"]:  # "metal" on a Mac, "direct" or "metal" on the emulated GPU
     with tf.device("/GPU:0"):
         y = tf_metal_ops.zero_out(tf.constant([[1.0, 2.0], [3.0, 4.0]]))
     print(y.device, y.numpy())

@@ -1,7 +1,7 @@
 // Metal kernels of the hash-grid ops (semantics: csrc/ops/hash_grid_op.cc; per-point math shared with the CPU
 // kernels: csrc/shared/hash_grid_math.h). Host: csrc/gpu/hash_grid_gpu.cc. Buffers:
 //   positions [N*D] float, params [rows*F] T, levels [L] HgLevel (constant), args HgArgs (constant).
-// Kernels (T = float32 | float16; spelled out per dtype so the C++ emulation in tools/msl_emu compiles them):
+// Kernels (T = float32 | float16; spelled out per dtype so the C++ emulation in csrc/msl_emu compiles them):
 //   hash_grid_encode_T        grid (N, L): one thread per (point, level); a threadgroup is a run of points of ONE
 //                             level (groups are 1-D along x), so that level's table is what the group reads.
 //                             Inactive levels (l >= n_active) write zeros. out [N, L*F] T.

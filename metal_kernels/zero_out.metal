@@ -4,7 +4,7 @@
 // the dispatch when n == 0). The host binds the kernels by these names, one per dtype:
 //   zero_out_int32, zero_out_int64 (MSL long is 64-bit), zero_out_float32, zero_out_float16.
 // Kernels are spelled out (not template instantiations with [[host_name]]) so that the emulation in
-// tools/msl_emu, which compiles this file as C++, accepts them too.
+// csrc/msl_emu, which compiles this file as C++, accepts them too.
 #include <metal_stdlib>
 using namespace metal;
 

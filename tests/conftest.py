@@ -41,7 +41,7 @@ def clang16():
     return path
 
 
-# --- MSL emulation (tools/msl_emu; helpers in tests/support/msl_emu_build.py) --------------------------------
+# --- MSL emulation (csrc/msl_emu; helpers in tests/support/msl_emu_build.py) --------------------------------
 @pytest.fixture(scope="session")
 def msl_emu(clang16):
     """msl_emu_build.Toolchain bound to clang++-16: .build(driver, defines=...) -> exe, .run(exe, inputs=...)."""
@@ -50,15 +50,15 @@ def msl_emu(clang16):
     return msl_emu_build.Toolchain(clang16)
 
 
-# --- Mac host compile check (tools/check_mac_host.py; tests/test_mac_host_check.py) -----------------------
+# --- Mac host compile check (dev/check_mac_host.py; tests/test_mac_host_check.py) -----------------------
 @pytest.fixture(scope="session")
 def mac_host_check():
-    """The tools/check_mac_host.py module, its toolchain found (clang++-16, the macOS SDK unpacked into the user
+    """The dev/check_mac_host.py module, its toolchain found (clang++-16, the macOS SDK unpacked into the user
     cache, TensorFlow's C API headers); skips (or fails under TFMO_REQUIRE_MAC_CHECKS=1) when one is missing."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "check_mac_host", os.path.join(REPO_ROOT, "tools", "check_mac_host.py")
+        "check_mac_host", os.path.join(REPO_ROOT, "dev", "check_mac_host.py")
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -74,15 +74,5 @@ def mac_host_check():
 def gpu_backend(request, clang16):
     """Each GPU test that takes this fixture runs under both backends: builds the backend once (cached) and
     returns (name, the environment that selects it)."""
-    from tf_metal_ops import emulated_gpu
-
     os.environ.setdefault("TF_METAL_OPS_CLANGXX", clang16)
-    env = gpu_backend_env(request.param)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        emulated_gpu.build(gpu_backend=request.param)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    return request.param, env
+    return request.param, gpu_backend_env(request.param)

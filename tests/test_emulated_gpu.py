@@ -37,20 +37,20 @@ def run(args, env=None, timeout=900, cwd=None):
 CASES = [
     ("zero_out", 0, {}),
     ("hash_grid", 0, {}),
-    ("hash_grid", 1, {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMU_WORKERS": "2"}),
-    ("hash_grid", 2, {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "7", "TF_METAL_OPS_EMU_WORKERS": "2"}),
+    ("hash_grid", 1, {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
+    ("hash_grid", 2, {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "7", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
     ("hash_grid_edges", 0, {}),
     ("hash_grid_second_order", 0, {}),
-    ("hash_grid_second_order", 1, {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "3", "TF_METAL_OPS_EMU_WORKERS": "2"}),
+    ("hash_grid_second_order", 1, {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "3", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
     ("volume_render", 0, {}),
     ("volume_render", 1, {"TF_METAL_OPS_SYNC": "1"}),
     ("distortion_loss", 0, {}),
     ("render_packed", 0, {}),
-    ("render_packed", 1, {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMU_WORKERS": "2"}),
+    ("render_packed", 1, {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
     ("render_packed_nan_policy", 0, {}),
     ("ray_march", 0, {}),
     ("ray_march", 1, {"TF_METAL_OPS_SYNC": "1", "MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "5",
-                      "TF_METAL_OPS_EMU_WORKERS": "2"}),
+                      "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
     ("layer_and_savedmodel", 0, {}),
     ("nerf_steps", 0, {}),
     ("threads", 0, {}),
@@ -118,6 +118,6 @@ def test_sources_ship_with_the_installed_package():
         assert root == os.path.join(pkg, "_sources")
     else:  # an editable install reads the checkout it was installed from
         assert os.path.isfile(os.path.join(root, "setup.py")), root
-    for rel in ("csrc/emulated/se_plugin.cc", "csrc/gpu/hash_grid_gpu.cc", "metal_kernels/hash_grid.metal",
-                "tools/msl_emu/include/metal_stdlib"):
+    for rel in ("csrc/emulated_gpu/se_plugin.cc", "csrc/gpu/hash_grid_gpu.cc", "metal_kernels/hash_grid.metal",
+                "csrc/msl_emu/include/metal_stdlib"):
         assert os.path.isfile(os.path.join(root, rel)), rel

@@ -17,12 +17,12 @@ CASES = [
     ("hash_grid_empty_work", {}),
     ("render_errors", {}),
     ("render_packed_errors", {}),
-    ("out_of_memory", {"TF_METAL_OPS_EMU_MEMORY_MB": "12"}),
+    ("out_of_memory", {"TF_METAL_OPS_EMULATED_GPU_MEMORY_MB": "12"}),
 ]
 
 
 @pytest.mark.parametrize("check,env", CASES, ids=[c for c, _ in CASES])
 def test_gpu_error_path_on_emulated_device(gpu_backend, check, env):
     """Under both GPU backends (conftest.gpu_backend); the tensorflow-metal double bounds its memory by the same
-    TF_METAL_OPS_EMU_MEMORY_MB."""
+    TF_METAL_OPS_EMULATED_GPU_MEMORY_MB."""
     run_check("emulated_gpu_error_checks", check, env={**gpu_backend[1], **env}, timeout=600)

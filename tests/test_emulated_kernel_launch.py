@@ -1,17 +1,15 @@
-"""Kernels run by name with a checked binding contract (csrc/emulated/kernel_launch.h), through the glue that
-tf_metal_ops/emulated_gpu/glue.py generates. The test executable (tests/metal_emu/launch/launch_driver.cc, no
-TensorFlow) links kernel_launch.cc with the glue of the fixtures (tests/metal_emu/launch/*.metal) and of every
+"""Kernels run by name with a checked binding contract (csrc/emulated_gpu/kernel_launch.h), through the glue that
+tf_metal_ops/msl_emu.py generates. The test executable (tests/msl_emu/launch/launch_driver.cc, no
+TensorFlow) links kernel_launch.cc with the glue of the fixtures (tests/msl_emu/launch/*.metal) and of every
 real metal_kernels/*.metal file. Needs clang++-16 (conftest.py: skip, or fail under TFMO_REQUIRE_MAC_CHECKS=1)."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import re
 import struct
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -31,18 +29,8 @@ FLAGS = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all
          "-Werror"]
 
 
-def _load_glue():
-    """glue.py of this checkout (the installed package may predate it)."""
-    name = "tfmo_checkout_emulated_gpu_glue"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tf_metal_ops" / "emulated_gpu" / "glue.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+from tf_metal_ops import msl_emu as glue  # noqa: E402 (the generator of the kernel-table units)
 
-
-glue = _load_glue()
 
 
 def _compile(clang: str, args: list[str]) -> None:
@@ -152,7 +140,7 @@ def run(launcher, script: Script, env=None, check=True):
 
 ORDERS = [{"MSL_EMU_ORDER": "forward"}, {"MSL_EMU_ORDER": "reverse"},
           {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "7"},
-          {"MSL_EMU_ORDER": "shuffle", "TF_METAL_OPS_EMU_WORKERS": "3"},
+          {"MSL_EMU_ORDER": "shuffle", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "3"},
           {"MSL_EMU_ORDER": "forward", "MSL_EMU_WORKERS": "2"}]
 ORDER_IDS = ["forward", "reverse", "shuffle", "shuffle-3workers", "forward-2workers"]
 
@@ -254,7 +242,7 @@ def test_fast_path_honours_order(launcher, tmp_path, order, workers):
     s = Script(tmp_path).kernel("order_probe", grid=(n, 1, 1), group=(tg, 1, 1))
     s.buf(0, "uint", np.zeros(n // tg, np.uint32)).buf(1, "uint", nbytes=4 * n, out="seq", dtype=np.uint32)
     s.bytes(2, struct.pack("<I", n)).cmd("launch")
-    _, _, outs = run(launcher, s, {"MSL_EMU_ORDER": order, "TF_METAL_OPS_EMU_WORKERS": workers})
+    _, _, outs = run(launcher, s, {"MSL_EMU_ORDER": order, "TF_METAL_OPS_EMULATED_GPU_WORKERS": workers})
     seq = outs["seq"].reshape(-1, tg)
     for g in seq:
         assert sorted(g) == list(range(tg))

@@ -5,7 +5,7 @@ the Metal side must not fuse a*b + c either, or GPU results near cell boundaries
   off with `#pragma clang fp contract(off)`: compiled as MSL by clang (msl_check's stub <metal_stdlib>, clang's
   default contraction, -O2), `a * b + c` stays a multiply and an add in the IR, while the same code without the
   pragma is contracted (checked too, so the test cannot pass vacuously).
-- The metallib compile flags (tools/metal_sources.py) carry -ffp-contract=off as well.
+- The metallib compile flags (tf_metal_ops/metal_sources.py) carry -ffp-contract=off as well.
 Whether Apple's compiler honours the pragma in every mode is for a Mac to show (docs/metal_host.md).
 """
 
@@ -42,7 +42,7 @@ def test_device_compat_turns_contraction_off_in_the_metal_branch(clang16, tmp_pa
 
 
 def test_metallib_flags_turn_contraction_off():
-    spec = importlib.util.spec_from_file_location("metal_sources", os.path.join(ROOT, "tools", "metal_sources.py"))
+    spec = importlib.util.spec_from_file_location("metal_sources", os.path.join(ROOT, "tf_metal_ops", "metal_sources.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert "-ffp-contract=off" in mod.METAL_COMPILE_FLAGS

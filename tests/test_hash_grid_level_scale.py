@@ -76,7 +76,7 @@ def test_config_scales_equal_float32_reference(c):
 
 
 # The float32 arguments in range (x in [0, 24.5], b in [1, 2^24 + 2]) whose exact 2^x / log2 b lies within 4 double
-# ulps of a midpoint between float32 values (exhaustive search: tools/check_level_scale_rounding.py); at
+# ulps of a midpoint between float32 values (exhaustive search: dev/check_level_scale_rounding.py); at
 # 0x1.853a6ep-9, glibc's double exp2 is exactly the midpoint and rounds to the wrong float.
 HARD_EXP2 = [float.fromhex(v) for v in ("0x1.853a6ep-9", "0x1.0f0af8p-11", "0x1.05535ap-7", "0x1.0f39eep-18")]
 HARD_LOG2 = [float.fromhex("0x1.40f572p+1")]

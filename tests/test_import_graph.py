@@ -107,16 +107,36 @@ def test_tf_metal_ops_has_no_import_cycle():
 def test_the_graph_holds_function_level_imports():
     # diagnostics imports zero_out (which imports TensorFlow) inside the functions that run the GPU probe
     assert "tf_metal_ops.zero_out" in PACKAGE_GRAPH["tf_metal_ops.diagnostics"]
-    assert "tf_metal_ops.emulated_gpu.glue" in PACKAGE_GRAPH["tf_metal_ops.emulated_gpu"]
+    assert "tf_metal_ops.emulated_gpu" in PACKAGE_GRAPH["tf_metal_ops.inline_kernels.build"]
 
 
 def test_the_platform_layers():
     assert PACKAGE_GRAPH["tf_metal_ops._env"] == set()
     assert PACKAGE_GRAPH["tf_metal_ops._builder"] == set()
     assert PACKAGE_GRAPH["tf_metal_ops._library"] == {"tf_metal_ops._env"}
-    # loaded by path by tools and tests, so standard library only
+    # run without TensorFlow by the development tools, so standard library only
     assert PACKAGE_GRAPH["tf_metal_ops.msl_check"] == set()
-    assert PACKAGE_GRAPH["tf_metal_ops.emulated_gpu.glue"] == set()
+    assert PACKAGE_GRAPH["tf_metal_ops.msl_emu"] == set()
+    assert PACKAGE_GRAPH["tf_metal_ops.metal_sources"] == set()
+
+
+def test_import_tf_metal_ops_loads_no_feature_the_process_did_not_ask_for():
+    """`import tf_metal_ops` imports neither the emulated GPU, nor msl_emu's generator, nor the Metal-language check,
+    nor the op kit; with TF_METAL_OPS_EMULATED_GPU unset nothing of them is in sys.modules afterwards."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, tf_metal_ops; print(sorted(m for m in sys.modules if m.startswith('tf_metal_ops.') and "
+            "m.split('.')[1] in ('emulated_gpu', 'msl_emu', 'msl_check', 'extension', 'metal_sources', 'doctor')))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_METAL_OPS_EMULATED_GPU")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
+    # and a lazy submodule still resolves as an attribute (a negative control of the check above: it then is loaded)
+    code = "import sys, tf_metal_ops; tf_metal_ops.emulated_gpu.enabled(); print('tf_metal_ops.emulated_gpu' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/", timeout=300)
+    assert r.stdout.strip().splitlines()[-1] == "True", (r.stdout, r.stderr[-3000:])
 
 
 # ---- negative controls: a small package with a cycle ------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The Mac build checked on Linux: Objective-C++ host code and CPU sources compiled against the real macOS SDK
-headers (tools/check_mac_host.py), negative controls that must be rejected, and the Metal-source tools
-(tools/metal_sources.py) that embed the kernels in the op library."""
+headers (dev/check_mac_host.py), negative controls that must be rejected, and the Metal-source tools
+(tf_metal_ops/metal_sources.py) that embed the kernels in the op library."""
 
 import glob
 import importlib.util
@@ -12,21 +12,21 @@ import sys
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECK = os.path.join(REPO_ROOT, "tools", "check_mac_host.py")
+CHECK = os.path.join(REPO_ROOT, "dev", "check_mac_host.py")
 TARGETS = ("arm64-apple-macos12", "x86_64-apple-macos12")
 BROKEN = sorted(glob.glob(os.path.join(REPO_ROOT, "tests", "mac_check", "broken_*")))
 FIXTURE = os.path.join(REPO_ROOT, "tests", "mac_check", "metal_fixture")
 FIXTURE_DIRS = [os.path.join(FIXTURE, "kernels"), os.path.join(FIXTURE, "shared")]
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, "tools", name + ".py"))
+def _load(name, folder):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, folder, name + ".py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-metal_sources = _load("metal_sources")
+metal_sources = _load("metal_sources", "tf_metal_ops")
 
 
 def run_check(*args):
@@ -45,7 +45,7 @@ def test_sources_compile_for_both_mac_targets(mac_host_check):
     assert code == 0, out
     sources = [os.path.relpath(p, REPO_ROOT) for p in mac_host_check.discover_sources()]
     assert "csrc/metal/metal_backend.mm" in sources and "csrc/gpu/zero_out_gpu.cc" in sources
-    assert not [s for s in sources if s.startswith("csrc/emulated/")]  # Linux-only emulated GPU
+    assert not [s for s in sources if s.startswith("csrc/emulated_gpu/")]  # Linux-only emulated GPU
     assert any(s.startswith("csrc/cpu/") and s.endswith(".cc") for s in sources)
     for source in sources + ["metal_embedded_sources.cc"]:
         for target in TARGETS:
@@ -95,7 +95,7 @@ def test_broken_controls_cover_each_error_class():
             "broken_unused.cc"} <= names
 
 
-# ---- tools/metal_sources.py ---------------------------------------------------------------------------------
+# ---- tf_metal_ops/metal_sources.py ---------------------------------------------------------------------------------
 def test_inline_includes_inlines_each_pragma_once_header_once():
     src = metal_sources.inline_includes(os.path.join(FIXTURE, "kernels", "fixture.metal"), FIXTURE_DIRS)
     code = [line for line in src.splitlines() if not line.lstrip().startswith("//")]

@@ -1,4 +1,4 @@
-"""csrc/metal/metal_backend.mm over the doubles of Apple's stack (TF_METAL_OPS_EMULATED_GPU=metal, tools/apple_mock):
+"""csrc/metal/metal_backend.mm over the doubles of Apple's stack (TF_METAL_OPS_EMULATED_GPU=metal, dev/apple_doubles):
 what a Mac may present that the backend must survive, one case per review defect the doubles can show. Every op
 and gradient check also runs under this backend (tests/test_emulated_gpu.py via conftest.gpu_backend); these cases
 add the doubles' switches:
@@ -47,27 +47,13 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def metal_double(clang16):
-    """Builds the Metal double once (cached); returns the environment that selects it. The build reads the switch
-    from os.environ, which is restored after it: later tests' subprocesses must not inherit it."""
-    from tf_metal_ops import emulated_gpu
-
+def metal_backend(clang16):
+    """Builds the metal backend once (cached); returns the environment that selects it."""
     os.environ.setdefault("TF_METAL_OPS_CLANGXX", clang16)
-    env = gpu_backend_env("metal")
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        emulated_gpu.build(gpu_backend="metal")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    return env
+    return gpu_backend_env("metal")
 
 
 @pytest.mark.parametrize("script,check,env", CASES,
                          ids=[f"{c}-{'-'.join(f'{k}={v}' for k, v in e.items())}" for _, c, e in CASES])
-def test_metal_backend_on_apples_doubles(metal_double, script, check, env):
-    run_check(script, check, 0 if script == "emulated_gpu_checks" else None, {**metal_double, **env})
+def test_metal_backend_on_apple_doubles(metal_backend, script, check, env):
+    run_check(script, check, 0 if script == "emulated_gpu_checks" else None, {**metal_backend, **env})

@@ -1,13 +1,13 @@
-"""Self-tests of the MSL emulation (tools/msl_emu): barriers are a real rendezvous, atomics are atomic,
+"""Self-tests of the MSL emulation (csrc/msl_emu): barriers are a real rendezvous, atomics are atomic,
 vector types have MSL's layout, and UB the emulation promises to catch is caught. Kernels and driver:
-tests/metal_emu/emu_selftest.metal, emu_selftest_driver.cc. Needs clang++-16 (see conftest.py)."""
+tests/msl_emu/emu_selftest.metal, emu_selftest_driver.cc. Needs clang++-16 (see conftest.py)."""
 
 import numpy as np
 import pytest
 
 from support import msl_emu_build
 
-DRIVER = "tests/metal_emu/emu_selftest_driver.cc"
+DRIVER = "tests/msl_emu/emu_selftest_driver.cc"
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ loads in every TensorFlow >= 2.16. ``library_path()`` gives its path for ``tf.lo
 
 import sys as _sys
 
-from tf_metal_ops import diagnostics, emulated_gpu
+from tf_metal_ops import _env, diagnostics
 from tf_metal_ops._library import OpLibraryError, library_path
 from tf_metal_ops._library import ops as _ops
 from tf_metal_ops._version import __version__
@@ -79,8 +79,11 @@ try:
 except OpLibraryError:
     pass
 
-# TF_METAL_OPS_EMULATED_GPU=1: the Metal-emulating GPU device (development and tests; tf_metal_ops/emulated_gpu).
-if emulated_gpu.requested():
+# TF_METAL_OPS_EMULATED_GPU=1: the emulated GPU (development and tests; tf_metal_ops/emulated_gpu), imported only then.
+_env.adopt_deprecated_names()
+if _env.emulated_gpu_request() is not None:
+    from tf_metal_ops import emulated_gpu
+
     emulated_gpu.enable()
 
 # Inline kernels (metal_kernel) compile on first use through a callback the op libraries call; registering it now
@@ -89,3 +92,14 @@ try:
     _inline_build.ensure_registered()
 except OpLibraryError:
     pass
+
+# Submodules of features a process may not use load on first access (`tf_metal_ops.emulated_gpu.enabled()`).
+_LAZY_SUBMODULES = ("doctor", "emulated_gpu", "extension", "metal_sources", "msl_check", "msl_emu")
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

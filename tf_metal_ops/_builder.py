@@ -21,7 +21,6 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import hashlib
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -78,15 +77,6 @@ def compile_all(compiler: str, jobs: Iterable[tuple[Path, Path, Sequence[str]]],
     names a job in the error, formatted with ``{source}`` (its path) and ``{name}`` (its file name)."""
     run_parallel([([compiler, *flags, "-c", str(source), "-o", str(obj)],
                    what.format(source=source, name=Path(source).name)) for source, obj, flags in jobs], error)
-
-
-def metal_sources_tool(root: Path):
-    """tools/metal_sources.py of the source tree at `root` (embedded Metal sources, metallibs), loaded by path: it is
-    a build tool of the source tree, not a module of the package."""
-    spec = importlib.util.spec_from_file_location("tfmo_metal_sources", Path(root) / "tools" / "metal_sources.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 _locks_guard = threading.Lock()

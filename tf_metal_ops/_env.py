@@ -2,50 +2,73 @@
 and where the package's sources and build cache are.
 
 The package's layers, each importing only earlier ones (tests/test_import_graph.py checks there is no cycle):
-  1. ``_env`` (this module) and the standard-library-only helpers ``_builder``, ``msl_check``, ``emulated_gpu/glue``;
+  1. ``_env`` (this module) and the standard-library-only helpers ``_builder``, ``metal_sources``, ``msl_check``,
+     ``msl_emu``;
   2. ``_library``: finds and loads the op library;
   3. the op modules (``zero_out``, ``render``, ``hash_grid``, ...), ``emulated_gpu``, ``inline_kernels``,
      ``extension``;
   4. ``diagnostics`` (``backend_info``; also importable as ``tf_metal_ops.backend``), the package's ``__init__``,
      ``doctor``.
 
-A leaf module: standard library only. ``msl_check.py`` and ``emulated_gpu/glue.py`` are also loaded by path by tools
-and tests, so they read their own switches (``TF_METAL_OPS_CLANGXX``, ``TFMO_SOURCE_ROOT``) themselves.
+``import tf_metal_ops`` imports neither the emulated GPU nor the Metal-language check nor msl_emu: they load when a
+feature asks for them (TF_METAL_OPS_EMULATED_GPU, the first inline kernel, the op kit).
+
+A leaf module: standard library only. ``msl_check`` and ``msl_emu`` also run without TensorFlow from the
+development tools, so they read their own switches (``TF_METAL_OPS_CLANGXX``, ``TFMO_SOURCE_ROOT``) themselves.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import warnings
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 # ---- switches ----------------------------------------------------------------------------------------------------
 LIBRARY = "TF_METAL_OPS_LIBRARY"  # the op library to load instead of the installed one
-EMULATED_GPU = "TF_METAL_OPS_EMULATED_GPU"  # =1: the emulated GPU; =metal: the Metal backend over Apple's doubles
-OBJC_RUNTIME = "TF_METAL_OPS_OBJC_RUNTIME"  # libobjc2 (directory or .tgz) for EMULATED_GPU=metal
-EMU_COVERAGE = "TF_METAL_OPS_EMU_COVERAGE"  # =1: GPU host code built with clang source-based coverage
+EMULATED_GPU = "TF_METAL_OPS_EMULATED_GPU"  # =1 or direct: the emulated GPU, direct backend; =DIR: a backend built there
+EMULATED_GPU_COVERAGE = "TF_METAL_OPS_EMULATED_GPU_COVERAGE"  # =1: GPU host code built with source-based coverage
+EMULATED_GPU_MEMORY_MB = "TF_METAL_OPS_EMULATED_GPU_MEMORY_MB"  # the emulated GPU's memory (read by the device)
+EMULATED_GPU_WORKERS = "TF_METAL_OPS_EMULATED_GPU_WORKERS"  # threads that run kernel threads (read by kernel_launch.cc)
 NO_GPU_KERNELS = "TF_METAL_OPS_NO_GPU_KERNELS"  # =1: the op library registers no GPU kernels (read by tfc.cc)
 CLANGXX = "TF_METAL_OPS_CLANGXX"  # the clang++ >= 16 to use (read by msl_check.find_compiler)
 CACHE = "TF_METAL_OPS_CACHE"  # root of the build cache
+
+
+# Old names of the emulated GPU's variables, still read (with a DeprecationWarning) when the new one is unset.
+DEPRECATED = {
+    "TF_METAL_OPS_EMU_COVERAGE": EMULATED_GPU_COVERAGE,
+    "TF_METAL_OPS_EMU_MEMORY_MB": EMULATED_GPU_MEMORY_MB,
+    "TF_METAL_OPS_EMU_WORKERS": EMULATED_GPU_WORKERS,
+}
+
+
+def adopt_deprecated_names() -> None:
+    """For each old variable name set while its new name is not: warns once and sets the new name (the native code,
+    which reads the new names first, sees it too)."""
+    for old, new in DEPRECATED.items():
+        if old in os.environ and new not in os.environ:
+            warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
+            os.environ[new] = os.environ[old]
 
 
 def library_override() -> str | None:
     return os.environ.get(LIBRARY) or None
 
 
-def emulated_gpu_backend() -> str | None:
-    """The GPU backend TF_METAL_OPS_EMULATED_GPU asks for: "emulated" (=1), "metal" (=metal), else None."""
-    return {"1": "emulated", "metal": "metal"}.get(os.environ.get(EMULATED_GPU, ""))
+def emulated_gpu_request() -> str | None:
+    """What TF_METAL_OPS_EMULATED_GPU asks for: "direct" (=1 or =direct), "metal" (=metal), a backend directory
+    (any other non-empty value), else None (unset, empty or 0)."""
+    value = os.environ.get(EMULATED_GPU, "").strip()
+    if value in ("", "0"):
+        return None
+    return {"1": "direct", "direct": "direct", "metal": "metal"}.get(value, value)
 
 
-def objc_runtime() -> str:
-    return os.environ.get(OBJC_RUNTIME, "")
-
-
-def emu_coverage() -> bool:
-    return os.environ.get(EMU_COVERAGE, "") == "1"
+def emulated_gpu_coverage() -> bool:
+    return os.environ.get(EMULATED_GPU_COVERAGE, "") == "1"
 
 
 def clangxx() -> str | None:
@@ -95,14 +118,14 @@ def cache_root() -> Path:
 
 
 def source_roots() -> tuple[Path, Path]:
-    """Where csrc/, metal_kernels/ and tools/ may be, in search order: the wheel's package data
-    (tf_metal_ops/_sources), then the source checkout the package was installed from in editable mode."""
+    """Where csrc/ and metal_kernels/ may be, in search order: the wheel's package data (tf_metal_ops/_sources), then
+    the source checkout the package was installed from in editable mode."""
     return PACKAGE_DIR / "_sources", PACKAGE_DIR.parent
 
 
 def source_root() -> Path | None:
     """The first of source_roots() that holds the emulated GPU's and msl_emu's sources, or None."""
     for root in source_roots():
-        if (root / "csrc" / "emulated" / "emu_backend.cc").is_file() and (root / "tools" / "msl_emu").is_dir():
+        if (root / "csrc" / "emulated_gpu" / "direct_backend.cc").is_file() and (root / "csrc" / "msl_emu").is_dir():
             return root
     return None

@@ -8,7 +8,7 @@ import json
 import platform
 import sys
 
-from tf_metal_ops import _env, _library, emulated_gpu
+from tf_metal_ops import _env, _library
 from tf_metal_ops._env import COMMUNITY_METAL_PLUGINS, community_metal_plugin  # noqa: F401 (part of this API)
 
 # TensorFlow, and zero_out (which imports it), are imported in the functions that run a diagnostic.
@@ -214,9 +214,9 @@ def backend_info() -> dict:
 
 
 def _gpu_backend(info: dict) -> str | None:
-    """Which backend executes the GPU kernels in this process: "metal" (metal_backend.mm: on a Mac, or over the
-    doubles of Apple's stack with TF_METAL_OPS_EMULATED_GPU=metal), "emulated" (TF_METAL_OPS_EMULATED_GPU=1), or
-    None (no GPU kernels run)."""
+    """Which backend executes the GPU kernels in this process: "metal" (csrc/metal: on a Mac, or on the emulated GPU
+    over the Apple doubles of dev/apple_doubles), "direct" (the emulated GPU's own backend, TF_METAL_OPS_EMULATED_GPU=1),
+    or None (no GPU kernels run)."""
     emulated = info.get("emulated_gpu", {})
     if emulated.get("enabled"):
         return emulated.get("backend")
@@ -224,8 +224,15 @@ def _gpu_backend(info: dict) -> str | None:
 
 
 def _emulated_gpu_status(tf) -> dict:
-    """tf_metal_ops.emulated_gpu.info(), plus a GPU probe when the emulated device is enabled in this process."""
+    """tf_metal_ops.emulated_gpu.info(), plus a GPU probe when the emulated GPU is enabled in this process. The
+    emulated GPU's module is imported only when this process asked for it."""
+    not_enabled = ("not enabled (set TF_METAL_OPS_EMULATED_GPU=1 before importing tf_metal_ops; "
+                   "Linux development and tests only)")
+    if "tf_metal_ops.emulated_gpu" not in sys.modules and _env.emulated_gpu_request() is None:
+        return {"requested": False, "enabled": False, "backend": None, "usable": False, "reason": not_enabled}
     try:
+        from tf_metal_ops import emulated_gpu
+
         out = emulated_gpu.info()
         if out.get("enabled"):
             from tf_metal_ops.zero_out import zero_out
@@ -233,8 +240,7 @@ def _emulated_gpu_status(tf) -> dict:
             out["usable"], out["reason"] = probe_gpu(tf, zero_out)
         else:
             out["usable"] = False
-            out["reason"] = ("not enabled (set TF_METAL_OPS_EMULATED_GPU=1 before importing tf_metal_ops; "
-                             "Linux development and tests only)")
+            out["reason"] = not_enabled
         return out
     except Exception as e:  # never raise
         return {"usable": False, "reason": f"emulated GPU status failed: {e}"}

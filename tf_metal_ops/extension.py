@@ -9,7 +9,7 @@ Sources by kind (the layout of this package: docs/writing_ops.md):
   - ``*_gpu.cc``: GPU kernels' host code against ``gpu/gpu_host.h`` (built where a GPU backend exists: macOS with the
     Metal backend; Linux with the emulated GPU, ``TF_METAL_OPS_EMULATED_GPU=1``);
   - ``*.metal``: Metal kernels (macOS: a metallib when ``xcrun metal`` exists, else embedded source compiled at first
-    use; emulated GPU: compiled as C++ through tools/msl_emu);
+    use; emulated GPU: compiled as C++ through csrc/msl_emu);
   - ``*.mm``: Objective-C++ (macOS only).
 The package's helpers (``tfc.cc``, ``thread_pool.cc``, ``gpu_host.cc`` and the backend) are compiled into the
 library from the package's own shipped sources, so the library depends on nothing but TensorFlow.
@@ -27,8 +27,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from tf_metal_ops import _builder, _env, emulated_gpu
-from tf_metal_ops.emulated_gpu import glue
+from tf_metal_ops import _builder, _env, emulated_gpu, metal_sources, msl_emu
 
 # TensorFlow is imported in the functions that use it: setup.py's BuildExt and get_include() work without it.
 
@@ -78,24 +77,24 @@ def _runtime_sources(gpu: str | None) -> list[Path]:
     out = [csrc / "common" / "tfc.cc", csrc / "common" / "thread_pool.cc", csrc / "common" / "shape_fns.cc"]
     if gpu == "metal":
         out += [csrc / "gpu" / "gpu_host.cc", csrc / "metal" / "metal_backend.mm"]
-    elif gpu == "emulated":
-        out += [csrc / "gpu" / "gpu_host.cc", csrc / "common" / "inline_library.cc", csrc / "emulated" / "emu_backend.cc"]
+    elif gpu == "direct":
+        out += [csrc / "gpu" / "gpu_host.cc", csrc / "common" / "inline_library.cc", csrc / "emulated_gpu" / "direct_backend.cc"]
     return out
 
 
 def gpu_backend() -> str | None:
-    """Which GPU backend a library built now gets: "metal" (macOS), "emulated" (the emulated GPU is enabled or
+    """Which GPU backend a library built now gets: "metal" (macOS), "direct" (the emulated GPU is enabled or
     requested), or None (CPU kernels only)."""
     if IS_MAC:
         return "metal"
     if emulated_gpu.enabled() or emulated_gpu.requested():
-        return "emulated"
+        return "direct"
     return None
 
 
 def find_cxx(gpu: str | None) -> str:
-    """The C++ compiler: clang++ >= 16 for the emulated GPU (tools/msl_emu needs it), else $CXX, c++, g++, clang++."""
-    if gpu == "emulated":
+    """The C++ compiler: clang++ >= 16 for the emulated GPU (csrc/msl_emu needs it), else $CXX, c++, g++, clang++."""
+    if gpu == "direct":
         return emulated_gpu.find_compiler()
     for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
         if name and shutil.which(name):
@@ -135,8 +134,8 @@ def _key(name: str, compiler: str, gpu: str | None, kinds, flags: Sequence[str],
 
     parts = [name, _builder.compiler_identity(compiler), tf.__version__, str(gpu), sys.version, *flags, "|", *ldflags]
     files = [f for fs in kinds.values() for f in fs]
-    files += _headers_near(files) + _builder.tree_files(emulated_gpu.source_root(), ("csrc", "tools/msl_emu"))
-    return _builder.content_key(parts, [*files, Path(__file__), Path(glue.__file__)])
+    files += _headers_near(files) + _builder.tree_files(emulated_gpu.source_root(), ("csrc", "csrc/msl_emu"))
+    return _builder.content_key(parts, [*files, Path(__file__), Path(msl_emu.__file__)])
 
 
 def build(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Sequence[str] = (),
@@ -150,8 +149,8 @@ def build(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Sequ
     if kinds["objc"] and not IS_MAC:
         kinds["objc"] = []  # Objective-C++ is macOS-only
     cxx = find_cxx(gpu)
-    # TF_METAL_OPS_EMU_COVERAGE=1 (tools/emulated_gpu_coverage.py): host code instrumented, as the package's own.
-    cov = emulated_gpu.COVERAGE_FLAGS if gpu == "emulated" and _env.emu_coverage() else []
+    # TF_METAL_OPS_EMULATED_GPU_COVERAGE=1 (dev/emulated_gpu_coverage.py): host code instrumented, as the package's own.
+    cov = emulated_gpu.coverage_flags() if gpu == "direct" else []
     flags = [*compile_flags(), "-O2", "-fvisibility=hidden", "-DNDEBUG", *cov, *extra_cflags]
     ldflags = [*link_flags(), *cov, *extra_ldflags]
     root = Path(build_directory) if build_directory else _env.cache_root() / "extensions"
@@ -164,19 +163,19 @@ def build(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Sequ
         jobs: list[tuple[Path, list[str]]] = []  # (source, flags)
         cpu_sources = kinds["cpu"] + ([s for s in _runtime_sources(gpu) if s.suffix != ".mm"])
         gpu_sources = kinds["gpu"] if gpu else []
-        cxx_std = "-std=c++20" if gpu == "emulated" else "-std=c++17"
+        cxx_std = "-std=c++20" if gpu == "direct" else "-std=c++17"
         for s in cpu_sources + gpu_sources:
             jobs.append((s, [*[f for f in flags if not f.startswith("-std=")], cxx_std, f"-I{s.parent}"]))
         if gpu == "metal":
             for s in kinds["objc"] + [p for p in _runtime_sources(gpu) if p.suffix == ".mm"]:
                 jobs.append((s, [*flags, "-x", "objective-c++", "-fobjc-arc", "-fblocks", f"-I{s.parent}"]))
             jobs.append((_embedded_metal(kinds["metal"], work), [*flags]))  # the backend needs the table, even empty
-        elif gpu == "emulated" and kinds["metal"]:
-            units = glue.generate(kinds["metal"], work / "glue")
+        elif gpu == "direct" and kinds["metal"]:
+            units = msl_emu.generate(kinds["metal"], work / "glue")
             for u in units:
-                jobs.append((u.source, [*glue.base_flags(), "-O2", *u.flags]))
-            jobs.append((glue.launch_source(), [*glue.base_flags(), "-O2",
-                                                *[f"-I{d}" for d in glue.include_dirs()]]))
+                jobs.append((u.source, [*msl_emu.base_flags(), "-O2", *u.flags]))
+            jobs.append((msl_emu.launch_source(), [*msl_emu.base_flags(), "-O2",
+                                                *[f"-I{d}" for d in msl_emu.include_dirs()]]))
         objects = [str(work / f"{i:03d}_{source.stem}.o") for i, (source, _) in enumerate(jobs)]
         _builder.compile_all(cxx, [(source, obj, job_flags) for obj, (source, job_flags) in zip(objects, jobs)],
                              "tf_metal_ops.extension: compiling {source}", BuildError)
@@ -189,20 +188,16 @@ def build(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Sequ
     return _builder.cached_build(out_dir, [lib_name], make, BuildError) / lib_name
 
 
-def _metal_tools():
-    return _builder.metal_sources_tool(emulated_gpu.source_root())
-
-
 def _embedded_metal(metal_files: list[Path], work: Path) -> Path:
     out = work / "metal_embedded_sources.cc"
     dirs = sorted({str(f.parent) for f in metal_files}) + [str(Path(get_include()) / "shared")]
-    _metal_tools().write_embedded_source(str(out), [str(f) for f in metal_files], dirs)
+    metal_sources.write_embedded_source(str(out), [str(f) for f in metal_files], dirs)
     return out
 
 
 def _build_metallib(metal_files: list[Path], work: Path) -> None:
     dirs = sorted({str(f.parent) for f in metal_files}) + [str(Path(get_include()) / "shared")]
-    _metal_tools().build_metallib([str(f) for f in metal_files], dirs, str(work / "tf_metal_ops.metallib"))
+    metal_sources.build_metallib([str(f) for f in metal_files], dirs, str(work / "tf_metal_ops.metallib"))
 
 
 def load(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Sequence[str] = (),
@@ -215,7 +210,7 @@ def load(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Seque
     (import tf_metal_ops first so the device exists); on macOS the Metal kernels too."""
     import tensorflow as tf
 
-    if gpu_backend() == "emulated" and not emulated_gpu.enabled():
+    if gpu_backend() == "direct" and not emulated_gpu.enabled():
         emulated_gpu.enable()
     path = build(name, sources, extra_cflags=extra_cflags, extra_ldflags=extra_ldflags,
                  build_directory=build_directory, verbose=verbose)

@@ -1,5 +1,5 @@
 // The C interface between the op library and a compiled inline kernel (tf_metal_ops.metal_kernel). The Python side
-// (tf_metal_ops/inline_kernels/build.py) generates one C++ unit per kernel source, compiles it through tools/msl_emu
+// (tf_metal_ops/inline_kernels/build.py) generates one C++ unit per kernel source, compiles it through csrc/msl_emu
 // into a shared library, and the op library dlopens it (csrc/common/inline_library.h) and looks its
 // kernels up by name with tfmo_inline_kernel(name).
 //
@@ -43,7 +43,7 @@ typedef struct TfmoInlineKernel {
   int checked;           // built with bounds checks
   // Runs the kernel over the grid on the CPU.
   int (*run)(const TfmoInlineLaunch* launch, char* error, size_t error_len);
-  // The emulated GPU's binding contract (csrc/emulated/kernel_launch.h) for `desc`, a const tfmo::emu::LaunchDesc*.
+  // The emulated GPU's binding contract (csrc/emulated_gpu/kernel_launch.h) for `desc`, a const tfmo::emu::LaunchDesc*.
   int (*check)(const void* desc, char* error, size_t error_len);
 } TfmoInlineKernel;
 

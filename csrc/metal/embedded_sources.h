@@ -1,5 +1,5 @@
 // The .metal sources embedded in the op library, for run-time compilation when no metallib ships with it.
-// Defined by a file generated at build time (tools/metal_sources.py: write_embedded_source), one entry per
+// Defined by a file generated at build time (tf_metal_ops/metal_sources.py: write_embedded_source), one entry per
 // metal_kernels/*.metal with its quoted #includes inlined; compiled as one MTLLibrary each.
 #pragma once
 

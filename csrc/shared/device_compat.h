@@ -1,5 +1,5 @@
 // Lets one header of per-element math compile as C++ (CPU kernels, g++/clang) and as Metal Shading
-// Language (metal_kernels/*.metal, and the MSL emulation in tools/msl_emu which defines __METAL_VERSION__).
+// Language (metal_kernels/*.metal, and the MSL emulation in csrc/msl_emu which defines __METAL_VERSION__).
 //
 // Rules for shared headers (csrc/shared/*.h):
 //  - functions are `TFMO_FN` and take scalars, small structs, or pointers qualified with TFMO_THREAD
@@ -24,7 +24,7 @@
 #if defined(__METAL_VERSION__)
 #include <metal_stdlib>
 // No contraction of a*b + c into an FMA (Metal compilers contract by default, fast math on or off): results match
-// the CPU kernels, built with -ffp-contract=off. The metallibs get -ffp-contract=off too (tools/metal_sources.py).
+// the CPU kernels, built with -ffp-contract=off. The metallibs get -ffp-contract=off too (tf_metal_ops/metal_sources.py).
 #pragma clang fp contract(off)
 #define TFMO_MATH metal
 #define TFMO_FN inline

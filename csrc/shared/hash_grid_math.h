@@ -255,7 +255,7 @@ TFMO_FN uint hg_num_corners(int dims, int interp) { return interp == HG_INTERP_N
 
 #if !defined(__METAL_VERSION__) || defined(HG_HOST_LEVEL_TABLE)
 // ---- Host side (C++ only): the level table of a configuration. HG_HOST_LEVEL_TABLE exposes it to the MSL
-// emulation drivers (tests/metal_emu), which compile the Metal source as C++. ----
+// emulation drivers (tests/msl_emu), which compile the Metal source as C++. ----
 #include <cmath>
 #include <cstdint>
 
@@ -268,7 +268,7 @@ inline uint32_t hg_max_base(int dims) {
 // Correctly rounded float32 2^x and log2(b) for the level scales' arguments (x in [0, 24.5], b in [1, 2^24 + 2]):
 // the double libm value rounded to float, except for the arguments whose exact result lies within 4 double ulps
 // of a midpoint between two floats (an exhaustive search over every float32 argument in range,
-// tools/check_level_scale_rounding.py, found these; their values are the exactly rounded ones). So the result
+// dev/check_level_scale_rounding.py, found these; their values are the exactly rounded ones). So the result
 // is correctly rounded whenever the libm's double exp2/log2 is within 3 ulps (glibc, Apple: < 1 ulp).
 inline float hg_exp2_f32(float x) {
   static const float kHard[][2] = {{0x1.853a6ep-9f, 0x1.00870ap+0f}, {0x1.0f0af8p-11f, 0x1.00177cp+0f},

@@ -1,4 +1,4 @@
-// Negative control for tools/check_mac_host.py: wrong arguments to the TF C API (TF_GetStream takes a status)
+// Negative control for dev/check_mac_host.py: wrong arguments to the TF C API (TF_GetStream takes a status)
 // and to Metal (an index given as a string) must be rejected.
 // expect-error: requires 2 arguments, but 1 was provided
 // expect-error: cannot initialize a parameter of type 'NSUInteger'

@@ -1,4 +1,4 @@
-// Negative control for tools/check_mac_host.py: under ARC, TF_TensorData (void*) needs a __bridge cast to
+// Negative control for dev/check_mac_host.py: under ARC, TF_TensorData (void*) needs a __bridge cast to
 // become an Objective-C object; a plain C cast must be rejected.
 // expect-error: requires a bridged cast
 #import <Metal/Metal.h>

@@ -1,4 +1,4 @@
-// Negative control for tools/check_mac_host.py: a misspelt Metal selector must be rejected.
+// Negative control for dev/check_mac_host.py: a misspelt Metal selector must be rejected.
 // expect-error: dispatchThread:threadsPerThreadgroup:
 #import <Metal/Metal.h>
 

@@ -1,4 +1,4 @@
-// Negative control for tools/check_mac_host.py: C++ sources (the CPU kernels, also built on macOS) are compiled
+// Negative control for dev/check_mac_host.py: C++ sources (the CPU kernels, also built on macOS) are compiled
 // with -Wall -Wextra -Werror too: an unused variable must be rejected.
 // expect-error: unused variable 'never_used'
 #include "common/tfc.h"

@@ -1,4 +1,4 @@
-// Positive control for tools/check_mac_host.py: the "Adding a GPU op" example of docs/metal_host.md, kept
+// Positive control for dev/check_mac_host.py: the "Adding a GPU op" example of docs/metal_host.md, kept
 // compiling so the documented host-layer usage stays true. Not built into the library (not under csrc/).
 #include <algorithm>
 

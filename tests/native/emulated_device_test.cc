@@ -1,10 +1,10 @@
-// Native checks of the emulated Metal GPU PluggableDevice (csrc/emulated/se_plugin.cc) through the StreamExecutor
-// C API and the TfmoEmuStreamApi (csrc/emulated/emu_stream.h), without TensorFlow's runtime.
+// Native checks of the emulated Metal GPU PluggableDevice (csrc/emulated_gpu/se_plugin.cc) through the StreamExecutor
+// C API and the TfmoEmuStreamApi (csrc/emulated_gpu/emu_stream.h), without TensorFlow's runtime.
 //
 //   emulated_device_test <plugin.so> <scenario>    scenarios: memory fault ordering failure deferred_free events
 //
 // Prints "PASS <scenario>" and exits 0, or prints the failed check and exits 1. The tests/ driver runs every
-// scenario in its own process (tests/test_emulated_device_plugin.py).
+// scenario in its own process (tests/test_emulated_gpu_device.py).
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
@@ -244,7 +244,7 @@ SP_DeviceMemoryBase Mem(void* p, uint64_t size) {
 
 // ------------------------------------------------------------------------------------------------------------------
 void ScenarioMemory(Plugin* p) {
-  const uint64_t limit = 64ull << 20;  // the driver sets TF_METAL_OPS_EMU_MEMORY_MB=64
+  const uint64_t limit = 64ull << 20;  // the driver sets TF_METAL_OPS_EMULATED_GPU_MEMORY_MB=64
   int64_t free0 = 0, total = 0;
   CHECK(p->se.device_memory_usage(&p->device, &free0, &total));
   CHECK(total == static_cast<int64_t>(limit));

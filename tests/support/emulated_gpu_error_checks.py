@@ -8,7 +8,7 @@ Python wrappers' checks; eager execution runs no shape functions), with soft pla
 run on /GPU:0 fails instead of falling back to the CPU kernel. Every case asserts the exact error class and the
 kernel's exact message (TF appends " [Op:<name>]..." to it, which is not compared), and each op is shown to
 dispatch on the emulated GPU with valid inputs in the same process. The out-of-memory checks run with a small
-device (TF_METAL_OPS_EMU_MEMORY_MB, set by the test before TensorFlow starts).
+device (TF_METAL_OPS_EMULATED_GPU_MEMORY_MB, set by the test before TensorFlow starts).
 Exit status 0 and a last line "ok CHECK ..." on success; an AssertionError otherwise.
 """
 
@@ -299,7 +299,7 @@ def check_render_packed_errors(seed):
 
 
 # ---- out of device memory ------------------------------------------------------------------------------------------
-MEMORY_MB = 12  # the device size the test runs check_out_of_memory with (TF_METAL_OPS_EMU_MEMORY_MB)
+MEMORY_MB = 12  # the device size the test runs check_out_of_memory with (TF_METAL_OPS_EMULATED_GPU_MEMORY_MB)
 
 
 def oom(shape):
@@ -309,10 +309,10 @@ def oom(shape):
 
 
 def check_out_of_memory(seed):
-    """Allocation failures on a 12 MiB device (TF_METAL_OPS_EMU_MEMORY_MB=12): an output that does not fit, and the
+    """Allocation failures on a 12 MiB device (TF_METAL_OPS_EMULATED_GPU_MEMORY_MB=12): an output that does not fit, and the
     float32 scratch accumulator of a float16 table's gradient, fail the op with ResourceExhausted naming the
     allocation; the device stays usable."""
-    assert os.environ.get("TF_METAL_OPS_EMU_MEMORY_MB") == str(MEMORY_MB), "run with TF_METAL_OPS_EMU_MEMORY_MB=12"
+    assert os.environ.get("TF_METAL_OPS_EMULATED_GPU_MEMORY_MB") == str(MEMORY_MB), "run with TF_METAL_OPS_EMULATED_GPU_MEMORY_MB=12"
     rng = np.random.default_rng(seed)
     o = ops()
     # float16 table of 2^18 x 8: params 4 MiB + output 4 MiB fit, the 8 MiB float32 accumulator does not.

@@ -1,8 +1,8 @@
-"""Checks of csrc/metal/metal_backend.mm over the doubles of Apple's stack (TF_METAL_OPS_EMULATED_GPU=metal), one per
-review defect the doubles can show, run in a subprocess by tests/test_metal_backend.py:
+"""Checks of the Metal backend (csrc/metal) over the Apple doubles (dev/apple_doubles), one per way a Mac can
+differ from the plain path, run in a subprocess by tests/test_metal_backend.py:
 
     cd tests
-    TF_METAL_OPS_EMULATED_GPU=metal TF_METAL_OPS_OBJC_RUNTIME=... python -m support.metal_backend_checks CHECK
+    TF_METAL_OPS_EMULATED_GPU=$(python ../dev/apple_doubles/build.py) python -m support.metal_backend_checks CHECK
 
 Each check sets up what a Mac could present (a stream that keeps an encoder open, a GPU fault, buffers no malloc
 zone claims, pipelines with their own threadgroup memory) through the doubles' TFMO_MOCK_* switches, which the
@@ -15,7 +15,8 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-assert os.environ.get("TF_METAL_OPS_EMULATED_GPU") == "metal", "run with TF_METAL_OPS_EMULATED_GPU=metal"
+assert os.environ.get("TF_METAL_OPS_EMULATED_GPU", "") not in ("", "0", "1", "direct"), \
+    "run with TF_METAL_OPS_EMULATED_GPU set to the directory dev/apple_doubles/build.py prints"
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

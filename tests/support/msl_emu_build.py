@@ -1,15 +1,15 @@
-"""Build and run MSL-emulation test drivers (tools/msl_emu): the reusable part of the Metal-kernel tests.
+"""Build and run MSL-emulation test drivers (csrc/msl_emu): the reusable part of the Metal-kernel tests.
 
-A driver is a C++ file (tests/metal_emu/*_driver.cc) that #includes "harness.h" and then a .metal file, runs
-the kernel with msl_emu::dispatch_threads and writes its outputs (pattern: tools/msl_emu/README.md).
+A driver is a C++ file (tests/msl_emu/*_driver.cc) that #includes "harness.h" and then a .metal file, runs
+the kernel with msl_emu::dispatch_threads and writes its outputs (pattern: csrc/msl_emu/README.md).
 
-    exe = build_driver("tests/metal_emu/hash_grid_driver.cc")           # ASan+UBSan, cached
+    exe = build_driver("tests/msl_emu/hash_grid_driver.cc")           # ASan+UBSan, cached
     out = run_driver(exe, inputs={"x": arr}, outputs={"y": arr.dtype}, scalars={"dtype": "float32"})
     out["y"]                                                             # numpy array
 
 Conventions:
   - builds are cached under $TFMO_MSL_EMU_CACHE (default: <tmp>/tfmo-msl-emu-<uid>), keyed by a hash of the
-    compiler, the flags and every file the build can read (tools/msl_emu, csrc/shared, metal_kernels, the
+    compiler, the flags and every file the build can read (csrc/msl_emu, csrc/shared, metal_kernels, the
     driver's directory), so editing any of them rebuilds; concurrent builds are safe (atomic rename);
   - every .metal file is staged (copied, with a #line directive back to the original) after rewriting
     `threadgroup` in pointer/reference types (`threadgroup float* p`) to MSL_EMU_TGP, because the header
@@ -33,39 +33,19 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from support.paths import REPO_ROOT
+from tf_metal_ops import msl_emu
 
 REPO = Path(REPO_ROOT).resolve()
 
 
-def _load_glue():
-    """tf_metal_ops.emulated_gpu.glue: from the imported package (the installed one) when it has it, else from
-    this checkout's file (an installed package that predates it)."""
-    try:
-        from tf_metal_ops.emulated_gpu import glue
-        return glue
-    except ImportError:
-        import importlib.util
-        import sys
+# `threadgroup T* p` -> `MSL_EMU_TGP T* p` (one implementation: tf_metal_ops.msl_emu).
+rewrite_threadgroup_pointers = msl_emu.rewrite_threadgroup_pointers
 
-        path = REPO / "tf_metal_ops" / "emulated_gpu" / "glue.py"
-        name = "tfmo_checkout_emulated_gpu_glue"
-        if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-        return sys.modules[name]
-
-
-# `threadgroup T* p` -> `MSL_EMU_TGP T* p` (one implementation, shared with the emulated GPU's glue).
-_GLUE = _load_glue()
-rewrite_threadgroup_pointers = _GLUE.rewrite_threadgroup_pointers
-
-EMU_INCLUDE = REPO / "tools" / "msl_emu" / "include"
-EMU_DIR = REPO / "tools" / "msl_emu"
+EMU_INCLUDE = REPO / "csrc" / "msl_emu" / "include"
+EMU_DIR = REPO / "csrc" / "msl_emu"
 SHARED_DIR = REPO / "csrc" / "shared"
 KERNELS_DIR = REPO / "metal_kernels"
-DRIVERS_DIR = REPO / "tests" / "metal_emu"
+DRIVERS_DIR = REPO / "tests" / "msl_emu"
 
 CLANG_NAME = "clang++-16"
 INSTALL_HINT = "install clang 16 (`apt-get install clang-16`) or point TFMO_CLANGXX at a clang++ >= 16"
@@ -106,7 +86,7 @@ def cache_dir() -> Path:
 
 
 def _source_files(driver: Path) -> list[Path]:
-    files: set[Path] = {driver, Path(_GLUE.__file__).resolve()}  # glue.py: the staging rewrite
+    files: set[Path] = {driver, Path(msl_emu.__file__).resolve()}  # glue.py: the staging rewrite
     for d in (EMU_DIR, SHARED_DIR, KERNELS_DIR, driver.parent):
         if d.is_dir():
             files.update(p for p in d.rglob("*") if p.is_file() and not p.name.startswith("."))

@@ -1,20 +1,32 @@
-"""The Metal-emulating GPU device: run the package's GPU code path inside TensorFlow on any Linux machine.
+"""The emulated GPU: a Metal-emulating TensorFlow GPU device, so the package's GPU code path runs inside TensorFlow on
+any Linux machine.
 
-Opt-in, for development and tests: set ``TF_METAL_OPS_EMULATED_GPU=1`` before ``import tf_metal_ops`` (or call
-``enable()`` before TensorFlow runs its first op). The first use compiles, into the package cache, and loads
+Opt-in, for development and tests: set ``TF_METAL_OPS_EMULATED_GPU=1`` (or ``=direct``) before ``import tf_metal_ops``
+(or call ``enable()`` before TensorFlow runs its first op). The first use compiles, into the package cache, and loads
 
-1. the device: a PluggableDevice (``DEVICE_SOURCES`` in ``csrc/emulated/``) registering device type ``"GPU"``, whose
-   memory lives at addresses that fault when host code reads them and whose streams are serial queues;
-2. the op library's GPU kernels (``csrc/gpu/*.cc``, the same host code the Metal build compiles) on the emulated
-   backend (``csrc/emulated/emu_backend.cc``), with the unchanged ``metal_kernels/*.metal`` compiled as C++ through
-   tools/msl_emu, each dispatch checked against the kernel's ``[[buffer(n)]]`` signature.
+1. the device: a PluggableDevice (``DEVICE_SOURCES`` in ``csrc/emulated_gpu/``) registering device type ``"GPU"``,
+   whose memory lives at addresses that fault when host code reads them and whose streams are serial queues;
+2. the op library's GPU kernels (``csrc/gpu/*.cc``, the same host code the Metal build compiles) on the emulated GPU's
+   **direct** backend (``csrc/emulated_gpu/direct_backend.cc``), with the unchanged ``metal_kernels/*.metal`` compiled
+   as C++ through the MSL-on-CPU runtime (``csrc/msl_emu``, ``tf_metal_ops.msl_emu``), each dispatch checked against
+   the kernel's ``[[buffer(n)]]`` signature.
 
 Then every TF program sees ``/GPU:0`` and the ops placed there run their Metal kernels on the CPU. It is slow (a
 kernel thread is a C++ call) and cannot show GPU rounding, races that the emulated order hides, or anything of the
-Metal backend itself (tensorflow-metal's stream, MTLBuffers, pipelines): see docs/emulated_gpu.md.
+Metal backend itself: see docs/emulated_gpu.md.
+
+A backend built elsewhere is loaded from its directory: ``TF_METAL_OPS_EMULATED_GPU=/path/to/dir``, where
+``dir/backend.json`` names the backend and its libraries (``BACKEND_MANIFEST``). The repository's development tool
+``dev/apple_doubles/build.py`` builds the **metal** backend that way: the unchanged ``csrc/metal/*.mm`` over test
+doubles of Apple's stack. That tool is not part of the package.
 
 Needs clang++ >= 16 (``apt-get install clang-16``, or ``TF_METAL_OPS_CLANGXX``). The build is cached under
 ``$TF_METAL_OPS_CACHE`` (default ``$XDG_CACHE_HOME/tf-metal-ops``), keyed by the sources, compiler and TensorFlow.
+
+    >>> import os
+    >>> os.environ["TF_METAL_OPS_EMULATED_GPU"] = "1"   # before TensorFlow runs its first op  # doctest: +SKIP
+    >>> import tf_metal_ops, tensorflow as tf                                                  # doctest: +SKIP
+    >>> with tf.device("/GPU:0"): y = tf_metal_ops.zero_out([[1, 2], [3, 4]])                 # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -27,41 +39,79 @@ import sys
 import threading
 from pathlib import Path
 
-from tf_metal_ops import _builder, _env, _library, msl_check
-from tf_metal_ops.emulated_gpu import glue, metal_double
+from typing import Iterable
+
+from tf_metal_ops import _builder, _env, _library, msl_emu
 
 # TensorFlow is imported in the functions that use it: requested() and info() work without importing it.
 
 ENV_SWITCH = _env.EMULATED_GPU
-DEVICE_LIBRARY = "libtfmo_emulated_device.so"
+DEVICE_LIBRARY = "libtfmo_emulated_gpu_device.so"
 KERNEL_LIBRARY = "libtf_metal_ops_emulated_gpu.so"
+BACKEND_MANIFEST = "backend.json"  # {"name", "device", "kernels", "runtime"}: library file names in its directory
 PLATFORM_NAME = "TFMO_EMULATED_METAL"
-COVERAGE_SWITCH = _env.EMU_COVERAGE  # =1: host code with clang source-based coverage (own cache dir)
+COVERAGE_SWITCH = _env.EMULATED_GPU_COVERAGE  # =1: host code with clang source-based coverage (own cache dir)
 COVERAGE_FLAGS = ["-fprofile-instr-generate", "-fcoverage-mapping"]
-# The device library's sources in csrc/emulated/ (C++17, TensorFlow's C headers only;
-# tests/support/emulated_device_build.py builds the same list).
+# The device library's sources in csrc/emulated_gpu/ (C++17, TensorFlow's C headers only;
+# tests/support/emulated_gpu_device_build.py builds the same list).
 DEVICE_SOURCES = ("device_memory.cc", "fault_reporter.cc", "streams.cc", "emu_stream.cc", "device_copies.cc",
                   "se_plugin.cc", "device_stats.cc")
 
 
 class EmulatedGPUError(RuntimeError):
-    """The emulated GPU device could not be built or loaded; the message says why and what to do."""
+    """The emulated GPU could not be built or loaded; the message says why and what to do."""
 
 
 def requested() -> bool:
-    """True when the environment asks for an emulated GPU: TF_METAL_OPS_EMULATED_GPU=1 (the emulated backend) or
-    =metal (the Metal backend over the doubles of Apple's stack, metal_double.py)."""
-    return backend() is not None
+    """True when the environment asks for the emulated GPU (TF_METAL_OPS_EMULATED_GPU set to 1, direct, metal or a
+    backend directory)."""
+    return _env.emulated_gpu_request() is not None
 
 
 def backend() -> str | None:
-    """The GPU backend the switch asks for: "emulated" (=1), "metal" (=metal), else None."""
-    return _env.emulated_gpu_backend()
+    """The backend TF_METAL_OPS_EMULATED_GPU asks for: "direct" (=1 or =direct), the name in a backend directory's
+    manifest (=DIR; "metal" for dev/apple_doubles/build.py's), "metal" (=metal, which needs such a directory), else
+    None."""
+    request = _env.emulated_gpu_request()
+    if request is None or request in ("direct", "metal"):
+        return request
+    try:
+        return _manifest(Path(request))["name"]
+    except EmulatedGPUError:
+        return None
+
+
+def _manifest(directory: Path) -> dict:
+    path = directory / BACKEND_MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise EmulatedGPUError(
+            f"tf_metal_ops: {ENV_SWITCH}={directory} is not an emulated GPU backend directory ({path}: {e}); "
+            f"use 1 (the direct backend) or the directory a backend build printed") from None
+    missing = [k for k in ("name", "device", "kernels") if not isinstance(manifest.get(k), str)]
+    if missing:
+        raise EmulatedGPUError(f"tf_metal_ops: {path} lacks {', '.join(missing)}")
+    return manifest
+
+
+def prebuilt(directory: str | os.PathLike) -> dict[str, Path]:
+    """The libraries of the backend built into `directory` (its backend.json): {"device", "kernels", "runtime"}
+    (runtime: the library that runs the kernels, compiles inline kernels and counts dispatches; the kernel library
+    when the manifest names none)."""
+    directory = Path(directory)
+    manifest = _manifest(directory)
+    out = {k: directory / manifest[k] for k in ("device", "kernels")}
+    out["runtime"] = directory / manifest.get("runtime", manifest["kernels"])
+    for k, p in out.items():
+        if not p.is_file():
+            raise EmulatedGPUError(f"tf_metal_ops: {directory / BACKEND_MANIFEST} names {p.name} ({k}), which is missing")
+    return out
 
 
 # ---- sources -------------------------------------------------------------------------------------------------
 def source_root() -> Path:
-    """Where csrc/, metal_kernels/ and tools/msl_emu/ are: the wheel's package data (tf_metal_ops/_sources), or the
+    """Where csrc/, metal_kernels/ and csrc/msl_emu/ are: the wheel's package data (tf_metal_ops/_sources), or the
     source checkout this package was installed from in editable mode."""
     root = _env.source_root()
     if root is not None:
@@ -75,10 +125,10 @@ def source_root() -> Path:
 def _sources(root: Path) -> dict[str, list[Path]]:
     csrc = root / "csrc"
     return {
-        "device": [csrc / "emulated" / name for name in DEVICE_SOURCES],
+        "device": [csrc / "emulated_gpu" / name for name in DEVICE_SOURCES],
         "host": sorted((csrc / "gpu").glob("*.cc")) + [csrc / "common" / n for n in
                                                        ("tfc.cc", "thread_pool.cc", "inline_library.cc")]
-        + [csrc / "emulated" / "emu_backend.cc"],
+        + [csrc / "emulated_gpu" / "direct_backend.cc"],
         "metal": sorted((root / "metal_kernels").glob("*.metal")),
     }
 
@@ -87,18 +137,21 @@ def _sources(root: Path) -> dict[str, list[Path]]:
 def find_compiler() -> str:
     """clang++ >= 16 (msl_emu needs clang's ext_vector_type and C++20); a clear error when there is none. The search
     is the strict Metal-language check's (TF_METAL_OPS_CLANGXX, else clang++-16..19, clang++)."""
+    from tf_metal_ops import msl_check
+
     try:
         return msl_check.find_compiler()
     except msl_check.MSLCompilerNotFound as e:
         if _env.clangxx():
             raise EmulatedGPUError(f"tf_metal_ops: {e}") from None
         raise EmulatedGPUError(
-            "tf_metal_ops: TF_METAL_OPS_EMULATED_GPU=1 needs clang++ >= 16 to build the emulated GPU device "
+            "tf_metal_ops: the emulated GPU needs clang++ >= 16 to build its device "
             "(Debian/Ubuntu: `apt-get install clang-16`; or point TF_METAL_OPS_CLANGXX at a clang++ >= 16)"
         ) from None
 
 
-def _tensorflow_dirs() -> tuple[str, str]:
+def tensorflow_dirs() -> tuple[str, str]:
+    """(include dir, lib dir) of the imported TensorFlow."""
     import tensorflow as tf
 
     return tf.sysconfig.get_include(), tf.sysconfig.get_lib()
@@ -108,37 +161,41 @@ def cache_root() -> Path:
     return _env.cache_root() / "emulated-gpu"
 
 
+def coverage_flags() -> list[str]:
+    """COVERAGE_FLAGS when TF_METAL_OPS_EMULATED_GPU_COVERAGE=1 (dev/emulated_gpu_coverage.py), else none."""
+    return COVERAGE_FLAGS if _env.emulated_gpu_coverage() else []
+
+
 # ---- build ---------------------------------------------------------------------------------------------------
-def _key(compiler: str, tf_include: str, tf_lib: str, root: Path, extra: list[str] = ()) -> str:
+def key(compiler: str, tf_include: str, tf_lib: str, root: Path, extra: Iterable[str] = (),
+        extra_files: Iterable[Path] = ()) -> str:
+    """The content key of a build of the GPU kernels from the sources at `root` (the compiler, TensorFlow, Python,
+    every source the build reads, this module and msl_emu's generator); `extra`/`extra_files`: what else a backend
+    build depends on."""
     import tensorflow as tf
 
     parts = [_builder.compiler_identity(compiler), tf.__version__, tf_include, tf_lib, sys.version, *extra]
-    files = _builder.tree_files(root, ("csrc", "metal_kernels", "tools/msl_emu", "tools/apple_mock"))
-    here = Path(__file__).parent
-    return _builder.content_key(parts, [*files, here / "glue.py", here / "metal_double.py", Path(__file__)])
+    files = _builder.tree_files(root, ("csrc", "metal_kernels"))
+    return _builder.content_key(parts, [*files, *extra_files, Path(msl_emu.__file__), Path(__file__)])
 
 
 def build(verbose: bool = False, gpu_backend: str | None = None) -> dict[str, Path]:
-    """Compiles the device and the GPU kernel library into the cache (once per content hash); returns their paths.
-    `gpu_backend`: "emulated" or "metal" (default: what TF_METAL_OPS_EMULATED_GPU asks for, else "emulated")."""
-    gpu_backend = gpu_backend or backend() or "emulated"
+    """Compiles the device and the direct backend's GPU kernel library into the cache (once per content hash);
+    returns their paths {"device", "kernels", "runtime"}. A backend directory (TF_METAL_OPS_EMULATED_GPU=DIR, or
+    `gpu_backend` given as a directory) is not compiled here: its libraries are returned."""
+    request = gpu_backend or _env.emulated_gpu_request() or "direct"
+    if request == "metal":
+        raise EmulatedGPUError(
+            f"tf_metal_ops: {ENV_SWITCH}=metal: the Metal backend over test doubles of Apple's stack is a development "
+            "tool of the source repository, not part of the package: build it with `python dev/apple_doubles/build.py` "
+            f"(it prints a directory) and set {ENV_SWITCH} to that directory")
+    if request != "direct":
+        return prebuilt(request)
     root = source_root()
     compiler = find_compiler()
-    tf_include, tf_lib = _tensorflow_dirs()
-    coverage = _env.emu_coverage()  # tools/emulated_gpu_coverage.py
-    cov = COVERAGE_FLAGS if coverage else []
-    if gpu_backend == "metal":
-        runtime = metal_double.objc_runtime(EmulatedGPUError)
-        key = _key(compiler, tf_include, tf_lib, root, metal_double.key_parts(runtime))
-        out = cache_root() / ("metal-" + key + ("-coverage" if coverage else ""))
-        _builder.cached_build(
-            out, [metal_double.KERNEL_LIBRARY, metal_double.DEVICE_LIBRARY],
-            lambda work: metal_double.make(work, root=root, compiler=compiler, tf_include=tf_include, tf_lib=tf_lib,
-                                           runtime=runtime, glue=glue, coverage=cov, error=EmulatedGPUError),
-            EmulatedGPUError)
-        return {"device": out / metal_double.DEVICE_LIBRARY, "kernels": out / metal_double.KERNEL_LIBRARY,
-                "apple": out / metal_double.APPLE_LIBRARY}
-    out = cache_root() / (_key(compiler, tf_include, tf_lib, root) + ("-coverage" if coverage else ""))
+    tf_include, tf_lib = tensorflow_dirs()
+    cov = coverage_flags()
+    out = cache_root() / ("direct-" + key(compiler, tf_include, tf_lib, root) + ("-coverage" if cov else ""))
 
     def make(work: Path):
         if verbose:
@@ -147,14 +204,14 @@ def build(verbose: bool = False, gpu_backend: str | None = None) -> dict[str, Pa
         link = [f"-L{tf_lib}", "-l:libtensorflow_framework.so.2", f"-Wl,-rpath,{tf_lib}", "-lpthread"]
         common = ["-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter", "-DNDEBUG"]
         tf_flags = [f"-I{tf_include}", f"-I{root / 'csrc'}", f"-I{root / 'csrc' / 'shared'}"]
-        units = glue.generate(src["metal"], work / "glue", root=root)
-        emu_includes = [f"-I{d}" for d in glue.include_dirs(root=root)]
+        units = msl_emu.generate(src["metal"], work / "glue", root=root)
+        emu_includes = [f"-I{d}" for d in msl_emu.include_dirs(root=root)]
         jobs = []  # (source, object, flags)
         for f in src["host"]:
             jobs.append((f, work / (f.stem + ".o"), ["-std=c++20", *common, *tf_flags, *cov]))
-        jobs.append((glue.launch_source(root), work / "kernel_launch.o", [*glue.base_flags(), "-O2", *emu_includes]))
+        jobs.append((msl_emu.launch_source(root), work / "kernel_launch.o", [*msl_emu.base_flags(), "-O2", *emu_includes]))
         for u in units:
-            jobs.append((u.source, work / (u.source.stem + ".o"), [*glue.base_flags(), "-O2", *u.flags]))
+            jobs.append((u.source, work / (u.source.stem + ".o"), [*msl_emu.base_flags(), "-O2", *u.flags]))
         kernel_objects = [str(o) for _, o, _ in jobs]
         device_objects = [str(work / f"device_{f.stem}.o") for f in src["device"]]
         jobs += [(f, Path(o), ["-std=c++17", *common, f"-I{tf_include}"]) for f, o in zip(src["device"], device_objects)]
@@ -166,12 +223,13 @@ def build(verbose: bool = False, gpu_backend: str | None = None) -> dict[str, Pa
         return ()
 
     _builder.cached_build(out, [KERNEL_LIBRARY, DEVICE_LIBRARY], make, EmulatedGPUError)
-    return {"device": out / DEVICE_LIBRARY, "kernels": out / KERNEL_LIBRARY}
+    return {"device": out / DEVICE_LIBRARY, "kernels": out / KERNEL_LIBRARY, "runtime": out / KERNEL_LIBRARY}
 
 
 # ---- load ----------------------------------------------------------------------------------------------------
 _lock = threading.Lock()
 _loaded: dict[str, Path] = {}
+_loaded_name: list[str] = []
 
 
 def enable(verbose: bool = True) -> dict[str, str]:
@@ -189,7 +247,8 @@ def enable(verbose: bool = True) -> dict[str, str]:
                 f"({tf.config.list_physical_devices('GPU')[0].name}); the emulated GPU registers device type \"GPU\" "
                 "and needs a TensorFlow without one (tensorflow-cpu, or CUDA_VISIBLE_DEVICES='')"
             )
-        paths = build(verbose=verbose, gpu_backend=backend() or "emulated")
+        paths = build(verbose=verbose)
+        name = backend() or "direct"
         _library.ops()  # op definitions first: the GPU kernels register for them
         load_library.load_pluggable_device_library(str(paths["device"]))
         # Logical, not physical: a context initialised before the plugin loaded lists the device but never uses it.
@@ -205,6 +264,7 @@ def enable(verbose: bool = True) -> dict[str, str]:
                 "would silently run on the CPU; unset it to use the emulated GPU")
         tf.load_op_library(str(paths["kernels"]))
         _loaded.update(paths)
+        _loaded_name.append(name)
         return {k: str(v) for k, v in paths.items()}
 
 
@@ -228,18 +288,17 @@ def kernel_library() -> ctypes.CDLL:
 
 
 def loaded_backend() -> str | None:
-    """"emulated" or "metal": the backend whose GPU kernels this process loaded, else None."""
-    if not _loaded:
-        return None
-    return "metal" if "apple" in _loaded else "emulated"
+    """"direct" or "metal": the backend whose GPU kernels this process loaded, else None."""
+    return _loaded_name[0] if _loaded_name else None
 
 
 def compiler_targets() -> list[ctypes.CDLL]:
-    """The loaded libraries that compile inline kernels through tfmo_set_inline_compiler: the emulated backend's
-    kernel library, or the Metal double (its newLibraryWithSource: compiles through msl_emu)."""
+    """The loaded libraries that compile inline kernels through tfmo_set_inline_compiler: the backend's runtime (the
+    direct backend's kernel library; for the metal backend the Apple doubles, whose newLibraryWithSource: compiles
+    through msl_emu)."""
     if not _loaded:
         return []
-    return [_handle("apple" if "apple" in _loaded else "kernels")]
+    return [_handle("runtime")]
 
 
 def synchronize() -> None:
@@ -253,15 +312,14 @@ def dispatch_counts(sync: bool = True, library: str | None = None) -> dict[str, 
     Synchronises first unless sync=False: kernels run asynchronously on the device's streams."""
     if sync:
         synchronize()
-    counter = "apple" if "apple" in _loaded else "kernels"  # the Metal double counts what its GPU ran
-    lib = _handle(counter) if library is None else ctypes.CDLL(str(library), mode=getattr(os, "RTLD_NOLOAD", 0))
+    lib = _handle("runtime") if library is None else ctypes.CDLL(str(library), mode=getattr(os, "RTLD_NOLOAD", 0))
     lib.tfmo_emu_dispatch_counts.restype = ctypes.c_char_p
     return json.loads(lib.tfmo_emu_dispatch_counts().decode())
 
 
 def metal_info() -> dict | None:
     """The Metal backend's own report (tfmo_metal_info: device, metallib, compile statistics, GPU errors) when this
-    process runs the Metal backend over the doubles, else None."""
+    process runs the metal backend, else None."""
     if loaded_backend() != "metal":
         return None
     lib = kernel_library()

@@ -75,7 +75,7 @@ def _f32(v: float) -> float:
 
 # Correctly rounded float32 exp2/log2 of the level-scale arguments (x in [0, 24.5], b in [1, 2^24 + 2]): the
 # double libm value rounded to float, except for the arguments whose exact value lies within 4 double ulps of a
-# midpoint between floats (all of them, from an exhaustive search: tools/check_level_scale_rounding.py); the same
+# midpoint between floats (all of them, from an exhaustive search: dev/check_level_scale_rounding.py); the same
 # table as hg_exp2_f32 / hg_log2_f32 in csrc/shared/hash_grid_math.h.
 _EXP2_HARD = {float.fromhex(a): float.fromhex(b) for a, b in (
     ("0x1.853a6ep-9", "0x1.00870ap+0"), ("0x1.0f0af8p-11", "0x1.00177cp+0"), ("0x1.05535ap-7", "0x1.016b46p+0"),

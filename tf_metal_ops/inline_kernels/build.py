@@ -1,14 +1,14 @@
 """Compiles an inline kernel's MSL source for the CPU and the emulated GPU: the unchanged source as C++ through
-tools/msl_emu, one shared library per (source, bounds checks), cached on disk by content (tf_metal_ops._builder).
+csrc/msl_emu, one shared library per (source, bounds checks), cached on disk by content (tf_metal_ops._builder).
 
 The op library calls compile() back through ``tfmo_set_inline_compiler`` (csrc/common/inline_library.h) when a
 TfmoMetalKernel runs a source it has not loaded yet, so a graph or SavedModel holding the kernel needs only
 ``import tf_metal_ops`` in a new process.
 
 One generated unit per source (build/unit.cc), compiled with clang++ >= 16 and linked with kernel_launch.cc:
-  - the kernel table glue of the source (tf_metal_ops/emulated_gpu/glue.py): the emulated GPU checks each dispatch
-    against the kernel's signature with it (csrc/emulated/kernel_launch.h);
-  - per kernel, a launcher (tools/msl_emu/include/msl_emu/inline_launch.h) that binds the buffer slots once and runs
+  - the kernel table glue of the source (tf_metal_ops/msl_emu.py): the emulated GPU checks each dispatch
+    against the kernel's signature with it (csrc/emulated_gpu/kernel_launch.h);
+  - per kernel, a launcher (csrc/msl_emu/include/msl_emu/inline_launch.h) that binds the buffer slots once and runs
     the threads of each threadgroup in a loop the kernel is inlined into (``#pragma clang attribute`` marks every
     function of the source always_inline), so that the compiler vectorises elementwise bodies; built for this CPU
     (-march=native, the CPU's flags are part of the cache key), without FMA contraction or errno-setting math, with
@@ -30,9 +30,26 @@ import re
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tf_metal_ops import _builder, _env, _library, emulated_gpu, msl_check
-from tf_metal_ops.emulated_gpu import glue
+from tf_metal_ops import _builder, _env, _library
+
+if TYPE_CHECKING:
+    from tf_metal_ops import msl_emu
+
+# The MSL-on-CPU generator (msl_emu), the strict check (msl_check) and the emulated GPU load on first use, not with
+# the package: `import tf_metal_ops` only registers the compiler callback.
+
+
+def _msl_emu():
+    from tf_metal_ops import msl_emu
+
+    return msl_emu
+
+
+def _emulated_gpu():
+    """The emulated GPU module when this process imported it (enabling it imports it), else None."""
+    return sys.modules.get("tf_metal_ops.emulated_gpu")
 
 
 class KernelCompileError(ValueError):
@@ -45,6 +62,8 @@ stats = {"compiled": 0, "requested": 0}  # kernel libraries built / asked for by
 
 
 def find_compiler() -> str:
+    from tf_metal_ops import emulated_gpu
+
     try:
         return emulated_gpu.find_compiler()
     except emulated_gpu.EmulatedGPUError as e:
@@ -74,12 +93,13 @@ _VECLIB = (["-fveclib=libmvec"], ["-lmvec"]) if sys.platform == "linux" and plat
 def _toolchain() -> tuple[str, Path, list[str], str]:
     """(compiler, source root, compile flags, key of everything but the source)."""
     compiler = find_compiler()
-    root = emulated_gpu.source_root()
+    glue = _msl_emu()
+    root = glue.source_root()
     flags = [*glue.base_flags(), "-O2", "-march=native", "-ffp-contract=off", "-fno-math-errno", *_VECLIB[0],
              "-fvisibility=hidden", "-Wno-unused-parameter", "-Wno-unused-variable", f"-I{root / 'csrc' / 'common'}"]
-    files = [*_builder.tree_files(root, ("tools/msl_emu",)), root / "csrc" / "common" / "inline_kernel_abi.h",
-             glue.launch_source(root), root / "csrc" / "emulated" / "kernel_launch.h",
-             root / "csrc" / "emulated" / "kernel_table.h", Path(glue.__file__), Path(__file__)]
+    files = [*_builder.tree_files(root, ("csrc/msl_emu",)), root / "csrc" / "common" / "inline_kernel_abi.h",
+             glue.launch_source(root), root / "csrc" / "emulated_gpu" / "kernel_launch.h",
+             root / "csrc" / "emulated_gpu" / "kernel_table.h", Path(glue.__file__), Path(__file__)]
     key = _builder.content_key([_builder.compiler_identity(compiler), *flags, _cpu_flags(), sys.platform], files)
     return compiler, root, flags, key
 
@@ -93,6 +113,7 @@ def _runtime_object() -> Path:
     compiler, root, flags, key = _toolchain()
 
     def make(work: Path):
+        glue = _msl_emu()
         incs = [f"-I{d}" for d in glue.include_dirs(root=root)]
         _builder.run([compiler, *flags, *incs, "-c", str(glue.launch_source(root)), "-o", str(work / "kernel_launch.o")],
                      "tf_metal_ops.metal_kernel: compiling kernel_launch.cc", KernelCompileError)
@@ -104,6 +125,7 @@ def _runtime_object() -> Path:
 
 def _checked_copy(text: str, kernels) -> str:
     """`text` with each kernel's pointer [[buffer(n)]] parameters as checked<T> (offsets kept: same lines)."""
+    glue = _msl_emu()
     plain = glue._strip_comments(text)
     edits = []  # (start, end, replacement)
     for m in glue._KERNEL.finditer(plain):
@@ -128,7 +150,7 @@ def _checked_copy(text: str, kernels) -> str:
     return out
 
 
-def _launcher(kernel: glue.Kernel, ns: str, checked: bool, uses_barriers: bool) -> str:
+def _launcher(kernel: msl_emu.Kernel, ns: str, checked: bool, uses_barriers: bool) -> str:
     """Run_<k> and Check_<k> of one kernel (no MSL keyword spelled: they are macros here)."""
     T = "::tfmo::emu::table"
     k = kernel.name
@@ -219,8 +241,9 @@ def _compile_message(text: str) -> str:
     return "\n".join(dict.fromkeys("\n".join(b) for b in blocks)).strip()
 
 
-def parse_source(msl: str) -> glue.MetalFile:
+def parse_source(msl: str) -> msl_emu.MetalFile:
     """The kernels of a complete source, checked for what inline kernels support. Raises KernelCompileError."""
+    glue = _msl_emu()
     try:
         mf = glue.parse_metal("<source>", text=msl)
     except glue.GlueError as e:
@@ -243,6 +266,8 @@ def compile(msl: str, *, checked: bool) -> Path:
 
     def make(work: Path):
         stats["compiled"] += 1
+        from tf_metal_ops import msl_check
+
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             strict = pool.submit(msl_check.check_source, msl, filename="<source>", msl_version="3.0",
                                  compiler=compiler)
@@ -259,6 +284,7 @@ def compile(msl: str, *, checked: bool) -> Path:
         metal = work / "kernel.metal"
         metal.write_text(msl)
         mf = parse_source(msl)
+        glue = _msl_emu()
         try:
             unit = glue.generate([metal], work / "glue", root=root)[0]
         except glue.GlueError as e:
@@ -315,11 +341,13 @@ def _register(library: ctypes.CDLL, name: str) -> None:
 def ensure_registered() -> None:
     """Gives the op library, and the emulated GPU's kernel library once it is loaded, the compiler callback.
     Cheap after the first call; `import tf_metal_ops` calls it, so a reloaded graph finds its compiler."""
-    if "ops" in _registered and ("emulated" in _registered or not emulated_gpu.enabled()):
+    emulated_gpu = _emulated_gpu()
+    gpu_enabled = emulated_gpu is not None and emulated_gpu.enabled()
+    if "ops" in _registered and ("emulated" in _registered or not gpu_enabled):
         return
     with _registered_lock:
         if "ops" not in _registered:
             _register(_library.native(), "ops")
-        if "emulated" not in _registered and emulated_gpu.enabled():
+        if "emulated" not in _registered and gpu_enabled:
             for library in emulated_gpu.compiler_targets():
                 _register(library, "emulated")

@@ -19,14 +19,16 @@ the shapes given in ``output_shapes``.
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from tf_metal_ops.emulated_gpu import glue
 from tf_metal_ops.inline_kernels import api, build
 from tf_metal_ops.inline_kernels import source as gen
 
+if TYPE_CHECKING:
+    from tf_metal_ops.msl_emu import Kernel, Param
 
-def _param_dtype(kernel: str, p: glue.Param) -> str:
+
+def _param_dtype(kernel: str, p: Param) -> str:
     base = re.sub(r"[234]$", "", p.type.removeprefix("atomic_"))
     if base not in gen.DTYPES_OF_MSL:
         raise ValueError(f"tf_metal_ops.compile_shader: kernel {kernel}: parameter {p.name} ({p.decl}) has element "
@@ -37,7 +39,7 @@ def _param_dtype(kernel: str, p: glue.Param) -> str:
 class ShaderKernel:
     """One kernel of a ShaderLibrary: ``lib.name(*inputs, threads=..., group_size=..., output_shapes=[...])``."""
 
-    def __init__(self, library: "ShaderLibrary", kernel: glue.Kernel):
+    def __init__(self, library: "ShaderLibrary", kernel: Kernel):
         self._source, self.name = library.source, kernel.name
         buffers = sorted((p for p in kernel.params if p.kind == "buffer"), key=lambda p: p.index)
         if any(p.kind == "threadgroup" for p in kernel.params):

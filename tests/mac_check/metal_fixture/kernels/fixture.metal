@@ -1,4 +1,4 @@
-// Fixture for tools/metal_sources.py: quoted includes inlined once each, <...> kept. Not a real kernel.
+// Fixture for tf_metal_ops/metal_sources.py: quoted includes inlined once each, <...> kept. Not a real kernel.
 #include <metal_stdlib>
 #include "common.h"
 #include "nested.h"

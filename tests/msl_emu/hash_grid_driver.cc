@@ -1,0 +1,108 @@
+// Runs metal_kernels/hash_grid.metal through the MSL emulation (csrc/msl_emu), mirroring
+// csrc/gpu/hash_grid_gpu.cc: same level table (hg_level_table), same dispatch shapes, same buffers.
+// Args: kernel=encode|grad_params|grad_positions dtype=float32|float16 n_levels= n_features= log2_hashmap_size=
+//       base_resolution= per_level_scale= grid_type=0|1|2 interpolation=0|1|2 n_active= [tg=64]
+//       in:positions:float32:N*D  in:params:DTYPE:ROWS*F  [in:dy:DTYPE:N*L*F]   scalar dims=D
+//       out:out=PATH  (encode: [N*L*F] DTYPE; grad_params: [ROWS*F] DTYPE; grad_positions: [N*D] float32)
+// Outputs are pre-filled with a poison value where the kernel must write every element.
+#include "harness.h"  // first: standard headers before <metal_stdlib>'s keyword macros
+
+#define HG_HOST_LEVEL_TABLE 1
+#include "hash_grid.metal"
+
+#include <cmath>
+#include <cstring>
+
+template <class T>
+static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
+  HgArgs args{};
+  args.dims = h.scalar<uint>("dims");
+  args.n_levels = h.scalar<uint>("n_levels");
+  args.n_features = h.scalar<uint>("n_features");
+  args.interpolation = h.scalar<uint>("interpolation");
+  args.n_active = h.scalar<uint>("n_active");
+  const int log2t = h.scalar<int>("log2_hashmap_size");
+  const int nmin = h.scalar<int>("base_resolution");
+  const float b = h.scalar<float>("per_level_scale");
+  const int grid_type = h.scalar<int>("grid_type");
+  std::vector<HgLevel> levels(args.n_levels);
+  const int64_t rows = hg_level_table((int)args.dims, (int)args.n_levels, (int)args.n_features, log2t, nmin, b,
+                                      grid_type, levels.data());
+  if (rows < 0) msl_emu::Harness::fail("table too large");
+  const std::vector<float> positions = h.input<float>("positions");
+  const std::vector<T> params = h.input<T>("params");
+  if (params.size() != (size_t)rows * args.n_features) msl_emu::Harness::fail("params size mismatch");
+  args.n = (uint)(positions.size() / args.dims);
+  const uint n = args.n, L = args.n_levels, F = args.n_features;
+  if (which == "encode") {
+    std::vector<T> out((size_t)n * L * F);
+    for (auto& v : out) v = T(12345.0f);  // poison: every element must be written
+    if (n > 0) {
+      msl_emu::dispatch_threads(uint2{n, L}, uint2{tg, 1}, [&](const msl_emu::ThreadCtx& t) {
+        if constexpr (sizeof(T) == 4)
+          hash_grid_encode_float32(positions.data(), params.data(), levels.data(), args, out.data(),
+                                   t.thread_position_in_grid.xy);
+        else
+          hash_grid_encode_float16(positions.data(), params.data(), levels.data(), args, out.data(),
+                                   t.thread_position_in_grid.xy);
+      });
+    }
+    h.output("out", out);
+  } else if (which == "grad_params") {
+    const std::vector<T> dy = h.input<T>("dy");
+    std::vector<float> acc(params.size(), 777.0f);  // the host zero-fills first, as here
+    HgArgs fill = args;
+    fill.count = (uint)acc.size();
+    if (!acc.empty())
+      msl_emu::dispatch_threads(fill.count, tg, [&](const msl_emu::ThreadCtx& t) {
+        hash_grid_fill_zero(acc.data(), fill, t.thread_position_in_grid.x);
+      });
+    if (n > 0 && args.n_active > 0) {
+      msl_emu::dispatch_threads(uint2{n, args.n_active}, uint2{tg, 1}, [&](const msl_emu::ThreadCtx& t) {
+        if constexpr (sizeof(T) == 4)
+          hash_grid_grad_params_float32(dy.data(), positions.data(), levels.data(), args, acc.data(),
+                                        t.thread_position_in_grid.xy);
+        else
+          hash_grid_grad_params_float16(dy.data(), positions.data(), levels.data(), args, acc.data(),
+                                        t.thread_position_in_grid.xy);
+      });
+    }
+    if constexpr (sizeof(T) == 4) {
+      h.output("out", acc);
+    } else {
+      std::vector<half> out(acc.size(), half(5.0f));
+      if (!out.empty())
+        msl_emu::dispatch_threads(fill.count, tg, [&](const msl_emu::ThreadCtx& t) {
+          hash_grid_float_to_half(acc.data(), out.data(), fill, t.thread_position_in_grid.x);
+        });
+      h.output("out", out);
+    }
+  } else if (which == "grad_positions") {
+    const std::vector<T> dy = h.input<T>("dy");
+    std::vector<float> dx((size_t)n * args.dims, 999.0f);
+    if (n > 0) {
+      msl_emu::dispatch_threads(n, tg, [&](const msl_emu::ThreadCtx& t) {
+        if constexpr (sizeof(T) == 4)
+          hash_grid_grad_positions_float32(dy.data(), positions.data(), params.data(), levels.data(), args,
+                                           dx.data(), t.thread_position_in_grid.x);
+        else
+          hash_grid_grad_positions_float16(dy.data(), positions.data(), params.data(), levels.data(), args,
+                                           dx.data(), t.thread_position_in_grid.x);
+      });
+    }
+    h.output("out", dx);
+  } else {
+    msl_emu::Harness::fail("unknown kernel %s", which.c_str());
+  }
+}
+
+int main(int argc, char** argv) {
+  msl_emu::Harness h(argc, argv);
+  const std::string which = h.scalar<std::string>("kernel");
+  const std::string dtype = h.scalar<std::string>("dtype");
+  const uint tg = h.scalar<uint>("tg", 64);
+  if (dtype == "float32") run<float>(h, which, tg);
+  else if (dtype == "float16") run<half>(h, which, tg);
+  else msl_emu::Harness::fail("unsupported dtype %s", dtype.c_str());
+  return h.finish();
+}

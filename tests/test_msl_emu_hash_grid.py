@@ -1,0 +1,120 @@
+"""metal_kernels/hash_grid.metal executed on the CPU through the MSL emulation (csrc/msl_emu, ASan+UBSan) against
+the CPU op, over randomized configurations: forward, d/dparams (float atomics: MSL 3.0 atomic_float and the
+pre-3.0 CAS loop) and d/dpositions, float32 and float16 tables.
+
+Tolerances: forward and d/dpositions compute the same float32 expressions in the same order as the CPU kernels,
+so they agree to float rounding (atol 1e-6 / rtol 1e-5; float16 outputs within one float16 ulp); d/dparams sums
+in atomic order (which differs from the CPU's point order), rtol 1e-5 + atol 1e-5 (float16: one ulp + 1e-3).
+What this cannot show (csrc/msl_emu/README.md, "Limits"): GPU rounding and fast math, races that do not bite in
+the emulated order (the scatter uses atomics by construction: see hg_atomic_add), address-space mistakes.
+"""
+
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_metal_ops._library import ops
+from tf_metal_ops.hash_grid import HashGridConfig
+from support.hash_grid_cases import random_config, seeded
+
+GRID_CODE = {"hash": 0, "dense": 1, "tiled": 2}
+INTERP_CODE = {"nearest": 0, "linear": 1, "smoothstep": 2}
+DRIVER = "tests/msl_emu/hash_grid_driver.cc"
+
+
+@pytest.fixture(scope="module", params=["msl300", "msl240"])
+def driver(request, msl_emu):
+    """The driver built for MSL 3.0 (atomic_float) and for MSL 2.4 (CAS loop on atomic_uint)."""
+    defines = [] if request.param == "msl300" else ["MSL_EMU_VERSION=240"]
+    return msl_emu.build(DRIVER, defines=defines)
+
+
+def random_case(rng, dtype):
+    cfg = random_config(rng, max_levels=6, max_log2=11, max_resolution=11, max_scale=2.0, max_entries=200_000)
+    d = cfg.n_input_dims
+    n = int(rng.choice([0, 1, 63, 64, 65, int(rng.integers(2, 400))]))
+    x = rng.uniform(-0.05, 1.05, (n, d)).astype(np.float32)
+    if n >= 3:
+        x[0, 0], x[1, -1], x[2, 0] = np.nan, np.inf, -np.inf
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(dtype)
+    dy = rng.standard_normal((n, cfg.n_output_dims)).astype(dtype)
+    n_active = int(rng.integers(0, cfg.n_levels + 1)) if rng.uniform() < 0.3 else cfg.n_levels
+    return cfg, x, p, dy, n_active
+
+
+def run_emulated(msl_emu, driver, kernel, cfg, x, p, dy, n_active, tg=64, env=None):
+    dtype = p.dtype
+    inputs = {"positions": x, "params": p}
+    if kernel != "encode":
+        inputs["dy"] = dy
+    out_dtype = np.float32 if kernel == "grad_positions" else dtype
+    scalars = dict(
+        kernel=kernel, dtype=dtype.name, dims=cfg.n_input_dims, n_levels=cfg.n_levels,
+        n_features=cfg.n_features_per_level, log2_hashmap_size=cfg.log2_hashmap_size,
+        base_resolution=cfg.base_resolution, per_level_scale=repr(float(np.float32(cfg.per_level_scale))),
+        grid_type=GRID_CODE[cfg.grid_type], interpolation=INTERP_CODE[cfg.interpolation], n_active=n_active, tg=tg,
+    )
+    res = msl_emu.run(driver, inputs=inputs, outputs={"out": out_dtype}, scalars=scalars, env=env)
+    return res.outputs["out"]
+
+
+def cpu(cfg, x, p, dy, n_active):
+    kw = cfg.op_kwargs()
+    m = np.int32(n_active)
+    y = ops().hash_grid_encode(x, p, m, **kw).numpy()
+    gp = ops().hash_grid_encode_grad_params(dy, x, p, m, **kw).numpy()
+    gx = ops().hash_grid_encode_grad_positions(dy, x, p, m, **kw).numpy()
+    return y, gp, gx
+
+
+def close(got, want, rtol, atol):
+    got = got.astype(np.float64).reshape(-1)
+    want = want.astype(np.float64).reshape(-1)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("trial", range(8))
+def test_emulated_kernels_equal_cpu_op(msl_emu, driver, dtype, trial):
+    rng = seeded("emu", dtype, trial)
+    cfg, x, p, dy, n_active = random_case(rng, np.dtype(dtype))
+    y, gp, gx = cpu(cfg, x, p, dy, n_active)
+    half = dtype == "float16"
+    got_y = run_emulated(msl_emu, driver, "encode", cfg, x, p, dy, n_active)
+    close(got_y, y, rtol=2**-10 if half else 1e-5, atol=1e-6)
+    got_gp = run_emulated(msl_emu, driver, "grad_params", cfg, x, p, dy, n_active)
+    close(got_gp, gp, rtol=2**-9 if half else 1e-5, atol=1e-3 if half else 1e-5)
+    got_gx = run_emulated(msl_emu, driver, "grad_positions", cfg, x, p, dy, n_active)
+    scale = max(1.0, float(np.abs(gx).max())) if gx.size else 1.0
+    close(got_gx, gx, rtol=1e-3 if half else 1e-5, atol=1e-5 * scale)
+    if len(x) and n_active:  # not vacuous: the level work happened
+        assert np.any(got_y) and np.any(got_gp)
+
+
+@pytest.mark.parametrize("order", [{"MSL_EMU_ORDER": "reverse"},
+                                   {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "7", "MSL_EMU_WORKERS": "2"}])
+def test_scatter_under_other_thread_orders(msl_emu, driver, order):
+    """Many points colliding on a tiny table, threads in reverse/shuffled order and on two OS threads: the atomic
+    scatter still sums every contribution."""
+    cfg = HashGridConfig(3, n_levels=3, n_features_per_level=2, log2_hashmap_size=4, base_resolution=6,
+                         per_level_scale=1.5)
+    rng = seeded("orders", tuple(order.items()))
+    x = rng.uniform(0, 1, (3000, 3)).astype(np.float32)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    dy = rng.standard_normal((3000, cfg.n_output_dims)).astype(np.float32)
+    _, gp, _ = cpu(cfg, x, p, dy, cfg.n_levels)
+    got = run_emulated(msl_emu, driver, "grad_params", cfg, x, p, dy, cfg.n_levels, tg=32, env=order)
+    close(got, gp, rtol=1e-4, atol=1e-3)
+    assert np.abs(gp).max() > 5  # heavy collisions: lost updates would show
+
+
+def test_default_config_forward(msl_emu, driver):
+    """The Instant-NGP default config (dense then hashed levels), a few thousand points."""
+    cfg = HashGridConfig(3)
+    rng = seeded("default")
+    x = rng.uniform(0, 1, (2000, 3)).astype(np.float32)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    y = ops().hash_grid_encode(x, p, 16, **cfg.op_kwargs()).numpy()
+    got = run_emulated(msl_emu, driver, "encode", cfg, x, p, None, 16, tg=256)
+    close(got, y, rtol=1e-5, atol=1e-6)

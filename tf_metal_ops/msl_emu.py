@@ -1,0 +1,501 @@
+"""Glue between Metal kernel files and the emulated GPU: parse `kernel void NAME(...)` signatures and function
+constants of a `.metal` file and generate one C++ translation unit per file that registers every kernel in the
+kernel table (csrc/emulated_gpu/kernel_table.h), so that csrc/emulated_gpu/kernel_launch.cc can run it by name.
+
+    units = generate(["metal_kernels/hash_grid.metal"], out_dir)
+    for u in units:  # compile each with the base flags plus its own flags, link with kernel_launch.cc
+        clang++-16 -x c++ *base_flags() *u.flags -c u.source
+
+Conventions:
+  - kernels are written in the plain style of metal_kernels/*.metal: `kernel void name(params) {`, each parameter
+    `[address space] [const] Type [*|&] name [[attribute]]`, no templates, no macros in signatures; preprocessor
+    conditionals are not evaluated (a kernel inside `#if 0` is still parsed);
+  - every .metal file is staged (copied with `#line 1 "<original>"`, `threadgroup` in pointer/reference types
+    rewritten to MSL_EMU_TGP, see rewrite_threadgroup_pointers) into out_dir/stage/, which comes first on the
+    include path, so a .metal file that includes another one gets the staged copy;
+  - a file "uses barriers" when it or a header it includes with `#include "..."` (found next to it or on the
+    include path) calls threadgroup_barrier; otherwise its kernels run on msl_emu's barrier-free fast path, where
+    a barrier is a fatal error (so a wrong detection cannot pass silently);
+  - function constants (`constant T name [[function_constant(n)]];`, T = bool/int/uint/float, file scope) need
+    -DMSL_EMU_FUNCTION_CONSTANTS, which is in the unit's flags only for files that declare them;
+  - a parameter that cannot be classified is a GlueError naming file:line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Iterable
+
+# `threadgroup` followed by a type and then * or &: a pointer/reference to threadgroup memory.
+_TG_POINTER = re.compile(
+    r"\bthreadgroup\b(?=(?:\s+(?:const|volatile)\b)*\s+[A-Za-z_][\w:]*(?:\s*<[^<>;{}()]*>)?"
+    r"(?:\s+(?:const|volatile)\b)*\s*[*&])"
+)
+# The [[threadgroup(n)]] attribute: the macro would turn it into [[static thread_local(n)]].
+_TG_ATTRIBUTE = re.compile(r"\[\[(\s*)threadgroup(\s*\()")
+
+
+def rewrite_threadgroup_pointers(text: str) -> str:
+    """`threadgroup T* p` / `threadgroup T& r` -> `MSL_EMU_TGP T* p` (storage declarations are left alone), and
+    the attribute `[[threadgroup(n)]]` -> `[[msl_emu_threadgroup(n)]]` (an unknown, ignored attribute).
+
+    msl_emu's <metal_stdlib> expands `threadgroup` to `static thread_local`, which is right for kernel-scope
+    threadgroup variables and wrong (illegal or shared) for pointers/references to threadgroup memory and inside
+    the attribute. Line structure is kept, so #line mappings stay exact.
+    """
+    return _TG_ATTRIBUTE.sub(r"[[\1msl_emu_threadgroup\2", _TG_POINTER.sub("MSL_EMU_TGP", text))
+
+
+class GlueError(ValueError):
+    """A .metal file the glue cannot handle; the message starts with file:line."""
+
+
+# ThreadCtx fields (csrc/msl_emu/include/msl_emu/runtime.h): attribute -> is the field a uint3 (else uint).
+THREAD_ATTRIBUTES = {
+    "thread_position_in_grid": True,
+    "thread_position_in_threadgroup": True,
+    "threadgroup_position_in_grid": True,
+    "threads_per_threadgroup": True,
+    "dispatch_threads_per_threadgroup": True,
+    "threadgroups_per_grid": True,
+    "threads_per_grid": True,
+    "thread_index_in_threadgroup": False,
+    "threads_per_simdgroup": False,
+    "simdgroup_index_in_threadgroup": False,
+    "thread_index_in_simdgroup": False,
+}
+_SCALAR_ATTR_TYPES = ("uint", "ushort")
+_VECTOR_ATTR_TYPES = ("uint", "uint2", "uint3", "ushort", "ushort2", "ushort3")
+CONSTANT_TYPES = {"bool": "b", "int": "i", "uint": "u", "float": "f"}  # -> ConstantValue::type
+ADDRESS_SPACES = ("device", "constant", "threadgroup")
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str  # "buffer" | "threadgroup" | "attribute"
+    index: int  # n of [[buffer(n)]] / [[threadgroup(n)]]; 0 for attributes
+    address_space: str | None  # "device" | "constant" | "threadgroup"; None for attributes
+    const: bool
+    pointer: bool  # T* (else T& for buffer/threadgroup, by value for attributes)
+    type: str  # pointee type as written (attributes: the value type)
+    attribute: str | None  # attributes: "thread_position_in_grid", ...
+    line: int
+
+    @property
+    def decl(self) -> str:
+        """MSL spelling used in messages: 'device const half*'."""
+        if self.kind == "attribute":
+            return self.type
+        return f"{self.address_space} {'const ' if self.const else ''}{self.type}{'*' if self.pointer else '&'}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    name: str
+    params: tuple[Param, ...]
+    line: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionConstant:
+    name: str
+    index: int
+    type: str  # bool | int | uint | float
+    line: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MetalFile:
+    path: Path
+    kernels: tuple[Kernel, ...]
+    constants: tuple[FunctionConstant, ...]
+    uses_barriers: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedUnit:
+    """One generated translation unit. Compile `source` with base_flags() + flags (in that order)."""
+
+    metal_file: Path  # the original .metal file
+    staged: Path  # its staged copy (out_dir/stage/NAME.metal), included by `source`
+    source: Path  # out_dir/NAME_glue.cc
+    kernels: tuple[Kernel, ...]
+    constants: tuple[FunctionConstant, ...]
+    uses_barriers: bool
+    flags: tuple[str, ...]  # -D... and -I... this unit needs (include dirs in search order)
+
+
+# ---- repository layout ---------------------------------------------------------------------------------------
+def source_root() -> Path:
+    """The directory holding csrc/msl_emu, csrc and metal_kernels: $TFMO_SOURCE_ROOT, else the installed package's
+    data (tf_metal_ops/_sources), else the source checkout this file is in."""
+    env = os.environ.get("TFMO_SOURCE_ROOT")
+    candidates = [Path(env)] if env else []
+    pkg = Path(__file__).resolve().parents[1]
+    candidates += [pkg / "_sources", pkg.parent]
+    for c in candidates:
+        if (c / "csrc" / "msl_emu" / "include" / "metal_stdlib").is_file() and (c / "csrc" / "emulated_gpu").is_dir():
+            return c
+    raise GlueError(f"no source tree with csrc/msl_emu and csrc/emulated_gpu found (tried {', '.join(map(str, candidates))}; "
+                    "set TFMO_SOURCE_ROOT)")
+
+
+def include_dirs(stage_dir: Path | None = None, root: Path | None = None) -> list[Path]:
+    """Include path of generated units and kernel_launch.cc, in search order (stage dir first when given)."""
+    root = root or source_root()
+    dirs = [stage_dir] if stage_dir is not None else []
+    dirs += [root / "csrc" / "msl_emu" / "include", root / "csrc" / "msl_emu", root / "csrc" / "shared",
+             root / "metal_kernels", root / "csrc" / "emulated_gpu"]
+    return dirs
+
+
+def base_flags() -> list[str]:
+    """Flags every glue unit and kernel_launch.cc are compiled with (clang++-16); add -O2 or sanitizers as wanted."""
+    return ["-std=c++20", "-fPIC", "-Wall", "-Wextra", "-Wno-unknown-attributes"]
+
+
+def launch_source(root: Path | None = None) -> Path:
+    """csrc/emulated_gpu/kernel_launch.cc (compile with base_flags() + -I for each include_dirs())."""
+    return (root or source_root()) / "csrc" / "emulated_gpu" / "kernel_launch.cc"
+
+
+# ---- parsing --------------------------------------------------------------------------------------------------
+def _strip_comments(text: str, blank_strings: bool = True) -> str:
+    """Comments (and, if blank_strings, string/char literal contents) -> spaces, keeping every newline, so offsets
+    map to lines."""
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            j = min(j + 1, n)
+            body = text[i + 1:j - 1]
+            out.append(c + (re.sub(r"[^\n]", " ", body) if blank_strings else body) + (text[j - 1] if j - 1 > i else ""))
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _line_of(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+_KERNEL = re.compile(r"\bkernel\s+void\s+([A-Za-z_]\w*)\s*\(")
+_ATTR = re.compile(r"\[\[\s*([A-Za-z_]\w*)\s*(?:\(\s*([^()\]]*?)\s*\))?\s*\]\]")
+_FUNCTION_CONSTANT = re.compile(
+    r"\bconstant\s+([A-Za-z_]\w*)\s+([A-Za-z_]\w*)\s*\[\[\s*function_constant\s*\(\s*(\d+)\s*\)\s*\]\]\s*;")
+_BARRIER = re.compile(r"\bthreadgroup_barrier\s*\(")
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+_DECL = re.compile(
+    r"^(?P<quals>(?:(?:device|constant|threadgroup|thread|const|volatile)\s+)*)"
+    r"(?P<type>(?:metal::)?[A-Za-z_]\w*)"
+    r"(?P<post>(?:\s+(?:const|volatile)\b)*)\s*(?P<ref>[*&]?)\s*"
+    r"(?P<cv2>(?:const\s+)?)(?P<name>[A-Za-z_]\w*)$")
+
+
+def _split_params(s: str, base: int) -> list[tuple[str, int]]:
+    """Top-level comma split of a parameter list; each item with its offset into the file."""
+    items, depth, start = [], 0, 0
+    for i, c in enumerate(s):
+        if c in "([<{":
+            depth += 1
+        elif c in ")]>}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            items.append((s[start:i], base + start))
+            start = i + 1
+    items.append((s[start:], base + start))
+    return [(t, off + (len(t) - len(t.lstrip()))) for t, off in items if t.strip()]
+
+
+def _parse_param(text: str, where: str, kernel: str, line: int) -> Param:
+    def fail(why: str) -> GlueError:
+        return GlueError(f"{where}:{line}: kernel {kernel}: cannot classify parameter `{' '.join(text.split())}`: {why}")
+
+    attrs = _ATTR.findall(text)
+    decl = " ".join(_ATTR.sub(" ", text).split())
+    if len(attrs) != 1:
+        raise fail("expected exactly one attribute ([[buffer(n)]], [[threadgroup(n)]] or a thread-position attribute)")
+    attr, arg = attrs[0]
+    m = _DECL.match(decl)
+    if not m:
+        raise fail("not of the form `[address space] [const] Type [*|&] name`")
+    quals = m["quals"].split()
+    spaces = [q for q in quals if q in ADDRESS_SPACES or q == "thread"]
+    const = "const" in quals or "const" in m["post"].split()
+    pointer, ref = m["ref"] == "*", m["ref"] == "&"
+    typ = m["type"].removeprefix("metal::")
+    name = m["name"]
+    if len(spaces) > 1:
+        raise fail("more than one address space")
+    space = spaces[0] if spaces else None
+    if attr in ("buffer", "threadgroup"):
+        if not re.fullmatch(r"\d+", arg or ""):
+            raise fail(f"[[{attr}(n)]] needs a literal index")
+        index = int(arg)
+        if index > 30:
+            raise fail(f"[[{attr}({index})]]: indices are 0..30")
+        if not (pointer or ref):
+            raise fail(f"a [[{attr}(n)]] parameter must be a pointer or a reference")
+        if attr == "buffer" and space not in ("device", "constant"):
+            raise fail("a [[buffer(n)]] parameter needs the device or constant address space")
+        if attr == "threadgroup" and space != "threadgroup":
+            raise fail("a [[threadgroup(n)]] parameter needs the threadgroup address space")
+        if m["cv2"]:
+            raise fail("a const pointer (`T* const p`) is not supported; drop the second const")
+        return Param(name, attr, index, space, const, pointer, typ, None, line)
+    if attr in THREAD_ATTRIBUTES:
+        if arg:
+            raise fail(f"[[{attr}]] takes no argument")
+        if space is not None or pointer or ref:
+            raise fail(f"[[{attr}]] is passed by value, without address space")
+        allowed = _VECTOR_ATTR_TYPES if THREAD_ATTRIBUTES[attr] else _SCALAR_ATTR_TYPES
+        if typ not in allowed:
+            raise fail(f"[[{attr}]] must have type {', '.join(allowed)}")
+        return Param(name, "attribute", 0, None, const, False, typ, attr, line)
+    raise fail(f"unsupported attribute [[{attr}{'(' + arg + ')' if arg else ''}]]")
+
+
+def _includes_barrier(path: Path, search: list[Path], seen: set[Path]) -> bool:
+    path = path.resolve()
+    if path in seen:
+        return False
+    seen.add(path)
+    text = _strip_comments(path.read_text(), blank_strings=False)
+    if _BARRIER.search(_strip_comments(text)):
+        return True
+    for inc in _INCLUDE.findall(text):
+        for d in [path.parent, *search]:
+            cand = d / inc
+            if cand.is_file():
+                if _includes_barrier(cand, search, seen):
+                    return True
+                break
+    return False
+
+
+def parse_metal(path: str | Path, search: Iterable[Path] | None = None, *, text: str | None = None) -> MetalFile:
+    """Kernels, function constants and barrier use of one .metal file (see the module docstring); `text`: its
+    contents, when it is not read from `path` (which then only names it in messages)."""
+    path = Path(path).resolve()
+    from_file = text is None
+    raw = path.read_text() if from_file else text
+    text = _strip_comments(raw)
+    kernels, names = [], set()
+    for m in _KERNEL.finditer(text):
+        name, line = m.group(1), _line_of(text, m.start())
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        if depth:
+            raise GlueError(f"{path}:{line}: kernel {name}: unbalanced parentheses in the parameter list")
+        params, slots = [], {}
+        for ptext, off in _split_params(text[m.end():i - 1], m.end()):
+            p = _parse_param(ptext, str(path), name, _line_of(text, off))
+            key = (p.kind, p.index) if p.kind != "attribute" else None
+            if key is not None and key in slots:
+                raise GlueError(f"{path}:{p.line}: kernel {name}: parameters '{slots[key]}' and '{p.name}' both use "
+                                f"[[{p.kind}({p.index})]]")
+            if key is not None:
+                slots[key] = p.name
+            params.append(p)
+        if name in names:
+            raise GlueError(f"{path}:{line}: kernel {name} is defined twice")
+        names.add(name)
+        kernels.append(Kernel(name, tuple(params), line))
+
+    constants, by_index = [], {}
+    for m in _FUNCTION_CONSTANT.finditer(text):
+        typ, name, index, line = m.group(1), m.group(2), int(m.group(3)), _line_of(text, m.start())
+        if typ not in CONSTANT_TYPES:
+            raise GlueError(f"{path}:{line}: function constant {name}: type {typ} is not supported "
+                            f"(use {', '.join(CONSTANT_TYPES)})")
+        if index in by_index:
+            raise GlueError(f"{path}:{line}: function constants {by_index[index]} and {name} share index {index}")
+        by_index[index] = name
+        constants.append(FunctionConstant(name, index, typ, line))
+    spans = [m.span() for m in _FUNCTION_CONSTANT.finditer(text)]
+    for m in re.finditer(r"\[\[\s*function_constant\b", text):
+        if not any(a <= m.start() < b for a, b in spans):
+            raise GlueError(f"{path}:{_line_of(text, m.start())}: function constant not of the supported form "
+                            "`constant T name [[function_constant(n)]];` at file scope (T = bool, int, uint, float)")
+    search_dirs = list(search) if search is not None else []
+    uses_barriers = _includes_barrier(path, search_dirs, set()) if from_file else bool(_BARRIER.search(text))
+    return MetalFile(path, tuple(kernels), tuple(sorted(constants, key=lambda c: c.index)), uses_barriers)
+
+
+# ---- code generation ------------------------------------------------------------------------------------------
+def _cstr(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_SPACE_ENUM = {None: "kNone", "device": "kDevice", "constant": "kConstant", "threadgroup": "kThreadgroup"}
+_KIND_ENUM = {"buffer": "kBuffer", "threadgroup": "kThreadgroup", "attribute": "kAttribute"}
+
+
+def _unit_source(mf: MetalFile, staged_name: str) -> str:
+    T = "::tfmo::emu::table"
+    ident = re.sub(r"\W", "_", mf.path.stem)
+    out = [
+        f"// Generated by tf_metal_ops/msl_emu.py from {mf.path}. Do not edit.",
+        "// Registers the file's kernels in the emulated kernel table (csrc/emulated_gpu/kernel_table.h).",
+        '#include "kernel_table.h"  // first: standard headers before <metal_stdlib>\'s keyword macros',
+        "",
+        f'#include "{staged_name}"',
+        "",
+        f"namespace tfmo_glue_{ident} {{",
+        "// No MSL keywords below this point: device/constant/thread/threadgroup/kernel are macros now.",
+    ]
+    # function constants
+    out.append(f"const {T}::ConstantDesc kConstants[] = {{")
+    for c in mf.constants:
+        out.append(f"    {{{c.index}u, '{CONSTANT_TYPES[c.type]}', {_cstr(c.name)}}},")
+    if not mf.constants:
+        out.append("    {0u, 'u', nullptr},  // none (num_constants = 0)")
+    out.append("};")
+    out.append("void SetConstant(uint32_t index, uint32_t bits) {")
+    out.append("  switch (index) {")
+    for c in mf.constants:
+        if c.type == "bool":
+            conv = "bits != 0"
+        else:
+            conv = f"__builtin_bit_cast({c.type}, bits)"
+        out.append(f"    case {c.index}u: ::{c.name} = {conv}; break;")
+    out.append("    default: (void)bits; break;")
+    out.append("  }")
+    out.append("}")
+    out.append("std::mutex g_mutex;")
+    out.append(f"const {T}::FileDesc kFile = {{{_cstr(str(mf.path))}, kConstants, {len(mf.constants)}u, "
+               f"{'true' if mf.uses_barriers else 'false'}, &g_mutex, &SetConstant}};")
+    out.append("")
+    for k in mf.kernels:
+        fn = f"decltype(&::{k.name})"
+        out.append(f"// {k.name} ({mf.path.name}:{k.line})")
+        out.append(f"const {T}::ParamDesc kParams_{k.name}[] = {{")
+        for i, p in enumerate(k.params):
+            pointee = f"{T}::PointeeT<{fn}, {i}>"
+            if p.kind == "attribute":
+                scalar, size, align = "nullptr", f"sizeof({T}::ParamT<{fn}, {i}>)", f"alignof({T}::ParamT<{fn}, {i}>)"
+            else:
+                scalar, size, align = f"{T}::ScalarName<{pointee}>()", f"sizeof({pointee})", f"alignof({pointee})"
+            out.append(f"    {{{_cstr(p.name)}, {T}::ParamKind::{_KIND_ENUM[p.kind]}, {p.index}u, "
+                       f"{T}::AddressSpace::{_SPACE_ENUM[p.address_space]}, {'true' if p.const else 'false'}, "
+                       f"{'true' if p.pointer else 'false'}, {_cstr(p.type)}, {scalar}, {size}, {align}, "
+                       f"{_cstr(p.decl)}, {_cstr(p.attribute) if p.attribute else 'nullptr'}}},")
+        if not k.params:
+            out.append("    {}")
+        out.append("};")
+        out.append(f"void Thunk_{k.name}(void* const* slots, const ::msl_emu::ThreadCtx& t) {{")
+        args = []
+        for i, p in enumerate(k.params):
+            pt = f"{T}::ParamT<{fn}, {i}>"
+            if p.kind == "buffer":
+                args.append(f"{T}::SlotArg<{pt}>(slots[{p.index}])")
+            elif p.kind == "threadgroup":
+                args.append(f"{T}::ThreadgroupArg<{pt}>({p.index}u)")
+            else:
+                args.append(f"{T}::AttrArg<{pt}>(t.{p.attribute})")
+        if not any(p.kind == "buffer" for p in k.params):
+            out.append("  (void)slots;")
+        if not any(p.kind == "attribute" for p in k.params):
+            out.append("  (void)t;")
+        out.append(f"  ::{k.name}(" + ",\n      ".join(args) + ");")
+        out.append("}")
+        out.append(f"const {T}::KernelDesc kKernel_{k.name} = {{{_cstr(k.name)}, &kFile, kParams_{k.name}, "
+                   f"{len(k.params)}u, &Thunk_{k.name}}};")
+        out.append("")
+    out.append("struct Registrar {")
+    out.append("  Registrar() {")
+    for k in mf.kernels:
+        out.append(f"    {T}::Register(&kKernel_{k.name});")
+    out.append("  }")
+    out.append("} g_registrar;")
+    out.append(f"}}  // namespace tfmo_glue_{ident}")
+    return "\n".join(out) + "\n"
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Leaves an identical file untouched (keeps mtimes stable for build caches)."""
+    if path.is_file() and path.read_text() == text:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def stage(metal_files: Iterable[str | Path], stage_dir: str | Path) -> list[Path]:
+    """Copies each .metal file into stage_dir with `#line` back to the original and threadgroup pointers rewritten."""
+    stage_dir = Path(stage_dir)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    staged = []
+    for src in metal_files:
+        src = Path(src).resolve()
+        dst = stage_dir / src.name
+        _write_if_changed(dst, f'#line 1 {_cstr(str(src))}\n{rewrite_threadgroup_pointers(src.read_text())}')
+        staged.append(dst)
+    return staged
+
+
+def generate(metal_files: Iterable[str | Path], out_dir: str | Path, *, root: Path | None = None) -> list[GeneratedUnit]:
+    """Parses each .metal file and writes out_dir/NAME_glue.cc (+ out_dir/stage/NAME.metal); returns the units.
+
+    Compile each unit with base_flags() + unit.flags and link them with kernel_launch.cc (launch_source()),
+    compiled with base_flags() + ['-I' + d for d in include_dirs()]. Raises GlueError for unsupported source.
+    """
+    root = root or source_root()
+    out_dir = Path(out_dir).resolve()
+    files = [Path(f).resolve() for f in metal_files]
+    if len({f.name for f in files}) != len(files):
+        raise GlueError(f"two .metal files share a file name: {', '.join(map(str, files))}")
+    stage_dir = out_dir / "stage"
+    staged = stage(files, stage_dir)
+    units = []
+    for src, st in zip(files, staged):
+        dirs = [stage_dir, src.parent] + [d for d in include_dirs(None, root) if d != src.parent]
+        mf = parse_metal(src, search=dirs[1:])
+        flags = [f"-I{d}" for d in dirs]
+        if mf.constants:
+            flags.insert(0, "-DMSL_EMU_FUNCTION_CONSTANTS")
+        cc = out_dir / f"{src.stem}_glue.cc"
+        _write_if_changed(cc, _unit_source(mf, st.name))
+        units.append(GeneratedUnit(src, st, cc, mf.kernels, mf.constants, mf.uses_barriers, tuple(flags)))
+    return units
+
+
+def content_hash(units: Iterable[GeneratedUnit], extra: Iterable[str | Path] = (), *, root: Path | None = None) -> str:
+    """Hash of the generated sources, staged files and every file their build can read (for build caches)."""
+    h = hashlib.sha256()
+    root = root or source_root()
+    files: set[Path] = set()
+    for u in units:
+        files.update((u.source, u.staged, u.metal_file))
+        h.update("\0".join(u.flags).encode())
+    for d in (root / "csrc" / "msl_emu", root / "csrc" / "shared", root / "csrc" / "emulated_gpu",
+              root / "metal_kernels"):
+        files.update(p for p in d.rglob("*") if p.is_file() and not p.name.startswith("."))
+    files.add(Path(__file__).resolve())
+    files.update(Path(e) for e in extra)
+    for f in sorted(files):
+        h.update(str(f).encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:24]
