@@ -219,7 +219,7 @@ def main(argv=None) -> int:
     ap.add_argument("--missed", action="store_true", help="list the csrc/gpu lines no test executed")
     ap.add_argument("--json", help="also write the per-file summaries and the total here")
     ap.add_argument("--backend", choices=BACKENDS, default="direct",
-                    help="the GPU backend to measure: the emulated one, or metal_backend.mm over Apple's doubles")
+                    help="the GPU backend to measure: the emulated one, or metal_backend.mm over the Apple doubles")
     args = ap.parse_args(argv)
 
     profdata_tool, cov_tool = tool("LLVM_PROFDATA", "llvm-profdata-16"), tool("LLVM_COV", "llvm-cov-16")
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     pct = 100.0 * covered / total if total else 0.0
     print(f"{'TOTAL csrc/gpu/*':42} {total:6d} {total - covered:7d} {pct:10.2f}%")
     table([(short(f), s) for f, s in files.items() if f.endswith("csrc/emulated_gpu/direct_backend.cc")],
-          "Emulated backend (csrc/emulated_gpu/direct_backend.cc, Linux only; not in the total)")
+          "Direct backend (csrc/emulated_gpu/direct_backend.cc, Linux only; not in the total)")
     others = sorted((short(f), s) for f, s in files.items() if "/csrc/" in f and "/csrc/gpu/" not in f
                     and not f.endswith("direct_backend.cc") and s["lines"]["count"])
     table(others, "Other instrumented sources compiled into the host objects (headers shared with the CPU kernels)")
@@ -270,7 +270,7 @@ def main(argv=None) -> int:
     mm_files = sorted(f for f in files if "/csrc/metal/" in f)
     if metal:
         table([(short(f), files[f]) for f in mm_files],
-              "Metal backend (csrc/metal/*.mm) over the doubles of Apple's stack (dev/apple_doubles)")
+              "Metal backend (csrc/metal/*.mm) over the Apple doubles (dev/apple_doubles)")
     missed = {}
     if args.missed:
         print("\nLines of csrc/gpu/* no test executed:")
@@ -289,7 +289,7 @@ def main(argv=None) -> int:
         ln = [files[f]["lines"] for f in mm_files]
         mm_total, mm_covered = sum(x["count"] for x in ln), sum(x["covered"] for x in ln)
         pct = 100.0 * mm_covered / mm_total if mm_total else 0.0
-        print(f"csrc/metal/*.mm line coverage on Apple's doubles: {mm_covered}/{mm_total} = {pct:.2f}% "
+        print(f"csrc/metal/*.mm line coverage on the Apple doubles: {mm_covered}/{mm_total} = {pct:.2f}% "
               f"(minimum {args.min:g}%)")
     print(f"profile: {profdata}")
     if args.json:

@@ -1,9 +1,11 @@
 """The GPU code path on the Metal-emulating TensorFlow device (tf_metal_ops/emulated_gpu): every op and gradient on
 /GPU:0 against its CPU kernel, the Keras layer, a SavedModel, NeRF training steps, 8 threads at once, thread orders
 of the emulated GPU, the TF_METAL_OPS_SYNC path, and the device's guarantees (host reads of device memory fault;
-clear errors when it cannot be enabled). Each check runs in a fresh process with TF_METAL_OPS_EMULATED_GPU=1 (the
-emulated backend) and again with =metal (metal_backend.mm over the doubles of Apple's stack); the checks and
-their tolerances are in tests/support/emulated_gpu_checks.py.
+clear errors when it cannot be enabled). Each op check runs in a fresh process under both backends of the emulated
+GPU (conftest.gpu_backend): direct (TF_METAL_OPS_EMULATED_GPU=1) and metal (csrc/metal over the Apple doubles). The
+rows that vary what only the direct backend's kernel launcher varies (thread orders, worker counts) and the NeRF steps
+(the same ops again, in a training loop) run under the direct backend. The checks and their tolerances are in
+tests/support/emulated_gpu_checks.py.
 
 Needs clang++-16 like the other native checks: skips without it, fails under TFMO_REQUIRE_MAC_CHECKS=1 (CI).
 """
@@ -15,13 +17,14 @@ import sys
 import pytest
 
 from support.gpu_check_runner import QUIET, run_check
+from support.native import gpu_backend_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="module")
 def emulated_gpu(clang16):
-    """Builds the emulated device and GPU kernels once (cached); returns the library paths."""
+    """Builds the emulated GPU and GPU kernels once (cached); returns the library paths."""
     from tf_metal_ops import emulated_gpu
 
     os.environ.setdefault("TF_METAL_OPS_CLANGXX", clang16)
@@ -34,33 +37,49 @@ def run(args, env=None, timeout=900, cwd=None):
                           cwd=cwd or HERE)
 
 
+# Under both backends: every op check (the host code, the backend's encoding and its stream).
 CASES = [
     ("zero_out", 0, {}),
     ("hash_grid", 0, {}),
-    ("hash_grid", 1, {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
-    ("hash_grid", 2, {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "7", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
     ("hash_grid_edges", 0, {}),
     ("hash_grid_second_order", 0, {}),
-    ("hash_grid_second_order", 1, {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "3", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
     ("volume_render", 0, {}),
     ("volume_render", 1, {"TF_METAL_OPS_SYNC": "1"}),
     ("distortion_loss", 0, {}),
     ("render_packed", 0, {}),
-    ("render_packed", 1, {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
     ("render_packed_nan_policy", 0, {}),
     ("ray_march", 0, {}),
+    ("layer_and_savedmodel", 0, {}),
+    ("threads", 0, {}),
+]
+# Under the direct backend: the kernel launcher's thread orders and worker counts (msl_emu runs the metal backend's
+# kernels in its own order), and NeRF training steps.
+DIRECT_CASES = [
+    ("hash_grid", 1, {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
+    ("hash_grid", 2, {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "7", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
+    ("hash_grid_second_order", 1, {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "3",
+                                   "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
+    ("render_packed", 1, {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
     ("ray_march", 1, {"TF_METAL_OPS_SYNC": "1", "MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "5",
                       "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
-    ("layer_and_savedmodel", 0, {}),
     ("nerf_steps", 0, {}),
-    ("threads", 0, {}),
 ]
 
 
-@pytest.mark.parametrize("check,seed,env", CASES, ids=[f"{c}-{s}-{'-'.join(e) or 'default'}" for c, s, e in CASES])
-def test_gpu_path_on_emulated_device(gpu_backend, check, seed, env):
-    """Under both GPU backends (conftest.gpu_backend): the emulated one, and metal_backend.mm over Apple's doubles."""
+def _ids(cases):
+    return [f"{c}-{s}-{'-'.join(e) or 'default'}" for c, s, e in cases]
+
+
+@pytest.mark.parametrize("check,seed,env", CASES, ids=_ids(CASES))
+def test_gpu_path_on_emulated_gpu(gpu_backend, check, seed, env):
+    """Under both backends (conftest.gpu_backend): direct, and csrc/metal over the Apple doubles."""
     run_check("emulated_gpu_checks", check, seed, {**gpu_backend[1], **env})
+
+
+@pytest.mark.parametrize("check,seed,env", DIRECT_CASES, ids=_ids(DIRECT_CASES))
+def test_gpu_path_thread_orders_on_the_direct_backend(clang16, check, seed, env):
+    os.environ.setdefault("TF_METAL_OPS_CLANGXX", clang16)
+    run_check("emulated_gpu_checks", check, seed, {**gpu_backend_env("direct"), **env})
 
 
 def test_host_code_reading_device_memory_faults_loudly(emulated_gpu, clang16, tmp_path):

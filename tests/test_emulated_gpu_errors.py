@@ -1,7 +1,7 @@
 """Error paths of the GPU host code on the Metal-emulating device (tf_metal_ops/emulated_gpu): invalid shapes and
 attrs reaching the GPU kernels through the raw ops, work with nothing to dispatch, and device allocation failures,
 each asserting the exact error class and message and that the GPU kernel raised it. Each check runs in a fresh
-process under each GPU backend, TF_METAL_OPS_EMULATED_GPU=1 and =metal (tests/support/emulated_gpu_error_checks.py holds
+process under each GPU backend, TF_METAL_OPS_EMULATED_GPU=1 and the metal backend's directory (tests/support/emulated_gpu_error_checks.py holds
 the checks).
 
 Needs clang++-16 like the other native checks: skips without it, fails under TFMO_REQUIRE_MAC_CHECKS=1 (CI).

@@ -19,7 +19,7 @@ import pytest
 from support import msl_emu_build
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCH_DIR = REPO / "tests" / "metal_emu" / "launch"
+LAUNCH_DIR = REPO / "tests" / "msl_emu" / "launch"
 FIXTURE = LAUNCH_DIR / "launch_fixture.metal"
 FAST = LAUNCH_DIR / "launch_fast.metal"
 DRIVER = LAUNCH_DIR / "launch_driver.cc"

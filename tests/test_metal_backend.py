@@ -1,4 +1,4 @@
-"""csrc/metal/metal_backend.mm over the doubles of Apple's stack (TF_METAL_OPS_EMULATED_GPU=metal, dev/apple_doubles):
+"""csrc/metal/metal_backend.mm over the Apple doubles (the emulated GPU's metal backend, dev/apple_doubles):
 what a Mac may present that the backend must survive, one case per review defect the doubles can show. Every op
 and gradient check also runs under this backend (tests/test_emulated_gpu.py via conftest.gpu_backend); these cases
 add the doubles' switches:
@@ -21,12 +21,18 @@ from support.native import gpu_backend_env
 
 MPS = {"TFMO_MOCK_TF_METAL_STREAM": "mps"}
 
-# (script, check, environment)
+# (script, check, environment). The op checks on the plain stream run in tests/test_emulated_gpu.py; here each op
+# check varies what the backend sees: the stream kind, the sync path, where the pipelines come from, the MSL version.
 CASES = [
     ("emulated_gpu_checks", "ray_march", MPS),
-    ("emulated_gpu_checks", "ray_march", {**MPS, "TF_METAL_OPS_SYNC": "1"}),
-    ("emulated_gpu_checks", "hash_grid", {**MPS, "TF_METAL_OPS_SYNC": "1"}),
+    # The read-back on the sync path, every pipeline from the embedded sources compiled at first use, at MSL 2.4.
+    ("emulated_gpu_checks", "ray_march", {**MPS, "TF_METAL_OPS_SYNC": "1", "TFMO_MOCK_METAL_METALLIB_UNLOADABLE": "1",
+                                          "TFMO_MOCK_METAL_NO_METAL3": "1"}),
+    # The float16 scratch accumulator on the sync path; pipelines from the embedded sources at MSL 3.0.
+    ("emulated_gpu_checks", "hash_grid", {**MPS, "TF_METAL_OPS_SYNC": "1", "TFMO_MOCK_METAL_METALLIB_UNLOADABLE": "1"}),
     ("emulated_gpu_checks", "threads", MPS),
+    # The MSL 2.4 metallib (a GPU without Metal 3).
+    ("emulated_gpu_checks", "volume_render", {"TFMO_MOCK_METAL_NO_METAL3": "1"}),
     ("metal_backend_checks", "open_encoder_on_the_stream", {}),
     ("metal_backend_checks", "open_encoder_on_the_stream", MPS),
     ("metal_backend_checks", "gpu_error_reported_on_next_call", {"TF_METAL_OPS_BOUNDS_CHECK": "1"}),
@@ -39,10 +45,6 @@ CASES = [
     ("metal_backend_checks", "small_pipelines", {"TFMO_MOCK_METAL_MAX_THREADS": "64"}),
     ("metal_backend_checks", "scratch_freed", {}),
     ("metal_backend_checks", "scratch_freed", {"TF_METAL_OPS_SYNC": "1"}),
-    # No loadable metallib: every pipeline comes from the embedded sources, compiled at first use (MSL 3.0 / 2.4).
-    ("emulated_gpu_checks", "hash_grid", {"TFMO_MOCK_METAL_METALLIB_UNLOADABLE": "1"}),
-    ("emulated_gpu_checks", "ray_march", {"TFMO_MOCK_METAL_METALLIB_UNLOADABLE": "1", "TFMO_MOCK_METAL_NO_METAL3": "1"}),
-    ("emulated_gpu_checks", "volume_render", {"TFMO_MOCK_METAL_NO_METAL3": "1"}),
 ]
 
 

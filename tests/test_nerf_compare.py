@@ -6,6 +6,8 @@ import os
 import pytest
 from nerf import compare
 
+pytestmark = pytest.mark.nerf  # the NeRF example's tests: `pytest tests -m nerf` (README)
+
 
 def fake_run(minutes, ms_per_step, curve, samples_per_ray=None):
     """metrics.json of a finished train.py run: evaluations every 10 % of the budget, one step late."""

@@ -11,6 +11,8 @@ from nerf.data import get_rays, load_dataset, look_at, project
 from nerf.data import synthetic
 from nerf.data.rays import focal_from_fov, spherical_pose
 
+pytestmark = pytest.mark.nerf  # the NeRF example's tests: `pytest tests -m nerf` (README)
+
 SMALL = dict(H=24, W=32, n_train=6, n_val=2, n_test=3, ss=1)
 
 

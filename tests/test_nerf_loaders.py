@@ -12,6 +12,8 @@ from nerf.data import DatasetError, load_dataset
 from nerf.data.loaders import downscale, load_blender, load_tiny_npz
 from nerf.data.rays import spherical_pose
 
+pytestmark = pytest.mark.nerf  # the NeRF example's tests: `pytest tests -m nerf` (README)
+
 RNG = np.random.default_rng(0)
 
 

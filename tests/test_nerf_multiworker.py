@@ -20,6 +20,8 @@ from nerf import distributed
 from support import scripts
 from support.paths import EXAMPLES
 
+pytestmark = pytest.mark.nerf  # the NeRF example's tests: `pytest tests -m nerf` (README)
+
 TRAIN = os.path.join(EXAMPLES, "nerf", "train.py")
 LAUNCH = os.path.join(EXAMPLES, "nerf", "launch_local.py")
 

@@ -10,6 +10,8 @@ import pytest
 import tensorflow as tf
 from nerf import models
 
+pytestmark = pytest.mark.nerf  # the NeRF example's tests: `pytest tests -m nerf` (README)
+
 TINY = ["--scene-res", "24", "--eval-views", "1", "--final-views", "2", "--no-progress", "--log2-table", "12",
         "--sampler", "occupancy", "--sample-budget", "4096", "--grid-res", "32", "--grid-every", "4"]
 

@@ -16,6 +16,8 @@ from nerf.data import synthetic
 import tf_metal_ops
 from support.paths import EXAMPLES
 
+pytestmark = pytest.mark.nerf  # the NeRF example's tests: `pytest tests -m nerf` (README)
+
 
 def rays(n, seed=0):
     rng = np.random.default_rng(seed)

@@ -122,10 +122,10 @@ def test_cpu_isa_families_share_one_choice_and_one_diagnostic():
 
 
 # ---- every repository path named in a comment or doc exists -------------------------------------------------
-TOP = ("csrc", "metal_kernels", "tf_metal_ops", "tests", "tools", "docs", "bench", "examples")
+TOP = ("csrc", "metal_kernels", "tf_metal_ops", "tests", "dev", "docs", "bench", "examples")
 PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w.*{},/-]*[\w*}])" % "|".join(TOP))
 # csrc-relative names in C++, Metal and docs (e.g. `ops/render_args.h`, `common/isa_choice.h`).
-CSRC_RELATIVE = re.compile(r"(?<![\w./-])((?:common|ops|cpu|gpu|shared|metal|emulated)/[\w.*{},-]*\.(?:h|cc|mm))\b")
+CSRC_RELATIVE = re.compile(r"(?<![\w./-])((?:common|ops|cpu|gpu|shared|metal|emulated_gpu)/[\w.*{},-]*\.(?:h|cc|mm))\b")
 SCANNED = (".py", ".h", ".cc", ".mm", ".metal", ".md", ".in", ".toml", ".cfg", ".sh", ".txt")
 # Paths that exist only after a build or a run, and the docs' placeholders.
 GENERATED = ("tf_metal_ops/_sources", "tf_metal_ops/include", "tf_metal_ops/libtf_metal_ops.so", "bench/out")

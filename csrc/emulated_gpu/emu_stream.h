@@ -1,6 +1,6 @@
 // The emulated GPU device's stream protocol: what TF_GetStream returns on the Metal-emulating PluggableDevice
 // (csrc/emulated_gpu/se_plugin.cc; the device side is emu_stream.cc over streams.h), playing the role of
-// tensorflow-metal's stream object for the emulated backend (csrc/emulated_gpu/direct_backend.cc). A C ABI, so that any op
+// tensorflow-metal's stream object for the direct backend (csrc/emulated_gpu/direct_backend.cc). A C ABI, so that any op
 // library (this package's, or a user's built with the op kit) can drive the device without linking against it.
 //
 // Mapping to tensorflow-metal's protocol (csrc/metal/metal_backend.mm):

@@ -1,6 +1,6 @@
 // Runs a Metal kernel of metal_kernels/*.metal by name on the CPU (csrc/msl_emu), after checking that what the
 // host bound fits the kernel's signature: the binding contract that a real Metal driver would leave to chance.
-// Plain C++ (no TensorFlow, no msl_emu types), so the emulated backend can include it beside the TF C API;
+// Plain C++ (no TensorFlow, no msl_emu types), so the direct backend can include it beside the TF C API;
 // kernel_launch.cc and the generated per-file glue (tf_metal_ops/msl_emu.py) are compiled with msl_emu.
 //
 // The contract (checked by CheckLaunch and again by Launch; a violation is an error message, never a crash):
@@ -56,7 +56,7 @@ struct LaunchDesc {
   uint32_t group[3] = {1, 1, 1};  // threads per threadgroup, explicit
   bool untyped_buffers = false;   // true: kBuffer slots may have scalar == nullptr (Metal buffers carry no type)
   // true: a Metal encoder's argument table, which keeps earlier dispatches' bindings; slots and threadgroup lengths
-  // at indices the kernel has no parameter for are ignored. false (the emulated backend): they are an error.
+  // at indices the kernel has no parameter for are ignored. false (the direct backend): they are an error.
   bool persistent_argument_table = false;
 };
 

@@ -2,7 +2,7 @@
 // "TFMO_EMULATED_METAL", one device (se_single_device.h), SE_InitPlugin. The callbacks here adapt the device's
 // memory (device_memory.h) and streams (streams.h) to TF: allocation, stream lifetime and status, events,
 // synchronization and host callbacks; copies and fills are in device_copies.cc. Its SP_Stream starts with a
-// TfmoEmuStreamHeader (emu_stream.h), so the emulated backend drives it the way the Metal backend drives
+// TfmoEmuStreamHeader (emu_stream.h), so the direct backend drives it the way the Metal backend drives
 // tensorflow-metal's stream.
 #include <stdlib.h>
 

@@ -76,7 +76,7 @@ struct __attribute__((visibility("hidden"))) TfmoEmuStream {
 };
 
 struct __attribute__((visibility("hidden"))) SP_Stream_st {
-  TfmoEmuStreamHeader header;  // first member: what the emulated backend reads through TF_GetStream
+  TfmoEmuStreamHeader header;  // first member: what the direct backend reads through TF_GetStream
   TfmoEmuStream* impl;
 };
 

@@ -11,7 +11,7 @@ The runtime is a test tool too: ``TF_METAL_OPS_OBJC_RUNTIME`` names it, either t
 the sources, compiler, TensorFlow and runtime; the directory holds ``backend.json`` (tf_metal_ops.emulated_gpu's
 BACKEND_MANIFEST), which ``tf_metal_ops.emulated_gpu`` loads like any prebuilt backend.
 
-Products: the doubles of Apple's stack (``libtfmo_apple_doubles.so``, holding the package's kernels compiled by
+Products: the Apple doubles (``libtfmo_apple_doubles.so``, holding the package's kernels compiled by
 msl_emu, i.e. the "GPU"; the backend's runtime), the device, the GPU kernel library, and the doubles' metallibs.
 """
 
@@ -45,7 +45,7 @@ def objc_runtime() -> Path:
     value = os.environ.get(RUNTIME_SWITCH, "")
     if not value:
         raise BuildError(
-            f"the metal backend over Apple's doubles needs the GNUstep Objective-C runtime (libobjc2): set "
+            f"the metal backend over the Apple doubles needs the GNUstep Objective-C runtime (libobjc2): set "
             f"{RUNTIME_SWITCH} to its directory or .tgz (in this project: ../shared/objc-runtime/*.tgz)")
     path = Path(value)
     if path.is_file():
@@ -122,15 +122,15 @@ def make(work: Path, *, root: Path, compiler: str, tf_include: str, tf_lib: str,
     kernels.append((embedded, work / "k_embedded.o", ["-std=c++20", *common, f"-I{csrc}"]))
     device.append((mock / "src" / "tensorflow_metal_device.mm", work / "device.o", objc))
     jobs = apple + kernels + device
-    _builder.compile_all(compiler, jobs, "building the Metal double (compiling {name})", error)
+    _builder.compile_all(compiler, jobs, "building the Apple doubles (compiling {name})", error)
 
     origin = ["-Wl,-rpath,$ORIGIN", f"-L{work}", "-l:" + APPLE_LIBRARY]
     _builder.run([compiler, "-shared", "-o", str(work / APPLE_LIBRARY), *[str(o) for _, o, _ in apple], *objc_link],
-                 "building the Metal double (linking the doubles of Apple's stack)", error)
+                 "building the Apple doubles (linking the Apple doubles)", error)
     _builder.run([compiler, "-shared", *coverage, "-o", str(work / KERNEL_LIBRARY), *[str(o) for _, o, _ in kernels],
-                  *origin, *tf_link, *objc_link], "building the Metal double (linking the GPU kernels)", error)
+                  *origin, *tf_link, *objc_link], "building the Apple doubles (linking the GPU kernels)", error)
     _builder.run([compiler, "-shared", "-o", str(work / DEVICE_LIBRARY), *[str(o) for _, o, _ in device], *origin,
-                  *tf_link, *objc_link], "building the Metal double (linking the device)", error)
+                  *tf_link, *objc_link], "building the Apple doubles (linking the device)", error)
     # The doubles' metallib format (dev/apple_doubles/src/metal.mm): a magic line, then the kernels it holds.
     names = [k.name for u in units for k in u.kernels]
     for name in METALLIBS:

@@ -1,5 +1,5 @@
 // Negative control for the emulated GPU: a GPU kernel whose host code reads a device tensor's memory (what a
-// Metal host must never do: TF_TensorData is an MTLBuffer there). On the emulated device the read must fault
+// Metal host must never do: TF_TensorData is an MTLBuffer there). On the emulated GPU the read must fault
 // loudly instead of working by accident. Built and loaded only by tests/test_emulated_gpu.py.
 #include "common/tfc.h"
 

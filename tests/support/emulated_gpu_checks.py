@@ -3,7 +3,7 @@
     cd tests && TF_METAL_OPS_EMULATED_GPU=1 PYTHONPATH=../examples python -m support.emulated_gpu_checks CHECK [SEED]
 
 Each check compares the ops on /GPU:0 (the package's GPU host code + the unchanged Metal kernels, emulated) with
-the same ops on /CPU:0, and asserts that the GPU kernels really ran (the emulated backend's dispatch counters and
+the same ops on /CPU:0, and asserts that the GPU kernels really ran (the direct backend's dispatch counters and
 the result's device). Exit status 0 and a last line "ok CHECK ..." on success; an AssertionError otherwise.
 
 Tolerances: forward passes and d/dpositions compute the same float32 expressions in the same order as the CPU
@@ -34,7 +34,7 @@ GPU, CPU = "/GPU:0", "/CPU:0"
 
 
 def assert_no_device_errors():
-    """No stream of the emulated device is in error; under the Metal backend, no command buffer failed."""
+    """No stream of the emulated GPU is in error; under the Metal backend, no command buffer failed."""
     if emulated_gpu.loaded_backend() == "metal":
         info = emulated_gpu.metal_info()
         assert info["gpu_errors"] == 0, info
@@ -414,7 +414,7 @@ def check_render_packed(seed):
 
 def check_render_packed_nan_policy(seed):
     """Invalid packed input on the GPU: NaN outputs (documented in metal_kernels/render_packed.metal), never a crash
-    or an out-of-bounds access (the emulated device faults on those); the CPU kernels raise instead."""
+    or an out-of-bounds access (the emulated GPU faults on those); the CPU kernels raise instead."""
     from support.render_packed_cases import make_packed
 
     good = make_packed([3, 5, 0, 4, 2], 3, seed=seed, bg="shared")

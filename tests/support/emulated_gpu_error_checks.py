@@ -303,7 +303,7 @@ MEMORY_MB = 12  # the device size the test runs check_out_of_memory with (TF_MET
 
 
 def oom(shape):
-    """TensorFlow's message when the emulated device cannot allocate a float32 tensor of this shape."""
+    """TensorFlow's message when the emulated GPU cannot allocate a float32 tensor of this shape."""
     return (f"OOM when allocating tensor with shape[{','.join(str(d) for d in shape)}] and type float on "
             "/job:localhost/replica:0/task:0/device:GPU:0 by allocator Simple allocator")
 

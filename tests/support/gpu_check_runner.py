@@ -1,6 +1,6 @@
 """One runner for the GPU check scripts (support/emulated_gpu_checks.py, emulated_gpu_error_checks.py,
 metal_backend_checks.py). A script is run as `python -m support.SCRIPT CHECK [SEED]` (support/scripts.py) in a fresh
-process whose environment selects the GPU backend (TF_METAL_OPS_EMULATED_GPU=1 or =metal); its last line is
+process whose environment selects the GPU backend (TF_METAL_OPS_EMULATED_GPU=1, or the metal backend's directory); its last line is
 "ok CHECK <summary>".
 
 Script side: `CHECKS = collect(globals())` and `main(CHECKS)`. Test side: `run_check(script, check, seed, env)`.

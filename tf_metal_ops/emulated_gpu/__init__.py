@@ -328,7 +328,7 @@ def metal_info() -> dict | None:
 
 
 def device_stats() -> dict:
-    """The emulated device's memory and stream statistics (live allocations, deferred frees, work run, failures)."""
+    """The emulated GPU's memory and stream statistics (live allocations, deferred frees, work run, failures)."""
     lib = _handle("device")
     lib.tfmo_emu_device_stats.restype = ctypes.c_char_p
     return json.loads(lib.tfmo_emu_device_stats().decode())

@@ -3,7 +3,7 @@
 // enforces; a broken rule ends the process like the validation layer does ("failed assertion `...`"), because a
 // program that breaks one has undefined behaviour on a real GPU.
 //
-//  - Device: one, "Apple M2 (tf-metal-ops Metal double)", unified memory, families Apple7/8, Mac2, Common3 and
+//  - Device: one, "Apple M2 (tf-metal-ops Apple doubles)", unified memory, families Apple7/8, Mac2, Common3 and
 //    Metal3 (TFMO_MOCK_METAL_NO_METAL3=1 drops Metal3: an MSL 2.4-only GPU), 32 KiB threadgroup memory.
 //    Pipelines: 1024 threads per group at most (TFMO_MOCK_METAL_MAX_THREADS lowers it), no threadgroup memory of
 //    their own (TFMO_MOCK_METAL_STATIC_TG_BYTES sets staticThreadgroupMemoryLength).
@@ -65,7 +65,7 @@ constexpr const char* kMetallibMagic = "TFMO-MOCK-METALLIB 1";
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "-[%s] failed assertion `%s' (tf-metal-ops Metal double: a rule Apple's validation layer enforces)\n",
+  fprintf(stderr, "-[%s] failed assertion `%s' (tf-metal-ops Apple doubles: a rule Apple's validation layer enforces)\n",
           where, msg);
   fflush(stderr);
   abort();
@@ -735,7 +735,7 @@ std::map<std::string, CompiledSource>* g_sources = new std::map<std::string, Com
 }  // namespace
 
 @implementation TFMOMockDevice
-- (NSString*)name { return @"Apple M2 (tf-metal-ops Metal double)"; }
+- (NSString*)name { return @"Apple M2 (tf-metal-ops Apple doubles)"; }
 - (uint64_t)registryID { return 0x100000a1bULL; }
 - (BOOL)isLowPower { return NO; }
 - (BOOL)hasUnifiedMemory { return YES; }
@@ -864,7 +864,7 @@ TFMO_MOCK_EXPORT void tfmo_mock_metal_wait_idle(void) {
   g.cv.wait(l, [&] { return g.completed >= target; });
 }
 
-// Kernel name -> dispatches the GPU ran, as JSON (the emulated backend's tfmo_emu_dispatch_counts, same format).
+// Kernel name -> dispatches the GPU ran, as JSON (the direct backend's tfmo_emu_dispatch_counts, same format).
 TFMO_MOCK_EXPORT const char* tfmo_emu_dispatch_counts(void) {
   static thread_local std::string json;
   std::lock_guard<std::mutex> l(g_counts_mu);

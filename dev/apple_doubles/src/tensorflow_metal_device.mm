@@ -1,4 +1,4 @@
-// A tensorflow-metal-like PluggableDevice over the Metal double (dev/apple_doubles/src/metal.mm): device type "GPU",
+// A tensorflow-metal-like PluggableDevice over the Apple doubles (dev/apple_doubles/src/metal.mm): device type "GPU",
 // platform "TFMO_METAL_DOUBLE", one device. What tensorflow-metal shows a custom op, and nothing more:
 //  - SP_Stream is an Objective-C stream object answering -queue, -currentCommandBuffer, -commit, -commitAndWait;
 //  - TF_TensorData of a device tensor is its id<MTLBuffer> (allocate() returns the retained buffer object);
@@ -171,7 +171,7 @@ char* HostAddress(const SP_DeviceMemoryBase* m, uint64_t size, TF_Status* status
   return static_cast<char*>(b.contents);
 }
 
-// TF_METAL_OPS_EMULATED_GPU_MEMORY_MB, as on the emulated device: the memory tensors may hold (default 4 GiB); an
+// TF_METAL_OPS_EMULATED_GPU_MEMORY_MB, as on the emulated GPU: the memory tensors may hold (default 4 GiB); an
 // allocation past it fails as tensorflow-metal's does (no buffer; TensorFlow reports ResourceExhausted).
 int64_t MemoryLimit() {
   static const int64_t limit = [] {
@@ -370,7 +370,7 @@ TF_Bool SeHostCallback(const SP_Device*, SP_Stream stream, SE_StatusCallbackFn f
   return 1;
 }
 
-const SingleDevice kDevice = {kPlatformName, kDeviceType, "Metal double (tf-metal-ops test double of tensorflow-metal)",
+const SingleDevice kDevice = {kPlatformName, kDeviceType, "Apple doubles (tf-metal-ops test double of tensorflow-metal)",
                                "tensorflow-metal double: ", 100ll * 1000 * 1000 * 1000, 1000.0};
 
 TFMO_EXPORT void SE_InitPlugin(SE_PlatformRegistrationParams* params, TF_Status*) {
