@@ -110,10 +110,10 @@ METALLIB_NAMES = ("tf_metal_ops.metallib", "tf_metal_ops.metal3.metallib")  # to
 METAL_INCLUDE_DIRS = [_rel("metal_kernels"), _rel("csrc", "shared")]
 
 # What the emulated GPU (tf_metal_ops/emulated_gpu, opt-in) compiles at first use, and the stub <metal_stdlib> of the
-# strict Metal-language check (tf_metal_ops/msl_check.py, tools/msl_check), shipped as package data under
+# strict Metal-language check (tf_metal_ops/msl_check, csrc/msl_check/include), shipped as package data under
 # tf_metal_ops/_sources/ so that they work from an installed wheel. Our own sources only (no SDK, nothing vendored).
 EMULATED_GPU_SOURCES = ["csrc/**/*.h", "csrc/**/*.cc", "csrc/**/*.mm", "metal_kernels/*.metal", "tools/msl_emu/**/*",
-                        "tools/metal_sources.py", "tools/msl_check/**/*", "tools/apple_mock/**/*"]
+                        "tools/metal_sources.py", "csrc/msl_check/include/*", "tools/apple_mock/**/*"]
 # The op kit's public headers (tf_metal_ops.extension.get_include()), laid out as under csrc/.
 # Of csrc/emulated/ only the stream protocol and the kernel launcher: the device's own headers are internal.
 PUBLIC_HEADERS = ["csrc/common/*.h", "csrc/gpu/*.h", "csrc/shared/*.h", "csrc/emulated/emu_stream.h",

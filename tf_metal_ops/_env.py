@@ -2,15 +2,17 @@
 and where the package's sources and build cache are.
 
 The package's layers, each importing only earlier ones (tests/test_import_graph.py checks there is no cycle):
-  1. ``_env`` (this module) and the standard-library-only helpers ``_builder``, ``msl_check``, ``emulated_gpu/glue``;
+  1. ``_env`` (this module), then the helpers built on the standard library and ``_env`` alone: ``_builder``, the
+     ``msl_check`` package (which uses ``_builder``), ``emulated_gpu/glue``;
   2. ``_library``: finds and loads the op library;
   3. the op modules (``zero_out``, ``render``, ``hash_grid``, ...), ``emulated_gpu``, ``inline_kernels``,
      ``extension``;
   4. ``diagnostics`` (``backend_info``; also importable as ``tf_metal_ops.backend``), the package's ``__init__``,
      ``doctor``.
 
-A leaf module: standard library only. ``msl_check.py`` and ``emulated_gpu/glue.py`` are also loaded by path by tools
-and tests, so they read their own switches (``TF_METAL_OPS_CLANGXX``, ``TFMO_SOURCE_ROOT``) themselves.
+A leaf module: standard library only. ``emulated_gpu/glue.py`` is also loaded by path by tools and tests, so it reads
+its own switch (``TFMO_SOURCE_ROOT``) itself. ``msl_check`` runs without the package's ``__init__`` (dev/check_msl.py
+loads it without TensorFlow): it imports only ``_builder`` and this module.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ EMULATED_GPU = "TF_METAL_OPS_EMULATED_GPU"  # =1: the emulated GPU; =metal: the 
 OBJC_RUNTIME = "TF_METAL_OPS_OBJC_RUNTIME"  # libobjc2 (directory or .tgz) for EMULATED_GPU=metal
 EMU_COVERAGE = "TF_METAL_OPS_EMU_COVERAGE"  # =1: GPU host code built with clang source-based coverage
 NO_GPU_KERNELS = "TF_METAL_OPS_NO_GPU_KERNELS"  # =1: the op library registers no GPU kernels (read by tfc.cc)
-CLANGXX = "TF_METAL_OPS_CLANGXX"  # the clang++ >= 16 to use (read by msl_check.find_compiler)
+CLANGXX = "TF_METAL_OPS_CLANGXX"  # the clang++ >= 16 to use (read by _builder.find_clangxx)
 CACHE = "TF_METAL_OPS_CACHE"  # root of the build cache
 
 

@@ -31,7 +31,7 @@ import sys
 import threading
 from pathlib import Path
 
-from tf_metal_ops import _builder, _env, _library, emulated_gpu, msl_check
+from tf_metal_ops import _builder, _env, _library, emulated_gpu
 from tf_metal_ops.emulated_gpu import glue
 
 
@@ -242,6 +242,8 @@ def compile(msl: str, *, checked: bool) -> Path:
     runtime = _runtime_object()
 
     def make(work: Path):
+        from tf_metal_ops import msl_check  # imported where a kernel is built: `import tf_metal_ops` never loads it
+
         stats["compiled"] += 1
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             strict = pool.submit(msl_check.check_source, msl, filename="<source>", msl_version="3.0",
