@@ -3,7 +3,8 @@
 
 ``AstChecker(ctx).run(ast)`` walks the AST once: declarations, casts, expressions and kernel signatures are checked
 as they are met, calls are recorded, and recursion is found at the end as the cycles of the call graph. Nothing in
-the stub headers is checked; template instantiations are checked through their pattern only.
+the stub headers is checked, and the rules on written types (address spaces, double) skip template instantiations:
+their pattern is checked. Some rules are the stub's instead (static_asserts, read by diagnostics.py).
 """
 
 from __future__ import annotations
