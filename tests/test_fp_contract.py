@@ -15,7 +15,7 @@ import re
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STUB = os.path.join(ROOT, "tools", "msl_check", "include")
+STUB = os.path.join(ROOT, "csrc", "msl_check", "include")
 PROBE = "float probe(float a, float b, float c) { return a * b + c; }\n"
 
 

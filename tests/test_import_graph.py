@@ -54,19 +54,40 @@ def _targets(node, module: str, is_package: bool, modules) -> list[str]:
     return out
 
 
-def import_graph(pkg_dir: Path) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports anywhere in its text (module level, functions, classes)."""
+def _imports(tree, in_functions: bool):
+    """The import statements of a module's syntax tree; those in function bodies only when `in_functions`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif in_functions or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def import_graph(pkg_dir: Path, in_functions: bool = True) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports anywhere in its text (module level, functions, classes), or with
+    in_functions=False only those it imports when it is imported (module and class level)."""
     modules = package_modules(pkg_dir)
     graph = {}
     for name, (path, is_package) in modules.items():
         tree = ast.parse(path.read_text(), filename=str(path))
         edges = set()
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                edges.update(_targets(node, name, is_package, modules))
+        for node in _imports(tree, in_functions):
+            edges.update(_targets(node, name, is_package, modules))
         edges.discard(name)
         graph[name] = edges
     return graph
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, stack = {start}, [start]
+    while stack:
+        for n in graph.get(stack.pop(), ()):
+            if n not in seen:
+                seen.add(n)
+                stack.append(n)
+    return seen
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -97,6 +118,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 PACKAGE_GRAPH = import_graph(REPO_ROOT / "tf_metal_ops")
+IMPORT_TIME_GRAPH = import_graph(REPO_ROOT / "tf_metal_ops", in_functions=False)
 
 
 def test_tf_metal_ops_has_no_import_cycle():
@@ -108,14 +130,16 @@ def test_the_graph_holds_function_level_imports():
     # diagnostics imports zero_out (which imports TensorFlow) inside the functions that run the GPU probe
     assert "tf_metal_ops.zero_out" in PACKAGE_GRAPH["tf_metal_ops.diagnostics"]
     assert "tf_metal_ops.emulated_gpu" in PACKAGE_GRAPH["tf_metal_ops.inline_kernels.build"]
+    # inline_kernels.build imports msl_check in the function that builds a kernel
+    assert "tf_metal_ops.msl_check" in PACKAGE_GRAPH["tf_metal_ops.inline_kernels.build"]
+    assert "tf_metal_ops.msl_check" not in IMPORT_TIME_GRAPH["tf_metal_ops.inline_kernels.build"]
 
 
 def test_the_platform_layers():
     assert PACKAGE_GRAPH["tf_metal_ops._env"] == set()
-    assert PACKAGE_GRAPH["tf_metal_ops._builder"] == set()
+    assert PACKAGE_GRAPH["tf_metal_ops._builder"] == {"tf_metal_ops._env"}
     assert PACKAGE_GRAPH["tf_metal_ops._library"] == {"tf_metal_ops._env"}
     # run without TensorFlow by the development tools, so standard library only
-    assert PACKAGE_GRAPH["tf_metal_ops.msl_check"] == set()
     assert PACKAGE_GRAPH["tf_metal_ops.msl_emu"] == set()
     assert PACKAGE_GRAPH["tf_metal_ops.metal_sources"] == set()
 
@@ -137,6 +161,22 @@ def test_import_tf_metal_ops_loads_no_feature_the_process_did_not_ask_for():
     code = "import sys, tf_metal_ops; tf_metal_ops.emulated_gpu.enabled(); print('tf_metal_ops.emulated_gpu' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/", timeout=300)
     assert r.stdout.strip().splitlines()[-1] == "True", (r.stdout, r.stderr[-3000:])
+
+
+MSL_CHECK = sorted(m for m in PACKAGE_GRAPH if m == "tf_metal_ops.msl_check" or m.startswith("tf_metal_ops.msl_check."))
+
+
+def test_msl_check_needs_only_builder_and_env():
+    # dev/check_msl.py imports it without running tf_metal_ops/__init__ (no TensorFlow)
+    assert len(MSL_CHECK) >= 4, MSL_CHECK
+    outside = {m: PACKAGE_GRAPH[m] - set(MSL_CHECK) for m in MSL_CHECK}
+    assert all(edges <= {"tf_metal_ops._builder", "tf_metal_ops._env"} for edges in outside.values()), outside
+
+
+def test_import_tf_metal_ops_does_not_import_msl_check():
+    loaded = reachable(IMPORT_TIME_GRAPH, "tf_metal_ops")
+    assert "tf_metal_ops.inline_kernels.build" in loaded
+    assert not loaded & set(MSL_CHECK), sorted(loaded & set(MSL_CHECK))
 
 
 # ---- negative controls: a small package with a cycle ------------------------------------------------------------

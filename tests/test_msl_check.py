@@ -1,4 +1,4 @@
-"""The strict Metal-language check (tf_metal_ops.msl_check, CLI tools/check_msl.py): today's kernels and shared
+"""The strict Metal-language check (tf_metal_ops.msl_check, CLI dev/check_msl.py): today's kernels and shared
 headers are clean at MSL 2.4 and 3.0, each rule has a negative control (tests/msl_check/broken_<rule>.metal, whose
 `// expect-finding: RULE` comments give every finding it must produce, and nothing else), a clean kernel that uses
 the features next to the rules gives nothing, and `#line` directives map the findings.
@@ -192,17 +192,21 @@ def test_missing_compiler_names_the_package(monkeypatch):
 def test_installed_package_ships_the_stub():
     d = msl_check.include_dir()
     assert (d / "metal_stdlib").is_file() and (d / "msl_check_prelude.h").is_file()
-    pkg = os.path.dirname(os.path.abspath(msl_check.__file__))
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(msl_check.__file__)))  # tf_metal_ops/
     if not pkg.startswith(REPO_ROOT + os.sep):  # a regular (non-editable) install: the wheel's package data
         assert str(d).startswith(os.path.join(pkg, "_sources") + os.sep), d
 
 
 def test_module_works_without_tensorflow(clang16):
+    # As dev/check_msl.py loads it: tf_metal_ops registered as a bare package (its __init__, which imports
+    # TensorFlow, not run), then the subpackage imported normally.
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(msl_check.__file__)))
     code = (
-        "import sys, importlib.util\n"
+        "import sys, importlib, importlib.machinery, importlib.util\n"
         "sys.modules['tensorflow'] = None\n"  # any import of tensorflow now fails
-        f"spec = importlib.util.spec_from_file_location('m', {msl_check.__file__!r})\n"
-        "m = importlib.util.module_from_spec(spec); sys.modules['m'] = m; spec.loader.exec_module(m)\n"
+        "p = importlib.util.module_from_spec(importlib.machinery.ModuleSpec('tf_metal_ops', None, is_package=True))\n"
+        f"p.__path__ = [{pkg!r}]; sys.modules['tf_metal_ops'] = p\n"
+        "m = importlib.import_module('tf_metal_ops.msl_check')\n"
         "fs = m.check_source('kernel void k(device float* x [[buffer(0)]]) { goto e; e: ; }',\n"
         f"                   compiler={clang16!r})\n"
         "print([(f.line, f.rule) for f in fs])\n"
@@ -214,7 +218,7 @@ def test_module_works_without_tensorflow(clang16):
 
 def test_cli_reports_findings_and_fails(clang16):
     env = dict(os.environ, TF_METAL_OPS_CLANGXX=clang16)
-    r = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "tools", "check_msl.py"), "--version", "3.0", GOOD,
+    r = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "dev", "check_msl.py"), "--version", "3.0", GOOD,
                         os.path.join(CASES, "broken_goto.metal")], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "PASS  tests/msl_check/good_kernel.metal  MSL 3.0" in r.stdout, r.stdout

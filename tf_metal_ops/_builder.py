@@ -13,7 +13,11 @@ Invariants:
   - compile jobs run in parallel on every CPU; a failure raises the caller's error type with the command and the
     compiler's output.
 
-The cache root is _env.cache_root(). A leaf module: standard library only.
+The compiler of the MSL sources (the emulated GPU, inline kernels, the strict Metal-language check) is
+``find_clangxx()``: clang++ >= 16, the version whose ext_vector_type, address spaces and C++20 they rely on.
+
+The cache root is _env.cache_root(). Standard library and ``_env`` only, so ``msl_check`` can use it without the
+rest of the package (dev/check_msl.py runs without TensorFlow).
 """
 
 from __future__ import annotations
@@ -22,12 +26,50 @@ import concurrent.futures
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 import threading
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
+
+from tf_metal_ops import _env
+
+CLANGXX_NAMES = ("clang++-16", "clang++-17", "clang++-18", "clang++-19", "clang++")
+
+
+class CompilerNotFound(RuntimeError):
+    """No clang++ >= 16 was found."""
+
+
+def find_clangxx() -> str:
+    """clang++ >= 16: TF_METAL_OPS_CLANGXX if set (an error when it is not clang++ >= 16), else the first of
+    clang++-16..19, clang++ on PATH."""
+    override = _env.clangxx()
+    for name in [override] if override else CLANGXX_NAMES:
+        path = shutil.which(name) or (name if os.path.isfile(name) else None)
+        if path is None:
+            continue
+        major = _clang_major(path)
+        if major is not None and major >= 16:
+            return path
+        if override:
+            raise CompilerNotFound(f"tf_metal_ops: {_env.CLANGXX}={override} is not clang++ >= 16")
+    raise CompilerNotFound(
+        "tf_metal_ops needs clang++ >= 16 to check and compile Metal sources (Debian/Ubuntu: `apt-get install "
+        f"clang-16`; or point {_env.CLANGXX} at a clang++ >= 16)"
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _clang_major(path: str) -> int | None:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"clang version (\d+)", out)
+    return int(m.group(1)) if m else None
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,8 +2,8 @@
 and where the package's sources and build cache are.
 
 The package's layers, each importing only earlier ones (tests/test_import_graph.py checks there is no cycle):
-  1. ``_env`` (this module) and the standard-library-only helpers ``_builder``, ``metal_sources``, ``msl_check``,
-     ``msl_emu``;
+  1. ``_env`` (this module), then the helpers built on the standard library and ``_env`` alone: ``_builder``,
+     ``metal_sources``, ``msl_emu``, the ``msl_check`` package (which uses ``_builder``);
   2. ``_library``: finds and loads the op library;
   3. the op modules (``zero_out``, ``render``, ``hash_grid``, ...), ``emulated_gpu``, ``inline_kernels``,
      ``extension``;
@@ -13,8 +13,9 @@ The package's layers, each importing only earlier ones (tests/test_import_graph.
 ``import tf_metal_ops`` imports neither the emulated GPU nor the Metal-language check nor msl_emu: they load when a
 feature asks for them (TF_METAL_OPS_EMULATED_GPU, the first inline kernel, the op kit).
 
-A leaf module: standard library only. ``msl_check`` and ``msl_emu`` also run without TensorFlow from the
-development tools, so they read their own switches (``TF_METAL_OPS_CLANGXX``, ``TFMO_SOURCE_ROOT``) themselves.
+A leaf module: standard library only. ``msl_emu`` and the ``msl_check`` package also run without the package's
+``__init__`` (the development tools load them without TensorFlow), so they read their own switches
+(``TF_METAL_OPS_CLANGXX``, ``TFMO_SOURCE_ROOT``) themselves.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ EMULATED_GPU_COVERAGE = "TF_METAL_OPS_EMULATED_GPU_COVERAGE"  # =1: GPU host cod
 EMULATED_GPU_MEMORY_MB = "TF_METAL_OPS_EMULATED_GPU_MEMORY_MB"  # the emulated GPU's memory (read by the device)
 EMULATED_GPU_WORKERS = "TF_METAL_OPS_EMULATED_GPU_WORKERS"  # threads that run kernel threads (read by kernel_launch.cc)
 NO_GPU_KERNELS = "TF_METAL_OPS_NO_GPU_KERNELS"  # =1: the op library registers no GPU kernels (read by tfc.cc)
-CLANGXX = "TF_METAL_OPS_CLANGXX"  # the clang++ >= 16 to use (read by msl_check.find_compiler)
+CLANGXX = "TF_METAL_OPS_CLANGXX"  # the clang++ >= 16 to use (read by _builder.find_clangxx)
 CACHE = "TF_METAL_OPS_CACHE"  # root of the build cache
 
 

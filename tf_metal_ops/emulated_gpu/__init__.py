@@ -136,14 +136,12 @@ def _sources(root: Path) -> dict[str, list[Path]]:
 # ---- toolchain -----------------------------------------------------------------------------------------------
 def find_compiler() -> str:
     """clang++ >= 16 (msl_emu needs clang's ext_vector_type and C++20); a clear error when there is none. The search
-    is the strict Metal-language check's (TF_METAL_OPS_CLANGXX, else clang++-16..19, clang++)."""
-    from tf_metal_ops import msl_check
-
+    is _builder.find_clangxx (TF_METAL_OPS_CLANGXX, else clang++-16..19, clang++)."""
     try:
-        return msl_check.find_compiler()
-    except msl_check.MSLCompilerNotFound as e:
+        return _builder.find_clangxx()
+    except _builder.CompilerNotFound as e:
         if _env.clangxx():
-            raise EmulatedGPUError(f"tf_metal_ops: {e}") from None
+            raise EmulatedGPUError(str(e)) from None
         raise EmulatedGPUError(
             "tf_metal_ops: the emulated GPU needs clang++ >= 16 to build its device "
             "(Debian/Ubuntu: `apt-get install clang-16`; or point TF_METAL_OPS_CLANGXX at a clang++ >= 16)"

@@ -265,9 +265,9 @@ def compile(msl: str, *, checked: bool) -> Path:
     runtime = _runtime_object()
 
     def make(work: Path):
-        stats["compiled"] += 1
-        from tf_metal_ops import msl_check
+        from tf_metal_ops import msl_check  # imported where a kernel is built: `import tf_metal_ops` never loads it
 
+        stats["compiled"] += 1
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             strict = pool.submit(msl_check.check_source, msl, filename="<source>", msl_version="3.0",
                                  compiler=compiler)

@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
-"""The strict Metal-language check (tf_metal_ops/msl_check.py) on every metal_kernels/*.metal and every
+"""The strict Metal-language check (tf_metal_ops.msl_check) on every metal_kernels/*.metal and every
 csrc/shared/*.h, at MSL 2.4 and 3.0. Prints each finding as `file:line:col: error: message [rule]` and exits with
-status 1 when there is one (2 when clang++ >= 16 is missing). Runs without TensorFlow: the module is loaded from
-its file, not through the tf_metal_ops package.
+status 1 when there is one (2 when clang++ >= 16 is missing).
 
-    python3 tools/check_msl.py [--version 2.4 --version 3.0] [FILE ...]
+    python3 dev/check_msl.py [--version 2.4 --version 3.0] [FILE ...]
+
+Runs without TensorFlow and without building or installing the package: tf_metal_ops.msl_check is imported from
+this checkout under its own name, with the tf_metal_ops package registered as a bare package (its directory as
+the search path, its __init__ not run, since that imports TensorFlow and the op library). The subpackage needs
+nothing of tf_metal_ops but _builder and _env, both standard-library modules (tests/test_import_graph.py checks it).
 """
 
 import argparse
 import glob
+import importlib
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -21,12 +27,13 @@ INCLUDE_DIRS = [os.path.join(ROOT, "csrc", "shared"), os.path.join(ROOT, "metal_
 
 
 def load_msl_check():
-    path = os.path.join(ROOT, "tf_metal_ops", "msl_check.py")
-    spec = importlib.util.spec_from_file_location("tf_metal_ops_msl_check", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up by name
-    spec.loader.exec_module(module)
-    return module
+    """tf_metal_ops.msl_check of this checkout, imported without running tf_metal_ops/__init__.py."""
+    if "tf_metal_ops" not in sys.modules:
+        spec = importlib.machinery.ModuleSpec("tf_metal_ops", None, is_package=True)
+        package = importlib.util.module_from_spec(spec)
+        package.__path__ = [os.path.join(ROOT, "tf_metal_ops")]
+        sys.modules["tf_metal_ops"] = package
+    return importlib.import_module("tf_metal_ops.msl_check")
 
 
 def default_files():

@@ -1,17 +1,17 @@
 // msl_check's prelude: MSL's keywords and built-in types, force-included (`-include`) before every source that
 // tf_metal_ops.msl_check compiles, so they exist without any #include, as in MSL.
 //
-// Conventions (read by tf_metal_ops/msl_check.py; keep both in step):
+// Conventions (read by tf_metal_ops/msl_check: rewrite.py, type_strings.py, rules.py; keep both in step):
 //  - Address spaces (MSL spec "Address Spaces") are distinct clang address spaces: device = 1, constant = 2, threadgroup = 3,
 //    threadgroup_imageblock = 4. Converting a pointer or reference between them is a compile error, as in MSL.
 //    `constant` also makes the object const (constant memory is read-only, MSL spec "constant Address Space").
 //  - `thread` is clang's default address space (local variables live in it, MSL spec "thread Address Space"). It carries clang's
 //    noderef type attribute, which is type sugar (no conversion changes; its dereference warnings are off, -w) but
-//    survives in the AST's type strings, so msl_check.py can tell `thread float*` (explicit) from `float*` (no
-//    address space: "pointer type must have explicit address space qualifier" in MSL).
-//  - `kernel`/`vertex`/`fragment` are annotate attributes; msl_check.py identifies which by the spelling location
-//    of the attribute, i.e. by the line of the macro below.
-//  - msl_check.py rewrites the checked source (same length, so lines and columns hold) before compiling it:
+//    survives in the AST's type strings, so msl_check (type_strings.py) can tell `thread float*` (explicit) from
+//    `float*` (no address space: "pointer type must have explicit address space qualifier" in MSL).
+//  - `kernel`/`vertex`/`fragment` are annotate attributes; msl_check (rules.py) identifies which by the spelling
+//    location of the attribute, i.e. by the line of the macro below.
+//  - msl_check (rewrite.py) rewrites the checked source (same length, so lines and columns hold) before compiling it:
 //    `[[kernel]]` -> `kernel`; MSL attributes `[[buffer(0)]]`, `[[thread_position_in_grid]]`, ... are blanked and
 //    read from the text instead; `threadgroup`/`constant` starting a variable definition (no pointer or reference)
 //    become _MSL_TG_VAR / _MSL_CV_ / _MSL_FC_, because C++ forbids automatic variables in an address space.
@@ -95,7 +95,7 @@ template <class T> struct vec_info { static constexpr bool value = false; static
 #define _MSL_ALL(T) _MSL_SCALAR(T) _MSL_VEC(T, 2) _MSL_VEC(T, 3) _MSL_VEC(T, 4)
 _MSL_ALL(bool) _MSL_ALL(char) _MSL_ALL(signed char) _MSL_ALL(uchar) _MSL_ALL(short) _MSL_ALL(ushort) _MSL_ALL(int)
 _MSL_ALL(uint) _MSL_ALL(long) _MSL_ALL(ulong) _MSL_ALL(half) _MSL_ALL(float)
-_MSL_SCALAR(double)  // a floating literal such as 0.5 (MSL treats it as float; see msl_check.py, rule "double")
+_MSL_SCALAR(double)  // a floating literal such as 0.5 (MSL treats it as float; see msl_check's rule "double")
 #undef _MSL_ALL
 #undef _MSL_VEC
 #undef _MSL_SCALAR
