@@ -136,7 +136,7 @@ def source_root() -> Path:
     data (tf_metal_ops/_sources), else the source checkout this file is in."""
     env = os.environ.get("TFMO_SOURCE_ROOT")
     candidates = [Path(env)] if env else []
-    pkg = Path(__file__).resolve().parents[1]
+    pkg = Path(__file__).resolve().parent  # tf_metal_ops
     candidates += [pkg / "_sources", pkg.parent]
     for c in candidates:
         if (c / "csrc" / "msl_emu" / "include" / "metal_stdlib").is_file() and (c / "csrc" / "emulated_gpu").is_dir():
