@@ -587,7 +587,7 @@ print(json.dumps(cpu_paths("hash_grid")))
 
 def test_second_derivative_is_registered():
     """The position-gradient op has a gradient (tests/test_hash_grid_second_order.py checks its values): nested
-    tapes give d/dparams of the position gradient instead of raising LookupError as before."""
+    tapes give d/dparams of the position gradient (no LookupError)."""
     cfg = HashGridConfig(2, n_levels=2, log2_hashmap_size=6)
     x = tf.constant([[0.3, 0.4]])
     p = tf.constant(np.random.default_rng(0).uniform(-1, 1, cfg.params_shape).astype(np.float32))
