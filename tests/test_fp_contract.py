@@ -1,4 +1,4 @@
-"""No FMA contraction in the Metal build (review defect 2): the CPU kernels are compiled with -ffp-contract=off, so
+"""No FMA contraction in the Metal build: the CPU kernels are compiled with -ffp-contract=off, so
 the Metal side must not fuse a*b + c either, or GPU results near cell boundaries differ from the CPU's.
 
 - csrc/shared/device_compat.h's Metal branch (included by every .metal file and shared header) turns contraction

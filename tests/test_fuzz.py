@@ -1,5 +1,6 @@
-"""Hypothesis fuzzing of every public op, 1000 generated calls per op, each op in its own subprocess so a hard
-crash (segfault, abort) fails the test instead of killing the test run.
+"""Hypothesis fuzzing of every public op (zero_out, hash_grid_encode, volume_render, distortion_loss, their packed
+forms, ray_march and inline metal_kernel launches), 1000 generated calls per op, each op in its own subprocess so a
+hard crash (segfault, abort) fails the test instead of killing the test run.
 
 The fuzzer fails its run when a call known to be valid is rejected; its last output line holds the outcome counts,
 asserted here (not just the example count that was asked for): every call returned a checked result or was
@@ -18,7 +19,35 @@ EXAMPLES = int(os.environ.get("TFMO_FUZZ_EXAMPLES", "1000"))
 
 
 def run_fuzzer(op, examples, *extra):
-    return scripts.run("fuzz_ops", op, "--examples", examples, *extra, timeout=900)
+    env = None
+    if op == "metal_kernel":  # inline kernels compile with clang++-16 (skips without it, as tests/test_metal_kernel.py)
+        import shutil
+
+        from support.native import skip_or_fail
+
+        clang = os.environ.get("TF_METAL_OPS_CLANGXX") or shutil.which("clang++-16")
+        if clang is None:
+            skip_or_fail("clang++-16 not found: the metal_kernel fuzzer compiles inline kernels with it")
+        env = dict(os.environ, TF_METAL_OPS_CLANGXX=clang)
+    return scripts.run("fuzz_ops", op, "--examples", examples, *extra, env=env, timeout=900)
+
+
+def test_every_public_op_has_a_fuzzer():
+    """The fuzzers cover the ops that take tensors: a new public op needs one here (or a reason in SKIPPED)."""
+    import tf_metal_ops
+
+    covered = {"zero_out", "hash_grid_encode", "volume_render", "distortion_loss", "volume_render_packed",
+               "distortion_loss_packed", "ray_march", "metal_kernel"}
+    assert covered <= set(tf_metal_ops.__all__)
+    assert {"hash_grid" if n == "hash_grid_encode" else n for n in covered} == set(FUZZERS)
+    # what has no fuzzer: the pure-TF versions (the same checks as the ops, in TF), classes and diagnostics
+    ops = {n for n in tf_metal_ops.__all__ if callable(getattr(tf_metal_ops, n)) and n[0].islower()
+           and not n.endswith("_tf")}
+    assert ops - covered == SKIPPED, ops - covered
+
+
+SKIPPED = {"backend_info", "compile_shader", "get_num_threads", "hash_grid_table_layout", "library_path",
+           "num_threads", "set_num_threads"}
 
 
 @pytest.mark.parametrize("op", sorted(FUZZERS))

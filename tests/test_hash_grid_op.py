@@ -521,7 +521,7 @@ def test_errors_in_graph_mode_come_from_the_kernel():
 def test_baseline_and_avx2_paths_agree_bitwise(tmp_path):
     """The CPU kernels have a baseline and an AVX2+FMA build of the same loops (chosen at run time); a subprocess
     with TF_METAL_OPS_NO_AVX2=1 must produce bit-identical forward and gradients. Each subprocess also reports,
-    through tf_metal_ops.backend.hash_grid_cpu_paths(), how many loop calls ran each build: the baseline side
+    through tf_metal_ops.backend.cpu_paths("hash_grid"), how many loop calls ran each build: the baseline side
     must have run only the baseline build, the other side only the AVX2 build (so the two sides cannot silently
     run the same path). Also the second-order op (HashGridEncodeGradPositionsGrad). Cases: every grid type and interpolation, both dtypes, tiled levels finer than the tile
     and beyond MAX_BASE (index 0), fine levels where the fused position matters."""
@@ -534,7 +534,7 @@ def test_baseline_and_avx2_paths_agree_bitwise(tmp_path):
 import json, sys, numpy as np, tensorflow as tf
 import tf_metal_ops
 from tf_metal_ops._library import ops
-from tf_metal_ops.backend import hash_grid_cpu_paths
+from tf_metal_ops.backend import cpu_paths
 from tf_metal_ops.hash_grid import HashGridConfig
 out = {}
 cases = [(3, "float32", "hash", "linear", 1.7, 3), (2, "float16", "tiled", "smoothstep", 1.7, 3),
@@ -559,7 +559,7 @@ for d, dtype, gt, interp, b, nmin in cases:
     for k, v in (("y", y), ("gx", gx), ("gp", gp), ("d2dy", d2[0]), ("d2p", d2[1]), ("d2x", d2[2])):
         out[f"{d}{dtype}{gt}{interp}{b}{k}"] = v.numpy()
 np.savez(sys.argv[1], **out)
-print(json.dumps(hash_grid_cpu_paths()))
+print(json.dumps(cpu_paths("hash_grid")))
 '''
     results, paths = [], []
     for no_avx2 in (False, True):
@@ -574,10 +574,11 @@ print(json.dumps(hash_grid_cpu_paths()))
         results.append(np.load(path))
         paths.append(json.loads(run.stdout.strip().splitlines()[-1]))
     default, baseline = paths
-    assert baseline["baseline_calls"] > 0 and baseline["avx2_calls"] == 0 and not baseline["avx2_selected"], paths
-    if not default["avx2_selected"]:
-        pytest.skip(f"the AVX2+FMA build is not available here (built: {default['avx2_built']}): only one path")
-    assert default["avx2_calls"] > 0 and default["baseline_calls"] == 0, paths
+    assert baseline["calls"]["default"] > 0 and baseline["calls"]["avx2"] == 0, paths
+    assert baseline["selected"] == "default", paths
+    if default["selected"] != "avx2":
+        pytest.skip(f"the AVX2+FMA build is not available here (built: {default['built']}): only one path")
+    assert default["calls"]["avx2"] > 0 and default["calls"]["default"] == 0, paths
     assert set(results[0].files) == set(results[1].files) and len(results[0].files) == 60
     for k in results[0].files:
         a, b = results[0][k], results[1][k]
@@ -586,7 +587,7 @@ print(json.dumps(hash_grid_cpu_paths()))
 
 def test_second_derivative_is_registered():
     """The position-gradient op has a gradient (tests/test_hash_grid_second_order.py checks its values): nested
-    tapes give d/dparams of the position gradient instead of raising LookupError as before."""
+    tapes give d/dparams of the position gradient (no LookupError)."""
     cfg = HashGridConfig(2, n_levels=2, log2_hashmap_size=6)
     x = tf.constant([[0.3, 0.4]])
     p = tf.constant(np.random.default_rng(0).uniform(-1, 1, cfg.params_shape).astype(np.float32))

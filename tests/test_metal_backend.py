@@ -1,13 +1,13 @@
-"""csrc/metal/metal_backend.mm over the Apple doubles (the emulated GPU's metal backend, dev/apple_doubles):
-what a Mac may present that the backend must survive, one case per review defect the doubles can show. Every op
+"""csrc/metal over the Apple doubles (the emulated GPU's metal backend, dev/apple_doubles): what a Mac may present
+that the backend must survive, one case per behaviour the doubles can show. Every op
 and gradient check also runs under this backend (tests/test_emulated_gpu.py via conftest.gpu_backend); these cases
 add the doubles' switches:
-  - an MPSCommandBuffer-style stream that commits-and-continues (defect 1: RayMarch's read-back waits for its own
-    completion handler; also with TF_METAL_OPS_SYNC=1 and the float16 scratch accumulator, defect 5);
-  - streams that keep an encoder of their own open between ops (defect 3);
-  - a GPU fault on the asynchronous path (defect 6), buffers no malloc zone claims (defect 4), pipelines with
-    threadgroup memory of their own (defect 8) and pipelines smaller than 1024 threads;
-  - scratch buffers freed on the op's thread, none left (defect 5); metallibs that do not load (the embedded
+  - an MPSCommandBuffer-style stream that commits-and-continues (RayMarch's read-back waits for its own
+    completion handler; also with TF_METAL_OPS_SYNC=1 and the float16 scratch accumulator);
+  - streams that keep an encoder of their own open between ops;
+  - a GPU fault on the asynchronous path, buffers no malloc zone claims, pipelines with
+    threadgroup memory of their own and pipelines smaller than 1024 threads;
+  - scratch buffers freed on the op's thread, none left; metallibs that do not load (the embedded
     sources compiled at first use) and a GPU without Metal 3 (MSL 2.4).
 The doubles end the process on a broken Metal rule, so a regression fails here with the double's message.
 """

@@ -333,8 +333,22 @@ def raw(o=None, d=None, near=None, far=None, bits=None, aabb=None, seed=0, **att
 
 
 def test_raw_op_valid_call():
-    res = raw()
-    assert int(res[2][-1]) > 0
+    """The raw op's defaults: a diagonal ray through a fully occupied 4^3 grid (capped at max_samples=16) and a ray
+    that misses the box. Its outputs are t_starts, t_ends, row_splits, ray_indices, positions, and match the
+    NumPy reference sample for sample."""
+    t0, t1, rs, ri, pos = (v.numpy() for v in raw())
+    o = np.zeros((2, 3), np.float32) - 2.0
+    d = np.array([[1, 1, 1], [1, 0, 0]], np.float32)
+    counts, t0s, t1s, margins = ref.march(o, d, 0.0, 10.0, np.full(8, 255, np.uint8), [[-1] * 3, [1] * 3], 4,
+                                          0.1, 0.0, 16, True, 0)
+    assert (margins >= ref.MARGIN_EPS).all(), margins
+    np.testing.assert_array_equal(counts, [16, 0])
+    np.testing.assert_array_equal(rs, [0, 16, 16])
+    np.testing.assert_array_equal(ri, np.zeros(16, np.int32))
+    np.testing.assert_allclose(t0, t0s[0], rtol=0, atol=ref.T_ATOL)
+    np.testing.assert_allclose(t1, t1s[0], rtol=0, atol=ref.T_ATOL)
+    mid = (o[0] + (t0 + t1)[:, None] / 2 * d[0] + 1) / 2  # unit box coordinates of the midpoints
+    np.testing.assert_allclose(pos, mid, rtol=0, atol=POS_ATOL)
 
 
 @pytest.mark.parametrize("args,match", [

@@ -51,11 +51,33 @@ def test_load_op_library_path():
     np.testing.assert_array_equal(module.zero_out([[1, 2], [3, 4]]).numpy(), [[1, 0], [0, 0]])
 
 
-def test_large_tensor_uses_all_chunks():
-    # Large enough for the parallel zeroing path (chunks of 1 MiB on several threads).
-    x = np.arange(1, 3_000_001, dtype=np.float32)
-    y = tf_metal_ops.zero_out(x).numpy()
+@pytest.mark.parametrize("threads,chunks", [(1, 1), (2, 8), (3, 12), (4, 12)])
+def test_large_tensor_uses_all_chunks(threads, chunks):
+    """12 MiB of float32: ParallelFor splits the zeroing into 1 MiB grains, at most 4 chunks per thread
+    (csrc/common/thread_pool.cc). The pool's counters show how many ranges ran and that together they covered
+    every byte; the values show that each byte after the first element was zeroed."""
+    from tf_metal_ops.threads import parallel_for_stats
+
+    x = np.arange(1, 3 * 2**20 + 1, dtype=np.float32)
+    with tf_metal_ops.num_threads(threads):
+        before = parallel_for_stats()
+        y = tf_metal_ops.zero_out(x).numpy()
+        after = parallel_for_stats()
+    assert after["ranges"] - before["ranges"] == chunks, (before, after)
+    assert after["items"] - before["items"] == x.nbytes, (before, after)
     assert y[0] == 1 and not y[1:].any()
+
+
+def test_small_tensor_runs_as_one_range():
+    """Below one grain (1 MiB) the zeroing is not split, whatever the thread count."""
+    from tf_metal_ops.threads import parallel_for_stats
+
+    with tf_metal_ops.num_threads(4):
+        before = parallel_for_stats()
+        y = tf_metal_ops.zero_out(np.full(1000, 3, np.int32)).numpy()
+        after = parallel_for_stats()
+    assert after["ranges"] - before["ranges"] == 1 and after["items"] - before["items"] == 4000
+    np.testing.assert_array_equal(y, reference(np.full(1000, 3, np.int32)))
 
 
 def test_graph_mode_shape_inference():

@@ -158,15 +158,6 @@ def cpu_paths(family: str | None = None) -> dict:
             "calls": {n: int(calls[i]) for i, n in enumerate(names)}}
 
 
-def hash_grid_cpu_paths() -> dict:
-    """The hash grid's ``cpu_paths("hash_grid")`` in its own terms: ``avx2_built`` (an AVX2+FMA build is compiled
-    in), ``avx2_selected`` (it runs: the CPU has AVX2, FMA and F16C and no variable asks for ``default``), and the
-    number of loop calls so far that ran the ``baseline_calls`` / ``avx2_calls`` build."""
-    p = cpu_paths("hash_grid")
-    return {"avx2_built": "avx2" in p["built"], "avx2_selected": p["selected"] == "avx2",
-            "baseline_calls": p["calls"]["default"], "avx2_calls": p["calls"]["avx2"]}
-
-
 def volume_render_cpu_paths() -> dict:
     """``cpu_paths("volume_render")`` (the ray loops of volume_render and volume_render_packed, forward and gradient)
     without its ``variable`` entry."""
@@ -202,10 +193,6 @@ def backend_info() -> dict:
         info["metal_device"] = json.loads(_library.native().tfmo_metal_info().decode())
     info["num_threads"] = int(_library.native().tfmo_get_num_threads())
     info["cpu_paths"] = {family: p["selected"] for family, p in cpu_paths().items()}
-    if "hash_grid" in info["cpu_paths"]:
-        info["hash_grid_cpu_path"] = "avx2" if info["cpu_paths"]["hash_grid"] == "avx2" else "baseline"
-    if "volume_render" in info["cpu_paths"]:
-        info["volume_render_cpu_path"] = info["cpu_paths"]["volume_render"]
     info["kernels"] = {op: _registered_kernels(op) for op in op_types(module)}
     info["metal_usable"], info["metal_reason"] = _metal_status(tf, build)
     info["emulated_gpu"] = _emulated_gpu_status(tf)

@@ -41,6 +41,15 @@ class OccupancyGrid(tf.Module):
     Variables (on the CPU): ``density`` float32 [G^3] (decayed max of sampled densities, Instant-NGP style:
     new = max(old * decay, sampled), unsampled cells just decay), ``bits`` uint8 [ceil(G^3/8)] (bit (idx & 7) of
     byte idx >> 3), ``step`` int64 (number of updates so far, unless ``update(step=...)`` sets it).
+
+    Example:
+      >>> import tensorflow as tf, tf_metal_ops
+      >>> grid = tf_metal_ops.OccupancyGrid(resolution=8, warmup_steps=0)
+      >>> grid.num_cells, float(grid.occupied_fraction())
+      (512, 1.0)
+      >>> _ = grid.update(lambda x: 100.0 * tf.cast(tf.norm(x, axis=-1) < 0.5, tf.float32))  # a ball of radius 0.5
+      >>> round(float(grid.occupied_fraction()), 4)
+      0.0332
     """
 
     def __init__(self, aabb=((-1.0, -1.0, -1.0), (1.0, 1.0, 1.0)), resolution=128, decay=0.95, threshold=0.01,

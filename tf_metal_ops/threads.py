@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 
 from tf_metal_ops._library import native
 
@@ -28,3 +29,11 @@ def num_threads(n: int):
         yield
     finally:
         set_num_threads(previous)
+
+
+def parallel_for_stats() -> dict:
+    """Totals since the op library loaded, for tests and profiling: ``ranges`` (how many ranges the CPU kernels'
+    parallel loops have run) and ``items`` (the items those ranges covered together; bytes for zero_out)."""
+    ranges, items = ctypes.c_longlong(), ctypes.c_longlong()
+    native().tfmo_parallel_for_stats(ctypes.byref(ranges), ctypes.byref(items))
+    return {"ranges": int(ranges.value), "items": int(items.value)}

@@ -15,6 +15,12 @@ def zero_out(x, name=None):
     A 0-d tensor is returned unchanged; an empty tensor gives an empty tensor of the same shape.
     Supported dtypes: int32, int64, float32, float16 (a Python list of ints becomes int32).
     Gradient: d(out)/d(x) keeps the first element's gradient and zeroes the rest, i.e. ``zero_out(dy)``.
+
+    Example:
+      >>> import tf_metal_ops
+      >>> tf_metal_ops.zero_out([[1, 2], [3, 4]]).numpy()
+      array([[1, 0],
+             [0, 0]], dtype=int32)
     """
     x = tf.convert_to_tensor(x)
     if x.dtype not in _DTYPES:

@@ -98,6 +98,15 @@ std::mutex g_pool_mu;
 Pool* g_pool = nullptr;         // leaked on purpose (see header)
 int g_pool_workers = 0;
 
+// What ParallelFor has run since the library loaded: ranges (fn calls) and the items they covered together.
+std::atomic<int64_t> g_for_ranges{0};
+std::atomic<int64_t> g_for_items{0};
+
+void CountRange(int64_t begin, int64_t end) {
+  g_for_ranges.fetch_add(1, std::memory_order_relaxed);
+  g_for_items.fetch_add(end - begin, std::memory_order_relaxed);
+}
+
 void AfterForkChild() {
   // Worker threads do not exist in the child and the pool's mutexes may be held: start afresh.
   new (&g_pool_mu) std::mutex();
@@ -153,11 +162,16 @@ void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int
   int64_t chunks = std::min<int64_t>(max_chunks, (n + grain - 1) / grain);
   if (chunks <= 1 || threads == 1) {
     fn(0, n);
+    CountRange(0, n);
     return;
   }
   int64_t size = (n + chunks - 1) / chunks;
   chunks = (n + size - 1) / size;
-  ParallelParts(chunks, [&](int64_t c) { fn(c * size, std::min(n, (c + 1) * size)); });
+  ParallelParts(chunks, [&](int64_t c) {
+    const int64_t begin = c * size, end = std::min(n, (c + 1) * size);
+    fn(begin, end);
+    CountRange(begin, end);
+  });
 }
 
 }  // namespace tfmo
@@ -165,4 +179,8 @@ void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int
 extern "C" {
 int tfmo_get_num_threads(void) { return tfmo::NumThreads(); }
 void tfmo_set_num_threads(int n) { tfmo::SetNumThreads(n); }
+void tfmo_parallel_for_stats(long long* ranges, long long* items) {
+  *ranges = tfmo::g_for_ranges.load();
+  *items = tfmo::g_for_items.load();
+}
 }

@@ -50,4 +50,7 @@ class FirstIndex {
 extern "C" {
 __attribute__((visibility("default"))) int tfmo_get_num_threads(void);
 __attribute__((visibility("default"))) void tfmo_set_num_threads(int n);
+// Totals since the library loaded: the ranges ParallelFor has run and the items they covered (a diagnostic:
+// tests check how a kernel's work was split).
+__attribute__((visibility("default"))) void tfmo_parallel_for_stats(long long* ranges, long long* items);
 }

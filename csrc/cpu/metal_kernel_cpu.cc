@@ -1,7 +1,7 @@
 // CPU kernel of TfmoMetalKernel (semantics: csrc/ops/metal_kernel_op.cc): the kernel's own MSL source, compiled as
 // C++ through csrc/msl_emu on first use (csrc/common/inline_library.h), runs its threadgroups in parallel on the
 // package's thread pool. TF_METAL_OPS_BOUNDS_CHECK=1 runs the bounds-checked build instead (slower: accesses
-// through the kernel's buffer parameters are checked and the loop is no longer vectorised).
+// through the kernel's buffer parameters are checked and the loop is not vectorised).
 #include <atomic>
 #include <cstdlib>
 #include <cstring>

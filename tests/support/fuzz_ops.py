@@ -310,11 +310,312 @@ def fuzz_hash_grid(examples, seed_value):
     run()
 
 
+@st.composite
+def packed_batch(draw):
+    """Packed (ragged) render inputs, mostly well-formed, with at most one fault: a wrong shape or rank, a wrong
+    dtype, broken row_splits (not starting at 0, decreasing, not ending at N, float), special values (NaN, inf,
+    negative densities, unsorted t: may be accepted), a bad background or a bad threshold."""
+    R, c = draw(st.integers(0, 5)), draw(st.integers(1, 4))
+    counts = [draw(st.integers(0, 4)) for _ in range(R)]
+    n = sum(counts)
+    rs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    edges = np.sort(rng.uniform(0.0, draw(st.sampled_from([1.0, 10.0])), 2 * n)).astype(np.float32)
+    out = {"densities": (rng.random(n) * draw(st.sampled_from([0.0, 1.0, 10.0]))).astype(np.float32),
+           "colors": rng.random((n, c)).astype(np.float32),
+           "t_starts": edges[0::2].copy(), "t_ends": edges[1::2].copy(), "row_splits": rs}
+    fault = draw(st.sampled_from([None] * 6 + ["shape", "dtype", "row_splits", "special", "background",
+                                               "threshold"]))
+    broken = None
+    if fault == "shape":
+        broken = draw(st.sampled_from(["densities", "colors", "t_starts", "t_ends"]))
+        a = out[broken]
+        if draw(st.booleans()):  # wrong rank
+            out[broken] = a.reshape(a.shape + (1,)) if a.ndim == 1 else a.reshape(-1)
+        else:  # one sample more, or one fewer (or one more when there is none)
+            k = a.shape[0] + (1 if a.shape[0] == 0 or draw(st.booleans()) else -1)
+            out[broken] = np.resize(a, (k,) + a.shape[1:])
+        if broken == "colors" and out["colors"].ndim == 1 and n == 0:
+            out["colors"] = np.zeros((0, 0), np.float32)  # zero channels (also invalid)
+    elif fault == "dtype":
+        broken = draw(st.sampled_from(["densities", "colors", "t_starts", "t_ends", "row_splits"]))
+        out[broken] = out[broken].astype(draw(st.sampled_from(
+            ["float64", "float16", "int32"] if broken != "row_splits" else ["float32", "uint8"])))
+    elif fault == "row_splits":
+        rs = rs.copy()
+        how = draw(st.sampled_from(["first", "last", "decreasing", "empty"]))
+        if how == "first":
+            rs[0] = draw(st.sampled_from([-1, 1]))
+        elif how == "last":
+            rs[-1] += draw(st.sampled_from([-1, 1, 100]))
+        elif how == "decreasing" and R >= 2:
+            rs[1] = rs[-1] + 1
+        elif how == "empty":
+            rs = rs[:0]
+        out["row_splits"] = rs
+    elif fault == "special" and n:
+        name = draw(st.sampled_from(["densities", "t_starts", "t_ends"]))
+        out[name].reshape(-1)[draw(st.integers(0, n - 1))] = draw(st.sampled_from([np.nan, np.inf, -1.0, -1e3]))
+    bg = draw(st.sampled_from([None, "shared", "per_ray"] + (["bad"] if fault == "background" else [])))
+    if bg == "shared":
+        out["background"] = rng.random([c]).astype(np.float32)
+    elif bg == "per_ray":
+        out["background"] = rng.random([R, c]).astype(np.float32)
+    elif bg == "bad":
+        out["background"] = rng.random(draw(st.sampled_from([[c + 1], [R + 1, c], [1, 1, c]]))).astype(np.float32)
+    thr = draw(st.sampled_from([0.0, 1e-4, 0.5, 1.0] + ([-0.1, 2.0, float("nan")] if fault == "threshold" else [])))
+    # a fault that changes nothing (a decreasing row_splits with fewer than 2 rays) leaves the call valid
+    if fault == "row_splits" and np.array_equal(out["row_splits"], rs) and len(rs) and rs[0] == 0 \
+            and (np.diff(rs) >= 0).all() and rs[-1] == n:
+        fault = None
+    if fault == "special" and not n or fault == "threshold" and 0.0 <= thr <= 1.0:
+        fault = None
+    if fault == "background" and bg != "bad":
+        fault = None
+    return out, thr, fault, broken
+
+
+PACKED_ARGS = ["densities", "colors", "t_starts", "t_ends", "row_splits", "background", "termination_threshold",
+               "weights", "samples"]
+
+
+def _moderate(*arrays):
+    return all(np.isfinite(a).all() and np.abs(a).max(initial=0) <= 1e4 for a in arrays)
+
+
+def fuzz_volume_render_packed(examples, seed_value):
+    from tf_metal_ops.render_packed.reference import np_volume_render_packed
+
+    @seed(seed_value)
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(call=packed_batch())
+    def run(call):
+        b, thr, fault, _ = call
+        start_call(fault is None, faulty=fault is not None)
+        try:
+            out = tf_metal_ops.volume_render_packed(
+                b["densities"], b["colors"], b["t_starts"], b["t_ends"], b["row_splits"], b.get("background"),
+                termination_threshold=thr)
+        except Exception as e:
+            shapes = {k: (v.shape, v.dtype.name) for k, v in b.items()}
+            expect_clean_error(e, PACKED_ARGS, fault is None, f"{shapes}, threshold {thr}")
+            return
+        r, n = len(b["row_splits"]) - 1, b["densities"].shape[0]
+        c = b["colors"].shape[1]
+        assert out.color.shape == (r, c) and out.depth.shape == (r,) and out.opacity.shape == (r,)
+        assert out.weights.shape == (n,)
+        if fault is None:  # a valid call: the NumPy float64 reference, to float32 rounding
+            want = np_volume_render_packed(b["densities"], b["colors"], b["t_starts"], b["t_ends"],
+                                           b["row_splits"], b.get("background"), thr)
+            for got, w in zip(out, want):
+                np.testing.assert_allclose(got.numpy(), w, rtol=1e-4, atol=1e-5)
+        elif _moderate(*(v for k, v in b.items() if v.dtype.kind == "f")):
+            for name, v in zip(out._fields, out):
+                assert np.isfinite(v.numpy()).all(), f"non-finite {name} for finite inputs"
+        returned()
+
+    run()
+
+
+def fuzz_distortion_loss_packed(examples, seed_value):
+    from tf_metal_ops.render_packed.reference import np_distortion_packed
+
+    @seed(seed_value)
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(call=packed_batch())
+    def run(call):
+        b, _, fault, broken = call
+        # colors, background and the threshold are not arguments of this op: faults there leave the call valid
+        relevant = fault in ("shape", "dtype", "row_splits", "special") and broken != "colors"
+        w = b["densities"]
+        start_call(not relevant, faulty=relevant)
+        try:
+            with tf.GradientTape() as tape:
+                wt, ts, te = (tf.constant(v) for v in (w, b["t_starts"], b["t_ends"]))
+                tape.watch([wt, ts, te])
+                loss = tf_metal_ops.distortion_loss_packed(wt, ts, te, b["row_splits"])
+            grads = tape.gradient(loss, [wt, ts, te])
+        except Exception as e:
+            shapes = {k: (v.shape, v.dtype.name) for k, v in b.items()}
+            expect_clean_error(e, PACKED_ARGS, not relevant, f"{shapes}")
+            return
+        r = len(b["row_splits"]) - 1
+        assert loss.shape == (r,)
+        assert [g.shape for g in grads] == [w.shape, b["t_starts"].shape, b["t_ends"].shape]
+        if not relevant:
+            want = np_distortion_packed(w, b["t_starts"], b["t_ends"], b["row_splits"])
+            np.testing.assert_allclose(loss.numpy(), want, rtol=1e-4, atol=1e-5)
+        elif _moderate(w, b["t_starts"], b["t_ends"]):
+            assert np.isfinite(loss.numpy()).all()
+        returned()
+
+    run()
+
+
+class _Grid:
+    def __init__(self, bits, aabb, resolution):
+        self.bits, self.aabb, self.resolution = bits, aabb, resolution
+
+
+MARCH_ARGS = ["rays_o", "rays_d", "near", "far", "grid", "bits", "aabb", "resolution", "step_size", "cone_angle",
+              "max_samples", "jitter", "seed"]
+
+
+@st.composite
+def ray_march_call(draw):
+    """Rays through a small random occupancy grid, with at most one fault: ray shapes/dtypes, near/far shapes, a
+    wrong bits length or dtype, a bad box (min >= max, NaN), a bad resolution, step, cone, cap, jitter or seed.
+    Non-finite rays are a fault too (either result is fine, but no crash)."""
+    from tf_metal_ops.ray_march import reference as ref
+
+    R, G = draw(st.integers(0, 6)), draw(st.integers(1, 8))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    aabb = np.array([[-1.0, -1.2, -0.9], [1.1, 0.8, 1.0]], np.float32)
+    o, d = ref.make_rays(R, seed=int(rng.integers(1 << 30)), aabb=aabb)
+    o, d = o.astype(np.float32), d.astype(np.float32)
+    bits = ref.random_bits(G, draw(st.sampled_from([0.0, 0.3, 1.0])), seed=int(rng.integers(1 << 30)))
+    kw = dict(step_size=draw(st.sampled_from([0.01, 0.05, 0.3])), cone_angle=draw(st.sampled_from([0.0, 0.05])),
+              max_samples=draw(st.sampled_from([1, 5, 64])), jitter=draw(st.booleans()),
+              seed=draw(st.integers(-2**40, 2**40)))
+    near = draw(st.sampled_from([None, 0.0, "per_ray"]))
+    far = draw(st.sampled_from([None, 3.0, "per_ray"]))
+    near = rng.uniform(0, 1, R).astype(np.float32) if near == "per_ray" else near
+    far = rng.uniform(1, 4, R).astype(np.float32) if far == "per_ray" else far
+    resolution = G
+    fault = draw(st.sampled_from([None] * 10 + ["rays", "dtype", "near_far", "bits", "aabb", "resolution", "arg",
+                                                "special"]))
+    if fault == "rays":
+        which = draw(st.sampled_from(["o", "d"]))
+        bad = np.resize(o, draw(st.sampled_from([(R, 2), (R + 1, 3), (R, 3, 1)]))).astype(np.float32)
+        o, d = (bad, d) if which == "o" else (o, bad)
+    elif fault == "dtype":
+        o = o.astype(draw(st.sampled_from(["float64", "float16", "int32"])))
+    elif fault == "near_far":
+        near = np.zeros(draw(st.sampled_from([[R + 1], [R, 1]])), np.float32)
+    elif fault == "bits":
+        bits = np.resize(bits, bits.size + draw(st.sampled_from([-1, 1]))) if draw(st.booleans()) \
+            else bits.astype(np.int32)
+    elif fault == "aabb":
+        aabb = aabb.copy()
+        aabb[draw(st.integers(0, 1)), draw(st.integers(0, 2))] = draw(st.sampled_from([np.nan, 5.0, -5.0, np.inf]))
+        aabb = aabb if draw(st.booleans()) else aabb.reshape(-1)
+    elif fault == "resolution":
+        resolution = draw(st.sampled_from([0, -1, G + 1, 2**20]))
+    elif fault == "arg":
+        key, bad = draw(st.sampled_from([("step_size", 0.0), ("step_size", -1.0), ("step_size", float("nan")),
+                                         ("cone_angle", -0.1), ("cone_angle", float("inf")), ("max_samples", 0),
+                                         ("max_samples", 2.5), ("jitter", "yes"), ("seed", 1.5)]))
+        kw[key] = bad
+    elif fault == "special" and R:
+        (o if draw(st.booleans()) else d)[draw(st.integers(0, R - 1)), draw(st.integers(0, 2))] = \
+            draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    if fault == "special" and not R:
+        fault = None
+    return o, d, near, far, _Grid(bits, aabb, resolution), kw, fault
+
+
+def fuzz_ray_march(examples, seed_value):
+    from tf_metal_ops.ray_march import reference as ref
+
+    @seed(seed_value)
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(call=ray_march_call())
+    def run(call):
+        o, d, near, far, grid, kw, fault = call
+        start_call(fault is None, faulty=fault is not None)
+        try:
+            res = tf_metal_ops.ray_march(o, d, grid, near=near, far=far, **kw)
+            t0, t1, rs, ri, pos = (v.numpy() for v in res)
+        except Exception as e:
+            expect_clean_error(e, MARCH_ARGS, fault is None,
+                               f"o {o.shape} {o.dtype}, grid {grid.resolution}, near {near!r}, far {far!r}, {kw}")
+            return
+        R = o.shape[0]
+        counts = np.diff(rs)
+        assert rs.shape == (R + 1,) and rs[0] == 0 and (counts >= 0).all() and rs[-1] == len(t0) == len(t1)
+        np.testing.assert_array_equal(ri, np.repeat(np.arange(R), counts))
+        assert pos.shape == (len(t0), 3) and counts.max(initial=0) <= kw["max_samples"]
+        if fault is None:  # a valid call: the packing invariants and the NumPy reference on unambiguous rays
+            assert (t0 < t1).all() and ((pos >= 0) & (pos <= 1)).all()
+            want, _, _, margins = ref.march(o, d, 0.0 if near is None else near, np.inf if far is None else far,
+                                            grid.bits, grid.aabb, grid.resolution, kw["step_size"],
+                                            kw["cone_angle"], kw["max_samples"], kw["jitter"], kw["seed"])
+            clear = margins >= ref.MARGIN_EPS
+            np.testing.assert_array_equal(counts[clear], want[clear])
+        returned()
+
+    run()
+
+
+METAL_KERNEL_ARGS = ["input", "output", "grid", "threadgroup", "template", "dtype", "dimension", "out-of-bounds",
+                     "buffer"]
+_KERNELS = {}
+
+
+@st.composite
+def metal_kernel_call(draw):
+    """A valid launch of a guarded elementwise kernel (out = 2 * inp) with at most one fault: the inputs' count or
+    dtype, the grid or threadgroup (negative, too large, too many threads per group), the output shapes or dtypes
+    (count, negative, too small: caught by the bounds check), a bad template argument."""
+    n = draw(st.integers(0, 300))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    x = rng.standard_normal(n).astype(np.float32)
+    tg = draw(st.sampled_from([1, 32, 256]))
+    args = dict(inputs=[x], grid=(n, 1, 1), threadgroup=(tg, 1, 1), output_shapes=[(n,)],
+                output_dtypes=[tf.float32], template=[("T", tf.float32)])
+    fault = draw(st.sampled_from([None] * 6 + ["inputs", "input_dtype", "grid", "threadgroup", "output_shapes",
+                                               "output_dtypes", "template"]))
+    if fault == "inputs":
+        args["inputs"] = draw(st.sampled_from([[], [x, x]]))
+    elif fault == "input_dtype":
+        args["inputs"] = [x.astype(np.complex64)]
+    elif fault == "grid":
+        args["grid"] = draw(st.sampled_from([(-1, 1, 1), (2**32, 1, 1), (n, 1), (n, 0, 1)]))
+    elif fault == "threadgroup":
+        args["threadgroup"] = draw(st.sampled_from([(2048, 1, 1), (64, 32, 1), (-4, 1, 1), (0, 1, 1)]))
+    elif fault == "output_shapes":
+        args["output_shapes"] = draw(st.sampled_from([[(-1,)], [(n,), (n,)], [(max(n - 1, 0),)]]))
+    elif fault == "output_dtypes":
+        args["output_dtypes"] = draw(st.sampled_from([[tf.float32, tf.float32], [], [tf.complex64]]))
+    elif fault == "template":
+        args["template"] = draw(st.sampled_from([[("T", "x")], [("T", 1.5)], [("1T", tf.float32)]]))
+    return args, fault
+
+
+def fuzz_metal_kernel(examples, seed_value):
+    @seed(seed_value)
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(call=metal_kernel_call())
+    def run(call):
+        args, fault = call
+        start_call(fault is None, faulty=fault is not None)
+        try:
+            if "k" not in _KERNELS:  # made inside the call so the negative control's rejection counts here
+                _KERNELS["k"] = tf_metal_ops.metal_kernel("fuzz_twice", ["inp"], ["out"], """
+                    uint i = thread_position_in_grid.x;
+                    if (i < inp_shape[0]) out[i] = inp[i] * T(2);
+                """)
+            (y,) = _KERNELS["k"](**args)
+            y = y.numpy()
+        except Exception as e:
+            expect_clean_error(e, METAL_KERNEL_ARGS, fault is None, f"{fault}: {args}")
+            return
+        if fault is None:
+            np.testing.assert_array_equal(y, 2 * args["inputs"][0])
+        returned()
+
+    run()
+
+
 FUZZERS = {
     "zero_out": fuzz_zero_out,
     "hash_grid": fuzz_hash_grid,
     "volume_render": fuzz_volume_render,
     "distortion_loss": fuzz_distortion_loss,
+    "volume_render_packed": fuzz_volume_render_packed,
+    "distortion_loss_packed": fuzz_distortion_loss_packed,
+    "ray_march": fuzz_ray_march,
+    "metal_kernel": fuzz_metal_kernel,
 }
 
 if __name__ == "__main__":
@@ -325,11 +626,14 @@ if __name__ == "__main__":
     p.add_argument("--inject-rejection", action="store_true",
                    help="negative control: every op call raises a clean-looking ValueError, so the run must fail")
     a = p.parse_args()
+    # out-of-bounds accesses of inline kernels become clean errors (read when the kernel is created)
+    os.environ.setdefault("TF_METAL_OPS_BOUNDS_CHECK", "1")
     if a.inject_rejection:
         def reject(*args, **kwargs):
             raise ValueError("injected rejection (zero_out: x, positions, densities)")
 
-        for name in ("zero_out", "hash_grid_encode", "volume_render", "distortion_loss"):
+        for name in ("zero_out", "hash_grid_encode", "volume_render", "distortion_loss", "volume_render_packed",
+                     "distortion_loss_packed", "ray_march", "metal_kernel"):
             setattr(tf_metal_ops, name, reject)
     FUZZERS[a.op](a.examples, a.seed)
     assert OUTCOMES["returned"] + OUTCOMES["rejected"] == OUTCOMES["calls"], OUTCOMES

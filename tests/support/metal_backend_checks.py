@@ -1,5 +1,5 @@
-"""Checks of the Metal backend (csrc/metal) over the Apple doubles (dev/apple_doubles), one per way a Mac can
-differ from the plain path, run in a subprocess by tests/test_metal_backend.py:
+"""Checks of the Metal backend (csrc/metal) over the Apple doubles (dev/apple_doubles), one per Mac behaviour the
+backend must survive that the doubles can show, run in a subprocess by tests/test_metal_backend.py:
 
     cd tests
     TF_METAL_OPS_EMULATED_GPU=$(python ../dev/apple_doubles/build.py) python -m support.metal_backend_checks CHECK
@@ -52,7 +52,7 @@ def render_both(seed: int):
 
 
 def check_open_encoder_on_the_stream():
-    """Defect 3: before each GPU op the streams are left with an encoder of their own open on the current command
+    """Before each GPU op the streams are left with an encoder of their own open on the current command
     buffer (tfmo_mock_tf_metal_leave_encoder_open: what a stream that coalesces its own kernels leaves between
     ops); the backend commits the stream before it encodes, so it never opens a second encoder on that buffer (the
     double would end the process: "A command encoder is already encoding to this command buffer")."""
@@ -89,7 +89,7 @@ def check_open_encoder_on_the_stream():
 
 
 def check_gpu_error_reported_on_next_call():
-    """Defect 6: a GPU fault of an asynchronous call (an out-of-bounds write in a bounds-checked inline kernel) is
+    """A GPU fault of an asynchronous call (an out-of-bounds write in a bounds-checked inline kernel) is
     recorded by the completion handler, fails the next GPU call with the fault's message, and shows in
     backend_info(); the call after that runs normally."""
     assert os.environ.get("TF_METAL_OPS_BOUNDS_CHECK") == "1" and os.environ.get("TF_METAL_OPS_SYNC") != "1"
@@ -135,7 +135,7 @@ def check_gpu_error_at_the_op_in_sync_mode():
 
 
 def check_foreign_buffers_explain_themselves():
-    """Defect 4: tensors whose MTLBuffers no malloc zone claims (TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS=1) fail the
+    """Tensors whose MTLBuffers no malloc zone claims (TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS=1) fail the
     object check with a message naming what it saw and the way out; TF_METAL_OPS_SKIP_OBJECT_CHECK=1 (the
     subprocess below) then runs the op."""
     assert os.environ.get("TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS") == "1"
@@ -157,7 +157,7 @@ def check_foreign_buffers_explain_themselves():
 
 
 def check_static_threadgroup_memory_counts():
-    """Defect 8: with pipelines that declare 31 KiB of threadgroup memory of their own
+    """With pipelines that declare 31 KiB of threadgroup memory of their own
     (TFMO_MOCK_METAL_STATIC_TG_BYTES=31744), ray_march's 2 KiB scan block exceeds the 32 KiB limit: the backend
     rejects the pass with an op error that says so, before the encoder would break Metal's rule."""
     assert os.environ.get("TFMO_MOCK_METAL_STATIC_TG_BYTES") == "31744"
@@ -210,7 +210,7 @@ def check_small_pipelines():
 
 
 def check_scratch_freed():
-    """Defect 5: the float32 scratch accumulator of a float16 table's gradient is freed on the op's thread after
+    """The float32 scratch accumulator of a float16 table's gradient is freed on the op's thread after
     encoding (the double ends the process if a buffer is freed from a completion handler), and nothing stays
     allocated once the results are gone."""
     from tf_metal_ops.hash_grid import HashGridConfig

@@ -57,6 +57,13 @@ class HashGridEncoding(keras.layers.Layer):
     TF ops, XLA-compatible) or "auto" (the op when the library loads, else pure TF with a warning).
     Call argument ``max_level`` (coarse-to-fine training): an int k keeps the first k levels, a float m keeps levels
     l < m*L + 1e-3 (tcnn's fraction); a scalar tensor of either kind avoids retracing. Finer levels output 0.
+
+    Example:
+      >>> import tensorflow as tf, tf_metal_ops
+      >>> enc = tf_metal_ops.HashGridEncoding(n_levels=4, n_features_per_level=2, log2_hashmap_size=10)
+      >>> y = enc(tf.random.stateless_uniform([5, 3], seed=[1, 2]))
+      >>> y.shape, enc.table.shape
+      (TensorShape([5, 8]), TensorShape([4096, 2]))
     """
 
     def __init__(

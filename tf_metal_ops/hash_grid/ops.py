@@ -117,6 +117,18 @@ def hash_grid_encode(
     (clipped to 0..n_levels); a float m = tcnn's fraction, levels l < m*n_levels + 1e-3; a scalar tensor of
     either kind. Finer levels output zero and get no gradient. Bad arguments raise ValueError here when visible
     statically, else InvalidArgumentError from the kernel.
+
+    Example:
+      >>> import numpy as np, tensorflow as tf, tf_metal_ops
+      >>> cfg = tf_metal_ops.HashGridConfig(3, n_levels=4, n_features_per_level=2, log2_hashmap_size=10)
+      >>> cfg.params_shape
+      (4096, 2)
+      >>> params = tf.reshape(tf.range(8192, dtype=tf.float32) % 7 / 7, cfg.params_shape)
+      >>> y = tf_metal_ops.hash_grid_encode([[0.1, 0.2, 0.3], [0.5, 0.5, 0.5]], params, **cfg.op_kwargs())
+      >>> y.shape
+      TensorShape([2, 8])
+      >>> print(np.round(y.numpy()[1], 3))
+      [0.571 0.714 0.714 0.857 0.857 0.    0.143 0.286]
     """
     options = dict(
         n_levels=n_levels,

@@ -327,5 +327,13 @@ def metal_kernel(name: str, input_names: Sequence[str], output_names: Sequence[s
     output_dtypes=[...], template=[("T", tf.float32), ("N", 4), ("flag", True)], init_value=None, verbose=False)``
     and returns a list of tensors. ``grid`` counts threads (dispatchThreads); ``grid``, ``threadgroup`` and each
     output shape take Python ints or scalar/1-D int tensors, so in a ``tf.function`` they may follow ``tf.shape``.
+
+    Example:
+      >>> import tensorflow as tf, tf_metal_ops
+      >>> twice = tf_metal_ops.metal_kernel("twice", ["x"], ["y"], "uint i = thread_position_in_grid.x; y[i] = 2 * x[i];")
+      >>> (y,) = twice(inputs=[tf.constant([1.0, 2.0, 3.0])], grid=(3, 1, 1), threadgroup=(32, 1, 1),
+      ...               output_shapes=[(3,)], output_dtypes=[tf.float32])
+      >>> y.numpy()
+      array([2., 4., 6.], dtype=float32)
     """
     return MetalKernel(name, input_names, output_names, source, header, ensure_row_contiguous, atomic_outputs)

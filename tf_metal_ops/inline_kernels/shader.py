@@ -122,5 +122,18 @@ class ShaderLibrary:
 
 def compile_shader(source: str) -> ShaderLibrary:
     """The kernels of a whole Metal source, callable from TensorFlow on every device (see the module docstring).
-    The source is compiled for a device at its first use there."""
+    The source is compiled for a device at its first use there.
+
+    Example:
+      >>> import tensorflow as tf, tf_metal_ops
+      >>> lib = tf_metal_ops.compile_shader('''
+      ... #include <metal_stdlib>
+      ... using namespace metal;
+      ... kernel void axpy(const device float* x [[buffer(0)]], const constant float& a [[buffer(1)]],
+      ...                  device float* y [[buffer(2)]], uint i [[thread_position_in_grid]]) { y[i] = a * x[i]; }
+      ... ''')
+      >>> (y,) = lib.axpy(tf.constant([1.0, 2.0]), 3.0, threads=2, output_shapes=[(2,)])
+      >>> y.numpy()
+      array([3., 6.], dtype=float32)
+    """
     return ShaderLibrary(source)

@@ -106,6 +106,15 @@ def ray_march(rays_o, rays_d, grid, *, near=None, far=None, step_size, cone_angl
     positions [N, 3])``: ``positions`` are the samples' midpoints ``o + d (t_start + t_end) / 2`` in the grid box's
     unit coordinates ``(x - lo) / (hi - lo)``, clamped to [0, 1] (what an encoding over the box, e.g. the hash grid,
     takes; world coordinates are ``lo + positions * (hi - lo)``). No gradient (the outputs are sample positions).
+
+    Example:
+      >>> import tf_metal_ops
+      >>> grid = tf_metal_ops.OccupancyGrid(resolution=8)  # box [-1, 1]^3, every cell occupied until updated
+      >>> rays_o = [[-2.0, 0.0, 0.0], [0.0, -2.0, 0.0]]
+      >>> rays_d = [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]  # the second ray misses the box
+      >>> res = tf_metal_ops.ray_march(rays_o, rays_d, grid, step_size=0.25, jitter=False)
+      >>> res.row_splits.numpy(), res.t_starts.numpy()[:3], res.positions.shape
+      (array([0, 8, 8], dtype=int32), array([1.  , 1.25, 1.5 ], dtype=float32), TensorShape([8, 3]))
     """
     fn = "ray_march"
     step_size, cone_angle, max_samples, jitter = _check_march_args(fn, step_size, cone_angle, max_samples, jitter)

@@ -175,7 +175,17 @@ def pack_dense_samples(counts, t_starts, t_ends, rays_o, rays_d, aabb):
 def ray_march_tf(rays_o, rays_d, grid, *, near=None, far=None, step_size, cone_angle=0.0, max_samples=1024,
                  jitter=True, seed=0):
     """``ray_march`` in plain TF (a tf.while_loop over all rays at once; memory R * max_samples). Same float32
-    arithmetic as the kernels, so it normally gives the same samples; invalid rays get no samples (no error)."""
+    arithmetic as the kernels, so it normally gives the same samples; invalid rays get no samples (no error).
+
+    Example:
+      >>> import tf_metal_ops
+      >>> grid = tf_metal_ops.OccupancyGrid(resolution=8)  # box [-1, 1]^3, every cell occupied until updated
+      >>> rays_o = [[-2.0, 0.0, 0.0], [0.0, -2.0, 0.0]]
+      >>> rays_d = [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]  # the second ray misses the box
+      >>> res = tf_metal_ops.ray_march_tf(rays_o, rays_d, grid, step_size=0.25, jitter=False)
+      >>> res.row_splits.numpy(), res.t_starts.numpy()[:3]
+      (array([0, 8, 8], dtype=int32), array([1.  , 1.25, 1.5 ], dtype=float32))
+    """
     fn = "ray_march_tf"
     step_size, cone_angle, max_samples, jitter = _check_march_args(fn, step_size, cone_angle, max_samples, jitter)
     bits, aabb, g = _grid_parts(fn, grid)

@@ -49,6 +49,17 @@ def volume_render(densities, colors, t, background=None, *, termination_threshol
       opacity = 1 - T_final.
 
     Differentiable w.r.t. densities, colors, t and background (one O(S)-per-ray gradient kernel).
+
+    Example:
+      >>> import numpy as np, tensorflow as tf, tf_metal_ops
+      >>> densities = tf.constant([[1.0, 2.0, 0.5]])  # 1 ray, 3 samples
+      >>> colors = tf.ones([1, 3, 3]) * [0.2, 0.4, 0.6]
+      >>> t = tf.constant([[0.0, 0.5, 1.0, 1.5]])
+      >>> out = tf_metal_ops.volume_render(densities, colors, t, background=[1.0, 1.0, 1.0])
+      >>> print(np.round(out.weights.numpy(), 4), np.round(out.opacity.numpy(), 4))
+      [[0.3935 0.3834 0.0494]] [0.8262]
+      >>> print(np.round(out.color.numpy(), 4))
+      [[0.339  0.5043 0.6695]]
     """
     fn = "volume_render"
     thr = _check_threshold(fn, termination_threshold)
@@ -87,6 +98,13 @@ def distortion_loss(weights, t, name=None):
 
     O(S) per ray forward and backward (prefix sums, no O(S^2) pair sum). Differentiable w.r.t. weights and t.
     Reduce it yourself, e.g. ``tf.reduce_mean(distortion_loss(w, t))``.
+
+    Example:
+      >>> import numpy as np, tf_metal_ops
+      >>> weights = [[0.3935, 0.3834, 0.0494]]
+      >>> t = [[0.0, 0.5, 1.0, 1.5]]
+      >>> print(np.round(tf_metal_ops.distortion_loss(weights, t).numpy(), 4))
+      [0.2594]
     """
     fn = "distortion_loss"
     weights = _float32(weights, fn, "weights")

@@ -54,6 +54,16 @@ def volume_render_packed(densities, colors, t_starts, t_ends, row_splits, backgr
 
     Returns:
       VolumeRenderResult(color [R, C], depth [R], opacity [R], weights [N]).
+
+    Example:
+      >>> import numpy as np, tf_metal_ops
+      >>> row_splits = [0, 2, 3]  # ray 0 has samples 0 and 1, ray 1 has sample 2
+      >>> t_starts, t_ends = [0.0, 0.5, 0.2], [0.5, 1.0, 0.7]
+      >>> out = tf_metal_ops.volume_render_packed([1.0, 2.0, 0.5], [[0.2, 0.4, 0.6]] * 3, t_starts, t_ends, row_splits)
+      >>> print(np.round(out.weights.numpy(), 4), np.round(out.opacity.numpy(), 4))
+      [0.3935 0.3834 0.2212] [0.7769 0.2212]
+      >>> out.color.shape
+      TensorShape([2, 3])
     """
     fn = "volume_render_packed"
     thr = _check_threshold(fn, termination_threshold)
@@ -98,7 +108,16 @@ def _volume_render_packed_grad(op, g_color, g_depth, g_opacity, g_weights):
 
 def distortion_loss_packed(weights, t_starts, t_ends, row_splits, name=None):
     """Per-ray mip-NeRF 360 distortion loss of packed samples, [R] (see ``distortion_loss``; gaps between samples
-    count as distance between midpoints). O(N) forward and backward; differentiable w.r.t. weights and t."""
+    count as distance between midpoints). O(N) forward and backward; differentiable w.r.t. weights and t.
+
+    Example:
+      >>> import numpy as np, tf_metal_ops
+      >>> row_splits = [0, 2, 3]  # ray 0 has samples 0 and 1, ray 1 has sample 2
+      >>> t_starts, t_ends = [0.0, 0.5, 0.2], [0.5, 1.0, 0.7]
+      >>> weights = [0.3935, 0.3834, 0.2212]
+      >>> print(np.round(tf_metal_ops.distortion_loss_packed(weights, t_starts, t_ends, row_splits).numpy(), 4))
+      [0.2012 0.0082]
+    """
     fn = "distortion_loss_packed"
     weights = _float32(weights, fn, "weights")
     t_starts = _float32(t_starts, fn, "t_starts")
