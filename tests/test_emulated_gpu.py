@@ -2,8 +2,8 @@
 /GPU:0 against its CPU kernel, the Keras layer, a SavedModel, NeRF training steps, 8 threads at once, thread orders
 of the emulated GPU, the TF_METAL_OPS_SYNC path, and the device's guarantees (host reads of device memory fault;
 clear errors when it cannot be enabled). Each check runs in a fresh process with TF_METAL_OPS_EMULATED_GPU=1 (the
-emulated backend) and again with =metal (metal_backend.mm over the doubles of Apple's stack); the checks and
-their tolerances are in tests/support/emulated_gpu_checks.py.
+emulated backend) and again with =metal (the Metal backend, csrc/metal/*.mm, over the doubles of Apple's stack);
+the checks and their tolerances are in tests/support/emulated_gpu_checks.py.
 
 Needs clang++-16 like the other native checks: skips without it, fails under TFMO_REQUIRE_MAC_CHECKS=1 (CI).
 """
@@ -59,7 +59,7 @@ CASES = [
 
 @pytest.mark.parametrize("check,seed,env", CASES, ids=[f"{c}-{s}-{'-'.join(e) or 'default'}" for c, s, e in CASES])
 def test_gpu_path_on_emulated_device(gpu_backend, check, seed, env):
-    """Under both GPU backends (conftest.gpu_backend): the emulated one, and metal_backend.mm over Apple's doubles."""
+    """Under both GPU backends (conftest.gpu_backend): the emulated one, and csrc/metal/*.mm over Apple's doubles."""
     run_check("emulated_gpu_checks", check, seed, {**gpu_backend[1], **env})
 
 

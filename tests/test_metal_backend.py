@@ -1,4 +1,4 @@
-"""csrc/metal/metal_backend.mm over the doubles of Apple's stack (TF_METAL_OPS_EMULATED_GPU=metal, tools/apple_mock):
+"""The Metal backend (csrc/metal/*.mm) over the doubles of Apple's stack (TF_METAL_OPS_EMULATED_GPU=metal, tools/apple_mock):
 what a Mac may present that the backend must survive, one case per review defect the doubles can show. Every op
 and gradient check also runs under this backend (tests/test_emulated_gpu.py via conftest.gpu_backend); these cases
 add the doubles' switches:

@@ -214,7 +214,7 @@ def backend_info() -> dict:
 
 
 def _gpu_backend(info: dict) -> str | None:
-    """Which backend executes the GPU kernels in this process: "metal" (metal_backend.mm: on a Mac, or over the
+    """Which backend executes the GPU kernels in this process: "metal" (csrc/metal/*.mm: on a Mac, or over the
     doubles of Apple's stack with TF_METAL_OPS_EMULATED_GPU=metal), "emulated" (TF_METAL_OPS_EMULATED_GPU=1), or
     None (no GPU kernels run)."""
     emulated = info.get("emulated_gpu", {})

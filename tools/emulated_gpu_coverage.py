@@ -2,7 +2,7 @@
 
     python tools/emulated_gpu_coverage.py [--min 90] [--tests FILE ...] [--missed] [--json OUT]
     python tools/emulated_gpu_coverage.py --profdata DIR/merged.profdata --library LIB.so   # report a run again
-    python tools/emulated_gpu_coverage.py --backend metal [--missed]   # csrc/metal/metal_backend.mm on the doubles
+    python tools/emulated_gpu_coverage.py --backend metal [--missed]   # csrc/metal/*.mm on the doubles
 
 1. Builds the emulated GPU with TF_METAL_OPS_EMU_COVERAGE=1 (tf_metal_ops.emulated_gpu.build(): the host sources,
    csrc/gpu/*.cc + csrc/common/tfc.cc + csrc/emulated/emu_backend.cc, compiled and the kernel library linked with
@@ -17,10 +17,11 @@
 4. --backend emulated (default) prints the number of non-blank, non-comment lines of csrc/metal/*.mm, which that
    run does not execute. --backend metal builds and runs the Metal backend over the doubles of Apple's stack
    instead (TF_METAL_OPS_EMULATED_GPU=metal; needs TF_METAL_OPS_OBJC_RUNTIME), runs the tests' metal cases
-   (METAL_TESTS, -k metal) and reports csrc/metal/metal_backend.mm beside csrc/gpu/*; --missed lists its
+   (METAL_TESTS, -k metal) and reports csrc/metal/* (the .mm files and the
+   headers they compile) beside csrc/gpu/*; --missed lists its
    unexecuted lines too.
 
-Exit status: 0 when the measured total (csrc/gpu/* for emulated, csrc/metal/*.mm for metal) is >= --min percent
+Exit status: 0 when the measured total (csrc/gpu/* for emulated, csrc/metal/* for metal) is >= --min percent
 (default 90 / 85), 1 below it, 2 when pytest failed or no profile was written. Needs llvm-profdata-16 and llvm-cov-16 (`apt-get install llvm-16`; or set LLVM_PROFDATA /
 LLVM_COV) and clang++-16 (like tests/test_emulated_gpu.py). The installed package is what gets built and tested:
 reinstall (`pip install --no-build-isolation --no-deps .`) after changing csrc/.
@@ -202,7 +203,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--min", type=float, default=None,
                     help="minimum line coverage in percent: of csrc/gpu/* (emulated, default 90), of "
-                         "csrc/metal/metal_backend.mm (metal, default 85)")
+                         "csrc/metal/* (metal, default 85)")
     ap.add_argument("--tests", nargs="+", default=None,
                     help=f"pytest files, relative to the repo root (default: {' '.join(DEFAULT_TESTS)}, those present)")
     ap.add_argument("--pytest-args", default="", help="extra pytest arguments, e.g. \"-k zero_out\"")
@@ -213,7 +214,7 @@ def main(argv=None) -> int:
     ap.add_argument("--missed", action="store_true", help="list the csrc/gpu lines no test executed")
     ap.add_argument("--json", help="also write the per-file summaries and the total here")
     ap.add_argument("--backend", choices=sorted(SWITCH), default="emulated",
-                    help="the GPU backend to measure: the emulated one, or metal_backend.mm over Apple's doubles")
+                    help="the GPU backend to measure: the emulated one, or csrc/metal/*.mm over Apple's doubles")
     args = ap.parse_args(argv)
 
     profdata_tool, cov_tool = tool("LLVM_PROFDATA", "llvm-profdata-16"), tool("LLVM_COV", "llvm-cov-16")
@@ -264,7 +265,7 @@ def main(argv=None) -> int:
     mm_files = sorted(f for f in files if "/csrc/metal/" in f)
     if metal:
         table([(short(f), files[f]) for f in mm_files],
-              "Metal backend (csrc/metal/*.mm) over the doubles of Apple's stack (tools/apple_mock)")
+              "Metal backend (csrc/metal/*) over the doubles of Apple's stack (tools/apple_mock)")
     missed = {}
     if args.missed:
         print("\nLines of csrc/gpu/* no test executed:")
@@ -283,7 +284,7 @@ def main(argv=None) -> int:
         ln = [files[f]["lines"] for f in mm_files]
         mm_total, mm_covered = sum(x["count"] for x in ln), sum(x["covered"] for x in ln)
         pct = 100.0 * mm_covered / mm_total if mm_total else 0.0
-        print(f"csrc/metal/*.mm line coverage on Apple's doubles: {mm_covered}/{mm_total} = {pct:.2f}% "
+        print(f"csrc/metal/* line coverage on Apple's doubles: {mm_covered}/{mm_total} = {pct:.2f}% "
               f"(minimum {args.min:g}%)")
     print(f"profile: {profdata}")
     if args.json:

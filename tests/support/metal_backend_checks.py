@@ -1,4 +1,4 @@
-"""Checks of csrc/metal/metal_backend.mm over the doubles of Apple's stack (TF_METAL_OPS_EMULATED_GPU=metal), one per
+"""Checks of the Metal backend (csrc/metal/*.mm) over the doubles of Apple's stack (TF_METAL_OPS_EMULATED_GPU=metal), one per
 review defect the doubles can show, run in a subprocess by tests/test_metal_backend.py:
 
     cd tests

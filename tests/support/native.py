@@ -5,7 +5,7 @@ say how to enable them; CI sets TFMO_REQUIRE_MAC_CHECKS=1 so a missing toolchain
 silently.
 
 GPU backends: "emulated": TF_METAL_OPS_EMULATED_GPU=1, the emulated backend on the emulated device. "metal":
-TF_METAL_OPS_EMULATED_GPU=metal, the unchanged csrc/metal/metal_backend.mm over the doubles of Apple's stack
+TF_METAL_OPS_EMULATED_GPU=metal, the unchanged Metal backend (csrc/metal/*.mm) over the doubles of Apple's stack
 (tools/apple_mock), which needs the GNUstep Objective-C runtime named by TF_METAL_OPS_OBJC_RUNTIME.
 """
 

@@ -1,6 +1,7 @@
-"""The Metal backend on Linux: ``TF_METAL_OPS_EMULATED_GPU=metal`` builds the unchanged ``csrc/metal/metal_backend.mm``
-with the GPU host code, over test doubles of Apple's stack (tools/apple_mock: Foundation, libdispatch, malloc zones,
-Metal, and a tensorflow-metal-like PluggableDevice), on the GNUstep Objective-C runtime (libobjc2).
+"""The Metal backend on Linux: ``TF_METAL_OPS_EMULATED_GPU=metal`` builds the unchanged Metal backend
+(``csrc/metal/*.mm``) with the GPU host code, over test doubles of Apple's stack (tools/apple_mock: Foundation,
+libdispatch, malloc zones, Metal, and a tensorflow-metal-like PluggableDevice), on the GNUstep Objective-C runtime
+(libobjc2).
 
 The runtime is a test tool and never ships: ``TF_METAL_OPS_OBJC_RUNTIME`` names it, either the unpacked directory
 (``include/``, ``lib/libobjc.so``) or its ``.tgz`` (unpacked into the cache). Built at first use into the package
@@ -80,7 +81,8 @@ def make(work: Path, *, root: Path, compiler: str, tf_include: str, tf_lib: str,
     host = ["-std=c++20", *common, f"-I{tf_include}", f"-I{csrc}", f"-I{csrc / 'shared'}", *coverage]
     for src in sorted((csrc / "gpu").glob("*.cc")) + [csrc / "common" / n for n in ("tfc.cc", "thread_pool.cc")]:
         kernels.append((src, work / f"k_{src.stem}.o", host))
-    kernels.append((csrc / "metal" / "metal_backend.mm", work / "k_metal_backend.o", [*objc, *coverage]))
+    for src in sorted((csrc / "metal").glob("*.mm")):
+        kernels.append((src, work / f"k_metal_{src.stem}.o", [*objc, *coverage]))
     kernels.append((embedded, work / "k_embedded.o", ["-std=c++20", *common, f"-I{csrc}"]))
     device.append((mock / "src" / "tensorflow_metal_device.mm", work / "device.o", objc))
     jobs = apple + kernels + device

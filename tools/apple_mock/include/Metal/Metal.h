@@ -1,4 +1,4 @@
-// Test double of Apple's Metal framework (macOS 13 SDK): the subset csrc/metal/metal_backend.mm and the
+// Test double of Apple's Metal framework (macOS 13 SDK): the subset csrc/metal/*.mm and the
 // tensorflow-metal double use, declared with the SDK's names and signatures and nothing Apple's headers lack.
 // Implemented by tools/apple_mock/src/metal.mm; conventions and the rules it asserts: tools/apple_mock/README.md.
 #pragma once
