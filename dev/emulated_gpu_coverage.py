@@ -17,10 +17,11 @@
 4. --backend direct (default) prints the number of non-blank, non-comment lines of csrc/metal/*.mm, which that
    run does not execute. --backend metal builds and runs the metal backend over the Apple doubles instead
    (dev/apple_doubles/build.py; needs TF_METAL_OPS_OBJC_RUNTIME), runs the tests' metal cases
-   (METAL_TESTS, -k metal) and reports csrc/metal/metal_backend.mm beside csrc/gpu/*; --missed lists its
+   (METAL_TESTS, -k metal) and reports csrc/metal/* (the .mm files and the
+   headers they compile) beside csrc/gpu/*; --missed lists its
    unexecuted lines too.
 
-Exit status: 0 when the measured total (csrc/gpu/* for direct, csrc/metal/*.mm for metal) is >= --min percent
+Exit status: 0 when the measured total (csrc/gpu/* for direct, csrc/metal/* for metal) is >= --min percent
 (default 90 / 85), 1 below it, 2 when pytest failed or no profile was written. Needs llvm-profdata-16 and llvm-cov-16 (`apt-get install llvm-16`; or set LLVM_PROFDATA /
 LLVM_COV) and clang++-16 (like tests/test_emulated_gpu.py). The installed package is what gets built and tested:
 reinstall (`pip install --no-build-isolation --no-deps .`) after changing csrc/.
@@ -208,7 +209,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--min", type=float, default=None,
                     help="minimum line coverage in percent: of csrc/gpu/* (emulated, default 90), of "
-                         "csrc/metal/metal_backend.mm (metal, default 85)")
+                         "csrc/metal/* (metal, default 85)")
     ap.add_argument("--tests", nargs="+", default=None,
                     help=f"pytest files, relative to the repo root (default: {' '.join(DEFAULT_TESTS)}, those present)")
     ap.add_argument("--pytest-args", default="", help="extra pytest arguments, e.g. \"-k zero_out\"")
@@ -219,7 +220,7 @@ def main(argv=None) -> int:
     ap.add_argument("--missed", action="store_true", help="list the csrc/gpu lines no test executed")
     ap.add_argument("--json", help="also write the per-file summaries and the total here")
     ap.add_argument("--backend", choices=BACKENDS, default="direct",
-                    help="the GPU backend to measure: the emulated one, or metal_backend.mm over the Apple doubles")
+                    help="the GPU backend to measure: the emulated one, or csrc/metal/*.mm over the Apple doubles")
     args = ap.parse_args(argv)
 
     profdata_tool, cov_tool = tool("LLVM_PROFDATA", "llvm-profdata-16"), tool("LLVM_COV", "llvm-cov-16")

@@ -44,7 +44,7 @@ def test_sources_compile_for_both_mac_targets(mac_host_check):
     code, out = run_check()
     assert code == 0, out
     sources = [os.path.relpath(p, REPO_ROOT) for p in mac_host_check.discover_sources()]
-    assert "csrc/metal/metal_backend.mm" in sources and "csrc/gpu/zero_out_gpu.cc" in sources
+    assert "csrc/metal/backend.mm" in sources and "csrc/metal/device.mm" in sources and "csrc/gpu/zero_out_gpu.cc" in sources
     assert not [s for s in sources if s.startswith("csrc/emulated_gpu/")]  # Linux-only emulated GPU
     assert any(s.startswith("csrc/cpu/") and s.endswith(".cc") for s in sources)
     for source in sources + ["metal_embedded_sources.cc"]:

@@ -40,7 +40,7 @@ def test_on_cpu(name):
 
 def test_on_the_emulated_gpu(gpu_backend):
     """Under both GPU backends (conftest.gpu_backend): inline kernels compile through msl_emu in the emulated
-    backend, and through the Apple doubles' newLibraryWithSource: under metal_backend.mm."""
+    backend, and through the Apple doubles' newLibraryWithSource: under csrc/metal/*.mm."""
     env = {**os.environ, **QUIET, **gpu_backend[1]}
     r = scripts.run("metal_kernel_checks", "/GPU:0", env=env, timeout=1800)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-6000:]}"

@@ -76,7 +76,7 @@ def _runtime_sources(gpu: str | None) -> list[Path]:
     csrc = emulated_gpu.source_root() / "csrc"
     out = [csrc / "common" / "tfc.cc", csrc / "common" / "thread_pool.cc", csrc / "common" / "shape_fns.cc"]
     if gpu == "metal":
-        out += [csrc / "gpu" / "gpu_host.cc", csrc / "metal" / "metal_backend.mm"]
+        out += [csrc / "gpu" / "gpu_host.cc", *sorted((csrc / "metal").glob("*.mm"))]
     elif gpu == "direct":
         out += [csrc / "gpu" / "gpu_host.cc", csrc / "common" / "inline_library.cc", csrc / "emulated_gpu" / "direct_backend.cc"]
     return out
@@ -167,8 +167,12 @@ def build(name: str, sources: Sequence[str | os.PathLike], *, extra_cflags: Sequ
         for s in cpu_sources + gpu_sources:
             jobs.append((s, [*[f for f in flags if not f.startswith("-std=")], cxx_std, f"-I{s.parent}"]))
         if gpu == "metal":
-            for s in kinds["objc"] + [p for p in _runtime_sources(gpu) if p.suffix == ".mm"]:
-                jobs.append((s, [*flags, "-x", "objective-c++", "-fobjc-arc", "-fblocks", f"-I{s.parent}"]))
+            objc = [*flags, "-x", "objective-c++", "-fobjc-arc", "-fblocks"]
+            for s in kinds["objc"]:
+                jobs.append((s, [*objc, f"-I{s.parent}"]))
+            # The Metal backend's files include its internal headers as "metal/...", which get_include() lacks.
+            for s in [p for p in _runtime_sources(gpu) if p.suffix == ".mm"]:
+                jobs.append((s, [*objc, f"-I{s.parent.parent}"]))
             jobs.append((_embedded_metal(kinds["metal"], work), [*flags]))  # the backend needs the table, even empty
         elif gpu == "direct" and kinds["metal"]:
             units = msl_emu.generate(kinds["metal"], work / "glue")

@@ -184,7 +184,7 @@ def _metal_toolchain():
 
 # Fast math off: `xcrun metal` compiles with fast math by default, which lets the compiler assume no NaN/inf and
 # reassociate. The kernels rely on IEEE behaviour (NaN positions -> 0 with zero gradient, NaN outputs for invalid
-# rays, exp of large arguments -> inf), and the run-time path (metal_backend.mm) sets fastMathEnabled = NO too, so
+# rays, exp of large arguments -> inf), and the run-time path (csrc/metal/device.mm) sets fastMathEnabled = NO too, so
 # both library variants and the embedded sources compute the same thing. -ffp-contract=off: fast math off does not
 # stop GPU compilers from fusing a*b + c; the CPU build does not fuse either (fused multiply-adds only via tfmo_fma),
 # and csrc/shared/device_compat.h says the same to the run-time compiler with #pragma clang fp contract(off).

@@ -1,6 +1,6 @@
 // Emulated GPU backend: executes tfmo::gpu::Call passes on the Metal-emulating TF device (se_plugin.cc),
 // running the unchanged metal_kernels/*.metal through csrc/msl_emu (kernel_launch.h). The counterpart of
-// csrc/metal/metal_backend.mm, step for step:
+// csrc/metal/backend.mm, step for step:
 //   TF_GetStream -> the device's stream protocol (emu_stream.h), checked by its magic before use;
 //   binding contract checked for every pass on the op's thread (an error fails the op, nothing is enqueued);
 //   inside queue_sync: the stream's current command buffer gets one work item holding all passes (one encoder),

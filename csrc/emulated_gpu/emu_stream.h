@@ -3,7 +3,7 @@
 // tensorflow-metal's stream object for the direct backend (csrc/emulated_gpu/direct_backend.cc). A C ABI, so that any op
 // library (this package's, or a user's built with the op kit) can drive the device without linking against it.
 //
-// Mapping to tensorflow-metal's protocol (csrc/metal/metal_backend.mm):
+// Mapping to tensorflow-metal's protocol (csrc/metal/stream.h):
 //   -queue + dispatch_sync(queue, ^{...})  ->  api->queue_sync(stream, fn, arg)
 //   -currentCommandBuffer                  ->  api->current_command_buffer(stream)
 //   [MTLComputeCommandEncoder dispatch...] ->  api->encode(command_buffer, work)

@@ -1,6 +1,6 @@
 // GPU host layer, backend-neutral: what every op's GPU host code (csrc/gpu/<op>_gpu.cc) uses to validate, allocate
 // and describe its passes. One backend per build executes the description:
-//   - Metal (csrc/metal/metal_backend.mm, macOS): tensorflow-metal's stream, one compute encoder, one commit;
+//   - Metal (csrc/metal/*.mm, macOS): tensorflow-metal's stream, one compute encoder, one commit;
 //   - emulated (csrc/emulated_gpu/direct_backend.cc, any OS): the Metal-emulating TF device, kernels run by csrc/msl_emu.
 // Conventions: docs/metal_host.md.
 //

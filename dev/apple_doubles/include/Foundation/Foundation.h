@@ -1,4 +1,4 @@
-// Test double of Apple's Foundation framework (macOS 13 SDK): the subset csrc/metal/metal_backend.mm and the
+// Test double of Apple's Foundation framework (macOS 13 SDK): the subset csrc/metal/*.mm and the
 // doubles of Metal and tensorflow-metal use, with Apple's names and signatures and nothing Apple's headers lack.
 // Implemented by dev/apple_doubles/src/foundation.mm over libobjc2; conventions: dev/apple_doubles/README.md.
 #pragma once

@@ -1,4 +1,4 @@
-// Test double of Apple's Metal framework (macOS 13 SDK): the subset csrc/metal/metal_backend.mm and the
+// Test double of Apple's Metal framework (macOS 13 SDK): the subset csrc/metal/*.mm and the
 // tensorflow-metal double use, declared with the SDK's names and signatures and nothing Apple's headers lack.
 // Implemented by dev/apple_doubles/src/metal.mm; conventions and the rules it asserts: dev/apple_doubles/README.md.
 #pragma once
