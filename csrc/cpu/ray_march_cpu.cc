@@ -138,7 +138,8 @@ template <bool kStore>
 void MarchChunk(const RmParams& p, const float* o, const float* d, const float* near_t, const float* far_t,
                 const Occupancy& occ, int64_t R, int64_t q, int64_t* counts, ChunkSamples* out) {
   const int64_t r0 = q * kChunkRays, r1 = std::min(R, r0 + kChunkRays);
-  const int isa = tfmo::CountIsaCall(tfmo::ray_march::cpu::IsaSelection(), tfmo::ray_march::cpu::g_isa_calls);
+  [[maybe_unused]] const int isa =
+      tfmo::CountIsaCall(tfmo::ray_march::cpu::IsaSelection(), tfmo::ray_march::cpu::g_isa_calls);
 #ifdef TFMO_RM_AVX2
   if (isa == tfmo::ray_march::cpu::kIsaAvx2) {
     tfmo::ray_march::cpu::RmStage stage;
