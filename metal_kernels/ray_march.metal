@@ -1,6 +1,5 @@
-// Metal kernels of RayMarch except the block scan (semantics: csrc/ops/ray_march_op.cc; math and conventions:
-// csrc/shared/ray_march_math.h; host: csrc/gpu/ray_march_gpu.cc). No barriers (this file runs on the emulator's
-// fast path; the barrier-using block scan is in ray_march_scan.metal). Host order of the passes:
+// Metal kernels of RayMarch (semantics: csrc/ops/ray_march_op.cc; math and conventions:
+// csrc/shared/ray_march_math.h; host: csrc/gpu/ray_march_gpu.cc). Host order of the passes:
 //   ray_march_mip (levels 1 .. L in order, one thread per byte of the level) ->
 //   ray_march_count (R threads) -> scan of counts (ray_march_scan_block / ray_march_scan_add) -> host reads N ->
 //   ray_march_splits (R + 1 threads) -> ray_march_fill (R threads, skipped when N = 0).
@@ -54,6 +53,30 @@ kernel void ray_march_count(device const float* rays_o [[buffer(0)]],
     }
   }
   scan[ulong(r) + 1] = long(n);
+}
+
+// First half of one scan level, the block scan of the per-ray counts (scheme: kRmScanBlock in
+// csrc/shared/ray_march_math.h; the one kernel here with barriers). Dispatched as whole threadgroups of kRmScanBlock
+// threads with kRmScanBlock longs of threadgroup memory at [[threadgroup(0)]]: each group scans its block of
+// data[offset + i], i < n, in place (inclusive, Hillis-Steele in threadgroup memory) and writes the block's total
+// to sums[group].
+kernel void ray_march_scan_block(device long* data [[buffer(0)]],
+                                 device long* sums [[buffer(1)]],
+                                 constant RmScanParams& p [[buffer(2)]],
+                                 threadgroup long* tmp [[threadgroup(0)]],
+                                 uint i [[thread_position_in_grid]],
+                                 uint lid [[thread_position_in_threadgroup]],
+                                 uint g [[threadgroup_position_in_grid]]) {
+  tmp[lid] = i < p.n ? data[ulong(p.offset) + i] : 0;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (uint step = 1; step < kRmScanBlock; step <<= 1) {
+    const long add = lid >= step ? tmp[lid - step] : 0;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    tmp[lid] += add;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  if (i < p.n) data[ulong(p.offset) + i] = tmp[lid];
+  if (lid == kRmScanBlock - 1) sums[g] = tmp[lid];
 }
 
 // Second half of one scan level: value i of block g > 0 adds the inclusive scan of the block totals up to g - 1.

@@ -1,5 +1,5 @@
 // Metal kernels of VolumeRenderPacked / DistortionLossPacked and their gradients (semantics:
-// csrc/ops/render_packed_op.cc; math: csrc/shared/volume_render_math.h; host: csrc/gpu/render_packed_gpu.cc).
+// csrc/ops/render_packed_op.cc; math: csrc/shared/render_math.h; host: csrc/gpu/render_packed_gpu.cc).
 // One thread per ray, the same loops as the CPU kernels (csrc/cpu/render_packed_cpu.cc). Offsets are 64-bit.
 //
 // NaN policy (a GPU kernel cannot fail the op; never an out-of-bounds access, whatever the input holds):
@@ -25,7 +25,7 @@
 #include <metal_stdlib>
 using namespace metal;
 
-#include "volume_render_math.h"
+#include "render_math.h"
 
 enum : uint { kVrpLocalChannels = 4 };
 

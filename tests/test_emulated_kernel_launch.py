@@ -410,7 +410,7 @@ def test_every_real_kernel_is_registered(launcher):
     assert res.stdout.count("has: 1") == len(expected)
     by_file = {u.metal_file.name: u for u in units}
     # Only the block scan needs barriers; every other kernel file runs on the emulator's barrier-free fast path.
-    assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].uses_barriers} == {"ray_march_scan.metal"}
+    assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].uses_barriers} == {"ray_march.metal"}
     assert by_file["launch_fixture.metal"].uses_barriers and not by_file["launch_fast.metal"].uses_barriers
 
 

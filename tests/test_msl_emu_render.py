@@ -1,4 +1,4 @@
-"""metal_kernels/volume_render.metal and distortion_loss.metal, executed on the CPU through the MSL emulation
+"""metal_kernels/render.metal (VolumeRender and DistortionLoss), executed on the CPU through the MSL emulation
 (csrc/msl_emu) under ASan+UBSan, must match the CPU ops (forward and backward) on random inputs.
 
 Tolerances, not bit equality: the CPU kernels use their own vectorised exp, the emulated kernels libm's (and a

@@ -119,11 +119,13 @@ def _metal_status(tf, build, system=None):
     return True, f"Metal kernels run on {gpus[0].name} ({reason})"
 
 
-# The CPU kernels built for several ISAs, and their builds in index order (csrc/common/isa_choice.h): family ->
-# (the op library's diagnostics function, the environment variable that picks a build, build names).
+# The CPU kernels built for several ISAs, and their builds in index order (csrc/common/isa_choice.h): name ->
+# (the op library's diagnostics function tfmo_<family>_cpu_paths, the environment variable that picks a build,
+# build names). "volume_render" is the render family's builds, which the render_packed kernels run too; its variable
+# TF_METAL_OPS_RENDER_ISA is also read as TF_METAL_OPS_VOLUME_RENDER_ISA.
 CPU_ISA_FAMILIES = {
     "hash_grid": ("tfmo_hash_grid_cpu_paths", "TF_METAL_OPS_HASH_GRID_ISA", ("default", "avx2")),
-    "volume_render": ("tfmo_volume_render_cpu_paths", "TF_METAL_OPS_VOLUME_RENDER_ISA", ("default", "avx2", "avx512")),
+    "volume_render": ("tfmo_render_cpu_paths", "TF_METAL_OPS_RENDER_ISA", ("default", "avx2", "avx512")),
     "ray_march": ("tfmo_ray_march_cpu_paths", "TF_METAL_OPS_RAY_MARCH_ISA", ("default", "avx2")),
 }
 VOLUME_RENDER_ISAS = CPU_ISA_FAMILIES["volume_render"][2]
@@ -135,8 +137,8 @@ def cpu_paths(family: str | None = None) -> dict:
 
     A family's loops are compiled for the baseline ISA (``default``) and, on x86-64, for AVX2 (and AVX-512 for the
     volume render); one build is chosen once per process: the best the CPU supports, or the one named by the family's
-    variable (``TF_METAL_OPS_HASH_GRID_ISA``, ``TF_METAL_OPS_VOLUME_RENDER_ISA``, ``TF_METAL_OPS_RAY_MARCH_ISA``: a
-    build name or ``auto``; a build the CPU cannot run falls back to the best lower one, with a message on stderr;
+    variable (``TF_METAL_OPS_HASH_GRID_ISA``, ``TF_METAL_OPS_RENDER_ISA`` or ``TF_METAL_OPS_VOLUME_RENDER_ISA``,
+    ``TF_METAL_OPS_RAY_MARCH_ISA``: a build name or ``auto``; a build the CPU cannot run falls back to the best lower one, with a message on stderr;
     ``TF_METAL_OPS_NO_AVX2`` is an alias of ``TF_METAL_OPS_HASH_GRID_ISA=default``). ``paths`` holds ``built`` and
     ``supported`` (lists of build names), ``selected``, ``requested`` (None when unset or ``auto``, ``"?"`` for an
     unknown name), ``fell_back`` (the request could not be honoured), ``variable`` and ``calls`` (loop calls so far

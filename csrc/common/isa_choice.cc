@@ -19,9 +19,12 @@ IsaChoice ChooseIsa(const IsaBuilds& b) {
       break;
     }
   IsaChoice c{best, -1, false};
+  const char* var = b.env;  // the variable the request comes from, for messages
   const char* env = std::getenv(b.env);
-  if ((env == nullptr || env[0] == '\0') && b.alias != nullptr && std::getenv(b.alias) != nullptr)
-    env = b.alias_request;
+  if ((env == nullptr || env[0] == '\0') && b.alias != nullptr && std::getenv(b.alias) != nullptr) {
+    env = b.alias_request != nullptr ? b.alias_request : std::getenv(b.alias);
+    if (b.alias_request == nullptr) var = b.alias;
+  }
   if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return c;
   for (int isa = 0; isa < b.count; ++isa)
     if (std::strcmp(env, b.names[isa]) == 0) c.requested = isa;
@@ -30,7 +33,7 @@ IsaChoice ChooseIsa(const IsaBuilds& b) {
     for (int isa = b.count - 1; isa >= 0; --isa) known += std::string(b.names[isa]) + ", ";
     c.requested = -2;
     c.fell_back = true;
-    std::fprintf(stderr, "tf_metal_ops: error: %s=%s is not one of %sauto; %s the %s build\n", b.env, env,
+    std::fprintf(stderr, "tf_metal_ops: error: %s=%s is not one of %sauto; %s the %s build\n", var, env,
                  known.c_str(), b.kernels, b.names[best]);
     return c;
   }
@@ -46,7 +49,7 @@ IsaChoice ChooseIsa(const IsaBuilds& b) {
     }
   c.selected = fallback;
   c.fell_back = true;
-  std::fprintf(stderr, "tf_metal_ops: error: %s=%s: %s; %s the %s build instead\n", b.env, env,
+  std::fprintf(stderr, "tf_metal_ops: error: %s=%s: %s; %s the %s build instead\n", var, env,
                !IsaBuilt(b, c.requested) ? b.not_built : b.lacks(c.requested), b.kernels, b.names[fallback]);
   return c;
 }

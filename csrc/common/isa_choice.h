@@ -3,13 +3,19 @@
 // preferred. A request that cannot be honoured (an unknown name, a build not compiled in or that this CPU cannot run)
 // falls back to the best runnable build below it, with a message on stderr saying why.
 //
-// Every CPU kernel built for several ISAs uses it, each with its variable TF_METAL_OPS_<FAMILY>_ISA (auto, default
-// or a build name) and its diagnostics tfmo_<family>_cpu_paths (TFMO_ISA_DIAGNOSTICS below; Python:
-// tf_metal_ops.backend.cpu_paths):
-//   hash grid      TF_METAL_OPS_HASH_GRID_ISA      default, avx2           csrc/cpu/hash_grid_cpu.cc
-//   volume render  TF_METAL_OPS_VOLUME_RENDER_ISA  default, avx2, avx512   csrc/cpu/volume_render_cpu.cc (both
-//                                                                          volume_render and volume_render_packed)
-//   ray march      TF_METAL_OPS_RAY_MARCH_ISA      default, avx2           csrc/cpu/ray_march_isa.cc
+// Every op family whose CPU kernels are built for several ISAs has the same two pieces:
+//   csrc/cpu/<family>_cpu_isa.h  its builds (namespace tfmo::<family>::cpu: enum Isa {kIsaDefault, kIsaAvx2, ...,
+//                                kIsaCount}, IsaSelection(), g_isa_calls), the code that differs per build (vector
+//                                helpers, intrinsic paths) and TFMO_<PREFIX>_BUILDS, which compiles an always-inline
+//                                loop body once per build and dispatches on IsaSelection() (CountIsaCall below);
+//   csrc/cpu/<family>_cpu.cc     the kernels, and at its end the choice (kIsaBuilds, the variable
+//                                TF_METAL_OPS_<FAMILY>_ISA: auto, default or a build name) and the diagnostics
+//                                tfmo_<family>_cpu_paths (TFMO_ISA_DIAGNOSTICS below; Python:
+//                                tf_metal_ops.backend.cpu_paths).
+//   hash_grid  TF_METAL_OPS_HASH_GRID_ISA  default, avx2          (alias: TF_METAL_OPS_NO_AVX2 = default)
+//   render     TF_METAL_OPS_RENDER_ISA     default, avx2, avx512  (alias: TF_METAL_OPS_VOLUME_RENDER_ISA; the
+//                                                                  render_packed kernels run these builds too)
+//   ray_march  TF_METAL_OPS_RAY_MARCH_ISA  default, avx2
 #pragma once
 
 #include <atomic>
@@ -31,8 +37,9 @@ struct IsaBuilds {
   bool (*cpu_runs)(int);     // whether this CPU (and OS) can run built build isa >= 1
   const char* not_built;     // why a build that is not compiled in cannot run
   const char* (*lacks)(int); // why a built build cannot run on this CPU
-  // An older variable kept working: when `env` is unset (or empty) and `alias` is set (to anything), the request
-  // is `alias_request` (e.g. TF_METAL_OPS_NO_AVX2 for TF_METAL_OPS_HASH_GRID_ISA=default).
+  // A second variable: when `env` is unset (or empty) and `alias` is set, the request is `alias_request` (e.g.
+  // TF_METAL_OPS_NO_AVX2, set to anything, for TF_METAL_OPS_HASH_GRID_ISA=default), or the alias's value when
+  // alias_request is null (TF_METAL_OPS_VOLUME_RENDER_ISA for TF_METAL_OPS_RENDER_ISA).
   const char* alias = nullptr;
   const char* alias_request = nullptr;
 };
@@ -44,6 +51,12 @@ template <const IsaBuilds& B>
 const IsaChoice& ChosenIsa() {
   static const IsaChoice choice = ChooseIsa(B);
   return choice;
+}
+
+// The build that this call runs (c.selected), counted in calls[build] (the calls of the family's diagnostics).
+inline int CountIsaCall(const IsaChoice& c, std::atomic<long long>* calls) {
+  calls[c.selected].fetch_add(1, std::memory_order_relaxed);
+  return c.selected;
 }
 
 // Build isa is compiled in / compiled in and runnable on this CPU (build 0 always is).
@@ -67,7 +80,3 @@ void ReportIsa(const IsaBuilds& b, const IsaChoice& c, const std::atomic<long lo
                                                               int* selected, int* requested, int* fell_back) { \
     tfmo::ReportIsa(BUILDS, CHOICE, COUNTS, calls, built, supported, selected, requested, fell_back);          \
   }
-
-namespace tfmo {
-
-}  // namespace tfmo

@@ -25,10 +25,10 @@
 #include <type_traits>
 
 #include "common/half.h"
-#include "common/isa_choice.h"
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "common/thread_pool.h"
+#include "cpu/hash_grid_cpu_isa.h"
 #include "shared/hash_grid_math.h"
 #include "ops/hash_grid_args.h"
 
@@ -37,75 +37,9 @@ namespace {
 using tfmo::hash_grid::Call;
 using tfmo::hash_grid::Config;
 
-// Hot loops are always-inline bodies instantiated twice (see TFMO_HG_BUILDS): default (baseline ISA) and, on
-// x86-64 with GCC, with target("avx2,fma"), chosen at run time. Same source and same float operation order, so
-// the two give bitwise identical results: the one fused multiply-add of the math (pos = fma(scale, x, 0.5), as
-// tcnn) is explicit (tfmo_fma: the vfmadd instruction in the AVX2 variant, glibc's correctly rounded fmaf in the
-// baseline: the same bits), and the compiler fuses nothing else (setup.py builds with -ffp-contract=off; GCC's
-// default in GNU mode would contract a*b + c only in the FMA-capable variant).
-#define TFMO_HG_INLINE inline __attribute__((always_inline))
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TFMO_HG_HAVE_AVX2 1
-#define TFMO_HG_AVX2 __attribute__((target("avx2,fma,f16c,bmi,bmi2"), noinline))
-// Tile-sized helpers with AVX2 intrinsics (called per tile of kTile points, so not inlined: GCC inlines a
-// target-specific function only into callers of the same target), used under `if constexpr (kAvx2)`.
-#define TFMO_HG_AVX2_TILE __attribute__((target("avx2,fma,f16c,bmi,bmi2"), noinline))
-#include <immintrin.h>
-#endif
-
-// The builds of the hot loops and the choice between them, once per process (common/isa_choice.h):
-// TF_METAL_OPS_HASH_GRID_ISA = avx2 | default | auto (automatically AVX2 when the CPU has AVX2, FMA and F16C);
-// TF_METAL_OPS_NO_AVX2 (set to anything) is an alias of TF_METAL_OPS_HASH_GRID_ISA=default.
-enum HgIsa : int { kHgDefault = 0, kHgAvx2 = 1, kHgIsaCount = 2 };
-const char* const kHgIsaNames[kHgIsaCount] = {"default", "avx2"};
-
-#ifdef TFMO_HG_HAVE_AVX2
-constexpr int kHgBuilt = kHgIsaCount;
-bool HgCpuRuns(int) {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
-#else
-constexpr int kHgBuilt = 1;
-bool HgCpuRuns(int) { return false; }
-#endif
-
-constexpr tfmo::IsaBuilds kHgIsaBuilds{
-    "TF_METAL_OPS_HASH_GRID_ISA", "the hash-grid CPU kernels use", kHgIsaNames, kHgIsaCount, kHgBuilt,
-    &HgCpuRuns, "that build is not compiled into this library (x86-64 GCC only)",
-    [](int) { return "this CPU lacks AVX2, FMA or F16C"; }, "TF_METAL_OPS_NO_AVX2", "default"};
-
-const tfmo::IsaChoice& HgIsaSelection() { return tfmo::ChosenIsa<kHgIsaBuilds>(); }
-
-// How many hot-loop calls ran each build ([kHgDefault], [kHgAvx2]), for tfmo_hash_grid_cpu_paths: lets a test
-// prove which build of the loops actually ran (one relaxed increment per call of a loop over a range of points).
-std::atomic<long long> g_path_calls[kHgIsaCount];
-
-// Declares NAME_default(ARGS) and NAME_avx2(ARGS) calling the always-inline BODY<D, F, T, kAvx2> (kAvx2 selects
-// the intrinsic fast paths, which compute the same operations in the same order per point), and NAME(ARGS) running
-// the selected one and counting the call.
-#ifdef TFMO_HG_HAVE_AVX2
-#define TFMO_HG_BUILDS(NAME, BODY)                                                              \
-  template <int D, int F, typename T, typename... A>                                            \
-  __attribute__((noinline)) void NAME##_default(A... a) { BODY<D, F, T, false>(a...); }         \
-  template <int D, int F, typename T, typename... A>                                            \
-  TFMO_HG_AVX2 void NAME##_avx2(A... a) { BODY<D, F, T, true>(a...); }                          \
-  template <int D, int F, typename T, typename... A>                                            \
-  void NAME(A... a) {                                                                           \
-    const int isa = HgIsaSelection().selected;                                                  \
-    g_path_calls[isa].fetch_add(1, std::memory_order_relaxed);                                  \
-    isa == kHgAvx2 ? NAME##_avx2<D, F, T>(a...) : NAME##_default<D, F, T>(a...);                \
-  }
-#else
-#define TFMO_HG_BUILDS(NAME, BODY)                                                              \
-  template <int D, int F, typename T, typename... A>                                            \
-  void NAME(A... a) {                                                                           \
-    g_path_calls[kHgDefault].fetch_add(1, std::memory_order_relaxed);                           \
-    BODY<D, F, T, false>(a...);                                                                 \
-  }
-#endif
+using namespace tfmo::hash_grid::cpu;
 
 constexpr int kTile = 256;
-constexpr int kPrefetch = 16;  // points ahead
 
 template <typename T> inline float Load(const T* p);
 template <> inline float Load<float>(const float* p) { return *p; }
@@ -158,39 +92,6 @@ void ToLevelMajor(const T* src, int64_t n, int L, int active, float* dst) {
     }
   });
 }
-
-#ifdef TFMO_HG_HAVE_AVX2
-// hg_coord for xs[0, count), 8 points per instruction: the same float operations in the same order (clamp with
-// NaN -> 0, one fused multiply-add, truncation, weight and derivative), so the same bits as the scalar loop.
-template <int kInterp>
-TFMO_HG_AVX2_TILE void CoordsAvx2(const float* xs, float scale, int count, uint* g, float* w, float* dw) {
-  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
-  const __m256 vs = _mm256_set1_ps(scale);
-  int i = 0;
-  for (; i + 8 <= count; i += 8) {
-    const __m256 x = _mm256_loadu_ps(xs + i);
-    const __m256 ge0 = _mm256_cmp_ps(x, zero, _CMP_GE_OQ), le1 = _mm256_cmp_ps(x, one, _CMP_LE_OQ);
-    const __m256 xc = _mm256_and_ps(ge0, _mm256_blendv_ps(one, x, le1));  // x >= 0 ? (x <= 1 ? x : 1) : 0
-    const __m256 pos = _mm256_fmadd_ps(vs, xc, half);
-    const __m256i gi = _mm256_cvttps_epi32(pos);  // pos in [0.5, 2^24 + 0.5]: truncation = floor, fits int32
-    const __m256 t = _mm256_sub_ps(pos, _mm256_cvtepi32_ps(gi));
-    __m256 wt = t, dwt;
-    if (kInterp == HG_INTERP_SMOOTHSTEP) {
-      const __m256 two_t = _mm256_mul_ps(_mm256_set1_ps(2.0f), t);
-      wt = _mm256_mul_ps(_mm256_mul_ps(t, t), _mm256_sub_ps(_mm256_set1_ps(3.0f), two_t));
-      dwt = _mm256_mul_ps(vs, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(6.0f), t), _mm256_sub_ps(one, t)));
-    } else if (kInterp == HG_INTERP_LINEAR) {
-      dwt = _mm256_mul_ps(vs, one);
-    } else {
-      dwt = _mm256_mul_ps(vs, zero);
-    }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(g + i), gi);
-    _mm256_storeu_ps(w + i, wt);
-    _mm256_storeu_ps(dw + i, _mm256_and_ps(_mm256_and_ps(ge0, le1), dwt));  // inside ? dwt : 0
-  }
-  for (; i < count; ++i) hg_coord(xs[i], scale, kInterp, &g[i], &w[i], &dw[i]);
-}
-#endif
 
 // Corner rows (level offset included) and weights of a tile of points for one level. Structure-of-arrays and
 // one loop per (dimension | corner) with the index mode and interpolation hoisted, so the compiler vectorises
@@ -286,47 +187,6 @@ TFMO_HG_INLINE void GatherCorners(const T* table, const TileCorners<D>& tc, int 
   for (int c = 0; c < nc; ++c)
     for (int f = 0; f < F; ++f) val[c * F + f] = Load<T>(table + (int64_t)tc.row[c][i] * F + f);
 }
-
-#ifdef TFMO_HG_HAVE_AVX2
-// Forward of the first count & ~7 points of a tile with F = 2 and all 2^D corners, 8 points per instruction
-// (points in lanes) into res [count][2] float32; returns how many points it did. Per point the same operations in
-// the same order as the scalar loop (acc_f = +0, then acc_f += w_c * v_cf for c = 0, 1, ...), so the same bits.
-// A corner's rows are gathered with both features at once (float32: 8-byte rows; float16: 4-byte rows converted
-// with F16C, exact like HalfToFloat) in the point order 0,1,4,5 | 2,3,6,7, which the in-lane shuffles that split
-// the features undo.
-template <int D, typename T>
-TFMO_HG_AVX2_TILE int EncodeTileF2Avx2(const T* table, const TileCorners<D>& tc, int count, float* res) {
-  constexpr int nc = 1 << D;
-  const int count8 = count & ~7;
-  for (int i = 0; i < count8; i += 8) {
-    const int pe = std::min(count, i + kPrefetch + 8);  // random rows: start their misses a few points ahead
-    for (int c = 0; c < nc; ++c)
-      for (int j = i + kPrefetch; j < pe; ++j) __builtin_prefetch(table + (int64_t)tc.row[c][j] * 2, 0);
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    for (int c = 0; c < nc; ++c) {
-      const __m256i idx =
-          _mm256_permute4x64_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tc.row[c] + i)), 0xD8);
-      __m256 lo, hi;  // corner c of points 0,1 | 4,5 and 2,3 | 6,7, features interleaved
-      if constexpr (std::is_same<T, float>::value) {
-        const long long* tb = reinterpret_cast<const long long*>(table);
-        lo = _mm256_castsi256_ps(_mm256_i32gather_epi64(tb, _mm256_castsi256_si128(idx), 8));
-        hi = _mm256_castsi256_ps(_mm256_i32gather_epi64(tb, _mm256_extracti128_si256(idx, 1), 8));
-      } else {
-        const __m256i h = _mm256_i32gather_epi32(reinterpret_cast<const int*>(table), idx, 4);
-        lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-        hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
-      }
-      const __m256 w = _mm256_loadu_ps(tc.wt[c] + i);
-      a0 = _mm256_add_ps(a0, _mm256_mul_ps(w, _mm256_shuffle_ps(lo, hi, 0x88)));  // points 0..7, feature 0
-      a1 = _mm256_add_ps(a1, _mm256_mul_ps(w, _mm256_shuffle_ps(lo, hi, 0xDD)));  // feature 1
-    }
-    const __m256 l = _mm256_unpacklo_ps(a0, a1), h = _mm256_unpackhi_ps(a0, a1);  // points 0,1 | 4,5; 2,3 | 6,7
-    _mm256_storeu_ps(res + 2 * i, _mm256_permute2f128_ps(l, h, 0x20));
-    _mm256_storeu_ps(res + 2 * i + 8, _mm256_permute2f128_ps(l, h, 0x31));
-  }
-  return count8;
-}
-#endif
 
 // Forward of points [b, e) of one level into o [N][F] (level-major).
 template <int D, int F, typename T, bool kAvx2>
@@ -777,6 +637,42 @@ const tfmo::OnLoad kRegister([] {
 
 }  // namespace
 
+// ---------------------------------------------------------------------------------------------------------
+// The ISA builds of the hot loops (csrc/cpu/hash_grid_cpu_isa.h) and the choice between them, once per process
+// (common/isa_choice.h).
+
+namespace tfmo::hash_grid::cpu {
+
+namespace {
+
+const char* const kIsaNames[kIsaCount] = {"default", "avx2"};
+
+#ifdef TFMO_HG_HAVE_AVX2
+constexpr int kIsaBuilt = kIsaCount;
+bool CpuRuns(int) {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+#else
+constexpr int kIsaBuilt = 1;
+bool CpuRuns(int) { return false; }
+#endif
+
+constexpr IsaBuilds kIsaBuilds{
+    "TF_METAL_OPS_HASH_GRID_ISA", "the hash-grid CPU kernels use", kIsaNames, kIsaCount, kIsaBuilt, &CpuRuns,
+    "that build is not compiled into this library (x86-64 GCC only)",
+    [](int) { return "this CPU lacks AVX2, FMA or F16C"; }, "TF_METAL_OPS_NO_AVX2", "default"};
+
+}  // namespace
+
+std::atomic<long long> g_isa_calls[kIsaCount];
+
+// TF_METAL_OPS_HASH_GRID_ISA (or TF_METAL_OPS_NO_AVX2), read once (the first hash-grid call or diagnostics query of
+// the process).
+const IsaChoice& IsaSelection() { return ChosenIsa<kIsaBuilds>(); }
+
+}  // namespace tfmo::hash_grid::cpu
+
 // Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
 // builds default, avx2; calls: hot-loop calls.
-TFMO_ISA_DIAGNOSTICS(tfmo_hash_grid_cpu_paths, kHgIsaBuilds, HgIsaSelection(), g_path_calls)
+TFMO_ISA_DIAGNOSTICS(tfmo_hash_grid_cpu_paths, tfmo::hash_grid::cpu::kIsaBuilds, tfmo::hash_grid::cpu::IsaSelection(),
+                     tfmo::hash_grid::cpu::g_isa_calls)

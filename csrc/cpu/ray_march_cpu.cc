@@ -6,7 +6,7 @@
 // chunks that start past that only count their samples and march again to write them (so memory stays bounded
 // and the int32 limit on the total is checked before anything of that size is allocated). Each ray's march is serial and depends only on
 // its own inputs (a thread interleaves the steps of kLanes rays, or of 16 rays in the AVX2 march of
-// csrc/cpu/ray_march_avx2.h, which changes nothing per ray), so the outputs are bitwise independent of the thread
+// csrc/cpu/ray_march_cpu_isa.h, which changes nothing per ray), so the outputs are bitwise independent of the thread
 // count and of the path (scalar or AVX2, chosen once per process).
 #include <algorithm>
 #include <atomic>
@@ -17,9 +17,13 @@
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "common/thread_pool.h"
-#include "cpu/ray_march_avx2.h"
+#include "cpu/ray_march_cpu_isa.h"
 #include "ops/ray_march_args.h"
 #include "shared/ray_march_math.h"
+
+#ifdef TFMO_RM_AVX2
+#include <cpuid.h>
+#endif
 
 namespace {
 
@@ -35,8 +39,8 @@ constexpr int64_t kBufferedSamples = int64_t{1} << 26;  // 512 MiB of t_start/t_
 // t0s[i][0..counts[i]) and t1s[i] (grown as needed) when kStore, else only counted.
 constexpr int kLanes = 4;
 
-using tfmo::rm_cpu::kOccupiedCell;
-using tfmo::rm_cpu::Occupancy;
+using tfmo::ray_march::cpu::kOccupiedCell;
+using tfmo::ray_march::cpu::Occupancy;
 
 template <bool kStore>
 void MarchRays(const RmParams& p, const float* o, const float* d, const float* near_t, const float* far_t,
@@ -60,7 +64,7 @@ void MarchRays(const RmParams& p, const float* o, const float* d, const float* n
         --n_live;
         continue;
       }
-      const uint level = tfmo::rm_cpu::CellLevel(p, occ, s[i]);
+      const uint level = tfmo::ray_march::cpu::CellLevel(p, occ, s[i]);
       if (level == kOccupiedCell) {
         if constexpr (kStore) {
           if (t0s[i].size() <= k[i]) {
@@ -128,18 +132,18 @@ struct ChunkSamples {
 
 // Marches chunk q of the rays, storing the per-ray counts in counts[0..) (from the chunk's first ray) and, when
 // kStore, the samples in *out.
-// The march runs the path chosen once per process (tfmo::rm_cpu::RmIsaSelection): the scalar MarchRays above, or
-// the AVX2 march of csrc/cpu/ray_march_avx2.h (the same samples, bit for bit).
+// The march runs the build chosen once per process (tfmo::ray_march::cpu::IsaSelection): the scalar MarchRays above,
+// or the AVX2 march of csrc/cpu/ray_march_cpu_isa.h (the same samples, bit for bit).
 template <bool kStore>
 void MarchChunk(const RmParams& p, const float* o, const float* d, const float* near_t, const float* far_t,
                 const Occupancy& occ, int64_t R, int64_t q, int64_t* counts, ChunkSamples* out) {
   const int64_t r0 = q * kChunkRays, r1 = std::min(R, r0 + kChunkRays);
-  const int isa = tfmo::rm_cpu::RmIsaSelection().selected;
-  tfmo::rm_cpu::g_rm_path_calls[isa].fetch_add(1, std::memory_order_relaxed);
+  [[maybe_unused]] const int isa =
+      tfmo::CountIsaCall(tfmo::ray_march::cpu::IsaSelection(), tfmo::ray_march::cpu::g_isa_calls);
 #ifdef TFMO_RM_AVX2
-  if (isa == tfmo::rm_cpu::kRmAvx2) {
-    tfmo::rm_cpu::RmStage stage;
-    tfmo::rm_cpu::MarchChunkAvx2(p, o, d, near_t, far_t, r0, static_cast<int>(r1 - r0), occ, kStore, counts,
+  if (isa == tfmo::ray_march::cpu::kIsaAvx2) {
+    tfmo::ray_march::cpu::RmStage stage;
+    tfmo::ray_march::cpu::MarchChunkAvx2(p, o, d, near_t, far_t, r0, static_cast<int>(r1 - r0), occ, kStore, counts,
                                  kStore ? &out->t0 : nullptr, kStore ? &out->t1 : nullptr, &stage);
     return;
   }
@@ -204,7 +208,7 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
   TensorRef in[7];
   int64_t R = 0;
   RmParams p;
-  if (!tfmo::march::Prepare(ctx, attrs, in, &R, &p)) return;
+  if (!tfmo::ray_march::Prepare(ctx, attrs, in, &R, &p)) return;
   const float* o = in[0].data<float>();
   const float* d = in[1].data<float>();
   const float* near_t = in[2].data<float>();
@@ -294,6 +298,58 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
   });
 }
 
-static const tfmo::OnLoad kRegister([] { tfmo::march::RegisterKernels("CPU", &RayMarchCompute); });
+static const tfmo::OnLoad kRegister([] { tfmo::ray_march::RegisterKernels("CPU", &RayMarchCompute); });
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// The ISA builds of the march (csrc/cpu/ray_march_cpu_isa.h) and the choice between them, once per process
+// (common/isa_choice.h).
+
+namespace tfmo::ray_march::cpu {
+
+namespace {
+
+const char* const kIsaNames[kIsaCount] = {"default", "avx2"};
+
+#ifdef TFMO_RM_AVX2
+constexpr int kIsaBuilt = kIsaCount;
+#else
+constexpr int kIsaBuilt = 1;
+#endif
+
+// AVX2 usable: the CPU has it (CPUID 7.0:EBX bit 5) and the OS saves the YMM registers (OSXSAVE, XCR0 bits 1-2).
+// CPUID directly rather than __builtin_cpu_supports, which needs compiler-rt on some clang targets.
+bool CpuHasAvx2() {
+#ifdef TFMO_RM_AVX2
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_AVX)) return false;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 6u) != 6u) return false;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return (b & bit_AVX2) != 0;
+#else
+  return false;
+#endif
+}
+
+constexpr IsaBuilds kIsaBuilds{
+    "TF_METAL_OPS_RAY_MARCH_ISA", "the ray-march CPU kernel uses", kIsaNames, kIsaCount, kIsaBuilt,
+    [](int) { return CpuHasAvx2(); }, "that build is not compiled into this library (x86-64 GCC/clang only)",
+    [](int) { return "this CPU (or OS) lacks AVX2"; }};
+
+}  // namespace
+
+std::atomic<long long> g_isa_calls[kIsaCount];
+
+// TF_METAL_OPS_RAY_MARCH_ISA (avx2, default or auto), read once (the first march or diagnostics query of the
+// process); the rules: common/isa_choice.h (automatically AVX2 when the CPU has it).
+const IsaChoice& IsaSelection() { return ChosenIsa<kIsaBuilds>(); }
+
+}  // namespace tfmo::ray_march::cpu
+
+// Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths; tests/test_ray_march_isa.py): the arguments as
+// tfmo::ReportIsa (common/isa_choice.h), builds default, avx2; calls: chunk marches.
+TFMO_ISA_DIAGNOSTICS(tfmo_ray_march_cpu_paths, tfmo::ray_march::cpu::kIsaBuilds, tfmo::ray_march::cpu::IsaSelection(),
+                     tfmo::ray_march::cpu::g_isa_calls)

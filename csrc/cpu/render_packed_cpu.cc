@@ -1,9 +1,9 @@
 // CPU kernels of VolumeRenderPacked, DistortionLossPacked and their gradients (semantics:
-// csrc/ops/render_packed_op.cc; math: csrc/shared/volume_render_math.h). The project pool splits the rays into
+// csrc/ops/render_packed_op.cc; math: csrc/shared/render_math.h). The project pool splits the rays into
 // ranges; a range checks its samples first (RangeValid), then runs in chunks of consecutive rays (ChunkEnd), whose
 // samples are contiguous in the flat arrays. VolumeRenderPacked computes the per-sample parts of a chunk (tau, the
 // transmittances exp(-cum), the weights) in flat vectorised loops over all its samples, many rays at once
-// (csrc/cpu/volume_render_simd.h, built per ISA like VolumeRender's ray loops); only the running sums along the rays
+// (csrc/cpu/render_cpu_isa.h, built per ISA like VolumeRender's ray loops); only the running sums along the rays
 // (four interleaved chains, Interleave4), the accumulations and the gradient's reverse scan are serial, per ray.
 // DistortionLossPacked is a serial scan per ray (no exp). Every value depends only on its own ray (a vector lane computes what the scalar
 // tail computes), so results do not depend on the thread count. O(N + R) in total.
@@ -17,17 +17,16 @@
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "common/thread_pool.h"
-#include "cpu/volume_render_simd.h"
+#include "cpu/render_cpu_isa.h"
 #include "ops/render_packed_args.h"
-#include "shared/volume_render_math.h"
+#include "shared/render_math.h"
 
 namespace {
 
 using tfmo::TensorRef;
-using tfmo::render::VrAttrs;
-using tfmo::render::VrpCreate;
-using tfmo::render::VrpDims;
-using namespace tfmo::vr_cpu;
+using tfmo::render_packed::VrAttrs;
+using tfmo::render_packed::VrpDims;
+using namespace tfmo::render_packed::cpu;
 
 // Rays per work item: about 32K sample-channels, from the mean samples per ray.
 int64_t RayGrain(int64_t R, int64_t N, int64_t C) {
@@ -274,7 +273,7 @@ TFMO_INLINE void VrpForwardRaysBody(const VrpFwdJob& j, int64_t r0, int64_t r1) 
       }
       const float T_final = n < b ? sc.T[n] : sc.T_end[r - ra];
       const float cum_final = n < b ? sc.cum[n] : sc.cum_end[r - ra];
-      if (const float* bgr = tfmo::render::BackgroundRow(j.d.bg, j.bg_all, r, C))
+      if (const float* bgr = tfmo::render_packed::BackgroundRow(j.d.bg, j.bg_all, r, C))
         for (int64_t c = 0; c < C; ++c) col[c] += T_final * bgr[c];
       j.dep_all[r] = dep;
       j.opa_all[r] = vr_opacity(VrScan{cum_final, T_final});
@@ -302,7 +301,7 @@ TFMO_INLINE void VrpGradRaysBody(const VrpGradJob& j, int64_t r0, int64_t r1) {
       const float T_final = n < b ? T[n] : sc.T_end[r - ra];
       const float* gcr = j.gc_all + r * C;
       float bdot = 0.0f;
-      if (const float* bgr = tfmo::render::BackgroundRow(j.d.bg, j.bg_all, r, C))
+      if (const float* bgr = tfmo::render_packed::BackgroundRow(j.d.bg, j.bg_all, r, C))
         for (int64_t c = 0; c < C; ++c) bdot += gcr[c] * bgr[c];
       for (int64_t c = 0; c < C; ++c) j.gbg_all[r * C + c] = T_final * gcr[c];
       const float tail = T_final * bdot;
@@ -362,8 +361,8 @@ void VrpCompute(void* p, TF_OpKernelContext* ctx) {
       !tfmo::GetInput(ctx, 3, &te) || !tfmo::GetInput(ctx, 4, &rs) || !tfmo::GetInput(ctx, 5, &bg))
     return;
   VrpDims d;
-  if (!tfmo::render::ValidateVolumeRenderPacked(ctx, op, dens, cols, ts, te, rs, bg, &d) ||
-      !tfmo::render::ValidateRowSplitsValues(ctx, op, rs.data<int32_t>(), d.R, d.N))
+  if (!tfmo::render_packed::ValidateVolumeRenderPacked(ctx, op, dens, cols, ts, te, rs, bg, &d) ||
+      !tfmo::render_packed::ValidateRowSplitsValues(ctx, op, rs.data<int32_t>(), d.R, d.N))
     return;
   const int64_t R = d.R, N = d.N, C = d.C;
   TensorRef color, depth, opacity, weights;
@@ -387,9 +386,9 @@ void VrpGradCompute(void* p, TF_OpKernelContext* ctx) {
     if (!tfmo::GetInput(ctx, i, &in[i])) return;
   const TensorRef &dens = in[0], &cols = in[1], &ts = in[2], &te = in[3], &rs = in[4], &bg = in[5];
   VrpDims d;
-  if (!tfmo::render::ValidateVolumeRenderPacked(ctx, op, dens, cols, ts, te, rs, bg, &d) ||
-      !tfmo::render::ValidateVolumeRenderPackedUpstream(ctx, op, d, in[6], in[7], in[8], in[9]) ||
-      !tfmo::render::ValidateRowSplitsValues(ctx, op, rs.data<int32_t>(), d.R, d.N))
+  if (!tfmo::render_packed::ValidateVolumeRenderPacked(ctx, op, dens, cols, ts, te, rs, bg, &d) ||
+      !tfmo::render_packed::ValidateVolumeRenderPackedUpstream(ctx, op, d, in[6], in[7], in[8], in[9]) ||
+      !tfmo::render_packed::ValidateRowSplitsValues(ctx, op, rs.data<int32_t>(), d.R, d.N))
     return;
   const int64_t R = d.R, N = d.N, C = d.C;
   TensorRef g_dens, g_cols, g_ts, g_te, g_bg;
@@ -416,7 +415,7 @@ void VrpGradCompute(void* p, TF_OpKernelContext* ctx) {
 bool DlpInputs(TF_OpKernelContext* ctx, const char* op, TensorRef* w, TensorRef* ts, TensorRef* te, TensorRef* rs,
                int64_t* R, int64_t* N) {
   return tfmo::GetInput(ctx, 0, w) && tfmo::GetInput(ctx, 1, ts) && tfmo::GetInput(ctx, 2, te) &&
-         tfmo::GetInput(ctx, 3, rs) && tfmo::render::ValidateDistortionLossPacked(ctx, op, *w, *ts, *te, *rs, R, N);
+         tfmo::GetInput(ctx, 3, rs) && tfmo::render_packed::ValidateDistortionLossPacked(ctx, op, *w, *ts, *te, *rs, R, N);
 }
 
 void DlpCompute(void*, TF_OpKernelContext* ctx) {
@@ -424,7 +423,7 @@ void DlpCompute(void*, TF_OpKernelContext* ctx) {
   TensorRef w, ts, te, rs;
   int64_t R = 0, N = 0;
   if (!DlpInputs(ctx, op, &w, &ts, &te, &rs, &R, &N) ||
-      !tfmo::render::ValidateRowSplitsValues(ctx, op, rs.data<int32_t>(), R, N))
+      !tfmo::render_packed::ValidateRowSplitsValues(ctx, op, rs.data<int32_t>(), R, N))
     return;
   TensorRef loss;
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {R}, &loss) || R == 0) return;
@@ -451,9 +450,9 @@ void DlpGradCompute(void*, TF_OpKernelContext* ctx) {
   TensorRef w, ts, te, rs, g;
   int64_t R = 0, N = 0;
   if (!DlpInputs(ctx, op, &w, &ts, &te, &rs, &R, &N) || !tfmo::GetInput(ctx, 4, &g)) return;
-  if (!tfmo::render::CheckFloat(ctx, op, "grad_loss", g) ||
-      !tfmo::render::CheckShape(ctx, op, "grad_loss", g, {R}, tfmo::render::Dims({R}).c_str()) ||
-      !tfmo::render::ValidateRowSplitsValues(ctx, op, rs.data<int32_t>(), R, N))
+  if (!tfmo::render_packed::CheckFloat(ctx, op, "grad_loss", g) ||
+      !tfmo::render_packed::CheckShape(ctx, op, "grad_loss", g, {R}, tfmo::render_packed::Dims({R}).c_str()) ||
+      !tfmo::render_packed::ValidateRowSplitsValues(ctx, op, rs.data<int32_t>(), R, N))
     return;
   TensorRef gw, gts, gte;
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {N}, &gw) || !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {N}, &gts) ||
@@ -493,11 +492,8 @@ void DlpGradCompute(void*, TF_OpKernelContext* ctx) {
   if (bad.get() >= 0) FailBadSample(ctx, op, p, R, bad.get());
 }
 
-static const tfmo::OnLoad kRegister([] {
-  tfmo::RegisterKernelPair(tfmo::render::VrKernelSpec("CPU", &VrpCreate), TFMO_OP_VOLUME_RENDER_PACKED, &VrpCompute,
-                           TFMO_OP_VOLUME_RENDER_PACKED_GRAD, &VrpGradCompute);
-  tfmo::RegisterKernelPair(tfmo::KernelSpecFor("CPU"), TFMO_OP_DISTORTION_LOSS_PACKED, &DlpCompute,
-                           TFMO_OP_DISTORTION_LOSS_PACKED_GRAD, &DlpGradCompute);
+const tfmo::OnLoad kRegister([] {
+  tfmo::render_packed::RegisterKernels("CPU", &VrpCompute, &VrpGradCompute, &DlpCompute, &DlpGradCompute);
 });
 
 }  // namespace

@@ -1,5 +1,5 @@
-// GPU kernel host of RayMarch (semantics: csrc/ops/ray_march_op.cc; kernels: metal_kernels/ray_march.metal and
-// ray_march_scan.metal; math: csrc/shared/ray_march_math.h). Shapes, attrs, aabb and seed are validated exactly as
+// GPU kernel host of RayMarch (semantics: csrc/ops/ray_march_op.cc; kernels: metal_kernels/ray_march.metal;
+// math: csrc/shared/ray_march_math.h). Shapes, attrs, aabb and seed are validated exactly as
 // on the CPU (ray_march_args.h; aabb and seed are host-memory inputs). Per-ray values are not checked on the
 // host (they live on the GPU): a ray with a non-finite origin/direction or a NaN near/far gets no samples.
 //
@@ -29,7 +29,7 @@ void RayMarchGpu(void* attrs, TF_OpKernelContext* ctx) {
   TensorRef in[7];
   int64_t R = 0;
   RmParams params;
-  if (!tfmo::march::Prepare(ctx, attrs, in, &R, &params)) return;
+  if (!tfmo::ray_march::Prepare(ctx, attrs, in, &R, &params)) return;
   if (!tfmo::gpu::CheckGridSize(ctx, op, "the number of rays + 1", static_cast<uint64_t>(R) + 1)) return;
   TensorRef t_starts, t_ends, row_splits, ray_indices, positions;
   if (R == 0) {
@@ -120,6 +120,6 @@ void RayMarchGpu(void* attrs, TF_OpKernelContext* ctx) {
   call.Run();
 }
 
-const tfmo::OnLoad kRegister([] { tfmo::march::RegisterKernels("GPU", &RayMarchGpu); });
+const tfmo::OnLoad kRegister([] { tfmo::ray_march::RegisterKernels("GPU", &RayMarchGpu); });
 
 }  // namespace

@@ -1,5 +1,5 @@
 // GPU kernel hosts of Volume_render, Volume_render_grad, Distortion_loss, Distortion_loss_grad
-// (semantics: csrc/ops/render_op.cc; kernels: metal_kernels/volume_render.metal, distortion_loss.metal).
+// (semantics: csrc/ops/render_op.cc; kernels: metal_kernels/render.metal).
 // Shapes are validated here exactly as on the CPU (render_args.h). Value checks (sorted t, densities >= 0)
 // happen per ray on the GPU, which cannot fail the op: offending rays get NaN outputs (documented in the
 // kernels and in tf_metal_ops/render/__init__.py).
@@ -9,14 +9,13 @@
 #include "common/tfc.h"
 #include "gpu/gpu_host.h"
 #include "ops/render_args.h"
-#include "shared/volume_render_math.h"
+#include "shared/render_math.h"
 
 namespace {
 
 using tfmo::TensorRef;
 
 using tfmo::render::VrAttrs;
-using tfmo::render::VrCreate;
 
 // Binds t at `index`, or `fallback` when t is empty (see the header comment).
 void BindOr(tfmo::gpu::Pass& p, uint32_t index, const TensorRef& t, const TensorRef& fallback) {
@@ -147,10 +146,7 @@ void DlGradGpu(void*, TF_OpKernelContext* ctx) {
 }
 
 const tfmo::OnLoad kRegister([] {
-  tfmo::RegisterKernelPair(tfmo::render::VrKernelSpec("GPU", &VrCreate), TFMO_OP_VOLUME_RENDER, &VrGpu,
-                           TFMO_OP_VOLUME_RENDER_GRAD, &VrGradGpu);
-  tfmo::RegisterKernelPair(tfmo::KernelSpecFor("GPU"), TFMO_OP_DISTORTION_LOSS, &DlGpu,
-                           TFMO_OP_DISTORTION_LOSS_GRAD, &DlGradGpu);
+  tfmo::render::RegisterKernels("GPU", &VrGpu, &VrGradGpu, &DlGpu, &DlGradGpu);
 });
 
 }  // namespace

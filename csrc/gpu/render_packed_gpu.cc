@@ -11,17 +11,16 @@
 #include "common/tfc.h"
 #include "gpu/gpu_host.h"
 #include "ops/render_packed_args.h"
-#include "shared/volume_render_math.h"
+#include "shared/render_math.h"
 
 namespace {
 
 using tfmo::TensorRef;
-using tfmo::render::VrAttrs;
-using tfmo::render::VrpCreate;
+using tfmo::render_packed::VrAttrs;
 
 // The kernels index rays and samples with 32-bit uints, and compare samples with int32 row_splits.
 bool CheckDims(TF_OpKernelContext* ctx, const char* op, int64_t R, int64_t N, int64_t C) {
-  if (!tfmo::render::CheckSamplesWithoutRays(ctx, op, R, N)) return false;
+  if (!tfmo::render_packed::CheckSamplesWithoutRays(ctx, op, R, N)) return false;
   if (N > INT32_MAX)
     return tfmo::Fail(ctx, TF_INVALID_ARGUMENT,
                       "%s: %lld samples exceed 2147483647, the limit of int32 row_splits; split the batch", op,
@@ -86,14 +85,14 @@ void RunRayKernel(TF_OpKernelContext* ctx, const char* op, const char* kernel, c
 }
 
 // Reads the first n inputs of VolumeRenderPacked(Grad) and validates the six forward ones.
-bool VrpInputs(TF_OpKernelContext* ctx, const char* op, int n, TensorRef* in, tfmo::render::VrpDims* d) {
+bool VrpInputs(TF_OpKernelContext* ctx, const char* op, int n, TensorRef* in, tfmo::render_packed::VrpDims* d) {
   for (int i = 0; i < n; ++i)
     if (!tfmo::GetInput(ctx, i, &in[i])) return false;
-  return tfmo::render::ValidateVolumeRenderPacked(ctx, op, in[0], in[1], in[2], in[3], in[4], in[5], d) &&
+  return tfmo::render_packed::ValidateVolumeRenderPacked(ctx, op, in[0], in[1], in[2], in[3], in[4], in[5], d) &&
          CheckDims(ctx, op, d->R, d->N, d->C);
 }
 
-VrpParams MakeParams(const tfmo::render::VrpDims& d, float threshold) {
+VrpParams MakeParams(const tfmo::render_packed::VrpDims& d, float threshold) {
   return VrpParams{static_cast<uint32_t>(d.R), static_cast<uint32_t>(d.N), static_cast<uint32_t>(d.C),
                    static_cast<uint32_t>(d.bg), threshold};
 }
@@ -101,7 +100,7 @@ VrpParams MakeParams(const tfmo::render::VrpDims& d, float threshold) {
 void VrpGpu(void* attrs, TF_OpKernelContext* ctx) {
   const char* op = "volume_render_packed";
   TensorRef in[6];
-  tfmo::render::VrpDims d;
+  tfmo::render_packed::VrpDims d;
   if (!VrpInputs(ctx, op, 6, in, &d)) return;
   TensorRef out[4];
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {d.R, d.C}, &out[0]) ||
@@ -117,9 +116,9 @@ void VrpGpu(void* attrs, TF_OpKernelContext* ctx) {
 void VrpGradGpu(void* attrs, TF_OpKernelContext* ctx) {
   const char* op = "volume_render_packed_grad";
   TensorRef in[10];
-  tfmo::render::VrpDims d;
+  tfmo::render_packed::VrpDims d;
   if (!VrpInputs(ctx, op, 10, in, &d) ||
-      !tfmo::render::ValidateVolumeRenderPackedUpstream(ctx, op, d, in[6], in[7], in[8], in[9]))
+      !tfmo::render_packed::ValidateVolumeRenderPackedUpstream(ctx, op, d, in[6], in[7], in[8], in[9]))
     return;
   TensorRef out[5];
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {d.N}, &out[0]) ||
@@ -138,7 +137,7 @@ bool DlpInputs(TF_OpKernelContext* ctx, const char* op, int n, TensorRef* in, Dl
   for (int i = 0; i < n; ++i)
     if (!tfmo::GetInput(ctx, i, &in[i])) return false;
   int64_t R = 0, N = 0;
-  if (!tfmo::render::ValidateDistortionLossPacked(ctx, op, in[0], in[1], in[2], in[3], &R, &N) ||
+  if (!tfmo::render_packed::ValidateDistortionLossPacked(ctx, op, in[0], in[1], in[2], in[3], &R, &N) ||
       !CheckDims(ctx, op, R, N, 1))
     return false;
   p->R = static_cast<uint32_t>(R);
@@ -160,8 +159,8 @@ void DlpGradGpu(void*, TF_OpKernelContext* ctx) {
   const char* op = "distortion_loss_packed_grad";
   TensorRef in[5];
   DlpParams p;
-  if (!DlpInputs(ctx, op, 5, in, &p) || !tfmo::render::CheckFloat(ctx, op, "grad_loss", in[4]) ||
-      !tfmo::render::CheckShape(ctx, op, "grad_loss", in[4], {p.R}, tfmo::render::Dims({p.R}).c_str()))
+  if (!DlpInputs(ctx, op, 5, in, &p) || !tfmo::render_packed::CheckFloat(ctx, op, "grad_loss", in[4]) ||
+      !tfmo::render_packed::CheckShape(ctx, op, "grad_loss", in[4], {p.R}, tfmo::render_packed::Dims({p.R}).c_str()))
     return;
   TensorRef out[3];
   for (int i = 0; i < 3; ++i)
@@ -171,10 +170,7 @@ void DlpGradGpu(void*, TF_OpKernelContext* ctx) {
 }
 
 const tfmo::OnLoad kRegister([] {
-  tfmo::RegisterKernelPair(tfmo::render::VrKernelSpec("GPU", &VrpCreate), TFMO_OP_VOLUME_RENDER_PACKED, &VrpGpu,
-                           TFMO_OP_VOLUME_RENDER_PACKED_GRAD, &VrpGradGpu);
-  tfmo::RegisterKernelPair(tfmo::KernelSpecFor("GPU"), TFMO_OP_DISTORTION_LOSS_PACKED, &DlpGpu,
-                           TFMO_OP_DISTORTION_LOSS_PACKED_GRAD, &DlpGradGpu);
+  tfmo::render_packed::RegisterKernels("GPU", &VrpGpu, &VrpGradGpu, &DlpGpu, &DlpGradGpu);
 });
 
 }  // namespace

@@ -14,8 +14,7 @@
 #include "common/tfc.h"
 #include "shared/hash_grid_math.h"
 
-namespace tfmo {
-namespace hash_grid {
+namespace tfmo::hash_grid {
 
 // Kernel state built once per kernel instance from the attrs.
 struct Config {
@@ -229,5 +228,4 @@ inline void RegisterKernels(const char* device, Compute encode, Compute grad_par
   }
 }
 
-}  // namespace hash_grid
-}  // namespace tfmo
+}  // namespace tfmo::hash_grid

@@ -13,7 +13,7 @@
 #include "common/tfc.h"
 #include "shared/ray_march_math.h"
 
-namespace tfmo::march {
+namespace tfmo::ray_march {
 
 constexpr int64_t kMaxResolution = 1024;  // G^3 must fit the kernels' 32-bit cell indices
 
@@ -148,4 +148,4 @@ inline void RegisterKernels(const char* device, void (*compute)(void*, TF_OpKern
   RegisterKernel(spec);
 }
 
-}  // namespace tfmo::march
+}  // namespace tfmo::ray_march

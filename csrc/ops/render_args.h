@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "common/op_names.h"
 #include "common/tfc.h"
 
 namespace tfmo::render {
@@ -177,6 +178,17 @@ inline KernelSpec VrKernelSpec(const char* device, void* (*create)(TF_OpKernelCo
   spec.create = create;
   spec.destroy = &VrDelete;
   return spec;
+}
+
+using Compute = void (*)(void*, TF_OpKernelContext*);
+
+// Registers the kernels of the render family's four ops on `device` ("CPU" or "GPU").
+inline void RegisterKernels(const char* device, Compute volume_render, Compute volume_render_grad,
+                            Compute distortion_loss, Compute distortion_loss_grad) {
+  RegisterKernelPair(VrKernelSpec(device, &VrCreate), TFMO_OP_VOLUME_RENDER, volume_render,
+                     TFMO_OP_VOLUME_RENDER_GRAD, volume_render_grad);
+  RegisterKernelPair(KernelSpecFor(device), TFMO_OP_DISTORTION_LOSS, distortion_loss, TFMO_OP_DISTORTION_LOSS_GRAD,
+                     distortion_loss_grad);
 }
 
 }  // namespace tfmo::render

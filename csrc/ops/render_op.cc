@@ -1,4 +1,4 @@
-// Op definitions of the NeRF rendering ops. Math and conventions: csrc/shared/volume_render_math.h.
+// Op definitions of the NeRF rendering ops. Math and conventions: csrc/shared/render_math.h.
 //
 // VolumeRender(densities [R,S], colors [R,S,C], t [R,S+1], background) ->
 //     color [R,C], depth [R], opacity [R], weights [R,S]

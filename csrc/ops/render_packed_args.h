@@ -6,10 +6,14 @@
 
 #include <cstdint>
 
+#include "common/op_names.h"
 #include "common/tfc.h"
 #include "ops/render_args.h"
 
-namespace tfmo::render {
+namespace tfmo::render_packed {
+
+// The packed ops build on the render family's checks and kernel state.
+using namespace tfmo::render;
 
 // VolumeRenderPacked(Grad): N samples in total.
 struct VrpDims : RayDims {
@@ -106,4 +110,13 @@ inline bool ValidateRowSplitsValues(TF_OpKernelContext* ctx, const char* op, con
 // Kernel state of VolumeRenderPacked(Grad) (CPU and GPU): the validated threshold attr (VrAttrs, deleted by VrDelete).
 inline void* VrpCreate(TF_OpKernelConstruction* c) { return NewVrAttrs(c, "volume_render_packed"); }
 
-}  // namespace tfmo::render
+// Registers the kernels of the render_packed family's four ops on `device` ("CPU" or "GPU").
+inline void RegisterKernels(const char* device, Compute volume_render_packed, Compute volume_render_packed_grad,
+                            Compute distortion_loss_packed, Compute distortion_loss_packed_grad) {
+  RegisterKernelPair(VrKernelSpec(device, &VrpCreate), TFMO_OP_VOLUME_RENDER_PACKED, volume_render_packed,
+                     TFMO_OP_VOLUME_RENDER_PACKED_GRAD, volume_render_packed_grad);
+  RegisterKernelPair(KernelSpecFor(device), TFMO_OP_DISTORTION_LOSS_PACKED, distortion_loss_packed,
+                     TFMO_OP_DISTORTION_LOSS_PACKED_GRAD, distortion_loss_packed_grad);
+}
+
+}  // namespace tfmo::render_packed

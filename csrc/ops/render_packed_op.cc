@@ -1,4 +1,4 @@
-// Op definitions of the packed (ragged) rendering ops. Conventions and math: csrc/shared/volume_render_math.h
+// Op definitions of the packed (ragged) rendering ops. Conventions and math: csrc/shared/render_math.h
 // ("Packed"); the same quadrature as VolumeRender / DistortionLoss (csrc/ops/render_op.cc).
 //
 // R rays, N samples in total; ray r owns samples k in [row_splits[r], row_splits[r+1]) (int32 [R+1],

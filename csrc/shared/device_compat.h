@@ -13,12 +13,12 @@
 // Name prefixes. The shared math of each op family, and every name the kernels and host code derive from it, carry
 // the family's prefix (types CamelCase, functions lower_case; HG_ for the macros):
 //   Hg  / hg_   hash-grid encoding (HashGridEncode and its gradients)        csrc/shared/hash_grid_math.h
-//   Vr  / vr_   volume rendering, [rays, samples] layout (VolumeRender)      csrc/shared/volume_render_math.h
-//   Vrp         volume rendering of packed (ragged) rays (VolumeRenderPacked) csrc/shared/volume_render_math.h
-//   Dl  / dl_   distortion loss (DistortionLoss)                             csrc/shared/volume_render_math.h
-//   Dlp         distortion loss of packed rays (DistortionLossPacked)        csrc/shared/volume_render_math.h
+//   Vr  / vr_   volume rendering, [rays, samples] layout (VolumeRender)      csrc/shared/render_math.h
+//   Vrp         volume rendering of packed (ragged) rays (VolumeRenderPacked) csrc/shared/render_math.h
+//   Dl  / dl_   distortion loss (DistortionLoss)                             csrc/shared/render_math.h
+//   Dlp         distortion loss of packed rays (DistortionLossPacked)        csrc/shared/render_math.h
 //   Rm  / rm_   occupancy-grid ray marching (RayMarch)                       csrc/shared/ray_march_math.h
-// e.g. HgLevel, VrpParams, rm_jitter; CPU-only helpers live in the namespaces tfmo::vr_cpu, tfmo::rm_cpu.
+// e.g. HgLevel, VrpParams, rm_jitter; CPU-only helpers live in the namespaces tfmo::<family>::cpu.
 #pragma once
 
 #if defined(__METAL_VERSION__)

@@ -108,7 +108,7 @@ TFMO_FN uint rm_mip_byte(TFMO_DEVICE const uchar* src, uint gs, uint gm, uint j)
   return out;
 }
 
-// Prefix sum of the per-ray counts on the GPU (metal_kernels/ray_march_scan.metal): blocks of kRmScanBlock values
+// Prefix sum of the per-ray counts on the GPU (metal_kernels/ray_march.metal): blocks of kRmScanBlock values
 // (one threadgroup each) are scanned in place and their totals written to a sums array, which is scanned the same
 // way (recursively, until one block), then each block adds the scanned total of the blocks before it.
 TFMO_CONSTANT uint kRmScanBlock = 256;

@@ -1,11 +1,11 @@
-// Runs metal_kernels/distortion_loss.metal through the MSL emulation (csrc/msl_emu), mirroring
+// Runs metal_kernels/render.metal (DistortionLoss) through the MSL emulation (csrc/msl_emu), mirroring
 // csrc/gpu/render_gpu.cc: one thread per ray, dispatchThreads(R, tg), no dispatch when R == 0, t bound in
 // place of an empty weights tensor (S == 0).
 // Args: kernel=forward|backward R= S= [tg=64]  in:weights in:t (float32)  backward also in:grad_loss
 //   forward output: loss; backward outputs: grad_weights grad_t. Outputs are pre-filled with a poison value.
 #include "harness.h"  // first: standard headers before <metal_stdlib>'s keyword macros
 
-#include "distortion_loss.metal"
+#include "render.metal"
 
 static const float kPoison = 12345.0f;
 

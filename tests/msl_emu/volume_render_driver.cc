@@ -1,4 +1,4 @@
-// Runs metal_kernels/volume_render.metal through the MSL emulation (csrc/msl_emu), mirroring
+// Runs metal_kernels/render.metal (VolumeRender) through the MSL emulation (csrc/msl_emu), mirroring
 // csrc/gpu/render_gpu.cc: one thread per ray, dispatchThreads(R, tg), no dispatch when R == 0, the same
 // VrParams, and t bound in place of an empty tensor (background [0], or anything with S == 0).
 // Args: kernel=forward|backward R= S= C= bg_mode=0|1|2 threshold= [tg=64]
@@ -9,7 +9,7 @@
 // Outputs are pre-filled with a poison value: the kernels must write every element.
 #include "harness.h"  // first: standard headers before <metal_stdlib>'s keyword macros
 
-#include "volume_render.metal"
+#include "render.metal"
 
 static const float kPoison = 12345.0f;
 

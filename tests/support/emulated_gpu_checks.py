@@ -379,7 +379,7 @@ PACKED_KERNELS = ("render_packed_check_init", "render_packed_check_splits", "vol
 
 def check_render_packed(seed):
     """Packed ops and gradients on /GPU:0 against the CPU kernels. Both run the functions of
-    csrc/shared/volume_render_math.h, the CPU kernel's volume rendering on arrays with its own vectorised exp (as
+    csrc/shared/render_math.h, the CPU kernel's volume rendering on arrays with its own vectorised exp (as
     volume_render's): rtol 1e-5, atol 1e-5 * max(1, max |value|) (the t gradients are differences of terms)."""
     from support.render_packed_cases import make_packed, random_counts
 

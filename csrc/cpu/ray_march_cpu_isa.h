@@ -1,4 +1,5 @@
-// AVX2 march of one chunk of rays for the RayMarch CPU kernel (csrc/cpu/ray_march_cpu.cc), 8 rays per vector.
+// The ISA builds of the RayMarch CPU kernel (csrc/cpu/ray_march_cpu.cc; the choice between them is at its end): the
+// scalar march there (default) and here the AVX2 march of one chunk of rays (avx2), 8 rays per vector.
 // Each lane runs the steps of csrc/shared/ray_march_math.h exactly: every block below names the shared function it
 // mirrors and does the same float32 operations in the same order (separate mul/add, no FMA: the function enables
 // AVX2 only, and the library is built with -ffp-contract=off). _mm256_min_ps(a, b) / _mm256_max_ps(a, b) are
@@ -8,7 +9,7 @@
 // Only the loop over candidates is vectorised: rm_begin stays scalar per ray, and a lane whose ray has finished
 // takes the next ray of the chunk. Samples are staged in emission order tagged with their ray's position in the
 // chunk and placed in ray order at the end (prefix sum of the chunk's counts), so the chunk's samples come out as
-// in the scalar path. Built for x86-64 GCC/clang only (TFMO_RM_AVX2); chosen at run time (RmIsaSelection).
+// in the scalar path. Built for x86-64 GCC/clang only (TFMO_RM_AVX2); chosen at run time (IsaSelection).
 #pragma once
 
 #include <atomic>
@@ -23,16 +24,15 @@
 #include <immintrin.h>
 #endif
 
-namespace tfmo::rm_cpu {
+namespace tfmo::ray_march::cpu {
 
-enum RmIsa : int { kRmDefault = 0, kRmAvx2 = 1, kRmIsaCount = 2 };
+// The builds and the choice between them (defined at the end of ray_march_cpu.cc; one choice per process).
+enum Isa : int { kIsaDefault = 0, kIsaAvx2 = 1, kIsaCount = 2 };
 
-using RmIsaChoice = tfmo::IsaChoice;
-// TF_METAL_OPS_RAY_MARCH_ISA and the CPU, read once per process (csrc/cpu/ray_march_isa.cc).
-const RmIsaChoice& RmIsaSelection();
+const IsaChoice& IsaSelection();
 
-// Chunk marches that ran each path so far (tfmo_ray_march_cpu_paths): lets a test prove which path ran.
-extern std::atomic<long long> g_rm_path_calls[kRmIsaCount];
+// Chunk marches that ran each build so far (tfmo_ray_march_cpu_paths): lets a test prove which build ran.
+extern std::atomic<long long> g_isa_calls[kIsaCount];
 
 // What the march looks up per candidate cell: the bitfield and the mip levels above it (rm_empty_level), and
 // optionally `levels`, one byte per grid cell holding the answer of both lookups at once (kOccupiedCell or the
@@ -340,4 +340,4 @@ __attribute__((target("avx2"), noinline)) inline void MarchChunkAvx2(
 #undef TFMO_RM_V
 #endif  // TFMO_RM_AVX2
 
-}  // namespace tfmo::rm_cpu
+}  // namespace tfmo::ray_march::cpu

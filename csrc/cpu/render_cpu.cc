@@ -1,7 +1,8 @@
-// CPU kernels of VolumeRender and VolumeRenderGrad (semantics: csrc/ops/render_op.cc, math:
-// csrc/shared/volume_render_math.h). Rays are independent: the project pool splits them into ranges, and each
-// ray is one serial O(S·C) scan, so results do not depend on the thread count.
-// The per-ray loops are vectorised and built per ISA (csrc/cpu/volume_render_simd.h).
+// CPU kernels of the render family: VolumeRender, DistortionLoss and their gradients (semantics:
+// csrc/ops/render_op.cc, math: csrc/shared/render_math.h). Rays are independent: the project pool splits them into
+// ranges, and each ray is one serial scan (O(S·C) for VolumeRender, O(S) for DistortionLoss), so results do not
+// depend on the thread count. VolumeRender's per-ray loops are vectorised and built per ISA
+// (csrc/cpu/render_cpu_isa.h; the choice between the builds: the end of this file).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -10,18 +11,17 @@
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "common/thread_pool.h"
-#include "cpu/volume_render_simd.h"
+#include "cpu/render_cpu_isa.h"
 #include "ops/render_args.h"
-#include "shared/volume_render_math.h"
+#include "shared/render_math.h"
 
 namespace {
 
 using tfmo::TensorRef;
 using tfmo::render::VrDims;
-using namespace tfmo::vr_cpu;
+using namespace tfmo::render::cpu;
 
 using tfmo::render::VrAttrs;
-using tfmo::render::VrCreate;
 
 // Rays per work item: enough samples to amortise the hand-off.
 int64_t RayGrain(int64_t S, int64_t C) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, S * (C + 2))); }
@@ -266,7 +266,7 @@ TFMO_INLINE void VrGradRaysBody(const VrGradJob& j, int64_t r0, int64_t r1) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// ISA builds of the two ray loops (the choice between them: below).
+// ISA builds of the two ray loops (the choice between them: the end of this file).
 
 TFMO_VR_BUILDS(VrForwardRays, VrFwdJob)
 TFMO_VR_BUILDS(VrGradRays, VrGradJob)
@@ -341,55 +341,147 @@ void VrGradCompute(void* p, TF_OpKernelContext* ctx) {
   if (bad.get() >= 0) FailBadRay(ctx, op, sg_all, t_all, bad.get(), S);
 }
 
-static const tfmo::OnLoad kRegister([] {
-  tfmo::RegisterKernelPair(tfmo::render::VrKernelSpec("CPU", &VrCreate), TFMO_OP_VOLUME_RENDER, &VrCompute,
-                           TFMO_OP_VOLUME_RENDER_GRAD, &VrGradCompute);
+// ---------------------------------------------------------------------------------------------------------
+// DistortionLoss: a serial O(S) scan per ray (no exp, one build).
+
+int64_t RayGrain(int64_t S) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, S)); }
+
+bool Unsorted(const float* t, int64_t S) {
+  bool bad = false;
+  for (int64_t i = 0; i < S; ++i) bad |= t[i + 1] < t[i];
+  return bad;
+}
+
+void FailUnsorted(TF_OpKernelContext* ctx, const char* op, const float* t, int64_t r, int64_t S) {
+  const float* tt = t + r * (S + 1);
+  int64_t i = 0;
+  while (i < S && !(tt[i + 1] < tt[i])) ++i;
+  tfmo::Fail(ctx, TF_INVALID_ARGUMENT,
+             "%s: t must be non-decreasing along each ray, got t[%lld, %lld] = %g > t[%lld, %lld] = %g", op,
+             static_cast<long long>(r), static_cast<long long>(i), static_cast<double>(tt[i]),
+             static_cast<long long>(r), static_cast<long long>(i + 1), static_cast<double>(tt[i + 1]));
+}
+
+// Runs body(r, tt) for every ray r whose t row tt is sorted, rays split over the pool; after the loop, fails ctx
+// naming the first unsorted ray, if any.
+template <class Body>
+void ForSortedRays(TF_OpKernelContext* ctx, const char* op, const float* t_all, int64_t R, int64_t S, Body body) {
+  FirstBadRay bad;
+  tfmo::ParallelFor(R, RayGrain(S), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* tt = t_all + r * (S + 1);
+      if (Unsorted(tt, S)) {
+        bad.Note(r);
+        continue;
+      }
+      body(r, tt);
+    }
+  });
+  if (bad.get() >= 0) FailUnsorted(ctx, op, t_all, bad.get(), S);
+}
+
+void DlCompute(void*, TF_OpKernelContext* ctx) {
+  const char* op = "distortion_loss";
+  TensorRef w, t, loss;
+  int64_t R = 0, S = 0;
+  if (!tfmo::render::PrepareDistortionLoss(ctx, op, &w, &t, &loss, &R, &S) || R == 0) return;
+  const float* w_all = w.data<float>();
+  const float* t_all = t.data<float>();
+  float* out = loss.data<float>();
+  ForSortedRays(ctx, op, t_all, R, S, [&](int64_t r, const float* tt) {
+    const float* wr = w_all + r * S;
+    DlScan s = dl_scan_begin();
+    for (int64_t k = 0; k < S; ++k) dl_scan_step(&s, wr[k], tt[k + 1] - tt[k]);
+    out[r] = s.loss;
+  });
+}
+
+void DlGradCompute(void*, TF_OpKernelContext* ctx) {
+  const char* op = "distortion_loss_grad";
+  TensorRef w, t, g, gw, gt;
+  int64_t R = 0, S = 0;
+  if (!tfmo::render::PrepareDistortionLossGrad(ctx, op, &w, &t, &g, &gw, &gt, &R, &S) || R == 0) return;
+  const float* w_all = w.data<float>();
+  const float* t_all = t.data<float>();
+  const float* g_all = g.data<float>();
+  float* gw_all = gw.data<float>();
+  float* gt_all = gt.data<float>();
+  ForSortedRays(ctx, op, t_all, R, S, [&](int64_t r, const float* tt) {
+    const float* wr = w_all + r * S;
+    float* gwr = gw_all + r * S;       // holds A_k between the passes
+    float* gtr = gt_all + r * (S + 1);  // gtr[k] holds W_{<k} between the passes (k < S)
+    const float gl = g_all[r];
+    DlScan s = dl_scan_begin();
+    for (int64_t k = 0; k < S; ++k) {
+      gtr[k] = s.W;
+      gwr[k] = dl_scan_step(&s, wr[k], tt[k + 1] - tt[k]);
+    }
+    DlRevScan rs = dl_rev_begin();
+    float gm_hi = 0.0f, w_hi = 0.0f;  // dL/dm_{k+1}, w_{k+1}
+    for (int64_t k = S - 1; k >= 0; --k) {
+      const float delta = tt[k + 1] - tt[k];
+      float B, W_after;
+      dl_rev_step(&rs, wr[k], delta, &B, &W_after);
+      const float gm = dl_grad_m(wr[k], gtr[k], W_after);
+      gwr[k] = gl * dl_grad_w(wr[k], delta, gwr[k], B);
+      gtr[k + 1] = gl * dl_grad_t(gm, wr[k], gm_hi, w_hi);
+      gm_hi = gm;
+      w_hi = wr[k];
+    }
+    gtr[0] = gl * dl_grad_t(0.0f, 0.0f, gm_hi, w_hi);
+  });
+}
+
+const tfmo::OnLoad kRegister([] {
+  tfmo::render::RegisterKernels("CPU", &VrCompute, &VrGradCompute, &DlCompute, &DlGradCompute);
 });
 
 }  // namespace
 
-namespace tfmo::vr_cpu {
+// ---------------------------------------------------------------------------------------------------------
+// The ISA builds of the ray loops (render and render_packed; csrc/cpu/render_cpu_isa.h) and the choice between them,
+// once per process (common/isa_choice.h).
+
+namespace tfmo::render::cpu {
 
 namespace {
 
-const char* const kVrIsaNames[kVrIsaCount] = {"default", "avx2", "avx512"};
+const char* const kIsaNames[kIsaCount] = {"default", "avx2", "avx512"};
 
 // Builds avx2 and avx512: x86-64-v3 / x86-64-v4.
 #ifdef TFMO_VR_ISA_BUILDS
-bool VrCpuRuns(int isa) {
+constexpr int kIsaBuilt = kIsaCount;
+bool CpuRuns(int isa) {
   __builtin_cpu_init();
-  return isa == kVrAvx512 ? __builtin_cpu_supports("x86-64-v4") : __builtin_cpu_supports("x86-64-v3");
+  return isa == kIsaAvx512 ? __builtin_cpu_supports("x86-64-v4") : __builtin_cpu_supports("x86-64-v3");
 }
 #else
-bool VrCpuRuns(int) { return false; }
+constexpr int kIsaBuilt = 1;
+bool CpuRuns(int) { return false; }
 #endif
 
-#ifdef TFMO_VR_ISA_BUILDS
-constexpr int kVrBuilt = kVrIsaCount;
-#else
-constexpr int kVrBuilt = 1;
-#endif
-
-constexpr IsaBuilds kVrIsaBuilds{
-    "TF_METAL_OPS_VOLUME_RENDER_ISA", "the volume-render CPU kernels use", kVrIsaNames, kVrIsaCount, kVrBuilt,
-    &VrCpuRuns, "that build is not compiled into this library (x86-64 Linux GCC only)", [](int isa) {
-      return isa == kVrAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
-                              : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)";
-    }};
+constexpr IsaBuilds kIsaBuilds{
+    "TF_METAL_OPS_RENDER_ISA", "the volume-render CPU kernels use", kIsaNames, kIsaCount, kIsaBuilt, &CpuRuns,
+    "that build is not compiled into this library (x86-64 Linux GCC only)",
+    [](int isa) {
+      return isa == kIsaAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
+                               : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)";
+    },
+    "TF_METAL_OPS_VOLUME_RENDER_ISA", nullptr};
 
 }  // namespace
 
-// Ray-range calls that ran each build so far ([kVrDefault], [kVrAvx2], [kVrAvx512]), all volume-render kernels
+// Ray-range calls that ran each build so far ([kIsaDefault], [kIsaAvx2], [kIsaAvx512]), all volume-render kernels
 // (dense and packed, forward and gradient) together: lets a test prove which build produced a result.
-std::atomic<long long> g_vr_path_calls[kVrIsaCount];
+std::atomic<long long> g_isa_calls[kIsaCount];
 
-// TF_METAL_OPS_VOLUME_RENDER_ISA, read once (the first volume-render call or diagnostics query of the process);
-// the rules: common/isa_choice.h.
-const VrIsaChoice& VrIsaSelection() { return ChosenIsa<kVrIsaBuilds>(); }
+// TF_METAL_OPS_RENDER_ISA (or TF_METAL_OPS_VOLUME_RENDER_ISA), read once (the first volume-render call or
+// diagnostics query of the process).
+const IsaChoice& IsaSelection() { return ChosenIsa<kIsaBuilds>(); }
 
-}  // namespace tfmo::vr_cpu
+}  // namespace tfmo::render::cpu
 
 // Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
 // builds default, avx2, avx512; calls: ray-range calls.
-TFMO_ISA_DIAGNOSTICS(tfmo_volume_render_cpu_paths, tfmo::vr_cpu::kVrIsaBuilds, tfmo::vr_cpu::VrIsaSelection(),
-                     tfmo::vr_cpu::g_vr_path_calls)
+TFMO_ISA_DIAGNOSTICS(tfmo_render_cpu_paths, tfmo::render::cpu::kIsaBuilds, tfmo::render::cpu::IsaSelection(),
+                     tfmo::render::cpu::g_isa_calls)

@@ -2,7 +2,7 @@
 // CPU kernels (csrc/cpu/*_cpu.cc) and the Metal kernels (metal_kernels/*.metal). Rules: device_compat.h.
 // The per-ray loops live in the kernels (they read device memory). The Metal kernels and the CPU DistortionLoss
 // kernels run these functions as they are; the CPU VolumeRender and VolumeRenderPacked kernels run the same formulas
-// on arrays (csrc/cpu/volume_render_simd.h: vectorised exp; VolumeRender's running sums in four interleaved
+// on arrays (csrc/cpu/render_cpu_isa.h: vectorised exp; VolumeRender's running sums in four interleaved
 // chains), so CPU and GPU agree to rounding, not bitwise.
 //
 // Conventions (both ops):

@@ -1,13 +1,13 @@
-// Vectorised pieces of the volume-render CPU kernels (csrc/cpu/volume_render_cpu.cc: [R,S] rays;
-// csrc/cpu/render_packed_cpu.cc: packed rays), and their per-ISA builds. The per-sample formulas are those of
-// csrc/shared/volume_render_math.h, run on arrays.
+// The ISA builds of the volume-render CPU kernels (csrc/cpu/render_cpu.cc: [R,S] rays; csrc/cpu/render_packed_cpu.cc:
+// packed rays) and their vectorised pieces; the choice between the builds is at the end of render_cpu.cc. The
+// per-sample formulas are those of csrc/shared/render_math.h, run on arrays.
 #pragma once
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 // The ray loops of both kernels are built three times from the same always-inline bodies (TFMO_VR_BUILDS): for
 // x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA) and the baseline ISA (8-lane vectors there, split into SSE2 halves;
-// 4 lanes elsewhere: NEON). One build is chosen once per process (VrIsaSelection): the best one the CPU supports,
-// or the one named by TF_METAL_OPS_VOLUME_RENDER_ISA=avx512|avx2|default (tests run each and compare them). The
+// 4 lanes elsewhere: NEON). One build is chosen once per process (IsaSelection): the best one the CPU supports,
+// or the one named by TF_METAL_OPS_RENDER_ISA=avx512|avx2|default (tests run each and compare them). The
 // library is built with -ffp-contract=off and the bodies never reassociate, and a vector lane computes exactly
 // what the scalar tail computes, so the builds give bitwise identical results, whatever the split of an array
 // into vectors and tail; the forward and gradient kernels always run the same build.
@@ -23,7 +23,7 @@
 #include <cstring>
 
 #include "common/isa_choice.h"
-#include "shared/volume_render_math.h"
+#include "shared/render_math.h"
 
 #define TFMO_INLINE inline __attribute__((always_inline))
 // Before a loop whose stores never alias its loads (lets the compiler vectorise without alias checks).
@@ -35,7 +35,7 @@
 #define TFMO_IVDEP
 #endif
 
-namespace tfmo::vr_cpu {
+namespace tfmo::render::cpu {
 
 // exp(r) for |r| <= ln2/2: its degree-7 Taylor polynomial (Horner), on a float or a vector (the same operations).
 template <class V>
@@ -121,17 +121,16 @@ TFMO_INLINE void WeightsArray(float* w, const float* T, const float* tau, int64_
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// ISA builds and the choice between them (defined in volume_render_cpu.cc; one choice per process).
+// The builds and the choice between them (defined at the end of render_cpu.cc; one choice per process).
 
-enum VrIsa : int { kVrDefault = 0, kVrAvx2 = 1, kVrAvx512 = 2, kVrIsaCount = 3 };
+enum Isa : int { kIsaDefault = 0, kIsaAvx2 = 1, kIsaAvx512 = 2, kIsaCount = 3 };
 
-using VrIsaChoice = tfmo::IsaChoice;
-const VrIsaChoice& VrIsaSelection();
+const IsaChoice& IsaSelection();
 
-// Ray-range calls that ran each build so far, all volume-render kernels together (tfmo_volume_render_cpu_paths).
-extern std::atomic<long long> g_vr_path_calls[kVrIsaCount];
+// Ray-range calls that ran each build so far, all volume-render kernels together (tfmo_render_cpu_paths).
+extern std::atomic<long long> g_isa_calls[kIsaCount];
 
-}  // namespace tfmo::vr_cpu
+}  // namespace tfmo::render::cpu
 
 // Defines NAME(const JOB&, int64_t r0, int64_t r1), running the selected build of the always-inline
 // NAME##Body(const JOB&, r0, r1) and counting the call.
@@ -145,18 +144,16 @@ extern std::atomic<long long> g_vr_path_calls[kVrIsaCount];
   }                                                                                                            \
   __attribute__((noinline)) void NAME##_default(const JOB& j, int64_t r0, int64_t r1) { NAME##Body(j, r0, r1); } \
   void NAME(const JOB& j, int64_t r0, int64_t r1) {                                                            \
-    const int isa = tfmo::vr_cpu::VrIsaSelection().selected;                                                   \
-    tfmo::vr_cpu::g_vr_path_calls[isa].fetch_add(1, std::memory_order_relaxed);                                \
-    switch (isa) {                                                                                             \
-      case tfmo::vr_cpu::kVrAvx512: return NAME##_avx512(j, r0, r1);                                           \
-      case tfmo::vr_cpu::kVrAvx2: return NAME##_avx2(j, r0, r1);                                               \
+    switch (tfmo::CountIsaCall(tfmo::render::cpu::IsaSelection(), tfmo::render::cpu::g_isa_calls)) {          \
+      case tfmo::render::cpu::kIsaAvx512: return NAME##_avx512(j, r0, r1);                                     \
+      case tfmo::render::cpu::kIsaAvx2: return NAME##_avx2(j, r0, r1);                                         \
       default: return NAME##_default(j, r0, r1);                                                               \
     }                                                                                                          \
   }
 #else
 #define TFMO_VR_BUILDS(NAME, JOB)                                                                          \
   void NAME(const JOB& j, int64_t r0, int64_t r1) {                                                        \
-    tfmo::vr_cpu::g_vr_path_calls[tfmo::vr_cpu::kVrDefault].fetch_add(1, std::memory_order_relaxed);       \
+    tfmo::CountIsaCall(tfmo::render::cpu::IsaSelection(), tfmo::render::cpu::g_isa_calls);                 \
     NAME##Body(j, r0, r1);                                                                                 \
   }
 #endif
