@@ -86,7 +86,7 @@ def cache_dir() -> Path:
 
 
 def _source_files(driver: Path) -> list[Path]:
-    files: set[Path] = {driver, Path(msl_emu.__file__).resolve()}  # glue.py: the staging rewrite
+    files: set[Path] = {driver, Path(msl_emu.__file__).resolve()}  # msl_emu.py: the staging rewrite
     for d in (EMU_DIR, SHARED_DIR, KERNELS_DIR, driver.parent):
         if d.is_dir():
             files.update(p for p in d.rglob("*") if p.is_file() and not p.name.startswith("."))

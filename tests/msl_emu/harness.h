@@ -1,4 +1,5 @@
-// msl_emu harness: the I/O side of a kernel test driver (see csrc/msl_emu/README.md, "Driver pattern").
+// msl_emu harness: the I/O side of a kernel test driver (see csrc/msl_emu/README.md, "Driver pattern"). A test tool:
+// it lives beside the drivers, outside what ships.
 //
 // Command line of a driver (tests/support/msl_emu_build.py writes it; tokens in any order):
 //   in:NAME:DTYPE:COUNT=PATH   raw little-endian array (numpy `tofile`), COUNT elements of DTYPE
