@@ -81,17 +81,12 @@ def build(coverage: bool | None = None) -> Path:
     return out
 
 
-def environment(coverage: bool | None = None) -> dict[str, str]:
-    """The environment that selects the metal backend in a process that has not started TensorFlow yet."""
-    return {_env.EMULATED_GPU: str(build(coverage))}
-
-
 def make(work: Path, *, root: Path, compiler: str, tf_include: str, tf_lib: str, runtime: Path,
          coverage: list[str]) -> list[str]:
     """Compiles and links the backend's libraries into `work`; returns the names of the other files to publish."""
     error = BuildError
     csrc = root / "csrc"
-    mock = HERE
+    doubles = HERE
     metal_files = sorted((root / "metal_kernels").glob("*.metal"))
     embedded = work / "metal_embedded_sources.cc"
     metal_sources.write_embedded_source(str(embedded), [str(f) for f in metal_files],
@@ -100,13 +95,13 @@ def make(work: Path, *, root: Path, compiler: str, tf_include: str, tf_lib: str,
     tf_link = [f"-L{tf_lib}", "-l:libtensorflow_framework.so.2", f"-Wl,-rpath,{tf_lib}"]
     objc_link = [f"-L{runtime / 'lib'}", "-lobjc", f"-Wl,-rpath,{runtime / 'lib'}", "-lpthread", "-ldl"]
     common = ["-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter", "-DNDEBUG"]
-    objc = ["-std=c++20", *common, *OBJC_FLAGS, f"-I{runtime / 'include'}", f"-I{mock / 'include'}", f"-I{csrc}",
+    objc = ["-std=c++20", *common, *OBJC_FLAGS, f"-I{runtime / 'include'}", f"-I{doubles / 'include'}", f"-I{csrc}",
             f"-I{csrc / 'shared'}", f"-I{tf_include}"]
     emu_includes = [f"-I{d}" for d in msl_emu.include_dirs(root=root)]
 
     apple, kernels, device = [], [], []  # (source, object, flags)
     mrc = [f for f in objc if f != "-fobjc-arc"] + ["-fno-objc-arc"]  # foundation.mm, like Apple's, is not ARC
-    for src in sorted((mock / "src").glob("*.mm")):
+    for src in sorted((doubles / "src").glob("*.mm")):
         if src.name != "tensorflow_metal_device.mm":
             apple.append((src, work / f"apple_{src.stem}.o", mrc if src.name == "foundation.mm" else objc))
     apple.append((embedded, work / "apple_embedded.o", ["-std=c++20", *common, f"-I{csrc}"]))
@@ -120,7 +115,7 @@ def make(work: Path, *, root: Path, compiler: str, tf_include: str, tf_lib: str,
     for src in sorted((csrc / "metal").glob("*.mm")):
         kernels.append((src, work / f"k_{src.stem}.o", [*objc, *coverage]))
     kernels.append((embedded, work / "k_embedded.o", ["-std=c++20", *common, f"-I{csrc}"]))
-    device.append((mock / "src" / "tensorflow_metal_device.mm", work / "device.o", objc))
+    device.append((doubles / "src" / "tensorflow_metal_device.mm", work / "device.o", objc))
     jobs = apple + kernels + device
     _builder.compile_all(compiler, jobs, "building the Apple doubles (compiling {name})", error)
 
