@@ -144,7 +144,7 @@ def test_blender_missing_val_falls_back_to_test(tmp_path):
 def test_blender_errors(tmp_path):
     # no transforms_train.json
     os.makedirs(tmp_path / "empty")
-    with pytest.raises(DatasetError, match=r"empty: no transforms_train.json"):
+    with pytest.raises(DatasetError, match=r"empty: no known data layout .*transforms_train.json"):
         load_dataset(str(tmp_path / "empty"))
     # malformed json
     root = str(tmp_path / "a")

@@ -32,6 +32,7 @@ from nerf.trainer import Trainer
 # Settings a resumed run must share with the run that wrote the checkpoint (weights shapes, data order, samples).
 RESUME_KEYS = ("data", "model", "impl", "samples", "batch_rays", "levels", "features", "log2_table", "base_res",
                "finest_res", "bound", "seed", "scene_seed", "scene_res", "scene_ss", "background", "downscale",
+               "split", "holdout_every",
                "no_jitter", "minutes", "epochs", "steps", "lr", "lr_table", "lr_decay", "distortion", "sampler",
                "sample_budget", "grid_res", "grid_every", "grid_warmup", "step_size", "max_samples", "early_stop")
 
@@ -127,7 +128,7 @@ class Checkpoints:
         both; writes the reloaded model's to OUT/renders/novel_view.png and returns the largest difference."""
         model, ds, out = self.tr.model, self.tr.ds, self.cfg.out
         model_dir = os.path.join(out, "model")
-        models.save_model(model, model_dir)
+        models.save_model(model, model_dir, world_to_scene=ds.world_to_scene)
         reloaded = models.load_model(model_dir)
         novel = spherical_pose(float(np.linalg.norm(ds.test.poses[0][:3, 3])), 0.123, math.radians(42.0))
         rgb_a, _, _ = models.render_image(model, ds.H, ds.W, ds.focal, novel)

@@ -58,6 +58,8 @@ class TrainConfig:
     jit: str
     background: str
     downscale: int
+    split: str | None
+    holdout_every: int | None
     seed: int
     scene_seed: int
     scene_res: int
@@ -79,7 +81,9 @@ class TrainConfig:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data", default="builtin", help="'builtin', a tiny-NeRF .npz file or a Blender-layout folder")
+    p.add_argument("--data", default="builtin",
+                   help="'builtin', a tiny-NeRF .npz file, or a folder: NeRF-synthetic (transforms_train.json), "
+                        "nerfstudio / instant-ngp (transforms.json) or COLMAP (sparse/0 + images/); detected")
     p.add_argument("--model", choices=("hash", "mlp"), default="hash")
     p.add_argument("--impl", choices=("op", "pure_tf"), default="op",
                    help="hash model: tf_metal_ops kernels, or pure TF (hash grid + compositing) in an XLA train step")
@@ -153,7 +157,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="XLA for the train step (auto: whole step unless it contains custom ops)")
     # data
     p.add_argument("--background", default="white", help="white, black or r,g,b in [0,1]")
-    p.add_argument("--downscale", type=int, default=1, help="area-downscale real data by this integer factor")
+    p.add_argument("--downscale", type=int, default=1,
+                   help="real data at 1/N resolution (a capture's images_N/ folder when present, else area-averaged)")
+    held = p.add_mutually_exclusive_group()
+    held.add_argument("--split", default=None, metavar="FILE",
+                      help='COLMAP / transforms.json: held-out views from a JSON file {"train": [image names], '
+                           '"test": [image names]}')
+    held.add_argument("--holdout-every", type=int, default=None, metavar="N",
+                      help="COLMAP / transforms.json: every N-th image (name order, from the first) is held out "
+                           "(default 8, the LLFF / mip-NeRF 360 convention)")
     p.add_argument("--seed", type=int, default=0, help="weights, ray order and sample jitter")
     p.add_argument("--scene-seed", type=int, default=0, help="built-in scene: training cameras")
     p.add_argument("--scene-res", type=int, default=100, help="built-in scene: image size (square)")

@@ -18,7 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from nerf.config import TrainConfig
-from nerf.models import render_image
+from nerf.models import render_rays
 
 
 def psnr(mse):
@@ -46,7 +46,7 @@ def render_test_views(model, ds, n_views):
     n = len(test) if n_views is None else min(n_views, len(test))
     preds, psnrs = [], []
     for k in range(n):
-        rgb, _, _ = render_image(model, ds.H, ds.W, ds.focal, test.poses[k])
+        rgb, _, _ = render_rays(model, *ds.rays("test", k))
         preds.append(rgb)
         psnrs.append(psnr(np.mean((rgb - test.images[k]) ** 2)))
     return float(np.mean(psnrs)), preds

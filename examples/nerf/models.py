@@ -404,14 +404,18 @@ def build_model(kind: str, **cfg) -> keras.Model:
     return model
 
 
-def save_model(model: keras.Model, directory: str) -> str:
-    """``directory/model.json`` (kind + config), ``directory/model.weights.h5`` and, for the occupancy sampler,
-    ``directory/occupancy_grid.npz`` (the grid's density estimate, bitfield and update count)."""
+def save_model(model: keras.Model, directory: str, world_to_scene=None) -> str:
+    """``directory/model.json`` (kind + config + the data's ``world_to_scene``), ``directory/model.weights.h5`` and,
+    for the occupancy sampler, ``directory/occupancy_grid.npz`` (the grid's density estimate, bitfield and update
+    count). ``world_to_scene`` (4×4, default the model's own or the identity) maps the data's world frame to the
+    frame the model was trained in; :func:`render_image` applies it to cameras given with intrinsics."""
     os.makedirs(directory, exist_ok=True)
     kind = {v: k for k, v in MODELS.items()}[type(model)]
     cfg = {k: v for k, v in model.get_config().items() if k in model.cfg}
+    T = world_to_scene if world_to_scene is not None else getattr(model, "world_to_scene", np.eye(4))
+    model.world_to_scene = np.asarray(T, np.float64)
     with open(os.path.join(directory, "model.json"), "w") as f:
-        json.dump({"kind": kind, "config": cfg}, f, indent=1)
+        json.dump({"kind": kind, "config": cfg, "world_to_scene": model.world_to_scene.tolist()}, f, indent=1)
     path = os.path.join(directory, "model.weights.h5")
     model.save_weights(path)
     grid = getattr(model, "grid", None)
@@ -425,6 +429,7 @@ def load_model(directory: str) -> keras.Model:
     with open(os.path.join(directory, "model.json")) as f:
         meta = json.load(f)
     model = build_model(meta["kind"], **meta["config"])
+    model.world_to_scene = np.asarray(meta.get("world_to_scene", np.eye(4)), np.float64)
     model.load_weights(os.path.join(directory, "model.weights.h5"))
     grid = getattr(model, "grid", None)
     if grid is not None:
@@ -435,16 +440,41 @@ def load_model(directory: str) -> keras.Model:
     return model
 
 
-def render_image(model, H, W, focal, c2w, chunk: int = 4096, max_chunk_samples: int = 2 ** 18):
+def render_image(model, H, W, camera, c2w, chunk: int = 4096, max_chunk_samples: int = 2 ** 18):
     """Render a full view with a trained model → (rgb [H,W,3], depth [H,W], opacity [H,W]) numpy arrays.
+
+    ``camera`` is either
+
+    * a focal length in pixels (principal point at the image centre) with ``c2w`` [4,4] in the frame the model was
+      trained in (the scene frame of :mod:`nerf.data.normalise`; the built-in scene's world), or
+    * a pinhole ``(fx, fy, cx, cy)`` in pixels with ``c2w`` in **the data's own world frame** (e.g. COLMAP's),
+      mapped into the model's frame through ``model.world_to_scene`` (saved with the model; identity if none).
+
+    ``c2w`` is camera-to-world in the example's OpenGL convention (looking down −z, +y up; :mod:`nerf.data.rays`).
+    ``depth`` is in the model's frame units. See :func:`render_rays` for ``chunk`` and ``max_chunk_samples``."""
+    from nerf.data.normalise import apply
+    from nerf.data.rays import get_rays, pinhole_rays
+
+    if np.ndim(camera) == 0:
+        o, d = get_rays(H, W, float(camera), c2w)
+    else:
+        if np.shape(camera) != (4,):
+            raise ValueError(f"camera must be a focal length or (fx, fy, cx, cy), got {camera!r}")
+        T = getattr(model, "world_to_scene", None)
+        o, d = pinhole_rays(H, W, camera, apply(np.eye(4) if T is None else T, c2w))
+    return render_rays(model, o, d, chunk, max_chunk_samples)
+
+
+def render_rays(model, rays_o, rays_d, chunk: int = 4096, max_chunk_samples: int = 2 ** 18):
+    """Render rays ``[H, W, 3]`` (origins, unit directions, in the model's frame) → (rgb [H,W,3], depth [H,W],
+    opacity [H,W]) numpy arrays.
 
     ``chunk`` rays per call; with the occupancy sampler (no jitter: deterministic samples) the rays are first
     marched alone to count their samples, and a call takes as many consecutive rays (up to 16 × ``chunk``) as
     fit in ``max_chunk_samples`` samples."""
-    from nerf.data.rays import get_rays
-
-    o, d = get_rays(H, W, focal, c2w)
-    o, d = o.reshape(-1, 3), d.reshape(-1, 3)
+    H, W = rays_o.shape[:2]
+    o = np.asarray(rays_o, np.float32).reshape(-1, 3)
+    d = np.asarray(rays_d, np.float32).reshape(-1, 3)
     fn = _eval_fn(model)
     bounds = list(range(0, len(o), chunk)) + [len(o)]
     if getattr(model, "grid", None) is not None:

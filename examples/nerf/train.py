@@ -4,6 +4,7 @@
     python examples/nerf/train.py --quick                       # hash-grid model, ~3 minutes on 2 CPU cores
     python examples/nerf/train.py --model mlp --minutes 10      # the keras.io-style baseline
     python examples/nerf/train.py --data lego/ --downscale 8    # a NeRF-synthetic folder (or a tiny_nerf .npz)
+    python examples/nerf/train.py --data garden/ --downscale 4  # a COLMAP or nerfstudio/instant-ngp capture
 
 Writes ``OUT/metrics.json`` (per evaluation: step, epoch, training and wall-clock seconds, train loss and PSNR, test
 PSNR), ``OUT/renders/*.png`` (ground truth | prediction), ``OUT/psnr.png`` (test PSNR vs training time) and
@@ -93,7 +94,8 @@ def load_data(cfg: TrainConfig):
             if cfg.scene_ss is not None:
                 scene["ss"] = cfg.scene_ss
             return load_dataset("builtin", background=cfg.background_rgb, seed=cfg.scene_seed, verbose=True, **scene)
-        return load_dataset(cfg.data, background=cfg.background_rgb, downscale_factor=cfg.downscale)
+        held = {k: v for k, v in (("split_file", cfg.split), ("holdout_every", cfg.holdout_every)) if v is not None}
+        return load_dataset(cfg.data, background=cfg.background_rgb, downscale_factor=cfg.downscale, **held)
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
@@ -251,13 +253,14 @@ def run(argv=None):
     the chief: its steps and losses)."""
     cfg = parse_args(argv)
     cluster = read_cluster(cfg)
+    t_start = time.perf_counter()
+    ds = load_data(cfg)  # bad data stops here, before TensorFlow loads
+    print(ds.summary(), flush=True)
     cfg, strategy = start_strategy(cfg, cluster)
-    # The example's TensorFlow side loads only now, after the flags and TF_CONFIG are checked and the strategy exists.
+    # The example's TensorFlow side loads only now, after the flags, TF_CONFIG and the data are checked and the
+    # strategy exists.
     from nerf import checkpoints, metrics, trainer
 
-    t_start = time.perf_counter()
-    ds = load_data(cfg)
-    print(ds.summary(), flush=True)
     if cluster is None or cluster.is_chief:
         os.makedirs(os.path.join(cfg.out, "renders"), exist_ok=True)
     tr = trainer.Trainer(cfg, ds, strategy=strategy, cluster=cluster)

@@ -28,7 +28,6 @@ import tensorflow as tf
 from nerf import fused_adam, models
 from nerf.collectives import gather_evaluations, gather_rows_and_sum, make_broadcast
 from nerf.config import TrainConfig
-from nerf.data.rays import get_rays
 
 # Occupancy sampler: rays per step stay in [MIN_RAYS, sample_budget // 2], multiples of RAY_GRANULARITY.
 MIN_RAYS, RAY_GRANULARITY = 64, 16
@@ -97,7 +96,7 @@ class Trainer:
 
     # ---- construction ---------------------------------------------------------------------------------------
     def _load_rays(self, dataset):
-        o, d = get_rays(dataset.H, dataset.W, dataset.focal, dataset.train.poses)
+        o, d = dataset.rays("train")  # each view's own camera (distortion, principal point) where it has one
         self.rays_o = tf.constant(o.reshape(-1, 3))
         self.rays_d = tf.constant(d.reshape(-1, 3))
         self.rgb = tf.constant(dataset.train.images.reshape(-1, 3).astype(np.float32))
@@ -117,6 +116,7 @@ class Trainer:
         with self.strategy.scope():
             keras.utils.set_random_seed(args.seed)
             self.model = models.build_model(args.model, **kw, **extra)
+            self.model.world_to_scene = self.ds.world_to_scene  # the data's world → the frame it trains in
             table = {id(v) for v in self.model.table_variables()}
             self.table_vars = [v for v in self.model.trainable_variables if id(v) in table]
             self.mlp_vars = [v for v in self.model.trainable_variables if id(v) not in table]

@@ -14,11 +14,17 @@ class DatasetError(ValueError):
 @dataclass
 class Views:
     """Images of one split: ``images`` [N,H,W,3] float32 in [0,1] (already composited on the dataset background),
-    ``poses`` [N,4,4] float32 camera-to-world (see :mod:`nerf.data.rays`), optional ``alphas`` [N,H,W]."""
+    ``poses`` [N,4,4] float32 camera-to-world (see :mod:`nerf.data.rays`), optional ``alphas`` [N,H,W].
+
+    Real captures also carry ``cameras``, one :class:`nerf.data.cameras.Camera` per view (intrinsics and
+    distortion at the dataset's resolution), and the images' file ``names``; without ``cameras`` every view is the
+    dataset's pinhole camera (``focal``, principal point at the image centre)."""
 
     images: np.ndarray
     poses: np.ndarray
     alphas: np.ndarray | None = None
+    cameras: list | None = None
+    names: list | None = None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -37,11 +43,28 @@ class Dataset:
     background: np.ndarray = field(default_factory=lambda: np.ones(3, np.float32))
     name: str = ""
     info: dict = field(default_factory=dict)
+    # the similarity from the data's own world frame (e.g. COLMAP's) to the frame of ``poses`` (4×4, x' = T x)
+    world_to_scene: np.ndarray = field(default_factory=lambda: np.eye(4))
 
     def split(self, name: str) -> Views:
         if name not in ("train", "val", "test"):
             raise ValueError(f"unknown split {name!r} (train, val or test)")
         return getattr(self, name)
+
+    def rays(self, split: str, index: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Origins and unit directions of one view (``[H, W, 3]``) or of all views of ``split`` (``[N, H, W, 3]``),
+        float32, through the undistorted pixel centres of each view's camera."""
+        from nerf.data.rays import camera_rays, get_rays
+
+        views = self.split(name=split)
+        ks = range(len(views)) if index is None else [index]
+        out = [camera_rays(views.cameras[k], views.poses[k]) if views.cameras is not None
+               else get_rays(self.H, self.W, self.focal, views.poses[k]) for k in ks]
+        if index is not None:
+            return out[0]
+        if not out:
+            return np.zeros((0, self.H, self.W, 3), np.float32), np.zeros((0, self.H, self.W, 3), np.float32)
+        return np.stack([o for o, _ in out]), np.stack([d for _, d in out])
 
     def summary(self) -> str:
         return (f"{self.name}: {len(self.train)} train / {len(self.val)} val / {len(self.test)} test views of "

@@ -1,4 +1,6 @@
-"""Loaders for real NeRF data: the tiny-NeRF ``.npz`` and the NeRF-synthetic "Blender" folder layout.
+"""Loaders for real NeRF data: the tiny-NeRF ``.npz`` and the NeRF-synthetic "Blender" folder layout, and the
+dispatch to the loaders of real captures (COLMAP: :mod:`nerf.data.colmap_loader`; nerfstudio / instant-ngp
+``transforms.json``: :mod:`nerf.data.nerfstudio_loader`).
 
 Every problem with the input raises :class:`~nerf.data.DatasetError` (a ``ValueError``) whose message names the file
 and says what is wrong, so the training script can print one line instead of a traceback.
@@ -16,16 +18,47 @@ from nerf.data.dataset import Dataset, DatasetError, Views
 from nerf.data.rays import focal_from_fov
 
 
-def load_path(path: str, **kwargs) -> Dataset:
-    """Dispatch on what ``path`` is: a ``.npz`` file (tiny NeRF) or a folder with ``transforms_*.json``."""
+FORMATS = ("'builtin', a tiny-NeRF .npz file, or a folder with transforms_train.json (NeRF-synthetic), "
+           "transforms.json (nerfstudio / instant-ngp) or sparse/0/cameras.bin|txt (COLMAP)")
+
+
+def detect_format(path: str) -> str:
+    """``"npz"``, ``"blender"``, ``"transforms"`` or ``"colmap"``: what the file or folder ``path`` holds."""
+    from nerf.data.colmap_model import find_model
+
     if not os.path.exists(path):
-        raise DatasetError(f"{path}: no such file or directory (expected 'builtin', a tiny-NeRF .npz file or a "
-                           "folder with transforms_train.json)")
-    if os.path.isdir(path):
-        return load_blender(path, **kwargs)
-    if path.endswith(".npz"):
+        raise DatasetError(f"{path}: no such file or directory (expected {FORMATS})")
+    if not os.path.isdir(path):
+        if path.endswith(".npz"):
+            return "npz"
+        raise DatasetError(f"{path}: not a .npz file or a folder (expected {FORMATS})")
+    if os.path.isfile(os.path.join(path, "transforms_train.json")):
+        return "blender"
+    if os.path.isfile(os.path.join(path, "transforms.json")):
+        return "transforms"
+    if find_model(path) is not None:
+        return "colmap"
+    raise DatasetError(f"{path}: no known data layout in this folder (expected {FORMATS})")
+
+
+def load_path(path: str, split_file: str | None = None, holdout_every: int | None = None, **kwargs) -> Dataset:
+    """Loads ``path`` in the format :func:`detect_format` finds. ``split_file`` and ``holdout_every`` choose the
+    held-out views of real captures; the other formats come with their splits and refuse them."""
+    kind = detect_format(path)
+    if kind in ("npz", "blender") and (split_file is not None or holdout_every is not None):
+        raise DatasetError(f"{path}: --split and --holdout-every apply to COLMAP and transforms.json captures; "
+                           "this data comes with its own split")
+    if kind == "npz":
         return load_tiny_npz(path, **kwargs)
-    raise DatasetError(f"{path}: not a .npz file or a folder (expected a tiny-NeRF .npz or a Blender-layout folder)")
+    if kind == "blender":
+        return load_blender(path, **kwargs)
+    if kind == "transforms":
+        from nerf.data.nerfstudio_loader import load_transforms
+
+        return load_transforms(path, split_file=split_file, holdout_every=holdout_every, **kwargs)
+    from nerf.data.colmap_loader import load_colmap
+
+    return load_colmap(path, split_file=split_file, holdout_every=holdout_every, **kwargs)
 
 
 def downscale(images: np.ndarray, factor: int, what: str = "images") -> np.ndarray:
@@ -122,7 +155,7 @@ def load_tiny_npz(path: str, n_train: int | None = None, downscale_factor: int =
 # ------------------------------------------------------------------------------------------------ Blender layout
 
 
-def _read_json(path: str) -> dict:
+def _read_json_object(path: str, what: str = "'frames'") -> dict:
     try:
         with open(path) as f:
             meta = json.load(f)
@@ -131,7 +164,12 @@ def _read_json(path: str) -> dict:
     except json.JSONDecodeError as e:
         raise DatasetError(f"{path}: malformed JSON ({e})") from None
     if not isinstance(meta, dict):
-        raise DatasetError(f"{path}: expected a JSON object with 'camera_angle_x' and 'frames'")
+        raise DatasetError(f"{path}: expected a JSON object with {what}")
+    return meta
+
+
+def _read_json(path: str) -> dict:
+    meta = _read_json_object(path, "'camera_angle_x' and 'frames'")
     if "camera_angle_x" not in meta:
         raise DatasetError(f"{path}: missing 'camera_angle_x'")
     if not isinstance(meta["camera_angle_x"], (int, float)) or not 0 < meta["camera_angle_x"] < np.pi:

@@ -41,6 +41,25 @@ def get_rays(H: int, W: int, focal: float, c2w) -> tuple[np.ndarray, np.ndarray]
     return origins.astype(np.float32), dirs.astype(np.float32)
 
 
+def camera_rays(camera, c2w) -> tuple[np.ndarray, np.ndarray]:
+    """Rays through the pixel centres of a :class:`nerf.data.cameras.Camera` (pinhole + distortion, own principal
+    point) posed at ``c2w`` [4,4]: origins and unit directions, each ``[H, W, 3]`` float32."""
+    from nerf.data.cameras import camera_directions
+
+    c2w = np.asarray(c2w, dtype=np.float64)
+    dirs = camera_directions(camera) @ c2w[:3, :3].T
+    dirs /= np.linalg.norm(dirs, axis=-1, keepdims=True)
+    return np.broadcast_to(c2w[:3, 3], dirs.shape).astype(np.float32), dirs.astype(np.float32)
+
+
+def pinhole_rays(H: int, W: int, intrinsics, c2w) -> tuple[np.ndarray, np.ndarray]:
+    """Rays of a pinhole camera ``(fx, fy, cx, cy)`` (pixels, principal point anywhere) posed at ``c2w`` [4,4]."""
+    from nerf.data.cameras import Camera
+
+    fx, fy, cx, cy = (float(v) for v in intrinsics)
+    return camera_rays(Camera(int(W), int(H), fx, fy, cx, cy), c2w)
+
+
 def project(points, H: int, W: int, focal: float, c2w) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of :func:`get_rays`: world points ``[..., 3]`` → continuous pixel coordinates ``[..., 2]`` as
     ``(u, v)`` = (column, row) and the depth along the camera's −z axis (positive in front of the camera).
