@@ -192,7 +192,10 @@ AMBIENT = 0.3
 
 
 def trace(o: np.ndarray, d: np.ndarray, scene=SCENE) -> np.ndarray:
-    """Ray-trace rays ``[N,3]`` (unit ``d``) → RGBA ``[N,4]`` float64 (alpha 0 where nothing is hit)."""
+    """Ray-trace rays ``[N,3]`` (unit ``d``) → RGBA ``[N,4]`` float64 (alpha 0 where nothing is hit).
+
+    A primitive with ``emissive = True`` shows its albedo unshaded; one with ``casts_shadow = False`` is left out
+    of the shadow rays (e.g. a sky dome around the scene)."""
     o, d = np.asarray(o, np.float64), np.asarray(d, np.float64)
     ts = np.stack([prim.intersect(o, d) for prim in scene])  # [P, N]
     which, t = np.argmin(ts, axis=0), np.min(ts, axis=0)
@@ -208,9 +211,13 @@ def trace(o: np.ndarray, d: np.ndarray, scene=SCENE) -> np.ndarray:
     ph = p[hit] + 1e-3 * normal[hit]
     lit = np.ones(len(ph), bool)
     for prim in scene:
-        lit &= ~np.isfinite(prim.intersect(ph, np.broadcast_to(LIGHT, ph.shape)))
+        if getattr(prim, "casts_shadow", True):
+            lit &= ~np.isfinite(prim.intersect(ph, np.broadcast_to(LIGHT, ph.shape)))
     lambert = np.clip(normal[hit] @ LIGHT, 0.0, 1.0) * lit
-    rgba[hit, :3] = np.clip(albedo[hit] * (AMBIENT + (1.0 - AMBIENT) * lambert)[:, None], 0.0, 1.0)
+    shade = AMBIENT + (1.0 - AMBIENT) * lambert
+    emissive = np.array([getattr(prim, "emissive", False) for prim in scene])[which[hit]]
+    shade = np.where(emissive, 1.0, shade)
+    rgba[hit, :3] = np.clip(albedo[hit] * shade[:, None], 0.0, 1.0)
     rgba[hit, 3] = 1.0
     return rgba
 
