@@ -31,13 +31,14 @@ DEFAULT_HOLDOUT_EVERY = 8
 class Frame:
     """One image of a capture: ``name`` (as the capture names it), its file, camera-to-world ``c2w`` [4,4] in the
     data's world frame (OpenGL camera convention) and its full-resolution :class:`Camera`; ``where`` names the
-    file and entry that defined it, for messages."""
+    file and entry that defined it, for messages; ``size_note`` is added to a message about the image's size."""
 
     name: str
     path: str
     c2w: np.ndarray
     camera: Camera
     where: str
+    size_note: str = ""
 
 
 def read_image(path: str, where: str) -> np.ndarray:
@@ -88,7 +89,7 @@ def load_frame_image(frame: Frame, images_dir: str, factor: int, background) -> 
         h, w = img.shape[:2]
         if (w, h) != (cam.width, cam.height):
             raise DatasetError(f"{frame.path}: image size {w}x{h} differs from its camera's {cam.width}x{cam.height} "
-                               f"({frame.where})")
+                               f"({frame.where}){frame.size_note}")
         if factor > 1:
             img = img[:h - h % factor, :w - w % factor]
             if img.shape[-1] == 4:  # premultiply so that the average is the average of composited pixels
@@ -143,7 +144,7 @@ def split_names(names: list, where: str, split_file: str | None, holdout_every: 
 
 def assemble(frames: list, points: np.ndarray | None, where: str, images_dir: str, name: str,
              downscale_factor: int = 1, split_file: str | None = None, holdout_every: int | None = None,
-             background=(1.0, 1.0, 1.0), per_image_intrinsics: bool = True, info: dict | None = None) -> Dataset:
+             background=(1.0, 1.0, 1.0), info: dict | None = None) -> Dataset:
     """The :class:`Dataset` of ``frames`` (``where`` names the file that lists them, ``images_dir`` the folder their
     names are relative to): images at 1/``downscale_factor``, the split, normalised poses and cameras."""
     if not frames:
@@ -158,7 +159,7 @@ def assemble(frames: list, points: np.ndarray | None, where: str, images_dir: st
     train_names, test_names = split_names(list(by_name), where, split_file, holdout_every)
     for fr in frames:  # before reading any image: every listed image exists
         if not os.path.isfile(fr.path):
-            raise DatasetError(f"{where}: {fr.where} names image {fr.name!r}, but {fr.path} is not on disk")
+            raise DatasetError(f"{fr.where} names image {fr.name!r}, but {fr.path} is not on disk")
     bg = np.broadcast_to(np.asarray(background, np.float32), (3,)).copy()
     T = normalise.world_to_scene(np.stack([f.c2w for f in frames]), points)
     first = None
@@ -173,11 +174,9 @@ def assemble(frames: list, points: np.ndarray | None, where: str, images_dir: st
                 first = (fr, img.shape[:2])
             elif img.shape[:2] != first[1]:
                 h0, w0 = first[1]
-                why = ("images of several sizes need intrinsics for each image, and this file gives one set for all"
-                       if not per_image_intrinsics else "the example trains on images of one size; resize them or "
-                       "split the capture by camera")
                 raise DatasetError(f"{fr.path}: image size {img.shape[1]}x{img.shape[0]} differs from "
-                                   f"{first[0].path}'s {w0}x{h0} ({fr.where}): {why}")
+                                   f"{first[0].path}'s {w0}x{h0} ({fr.where}): the example trains on images of one "
+                                   "size; resize them or split the capture by camera")
             try:
                 camera_directions(cam)  # the distortion inverts over the whole image
             except CameraModelError as e:

@@ -28,6 +28,6 @@ def load_colmap(root: str, downscale_factor: int = 1, split_file: str | None = N
     if not frames:
         raise DatasetError(f"{images_file}: zero registered images")
     return assemble(frames, model.points, images_file, images_dir, os.path.basename(os.path.normpath(root)),
-                    downscale_factor, split_file, holdout_every, background, per_image_intrinsics=True,
+                    downscale_factor, split_file, holdout_every, background,
                     info={"format": f"colmap-{model.ext}", "points3D": int(len(model.points)),
                           "camera_models": sorted(set(model.camera_models.values()))})

@@ -78,7 +78,7 @@ def load_transforms(root: str, downscale_factor: int = 1, split_file: str | None
     applied = _matrix(meta["applied_transform"], f"{path}: 'applied_transform'") if "applied_transform" in meta \
         else np.eye(4)
     to_data_world = np.linalg.inv(applied)
-    frames, shared = [], all(k not in fr for fr in frames_meta if isinstance(fr, dict) for k in ("w", "h"))
+    frames = []
     for k, fr in enumerate(frames_meta):
         where = f"frame {k} of {path}"
         if not isinstance(fr, dict) or "file_path" not in fr or "transform_matrix" not in fr:
@@ -89,10 +89,13 @@ def load_transforms(root: str, downscale_factor: int = 1, split_file: str | None
         img = os.path.join(root, name)
         if not os.path.splitext(img)[1]:
             img += ".png"
-        frames.append(Frame(name, img, c2w, _camera(meta, fr, where), where))
+        shared = not ("w" in fr and "h" in fr)
+        frames.append(Frame(name, img, c2w, _camera(meta, fr, where), where,
+                            ": 'w' and 'h' are given once for all frames; images of several sizes need them in each "
+                            "frame" if shared else ""))
     images_dir = os.path.commonpath([os.path.dirname(f.path) for f in frames]) if frames else root
     info = {"format": "transforms.json"}
     if "aabb_scale" in meta:
         info["aabb_scale"] = meta["aabb_scale"]
     return assemble(frames, None, path, images_dir, os.path.basename(os.path.normpath(root)), downscale_factor,
-                    split_file, holdout_every, background, per_image_intrinsics=not shared, info=info)
+                    split_file, holdout_every, background, info=info)
