@@ -18,6 +18,7 @@ Conventions (COLMAP's and OpenCV's, which nerfstudio shares):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,9 +136,10 @@ def undistort(xd, yd, distortion, iterations: int = 20, tol: float = 1e-12):
     return x, y, residual
 
 
+@functools.lru_cache(maxsize=16)  # the views of a capture share a few cameras
 def camera_directions(cam: Camera) -> np.ndarray:
-    """Unit ray directions ``[H, W, 3]`` (float64) through the pixel centres in the example's OpenGL camera frame
-    (looking down −z, +y up; :mod:`nerf.data.rays`), through the undistorted pixel positions."""
+    """Unit ray directions ``[H, W, 3]`` (float64, read-only) through the pixel centres in the example's OpenGL
+    camera frame (looking down −z, +y up; :mod:`nerf.data.rays`), through the undistorted pixel positions."""
     u, v = np.meshgrid(np.arange(cam.width) + 0.5, np.arange(cam.height) + 0.5, indexing="xy")
     x, y, residual = undistort((u - cam.cx) / cam.fx, (v - cam.cy) / cam.fy, cam.distortion)
     if residual > 1e-6:
@@ -145,4 +147,6 @@ def camera_directions(cam: Camera) -> np.ndarray:
                                f"over the {cam.width}x{cam.height} image (residual {residual:.2g} in normalised "
                                "coordinates)")
     d = np.stack([x, -y, -np.ones_like(x)], axis=-1)  # OpenCV (x right, y down, +z forward) → OpenGL
-    return d / np.linalg.norm(d, axis=-1, keepdims=True)
+    d /= np.linalg.norm(d, axis=-1, keepdims=True)
+    d.flags.writeable = False
+    return d
