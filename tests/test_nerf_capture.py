@@ -216,7 +216,8 @@ def test_missing_image_names_the_entry(folders, tmp_path):
 def test_unknown_camera_model_names_the_camera(folders, tmp_path):
     root = copy_of(folders, "colmap-txt", tmp_path)
     path = os.path.join(root, "sparse", "0", "cameras.txt")
-    text = open(path).read().replace("2 PINHOLE 64 48 52 49 31.5 24.5", "2 OPENCV_FISHEYE 64 48 52 49 31.5 24.5 0 0 0 0")
+    text = open(path).read().replace("2 PINHOLE 64 48 52 49 31.5 24.5",
+                                     "2 OPENCV_FISHEYE 64 48 52 49 31.5 24.5 0 0 0 0")
     open(path, "w").write(text)
     with pytest.raises(DatasetError, match=r"cameras\.txt: camera 2: unknown camera model 'OPENCV_FISHEYE'"):
         load_dataset(root)
@@ -276,7 +277,8 @@ def test_mixed_image_sizes(folders, tmp_path):
     odd = os.path.join(root, doc["frames"][1]["file_path"])
     iio.imwrite(odd, np.zeros((40, 60, 3), np.uint8))
     with pytest.raises(DatasetError, match=r"frame_006\.png: image size 60x40 differs from its camera's 64x48 "
-                                           r"\(frame 1 of .*transforms\.json\): 'w' and 'h' are given once for all frames"):
+                                           r"\(frame 1 of .*transforms\.json\): 'w' and 'h' are given once for "
+                                           r"all frames"):
         load_dataset(root)
     # COLMAP: an image on disk whose size is not its camera's
     root = copy_of(folders, "colmap-bin", tmp_path)

@@ -186,7 +186,8 @@ class _Text:
                 camera_id, model, width, height = int(f[0]), f[1], int(f[2]), int(f[3])
                 params = [float(v) for v in f[4:]]
             except (ValueError, IndexError):
-                raise DatasetError(f"{path}:{k}: expected 'CAMERA_ID MODEL WIDTH HEIGHT PARAMS...', got {ln!r}") from None
+                raise DatasetError(f"{path}:{k}: expected 'CAMERA_ID MODEL WIDTH HEIGHT PARAMS...', "
+                                   f"got {ln!r}") from None
             cams[camera_id] = _camera(path, camera_id, model, width, height, params)
             models[camera_id] = model
         return cams, models
@@ -226,5 +227,6 @@ class _Text:
                 xyz.append([float(v) for v in f[1:4]])
                 rgb.append([int(v) for v in f[4:7]])
             except ValueError:
-                raise DatasetError(f"{path}:{k}: expected 'POINT3D_ID X Y Z R G B ERROR TRACK...', got {ln!r}") from None
+                raise DatasetError(f"{path}:{k}: expected 'POINT3D_ID X Y Z R G B ERROR TRACK...', "
+                                   f"got {ln!r}") from None
         return np.array(xyz, np.float64).reshape(-1, 3), np.array(rgb, np.uint8).reshape(-1, 3)

@@ -107,8 +107,8 @@ SCENE = [
 
 @dataclass
 class Capture:
-    """A rendered capture: ``images`` uint8 [N,H,W,3], file-name stems ``names``, per view the index into :data:`CAMERAS`
-    (``camera_index``), camera-to-world ``c2w`` [N,4,4] in the **generator** world (OpenGL convention), and sparse
+    """A rendered capture: ``images`` uint8 [N,H,W,3], file-name stems ``names``, per view the index into
+    :data:`CAMERAS` (``camera_index``), camera-to-world ``c2w`` [N,4,4] in the **generator** world (OpenGL convention), and sparse
     ``points`` [P,3] (generator world) with ``colors`` uint8 [P,3]. ``GEN_TO_DATA`` maps it to the data world."""
 
     images: np.ndarray
