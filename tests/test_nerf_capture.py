@@ -288,6 +288,17 @@ def test_mixed_image_sizes(folders, tmp_path):
         load_dataset(root)
 
 
+def test_split_flags(folders, capsys):
+    from nerf.config import parse_args
+
+    cfg = parse_args(["--data", folders["colmap-bin"], "--holdout-every", "4"])
+    assert (cfg.split, cfg.holdout_every) == (None, 4)
+    for bad in (["--split", "s.json"], ["--data", "x", "--split", "s.json", "--holdout-every", "4"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+    assert "built-in scene has its own" in capsys.readouterr().err
+
+
 def test_bad_data_stops_before_tensorflow_loads(folders, tmp_path):
     """train.py with a capture whose image is missing: exit code 2, one line naming the file, TensorFlow never
     imported."""

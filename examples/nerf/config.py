@@ -230,6 +230,9 @@ def _check(p, args):
             p.error(f"--sample-budget must be at least 1024, got {args.sample_budget}")
         if args.grid_every < 1 or args.grid_res < 1 or args.max_samples < 1:
             p.error("--grid-every, --grid-res and --max-samples must be positive")
+    if args.data == "builtin" and (args.split is not None or args.holdout_every is not None):
+        p.error("--split and --holdout-every choose the held-out views of a real capture (COLMAP or transforms.json "
+                "folder); the built-in scene has its own")
     if not 0.0 < args.lr_decay <= 1.0:
         p.error(f"--lr-decay must be in (0, 1], got {args.lr_decay}")
 
