@@ -1,7 +1,7 @@
 """Data for the NeRF example: cameras/rays, the built-in synthetic scene, loaders for real data.
 
-Everything returns a :class:`Dataset` (train/val/test :class:`Views` plus the shared camera intrinsics), so the
-training script does not care where the images came from.
+Everything returns a :class:`Dataset` (train/val/test :class:`Views` plus the camera intrinsics, shared or per view,
+and the world→scene similarity of real captures), so the training script does not care where the images came from.
 """
 
 from nerf.data.rays import get_rays, look_at, project, focal_from_fov
@@ -11,7 +11,8 @@ __all__ = ["Dataset", "DatasetError", "Views", "focal_from_fov", "get_rays", "lo
 
 
 def load_dataset(spec: str = "builtin", **kwargs) -> Dataset:
-    """``"builtin"`` (generated and cached), a tiny-NeRF ``.npz`` file, or a Blender-layout folder."""
+    """``"builtin"`` (generated and cached), a tiny-NeRF ``.npz`` file, or a folder: Blender layout, nerfstudio /
+    instant-ngp ``transforms.json`` or a COLMAP sparse model (detected: :func:`nerf.data.loaders.detect_format`)."""
     if spec == "builtin":
         from nerf.data.synthetic import load_builtin
 
