@@ -8,12 +8,13 @@
 #error "gpu_proxy: compile as CUDA (clang++-16 -x cuda --cuda-device-only ...); see dev/gpu_proxy.py"
 #endif
 
-#define __device__ __attribute__((device))
-#define __global__ __attribute__((global))
-#define __host__ __attribute__((host))
-#define __shared__ __attribute__((shared))
-#define __constant__ __attribute__((constant))
-#define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+// Spelled __x__ inside the attribute: <metal_stdlib> defines `device` and `constant` as macros.
+#define __device__ __attribute__((__device__))
+#define __global__ __attribute__((__global__))
+#define __host__ __attribute__((__host__))
+#define __shared__ __attribute__((__shared__))
+#define __constant__ __attribute__((__constant__))
+#define __launch_bounds__(...) __attribute__((__launch_bounds__(__VA_ARGS__)))
 
 namespace gpu_proxy::sreg {
 __device__ inline unsigned tid_x() { return unsigned(__nvvm_read_ptx_sreg_tid_x()); }
