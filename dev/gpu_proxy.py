@@ -237,6 +237,19 @@ def register_report(ptxas: str, ptx: Path) -> dict[str, dict]:
 
 
 # ---- build ------------------------------------------------------------------------------------------------------
+def source_commit() -> str:
+    """HEAD of this checkout, '+dirty' when metal_kernels/, csrc/ or dev/gpu_proxy* differ from it ('unknown'
+    without git): recorded in the manifest, since the device copy of the tree has no history."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "metal_kernels", "csrc",
+                                "dev/gpu_proxy", "dev/gpu_proxy.py"], capture_output=True, text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def default_files() -> list[Path]:
     return sorted((ROOT / "metal_kernels").glob("*.metal"))
 
@@ -255,7 +268,8 @@ def build(out: Path, files: list[Path] | None = None, msl_versions=("3.0", "2.4"
         if v not in MSL_VERSIONS:
             raise BuildError(f"gpu_proxy: unknown MSL version {v} (use {', '.join(MSL_VERSIONS)})")
     msl_emu = load_msl_emu()
-    jobs_list, manifest = [], {"arch": ARCH, "msl_versions": list(msl_versions), "files": {}, "kernels": {}}
+    jobs_list, manifest = [], {"arch": ARCH, "msl_versions": list(msl_versions), "commit": source_commit(),
+                               "files": {}, "kernels": {}}
     for f in files:
         try:
             mf, cu, dirs = generate(f, out)

@@ -96,6 +96,22 @@ def test_barriers_threadgroup_memory_and_function_constants(built):
         assert f".visible .const .align" in launch and f" {c};" in launch and f"[{c}]" in launch, c
 
 
+def test_bench_dry_run_matches_the_entry_signatures(built, capsys):
+    """bench/gpu_proxy.py's launches (small sizes) against this build: arguments, dtypes, struct sizes, shared memory."""
+    out, _, _, _ = built
+    bench = _load("tfmo_bench_gpu_proxy", ROOT / "bench" / "gpu_proxy.py")
+    assert bench.main(["--ptx", str(out), "--dry-run", "--small"]) == 0
+    assert "all match" in capsys.readouterr().out
+    cases = bench.cases_mod.all_cases(small=True)
+    case = next(c for c in cases if c.name == "hash_grid_encode_float16")
+    wrong = bench.cases_mod.Launch(case.launches[0].module, case.launches[0].kernel,
+                                   [("buf", "x"), ("buf", "params")] + case.launches[0].args[2:], (8, 1, 1), (8, 1, 1))
+    assert bench.check_launch(bench.Signatures(out), case, wrong) == [
+        "hash_grid_encode_float16: hash_grid:hash_grid_encode_float16: params is device const half* but 'params' is "
+        "float32", "hash_grid_encode_float16: hash_grid:hash_grid_encode_float16: params: element of 4 bytes, the "
+        "compiler's is 2"]
+
+
 def test_unsupported_construct_fails_with_a_clear_message(tmp_path):
     planted = tmp_path / "planted.metal"
     planted.write_text("#include <metal_stdlib>\nusing namespace metal;\n\n"
