@@ -9,8 +9,9 @@ Conventions:
   - arrays live in Case.arrays by name; a Launch names them in its `args` (("buf", name) or ("u32", value)), in the
     entry's parameter order without the grid; MSL kernels get their dispatch as `threads` per grid (x, y, z) and
     `group` threads per threadgroup (dispatchThreads: blocks = ceil(threads / group)), baselines raw CUDA blocks;
-  - `expect` maps an output array to (reference, tolerance): |got - ref| <= tolerance elementwise (an array or a
-    scalar); references are computed on demand (Case.reference()), in float64 from the same float32/float16 inputs;
+  - Case.reference() maps an output array to (reference, tolerance[, index]): |got[index] - ref| <= tolerance
+    elementwise (an array or a scalar; index: the part of the output the reference covers, e.g. the first 2^16 points
+    of a per-point output); references are computed on demand, in float64 from the same float32/float16 inputs;
   - `bound`: ("copy", bytes) = the bytes the kernel must move at the GPU's measured copy bandwidth, or
     ("case", name) = another case's measured time (a bare CUDA gather/scatter).
 """
@@ -182,58 +183,72 @@ def hg_weight(w, c, skip=()):
     return r
 
 
-def hg_reference(x, params, levels, dy, ddx, F):
-    """Float64 encode, param gradient, position gradient and second order (linear interpolation, all levels
-    active): {"out", "grad_params", "abs_grad_params", "dx", "ddy", "dx2", "grad2_params", "abs_grad2_params"}."""
+def hg_reference(x, params, levels, dy, ddx, F, parts, n_points=None):
+    """Float64 hash-grid references (linear interpolation, all levels active) of `parts`:
+      per point, for the first n_points points (all by default): "out" (encode), "dx" (position gradient),
+        "ddy" and "dx2" (second order: d/d(dy), d/dx);
+      scattered over all points: "grad_params" and "grad2_params" (and "abs_grad_params"/"abs_grad2_params", the sums
+        of |term| per entry: the scale of float32 summation error)."""
     n, dims = x.shape
+    m = n if n_points is None else min(n, n_points)
     L, rows_total = len(levels), params.shape[0]
     p64 = params.astype(np.float64)
     dy64 = dy.astype(np.float64).reshape(n, L, F)
     dd = ddx.astype(np.float64)
-    out = np.zeros((n, L, F))
-    gp = np.zeros(rows_total * F)
-    gp_abs = np.zeros(rows_total * F)
-    dx = np.zeros((n, dims))
-    ddy = np.zeros((n, L, F))
-    dx2 = np.zeros((n, dims))
-    g2p = np.zeros(rows_total * F)
-    g2p_abs = np.zeros(rows_total * F)
+    per_point = {"out", "dx", "ddy", "dx2"} & set(parts)
+    res = {k: np.zeros((m, L, F)) for k in ("out", "ddy") if k in parts}
+    res.update({k: np.zeros((m, dims)) for k in ("dx", "dx2") if k in parts})
+    for k in ("grad_params", "grad2_params"):
+        if k in parts:
+            res[k], res["abs_" + k] = np.zeros(rows_total * F), np.zeros(rows_total * F)
     nc = 1 << dims
-    for l, lv in enumerate(levels):
-        g, w, dw = hg_point(x, lv["scale"])
-        rows = hg_rows(lv, g)
-        vals = p64[rows]  # [n, nc, F]
-        W = np.stack([hg_weight(w, c) for c in range(nc)], axis=1)
-        out[:, l] = np.einsum("nc,ncf->nf", W, vals)
-        s = np.einsum("nf,ncf->nc", dy64[:, l], vals)
-        v = np.zeros((n, nc))
+
+    def second_weights(w, dw, k_points):  # v[c] = sum_k ddx_k sign_k(c) dw_k W_c^{-k}
+        v = np.zeros((k_points, nc))
         for c in range(nc):
             for k in range(dims):
                 sign = 1.0 if (c >> k) & 1 else -1.0
-                v[:, c] += dd[:, k] * sign * dw[:, k] * hg_weight(w, c, (k,))
-        ddy[:, l] = np.einsum("nc,ncf->nf", v, vals)
-        for k in range(dims):
-            bk = 1 << k
-            acc = sum(hg_weight(w, c, (k,)) * (s[:, c | bk] - s[:, c]) for c in range(nc) if not c & bk)
-            dx[:, k] += dw[:, k] * acc
-            for j in range(dims):
-                if j == k:
-                    continue  # linear: d2w/dx2 = 0
-                bj = 1 << j
-                acc2 = sum(hg_weight(w, c, (k, j)) * (s[:, c | bk | bj] - s[:, c | bk] - s[:, c | bj] + s[:, c])
-                           for c in range(nc) if not (c & bk or c & bj))
-                dx2[:, j] += dd[:, k] * dw[:, k] * dw[:, j] * acc2
-        for c in range(nc):
-            for f in range(F):
-                idx = rows[:, c] * F + f
-                term = W[:, c] * dy64[:, l, f]
-                gp += np.bincount(idx, term, rows_total * F)
-                gp_abs += np.bincount(idx, np.abs(term), rows_total * F)
-                term2 = v[:, c] * dy64[:, l, f]
-                g2p += np.bincount(idx, term2, rows_total * F)
-                g2p_abs += np.bincount(idx, np.abs(term2), rows_total * F)
-    return {"out": out.reshape(n, L * F), "grad_params": gp, "abs_grad_params": gp_abs, "dx": dx,
-            "ddy": ddy.reshape(n, L * F), "dx2": dx2, "grad2_params": g2p, "abs_grad2_params": g2p_abs}
+                v[:, c] += dd[:k_points, k] * sign * dw[:, k] * hg_weight(w, c, (k,))
+        return v
+
+    for l, lv in enumerate(levels):
+        g, w, dw = hg_point(x, lv["scale"])
+        rows = hg_rows(lv, g)
+        W = np.stack([hg_weight(w, c) for c in range(nc)], axis=1)
+        if per_point:
+            vals = p64[rows[:m]]  # [m, nc, F]
+            wm, dwm = w[:m], dw[:m]
+            if "out" in parts:
+                res["out"][:, l] = np.einsum("nc,ncf->nf", W[:m], vals)
+            s = np.einsum("nf,ncf->nc", dy64[:m, l], vals)
+            if "ddy" in parts:
+                res["ddy"][:, l] = np.einsum("nc,ncf->nf", second_weights(wm, dwm, m), vals)
+            for k in range(dims):
+                bk = 1 << k
+                if "dx" in parts:
+                    acc = sum(hg_weight(wm, c, (k,)) * (s[:, c | bk] - s[:, c]) for c in range(nc) if not c & bk)
+                    res["dx"][:, k] += dwm[:, k] * acc
+                if "dx2" not in parts:
+                    continue
+                for j in range(dims):
+                    if j == k:
+                        continue  # linear: d2w/dx2 = 0
+                    bj = 1 << j
+                    acc2 = sum(hg_weight(wm, c, (k, j)) * (s[:, c | bk | bj] - s[:, c | bk] - s[:, c | bj] + s[:, c])
+                               for c in range(nc) if not (c & bk or c & bj))
+                    res["dx2"][:, j] += dd[:m, k] * dwm[:, k] * dwm[:, j] * acc2
+        # Scatter into this level's rows only: one bincount per output over all (point, corner, feature).
+        lo, size = int(lv["offset"]) * F, int(lv["size"]) * F
+        idx = (((rows - int(lv["offset"])) * F)[:, :, None] + np.arange(F)).reshape(-1)
+        for key, weights in (("grad_params", lambda: W), ("grad2_params", lambda: second_weights(w, dw, n))):
+            if key in parts:
+                term = (weights()[:, :, None] * dy64[:, l, None, :]).reshape(-1)
+                res[key][lo:lo + size] += np.bincount(idx, term, size)
+                res["abs_" + key][lo:lo + size] += np.bincount(idx, np.abs(term), size)
+    for k in ("out", "ddy"):
+        if k in res:
+            res[k] = res[k].reshape(m, L * F)
+    return res
 
 
 def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_scale=1.3819, seed=0) -> list[Case]:
@@ -256,16 +271,23 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
               "acc": np.zeros(rows * F, np.float32), "dx": np.zeros((n, D), np.float32),
               "ddy": np.zeros((n, n_levels * F), np.float32), "dx2": np.zeros((n, D), np.float32)}
     ref_cache = {}
+    check_points = min(n, 1 << 16)  # per-point outputs are checked on the first 2^16 points of the timed run
 
-    def ref(key16=False):
-        k = "f16" if key16 else "f32"
-        if k not in ref_cache:
-            ref_cache[k] = hg_reference(x, arrays["params16"] if key16 else params, levels,
-                                        arrays["dy16"] if key16 else dy, ddx, F)
-        return ref_cache[k]
+    def ref(half=False, part="out"):
+        key = (half, part)
+        if key not in ref_cache:
+            ref_cache[key] = hg_reference(x, arrays["params16"] if half else params, levels,
+                                          arrays["dy16"] if half else dy, ddx, F, (part,), check_points)
+        return ref_cache[key]
 
     def enc_tol(r, half):
         return (1e-3 if half else 2e-6) * (np.abs(r["out"]) + 1.0)
+
+    def first(ref_arr, tol):  # compare the first rows of the output with a reference of those rows
+        return ref_arr, tol, slice(0, len(ref_arr))
+
+    def pp_tol(a):
+        return 1e-4 * (np.abs(a) + 1e-2 * np.abs(a).max())
 
     grid2 = (n, n_levels, 1)
     tg = (256, 1, 1)
@@ -282,24 +304,25 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                  [Launch("baselines", f"hg_gather_{bt}_F2_D3", [("buf", "x"), ("buf", p), ("buf", "levels"),
                                                                ("u32", n), ("u32", n_levels), ("buf", o)],
                          blocks, (512, 1, 1), msl=False)],
-                 arrays, lambda half=half: {("out16" if half else "out"): (ref(half)["out"], enc_tol(ref(half), half))},
+                 arrays, lambda half=half: {("out16" if half else "out"): first(ref(half)["out"], enc_tol(ref(half), half))},
                  ("copy", io + table)),
             Case(f"hg_gather_{bt} (bare, tcnn launch, tcnn layout)", "hash_grid",
                  [Launch("baselines", f"hg_gather_{bt}_F2_D3_feature_major",
                          [("buf", "x"), ("buf", p), ("buf", "levels"), ("u32", n), ("u32", n_levels), ("buf", ofm)],
                          blocks, (512, 1, 1), msl=False)],
-                 arrays, lambda half=half, ofm=ofm: {ofm: (ref(half)["out"].T, enc_tol(ref(half), half).T)},
+                 arrays, lambda half=half, ofm=ofm: {ofm: (ref(half)["out"].T, enc_tol(ref(half), half).T,
+                                                          (slice(None), slice(0, check_points)))},
                  ("copy", io + table)),
             Case(f"hash_grid_encode_{t}", "hash_grid",
                  [Launch("hash_grid", f"hash_grid_encode_{t}", [("buf", "x"), ("buf", p), ("buf", "levels"),
                                                                  ("buf", "args"), ("buf", o)], grid2, tg)],
-                 arrays, lambda half=half, o=o: {o: (ref(half)["out"], enc_tol(ref(half), half))},
+                 arrays, lambda half=half, o=o: {o: first(ref(half)["out"], enc_tol(ref(half), half))},
                  ("case", f"hg_gather_{bt} (bare, tcnn launch, our layout)")),
         ]
 
     def gp_expect(half=False, second=False):
-        r = ref(half)
         key = "grad2_params" if second else "grad_params"
+        r = ref(half, key)
         return {"acc": (r[key], 1e-4 * r["abs_" + key] + 1e-6)}
 
     def scatter_case(bt, dyname):
@@ -329,15 +352,14 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                       [Launch("hash_grid", "hash_grid_grad_positions_float32",
                               [("buf", "dy"), ("buf", "x"), ("buf", "params"), ("buf", "levels"), ("buf", "args"),
                                ("buf", "dx")], (n, 1, 1), (256, 1, 1))],
-                      arrays, lambda: {"dx": (ref()["dx"], 1e-4 * (np.abs(ref()["dx"]) + 1e-2 * np.abs(ref()["dx"]).max()))},
+                      arrays, lambda: {"dx": first(ref(part="dx")["dx"], pp_tol(ref(part="dx")["dx"]))},
                       ("case", "hg_gather_f32 (bare, tcnn launch, our layout)"),
                       note="bound: the encode's gather (the same table reads; dy is read instead of out written)"))
     cases.append(Case("hash_grid_grad2_points_float32", "hash_grid",
                       [Launch("hash_grid", "hash_grid_grad2_points_float32",
                               [("buf", "ddx"), ("buf", "dy"), ("buf", "x"), ("buf", "params"), ("buf", "levels"),
                                ("buf", "args"), ("buf", "ddy"), ("buf", "dx2")], (n, 1, 1), (256, 1, 1))],
-                      arrays, lambda: {"ddy": (ref()["ddy"], 1e-4 * (np.abs(ref()["ddy"]) + 1e-2 * np.abs(ref()["ddy"]).max())),
-                                       "dx2": (ref()["dx2"], 1e-4 * (np.abs(ref()["dx2"]) + 1e-2 * np.abs(ref()["dx2"]).max()))},
+                      arrays, lambda: {k: first(ref(part=k)[k], pp_tol(ref(part=k)[k])) for k in ("ddy", "dx2")},
                       ("case", "hg_gather_f32 (bare, tcnn launch, our layout)")))
     cases.append(Case("hash_grid_grad2_params_float32", "hash_grid",
                       [Launch("hash_grid", "hash_grid_grad2_params_float32",

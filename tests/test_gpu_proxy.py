@@ -86,6 +86,10 @@ def test_barriers_threadgroup_memory_and_function_constants(built):
     assert [k for k, v in manifest["kernels"].items() if v["uses_barriers"]] == ["ray_march_scan_block"]
     ray_march = gpu_proxy.ptx_path(out, "ray_march", "3.0").read_text()
     assert "bar.sync" in ray_march and ".extern .shared .align 16 .b8 gpu_proxy_threadgroup_memory[]" in ray_march
+    # A barrier in a helper (emu_selftest's tree_reduce) marks every kernel of the file; launch_fixture's only in
+    # the kernel that calls it.
+    assert all(k["uses_barriers"] for k in fixture_manifest["kernels"].values() if k["file"] == "emu_selftest")
+    assert {k for k, v in fixture_manifest["kernels"].items() if v["file"] == "launch_fixture" and v["uses_barriers"]} == {"group_sum"}
     selftest = (fixtures / "emu_selftest.ptx").read_text()
     assert ".shared .align 4 .b8 _ZZ9block_sum" in selftest  # kernel-scope `threadgroup float tile[256]`
     assert "atom.shared.add.u32" in selftest or "atom.add.u32" in selftest  # threadgroup atomic_uint
