@@ -296,7 +296,7 @@ def main(argv=None) -> int:
     rows, by_name = [], {}
     for case in cases:
         r = run_case(dev, case, args.warmup, args.repeats)
-        r.update(name=case.name, kernel=case.launches[0].kernel, note=case.note)
+        r.update(name=case.name, kernel=(case.launches[0].module, case.launches[0].kernel), note=case.note)
         if not r["failures"]:
             kind, what = case.bound
             if kind == "copy":
@@ -312,8 +312,9 @@ def main(argv=None) -> int:
     tool = load_build_tool()
     ptxas, registers = tool.find_ptxas(), {}
     if ptxas:
-        for module in ("hash_grid", "render", "render_packed", "ray_march", "baselines"):
-            registers.update(tool.register_report(ptxas, args.ptx / f"{module}.ptx"))
+        for module in sorted({c.launches[0].module for c in cases}):
+            for kernel, r in tool.register_report(ptxas, args.ptx / f"{module}.ptx").items():
+                registers[(module, kernel)] = r
     write_md(args.md, rows, env, registers)
     print(f"wrote {args.md}")
     return 1 if any(r["failures"] for r in rows) else 0

@@ -189,8 +189,10 @@ def hg_reference(x, params, levels, dy, ddx, F, parts, n_points=None):
         "ddy" and "dx2" (second order: d/d(dy), d/dx);
       scattered over all points: "grad_params" and "grad2_params" (and "abs_grad_params"/"abs_grad2_params", the sums
         of |term| per entry: the scale of float32 summation error)."""
+    m = len(x) if n_points is None else min(len(x), n_points)
+    if not {"grad_params", "grad2_params"} & set(parts):
+        x, dy, ddx = x[:m], dy[:m], ddx[:m]  # per-point parts only: the other points are not needed
     n, dims = x.shape
-    m = n if n_points is None else min(n, n_points)
     L, rows_total = len(levels), params.shape[0]
     p64 = params.astype(np.float64)
     dy64 = dy.astype(np.float64).reshape(n, L, F)
@@ -526,7 +528,7 @@ def render_cases(R=8192, S=128, C=3, seed=1, packed=False) -> list[Case]:
                 "g_ts": lambda r: r["grad_s"], "g_te": lambda r: r["grad_e"], "g_bg": lambda r: r["grad_background"]}
         dl_back = {"g_w": lambda r: r["dl_grad_w"], "g_ts": lambda r: r["dl_grad_s"], "g_te": lambda r: r["dl_grad_e"]}
         t_names = ("ts", "te", "splits")
-        prefix = "packed "
+        prefix = "packed_"
 
     def expect(outs):
         return lambda: {k: (fn(ref()), _tol(fn(ref()))) for k, fn in outs.items()}
@@ -707,6 +709,7 @@ def ray_march_fill_case(arrays, R, count: Launch, G) -> Case:
         if device is None:
             scan = np.zeros(R + 1, np.int64)
         else:
+            device.upload(case.arrays, [v for kind, v in count.args if kind == "buf"])
             device.launch(count)
             scan = np.concatenate([[0], np.cumsum(device.download("scan")[1:])]).astype(np.int64)
         n = max(int(scan[-1]), 1)
