@@ -285,6 +285,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="check the packing against the PTX; no GPU")
     ap.add_argument("--small", action="store_true", help="small inputs (the tests' sizes)")
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    ap.add_argument("--copy-mib", type=int, default=1024, help="buffer size of the copy-bandwidth measurement")
     args = ap.parse_args(argv)
     if args.repeats < 20:
         ap.error("--repeats must be >= 20")
@@ -295,7 +296,7 @@ def main(argv=None) -> int:
     sig = Signatures(args.ptx)
     dev = Device(args.ptx)
     cp = dev.cp
-    bw = dev.copy_bandwidth()
+    bw = dev.copy_bandwidth(args.copy_mib)
     props = cp.cuda.runtime.getDeviceProperties(0)
     env = {"gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
            "driver": cp.cuda.runtime.driverGetVersion(), "runtime": cp.cuda.runtime.runtimeGetVersion(),

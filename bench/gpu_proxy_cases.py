@@ -102,7 +102,8 @@ def within(got, ref, tol) -> tuple[bool, float]:
         return False, float("inf")
     err = np.abs(got - ref)[~nan]
     t = np.broadcast_to(np.asarray(tol, np.float64), ref.shape)[~nan]
-    ratio = float(np.max(err / np.maximum(t, 1e-300))) if err.size else 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = float(np.max(np.where(err == 0, 0.0, err / t))) if err.size else 0.0  # tolerance 0: inf if any error
     return bool(np.all(err <= t)), ratio
 
 

@@ -1,7 +1,9 @@
 """The GPU proxy benchmark (bench/gpu_proxy.py) without a GPU: its NumPy float64 references, which decide whether a
 kernel's output on the device is right before it is timed, agree with the package's CPU ops on the benchmark's own
-inputs (small sizes); the packed layouts and level tables it builds are the ones the ops accept; and a wrong output
-fails its check. Its argument packing against the PTX entries is tests/test_gpu_proxy.py's dry run."""
+inputs (small sizes); the packed layouts and level tables it builds are the ones the ops accept; a wrong output
+fails its check; and its runner (check before timing, warm-up, medians, the results file) works end to end over a
+fake CuPy whose only kernels are NumPy versions of the scan. Its argument packing against the PTX entries is
+tests/test_gpu_proxy.py's dry run."""
 
 import collections
 import sys
@@ -161,3 +163,100 @@ def test_ray_march_references_match_the_op():
     assert case.check(out) != []  # a wrong count fails the check
     ref, tol = cs["ray_march_scan (block + block + add)"].reference()["scan_in"]
     assert ref[0] == 0 and np.array_equal(ref[1:], np.cumsum(a["scan_in"][1:]))
+
+
+class _FakeCupy:
+    """Just enough of CuPy for bench/gpu_proxy.py's runner on the CPU: buffers are NumPy arrays, events count
+    launches, and the kernels are the NumPy functions in `kernels` (every other kernel does nothing, so its case
+    fails its check). Tests the runner's plumbing, not a GPU."""
+
+    def __init__(self, kernels):
+        import types
+
+        self.__version__ = "fake"
+        self.float32 = np.float32
+        self.kernels, self.launches = kernels, []
+        class Event:  # its time: the number of launches so far
+            def record(self_):
+                self_.t = len(self.launches)
+
+            def synchronize(self_):
+                pass
+
+        runtime = types.SimpleNamespace(deviceSynchronize=lambda: None, driverGetVersion=lambda: 0,
+                                        runtimeGetVersion=lambda: 0,
+                                        getDeviceProperties=lambda i: {"name": b"fake GPU"})
+        self.cuda = types.SimpleNamespace(Event=Event, get_elapsed_time=lambda a, b: float(b.t - a.t),
+                                          runtime=runtime)
+        outer = self
+
+        class RawModule:
+            def __init__(self_, path):
+                self_.path = path
+
+            def get_function(self_, name):
+                def launch(blocks, group, args, shared_mem=0):
+                    outer.launches.append(name)
+                    outer.kernels.get(name, lambda *a: None)(*args)
+                return launch
+
+        self.RawModule = RawModule
+
+    def asarray(self, a):
+        return np.array(a)
+
+    def asnumpy(self, a):
+        return np.array(a)
+
+    def ones(self, n, dtype):
+        return np.ones(n, dtype)
+
+    def empty_like(self, a):
+        launches = self.launches
+
+        class Copied(np.ndarray):  # a copy into it counts as one launch
+            def __setitem__(self_, key, value):
+                launches.append("copy")
+                super().__setitem__(key, value)
+
+        return np.empty_like(a).view(Copied)
+
+
+def _fake_scan_block(data, sums, sp, tg_bytes, *grid):
+    p = sp.view(cases.RM_SCAN_PARAMS)[0]
+    n, off, b = int(p["n"]), int(p["offset"]), cases.RM_SCAN_BLOCK
+    for g in range((n + b - 1) // b):
+        block = data[off + g * b: off + min(n, (g + 1) * b)]
+        block[:] = np.cumsum(block)
+        sums[g] = block[-1]
+
+
+def _fake_scan_add(data, sums, sp, *grid):
+    p = sp.view(cases.RM_SCAN_PARAMS)[0]
+    for i in range(cases.RM_SCAN_BLOCK, int(p["n"])):
+        data[int(p["offset"]) + i] += sums[i // cases.RM_SCAN_BLOCK - 1]
+
+
+def test_runner_plumbing_with_a_fake_cupy(tmp_path, monkeypatch):
+    import gpu_proxy as bench
+
+    fake = _FakeCupy({"ray_march_scan_block": _fake_scan_block, "ray_march_scan_add": _fake_scan_add})
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    ptx = tmp_path / "ptx"
+    ptx.mkdir()
+    (ptx / "manifest.json").write_text('{"commit": "abc123", "kernels": {}, "files": {}}')
+    monkeypatch.setattr(bench.load_build_tool(), "find_ptxas", lambda: None)
+    md = tmp_path / "gpu_proxy.md"
+    assert bench.main(["--ptx", str(ptx), "--md", str(md), "--small", "--only", "ray_march",
+                       "--copy-mib", "1"]) == 1  # fakes fail
+    text = md.read_text()
+    rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ray_march")}
+    assert set(rows) == {"ray_march_mip (all levels)", "ray_march_count (sparse grid)",
+                         "ray_march_scan (block + block + add)", "ray_march_fill (sparse grid)"}
+    scan = rows["ray_march_scan (block + block + add)"]
+    assert " | 3.000 | " in scan and "ok (max err/tol 0)" in scan  # 3 launches between the events, then checked
+    assert "FAILED: mip_out" in rows["ray_march_mip (all levels)"]
+    assert "FAILED" in rows["ray_march_count (sparse grid)"] and "not timed" in rows["ray_march_fill (sparse grid)"]
+    assert "commit abc123" in text and "GPU: fake GPU" in text
+    n_scan = sum(1 for name in fake.launches if name == "ray_march_scan_block")
+    assert n_scan == 2 * (1 + 5 + 25)  # one checked run, 5 warm-up runs, 25 timed runs; two block levels each
