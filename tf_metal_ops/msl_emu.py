@@ -15,7 +15,9 @@ Conventions:
     include path, so a .metal file that includes another one gets the staged copy;
   - a file "uses barriers" when it or a header it includes with `#include "..."` (found next to it or on the
     include path) calls threadgroup_barrier; otherwise its kernels run on msl_emu's barrier-free fast path, where
-    a barrier is a fatal error (so a wrong detection cannot pass silently);
+    a barrier is a fatal error (so a wrong detection cannot pass silently). A kernel "uses barriers" when its own
+    body calls threadgroup_barrier, or when the file uses barriers outside every kernel body (in a helper or an
+    included header: any kernel may reach it); a kernel cannot call another kernel, so that is conservative;
   - function constants (`constant T name [[function_constant(n)]];`, T = bool/int/uint/float, file scope) need
     -DMSL_EMU_FUNCTION_CONSTANTS, which is in the unit's flags only for files that declare them;
   - a parameter that cannot be classified is a GlueError naming file:line.
@@ -99,6 +101,7 @@ class Kernel:
     name: str
     params: tuple[Param, ...]
     line: int
+    uses_barriers: bool = False  # see the module docstring (per kernel; MetalFile.uses_barriers is per file)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,6 +297,18 @@ def _includes_barrier(path: Path, search: list[Path], seen: set[Path]) -> bool:
     return False
 
 
+def _headers_barrier(path: Path, raw: str, search: list[Path]) -> bool:
+    """Whether a header that `path` includes with `#include "..."` (recursively) calls threadgroup_barrier."""
+    seen = {path}
+    for inc in _INCLUDE.findall(_strip_comments(raw, blank_strings=False)):
+        for d in [path.parent, *search]:
+            if (d / inc).is_file():
+                if _includes_barrier(d / inc, search, seen):
+                    return True
+                break
+    return False
+
+
 def parse_metal(path: str | Path, search: Iterable[Path] | None = None, *, text: str | None = None) -> MetalFile:
     """Kernels, function constants and barrier use of one .metal file (see the module docstring); `text`: its
     contents, when it is not read from `path` (which then only names it in messages)."""
@@ -301,7 +316,7 @@ def parse_metal(path: str | Path, search: Iterable[Path] | None = None, *, text:
     from_file = text is None
     raw = path.read_text() if from_file else text
     text = _strip_comments(raw)
-    kernels, names = [], set()
+    kernels, names, bodies = [], set(), []
     for m in _KERNEL.finditer(text):
         name, line = m.group(1), _line_of(text, m.start())
         depth, i = 1, m.end()
@@ -323,7 +338,11 @@ def parse_metal(path: str | Path, search: Iterable[Path] | None = None, *, text:
         if name in names:
             raise GlueError(f"{path}:{line}: kernel {name} is defined twice")
         names.add(name)
-        kernels.append(Kernel(name, tuple(params), line))
+        body = _body_span(text, i)
+        if body is None:
+            raise GlueError(f"{path}:{line}: kernel {name}: no balanced {{ ... }} body after the parameter list")
+        bodies.append(body)
+        kernels.append(Kernel(name, tuple(params), line, bool(_BARRIER.search(text, *body))))
 
     constants, by_index = [], {}
     for m in _FUNCTION_CONSTANT.finditer(text):
@@ -342,7 +361,34 @@ def parse_metal(path: str | Path, search: Iterable[Path] | None = None, *, text:
                             "`constant T name [[function_constant(n)]];` at file scope (T = bool, int, uint, float)")
     search_dirs = list(search) if search is not None else []
     uses_barriers = _includes_barrier(path, search_dirs, set()) if from_file else bool(_BARRIER.search(text))
+    outside = "".join(text[a:b] for a, b in zip([0] + [e for _, e in bodies], [s for s, _ in bodies] + [len(text)]))
+    if _BARRIER.search(outside) or (from_file and _headers_barrier(path, raw, search_dirs)):
+        kernels = [dataclasses.replace(k, uses_barriers=True) for k in kernels]  # a helper or a header has one
     return MetalFile(path, tuple(kernels), tuple(sorted(constants, key=lambda c: c.index)), uses_barriers)
+
+
+def _body_span(text: str, i: int) -> tuple[int, int] | None:
+    """(start, end) of the `{ ... }` that follows offset i (after a parameter list), braces balanced."""
+    m = re.compile(r"(?:\s|\[\[[^\]]*\]\])*\{").match(text, i)
+    if not m:
+        return None
+    depth, j = 1, m.end()
+    while j < len(text) and depth:
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        j += 1
+    return (m.end() - 1, j) if depth == 0 else None
+
+
+def replace_function_constants(text: str, new) -> str:
+    """`text` (a .metal file) with each function-constant declaration `constant T name [[function_constant(n)]];`
+    replaced by new(FunctionConstant): a string of the same line count (comments are not searched). For targets that
+    declare function constants in their own way (dev/gpu_proxy.py)."""
+    stripped, out, last = _strip_comments(text), [], 0
+    for m in _FUNCTION_CONSTANT.finditer(stripped):
+        c = FunctionConstant(m.group(2), int(m.group(3)), m.group(1), _line_of(stripped, m.start()))
+        out += [text[last:m.start()], new(c) + "\n" * text.count("\n", m.start(), m.end())]
+        last = m.end()
+    return "".join(out) + text[last:]
 
 
 # ---- code generation ------------------------------------------------------------------------------------------

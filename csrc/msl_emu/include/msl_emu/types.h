@@ -1,7 +1,7 @@
 // msl_emu: MSL scalar and vector types for clang (C++20). Part of <metal_stdlib>; see csrc/msl_emu/README.md.
 //
 // Conventions:
-//  - scalar types: half = _Float16, uint/ushort/uchar = unsigned 32/16/8 bit, ulong = 64 bit (LP64 Linux);
+//  - scalar types: half = _Float16 (MSL_EMU_HALF), uint/ushort/uchar = unsigned 32/16/8 bit, ulong = 64 bit (LP64 Linux);
 //  - vectors are clang ext_vector_type, so swizzles (.xy, .zyx, .rgba), element-wise operators, scalar
 //    splat and the MSL sizes/alignments hold (float3 is 16 bytes, half3 is 8 bytes);
 //  - MSL spells vector construction `float3(a, b, c)`; C++ cannot call a non-class type with several
@@ -14,7 +14,10 @@
 #include <cstdint>
 #include <type_traits>
 
-typedef _Float16 half;
+#ifndef MSL_EMU_HALF
+#define MSL_EMU_HALF _Float16  // the scalar type of `half` (dev/gpu_proxy sets __fp16: NVPTX in clang 16 has no _Float16)
+#endif
+typedef MSL_EMU_HALF half;
 typedef unsigned int uint;
 typedef unsigned short ushort;
 typedef unsigned char uchar;

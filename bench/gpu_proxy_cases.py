@@ -1,0 +1,731 @@
+"""The cases of the GPU proxy benchmark (bench/gpu_proxy.py): inputs at NeRF sizes, the kernels' argument packing
+(entry order of dev/gpu_proxy.py's launch contract), and NumPy float64 references. NumPy only: importable without a
+GPU, CuPy or TensorFlow (tests/test_gpu_proxy_bench.py checks the references against the package's CPU ops and the
+packing against the PTX entry signatures).
+
+Conventions:
+  - a Case is one timed row: `launches` run in order (each a kernel of one PTX module), after `setup` launches that
+    run before every repetition outside the timed interval (zeroing an accumulator, restoring in-place data);
+  - arrays live in Case.arrays by name; a Launch names them in its `args` (("buf", name) or ("u32", value)), in the
+    entry's parameter order without the grid; MSL kernels get their dispatch as `threads` per grid (x, y, z) and
+    `group` threads per threadgroup (dispatchThreads: blocks = ceil(threads / group)), baselines raw CUDA blocks;
+  - Case.reference() maps an output array to (reference, tolerance[, index]): |got[index] - ref| <= tolerance
+    elementwise (an array or a scalar; index: the part of the output the reference covers, e.g. the first 2^16 points
+    of a per-point output); references are computed on demand, in float64 from the same float32/float16 inputs;
+  - `bound`: ("copy", bytes) = the bytes the kernel must move at the GPU's measured copy bandwidth, or
+    ("case", name) = another case's measured time (a bare CUDA gather/scatter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+# ---- the shared structs (csrc/shared/*_math.h), as NumPy dtypes; dev/gpu_proxy.py's PTX carries their sizeof ----
+HG_LEVEL = np.dtype([("offset", "<u4"), ("size", "<u4"), ("resolution", "<u4"), ("mode", "<u4"),
+                     ("n_stride_dims", "<u4"), ("scale", "<f4"), ("stride", "<u4", (4,))])
+HG_ARGS = np.dtype([(n, "<u4") for n in ("n", "dims", "n_features", "n_levels", "n_active", "interpolation", "count",
+                                         "pad")])
+VR_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4"), ("C", "<u4"), ("bg_mode", "<u4"), ("threshold", "<f4")])
+DL_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4")])
+VRP_PARAMS = np.dtype([("R", "<u4"), ("N", "<u4"), ("C", "<u4"), ("bg_mode", "<u4"), ("threshold", "<f4")])
+DLP_PARAMS = np.dtype([("R", "<u4"), ("N", "<u4")])
+RM_MAX_MIP_LEVELS = 9
+RM_SCAN_BLOCK = 256
+RM_PARAMS = np.dtype([(n, "<u4") for n in ("R", "G", "max_samples", "jitter", "seed_lo", "seed_hi")] +
+                     [(n, "<f4") for n in ("lo_x", "lo_y", "lo_z", "cs_x", "cs_y", "cs_z", "inv_cs_x", "inv_cs_y",
+                                           "inv_cs_z", "step_size", "cone_angle", "max_step")] +
+                     [("max_skips", "<u4"), ("hi_x", "<f4"), ("hi_y", "<f4"), ("hi_z", "<f4"), ("mip_levels", "<u4"),
+                      ("mip_offset", "<u4", (RM_MAX_MIP_LEVELS,)), ("mip_bytes", "<u4"),
+                      ("inv_ext_x", "<f4"), ("inv_ext_y", "<f4"), ("inv_ext_z", "<f4")])
+RM_SCAN_PARAMS = np.dtype([("n", "<u4"), ("offset", "<u4")])
+
+# MSL element type of a buffer parameter -> the NumPy dtype a launcher binds (structs: the dtypes above).
+MSL_DTYPES = {"float": np.float32, "half": np.float16, "int": np.int32, "uint": np.uint32, "long": np.int64,
+              "ulong": np.uint64, "uchar": np.uint8, "char": np.int8, "short": np.int16, "ushort": np.uint16,
+              "atomic_int": np.int32, "atomic_uint": np.uint32, "atomic_float": np.float32,
+              "HgLevel": HG_LEVEL, "HgArgs": HG_ARGS, "VrParams": VR_PARAMS, "DlParams": DL_PARAMS,
+              "VrpParams": VRP_PARAMS, "DlpParams": DLP_PARAMS, "RmParams": RM_PARAMS, "RmScanParams": RM_SCAN_PARAMS}
+
+
+def struct(dtype, **fields) -> np.ndarray:
+    a = np.zeros(1, dtype)
+    for k, v in fields.items():
+        a[0][k] = v
+    return a
+
+
+@dataclasses.dataclass
+class Launch:
+    module: str  # PTX module path relative to the build dir, without .ptx: "hash_grid", "msl2.4/hash_grid", "baselines"
+    kernel: str
+    args: list  # ("buf", array name) | ("u32", value), entry order, without the grid
+    threads: tuple  # MSL: threads per grid; baseline: blocks
+    group: tuple  # threads per threadgroup / block
+    shared: int = 0  # dynamic shared memory bytes (the rounded [[threadgroup(n)]] lengths)
+    msl: bool = True
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    family: str
+    launches: list[Launch]
+    arrays: dict[str, np.ndarray]
+    reference: Callable[[], dict]  # -> {array name: (expected, tolerance)}
+    bound: tuple  # ("copy", bytes) | ("case", name)
+    setup: list[Launch] = dataclasses.field(default_factory=list)
+    restore: tuple = ()  # arrays re-uploaded from `arrays` before each repetition (in-place kernels)
+    check: Callable[[dict], list[str]] | None = None  # extra checks on the outputs: list of failures
+    note: str = ""
+    # prepare(case, device): creates arrays that depend on an earlier pass on the device (device.launch(Launch),
+    # device.download(name) -> ndarray); device None (a dry run): placeholders of the right dtypes.
+    prepare: Callable | None = None
+
+    def bound_bytes(self) -> int:
+        kind, what = self.bound
+        assert kind == "copy"
+        return what if isinstance(what, int) else nbytes(self.arrays, *what)
+
+
+def nbytes(arrays: dict, *names) -> int:
+    return int(sum(arrays[n].nbytes for n in names))
+
+
+def within(got, ref, tol) -> tuple[bool, float]:
+    """Elementwise |got - ref| <= tol (NaN in the same places); returns (ok, max |got - ref| / tol)."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    nan = np.isnan(ref)
+    if not np.array_equal(np.isnan(got), nan):
+        return False, float("inf")
+    err = np.abs(got - ref)[~nan]
+    t = np.broadcast_to(np.asarray(tol, np.float64), ref.shape)[~nan]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = float(np.max(np.where(err == 0, 0.0, err / t))) if err.size else 0.0  # tolerance 0: inf if any error
+    return bool(np.all(err <= t)), ratio
+
+
+# ==== hash grid ===================================================================================================
+HG_PRIMES = np.array([1, 2654435761, 805459861, 3674653429], np.uint32)
+HG_MAX_BASE = {1: 0xFFFFFFFF, 2: 0xFFFF, 3: 0x659, 4: 0xFF}
+
+
+def hg_level_table(dims, n_levels, log2_hashmap_size, base_resolution, per_level_scale):
+    """(levels [L] HG_LEVEL, rows): csrc/shared/hash_grid_math.h hg_level_table for hash grids (tcnn's float32
+    level scales, every step rounded to float32)."""
+    k_max = 0xFFFFFFFF // 2
+    levels, offset = np.zeros(n_levels, HG_LEVEL), 0
+    log2_b = np.float32(np.log2(np.float64(np.float32(per_level_scale))))
+    for l in range(n_levels):
+        x = np.float32(np.float64(l) * np.float64(log2_b))
+        m = np.float32(np.float64(np.float32(np.exp2(np.float64(x)))) * base_resolution)
+        scale = np.float32(np.float64(m) - 1.0)
+        res = int(np.ceil(scale)) + 1
+        dense = 1
+        for _ in range(dims):
+            dense = k_max + 1 if dense > k_max // res else dense * res
+        size = (min(dense, k_max) + 7) // 8 * 8
+        size = min(size, 1 << log2_hashmap_size)
+        row_major = res <= HG_MAX_BASE[dims]
+        stride, bound, st = [0, 0, 0, 0], 0, 1
+        if row_major:
+            for d in range(dims):
+                stride[d] = st
+                bound += res * st
+                st *= res
+        else:
+            st = 0xFFFFFFFF
+        mode = 0 if size < st else (1 if row_major and bound < 2 * size else 2)
+        levels[l] = (offset, size, res, mode, dims if row_major else 0, scale, stride)
+        offset += size
+    return levels, offset
+
+
+def hg_point(x, scale):
+    """Per point of one level: grid coordinates (uint32), weights w and dw/dx (float64), as hg_coord (linear)."""
+    inside = (x >= 0) & (x <= 1)
+    xc = np.where(x >= 0, np.where(x <= 1, x, 1.0), 0.0).astype(np.float32)
+    pos = (np.float64(scale) * xc.astype(np.float64) + 0.5).astype(np.float32)  # exact, then one rounding (fma)
+    g = pos.astype(np.uint32)
+    w = (pos - g.astype(np.float32)).astype(np.float64)
+    dw = np.where(inside, np.float64(scale), 0.0)
+    return g, w, dw
+
+
+def hg_rows(lv, g):
+    """Table rows [n, 2^D] (level offset included) of every corner."""
+    n, dims = g.shape
+    rows = np.empty((n, 1 << dims), np.int64)
+    size = np.uint32(lv["size"])
+    for c in range(1 << dims):
+        gc = g + np.array([(c >> d) & 1 for d in range(dims)], np.uint32)
+        if lv["mode"] == 0:
+            h = np.zeros(n, np.uint32)
+            for d in range(dims):
+                h ^= gc[:, d] * HG_PRIMES[d]
+            idx = h & (size - np.uint32(1))
+        else:
+            s = np.zeros(n, np.uint32)
+            for d in range(dims):
+                s += gc[:, d] * np.uint32(lv["stride"][d])
+            idx = np.where(s >= size, s - size, s) if lv["mode"] == 1 else s % size
+        rows[:, c] = int(lv["offset"]) + idx.astype(np.int64)
+    return rows
+
+
+def hg_weight(w, c, skip=()):
+    """prod over dims d not in skip of (bit d of c ? w_d : 1 - w_d), per point."""
+    r = np.ones(w.shape[0])
+    for d in range(w.shape[1]):
+        if d not in skip:
+            r = r * (w[:, d] if (c >> d) & 1 else 1.0 - w[:, d])
+    return r
+
+
+def hg_reference(x, params, levels, dy, ddx, F, parts, n_points=None):
+    """Float64 hash-grid references (linear interpolation, all levels active) of `parts`:
+      per point, for the first n_points points (all by default): "out" (encode), "dx" (position gradient),
+        "ddy" and "dx2" (second order: d/d(dy), d/dx);
+      scattered over all points: "grad_params" and "grad2_params" (and "abs_grad_params"/"abs_grad2_params", the sums
+        of |term| per entry: the scale of float32 summation error)."""
+    m = len(x) if n_points is None else min(len(x), n_points)
+    if not {"grad_params", "grad2_params"} & set(parts):
+        x, dy, ddx = x[:m], dy[:m], ddx[:m]  # per-point parts only: the other points are not needed
+    n, dims = x.shape
+    L, rows_total = len(levels), params.shape[0]
+    p64 = params.astype(np.float64)
+    dy64 = dy.astype(np.float64).reshape(n, L, F)
+    dd = ddx.astype(np.float64)
+    per_point = {"out", "dx", "ddy", "dx2"} & set(parts)
+    res = {k: np.zeros((m, L, F)) for k in ("out", "ddy") if k in parts}
+    res.update({k: np.zeros((m, dims)) for k in ("dx", "dx2") if k in parts})
+    for k in ("grad_params", "grad2_params"):
+        if k in parts:
+            res[k], res["abs_" + k] = np.zeros(rows_total * F), np.zeros(rows_total * F)
+    nc = 1 << dims
+
+    def second_weights(w, dw, k_points):  # v[c] = sum_k ddx_k sign_k(c) dw_k W_c^{-k}
+        v = np.zeros((k_points, nc))
+        for c in range(nc):
+            for k in range(dims):
+                sign = 1.0 if (c >> k) & 1 else -1.0
+                v[:, c] += dd[:k_points, k] * sign * dw[:, k] * hg_weight(w, c, (k,))
+        return v
+
+    for l, lv in enumerate(levels):
+        g, w, dw = hg_point(x, lv["scale"])
+        rows = hg_rows(lv, g)
+        W = np.stack([hg_weight(w, c) for c in range(nc)], axis=1)
+        if per_point:
+            vals = p64[rows[:m]]  # [m, nc, F]
+            wm, dwm = w[:m], dw[:m]
+            if "out" in parts:
+                res["out"][:, l] = np.einsum("nc,ncf->nf", W[:m], vals)
+            s = np.einsum("nf,ncf->nc", dy64[:m, l], vals)
+            if "ddy" in parts:
+                res["ddy"][:, l] = np.einsum("nc,ncf->nf", second_weights(wm, dwm, m), vals)
+            for k in range(dims):
+                bk = 1 << k
+                if "dx" in parts:
+                    acc = sum(hg_weight(wm, c, (k,)) * (s[:, c | bk] - s[:, c]) for c in range(nc) if not c & bk)
+                    res["dx"][:, k] += dwm[:, k] * acc
+                if "dx2" not in parts:
+                    continue
+                for j in range(dims):
+                    if j == k:
+                        continue  # linear: d2w/dx2 = 0
+                    bj = 1 << j
+                    acc2 = sum(hg_weight(wm, c, (k, j)) * (s[:, c | bk | bj] - s[:, c | bk] - s[:, c | bj] + s[:, c])
+                               for c in range(nc) if not (c & bk or c & bj))
+                    res["dx2"][:, j] += dd[:m, k] * dwm[:, k] * dwm[:, j] * acc2
+        # Scatter into this level's rows only: one bincount per output over all (point, corner, feature).
+        lo, size = int(lv["offset"]) * F, int(lv["size"]) * F
+        idx = (((rows - int(lv["offset"])) * F)[:, :, None] + np.arange(F)).reshape(-1)
+        for key, weights in (("grad_params", lambda: W), ("grad2_params", lambda: second_weights(w, dw, n))):
+            if key in parts:
+                term = (weights()[:, :, None] * dy64[:, l, None, :]).reshape(-1)
+                res[key][lo:lo + size] += np.bincount(idx, term, size)
+                res["abs_" + key][lo:lo + size] += np.bincount(idx, np.abs(term), size)
+    for k in ("out", "ddy"):
+        if k in res:
+            res[k] = res[k].reshape(m, L * F)
+    return res
+
+
+def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_scale=1.3819, seed=0) -> list[Case]:
+    """Encode (float32/float16 tables), param gradient (native atomics, the MSL 2.4 CAS loop, float16 dy), position
+    gradient and second order, each beside its bare CUDA bound (dev/gpu_proxy/baselines.cu), at REFERENCE §15's
+    configuration: 2^20 points, 16 levels, F = 2, D = 3, 2^19 rows per level, base 16, scale 1.3819."""
+    rng = np.random.default_rng(seed)
+    D = 3
+    levels, rows = hg_level_table(D, n_levels, log2_T, base, per_level_scale)
+    x = rng.random((n, D), dtype=np.float32)
+    params = rng.uniform(-1, 1, (rows, F)).astype(np.float32)
+    dy = rng.uniform(-1, 1, (n, n_levels * F)).astype(np.float32)
+    ddx = rng.uniform(-1, 1, (n, D)).astype(np.float32)
+    args = struct(HG_ARGS, n=n, dims=D, n_features=F, n_levels=n_levels, n_active=n_levels, interpolation=1,
+                  count=rows * F)
+    arrays = {"x": x, "params": params, "params16": params.astype(np.float16), "dy": dy, "dy16": dy.astype(np.float16),
+              "ddx": ddx, "levels": levels, "args": args,
+              "out": np.zeros((n, n_levels * F), np.float32), "out16": np.zeros((n, n_levels * F), np.float16),
+              "out_fm": np.zeros((n_levels * F, n), np.float32), "out16_fm": np.zeros((n_levels * F, n), np.float16),
+              "acc": np.zeros(rows * F, np.float32), "dx": np.zeros((n, D), np.float32),
+              "ddy": np.zeros((n, n_levels * F), np.float32), "dx2": np.zeros((n, D), np.float32)}
+    ref_cache = {}
+    check_points = min(n, 1 << 16)  # per-point outputs are checked on the first 2^16 points of the timed run
+
+    def ref(half=False, part="out"):
+        key = (half, part)
+        if key not in ref_cache:
+            ref_cache[key] = hg_reference(x, arrays["params16"] if half else params, levels,
+                                          arrays["dy16"] if half else dy, ddx, F, (part,), check_points)
+        return ref_cache[key]
+
+    def enc_tol(r, half):
+        return (1e-3 if half else 2e-6) * (np.abs(r["out"]) + 1.0)
+
+    def first(ref_arr, tol):  # compare the first rows of the output with a reference of those rows
+        return ref_arr, tol, slice(0, len(ref_arr))
+
+    def pp_tol(a):
+        return 1e-4 * (np.abs(a) + 1e-2 * np.abs(a).max())
+
+    grid2 = (n, n_levels, 1)
+    tg = (256, 1, 1)
+    blocks = ((n + 511) // 512, n_levels, 1)
+    zero_acc = [Launch("hash_grid", "hash_grid_fill_zero", [("buf", "acc"), ("buf", "args")], (rows * F, 1, 1), (256, 1, 1))]
+    table = nbytes(arrays, "params")  # read once at least (L2 may hold the coarse levels)
+    cases = []
+    for t, half in (("float32", False), ("float16", True)):
+        p, o, ofm = ("params16", "out16", "out16_fm") if half else ("params", "out", "out_fm")
+        bt = "f16" if half else "f32"
+        io = nbytes(arrays, "x", o)
+        cases += [
+            Case(f"hg_gather_{bt} (bare, tcnn launch, our layout)", "hash_grid",
+                 [Launch("baselines", f"hg_gather_{bt}_F2_D3", [("buf", "x"), ("buf", p), ("buf", "levels"),
+                                                               ("u32", n), ("u32", n_levels), ("buf", o)],
+                         blocks, (512, 1, 1), msl=False)],
+                 arrays, lambda half=half: {("out16" if half else "out"): first(ref(half)["out"], enc_tol(ref(half), half))},
+                 ("copy", io + table)),
+            Case(f"hg_gather_{bt} (bare, tcnn launch, tcnn layout)", "hash_grid",
+                 [Launch("baselines", f"hg_gather_{bt}_F2_D3_feature_major",
+                         [("buf", "x"), ("buf", p), ("buf", "levels"), ("u32", n), ("u32", n_levels), ("buf", ofm)],
+                         blocks, (512, 1, 1), msl=False)],
+                 arrays, lambda half=half, ofm=ofm: {ofm: (ref(half)["out"].T, enc_tol(ref(half), half).T,
+                                                          (slice(None), slice(0, check_points)))},
+                 ("copy", io + table)),
+            Case(f"hash_grid_encode_{t}", "hash_grid",
+                 [Launch("hash_grid", f"hash_grid_encode_{t}", [("buf", "x"), ("buf", p), ("buf", "levels"),
+                                                                 ("buf", "args"), ("buf", o)], grid2, tg)],
+                 arrays, lambda half=half, o=o: {o: first(ref(half)["out"], enc_tol(ref(half), half))},
+                 ("case", f"hg_gather_{bt} (bare, tcnn launch, our layout)")),
+        ]
+
+    def gp_expect(half=False, second=False):
+        key = "grad2_params" if second else "grad_params"
+        r = ref(half, key)
+        return {"acc": (r[key], 1e-4 * r["abs_" + key] + 1e-6)}
+
+    def scatter_case(bt, dyname):
+        return Case(f"hg_scatter_{bt} (bare, tcnn launch, float atomics)", "hash_grid",
+                    [Launch("baselines", f"hg_scatter_{bt}_F2_D3", [("buf", dyname), ("buf", "x"), ("buf", "levels"),
+                                                                   ("u32", n), ("u32", n_levels), ("buf", "acc")],
+                            blocks, (512, 1, 1), msl=False)],
+                    arrays, lambda: gp_expect(bt == "f16"), ("copy", nbytes(arrays, "x", dyname, "acc")),
+                    setup=zero_acc)
+
+    cases.append(scatter_case("f32", "dy"))
+    cases.append(scatter_case("f16", "dy16"))
+    for module, label in (("hash_grid", "native float atomics (MSL 3.0)"), ("msl2.4/hash_grid", "CAS loop (MSL 2.4)")):
+        cases.append(Case(f"hash_grid_grad_params_float32, {label}", "hash_grid",
+                          [Launch(module, "hash_grid_grad_params_float32",
+                                  [("buf", "dy"), ("buf", "x"), ("buf", "levels"), ("buf", "args"), ("buf", "acc")],
+                                  grid2, tg)],
+                          arrays, gp_expect, ("case", "hg_scatter_f32 (bare, tcnn launch, float atomics)"),
+                          setup=zero_acc))
+    cases.append(Case("hash_grid_grad_params_float16 (float32 accumulation)", "hash_grid",
+                      [Launch("hash_grid", "hash_grid_grad_params_float16",
+                              [("buf", "dy16"), ("buf", "x"), ("buf", "levels"), ("buf", "args"), ("buf", "acc")],
+                              grid2, tg)],
+                      arrays, lambda: gp_expect(True), ("case", "hg_scatter_f16 (bare, tcnn launch, float atomics)"),
+                      setup=zero_acc))
+    cases.append(Case("hash_grid_grad_positions_float32", "hash_grid",
+                      [Launch("hash_grid", "hash_grid_grad_positions_float32",
+                              [("buf", "dy"), ("buf", "x"), ("buf", "params"), ("buf", "levels"), ("buf", "args"),
+                               ("buf", "dx")], (n, 1, 1), (256, 1, 1))],
+                      arrays, lambda: {"dx": first(ref(part="dx")["dx"], pp_tol(ref(part="dx")["dx"]))},
+                      ("case", "hg_gather_f32 (bare, tcnn launch, our layout)"),
+                      note="bound: the encode's gather (the same table reads; dy is read instead of out written)"))
+    cases.append(Case("hash_grid_grad2_points_float32", "hash_grid",
+                      [Launch("hash_grid", "hash_grid_grad2_points_float32",
+                              [("buf", "ddx"), ("buf", "dy"), ("buf", "x"), ("buf", "params"), ("buf", "levels"),
+                               ("buf", "args"), ("buf", "ddy"), ("buf", "dx2")], (n, 1, 1), (256, 1, 1))],
+                      arrays, lambda: {k: first(ref(part=k)[k], pp_tol(ref(part=k)[k])) for k in ("ddy", "dx2")},
+                      ("case", "hg_gather_f32 (bare, tcnn launch, our layout)")))
+    cases.append(Case("hash_grid_grad2_params_float32", "hash_grid",
+                      [Launch("hash_grid", "hash_grid_grad2_params_float32",
+                              [("buf", "ddx"), ("buf", "dy"), ("buf", "x"), ("buf", "levels"), ("buf", "args"),
+                               ("buf", "acc")], grid2, tg)],
+                      arrays, lambda: gp_expect(second=True), ("case", "hg_scatter_f32 (bare, tcnn launch, float atomics)"),
+                      setup=zero_acc))
+    return cases
+
+
+# ==== volume rendering and distortion loss ===========================================================================
+def _seg(splits):
+    lengths = np.diff(splits)
+    return np.repeat(np.arange(len(lengths)), lengths), lengths
+
+
+def _excl(x, splits):
+    """Exclusive cumulative sum of x along the flat samples, restarting at every ray (axis 0)."""
+    c = np.cumsum(x, axis=0)
+    c0 = np.concatenate([np.zeros((1,) + x.shape[1:]), c])
+    ray, lengths = _seg(splits)
+    return c - x - c0[splits[:-1]][ray]
+
+
+def _segsum(x, splits):
+    c0 = np.concatenate([np.zeros((1,) + x.shape[1:]), np.cumsum(x, axis=0)])
+    return c0[splits[1:]] - c0[splits[:-1]]
+
+
+def render_reference(sigma, colors, s, e, splits, bg, gC, gD, gO, gW, w_in, gl):
+    """Float64 VolumeRender (threshold 0, shared background) and DistortionLoss, forward and backward, on packed rays
+    (dense rays: splits = arange(R + 1) * S): csrc/shared/render_math.h's formulas, evaluated directly."""
+    f = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    sigma, colors, s, e, bg, gC, gD, gO, gW, w_in, gl = map(f, (sigma, colors, s, e, bg, gC, gD, gO, gW, w_in, gl))
+    ray, _ = _seg(splits)
+    delta, mid = e - s, 0.5 * (s + e)
+    tau = sigma * delta
+    cum = _excl(tau, splits)
+    T = np.exp(-cum)
+    w = T * -np.expm1(-tau)
+    tau_sum = _segsum(tau, splits)
+    T_final = np.exp(-tau_sum)
+    out = {"color": _segsum(w[:, None] * colors, splits) + T_final[:, None] * bg[None, :],
+           "depth": _segsum(w * mid, splits), "opacity": -np.expm1(-tau_sum), "weights": w}
+    v = np.einsum("kc,kc->k", colors, gC[ray]) + gD[ray] * mid + gO[ray] + gW
+    wv = w * v
+    suffix = _segsum(wv, splits)[ray] - (_excl(wv, splits) + wv)
+    b = gC @ bg
+    gtau = np.exp(-(cum + tau)) * v - suffix - (T_final * b)[ray]
+    out.update(grad_densities=delta * gtau, grad_colors=w[:, None] * gC[ray],
+               grad_s=-sigma * gtau + 0.5 * gD[ray] * w, grad_e=sigma * gtau + 0.5 * gD[ray] * w,
+               grad_background=T_final[:, None] * gC)
+    # DistortionLoss of the weights w_in.
+    W_before, WM_before = _excl(w_in, splits), _excl(w_in * mid, splits)
+    A = mid * W_before - WM_before
+    out["loss"] = _segsum(2 * w_in * A + w_in ** 2 * delta / 3, splits)
+    W_after = _segsum(w_in, splits)[ray] - W_before - w_in
+    WM_after = _segsum(w_in * mid, splits)[ray] - WM_before - w_in * mid
+    B = WM_after - mid * W_after
+    g = gl[ray]
+    out["dl_grad_w"] = g * (2 * (A + B) + 2.0 / 3.0 * w_in * delta)
+    gm = 2 * w_in * (W_before - W_after)
+    out["dl_grad_s"] = g * (gm / 2 - w_in ** 2 / 3)
+    out["dl_grad_e"] = g * (gm / 2 + w_in ** 2 / 3)
+    return out
+
+
+def _dense_t(grad_s, grad_e, R, S):
+    """grad w.r.t. the edges t[r, 0..S] from the per-sample interval-end gradients."""
+    gt = np.zeros((R, S + 1))
+    gt[:, :S] += grad_s.reshape(R, S)
+    gt[:, 1:] += grad_e.reshape(R, S)
+    return gt
+
+
+def _tol(ref, rel=1e-4):
+    ref = np.asarray(ref, np.float64)
+    return rel * (np.abs(ref) + 1e-2 * (np.abs(ref).max() if ref.size else 0.0)) + 1e-7
+
+
+def render_cases(R=8192, S=128, C=3, seed=1, packed=False) -> list[Case]:
+    """VolumeRender and DistortionLoss forward and backward, dense [R, S] or packed (ragged rays of 0 .. 2S samples,
+    with gaps), about R * S samples: 2^20 at the defaults. Bound: the bytes each kernel must move, at the measured
+    copy bandwidth."""
+    rng = np.random.default_rng(seed)
+    if packed:
+        lengths = rng.integers(0, 2 * S + 1, R)
+        splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    else:
+        splits = (np.arange(R + 1) * S).astype(np.int32)
+    N = int(splits[-1])
+    ray, _ = _seg(splits)
+    # Multiples of 2^-12 below 16: every sum below is exact in float32, so intervals touch exactly (no overlap).
+    q = lambda a: (np.round(a * 4096) / 4096).astype(np.float32)  # noqa: E731
+    step = q(rng.uniform(0.005, 0.02, N))
+    gap = q(np.where(rng.random(N) < 0.2, rng.uniform(0, 0.01, N), 0.0)) if packed else np.zeros(N, np.float32)
+    # Intervals per ray from 2.0, sorted, non-overlapping (dense: contiguous edges t[r, 0..S]).
+    start_off = _excl((step + gap).astype(np.float64), splits) + gap
+    s = (2.0 + start_off).astype(np.float32)
+    e = (s + step).astype(np.float32)
+    if not packed:
+        t = np.empty((R, S + 1), np.float32)
+        t[:, :S] = s.reshape(R, S)
+        t[:, S] = e.reshape(R, S)[:, -1]
+        e = t[:, 1:].reshape(-1).copy()  # the kernel reads edges: e_i = t_{i+1} = s_{i+1}
+        s = t[:, :S].reshape(-1).copy()
+    sigma = rng.uniform(0, 5, N).astype(np.float32)
+    colors = rng.random((N, C), dtype=np.float32)
+    bg = rng.random(C, dtype=np.float32)
+    gC = rng.uniform(-1, 1, (R, C)).astype(np.float32)
+    gD, gO, gl = (rng.uniform(-1, 1, R).astype(np.float32) for _ in range(3))
+    gW = rng.uniform(-1, 1, N).astype(np.float32)
+    w_in = rng.uniform(0, 0.05, N).astype(np.float32)
+    cache = {}
+
+    def ref():
+        if not cache:
+            cache.update(render_reference(sigma, colors, s, e, splits, bg, gC, gD, gO, gW, w_in, gl))
+        return cache
+
+    arrays = {"sigma": sigma, "colors": colors, "bg": bg, "gC": gC, "gD": gD, "gO": gO, "gW": gW, "w_in": w_in,
+              "gl": gl, "color": np.zeros((R, C), np.float32), "depth": np.zeros(R, np.float32),
+              "opacity": np.zeros(R, np.float32), "weights": np.zeros(N, np.float32),
+              "g_sigma": np.zeros(N, np.float32), "g_colors": np.zeros((N, C), np.float32),
+              "g_bg": np.zeros((R, C), np.float32), "loss": np.zeros(R, np.float32), "g_w": np.zeros(N, np.float32)}
+    fwd_out = {"color": lambda r: r["color"], "depth": lambda r: r["depth"], "opacity": lambda r: r["opacity"],
+               "weights": lambda r: r["weights"]}
+    one = (256, 1, 1)
+    rays = (R, 1, 1)
+    if not packed:
+        arrays.update(t=np.concatenate([s.reshape(R, S), e.reshape(R, S)[:, -1:]], axis=1), g_t=np.zeros((R, S + 1), np.float32),
+                      vr=struct(VR_PARAMS, R=R, S=S, C=C, bg_mode=1, threshold=0.0), dl=struct(DL_PARAMS, R=R, S=S))
+        ins_f = ("sigma", "colors", "t", "bg")
+        vr_f = Launch("render", "volume_render_forward",
+                      [("buf", n) for n in ins_f + ("color", "depth", "opacity", "weights", "vr")], rays, one)
+        vr_b = Launch("render", "volume_render_backward",
+                      [("buf", n) for n in ins_f + ("gC", "gD", "gO", "gW", "g_sigma", "g_colors", "g_t", "g_bg", "vr")],
+                      rays, one)
+        dl_f = Launch("render", "distortion_loss_forward", [("buf", n) for n in ("w_in", "t", "loss", "dl")], rays, one)
+        dl_b = Launch("render", "distortion_loss_backward",
+                      [("buf", n) for n in ("w_in", "t", "gl", "g_w", "g_t", "dl")], rays, one)
+        g_t = lambda r, a, b: _dense_t(r[a], r[b], R, S)  # noqa: E731
+        back = {"g_sigma": lambda r: r["grad_densities"], "g_colors": lambda r: r["grad_colors"],
+                "g_t": lambda r: g_t(r, "grad_s", "grad_e"), "g_bg": lambda r: r["grad_background"]}
+        dl_back = {"g_w": lambda r: r["dl_grad_w"], "g_t": lambda r: g_t(r, "dl_grad_s", "dl_grad_e")}
+        t_names = ("t",)
+        prefix = ""
+    else:
+        arrays.update(ts=s, te=e, splits=splits, status=np.zeros(1, np.int32), g_ts=np.zeros(N, np.float32),
+                      g_te=np.zeros(N, np.float32), vr=struct(VRP_PARAMS, R=R, N=N, C=C, bg_mode=1, threshold=0.0),
+                      dl=struct(DLP_PARAMS, R=R, N=N))
+        ins_f = ("sigma", "colors", "ts", "te", "splits", "bg")
+        vr_f = Launch("render_packed", "volume_render_packed_forward",
+                      [("buf", n) for n in ins_f + ("status", "color", "depth", "opacity", "weights", "vr")], rays, one)
+        vr_b = Launch("render_packed", "volume_render_packed_backward",
+                      [("buf", n) for n in ins_f + ("gC", "gD", "gO", "gW", "status", "g_sigma", "g_colors", "g_ts",
+                                                     "g_te", "g_bg", "vr")], rays, one)
+        dl_f = Launch("render_packed", "distortion_loss_packed_forward",
+                      [("buf", n) for n in ("w_in", "ts", "te", "splits", "status", "loss", "dl")], rays, one)
+        dl_b = Launch("render_packed", "distortion_loss_packed_backward",
+                      [("buf", n) for n in ("w_in", "ts", "te", "splits", "gl", "status", "g_w", "g_ts", "g_te", "dl")],
+                      rays, one)
+        back = {"g_sigma": lambda r: r["grad_densities"], "g_colors": lambda r: r["grad_colors"],
+                "g_ts": lambda r: r["grad_s"], "g_te": lambda r: r["grad_e"], "g_bg": lambda r: r["grad_background"]}
+        dl_back = {"g_w": lambda r: r["dl_grad_w"], "g_ts": lambda r: r["dl_grad_s"], "g_te": lambda r: r["dl_grad_e"]}
+        t_names = ("ts", "te", "splits")
+        prefix = "packed_"
+
+    def expect(outs):
+        return lambda: {k: (fn(ref()), _tol(fn(ref()))) for k, fn in outs.items()}
+
+    def moved(*names):
+        return ("copy", nbytes(arrays, *names))
+
+    fam = "render_packed" if packed else "render"
+    return [
+        Case(f"volume_render_{prefix}forward", fam, [vr_f], arrays, expect(fwd_out),
+             moved("sigma", "colors", *t_names, "color", "depth", "opacity", "weights")),
+        Case(f"volume_render_{prefix}backward", fam, [vr_b], arrays, expect(back),
+             moved("sigma", "colors", *t_names, "gC", "gD", "gO", "gW", *back)),
+        Case(f"distortion_loss_{prefix}forward", fam, [dl_f], arrays, expect({"loss": lambda r: r["loss"]}),
+             moved("w_in", *t_names, "loss")),
+        Case(f"distortion_loss_{prefix}backward", fam, [dl_b], arrays, expect(dl_back),
+             moved("w_in", *t_names, "gl", *dl_back)),
+    ]
+
+
+# ==== ray marching and the occupancy mip ============================================================================
+def rm_mip_layout(G):
+    offsets, off, m = [], 0, 0
+    while m < RM_MAX_MIP_LEVELS and (2 << m) < G:
+        offsets.append(off)
+        g = (G + (1 << (m + 1)) - 1) >> (m + 1)
+        off += (g ** 3 + 7) // 8
+        m += 1
+    return m, offsets + [off] * (RM_MAX_MIP_LEVELS - m), max(off, 1)
+
+
+def rm_params(R, G, lo, hi, step_size, max_samples):
+    levels, offsets, total = rm_mip_layout(G)
+    size = np.float32(hi) - np.float32(lo)
+    cs, inv, inv_ext = np.float32(size / np.float32(G)), np.float32(np.float32(G) / size), np.float32(np.float32(1) / size)
+    return struct(RM_PARAMS, R=R, G=G, max_samples=max_samples, jitter=0, seed_lo=0, seed_hi=0,
+                  lo_x=lo, lo_y=lo, lo_z=lo, hi_x=hi, hi_y=hi, hi_z=hi, cs_x=cs, cs_y=cs, cs_z=cs,
+                  inv_cs_x=inv, inv_cs_y=inv, inv_cs_z=inv, inv_ext_x=inv_ext, inv_ext_y=inv_ext, inv_ext_z=inv_ext,
+                  step_size=step_size, cone_angle=0.0, max_step=max(np.float32(step_size), np.float32(1.7320508) * cs),
+                  max_skips=8 * G + 64, mip_levels=levels, mip_offset=offsets, mip_bytes=total)
+
+
+def occupancy_bits(occ):
+    """[G, G, G] bool (index x + G*(y + G*z): occ[z, y, x]) -> the bitfield, LSB first."""
+    return np.packbits(occ.reshape(-1), bitorder="little")
+
+
+def mip_reference(occ, G):
+    """The mip buffer of the occupancy grid (levels 1 .. L, OR pooling, blocks cut at the far faces)."""
+    levels, offsets, total = rm_mip_layout(G)
+    out = np.zeros(total, np.uint8)
+    cur = occ
+    for m in range(1, levels + 1):
+        gm = (G + (1 << m) - 1) >> m
+        pad = np.zeros((2 * gm,) * 3, bool)
+        pad[:cur.shape[0], :cur.shape[1], :cur.shape[2]] = cur
+        cur = pad.reshape(gm, 2, gm, 2, gm, 2).any(axis=(1, 3, 5))
+        b = occupancy_bits(cur)
+        out[offsets[m - 1]:offsets[m - 1] + len(b)] = b
+    return out
+
+
+def ray_march_cases(R=1 << 16, G=128, seed=2, max_samples=1024) -> list[Case]:
+    """The occupancy mip, the count pass, the scan (block + add), the fill pass, at G = 128 over [-1.5, 1.5]^3 and
+    2^16 rays from outside the box: the sparse grid (about 10 % occupied) is timed; the count is checked on an
+    all-occupied grid against the closed form (samples t_lo + k dt, the last cut at t_hi: float32 marching may differ
+    by one sample at the end) and the fill by invariants. Bound: bytes moved at the copy bandwidth."""
+    rng = np.random.default_rng(seed)
+    lo, hi, step = -1.5, 1.5, np.float32(np.sqrt(3.0) * 3.0 / 1024)
+    centers = rng.uniform(-1, 1, (12, 3))
+    cell = (np.arange(G) + 0.5) / G * (hi - lo) + lo
+    z, y, x = np.meshgrid(cell, cell, cell, indexing="ij")
+    occ = np.zeros((G, G, G), bool)
+    for c in centers:
+        occ |= (x - c[0]) ** 2 + (y - c[1]) ** 2 + (z - c[2]) ** 2 < 0.3 ** 2
+    dirs = rng.normal(size=(R, 3))
+    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    target = rng.uniform(-1, 1, (R, 3))
+    o = (target - 4.0 * dirs).astype(np.float32)
+    d = dirs.astype(np.float32)
+    params = rm_params(R, G, lo, hi, step, max_samples)
+    _, offsets, mip_total = rm_mip_layout(G)
+    arrays = {"o": o, "d": d, "near": np.zeros(R, np.float32), "far": np.full(R, 1e10, np.float32),
+              "bits": occupancy_bits(occ), "bits_full": occupancy_bits(np.ones((G, G, G), bool)),
+              "mip": mip_reference(occ, G), "mip_full": mip_reference(np.ones((G, G, G), bool), G),
+              "mip_out": np.zeros(mip_total, np.uint8), "scan": np.zeros(R + 1, np.int64),
+              "scan_full": np.zeros(R + 1, np.int64), "params": params}
+    levels = int(params["mip_levels"][0])
+    mip_launches = [Launch("ray_march", "ray_march_mip", [("buf", "bits"), ("buf", "mip_out"), ("buf", "params"),
+                                                          ("buf", f"level{m}")], ((((G + (1 << m) - 1) >> m) ** 3 + 7) // 8, 1, 1),
+                           (256, 1, 1)) for m in range(1, levels + 1)]
+    for m in range(1, levels + 1):
+        arrays[f"level{m}"] = np.array([m], np.uint32)
+    count = lambda bits, mip, scan: Launch("ray_march", "ray_march_count",  # noqa: E731
+                                           [("buf", n) for n in ("o", "d", "near", "far", bits, mip, scan, "params")],
+                                           (R, 1, 1), (256, 1, 1))
+
+    # Closed form on the all-occupied grid (float64 slab test).
+    def full_counts():
+        inv = 1.0 / d.astype(np.float64)
+        t0, t1 = (lo - o) * inv, (hi - o) * inv
+        t_lo = np.maximum(np.max(np.minimum(t0, t1), axis=1), 0.0)
+        t_hi = np.min(np.maximum(t0, t1), axis=1)
+        n = np.where(t_lo < t_hi, np.ceil((t_hi - t_lo) / np.float64(step)), 0)
+        return np.minimum(n, max_samples)
+
+    def check_full(out):
+        ref = full_counts()
+        got = out["scan_full"][1:]
+        bad = np.abs(got - ref) > 1
+        return [f"count on the all-occupied grid: {int(bad.sum())} rays off by more than one sample"] if bad.any() else []
+
+    # Scan: level 0 over scan[1..R] (in place), level 1 over the block totals, then the add pass.
+    groups0 = (R + RM_SCAN_BLOCK - 1) // RM_SCAN_BLOCK
+    assert groups0 <= RM_SCAN_BLOCK, "two scan levels cover R <= 65536"
+    counts = rng.integers(0, 200, R + 1).astype(np.int64)
+    counts[0] = 0
+    arrays.update(scan_in=counts.copy(), sums0=np.zeros(groups0, np.int64), sums1=np.zeros(1, np.int64),
+                  sp0=struct(RM_SCAN_PARAMS, n=R, offset=1), sp1=struct(RM_SCAN_PARAMS, n=groups0, offset=0))
+    shared = RM_SCAN_BLOCK * 8
+    scan_launches = [
+        Launch("ray_march", "ray_march_scan_block", [("buf", "scan_in"), ("buf", "sums0"), ("buf", "sp0"), ("u32", shared)],
+               (groups0 * RM_SCAN_BLOCK, 1, 1), (RM_SCAN_BLOCK, 1, 1), shared),
+        Launch("ray_march", "ray_march_scan_block", [("buf", "sums0"), ("buf", "sums1"), ("buf", "sp1"), ("u32", shared)],
+               (RM_SCAN_BLOCK, 1, 1), (RM_SCAN_BLOCK, 1, 1), shared),
+        Launch("ray_march", "ray_march_scan_add", [("buf", "scan_in"), ("buf", "sums0"), ("buf", "sp0")], (R, 1, 1),
+               (256, 1, 1)),
+    ]
+    cases = [
+        Case("ray_march_mip (all levels)", "ray_march", mip_launches, arrays,
+             lambda: {"mip_out": (arrays["mip"], 0)}, ("copy", nbytes(arrays, "bits", "mip"))),
+        Case("ray_march_count (sparse grid)", "ray_march", [count("bits", "mip", "scan")], arrays,
+             lambda: {}, ("copy", nbytes(arrays, "o", "d", "near", "far", "scan")),
+             check=lambda out: check_full(out) + rm_count_invariants(out["scan"][1:], max_samples),
+             setup=[count("bits_full", "mip_full", "scan_full")],
+             note="checked: the count on the all-occupied grid (closed form, +-1 sample) and 0 <= count <= max_samples"),
+        Case("ray_march_scan (block + block + add)", "ray_march", scan_launches, arrays,
+             lambda: {"scan_in": (np.cumsum(counts[1:]).astype(np.float64), 0)}, ("copy", 2 * nbytes(arrays, "scan_in")),
+             restore=("scan_in",), check=None,
+             note="checked on scan_in[1:] (scan_in[0] is the untouched 0)"),
+    ]
+    cases[-1].reference = lambda: {"scan_in": (np.concatenate([[0], np.cumsum(counts[1:])]).astype(np.float64), 0)}
+    cases.append(ray_march_fill_case(arrays, R, count("bits", "mip", "scan"), G))
+    return cases
+
+
+def rm_count_invariants(n, max_samples):
+    bad = (n < 0) | (n > max_samples)
+    return [f"{int(bad.sum())} counts outside [0, max_samples]"] if bad.any() else []
+
+
+def ray_march_fill_case(arrays, R, count: Launch, G) -> Case:
+    """The fill pass after the count pass and a host scan of its counts (prepare: the outputs are sized from the
+    total, as the op's host code does)."""
+    fill = Launch("ray_march", "ray_march_fill",
+                  [("buf", n) for n in ("o", "d", "near", "far", "bits", "mip", "scan_fill", "f_ts", "f_te", "f_ri",
+                                        "f_pos", "params")], (R, 1, 1), (256, 1, 1))
+
+    def invariants(out):
+        scan, ts, te, ri, pos = (out[k] for k in ("scan_fill", "f_ts", "f_te", "f_ri", "f_pos"))
+        fails = []
+        ray = np.repeat(np.arange(R), np.diff(scan))
+        if not np.array_equal(ri, ray):
+            fails.append("ray_indices do not follow the scanned counts")
+        if np.any(te < ts):
+            fails.append("a sample with t_end < t_start")
+        same = ray[1:] == ray[:-1]
+        if np.any(ts[1:][same] < te[:-1][same]):
+            fails.append("overlapping samples within a ray")
+        cell = np.clip(np.floor(pos.astype(np.float64) * G), 0, G - 1).astype(np.int64)
+        occ = np.unpackbits(arrays["bits"], bitorder="little")[:G ** 3].astype(bool)
+        inside = occ[cell[:, 0] + G * (cell[:, 1] + G * cell[:, 2])]
+        if inside.mean() < 0.999:  # a midpoint on a cell face may round into the empty neighbour
+            fails.append(f"only {inside.mean():.4f} of the sample midpoints lie in occupied cells")
+        return fails
+
+    def prepare(case, device):
+        if device is None:
+            scan = np.zeros(R + 1, np.int64)
+        else:
+            device.upload(case.arrays, [v for kind, v in count.args if kind == "buf"])
+            device.launch(count)
+            scan = np.concatenate([[0], np.cumsum(device.download("scan")[1:])]).astype(np.int64)
+        n = max(int(scan[-1]), 1)
+        case.arrays.update(scan_fill=scan, f_ts=np.zeros(n, np.float32), f_te=np.zeros(n, np.float32),
+                           f_ri=np.zeros(n, np.int32), f_pos=np.zeros((n, 3), np.float32))
+
+    return Case("ray_march_fill (sparse grid)", "ray_march", [fill], arrays, lambda: {},
+                ("copy", ("o", "d", "near", "far", "scan_fill", "f_ts", "f_te", "f_ri", "f_pos")),
+                check=invariants, prepare=prepare, note="sized on the device from the count pass; checked by invariants "
+                                       "(ray indices follow the scan, sorted non-overlapping samples, midpoints in "
+                                       "occupied cells)")
+
+
+def all_cases(small=False) -> list[Case]:
+    if small:
+        return (hash_grid_cases(n=2048, log2_T=12, n_levels=8) + render_cases(R=64, S=16) +
+                render_cases(R=64, S=16, packed=True) + ray_march_cases(R=512, G=32, max_samples=256))
+    return hash_grid_cases() + render_cases() + render_cases(packed=True) + ray_march_cases()

@@ -1,0 +1,262 @@
+"""The GPU proxy benchmark (bench/gpu_proxy.py) without a GPU: its NumPy float64 references, which decide whether a
+kernel's output on the device is right before it is timed, agree with the package's CPU ops on the benchmark's own
+inputs (small sizes); the packed layouts and level tables it builds are the ones the ops accept; a wrong output
+fails its check; and its runner (check before timing, warm-up, medians, the results file) works end to end over a
+fake CuPy whose only kernels are NumPy versions of the scan. Its argument packing against the PTX entries is
+tests/test_gpu_proxy.py's dry run."""
+
+import collections
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_metal_ops
+from tf_metal_ops.hash_grid import HashGridConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import gpu_proxy_cases as cases  # noqa: E402
+
+
+def by_name(case_list):
+    return {c.name: c for c in case_list}
+
+
+def assert_within(got, ref, tol, what):
+    ok, ratio = cases.within(got, ref, tol)
+    assert ok, f"{what}: max |error| / tolerance = {ratio:.3g}"
+
+
+def assert_expected(got, expected, what):
+    """expected: a Case.reference() value, (ref, tol) or (ref, tol, index into got)."""
+    ref, tol, *index = expected
+    ok, ratio = cases.within(got[index[0]] if index else got, ref, tol)
+    assert ok, f"{what}: max |error| / tolerance = {ratio:.3g}"
+
+
+@pytest.fixture(scope="module")
+def hash_grid():
+    kw = dict(n=2048, n_levels=8, F=2, log2_T=12, base=16, per_level_scale=1.3819)
+    cs = by_name(cases.hash_grid_cases(**kw))
+    cfg = HashGridConfig(3, n_levels=8, n_features_per_level=2, log2_hashmap_size=12, base_resolution=16,
+                         per_level_scale=1.3819, grid_type="hash", interpolation="linear")
+    return cs, cfg, cs["hash_grid_encode_float32"].arrays
+
+
+def test_level_table_is_the_packages(hash_grid):
+    _, cfg, a = hash_grid
+    levels = a["levels"]
+    assert list(levels["offset"]) == list(cfg.offsets)[:cfg.n_levels]
+    assert list(levels["size"]) == list(cfg.level_sizes) and list(levels["resolution"]) == list(cfg.resolutions)
+    np.testing.assert_array_equal(levels["scale"], np.float32(cfg.scales))
+    assert list(levels["mode"] == 0) == list(cfg.hashed_levels) and any(levels["mode"] == 0) and any(levels["mode"] != 0)
+    assert a["params"].shape == cfg.params_shape
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_hash_grid_references_match_the_cpu_ops(hash_grid, dtype):
+    cs, cfg, a = hash_grid
+    half = dtype == "float16"
+    x = tf.constant(a["x"])
+    p = tf.constant(a["params16"] if half else a["params"])
+    dy = tf.constant(a["dy16"] if half else a["dy"])
+    ddx = tf.constant(a["ddx"])
+    with tf.GradientTape(persistent=True) as outer:
+        outer.watch([x, p, dy])
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch([x, p])
+            out = tf_metal_ops.hash_grid_encode(x, p, **cfg.op_kwargs())
+            y = tf.reduce_sum(tf.cast(out, tf.float32) * tf.cast(dy, tf.float32))
+        gx = tape.gradient(y, x)
+        phi = tf.reduce_sum(gx * ddx)
+    gp = tape.gradient(y, p)
+    g2 = outer.gradient(phi, [dy, p, x])
+    exp = cs[f"hash_grid_encode_{dtype}"].reference()
+    name = "out16" if half else "out"
+    assert_expected(out.numpy(), exp[name], f"encode {dtype}")
+    gp_case = cs["hash_grid_grad_params_float16 (float32 accumulation)" if half else
+                 "hash_grid_grad_params_float32, native float atomics (MSL 3.0)"]
+    ref, tol = gp_case.reference()["acc"]
+    assert_within(gp.numpy().reshape(-1), ref, tol * (100 if half else 1), f"param gradient {dtype}")
+    if half:
+        return  # the float16 op rounds its gradients to half; the float32 checks below cover the math
+    assert_expected(gx.numpy(), cs["hash_grid_grad_positions_float32"].reference()["dx"], "position gradient")
+    second = cs["hash_grid_grad2_points_float32"].reference()
+    assert_expected(g2[0].numpy(), second["ddy"], "second order d/d(dy)")
+    assert_expected(g2[2].numpy(), second["dx2"], "second order d/dx")
+    ref, tol = cs["hash_grid_grad2_params_float32"].reference()["acc"]
+    assert_within(g2[1].numpy().reshape(-1), ref, tol, "second order d/dparams")
+    # The CAS case is checked against the same reference, and a wrong accumulator fails it.
+    cas = cs["hash_grid_grad_params_float32, CAS loop (MSL 2.4)"].reference()["acc"]
+    assert not cases.within(gp.numpy().reshape(-1) * 1.001 + 1e-3, *cas)[0]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_render_references_match_the_cpu_ops(packed):
+    cs = cases.render_cases(R=32, S=16, C=3, packed=packed)
+    a = cs[0].arrays
+    prefix = "packed_" if packed else ""
+    sigma, colors, bg = (tf.constant(a[k]) for k in ("sigma", "colors", "bg"))
+    if packed:
+        ts, te, rs = tf.constant(a["ts"]), tf.constant(a["te"]), tf.constant(a["splits"].astype(np.int64))
+        assert np.any(np.diff(a["splits"]) == 0) and np.any(a["ts"][1:] > a["te"][:-1])  # empty rays and gaps
+        render = lambda s, c, b: tf_metal_ops.volume_render_packed(s, c, ts, te, rs, b)  # noqa: E731
+        dloss = lambda w: tf_metal_ops.distortion_loss_packed(w, ts, te, rs)  # noqa: E731
+        tvars = [ts, te]
+    else:
+        t = tf.constant(a["t"])
+        render = lambda s, c, b: tf_metal_ops.volume_render(tf.reshape(s, (32, 16)), tf.reshape(c, (32, 16, 3)), t, b)  # noqa: E731,E501
+        dloss = lambda w: tf_metal_ops.distortion_loss(tf.reshape(w, (32, 16)), t)  # noqa: E731
+        tvars = [t]
+    w_in = tf.constant(a["w_in"])
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([sigma, colors, bg, w_in, *tvars])
+        color, depth, opacity, weights = render(sigma, colors, bg)
+        y = (tf.reduce_sum(color * a["gC"]) + tf.reduce_sum(depth * a["gD"]) + tf.reduce_sum(opacity * a["gO"]) +
+             tf.reduce_sum(tf.reshape(weights, [-1]) * a["gW"]))
+        loss = dloss(w_in)
+        z = tf.reduce_sum(loss * a["gl"])
+    fwd = cs[0].reference()
+    for k, v in (("color", color), ("depth", depth), ("opacity", opacity), ("weights", weights)):
+        assert_within(np.reshape(v.numpy(), fwd[k][0].shape), *fwd[k], f"{prefix}forward {k}")
+    back = cs[1].reference()
+    g = tape.gradient(y, [sigma, colors, *tvars])
+    assert_within(g[0].numpy(), *back["g_sigma"], f"{prefix}backward densities")
+    assert_within(g[1].numpy(), *back["g_colors"], f"{prefix}backward colors")
+    if packed:
+        assert_within(g[2].numpy(), *back["g_ts"], "packed backward t_starts")
+        assert_within(g[3].numpy(), *back["g_te"], "packed backward t_ends")
+    else:
+        assert_within(g[2].numpy(), *back["g_t"], "backward t")
+    gbg = tape.gradient(y, bg).numpy()
+    assert_within(gbg, back["g_bg"][0].sum(axis=0), np.abs(back["g_bg"][0]).sum(axis=0) * 1e-4 + 1e-6, "background")
+    assert_within(loss.numpy(), *cs[2].reference()["loss"], f"{prefix}distortion loss")
+    dl = cs[3].reference()
+    gd = tape.gradient(z, [w_in, *tvars])
+    assert_within(gd[0].numpy(), *dl["g_w"], f"{prefix}distortion grad weights")
+    if packed:
+        assert_within(gd[1].numpy(), *dl["g_ts"], "packed distortion grad t_starts")
+        assert_within(gd[2].numpy(), *dl["g_te"], "packed distortion grad t_ends")
+    else:
+        assert_within(gd[1].numpy(), *dl["g_t"], "distortion grad t")
+
+
+def test_ray_march_references_match_the_op():
+    cs = by_name(cases.ray_march_cases(R=512, G=32, max_samples=256))
+    a = cs["ray_march_mip (all levels)"].arrays
+    p = a["params"][0]
+    G, step = int(p["G"]), float(p["step_size"])
+    box = [float(p["lo_x"])] * 3 + [float(p["hi_x"])] * 3
+    # The mip: level 1 of an all-occupied grid is all ones; of the sparse grid, the OR of 2x2x2 blocks.
+    occ = np.unpackbits(a["bits"], bitorder="little")[:G ** 3].astype(bool).reshape(G, G, G)
+    lvl1 = np.unpackbits(a["mip"], bitorder="little")[:(G // 2) ** 3].astype(bool).reshape((G // 2,) * 3)
+    np.testing.assert_array_equal(lvl1, occ.reshape(G // 2, 2, G // 2, 2, G // 2, 2).any(axis=(1, 3, 5)))
+    grid = collections.namedtuple("Grid", "bits aabb resolution")(a["bits_full"], np.reshape(box, (2, 3)), G)
+    full = tf_metal_ops.ray_march(a["o"], a["d"], grid, step_size=step, max_samples=256, jitter=False)
+    counts = np.diff(full.row_splits.numpy())
+    case = cs["ray_march_count (sparse grid)"]
+    out = {"scan_full": np.concatenate([[0], counts]), "scan": np.concatenate([[0], counts])}
+    assert case.check(out) == []
+    out["scan_full"] = out["scan_full"] + np.where(np.arange(len(counts) + 1) == 7, 3, 0)
+    assert case.check(out) != []  # a wrong count fails the check
+    ref, tol = cs["ray_march_scan (block + block + add)"].reference()["scan_in"]
+    assert ref[0] == 0 and np.array_equal(ref[1:], np.cumsum(a["scan_in"][1:]))
+
+
+class _FakeCupy:
+    """Just enough of CuPy for bench/gpu_proxy.py's runner on the CPU: buffers are NumPy arrays, events count
+    launches, and the kernels are the NumPy functions in `kernels` (every other kernel does nothing, so its case
+    fails its check). Tests the runner's plumbing, not a GPU."""
+
+    def __init__(self, kernels):
+        import types
+
+        self.__version__ = "fake"
+        self.float32 = np.float32
+        self.kernels, self.launches = kernels, []
+        class Event:  # its time: the number of launches so far
+            def record(self_):
+                self_.t = len(self.launches)
+
+            def synchronize(self_):
+                pass
+
+        runtime = types.SimpleNamespace(deviceSynchronize=lambda: None, driverGetVersion=lambda: 0,
+                                        runtimeGetVersion=lambda: 0,
+                                        getDeviceProperties=lambda i: {"name": b"fake GPU"})
+        self.cuda = types.SimpleNamespace(Event=Event, get_elapsed_time=lambda a, b: float(b.t - a.t),
+                                          runtime=runtime)
+        outer = self
+
+        class RawModule:
+            def __init__(self_, path):
+                self_.path = path
+
+            def get_function(self_, name):
+                def launch(blocks, group, args, shared_mem=0):
+                    outer.launches.append(name)
+                    outer.kernels.get(name, lambda *a: None)(*args)
+                return launch
+
+        self.RawModule = RawModule
+
+    def asarray(self, a):
+        return np.array(a)
+
+    def asnumpy(self, a):
+        return np.array(a)
+
+    def ones(self, n, dtype):
+        return np.ones(n, dtype)
+
+    def empty_like(self, a):
+        launches = self.launches
+
+        class Copied(np.ndarray):  # a copy into it counts as one launch
+            def __setitem__(self_, key, value):
+                launches.append("copy")
+                super().__setitem__(key, value)
+
+        return np.empty_like(a).view(Copied)
+
+
+def _fake_scan_block(data, sums, sp, tg_bytes, *grid):
+    p = sp.view(cases.RM_SCAN_PARAMS)[0]
+    n, off, b = int(p["n"]), int(p["offset"]), cases.RM_SCAN_BLOCK
+    for g in range((n + b - 1) // b):
+        block = data[off + g * b: off + min(n, (g + 1) * b)]
+        block[:] = np.cumsum(block)
+        sums[g] = block[-1]
+
+
+def _fake_scan_add(data, sums, sp, *grid):
+    p = sp.view(cases.RM_SCAN_PARAMS)[0]
+    for i in range(cases.RM_SCAN_BLOCK, int(p["n"])):
+        data[int(p["offset"]) + i] += sums[i // cases.RM_SCAN_BLOCK - 1]
+
+
+def test_runner_plumbing_with_a_fake_cupy(tmp_path, monkeypatch):
+    import gpu_proxy as bench
+
+    fake = _FakeCupy({"ray_march_scan_block": _fake_scan_block, "ray_march_scan_add": _fake_scan_add})
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    ptx = tmp_path / "ptx"
+    ptx.mkdir()
+    (ptx / "manifest.json").write_text('{"commit": "abc123", "kernels": {}, "files": {}}')
+    monkeypatch.setattr(bench.load_build_tool(), "find_ptxas", lambda: None)
+    md = tmp_path / "gpu_proxy.md"
+    assert bench.main(["--ptx", str(ptx), "--md", str(md), "--small", "--only", "ray_march",
+                       "--copy-mib", "1"]) == 1  # fakes fail
+    text = md.read_text()
+    rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ray_march")}
+    assert set(rows) == {"ray_march_mip (all levels)", "ray_march_count (sparse grid)",
+                         "ray_march_scan (block + block + add)", "ray_march_fill (sparse grid)"}
+    scan = rows["ray_march_scan (block + block + add)"]
+    assert " | 3.000 | " in scan and "ok (max err/tol 0)" in scan  # 3 launches between the events, then checked
+    assert "FAILED: mip_out" in rows["ray_march_mip (all levels)"]
+    assert "FAILED" in rows["ray_march_count (sparse grid)"] and "not timed" in rows["ray_march_fill (sparse grid)"]
+    assert "commit abc123" in text and "GPU: fake GPU" in text
+    n_scan = sum(1 for name in fake.launches if name == "ray_march_scan_block")
+    assert n_scan == 2 * (1 + 5 + 25)  # one checked run, 5 warm-up runs, 25 timed runs; two block levels each
