@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import glob
 import hashlib
+import io
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -45,8 +48,10 @@ PLATFORM = "macosx_12_0_arm64"
 def preflight():
     """Everything that needs no work, first: the build fails in seconds when something is missing."""
     macos_cross.clangxx(), macos_cross.ld64_lld()
-    return macos_cross.sdk_headers(), macos_cross.sdk_stubs(), macos_cross.tensorflow(macos_cross.BUILD_TF,
-                                                                                      headers=True)
+    headers_sdk, stubs_sdk = macos_cross.sdk_headers(), macos_cross.sdk_stubs()
+    tf_dir = macos_cross.tensorflow(macos_cross.BUILD_TF, headers=True)
+    check_mac_symbols.tf_dirs(macos_cross.CHECK_TFS)  # the check's downloads too, before minutes of compiling
+    return headers_sdk, stubs_sdk, tf_dir
 
 
 def compile_all(spec, headers_sdk, obj_dir, jobs, show):
@@ -84,16 +89,21 @@ def pack_wheel(library, dist_dir, build_dir):
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 shutil.copyfile(library, target)
 
-    cwd = os.getcwd()
+    cwd, log = os.getcwd(), io.StringIO()
     os.chdir(ROOT)  # setuptools reads pyproject.toml and the package from the current directory
     try:
-        run_setup(
-            script_args=["-q", "build", "--build-base", build_dir, "egg_info", "--egg-base", build_dir,
-                         "bdist_wheel", "--plat-name", PLATFORM, "--dist-dir", dist_dir,
-                         "--bdist-dir", os.path.join(build_dir, "bdist")],
-            ext_modules=[Extension("tf_metal_ops.libtf_metal_ops", sources=[])],
-            cmdclass=dict(setup.CMDCLASS, build_ext=PrebuiltLibrary),
-        )
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # setuptools' deprecation banners; its errors still raise
+            run_setup(
+                script_args=["-q", "build", "--build-base", build_dir, "egg_info", "--egg-base", build_dir,
+                             "bdist_wheel", "--plat-name", PLATFORM, "--dist-dir", dist_dir,
+                             "--bdist-dir", os.path.join(build_dir, "bdist")],
+                ext_modules=[Extension("tf_metal_ops.libtf_metal_ops", sources=[])],
+                cmdclass=dict(setup.CMDCLASS, build_ext=PrebuiltLibrary),
+            )
+    except BaseException:
+        sys.stderr.write(log.getvalue())
+        raise
     finally:
         os.chdir(cwd)
     wheels = glob.glob(os.path.join(dist_dir, "*.whl"))
@@ -135,7 +145,7 @@ def build(out_dir, jobs, show=print):
             raise SystemExit(f"build_mac_wheel: link failed: {' '.join(cmd)}\n{r.stderr}")
         t3 = time.monotonic()
         show(f"linked {library} ({os.path.getsize(library)} bytes) with {os.path.basename(macos_cross.ld64_lld())}")
-        if not check_mac_symbols.check(library, macos_cross.CHECK_TFS, show=show):
+        if not check_mac_symbols.check(library, check_mac_symbols.tf_dirs(macos_cross.CHECK_TFS), show=show):
             raise SystemExit("build_mac_wheel: the library failed the symbol check; no wheel written")
         t4 = time.monotonic()
         wheel = pack_wheel(library, os.path.join(work, "dist"), os.path.join(work, "build"))

@@ -113,7 +113,8 @@ def check_binds(img: macho.Image, libs: Libraries):
     """(problems, {library: number of binds resolved there}) of the library's binds."""
     problems, per_library = [], collections.Counter()
     bound = {b.symbol for b in img.binds if b.table != "weak_bind"}
-    for b in sorted(set(img.binds), key=lambda b: (b.ordinal, b.symbol)):
+    unique = {(b.ordinal, b.symbol, b.table == "weak_bind"): b for b in img.binds}  # a symbol may be in two tables
+    for b in sorted(unique.values(), key=lambda b: (b.ordinal, b.symbol)):
         if b.table == "weak_bind":
             # Weak-definition coalescing by name: fine when this image defines it or also binds it to a library.
             if b.symbol in img.exports or b.symbol in bound:
@@ -137,15 +138,16 @@ def check_binds(img: macho.Image, libs: Libraries):
     return problems, per_library
 
 
-def check(lib_path: str, versions, show=print) -> bool:
+def check(lib_path: str, tf_dirs: dict, show=print) -> bool:
+    """Checks the library against each {label: directory holding a TF's libtensorflow_framework.2.dylib}."""
     img = macho.read_macho(lib_path)
     stubs = macos_cross.sdk_stubs()
     problems = check_image(img)
     show(f"{lib_path}: arm64 dylib, minos {img.minos}, sdk {img.sdk}, install name {img.install_name}, "
          f"rpaths {img.rpaths}, code signature {'yes' if img.has_code_signature else 'NO'}, "
          f"exports {sorted(n[1:] for n in img.exports)}")
-    for version in versions:
-        libs = Libraries(macos_cross.tensorflow(version), stubs)
+    for version, tf_dir in tf_dirs.items():
+        libs = Libraries(tf_dir, stubs)
         bind_problems, per_library = check_binds(img, libs)
         problems += [f"TF {version}: {p}" for p in bind_problems]
         summary = ", ".join(f"{n} {lib}" for lib, n in sorted(per_library.items(), key=lambda kv: -kv[1]))
@@ -186,27 +188,38 @@ exports:
 """
 
 
-def build_control(name: str, source: str, work: str, tf_dir: str, extra_link=(), link_dir=None) -> str:
-    """A small library built like the op library (build_spec's flags and link arguments) from one source."""
+def build_control(name: str, source: str, work: str, headers_dir: str, extra_link=(), link_dir=None,
+                  extra_sources=()) -> str:
+    """A small library built like the op library (build_spec's flags and link arguments) from source (and
+    extra_sources, e.g. csrc/metal/platform_version.mm), linked against link_dir's libtensorflow_framework.2."""
     setup = macos_cross.load_setup()
-    spec = setup.build_spec("macos", os.path.join(tf_dir, "include"), link_dir or tf_dir, "control",
+    spec = setup.build_spec("macos", os.path.join(headers_dir, "include"), link_dir, "control",
                             os.path.join(work, "generated"))
-    src, obj, out = (os.path.join(work, name + ext) for ext in (".cc", ".o", ".dylib"))
+    src, out = os.path.join(work, name + ".cc"), os.path.join(work, name + ".dylib")
     with open(src, "w") as f:
         f.write(source)
-    spec = dict(spec, compile_args=[a for a in spec["compile_args"] if a != "-Wall"])
-    for cmd in (macos_cross.compile_command(src, obj, spec, macos_cross.sdk_headers()),
-                macos_cross.link_command([obj], out, dict(spec, link_args=spec["link_args"] + list(extra_link)),
-                                         macos_cross.sdk_stubs())):
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SystemExit(f"negative control {name}: build failed: {' '.join(cmd)}\n{r.stderr}")
+    objs = []
+    for i, path in enumerate([src, *extra_sources]):
+        objs.append(os.path.join(work, f"{name}.{i}.o"))
+        _run(name, macos_cross.compile_command(path, objs[-1], spec, macos_cross.sdk_headers()))
+    link_spec = dict(spec, link_args=spec["link_args"] + list(extra_link))
+    _run(name, macos_cross.link_command(objs, out, link_spec, macos_cross.sdk_stubs()))
     return out
 
 
-def negative_controls(tf_version: str, show=print, headers_dir=None) -> bool:
-    """True when both broken libraries fail the check, each for its own reason and only for it."""
-    tf_dir = macos_cross.tensorflow(tf_version, headers=headers_dir is None)
+def _run(name, cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"control library {name}: build failed: {' '.join(cmd)}\n{r.stderr}")
+
+
+def tf_dirs(versions) -> dict:
+    return {v: macos_cross.tensorflow(v) for v in versions}
+
+
+def negative_controls(label: str, tf_dir: str, headers_dir: str, show=print) -> bool:
+    """True when both broken libraries fail the check against tf_dir's framework dylib, each for its own reason and
+    only for it. headers_dir holds the TF C API headers (include/)."""
     ok = True
     with tempfile.TemporaryDirectory(prefix="tfmo-mac-controls-") as work:
         fake = os.path.join(work, "fake-tf")
@@ -218,9 +231,9 @@ def negative_controls(tf_version: str, show=print, headers_dir=None) -> bool:
             ("missing_tf_function", CONTROL_MISSING_TF, [], fake, "_TF_NoSuchFunction"),
         ]
         for name, source, extra, link_dir, expected in controls:
-            lib = build_control(name, source, work, headers_dir or tf_dir, extra, link_dir or tf_dir)
+            lib = build_control(name, source, work, headers_dir, extra, link_dir or tf_dir)
             lines = []
-            passed = check(lib, [tf_version], show=lines.append)
+            passed = check(lib, {label: tf_dir}, show=lines.append)
             fails = [line for line in lines if line.startswith("FAIL ")]
             right = fails and all(expected in line for line in fails)
             show(f"negative control {name}: " + ("fails as it must: " + fails[0][5:] if not passed and right else
@@ -241,9 +254,10 @@ def main(argv=None):
         ok = True
         with tempfile.TemporaryDirectory(prefix="tfmo-mac-check-") as tmp:
             if args.library:
-                ok = check(library_of(args.library, tmp), args.tf or macos_cross.CHECK_TFS)
+                ok = check(library_of(args.library, tmp), tf_dirs(args.tf or macos_cross.CHECK_TFS))
             if args.negative_controls:
-                ok &= negative_controls(macos_cross.BUILD_TF)
+                tf_dir = macos_cross.tensorflow(macos_cross.BUILD_TF, headers=True)
+                ok &= negative_controls(macos_cross.BUILD_TF, tf_dir, tf_dir)
     except macos_cross.Missing as e:
         print(f"check_mac_symbols: {e}", file=sys.stderr)
         return 2
