@@ -3,7 +3,9 @@
 Linux: CPU kernels, linked to libtensorflow_framework.so.2.
 macOS: CPU kernels + Metal host code (csrc/metal/*.mm) and the Metal kernels (metal_kernels/*.metal), either
 precompiled to tf_metal_ops.metallib (when `xcrun metal` exists) or embedded as source for compilation at
-first use. Source files are discovered, so adding an op needs no change here.
+first use; linked strictly (no -undefined dynamic_lookup, an install name, the one rpath @loader_path/../tensorflow).
+Source files are discovered, so adding an op needs no change here. build_spec() is the one list of sources and flags:
+dev/build_mac_wheel.py cross-builds the macOS arm64 wheel on Linux from it. Wheels are tagged py3-none-<platform>.
 """
 
 import glob
