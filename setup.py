@@ -3,16 +3,20 @@
 Linux: CPU kernels, linked to libtensorflow_framework.so.2.
 macOS: CPU kernels + Metal host code (csrc/metal/*.mm) and the Metal kernels (metal_kernels/*.metal), either
 precompiled to tf_metal_ops.metallib (when `xcrun metal` exists) or embedded as source for compilation at
-first use. Source files are discovered, so adding an op needs no change here.
+first use; linked strictly (no -undefined dynamic_lookup, an install name, the one rpath @loader_path/../tensorflow).
+Source files are discovered, so adding an op needs no change here. build_spec() is the one list of sources and flags:
+dev/build_mac_wheel.py cross-builds the macOS arm64 wheel on Linux from it. Wheels are tagged py3-none-<platform>.
 """
 
 import glob
 import importlib.metadata
 import importlib.util
 import os
+import platform
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
@@ -49,6 +53,22 @@ def metal_tools():
     return mod
 
 
+def strict_mac_linker(cmd):
+    """Python's LDSHARED on macOS links a loadable bundle with ``-undefined dynamic_lookup``; the op library is a
+    dylib (it has an install name) whose every symbol resolves at link time, as in the cross-built wheel."""
+    out, skip = [], False
+    for arg in cmd:
+        if skip:
+            skip = False
+        elif arg == "-undefined":
+            skip = True  # and its value (dynamic_lookup)
+        elif arg in ("-Wl,-undefined,dynamic_lookup", "-bundle"):
+            pass
+        else:
+            out.append(arg)
+    return out + ["-dynamiclib"]
+
+
 class BuildOpLibrary(build_ext):
     """Builds a plain shared library (not a Python extension module) with per-language flags."""
 
@@ -66,8 +86,8 @@ class BuildOpLibrary(build_ext):
 
         def compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts):
             extra = list(extra_postargs)
-            if src.endswith(".mm"):  # clang treats .mm as Objective-C++ by its extension
-                extra += ["-fobjc-arc", "-fblocks"]
+            if src.endswith(".mm"):
+                extra += OBJCXX_ARGS
             return original_compile(obj, src, ext, cc_args, extra, pp_opts)
 
         self.compiler._compile = compile_one
@@ -76,6 +96,11 @@ class BuildOpLibrary(build_ext):
             cmd = getattr(self.compiler, attr, None)
             if cmd:
                 setattr(self.compiler, attr, [a for a in cmd if a not in ("-Wstrict-prototypes",)])
+        if IS_MAC:
+            for attr in ("linker_so", "linker_so_cxx"):
+                cmd = getattr(self.compiler, attr, None)
+                if cmd:
+                    setattr(self.compiler, attr, strict_mac_linker(cmd))
         super().build_extensions()
         if IS_MAC:
             self._build_metallib()
@@ -141,15 +166,24 @@ class BuildPy(build_py):
                     self.copy_file(src, dst, preserve_mode=False)
 
 
-def extension():
-    tf_include, tf_lib, tf_version = tensorflow_dirs()
+# The op library's sources, compiler flags and link arguments per target, shared by this file (native builds) and
+# dev/build_mac_wheel.py (the macOS arm64 wheel cross-built on Linux): one list of files, one set of flags.
+OBJCXX_ARGS = ["-fobjc-arc", "-fblocks"]  # added for .mm files (clang treats .mm as Objective-C++ by its extension)
+MACOS_MIN = "12.0"
+
+
+def build_spec(target, tf_include, tf_lib, tf_version, generated_dir):
+    """What the op library of ``target`` ("linux" or "macos") is built from, as a dict: sources, include_dirs,
+    define_macros, compile_args, objcxx_args, link_args, libraries, library_dirs. Paths are relative to the repository
+    root; ``generated_dir`` receives the embedded Metal sources (macOS)."""
     version = {}
     exec(open(os.path.join(ROOT, "tf_metal_ops", "_version.py")).read(), version)
     # csrc/gpu/ (GPU host code) goes with a GPU backend: csrc/metal/ on macOS; csrc/emulated_gpu/ is the opt-in
     # emulated GPU (tf_metal_ops/emulated_gpu), compiled at first use, never here.
     gpu_dirs = ("gpu", "metal", "emulated_gpu")
-    sources = [s for s in sorted(glob.glob(_rel("csrc", "**", "*.cc"), recursive=True))
-               if s.split(os.sep)[1] not in gpu_dirs]
+    sources = [os.path.relpath(s, ROOT) for s in sorted(glob.glob(os.path.join(ROOT, "csrc", "**", "*.cc"),
+                                                                   recursive=True))
+               if os.path.relpath(s, ROOT).split(os.sep)[1] not in gpu_dirs]
     # -ffp-contract=off: the compiler never fuses a*b + c by itself (kernels compiled for several ISAs, e.g. the hash
     # grid's baseline and AVX2+FMA variants, must give the same bits; fused multiply-adds are explicit: tfmo_fma).
     compile_args = ["-std=c++17", "-O3", "-ffp-contract=off", "-fvisibility=hidden", "-fPIC", "-Wall", "-Wextra",
@@ -159,45 +193,75 @@ def extension():
         ("TFMO_VERSION", '"%s"' % version["__version__"]),
         ("TFMO_BUILT_WITH_TF", '"%s"' % tf_version),
     ]
-    link_args = []
-    libraries = []
-    library_dirs = []
-    if IS_MAC:
-        generated = os.path.join("build", "generated", "metal_embedded_sources.cc")
-        os.makedirs(os.path.dirname(generated), exist_ok=True)
-        metal_files = sorted(glob.glob(_rel("metal_kernels", "*.metal")))
-        metal_tools().write_embedded_source(generated, metal_files, METAL_INCLUDE_DIRS)
-        sources += sorted(glob.glob(_rel("csrc", "gpu", "*.cc"))) + sorted(glob.glob(_rel("csrc", "metal", "*.mm")))
+    if target == "macos":
+        generated = os.path.join(generated_dir, "metal_embedded_sources.cc")
+        os.makedirs(os.path.dirname(os.path.join(ROOT, generated)), exist_ok=True)
+        metal_files = sorted(glob.glob(os.path.join(ROOT, "metal_kernels", "*.metal")))
+        metal_tools().write_embedded_source(os.path.join(ROOT, generated), metal_files,
+                                            [os.path.join(ROOT, d) for d in METAL_INCLUDE_DIRS])
+        for pattern in (("csrc", "gpu", "*.cc"), ("csrc", "metal", "*.mm")):
+            sources += [os.path.relpath(s, ROOT) for s in sorted(glob.glob(os.path.join(ROOT, *pattern)))]
         sources += [generated]
         define_macros.append(("TFMO_WITH_METAL", "1"))
-        compile_args += ["-mmacosx-version-min=12.0"]
+        compile_args += ["-mmacosx-version-min=" + MACOS_MIN]
         # As TF's custom-op guide: link TF's framework library (install name @rpath/libtensorflow_framework.2.dylib)
-        # with an rpath to TF's directory, so dyld finds it even when the library is loaded outside
-        # tf.load_op_library. The rpaths: next to the installed tensorflow package (the usual site-packages layout,
-        # like $ORIGIN on Linux), then the build environment's TF (editable installs and local builds).
-        # -undefined dynamic_lookup stays: symbols TF exports from _pywrap libraries resolve at load time.
-        library_dirs = [tf_lib]
-        link_args += [
-            "-ltensorflow_framework.2",
-            "-Wl,-rpath,@loader_path/../tensorflow", "-Wl,-rpath," + tf_lib,
-            "-undefined", "dynamic_lookup", "-mmacosx-version-min=12.0",
-            "-framework", "Metal", "-framework", "Foundation",
+        # with an rpath to TF's directory next to the installed tensorflow package (the usual site-packages layout,
+        # like $ORIGIN on Linux). Every symbol resolves at link time: the whole C API is defined in the framework
+        # library (TF >= 2.16), and @available's helper is our own (csrc/metal/platform_version.mm), so no
+        # -undefined dynamic_lookup. TF loads op libraries with RTLD_NOW: a hole would fail tf.load_op_library.
+        link_args = [
+            "-ltensorflow_framework.2", "-Wl,-rpath,@loader_path/../tensorflow",
+            "-mmacosx-version-min=" + MACOS_MIN, "-framework", "Metal", "-framework", "Foundation",
+            "-install_name", "@rpath/" + LIB_NAME,
         ]
+        libraries = []
     else:
-        library_dirs = [tf_lib]
-        link_args += ["-l:libtensorflow_framework.so.2", "-Wl,-rpath,$ORIGIN/../tensorflow"]
+        link_args = ["-l:libtensorflow_framework.so.2", "-Wl,-rpath,$ORIGIN/../tensorflow"]
         libraries = ["pthread", "dl"]  # dl: inline kernels (csrc/common/inline_library.cc) on glibc < 2.34
+    return {
+        "sources": sources,
+        "include_dirs": [tf_include, _rel("csrc"), _rel("csrc", "shared")],
+        "define_macros": define_macros,
+        "compile_args": compile_args,
+        "objcxx_args": OBJCXX_ARGS,
+        "link_args": link_args,
+        "libraries": libraries,
+        "library_dirs": [tf_lib],
+    }
+
+
+def extension():
+    tf_include, tf_lib, tf_version = tensorflow_dirs()
+    spec = build_spec("macos" if IS_MAC else "linux", tf_include, tf_lib, tf_version, os.path.join("build", "generated"))
+    link_args = spec["link_args"]
+    if IS_MAC:
+        link_args = link_args + ["-Wl,-rpath," + tf_lib]  # the build environment's TF: editable installs, local builds
     return Extension(
         "tf_metal_ops.libtf_metal_ops",
-        sources=sources,
-        include_dirs=[tf_include, _rel("csrc"), _rel("csrc", "shared")],
-        define_macros=define_macros,
-        extra_compile_args=compile_args,
+        sources=spec["sources"],
+        include_dirs=spec["include_dirs"],
+        define_macros=spec["define_macros"],
+        extra_compile_args=spec["compile_args"],
         extra_link_args=link_args,
-        libraries=libraries,
-        library_dirs=library_dirs,
+        libraries=spec["libraries"],
+        library_dirs=spec["library_dirs"],
         language="c++",
     )
 
 
-setup(ext_modules=[extension()], cmdclass={"build_ext": BuildOpLibrary, "build_py": BuildPy})
+class BdistWheel(bdist_wheel):
+    """The library links no libpython and uses no Python API: one wheel per platform serves every CPython
+    (py3-none-<platform>). The platform is the build machine's (linux_x86_64: auditwheel decides manylinux, see
+    dev/tag_linux_wheel.py), macosx_12_0_<arch> on a Mac (the library's deployment target), or --plat-name."""
+
+    def get_tag(self):
+        _, _, plat = super().get_tag()
+        if IS_MAC and not self.plat_name_supplied:
+            plat = "macosx_%s_%s" % (MACOS_MIN.replace(".", "_"), platform.machine())
+        return "py3", "none", plat
+
+
+CMDCLASS = {"build_ext": BuildOpLibrary, "build_py": BuildPy, "bdist_wheel": BdistWheel}
+
+if __name__ == "__main__":
+    setup(ext_modules=[extension()], cmdclass=CMDCLASS)
