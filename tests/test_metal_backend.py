@@ -48,8 +48,9 @@ CASES = [
     ("metal_backend_checks", "gpu_error_reported_on_next_call", {**MPS, "TF_METAL_OPS_BOUNDS_CHECK": "1"}),
     ("metal_backend_checks", "gpu_error_at_the_op_in_sync_mode",
      {**MPS, **SHORT_WAIT, "TF_METAL_OPS_BOUNDS_CHECK": "1", "TF_METAL_OPS_SYNC": "1"}),
-    # A stream whose -commit defers submission: the read-back (ray_march) and the sync path must not wait on a
-    # buffer the stream has not submitted (SHORT_WAIT: a stall fails in seconds, not after 300 s).
+    # A stream whose -commit defers submission: ray_march's read-back (ExecuteAndRead, between asynchronous passes)
+    # and the TF_METAL_OPS_SYNC=1 wait must not wait on a buffer the stream has not submitted (SHORT_WAIT: a stall
+    # fails in seconds, not after 300 s).
     ("emulated_gpu_checks", "ray_march", {**DEFERRED, **SHORT_WAIT}),
     ("emulated_gpu_checks", "volume_render", {**DEFERRED, **SHORT_WAIT, "TF_METAL_OPS_SYNC": "1"}),
     # Runtime-compiled sources keep IEEE semantics (fast math off); the device's MSL version is honoured;
