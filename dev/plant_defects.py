@@ -26,7 +26,8 @@ STREAMS = {"plain": PLAIN, "mps": MPS}
 BOUNDS = {"TF_METAL_OPS_BOUNDS_CHECK": "1"}
 SHORT_WAIT = {"TF_METAL_OPS_GPU_TIMEOUT": "30"}
 
-# (name, file under csrc/metal, text, replacement, checks: (script, check, extra environment), streams)
+# (name, file under csrc/metal, text, replacement (or lists of both, replaced pairwise), checks: (script, check,
+# extra environment) tried in order until one fails, streams)
 DEFECTS = [
     ("completion handler added after commit", "backend.mm",
      """            metal::AddCompletionHandler(cb, completion, /*report_async=*/!wait, op_name);
@@ -49,12 +50,13 @@ DEFECTS = [
       if (b.kind == Binding::Kind::kBytes) [enc setBytes:big length:sizeof big atIndex:i];""",
      [("emulated_gpu_checks", "volume_render", {})], STREAMS),
     ("scratch freed in a completion handler", "backend.mm",
-     """            metal::AddCompletionHandler(cb, completion, /*report_async=*/!wait, op_name);""",
-     """            metal::AddCompletionHandler(cb, completion, /*report_async=*/!wait, op_name);
-            std::vector<TF_Tensor*> doomed = call.TakeScratch();
+     ["""      scratch = call.TakeScratch();""",
+      """            metal::AddCompletionHandler(cb, completion, /*report_async=*/!wait, op_name);"""],
+     ["""      const std::vector<TF_Tensor*> doomed = call.TakeScratch();""",
+      """            metal::AddCompletionHandler(cb, completion, /*report_async=*/!wait, op_name);
             [cb addCompletedHandler:^(id<MTLCommandBuffer>) {
               for (TF_Tensor* t : doomed) TF_DeleteTensor(t);
-            }];""",
+            }];"""],
      [("metal_backend_checks", "scratch_freed", {})], STREAMS),
     ("no endEncoding", "encode.mm",
      """  EncodePasses(enc, passes);
@@ -108,9 +110,9 @@ def run_check(backend: str, script: str, check: str, env: dict) -> tuple[bool, s
         out = (r.stdout + r.stderr).strip().splitlines()
         passed = r.returncode == 0 and bool(r.stdout.strip()) and r.stdout.strip().splitlines()[-1].startswith(
             f"ok {check}")
-        why = next((line for line in reversed(out) if "failed assertion" in line or "BUG IN CLIENT" in line
-                    or "Error" in line or "tensorflow-metal double" in line or "Apple doubles" in line),
-                   out[-1] if out else "")
+        why = r.stdout.strip().splitlines()[-1] if passed else next(
+            (line for line in reversed(out) if "failed assertion" in line or "BUG IN CLIENT" in line
+             or "Error" in line or "tensorflow-metal double" in line or "Apple doubles" in line), out[-1] if out else "")
     except subprocess.TimeoutExpired:
         passed, why = False, "timed out after 300 s"
     return passed, why.strip()[:160], time.monotonic() - t0
@@ -130,9 +132,12 @@ def main(argv=None) -> int:
             scratch_copy(root)
             path = root / "csrc" / "metal" / file
             source = path.read_text()
-            if source.count(text) != 1:
-                raise SystemExit(f"{name}: the text to replace occurs {source.count(text)} times in {file}")
-            path.write_text(source.replace(text, replacement))
+            pairs = zip(text, replacement) if isinstance(text, list) else [(text, replacement)]
+            for old, new in pairs:
+                if source.count(old) != 1:
+                    raise SystemExit(f"{name}: the text to replace occurs {source.count(old)} times in {file}")
+                source = source.replace(old, new)
+            path.write_text(source)
             t0 = time.monotonic()
             backend = build(root)
             print(f"# {name}: built in {time.monotonic() - t0:.0f} s", flush=True)
