@@ -3,7 +3,11 @@ that the backend must survive, one case per behaviour the doubles can show. Ever
 and gradient check also runs under this backend (tests/test_emulated_gpu.py via conftest.gpu_backend); these cases
 add the doubles' switches:
   - an MPSCommandBuffer-style stream that commits-and-continues (RayMarch's read-back waits for its own
-    completion handler; also with TF_METAL_OPS_SYNC=1 and the float16 scratch accumulator);
+    completion handler; also with TF_METAL_OPS_SYNC=1 and the float16 scratch accumulator; GPU faults on both
+    paths);
+  - a stream whose -commit defers submission until -commitAndWait or a synchronization (read-back and sync path);
+  - MTLCompileOptions honoured (IEEE semantics of runtime-compiled sources, MSL 2.4 on a GPU without Metal 3),
+    TF_METAL_OPS_FORCE_SOURCE read once;
   - streams that keep an encoder of their own open between ops;
   - a GPU fault on the asynchronous path, buffers no malloc zone claims, pipelines with
     threadgroup memory of their own and pipelines smaller than 1024 threads;
@@ -20,6 +24,9 @@ from support.gpu_check_runner import run_check
 from support.native import gpu_backend_env
 
 MPS = {"TFMO_MOCK_TF_METAL_STREAM": "mps"}
+DEFERRED = {"TFMO_MOCK_TF_METAL_STREAM": "deferred"}
+# A handler on the wrong buffer of an MPS-style stream would wait for a buffer nobody commits: fail in seconds.
+SHORT_WAIT = {"TF_METAL_OPS_GPU_TIMEOUT": "30"}
 
 # (script, check, environment). The op checks on the plain stream run in tests/test_emulated_gpu.py; here each op
 # check varies what the backend sees: the stream kind, the sync path, where the pipelines come from, the MSL version.
@@ -38,6 +45,19 @@ CASES = [
     ("metal_backend_checks", "gpu_error_reported_on_next_call", {"TF_METAL_OPS_BOUNDS_CHECK": "1"}),
     ("metal_backend_checks", "gpu_error_at_the_op_in_sync_mode",
      {"TF_METAL_OPS_BOUNDS_CHECK": "1", "TF_METAL_OPS_SYNC": "1"}),
+    ("metal_backend_checks", "gpu_error_reported_on_next_call", {**MPS, "TF_METAL_OPS_BOUNDS_CHECK": "1"}),
+    ("metal_backend_checks", "gpu_error_at_the_op_in_sync_mode",
+     {**MPS, **SHORT_WAIT, "TF_METAL_OPS_BOUNDS_CHECK": "1", "TF_METAL_OPS_SYNC": "1"}),
+    # A stream whose -commit defers submission: ray_march's read-back (ExecuteAndRead, between asynchronous passes)
+    # and the TF_METAL_OPS_SYNC=1 wait must not wait on a buffer the stream has not submitted (SHORT_WAIT: a stall
+    # fails in seconds, not after 300 s).
+    ("emulated_gpu_checks", "ray_march", {**DEFERRED, **SHORT_WAIT}),
+    ("emulated_gpu_checks", "volume_render", {**DEFERRED, **SHORT_WAIT, "TF_METAL_OPS_SYNC": "1"}),
+    # Runtime-compiled sources keep IEEE semantics (fast math off); the device's MSL version is honoured;
+    # TF_METAL_OPS_FORCE_SOURCE is read once.
+    ("metal_backend_checks", "ieee_semantics_in_runtime_compiled_sources", {}),
+    ("metal_backend_checks", "msl_version_of_the_device", {"TFMO_MOCK_METAL_NO_METAL3": "1"}),
+    ("metal_backend_checks", "force_source_read_once", {}),
     ("metal_backend_checks", "foreign_buffers_explain_themselves", {"TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS": "1"}),
     ("metal_backend_checks", "foreign_buffers_explain_themselves",
      {"TFMO_MOCK_TF_METAL_FOREIGN_BUFFERS": "1", "TF_METAL_OPS_SKIP_OBJECT_CHECK": "1"}),

@@ -51,9 +51,17 @@ typedef struct TfmoInlineKernel {
 // source, or null when the source defines no such kernel.
 typedef const TfmoInlineKernel* (*TfmoInlineKernelEntry)(const char* name);
 
-// Compiles `source` (complete MSL, every kernel in it) into a library and writes its path to path[0..path_len);
-// registered by the Python side (tf_metal_ops/inline_kernels/build.py) through tfmo_set_inline_compiler.
-typedef int (*TfmoInlineCompiler)(const char* source, int checked, char* path, size_t path_len, char* error,
+// The compile options of TfmoInlineCompiler, or'ed: bounds checks, and the MTLCompileOptions a Metal host passes
+// (fast math: clang's -ffast-math, i.e. finite-math-only and reassociation; the MSL version, 0 meaning 3.0).
+#define TFMO_INLINE_CHECKED 1
+#define TFMO_INLINE_FAST_MATH 2
+#define TFMO_INLINE_MSL_VERSION(major, minor) (((major) * 100 + (minor) * 10) << 8)  // 3.0 -> 300 << 8
+#define TFMO_INLINE_MSL_VERSION_OF(options) (((options) >> 8) & 0xffff)               // 0 when not given
+
+// Compiles `source` (complete MSL, every kernel in it) with `options` (TFMO_INLINE_*; the op library passes only
+// TFMO_INLINE_CHECKED) into a library and writes its path to path[0..path_len); registered by the Python side
+// (tf_metal_ops/inline_kernels/build.py) through tfmo_set_inline_compiler.
+typedef int (*TfmoInlineCompiler)(const char* source, int options, char* path, size_t path_len, char* error,
                                   size_t error_len);
 
 #ifdef __cplusplus

@@ -45,7 +45,7 @@ void Load(Entry* e, const std::string& source, bool checked) {
   }
   char path[4096] = {0};
   std::string message(8192, '\0');
-  if (compile(source.c_str(), checked ? 1 : 0, path, sizeof path, message.data(), message.size()) != 0) {
+  if (compile(source.c_str(), checked ? TFMO_INLINE_CHECKED : 0, path, sizeof path, message.data(), message.size()) != 0) {
     message.resize(std::char_traits<char>::length(message.c_str()));
     e->error = message.empty() ? "compiling the kernel failed" : message;
     return;

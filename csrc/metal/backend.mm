@@ -9,7 +9,9 @@
 //   backend_info.mm  tfmo_metal_info() for tf_metal_ops.backend_info()
 //
 //  - A call: the pending GPU error of an earlier asynchronous call fails it; then stream, Resolve, and inside
-//    dispatch_sync(stream.queue, ...) the encoding, a completion handler and [stream commit].
+//    dispatch_sync(stream.queue, ...) the encoding, a completion handler and [stream commit]; a call that waits for
+//    its work (TF_METAL_OPS_SYNC=1, ExecuteAndRead) ends with [stream commitAndWait] instead, because -commit may
+//    only hand the buffer to the stream, which submits it later: waiting after a plain -commit could wait forever.
 //  - Scratch tensors are deleted on the op's thread once the passes that use them are encoded (after dispatch_sync
 //    returns), as Apple's sample frees its temporaries: the command buffer retains the MTLBuffers it references and
 //    later work on the stream is ordered after it. Never from Metal's completion thread, where tensorflow-metal's
@@ -79,7 +81,11 @@ bool Execute(Call& call) {
               return;
             }
             metal::AddCompletionHandler(cb, completion, /*report_async=*/!wait, op_name);
-            [stream commit];
+            if (wait) {
+              [stream commitAndWait];
+            } else {
+              [stream commit];
+            }
           } @catch (NSException* e) {
             *codep = TF_INTERNAL;
             *err = metal::ExceptionMessage(e);
@@ -98,7 +104,7 @@ bool Execute(Call& call) {
 }
 
 // RunAndRead's backend half: the passes and a blit of the requested bytes into a shared staging buffer, in the
-// stream's current command buffer, one commit; then, outside the queue, a wait for the completed handler and a copy
+// stream's current command buffer, one commitAndWait; then, outside the queue, the completed handler's verdict and a copy
 // out of the staging buffer. The blit (not -contents of the tensor's own buffer) works whatever the storage mode of
 // tensorflow-metal's buffers. Scratch tensors stay with the Call (they may be bound again by later passes).
 bool ExecuteAndRead(Call& call, const HostRead& read) {
@@ -145,7 +151,7 @@ bool ExecuteAndRead(Call& call, const HostRead& read) {
               return;
             }
             metal::AddCompletionHandler(cb, completion, /*report_async=*/false, op_name);
-            [stream commit];
+            [stream commitAndWait];
           } @catch (NSException* e) {
             *codep = TF_INTERNAL;
             *err = metal::ExceptionMessage(e);

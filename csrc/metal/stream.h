@@ -18,11 +18,14 @@
 #include "gpu/gpu_host.h"
 
 // tensorflow-metal's stream object, as returned by TF_GetStream (no header ships it; selectors checked at run time).
-// All encoding happens inside dispatch_sync(queue, ...).
+// Every message but -queue is sent inside dispatch_sync(queue, ...). -commit hands the current command buffer to the
+// stream, which may submit it later (nothing public says it submits at once); -commitAndWait submits everything
+// committed so far and waits for it, so a caller that waits for its own work uses it.
 @protocol TFMOMetalStream <NSObject>
 - (dispatch_queue_t)queue;
 - (id<MTLCommandBuffer>)currentCommandBuffer;
 - (void)commit;
+- (void)commitAndWait;
 @end
 
 namespace tfmo::metal {

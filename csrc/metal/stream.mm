@@ -111,6 +111,7 @@ id<TFMOMetalStream> GetStream(TF_OpKernelContext* ctx, std::string* error) {
           {@selector(queue), "-queue"},
           {@selector(currentCommandBuffer), "-currentCommandBuffer"},
           {@selector(commit), "-commit"},
+          {@selector(commitAndWait), "-commitAndWait"},
       };
       for (const auto& [sel, label] : needed)
         if (![obj respondsToSelector:sel]) m += (m.empty() ? "" : ", ") + std::string(label);

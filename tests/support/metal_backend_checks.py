@@ -237,6 +237,75 @@ def check_scratch_freed():
     return f"5 float16 gradients, {stats['allocations']} allocations, none left"
 
 
+def check_ieee_semantics_in_runtime_compiled_sources():
+    """A source the backend compiles at run time (an inline kernel here; the embedded sources likewise) keeps IEEE
+    NaN/inf and evaluation order: the backend turns fast math off, and the doubles compile with Apple's default
+    (fast math: clang's finite-math-only and reassociation) unless it does, so a kernel that tests for NaN/inf or
+    relies on the order of a sum answers differently with the defect, as on a Mac."""
+    body = """uint i = thread_position_in_grid.x;
+    float v = x[i];
+    float big = 16777216.0f;
+    y[i] = isnan(v) ? -1.0f : isinf(v) ? -2.0f : (v + big) - big;"""
+    k = t.metal_kernel("ieee_classify", ["x"], ["y"], body)
+    x = np.array([np.nan, np.inf, -np.inf, 0.5, 3.0, -1.25, 7.0, 0.0], np.float32)
+    with tf.device(GPU):
+        got = k(inputs=[tf.constant(x)], grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(8,)],
+                output_dtypes=[tf.float32])[0].numpy()
+    big = np.float32(16777216.0)
+    want = np.where(np.isnan(x), -1.0, np.where(np.isinf(x), -2.0, (x + big) - big)).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    return f"NaN/inf classified and (v + 2^24) - 2^24 rounded as IEEE: {got.tolist()}"
+
+
+def check_msl_version_of_the_device():
+    """On a GPU without Metal 3 (TFMO_MOCK_METAL_NO_METAL3=1) the backend compiles at MSL 2.4, and the doubles
+    honour MTLCompileOptions.languageVersion: an inline kernel that needs MSL 3.0 (atomic_float) fails to compile
+    (__METAL_VERSION__ is 240 there), while a kernel without it runs. Under Metal 3 the same kernel runs
+    (test_metal_kernel's atomic outputs)."""
+    assert os.environ.get("TFMO_MOCK_METAL_NO_METAL3") == "1"
+    body = "uint i = thread_position_in_grid.x; atomic_fetch_add_explicit(&y[0], x[i], memory_order_relaxed);"
+    k = t.metal_kernel("needs_msl3", ["x"], ["y"], body, atomic_outputs=True)
+    with tf.device(GPU):
+        try:
+            k(inputs=[tf.ones([32])], grid=(32, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(1,)],
+              output_dtypes=[tf.float32], init_value=0.0)[0].numpy()
+        except tf.errors.InvalidArgumentError as e:
+            msg = e.message
+            assert "does not compile" in msg and "atomic_float" in msg, msg
+        else:
+            raise AssertionError("a kernel using atomic_float (MSL 3.0) compiled at MSL 2.4")
+        plain = t.metal_kernel("msl24_ok", ["x"], ["y"], "uint i = thread_position_in_grid.x; y[i] = x[i] + 1;")
+        np.testing.assert_array_equal(plain(inputs=[tf.ones([32])], grid=(32, 1, 1), threadgroup=(32, 1, 1),
+                                            output_shapes=[(32,)], output_dtypes=[tf.float32])[0].numpy(),
+                                      np.full(32, 2.0, np.float32))
+    return f"atomic_float at MSL 2.4 rejected: {msg.splitlines()[0][:120]}"
+
+
+def check_force_source_read_once():
+    """TF_METAL_OPS_FORCE_SOURCE is read once per process: set after the first op, it changes nothing (the
+    device's metallib list is fixed when the device is first used), and kernels first used afterwards still come
+    from the metallibs."""
+    assert os.environ.get("TF_METAL_OPS_FORCE_SOURCE") is None
+    gpu, cpu = render_both(2)
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5, atol=1e-6)
+    os.environ["TF_METAL_OPS_FORCE_SOURCE"] = "1"
+    from tf_metal_ops.hash_grid import HashGridConfig
+
+    cfg = HashGridConfig(3, n_levels=2, n_features_per_level=2, log2_hashmap_size=8, base_resolution=4,
+                         per_level_scale=1.5)
+    rng = np.random.default_rng(0)
+    x = rng.random((20, 3), dtype=np.float32)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    out = {}
+    for device in (GPU, CPU):
+        with tf.device(device):
+            out[device] = t.hash_grid_encode(x, p, **cfg.op_kwargs()).numpy()
+    np.testing.assert_allclose(out[GPU], out[CPU], rtol=1e-5, atol=1e-6)
+    origins = t.backend_info()["emulated_gpu"]["metal"]["library"]["origins"]
+    assert origins and all(o.startswith("metallib ") for o in origins), origins
+    return f"origins after the switch: {sorted(set(o.split('/')[-1] for o in origins))}"
+
+
 CHECKS = collect(globals())
 
 if __name__ == "__main__":

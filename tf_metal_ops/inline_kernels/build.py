@@ -14,7 +14,10 @@ One generated unit per source (build/unit.cc), compiled with clang++ >= 16 and l
     (-march=native, the CPU's flags are part of the cache key), without FMA contraction or errno-setting math, with
     glibc's vector math library (-fveclib=libmvec);
   - with bounds checks ("checked"), the launcher runs a copy of the source whose pointer buffer parameters are
-    msl_emu::inline_launch::checked<T> (same text otherwise).
+    msl_emu::inline_launch::checked<T> (same text otherwise);
+  - a caller that passes MTLCompileOptions (a Metal host over test doubles) may ask for fast math (clang's
+    -ffast-math: finite-math-only, reassociation, no signed zeros; Apple's default) and an MSL version other than
+    3.0 (__METAL_VERSION__ and the strict check follow it); the op library asks for neither.
 Before a source is built it must pass the strict Metal-language check (tf_metal_ops.msl_check, MSL 3.0), run beside
 the C++ compile: what Apple's compiler would reject (a pointer without an address space, double, recursion, ...)
 fails here too, not only on a Mac.
@@ -256,11 +259,14 @@ def parse_source(msl: str) -> msl_emu.MetalFile:
     return mf
 
 
-def compile(msl: str, *, checked: bool) -> Path:
+def compile(msl: str, *, checked: bool, fast_math: bool = False, msl_version: str = "3.0") -> Path:
     """The path of the library compiled from `msl` (cached). Raises KernelCompileError."""
     stats["requested"] += 1
     compiler, root, flags, key = _toolchain()
-    src_key = _builder.content_key([msl], length=24)
+    major, minor = (int(p) for p in msl_version.split("."))
+    options = (["-ffast-math"] if fast_math else []) + ([f"-DMSL_EMU_VERSION={major}{minor}0"] if msl_version != "3.0" else [])
+    flags = [*flags, *options]
+    src_key = _builder.content_key([msl, *options], length=24)
     out = cache_dir() / f"{src_key}-{'checked' if checked else 'fast'}-{key[:12]}"
     runtime = _runtime_object()
 
@@ -269,7 +275,7 @@ def compile(msl: str, *, checked: bool) -> Path:
 
         stats["compiled"] += 1
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            strict = pool.submit(msl_check.check_source, msl, filename="<source>", msl_version="3.0",
+            strict = pool.submit(msl_check.check_source, msl, filename="<source>", msl_version=msl_version,
                                  compiler=compiler)
             try:
                 _make(work)
@@ -277,7 +283,7 @@ def compile(msl: str, *, checked: bool) -> Path:
                 findings = strict.result()
         if findings:
             raise KernelCompileError("tf_metal_ops.metal_kernel: Apple's Metal compiler would reject the kernel "
-                                     "(strict Metal-language check, MSL 3.0):\n" + "\n".join(map(str, findings)))
+                                     f"(strict Metal-language check, MSL {msl_version}):\n" + "\n".join(map(str, findings)))
         return ()
 
     def _make(work: Path):
@@ -317,10 +323,21 @@ def _write(buf: int, size: int, text: str) -> None:
     ctypes.memmove(buf, data + b"\0", len(data) + 1)
 
 
+# TfmoInlineCompiler's options (csrc/common/inline_kernel_abi.h).
+_CHECKED_OPTION, _FAST_MATH_OPTION = 1, 2
+
+
+def _msl_version_option(options: int) -> str:
+    v = (options >> 8) & 0xFFFF  # TFMO_INLINE_MSL_VERSION_OF: major * 100 + minor * 10, 0 = not given
+    return f"{v // 100}.{v % 100 // 10}" if v else "3.0"
+
+
 @_COMPILER_FN
-def _compile_callback(source, checked, path, path_len, error, error_len):  # called by TF's threads (GIL taken)
+def _compile_callback(source, options, path, path_len, error, error_len):  # called by TF's threads (GIL taken)
     try:
-        _write(path, path_len, str(compile(source.decode(), checked=bool(checked))))
+        _write(path, path_len, str(compile(source.decode(), checked=bool(options & _CHECKED_OPTION),
+                                           fast_math=bool(options & _FAST_MATH_OPTION),
+                                           msl_version=_msl_version_option(options))))
         return 0
     except Exception as e:  # every failure becomes the op's InvalidArgumentError
         _write(error, error_len, str(e).removeprefix("tf_metal_ops.metal_kernel: "))

@@ -2,6 +2,8 @@
 // Each queue has one worker thread that runs its asynchronous blocks in FIFO order. dispatch_sync enqueues a
 // barrier and, once the worker reaches it, runs the block on the calling thread while the worker waits, as
 // libdispatch does; calling it from a thread that is running the same queue is the deadlock libdispatch crashes on.
+// A block "runs on" a queue while the worker runs it or while dispatch_sync runs it on the caller: what
+// dispatch_assert_queue and dispatch_assert_queue_not check.
 #import <Foundation/Foundation.h>
 
 #include <stdio.h>
@@ -133,4 +135,24 @@ DISPATCH_EXPORT void dispatch_sync(dispatch_queue_t queue, __attribute__((noesca
   std::lock_guard<std::mutex> g(gate->mu);
   gate->done = true;
   gate->cv.notify_all();
+}
+
+DISPATCH_EXPORT void dispatch_assert_queue(dispatch_queue_t queue) {
+  QueueState* q = StateOf(queue, "dispatch_assert_queue");
+  if (!Running(q)) {
+    fprintf(stderr, "BUG IN CLIENT OF LIBDISPATCH: Assertion failed: Block was expected to execute on queue [%s]\n",
+            q->label.c_str());
+    fflush(stderr);
+    abort();
+  }
+}
+
+DISPATCH_EXPORT void dispatch_assert_queue_not(dispatch_queue_t queue) {
+  QueueState* q = StateOf(queue, "dispatch_assert_queue_not");
+  if (Running(q)) {
+    fprintf(stderr, "BUG IN CLIENT OF LIBDISPATCH: Assertion failed: Block was not expected to execute on queue [%s]\n",
+            q->label.c_str());
+    fflush(stderr);
+    abort();
+  }
 }

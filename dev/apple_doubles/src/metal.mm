@@ -13,6 +13,11 @@
 //    "metallib" of this double is a text file "TFMO-MOCK-METALLIB 1" naming table kernels. newLibraryWithSource:
 //    binds a source identical to one of the package's embedded sources to the table; any other source is compiled
 //    at run time through msl_emu by the compiler registered with tfmo_set_inline_compiler (an inline kernel).
+//    MTLCompileOptions are honoured (nil: Apple's defaults, fastMathEnabled YES and MSL 3.0): fast math compiles
+//    with clang's -ffast-math (finite-math-only, reassociation), so a kernel that relies on NaN/inf or evaluation
+//    order answers differently, as on a Mac; the language version sets __METAL_VERSION__ and the strict
+//    Metal-language check, so a source needing a newer MSL than the options allow fails to compile. The
+//    precompiled sources exist with IEEE semantics only: asked for fast math, the double stops.
 //  - Command buffers run on one GPU thread in commit order. Completion: status and error are set, waiters are woken,
 //    then the completed handlers run on the GPU thread (Apple documents no order between the two).
 //  - A kernel failure (the emulated kernel's binding contract, an out-of-bounds access of a bounds-checked inline
@@ -782,17 +787,45 @@ std::map<std::string, CompiledSource>* g_sources = new std::map<std::string, Com
                                         options:(nullable MTLCompileOptions*)options
                                           error:(__autoreleasing NSError**)error {
   const std::string text = Str(source);
+  // Apple: options nil means the defaults (fastMathEnabled YES, the most recent language version).
+  MTLCompileOptions* opts = options != nil ? options : [MTLCompileOptions new];
+  int version = 0;  // MSL major * 100 + minor * 10
+  switch (opts.languageVersion) {
+    case MTLLanguageVersion2_4: version = 240; break;
+    case MTLLanguageVersion3_0: version = 300; break;
+  }
+  if (version == 0) {
+    if (error) *error = MakeError(MTLLibraryErrorDomain, MTLLibraryErrorCompileFailure,
+                                  "Compilation failed: unsupported language version " +
+                                      std::to_string(NSUInteger(opts.languageVersion)));
+    return nil;
+  }
   TFMOMockLibrary* lib = [TFMOMockLibrary new];
   lib->_names = KernelsDefinedBy(text);
-  for (const tfmo::metal::EmbeddedSource* e = tfmo::metal::kEmbeddedMetalSources; e->source != nullptr; ++e)
-    if (text == e->source) return lib;  // precompiled: the package's own source
+  for (const tfmo::metal::EmbeddedSource* e = tfmo::metal::kEmbeddedMetalSources; e->source != nullptr; ++e) {
+    if (text != e->source) continue;
+    // The package's own sources are held precompiled (the kernel table, IEEE semantics; dev/check_msl.py and
+    // test_msl_check check them at MSL 2.4 and 3.0). With fast math the double cannot run them as a Mac would
+    // (differently, with NaN/inf not guaranteed), so it stops instead of answering with IEEE results.
+    if (opts.fastMathEnabled) {
+      fprintf(stderr, "tf-metal-ops Apple doubles: newLibraryWithSource: with fastMathEnabled = YES (Apple's default: "
+                      "\"optimizations for floating-point arithmetic that may violate the IEEE 754 standard\") for "
+                      "the package's own source %s; the doubles hold it compiled with IEEE semantics only, so they "
+                      "cannot run it as a Mac would\n", e->name);
+      fflush(stderr);
+      abort();
+    }
+    return lib;  // precompiled: the package's own source
+  }
   TfmoInlineCompiler compiler;
   {
     std::lock_guard<std::mutex> l(g_compiler_mu);
     compiler = g_compiler;
   }
   const bool checked = BoundsChecked();
-  const std::string key = std::string(checked ? "1" : "0") + text;
+  const int compile_options = (checked ? TFMO_INLINE_CHECKED : 0) | (opts.fastMathEnabled ? TFMO_INLINE_FAST_MATH : 0) |
+                              (version << 8);
+  const std::string key = std::to_string(compile_options) + "#" + text;
   std::lock_guard<std::mutex> l(g_sources_mu);
   auto [it, added] = g_sources->try_emplace(key);
   CompiledSource& cs = it->second;
@@ -801,7 +834,7 @@ std::map<std::string, CompiledSource>* g_sources = new std::map<std::string, Com
       cs.error = "no Metal compiler: tfmo_set_inline_compiler was not called";
     } else {
       char path[4096] = {0}, err[16384] = {0};
-      if (compiler(text.c_str(), checked ? 1 : 0, path, sizeof path, err, sizeof err) != 0) {
+      if (compiler(text.c_str(), compile_options, path, sizeof path, err, sizeof err) != 0) {
         cs.error = err;
       } else if (void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL); h == nullptr) {
         cs.error = std::string("loading the compiled library failed: ") + dlerror();

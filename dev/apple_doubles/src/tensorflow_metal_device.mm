@@ -4,7 +4,15 @@
 //  - TF_TensorData of a device tensor is its id<MTLBuffer> (allocate() returns the retained buffer object);
 //  - TFMO_MOCK_TF_METAL_STREAM=mps: the current command buffer is an MPSCommandBuffer-like wrapper, and -commit /
 //    -commitAndWait commit-and-continue: the wrapper stays current and wraps a new command buffer afterwards;
+//    TFMO_MOCK_TF_METAL_STREAM=deferred: -commit enqueues the current command buffer (-[MTLCommandBuffer enqueue]:
+//    its place in the queue is fixed) without submitting it; the stream submits what it deferred, in order, at the
+//    next -commitAndWait or when TensorFlow synchronizes the stream (copies, events, host callbacks, stream
+//    teardown), as a stream that coalesces submissions could (nothing public says tensorflow-metal's does not);
 //    default ("plain"): a plain command buffer, replaced by a new one after each commit;
+//  - every stream method that touches command buffers (-currentCommandBuffer, -commit, -commitAndWait) asserts
+//    that it runs on the stream's dispatch queue (dispatch_assert_queue): Apple's sample encodes only inside
+//    dispatch_sync(stream.queue, ...), and a stream that hands out one current command buffer is not thread-safe
+//    outside it;
 //  - tfmo_mock_tf_metal_leave_encoder_open() (a test hook): every stream encodes work of its own (a blit) on its
 //    current command buffer and leaves the encoder open until its next -commit, as a stream that coalesces its own
 //    kernels into one encoder leaves it between ops (PyTorch's MPS stream does); the next op sees it open.
@@ -73,17 +81,21 @@ extern "C" void tfmo_mock_forget_heap_block(const void* ptr);
   id<MTLCommandQueue> _commandQueue;
   id<MTLCommandBuffer> _current;  // nil until asked for (plain), or the MPS-like wrapper
   bool _mps;
+  bool _deferred;                          // TFMO_MOCK_TF_METAL_STREAM=deferred
+  std::vector<id<MTLCommandBuffer>> _enqueued;  // deferred: enqueued by -commit, not yet submitted (strong)
   id<MTLBlitCommandEncoder> _openBlit;  // tfmo_mock_tf_metal_leave_encoder_open: the stream's own work, still open
 }
 - (dispatch_queue_t)queue;
 - (id<MTLCommandBuffer>)currentCommandBuffer;
 - (void)commit;
 - (void)commitAndWait;
+- (void)flush;
 @end
 
 @implementation TFMOMockMetalStream
 - (dispatch_queue_t)queue { return _queue; }
 - (id<MTLCommandBuffer>)currentCommandBuffer {
+  dispatch_assert_queue(_queue);
   if (_current == nil) {
     if (_mps) {
       TFMOMockMPSCommandBuffer* w = [TFMOMockMPSCommandBuffer new];
@@ -101,18 +113,31 @@ extern "C" void tfmo_mock_forget_heap_block(const void* ptr);
   _openBlit = nil;
 }
 - (void)commit {
+  dispatch_assert_queue(_queue);
   [self endOpenEncoder];
   if (_current == nil) return;
   if (_mps) {
     [(TFMOMockMPSCommandBuffer*)_current commitAndContinue];
+  } else if (_deferred) {
+    [_current enqueue];
+    _enqueued.push_back(_current);
+    _current = nil;
   } else {
     [_current commit];
     _current = nil;
   }
 }
+- (void)flush {  // deferred: submits what -commit enqueued, in order
+  dispatch_assert_queue(_queue);
+  std::vector<id<MTLCommandBuffer>> pending;
+  pending.swap(_enqueued);
+  for (id<MTLCommandBuffer> cb : pending) [cb commit];
+}
 - (void)commitAndWait {  // waits for the buffer it commits (under mps: the wrapped one, not the next)
+  dispatch_assert_queue(_queue);
   id<MTLCommandBuffer> committed = _mps && _current != nil ? ((TFMOMockMPSCommandBuffer*)_current)->_root : _current;
   [self commit];
+  [self flush];
   [committed waitUntilCompleted];
 }
 @end
@@ -143,7 +168,10 @@ id<MTLBuffer> BufferOf(const void* opaque) { return (__bridge id<MTLBuffer>)cons
 
 // Commits the stream's pending work and waits until the GPU has run everything committed so far.
 void Drain(TFMOMockMetalStream* s) {
-  if (s != nil) dispatch_sync(s->_queue, ^{ [s commit]; });
+  if (s != nil) dispatch_sync(s->_queue, ^{
+      [s commit];
+      [s flush];
+    });
   tfmo_mock_metal_wait_idle();
 }
 
@@ -153,7 +181,10 @@ void DrainAll() {
     std::lock_guard<std::mutex> l(G().mu);
     streams = G().streams;
   }
-  for (TFMOMockMetalStream* s : streams) dispatch_sync(s->_queue, ^{ [s commit]; });
+  for (TFMOMockMetalStream* s : streams) dispatch_sync(s->_queue, ^{
+      [s commit];
+      [s flush];
+    });
   tfmo_mock_metal_wait_idle();
 }
 
@@ -272,7 +303,14 @@ void SeCreateStream(const SP_Device*, SP_Stream* stream, TF_Status*) {
   s->_queue = dispatch_queue_create("tfmo.metal-double.stream", DISPATCH_QUEUE_SERIAL);
   s->_commandQueue = [MTLCreateSystemDefaultDevice() newCommandQueue];
   const char* mode = getenv("TFMO_MOCK_TF_METAL_STREAM");
+  if (mode != nullptr && *mode != '\0' && strcmp(mode, "plain") != 0 && strcmp(mode, "mps") != 0 &&
+      strcmp(mode, "deferred") != 0) {
+    fprintf(stderr, "tensorflow-metal double: TFMO_MOCK_TF_METAL_STREAM=%s is none of plain, mps, deferred\n", mode);
+    fflush(stderr);
+    abort();
+  }
   s->_mps = mode != nullptr && strcmp(mode, "mps") == 0;
+  s->_deferred = mode != nullptr && strcmp(mode, "deferred") == 0;
   std::lock_guard<std::mutex> l(G().mu);
   G().streams.push_back(s);
   *stream = (SP_Stream)(__bridge void*)s;  // the Global's strong reference keeps it alive
@@ -361,6 +399,7 @@ TF_Bool SeHostCallback(const SP_Device*, SP_Stream stream, SE_StatusCallbackFn f
   TFMOMockMetalStream* s = StreamOf(stream);
   dispatch_async(s->_queue, ^{
     [s commit];
+    [s flush];
     tfmo_mock_metal_wait_idle();
     TF_Status* st = TF_NewStatus();
     fn(arg, st);

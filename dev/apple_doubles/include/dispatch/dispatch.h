@@ -2,7 +2,8 @@
 // (OS_OBJECT_USE_OBJC, so ARC owns them), dispatch_sync and dispatch_async. Semantics asserted by the double:
 // one queue runs its blocks one at a time in FIFO order; dispatch_sync runs its block on the calling thread after
 // everything enqueued before it, and calling it on the queue the current thread is running crashes, as libdispatch
-// does ("dispatch_sync called on queue already owned by current thread").
+// does ("dispatch_sync called on queue already owned by current thread"); dispatch_assert_queue(_not) crash when the
+// current block is not (is) running on the queue.
 #pragma once
 #import <objc/NSObject.h>
 
@@ -24,3 +25,7 @@ DISPATCH_EXPORT dispatch_queue_t dispatch_queue_create(const char* label, dispat
     __attribute__((ns_returns_retained));
 DISPATCH_EXPORT void dispatch_sync(dispatch_queue_t queue, __attribute__((noescape)) dispatch_block_t block);
 DISPATCH_EXPORT void dispatch_async(dispatch_queue_t queue, dispatch_block_t block);
+// "Generates an assertion if the current block is not running on the specified dispatch queue."
+DISPATCH_EXPORT void dispatch_assert_queue(dispatch_queue_t queue);
+// "Generates an assertion if the current block is executing on the specified dispatch queue."
+DISPATCH_EXPORT void dispatch_assert_queue_not(dispatch_queue_t queue);
