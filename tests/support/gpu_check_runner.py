@@ -27,17 +27,20 @@ def main(checks: dict, argv: list[str] | None = None) -> None:
     from tf_metal_ops import emulated_gpu
 
     argv = sys.argv[1:] if argv is None else argv
-    name, seed = argv[0], int(argv[1]) if len(argv) > 1 else 0
+    names, seed = argv[0], int(argv[1]) if len(argv) > 1 else 0
     emulated_gpu.enable(verbose=False)
     assert emulated_gpu.enabled(), "the emulated GPU is not enabled"
-    fn = checks[name]
-    summary = fn(seed) if inspect.signature(fn).parameters else fn()
-    print(f"ok {name} {summary}")
+    for name in names.split(","):  # "a,b": several checks in one process, in order
+        fn = checks[name]
+        summary = fn(seed) if inspect.signature(fn).parameters else fn()
+        print(f"ok {name} {summary}", flush=True)
+    if "," in names:
+        print(f"ok {names}")
 
 
 def run_check(script: str, check: str, seed: int | None = None, env: dict | None = None, timeout: int = 900):
     """Runs one check of support/<script>.py in a fresh process and asserts it passed (exit 0, last line
-    "ok CHECK")."""
+    "ok CHECK"). `check` may name several, "a,b,c": they run in that order in the one process."""
     args = [check] + ([] if seed is None else [str(seed)])
     r = scripts.run(script, *args, env={**os.environ, **QUIET, **(env or {})}, timeout=timeout,
                     pythonpath=[EXAMPLES])  # the NeRF check imports nerf
