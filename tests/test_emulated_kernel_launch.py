@@ -410,8 +410,8 @@ def test_every_real_kernel_is_registered(launcher):
     assert res.stdout.count("has: 1") == len(expected)
     by_file = {u.metal_file.name: u for u in units}
     # Only the block scan needs barriers; every other kernel file runs on the emulator's barrier-free fast path.
-    assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].uses_barriers} == {"ray_march.metal"}
-    assert by_file["launch_fixture.metal"].uses_barriers and not by_file["launch_fast.metal"].uses_barriers
+    assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].needs_fibers} == {"ray_march.metal"}
+    assert by_file["launch_fixture.metal"].needs_fibers and not by_file["launch_fast.metal"].needs_fibers
 
 
 def test_real_kernel_launch_zero_out(launcher, tmp_path):
@@ -441,7 +441,7 @@ def test_parser_reads_the_fixture():
     assert k["grid2d"].params[3].attribute == "thread_position_in_threadgroup" and k["grid2d"].params[3].type == "ushort2"
     assert [(c.index, c.type, c.name) for c in mf.constants] == [
         (0, "bool", "kNegate"), (1, "int", "kOffset"), (2, "uint", "kMul"), (3, "float", "kBias")]
-    assert mf.uses_barriers and not glue.parse_metal(FAST).uses_barriers
+    assert mf.needs_fibers and not glue.parse_metal(FAST).needs_fibers
 
 
 @pytest.mark.parametrize("param, why", [
@@ -466,6 +466,6 @@ def test_parser_finds_barrier_in_included_header(tmp_path):
     f = tmp_path / "k.metal"
     f.write_text('#include "helper.h"\n// threadgroup_barrier( in a comment does not count\n'
                  "kernel void k(device float* x [[buffer(0)]]) {}\n")
-    assert glue.parse_metal(f).uses_barriers
+    assert glue.parse_metal(f).needs_fibers
     (tmp_path / "helper.h").write_text("inline void sync() {}\n")
-    assert not glue.parse_metal(f).uses_barriers
+    assert not glue.parse_metal(f).needs_fibers
