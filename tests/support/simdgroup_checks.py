@@ -1,6 +1,6 @@
 """MSL SIMD-group functions in an inline kernel, against a NumPy model of Apple's semantics: one kernel (one compile)
 applies every function to float, half and int data, on a launch whose threadgroups have partial SIMD groups (70
-threads: 32 + 32 + 6; the grid's last group has 10) and whose threads with gid % 7 == 3 return before the calls.
+threads: 32 + 32 + 6; the grid's last group has 10) and whose threads with gid % 7 == 3 and gid 32 (a lane 0) return before the calls.
 
 The model (csrc/msl_emu/README.md, "SIMD-group functions"): a SIMD group is 32 consecutive threads of a threadgroup
 (thread_index_in_threadgroup order), a quad 4 consecutive lanes; a function acts over the active lanes (not
@@ -43,7 +43,7 @@ void apply_all(device T* y, uint o, T v, T p, uint lane) {
 """ + "".join(f"    y[o + {i}] = {f};\n" for i, f in enumerate(DATA_FUNCTIONS)) + "}\n"
 SOURCE = f"""
     uint gid = thread_position_in_grid.x;
-    if (gid % 7 == 3) return;  // inactive from here on
+    if (gid % 7 == 3 || gid == 32) return;  // inactive from here on (gid 32: lane 0 of a SIMD group)
     uint lane = thread_index_in_simdgroup, o = gid * {SLOTS};
     apply_all<float>(yf, o, xf[gid], pf[gid], lane);  // explicit T: checked builds pass checked pointers
     apply_all<half>(yh, o, xh[gid], ph[gid], lane);
@@ -68,6 +68,10 @@ def inputs(seed=5):
 
 
 # ---- the NumPy model ----------------------------------------------------------------------------------------------
+def _returns(gid):
+    return (gid % 7 == 3) | (gid == 32)
+
+
 def _groups():
     """Per SIMD group: the gids of its lanes (index = lane), None past the end of a partial group."""
     out = []
@@ -124,7 +128,7 @@ def expected(x, p, poison, acc_dtype, out_dtype):
     y = np.zeros((GRID, SLOTS), np.float64)
     ops = _ops(poison)
     for lanes in _groups():
-        active = [g is not None and g % 7 != 3 for g in lanes]
+        active = [g is not None and not _returns(g) for g in lanes]
         xv = [acc_dtype(x[g]) if g is not None else poison for g in lanes]
         pv = [acc_dtype(p[g]) if g is not None else poison for g in lanes]
         for slot, op in enumerate(ops + [None, None]):
@@ -151,7 +155,7 @@ def expected_int_extras(x):
     for lanes in _groups():
         g0 = next(g for g in lanes if g is not None) // GROUP * GROUP
         n = min(GROUP, GRID - g0)
-        active = [g is not None and g % 7 != 3 for g in lanes]
+        active = [g is not None and not _returns(g) for g in lanes]
         act = [i for i in range(32) if active[i]]
         vals = [int(x[lanes[i]]) for i in act]
         ballot = sum(1 << i for i in act if x[lanes[i]] > 0)
@@ -184,6 +188,6 @@ def check_simdgroup_functions(device):
     want_i = expected(xi, pi, -1, np.int64, np.int64)
     want_i[:, nd:] = expected_int_extras(xi)[:, nd:]
     np.testing.assert_array_equal(yi.numpy(), want_i.astype(np.int32))
-    returned = np.arange(GRID) % 7 == 3
+    returned = _returns(np.arange(GRID))
     assert (yi.numpy()[returned] == 0).all() and (yf.numpy()[returned] == 0).all()
     return yf, yh, yi
