@@ -409,7 +409,7 @@ def test_every_real_kernel_is_registered(launcher):
     assert listed == expected | {"affine_half", "group_sum", "grid2d", "order_probe", "scale_fast", "hidden_barrier"}
     assert res.stdout.count("has: 1") == len(expected)
     by_file = {u.metal_file.name: u for u in units}
-    # Only the block scan needs barriers; every other kernel file runs on the emulator's barrier-free fast path.
+    # Only the block scan needs fibers (barriers); every other kernel file runs on the emulator's fiber-free fast path.
     assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].needs_fibers} == {"ray_march.metal"}
     assert by_file["launch_fixture.metal"].needs_fibers and not by_file["launch_fast.metal"].needs_fibers
 
@@ -469,3 +469,12 @@ def test_parser_finds_barrier_in_included_header(tmp_path):
     assert glue.parse_metal(f).needs_fibers
     (tmp_path / "helper.h").write_text("inline void sync() {}\n")
     assert not glue.parse_metal(f).needs_fibers
+
+
+@pytest.mark.parametrize("call", ["simd_sum(v)", "metal::simd_shuffle_down(v, 1)", "quad_broadcast(v, 0)",
+                                  "simdgroup_barrier(mem_flags::mem_none)", "simd_ballot(v > 0)"])
+def test_parser_sends_simd_group_functions_to_fibers(call):
+    text = f"kernel void k(device float* x [[buffer(0)]]) {{ float v = x[0]; {call}; }}\n"
+    assert glue.parse_metal("k.metal", text=text).needs_fibers
+    assert not glue.parse_metal("k.metal", text=text.replace(call, "v + 1")).needs_fibers
+    assert not glue.parse_metal("k.metal", text=text.replace(call, "simd_width + my_quad_count")).needs_fibers

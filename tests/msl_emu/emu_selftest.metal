@@ -169,7 +169,6 @@ kernel void divergent_barrier(device float* out [[buffer(0)]], uint tid [[thread
   out[tid] = tile[tg - 1 - tid];
 }
 
-// NEGATIVE: odd and even threads wait at different barriers.
 // SIMD groups: the lanes below `split` call simd_sum, the others simd_max (divergent: an error; split = 32: every
 // lane sums); threads with tid % 5 == 4 return first (inactive). out[tid] = the reduction plus
 // 1000 x the number of active lanes below this one (after a simdgroup_barrier).
@@ -191,6 +190,7 @@ kernel void simd_vs_barrier(device float* out [[buffer(0)]], uint tid [[thread_i
   }
 }
 
+// NEGATIVE: odd and even threads wait at different barriers.
 kernel void split_barrier(device float* out [[buffer(0)]], uint tid [[thread_index_in_threadgroup]]) {
   if (tid & 1) {
     threadgroup_barrier(mem_flags::mem_threadgroup);
