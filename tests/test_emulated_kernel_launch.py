@@ -220,7 +220,7 @@ def test_uint2_grid(launcher, tmp_path, env):
     np.testing.assert_array_equal(ids[..., 3], yy % ty)
 
 
-# --- barrier-free fast path ----------------------------------------------------------------------------------
+# --- fiber-free fast path ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("env", ORDERS, ids=ORDER_IDS)
 def test_fast_path_values(launcher, tmp_path, env):
     n, tg = 1000, 64  # float4 elements
@@ -259,7 +259,7 @@ def test_barrier_on_fast_path_is_fatal(launcher, tmp_path):
     s.buf(0, "float", nbytes=16).cmd("launch")
     res, stderr, _ = run(launcher, s, check=False)
     assert res.returncode == msl_emu_build.EMU_ERROR_EXIT, stderr
-    assert "reached in barrier-free mode" in stderr and "launch_fast.metal" in stderr
+    assert "reached on the fiber-free fast path" in stderr and "launch_fast.metal" in stderr
 
 
 # --- the binding contract ------------------------------------------------------------------------------------
