@@ -53,8 +53,8 @@ inline T poison() {
   }
 }
 
-// One function over the lanes of a SIMD group: group = 32 (simd_*) or 4 (quad_*). Op::apply(in, active, arg,
-// out, base, group) fills out[i] for the active lanes i of the segment [base, base + group).
+// One function over the lanes of a SIMD group: Op::group = 32 (simd_*) or 4 (quad_*). Op::apply(in, active, arg,
+// out, base) fills out[i] for the active lanes i of the segment [base, base + Op::group).
 template <class Op, class T, class R>
 void resolve(SimdCall* const* lanes, uint width) {
   T in[kSimdWidth];
@@ -92,12 +92,12 @@ struct Scan {
     T acc{};
     for (uint i = base; i < base + G; ++i) {
       if (!active[i]) continue;
-      if (kPrefix && !kInclusive) out[i] = have ? acc : F::identity();
+      if constexpr (kPrefix && !kInclusive) out[i] = have ? acc : F::identity();
       acc = have ? F::op(acc, in[i]) : in[i];
       have = true;
-      if (kPrefix && kInclusive) out[i] = acc;
+      if constexpr (kPrefix && kInclusive) out[i] = acc;
     }
-    if (!kPrefix)
+    if constexpr (!kPrefix)
       for (uint i = base; i < base + G; ++i) out[i] = acc;
   }
 };
@@ -111,30 +111,25 @@ struct Mul {
   static T op(T a, T b) { return T(a * b); }
   static T identity() { return T(1); }
 };
-template <class T>
+template <class T>  // the reductions below have no prefix form, hence no identity
 struct Min {
   static T op(T a, T b) { return detail::map2(a, b, [](auto x, auto y) { return y < x ? y : x; }); }
-  static T identity() { return T(0); }
 };
 template <class T>
 struct Max {
   static T op(T a, T b) { return detail::map2(a, b, [](auto x, auto y) { return x < y ? y : x; }); }
-  static T identity() { return T(0); }
 };
 template <class T>
 struct And {
   static T op(T a, T b) { return T(a & b); }
-  static T identity() { return T(~elem_t<T>(0)); }
 };
 template <class T>
 struct Or {
   static T op(T a, T b) { return T(a | b); }
-  static T identity() { return T(0); }
 };
 template <class T>
 struct Xor {
   static T op(T a, T b) { return T(a ^ b); }
-  static T identity() { return T(0); }
 };
 
 enum class Move { broadcast, broadcast_first, shuffle, up, down, xor_, rotate_up, rotate_down };
@@ -194,15 +189,6 @@ struct Vote {
     }
   }
 };
-template <class Op>
-struct VoteOp {  // adapts Vote to resolve's (in, active, arg, out, base)
-  static constexpr uint group = Op::group;
-  template <class R>
-  static void apply(const bool* in, const bool* active, const uint* arg, R* out, uint base) {
-    Op::apply(in, active, arg, out, base);
-  }
-};
-
 struct Nothing {};
 struct Rendezvous {
   static constexpr uint group = kSimdWidth;
@@ -248,7 +234,7 @@ using quad_vote = basic_vote<ushort>;
   }
 #define MSL_EMU_VOTE(prefix, G, name, What, R, Params, Arg)                                                     \
   inline R prefix##name(Params MSL_EMU_SITE) {                                                               \
-    using Op = ::msl_emu::simdgroup::VoteOp<::msl_emu::simdgroup::Vote<G, What>>;                               \
+    using Op = ::msl_emu::simdgroup::Vote<G, What>;                               \
     const bool data = Arg;                                                                                      \
     return ::msl_emu::simdgroup::call<Op, bool, R>(#prefix #name, &data, 0, site);                          \
   }
