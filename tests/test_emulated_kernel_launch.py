@@ -220,7 +220,7 @@ def test_uint2_grid(launcher, tmp_path, env):
     np.testing.assert_array_equal(ids[..., 3], yy % ty)
 
 
-# --- barrier-free fast path ----------------------------------------------------------------------------------
+# --- fiber-free fast path ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("env", ORDERS, ids=ORDER_IDS)
 def test_fast_path_values(launcher, tmp_path, env):
     n, tg = 1000, 64  # float4 elements
@@ -259,7 +259,7 @@ def test_barrier_on_fast_path_is_fatal(launcher, tmp_path):
     s.buf(0, "float", nbytes=16).cmd("launch")
     res, stderr, _ = run(launcher, s, check=False)
     assert res.returncode == msl_emu_build.EMU_ERROR_EXIT, stderr
-    assert "reached in barrier-free mode" in stderr and "launch_fast.metal" in stderr
+    assert "reached on the fiber-free fast path" in stderr and "launch_fast.metal" in stderr
 
 
 # --- the binding contract ------------------------------------------------------------------------------------
@@ -409,9 +409,9 @@ def test_every_real_kernel_is_registered(launcher):
     assert listed == expected | {"affine_half", "group_sum", "grid2d", "order_probe", "scale_fast", "hidden_barrier"}
     assert res.stdout.count("has: 1") == len(expected)
     by_file = {u.metal_file.name: u for u in units}
-    # Only the block scan needs barriers; every other kernel file runs on the emulator's barrier-free fast path.
-    assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].uses_barriers} == {"ray_march.metal"}
-    assert by_file["launch_fixture.metal"].uses_barriers and not by_file["launch_fast.metal"].uses_barriers
+    # Only the block scan needs fibers (barriers); every other kernel file runs on the emulator's fiber-free fast path.
+    assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].needs_fibers} == {"ray_march.metal"}
+    assert by_file["launch_fixture.metal"].needs_fibers and not by_file["launch_fast.metal"].needs_fibers
 
 
 def test_real_kernel_launch_zero_out(launcher, tmp_path):
@@ -441,7 +441,7 @@ def test_parser_reads_the_fixture():
     assert k["grid2d"].params[3].attribute == "thread_position_in_threadgroup" and k["grid2d"].params[3].type == "ushort2"
     assert [(c.index, c.type, c.name) for c in mf.constants] == [
         (0, "bool", "kNegate"), (1, "int", "kOffset"), (2, "uint", "kMul"), (3, "float", "kBias")]
-    assert mf.uses_barriers and not glue.parse_metal(FAST).uses_barriers
+    assert mf.needs_fibers and not glue.parse_metal(FAST).needs_fibers
 
 
 @pytest.mark.parametrize("param, why", [
@@ -466,6 +466,15 @@ def test_parser_finds_barrier_in_included_header(tmp_path):
     f = tmp_path / "k.metal"
     f.write_text('#include "helper.h"\n// threadgroup_barrier( in a comment does not count\n'
                  "kernel void k(device float* x [[buffer(0)]]) {}\n")
-    assert glue.parse_metal(f).uses_barriers
+    assert glue.parse_metal(f).needs_fibers
     (tmp_path / "helper.h").write_text("inline void sync() {}\n")
-    assert not glue.parse_metal(f).uses_barriers
+    assert not glue.parse_metal(f).needs_fibers
+
+
+@pytest.mark.parametrize("call", ["simd_sum(v)", "metal::simd_shuffle_down(v, 1)", "quad_broadcast(v, 0)",
+                                  "simdgroup_barrier(mem_flags::mem_none)", "simd_ballot(v > 0)"])
+def test_parser_sends_simd_group_functions_to_fibers(call):
+    text = f"kernel void k(device float* x [[buffer(0)]]) {{ float v = x[0]; {call}; }}\n"
+    assert glue.parse_metal("k.metal", text=text).needs_fibers
+    assert not glue.parse_metal("k.metal", text=text.replace(call, "v + 1")).needs_fibers
+    assert not glue.parse_metal("k.metal", text=text.replace(call, "simd_width + my_quad_count")).needs_fibers

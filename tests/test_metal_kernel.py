@@ -155,6 +155,40 @@ def test_what_apples_compiler_rejects_fails_here_too():
     assert "[double]" in e.value.message, e.value.message
 
 
+def test_simd_group_functions_reject_types_msl_does_not_allow():
+    import tensorflow as tf
+
+    import tf_metal_ops as t
+
+    k = t.metal_kernel("simd_types", ["x"], ["y"], """
+        uint i = thread_position_in_grid.x;
+        float v = x[i];
+        y[i] = simd_and(v);
+    """)  # and/or/xor take integers only
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        k(inputs=[tf.ones([4])], grid=(4, 1, 1), threadgroup=(4, 1, 1), output_shapes=[(4,)],
+          output_dtypes=[tf.float32])
+    msg = e.value.message
+    assert "simd_types:source:4:" in msg and "no matching function for call to 'simd_and'" in msg, msg
+
+
+def test_divergent_simd_group_calls_end_the_process_naming_kernel_and_thread():
+    r = run_python("""
+        import tensorflow as tf, tf_metal_ops as t
+        k = t.metal_kernel("simd_split", ["x"], ["y"], '''
+            uint i = thread_position_in_grid.x;
+            y[i] = i == 5 ? simd_sum(x[i]) : simd_max(x[i]);
+        ''')
+        k(inputs=[tf.ones([64])], grid=(64, 1, 1), threadgroup=(64, 1, 1), output_shapes=[(64,)],
+          output_dtypes=[tf.float32])
+        print("not reached")
+    """)
+    assert r.returncode == 70 and "not reached" not in r.stdout, (r.returncode, r.stderr[-3000:])
+    assert "kernel custom_kernel_simd_split: divergent SIMD-group function: in threadgroup (0,0,0), SIMD group 0, " \
+           "thread 0 (index in group) is in simd_max at simd_split:source:3:" in r.stderr, r.stderr[-3000:]
+    assert "while thread 5 is in simd_sum at simd_split:source:3:" in r.stderr, r.stderr[-3000:]
+
+
 def test_out_of_bounds_accesses_are_caught_in_checked_builds(monkeypatch):
     import tensorflow as tf
 

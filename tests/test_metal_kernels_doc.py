@@ -39,10 +39,10 @@ def script():
 
 def test_doc_covers_the_promised_examples():
     text = open(DOC, encoding="utf-8").read()
-    for needle in ("model.compile(", "threadgroup_barrier", "atomic_outputs=True", "init_value=", "grid_sample_bwd",
+    for needle in ("model.compile(", "threadgroup_barrier", "atomic_outputs=True", "init_value=", "grid_sample_bwd", "simd_sum(", "simd_is_first()",
                    "compile_shader", "op kit"):
         assert needle in text, needle
-    assert len(BLOCK.findall(text)) >= 7
+    assert len(BLOCK.findall(text)) >= 8
 
 
 @pytest.mark.parametrize("device", ["cpu", "emulated_gpu"])

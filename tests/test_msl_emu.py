@@ -2,6 +2,8 @@
 vector types have MSL's layout, and UB the emulation promises to catch is caught. Kernels and driver:
 tests/msl_emu/emu_selftest.metal, emu_selftest_driver.cc. Needs clang++-16 (see conftest.py)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -85,6 +87,38 @@ def test_barriers_at_different_call_sites_are_an_error(msl_emu, emu300):
     res = msl_emu.run(emu300, outputs={"out": np.float32}, scalars={"case": "split_barrier", "tg": 8}, check=False)
     assert res.returncode == msl_emu_build.EMU_ERROR_EXIT, res.stderr
     assert "different barriers" in res.stderr
+
+
+# --- SIMD-group functions (the full function x type matrix: tests/support/simdgroup_checks.py) -------------------
+def simd_reduce_model(tg):
+    out = np.full(tg, -1.0)
+    for base in range(0, tg, 32):
+        lanes = [i for i in range(base, min(tg, base + 32)) if i % 5 != 4]
+        for k, i in enumerate(lanes):
+            out[i] = sum(lanes) + 1000.0 * k
+    return out
+
+
+@pytest.mark.parametrize("env", ORDERS, ids=lambda e: "-".join(e.values()))
+def test_simd_groups_rendezvous_over_active_threads(msl_emu, emu300, env):
+    for tg in (70, 32, 5):  # partial last SIMD group, exactly one, a single partial one
+        res = msl_emu.run(emu300, outputs={"out": np.float32}, scalars={"case": "simd_reduce", "tg": tg}, env=env)
+        np.testing.assert_array_equal(res.outputs["out"], simd_reduce_model(tg))
+
+
+@pytest.mark.parametrize("case, scalars, message", [
+    ("simd_reduce", {"split": 16}, r"kernel simd_reduce: divergent SIMD-group function: .* thread 0 \(index in group\) "
+                                   r"is in simd_sum at .*emu_selftest.metal:\d+:\d+ while thread 16 is in simd_max"),
+    ("simd_vs_barrier", {}, r"kernel simd_vs_barrier: divergent SIMD-group function: .* thread 7 \(index in group\) "
+                            r"waits at the threadgroup_barrier at .*emu_selftest.metal:\d+:\d+ while thread 0 of its "
+                            r"SIMD group is in simd_sum"),
+    ("simd_reduce", {"fast": 1}, r"kernel simd_reduce: simd_sum at .*emu_selftest.metal:\d+:\d+ reached on the "
+                                 r"fiber-free fast path \(threadgroup \(0,0,0\), thread 0\)"),
+], ids=["different_functions", "barrier_instead", "fast_path"])
+def test_simd_misuse_is_an_error(msl_emu, emu300, case, scalars, message):
+    res = msl_emu.run(emu300, outputs={"out": np.float32}, scalars={"case": case, "tg": 64, **scalars}, check=False)
+    assert res.returncode == msl_emu_build.EMU_ERROR_EXIT, res.stderr
+    assert re.search(message, res.stderr), res.stderr
 
 
 def test_empty_dispatch_is_an_error(msl_emu, emu300):

@@ -13,11 +13,14 @@ Conventions:
   - every .metal file is staged (copied with `#line 1 "<original>"`, `threadgroup` in pointer/reference types
     rewritten to MSL_EMU_TGP, see rewrite_threadgroup_pointers) into out_dir/stage/, which comes first on the
     include path, so a .metal file that includes another one gets the staged copy;
-  - a file "uses barriers" when it or a header it includes with `#include "..."` (found next to it or on the
-    include path) calls threadgroup_barrier; otherwise its kernels run on msl_emu's barrier-free fast path, where
-    a barrier is a fatal error (so a wrong detection cannot pass silently). A kernel "uses barriers" when its own
-    body calls threadgroup_barrier, or when the file uses barriers outside every kernel body (in a helper or an
-    included header: any kernel may reach it); a kernel cannot call another kernel, so that is conservative;
+  - a file "needs fibers" when it or a header it includes with `#include "..."` (found next to it or on the
+    include path) calls threadgroup_barrier or a SIMD-group function (simd_*, quad_*, simdgroup_barrier); otherwise
+    its kernels run on msl_emu's fiber-free fast path, where either is a fatal error (so a wrong detection cannot
+    pass silently);
+  - a kernel "uses barriers" when its own body calls threadgroup_barrier, or when the file calls it outside every
+    kernel body (in a helper or an included header: any kernel may reach it); a kernel cannot call another kernel,
+    so that is conservative. Targets that launch whole threadgroups only where a barrier needs them use this
+    (dev/gpu_proxy.py);
   - function constants (`constant T name [[function_constant(n)]];`, T = bool/int/uint/float, file scope) need
     -DMSL_EMU_FUNCTION_CONSTANTS, which is in the unit's flags only for files that declare them;
   - a parameter that cannot be classified is a GlueError naming file:line.
@@ -69,6 +72,13 @@ THREAD_ATTRIBUTES = {
     "threads_per_simdgroup": False,
     "simdgroup_index_in_threadgroup": False,
     "thread_index_in_simdgroup": False,
+    "thread_execution_width": False,
+    "simdgroups_per_threadgroup": False,
+    "dispatch_simdgroups_per_threadgroup": False,
+    "quadgroup_index_in_threadgroup": False,
+    "thread_index_in_quadgroup": False,
+    "quadgroups_per_threadgroup": False,
+    "dispatch_quadgroups_per_threadgroup": False,
 }
 _SCALAR_ATTR_TYPES = ("uint", "ushort")
 _VECTOR_ATTR_TYPES = ("uint", "uint2", "uint3", "ushort", "ushort2", "ushort3")
@@ -101,7 +111,7 @@ class Kernel:
     name: str
     params: tuple[Param, ...]
     line: int
-    uses_barriers: bool = False  # see the module docstring (per kernel; MetalFile.uses_barriers is per file)
+    uses_barriers: bool = False  # see the module docstring (per kernel; MetalFile.needs_fibers is per file)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +127,7 @@ class MetalFile:
     path: Path
     kernels: tuple[Kernel, ...]
     constants: tuple[FunctionConstant, ...]
-    uses_barriers: bool
+    needs_fibers: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +139,7 @@ class GeneratedUnit:
     source: Path  # out_dir/NAME_glue.cc
     kernels: tuple[Kernel, ...]
     constants: tuple[FunctionConstant, ...]
-    uses_barriers: bool
+    needs_fibers: bool
     flags: tuple[str, ...]  # -D... and -I... this unit needs (include dirs in search order)
 
 
@@ -207,7 +217,9 @@ _KERNEL = re.compile(r"\bkernel\s+void\s+([A-Za-z_]\w*)\s*\(")
 _ATTR = re.compile(r"\[\[\s*([A-Za-z_]\w*)\s*(?:\(\s*([^()\]]*?)\s*\))?\s*\]\]")
 _FUNCTION_CONSTANT = re.compile(
     r"\bconstant\s+([A-Za-z_]\w*)\s+([A-Za-z_]\w*)\s*\[\[\s*function_constant\s*\(\s*(\d+)\s*\)\s*\]\]\s*;")
+# A call that needs the fibers of msl_emu's runtime: a barrier or a SIMD-group function.
 _BARRIER = re.compile(r"\bthreadgroup_barrier\s*\(")
+_FIBER_CALL = re.compile(r"\b(?:threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*\(")
 _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 _DECL = re.compile(
     r"^(?P<quals>(?:(?:device|constant|threadgroup|thread|const|volatile)\s+)*)"
@@ -279,19 +291,20 @@ def _parse_param(text: str, where: str, kernel: str, line: int) -> Param:
     raise fail(f"unsupported attribute [[{attr}{'(' + arg + ')' if arg else ''}]]")
 
 
-def _includes_barrier(path: Path, search: list[Path], seen: set[Path]) -> bool:
+def _file_calls(path: Path, search: list[Path], seen: set[Path], pattern: re.Pattern) -> bool:
+    """Whether `path` or a header it includes with `#include "..."` (recursively) matches `pattern`."""
     path = path.resolve()
     if path in seen:
         return False
     seen.add(path)
     text = _strip_comments(path.read_text(), blank_strings=False)
-    if _BARRIER.search(_strip_comments(text)):
+    if pattern.search(_strip_comments(text)):
         return True
     for inc in _INCLUDE.findall(text):
         for d in [path.parent, *search]:
             cand = d / inc
             if cand.is_file():
-                if _includes_barrier(cand, search, seen):
+                if _file_calls(cand, search, seen, pattern):
                     return True
                 break
     return False
@@ -303,14 +316,14 @@ def _headers_barrier(path: Path, raw: str, search: list[Path]) -> bool:
     for inc in _INCLUDE.findall(_strip_comments(raw, blank_strings=False)):
         for d in [path.parent, *search]:
             if (d / inc).is_file():
-                if _includes_barrier(d / inc, search, seen):
+                if _file_calls(d / inc, search, seen, _BARRIER):
                     return True
                 break
     return False
 
 
 def parse_metal(path: str | Path, search: Iterable[Path] | None = None, *, text: str | None = None) -> MetalFile:
-    """Kernels, function constants and barrier use of one .metal file (see the module docstring); `text`: its
+    """Kernels, function constants and fiber use of one .metal file (see the module docstring); `text`: its
     contents, when it is not read from `path` (which then only names it in messages)."""
     path = Path(path).resolve()
     from_file = text is None
@@ -360,11 +373,11 @@ def parse_metal(path: str | Path, search: Iterable[Path] | None = None, *, text:
             raise GlueError(f"{path}:{_line_of(text, m.start())}: function constant not of the supported form "
                             "`constant T name [[function_constant(n)]];` at file scope (T = bool, int, uint, float)")
     search_dirs = list(search) if search is not None else []
-    uses_barriers = _includes_barrier(path, search_dirs, set()) if from_file else bool(_BARRIER.search(text))
+    needs_fibers = _file_calls(path, search_dirs, set(), _FIBER_CALL) if from_file else bool(_FIBER_CALL.search(text))
     outside = "".join(text[a:b] for a, b in zip([0] + [e for _, e in bodies], [s for s, _ in bodies] + [len(text)]))
     if _BARRIER.search(outside) or (from_file and _headers_barrier(path, raw, search_dirs)):
         kernels = [dataclasses.replace(k, uses_barriers=True) for k in kernels]  # a helper or a header has one
-    return MetalFile(path, tuple(kernels), tuple(sorted(constants, key=lambda c: c.index)), uses_barriers)
+    return MetalFile(path, tuple(kernels), tuple(sorted(constants, key=lambda c: c.index)), needs_fibers)
 
 
 def _body_span(text: str, i: int) -> tuple[int, int] | None:
@@ -433,7 +446,7 @@ def _unit_source(mf: MetalFile, staged_name: str) -> str:
     out.append("}")
     out.append("std::mutex g_mutex;")
     out.append(f"const {T}::FileDesc kFile = {{{_cstr(str(mf.path))}, kConstants, {len(mf.constants)}u, "
-               f"{'true' if mf.uses_barriers else 'false'}, &g_mutex, &SetConstant}};")
+               f"{'true' if mf.needs_fibers else 'false'}, &g_mutex, &SetConstant}};")
     out.append("")
     for k in mf.kernels:
         fn = f"decltype(&::{k.name})"
@@ -525,7 +538,7 @@ def generate(metal_files: Iterable[str | Path], out_dir: str | Path, *, root: Pa
             flags.insert(0, "-DMSL_EMU_FUNCTION_CONSTANTS")
         cc = out_dir / f"{src.stem}_glue.cc"
         _write_if_changed(cc, _unit_source(mf, st.name))
-        units.append(GeneratedUnit(src, st, cc, mf.kernels, mf.constants, mf.uses_barriers, tuple(flags)))
+        units.append(GeneratedUnit(src, st, cc, mf.kernels, mf.constants, mf.needs_fibers, tuple(flags)))
     return units
 
 

@@ -5,8 +5,8 @@
 //  - every message starts with the kernel name and names the slot, the parameter and both types;
 //  - Launch re-checks the contract (and data addresses/alignment) before touching anything: on error nothing ran;
 //  - workers: env TF_METAL_OPS_EMULATED_GPU_WORKERS, else MSL_EMU_WORKERS, else all CPUs (0 also means all CPUs);
-//    MSL_EMU_ORDER / MSL_EMU_SEED apply as in msl_emu; files that never call threadgroup_barrier run on the
-//    barrier-free fast path.
+//    MSL_EMU_ORDER / MSL_EMU_SEED apply as in msl_emu; files that call neither threadgroup_barrier nor a
+//    SIMD-group function run on the fiber-free fast path.
 #include "kernel_launch.h"
 
 #include <cinttypes>
@@ -269,7 +269,8 @@ std::string Launch(const LaunchDesc& d) {
 
   msl_emu::Options opt = msl_emu::Options::from_env();
   opt.workers = WorkersFromEnv();
-  opt.barrier_free = !kd->file->uses_barriers;
+  opt.fiber_free = !kd->file->needs_fibers;
+  opt.kernel_name = kd->name;
   const uint3 grid = {uint(d.grid[0]), uint(d.grid[1]), uint(d.grid[2])};
   const uint3 group = {d.group[0], d.group[1], d.group[2]};
   const table::Thunk thunk = kd->thunk;

@@ -59,7 +59,7 @@ struct FileDesc {
   const char* path;  // the original .metal file
   const ConstantDesc* constants;
   size_t num_constants;
-  bool uses_barriers;                          // false: launched on msl_emu's barrier-free fast path
+  bool needs_fibers;                           // false: launched on msl_emu's fiber-free fast path
   std::mutex* mutex;                           // guards the constants (see header comment)
   void (*set_constant)(uint32_t index, uint32_t bits);  // index/type already checked against `constants`
 };

@@ -169,6 +169,27 @@ kernel void divergent_barrier(device float* out [[buffer(0)]], uint tid [[thread
   out[tid] = tile[tg - 1 - tid];
 }
 
+// SIMD groups: the lanes below `split` call simd_sum, the others simd_max (divergent: an error; split = 32: every
+// lane sums); threads with tid % 5 == 4 return first (inactive). out[tid] = the reduction plus
+// 1000 x the number of active lanes below this one (after a simdgroup_barrier).
+kernel void simd_reduce(device float* out [[buffer(0)]], constant uint& split [[buffer(1)]],
+                        uint tid [[thread_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {
+  if (tid % 5 == 4) return;
+  float v = float(tid);
+  out[tid] = lane < split ? simd_sum(v) : simd_max(v);
+  simdgroup_barrier(mem_flags::mem_none);
+  out[tid] += simd_prefix_exclusive_sum(1.0f) * 1000.0f;
+}
+
+// A SIMD-group call that one thread meets at a threadgroup_barrier instead: an error.
+kernel void simd_vs_barrier(device float* out [[buffer(0)]], uint tid [[thread_index_in_threadgroup]]) {
+  if (tid == 7) {
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  } else {
+    out[tid] = simd_sum(1.0f);
+  }
+}
+
 // NEGATIVE: odd and even threads wait at different barriers.
 kernel void split_barrier(device float* out [[buffer(0)]], uint tid [[thread_index_in_threadgroup]]) {
   if (tid & 1) {

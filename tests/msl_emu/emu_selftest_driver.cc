@@ -100,6 +100,17 @@ int main(int argc, char** argv) {
       else split_barrier(out.data(), t.thread_index_in_threadgroup);
     });
     h.output("out", out);
+  } else if (c == "simd_reduce" || c == "simd_vs_barrier") {  // tg, split, fast; out:out float32[tg]
+    const uint tg = h.scalar<uint>("tg"), split = h.scalar<uint>("split", 32u);
+    msl_emu::Options opt = msl_emu::Options::from_env();
+    opt.fiber_free = h.scalar<uint>("fast", 0u) != 0;  // a wrong detection: SIMD calls on the fast path
+    opt.kernel_name = c.c_str();
+    std::vector<float> out(tg, -1.0f);
+    msl_emu::dispatch_threads(tg, tg, [&](const msl_emu::ThreadCtx& t) {
+      if (c == "simd_reduce") simd_reduce(out.data(), split, t.thread_index_in_threadgroup, t.thread_index_in_simdgroup);
+      else simd_vs_barrier(out.data(), t.thread_index_in_threadgroup);
+    }, opt);
+    h.output("out", out);
   } else if (c == "oob_write") {  // in:x float32[n]; out:y float32[n]
     const std::vector<float> x = h.input<float>("x");
     const uint n = uint(x.size());

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_metal_ops as t
+from support.simdgroup_checks import check_simdgroup_functions  # noqa: F401 (collected into CHECKS)
 
 EXP = """
     uint elem = thread_position_in_grid.x;
@@ -242,6 +243,7 @@ def check_2d_grid_and_thread_attributes(device):
 
 
 CHECKS = {name[len("check_"):]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
+assert "simdgroup_functions" in CHECKS
 
 
 def main(argv):
@@ -253,6 +255,7 @@ def main(argv):
     if device.endswith("GPU:0"):
         counts = t.emulated_gpu.dispatch_counts()
         assert counts.get("custom_kernel_myexp", 0) > 0 and counts.get("custom_kernel_block_sum", 0) > 0, counts
+        assert "simdgroup_functions" not in names or counts.get("custom_kernel_simdgroup_functions", 0) > 0, counts
         print("dispatches:", {k: v for k, v in counts.items() if k.startswith("custom_kernel_")})
     print("ok all")
 

@@ -45,6 +45,13 @@ THREAD_ATTRIBUTES = {
     "threads_per_simdgroup": "uint",
     "simdgroup_index_in_threadgroup": "uint",
     "thread_index_in_simdgroup": "uint",
+    "thread_execution_width": "uint",
+    "simdgroups_per_threadgroup": "uint",
+    "dispatch_simdgroups_per_threadgroup": "uint",
+    "quadgroup_index_in_threadgroup": "uint",
+    "thread_index_in_quadgroup": "uint",
+    "quadgroups_per_threadgroup": "uint",
+    "dispatch_quadgroups_per_threadgroup": "uint",
 }
 MAX_BUFFERS = 31  # [[buffer(0..30)]]
 KERNEL_PREFIX = "custom_kernel_"

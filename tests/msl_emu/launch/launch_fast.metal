@@ -1,5 +1,5 @@
-// Fixture of tests/test_emulated_kernel_launch.py: a file that (visibly) never calls threadgroup_barrier, so its
-// kernels run on msl_emu's barrier-free fast path.
+// Fixture of tests/test_emulated_kernel_launch.py: a file that (visibly) calls neither threadgroup_barrier nor a
+// SIMD-group function, so its kernels run on msl_emu's fiber-free fast path.
 #include <metal_stdlib>
 using namespace metal;
 

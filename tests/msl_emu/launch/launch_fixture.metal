@@ -1,7 +1,7 @@
 // Fixture of tests/test_emulated_kernel_launch.py: kernels run by name through csrc/emulated_gpu/kernel_launch.cc.
 // Covers buffer slots out of order, a `constant Struct&`, a half buffer, one function constant of each type,
 // a [[threadgroup(0)]] argument with barriers, and a uint2 grid. This file calls threadgroup_barrier, so all its
-// kernels run on fibers (not the barrier-free fast path).
+// kernels run on fibers (not the fiber-free fast path).
 #include <metal_stdlib>
 using namespace metal;
 

@@ -5,9 +5,10 @@
 // Invariants:
 //  - threadgroups run in parallel through the caller's parallel_for; one worker runs one group at a time, so
 //    kernel-scope `threadgroup` variables (static thread_local) belong to the running group;
-//  - a barrier-free kernel's group runs as a plain loop over its threads, x fastest, the kernel inlined into it,
-//    so the compiler can vectorise the body over a row of threads; a kernel that calls threadgroup_barrier runs its
-//    group as fibers (msl_emu::detail::GroupRunner, one per worker thread, reused);
+//  - a kernel without barriers and SIMD-group functions runs each group as a plain loop over its threads, x fastest,
+//    the kernel inlined into it, so the compiler can vectorise the body over a row of threads; a kernel that calls
+//    threadgroup_barrier or a SIMD-group function runs its group as fibers (msl_emu::detail::GroupRunner, one per
+//    worker thread, reused);
 //  - checked<T> stands for a `device`/`constant` pointer parameter in checked builds: an index outside the bound
 //    buffer records the first violation of the launch (kernel, parameter, index, size, thread) and yields a
 //    zeroed scratch element, so the access reads 0 and a write is discarded; the launch then fails with that
@@ -95,6 +96,7 @@ template <class Body>
 struct Job {
   Body* body;
   uint3 grid, group, groups;
+  const char* kernel;  // its name, for the fiber runtime's errors
   Violation violation;
 };
 
@@ -104,7 +106,7 @@ template <bool kChecked, class Body>
   body(t);
 }
 
-// Groups [begin, end) of a barrier-free kernel: each group's threads in a loop, x fastest.
+// Groups [begin, end) of a kernel that needs no fibers: each group's threads in a loop, x fastest.
 template <bool kChecked, class Body>
 void run_direct(void* arg, int64_t begin, int64_t end) {
   auto* job = static_cast<Job<Body>*>(arg);
@@ -115,13 +117,20 @@ void run_direct(void* arg, int64_t begin, int64_t end) {
   t.dispatch_threads_per_threadgroup = tg;
   t.threadgroups_per_grid = groups;
   t.threads_per_grid = grid;
-  t.threads_per_simdgroup = 32;
+  t.threads_per_simdgroup = detail::kSimdWidth;
+  t.thread_execution_width = detail::kSimdWidth;
+  const uint nd = tg.x * tg.y * tg.z;
+  t.dispatch_simdgroups_per_threadgroup = (nd + 31) / 32;
+  t.dispatch_quadgroups_per_threadgroup = (nd + 3) / 4;
   for (int64_t g = begin; g < end; ++g) {
     const uint3 gp = {uint(g % groups.x), uint(g / groups.x % groups.y), uint(g / groups.x / groups.y)};
     const uint3 actual = detail::group_extent(gp, tg, grid);
     const uint3 origin = gp * tg;
     t.threadgroup_position_in_grid = gp;
     t.threads_per_threadgroup = actual;
+    const uint n = actual.x * actual.y * actual.z;
+    t.simdgroups_per_threadgroup = (n + 31) / 32;
+    t.quadgroups_per_threadgroup = (n + 3) / 4;
     for (uint z = 0; z < actual.z; ++z) {
       for (uint y = 0; y < actual.y; ++y) {
         const uint row = (z * actual.y + y) * actual.x;
@@ -131,6 +140,8 @@ void run_direct(void* arg, int64_t begin, int64_t end) {
           t.thread_index_in_threadgroup = row + x;
           t.simdgroup_index_in_threadgroup = (row + x) / 32;
           t.thread_index_in_simdgroup = (row + x) % 32;
+          t.quadgroup_index_in_threadgroup = (row + x) / 4;
+          t.thread_index_in_quadgroup = (row + x) % 4;
           run_thread<kChecked>(body, t);
         }
       }
@@ -139,19 +150,20 @@ void run_direct(void* arg, int64_t begin, int64_t end) {
   if constexpr (kChecked) tls = {};
 }
 
-// Groups [begin, end) of a kernel with barriers: each group as fibers on this worker's GroupRunner.
+// Groups [begin, end) of a kernel with barriers or SIMD-group functions: each group as fibers on this worker's GroupRunner.
 template <bool kChecked, class Body>
 void run_fibers(void* arg, int64_t begin, int64_t end) {
   auto* job = static_cast<Job<Body>*>(arg);
   static const Options options = [] {
     Options o = Options::from_env();  // MSL_EMU_ORDER / MSL_EMU_SEED / MSL_EMU_STACK_KB apply
     o.workers = 1;
-    o.barrier_free = false;
+    o.fiber_free = false;
     return o;
   }();
   thread_local std::unique_ptr<detail::GroupRunner> runner;
   thread_local std::vector<ThreadCtx> ctx;
   if (!runner) runner = std::make_unique<detail::GroupRunner>(options);
+  runner->set_kernel_name(job->kernel);
   if constexpr (kChecked) tls.violation = &job->violation;
   const uint3 grid = job->grid, tg = job->group, groups = job->groups;
   auto thread_fn = [](void* user, const ThreadCtx& t) {
@@ -163,17 +175,18 @@ void run_fibers(void* arg, int64_t begin, int64_t end) {
     const uint3 actual = detail::group_extent(gp, tg, grid);
     const uint n = actual.x * actual.y * actual.z;
     ctx.resize(n);
-    for (uint i = 0; i < n; ++i) detail::fill_ctx(ctx[i], i, gp, actual, tg, groups, grid, 32);
+    for (uint i = 0; i < n; ++i) detail::fill_ctx(ctx[i], i, gp, actual, tg, groups, grid);
     runner->run_group(ctx.data(), n, thread_fn, job->body, uint64_t(g));
   }
   if constexpr (kChecked) tls = {};
 }
 
 // Runs body(const ThreadCtx&) for every thread of launch's grid. 0, or non-zero with a message in error.
-template <bool kBarriers, bool kChecked, class Body>
-int run(const TfmoInlineLaunch* launch, Body& body, char* error, size_t error_len) {
+template <bool kFibers, bool kChecked, class Body>
+int run(const TfmoInlineLaunch* launch, Body& body, const char* kernel, char* error, size_t error_len) {
   Job<Body> job;
   job.body = &body;
+  job.kernel = kernel;
   job.grid = uint3{launch->grid[0], launch->grid[1], launch->grid[2]};
   job.group = uint3{launch->group[0], launch->group[1], launch->group[2]};
   for (int d = 0; d < 3; ++d) {
@@ -186,7 +199,7 @@ int run(const TfmoInlineLaunch* launch, Body& body, char* error, size_t error_le
   const int64_t total = int64_t(job.groups.x) * job.groups.y * job.groups.z;
   const int64_t per_group = int64_t(job.group.x) * job.group.y * job.group.z;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / per_group);  // >= 16k threads per task
-  TfmoRangeFn fn = kBarriers ? &run_fibers<kChecked, Body> : &run_direct<kChecked, Body>;
+  TfmoRangeFn fn = kFibers ? &run_fibers<kChecked, Body> : &run_direct<kChecked, Body>;
   if (total <= grain || launch->parallel_for == nullptr) {
     fn(&job, 0, total);
   } else {

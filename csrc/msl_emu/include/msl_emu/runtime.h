@@ -9,11 +9,19 @@
 //    thread of the group waits at it (at the same call site). A thread that returns while others wait,
 //    or threads waiting at different barrier call sites, is reported as an error (UB in MSL);
 //  - errors print "msl_emu: error: ..." on stderr and end the process with exit status 70;
+//  - SIMD groups: threads [32 k, 32 k + 32) of a group in thread_index_in_threadgroup order (the last one partial
+//    when the group size is not a multiple of 32). A SIMD-group function (simd_*, quad_*, simdgroup_barrier in
+//    <metal_stdlib>) parks the calling fiber with its argument (SimdCall); once every fiber of the group is parked
+//    or done, each SIMD group with parked callers is resolved: its ACTIVE threads are the ones that have not
+//    returned, and all of them must wait in the same function at the same call site, else the run ends with
+//    "divergent SIMD-group function" (a thread of that SIMD group waiting at a threadgroup_barrier or at another
+//    SIMD-group call). The results are written to each caller and the callers resume; barriers are resolved
+//    only when no SIMD group has parked callers;
 //  - fiber stacks are mmap'd with a guard page below, allocated once per worker and reused by every group;
-//  - barrier-free fast path (Options::barrier_free, for kernels whose source never calls threadgroup_barrier):
-//    no fibers; a group's threads run one after another, to completion, directly on the worker thread, in the
-//    MSL_EMU_ORDER order. A threadgroup_barrier reached in this mode is a fatal error (the caller's barrier
-//    detection was wrong), never a silent race.
+//  - fiber-free fast path (Options::fiber_free, for kernels whose source calls neither threadgroup_barrier nor a
+//    SIMD-group function): no fibers; a group's threads run one after another, to completion, directly on the
+//    worker thread, in the MSL_EMU_ORDER order. A barrier or SIMD-group function reached in this mode is a fatal
+//    error (the caller's detection was wrong), never a silent race or a wrong reduction.
 #pragma once
 
 #include <sys/mman.h>
@@ -71,9 +79,16 @@ struct ThreadCtx {
   uint3 threadgroups_per_grid;
   uint3 threads_per_grid;
   uint thread_index_in_threadgroup;  // x fastest, over the actual group size
-  uint threads_per_simdgroup;        // SIMD width reported to kernels (no SIMD-group functions exist)
-  uint simdgroup_index_in_threadgroup;
-  uint thread_index_in_simdgroup;
+  uint threads_per_simdgroup;        // the SIMD width, 32 (also thread_execution_width)
+  uint thread_execution_width;
+  uint simdgroup_index_in_threadgroup;  // thread_index_in_threadgroup / 32
+  uint thread_index_in_simdgroup;       // thread_index_in_threadgroup % 32
+  uint simdgroups_per_threadgroup;      // ceil(actual group size / 32)
+  uint dispatch_simdgroups_per_threadgroup;  // ceil(dispatch group size / 32)
+  uint quadgroup_index_in_threadgroup;  // thread_index_in_threadgroup / 4
+  uint thread_index_in_quadgroup;       // thread_index_in_threadgroup % 4
+  uint quadgroups_per_threadgroup;      // ceil(actual group size / 4)
+  uint dispatch_quadgroups_per_threadgroup;
 };
 
 enum class Order { forward, reverse, shuffle };
@@ -83,8 +98,8 @@ struct Options {
   Order order = Order::forward;    // order fibers are resumed in, per barrier phase (MSL_EMU_ORDER)
   uint64_t seed = 0;               // for Order::shuffle (MSL_EMU_SEED)
   size_t stack_bytes = 256 << 10;  // per fiber (MSL_EMU_STACK_KB)
-  uint simd_width = 32;            // reported only
-  bool barrier_free = false;       // fast path: no fibers; threadgroup_barrier is fatal (see header comment)
+  bool fiber_free = false;         // fast path: no fibers; barriers and SIMD-group calls are fatal (header comment)
+  const char* kernel_name = nullptr;  // for error messages
 
   static Options from_env() {
     Options o;
@@ -106,8 +121,26 @@ struct Options {
 namespace detail {
 
 inline constexpr uint kMaxThreadsPerGroup = 1024;  // Metal's limit on Apple GPUs
+inline constexpr uint kSimdWidth = 32;             // threads per SIMD group on Apple GPUs
 
 using KernelFn = void (*)(void* user, const ThreadCtx& t);
+
+// One thread's part in a SIMD-group function call (<metal_stdlib>'s simd_*, quad_*, simdgroup_barrier). While the
+// thread is parked, `in` and `out` point into its fiber's stack.
+struct SimdCall {
+  const char* function;  // "simd_sum", for messages
+  const void* in;        // the thread's data argument (nullptr when the function has none)
+  void* out;             // where the thread's result goes (nullptr: none)
+  uint arg;              // lane / delta / mask argument (0 when the function has none)
+  // Computes the results of one SIMD group: lanes[i] is lane i's call, nullptr for an inactive lane (returned, or
+  // past the end of a partial SIMD group); width = kSimdWidth.
+  void (*resolve)(SimdCall* const* lanes, uint width);
+  std::source_location site;
+};
+
+inline bool same_site(const std::source_location& a, const std::source_location& b) {
+  return a.line() == b.line() && a.column() == b.column() && std::strcmp(a.file_name(), b.file_name()) == 0;
+}
 
 inline uint64_t splitmix64(uint64_t& s) {
   uint64_t z = (s += 0x9E3779B97F4A7C15ull);
@@ -153,12 +186,13 @@ class GroupRunner {
     GroupRunner* saved = tls_runner;
     tls_runner = this;
     uint64_t rng = opt_.seed ^ (group_linear * 0x2545F4914F6CDD1Dull);
-    for (uint phase = 0;; ++phase) {
+    for (uint phase = 0;;) {
       for (uint i = 0; i < n; ++i) order_[i] = opt_.order == Order::reverse ? n - 1 - i : i;
       if (opt_.order == Order::shuffle)
         for (uint i = n; i > 1; --i) std::swap(order_[i - 1], order_[splitmix64(rng) % i]);
       for (uint i : order_)
         if (fibers_[i].state == State::ready) resume(i);
+      if (resolve_simd(ctx, n)) continue;  // SIMD groups first: their threads run on to the barrier
       uint waiting = 0, done = 0, first_wait = n, first_done = n;
       for (uint i = 0; i < n; ++i) {
         if (fibers_[i].state == State::waiting) waiting++, first_wait = first_wait == n ? i : first_wait;
@@ -167,10 +201,10 @@ class GroupRunner {
       if (waiting == 0) break;  // every thread returned
       const Fiber& w = fibers_[first_wait];
       if (done > 0) {
-        fatal("divergent threadgroup_barrier: in threadgroup (%u,%u,%u), thread %u (index in group) returned "
+        fatal("%sdivergent threadgroup_barrier: in threadgroup (%u,%u,%u), thread %u (index in group) returned "
               "while %u of %u threads wait at the barrier at %s:%u:%u (barrier phase %u); every thread of a "
               "threadgroup must reach every barrier",
-              ctx[0].threadgroup_position_in_grid.x, ctx[0].threadgroup_position_in_grid.y,
+              kernel_prefix().c, ctx[0].threadgroup_position_in_grid.x, ctx[0].threadgroup_position_in_grid.y,
               ctx[0].threadgroup_position_in_grid.z, ctx[first_done].thread_index_in_threadgroup, waiting, n,
               w.site.file_name(), unsigned(w.site.line()), unsigned(w.site.column()), phase);
       }
@@ -178,9 +212,9 @@ class GroupRunner {
         const Fiber& f = fibers_[i];
         if (f.site.line() != w.site.line() || f.site.column() != w.site.column() ||
             std::strcmp(f.site.file_name(), w.site.file_name()) != 0) {
-          fatal("divergent threadgroup_barrier: threads of threadgroup (%u,%u,%u) wait at different barriers: "
+          fatal("%sdivergent threadgroup_barrier: threads of threadgroup (%u,%u,%u) wait at different barriers: "
                 "thread %u at %s:%u:%u, thread %u at %s:%u:%u",
-                ctx[0].threadgroup_position_in_grid.x, ctx[0].threadgroup_position_in_grid.y,
+                kernel_prefix().c, ctx[0].threadgroup_position_in_grid.x, ctx[0].threadgroup_position_in_grid.y,
                 ctx[0].threadgroup_position_in_grid.z, ctx[first_wait].thread_index_in_threadgroup,
                 w.site.file_name(), unsigned(w.site.line()), unsigned(w.site.column()),
                 ctx[i].thread_index_in_threadgroup, f.site.file_name(), unsigned(f.site.line()),
@@ -188,6 +222,7 @@ class GroupRunner {
         }
       }
       for (uint i = 0; i < n; ++i) fibers_[i].state = State::ready;
+      ++phase;
     }
     tls_runner = saved;
   }
@@ -219,10 +254,10 @@ class GroupRunner {
   void barrier(std::source_location site) {
     if (direct_) {
       const ThreadCtx& t = *direct_ctx_;
-      fatal("threadgroup_barrier at %s:%u:%u reached in barrier-free mode (threadgroup (%u,%u,%u), thread %u): the "
-            "kernel was launched on the fast path because its source was detected as never calling "
-            "threadgroup_barrier; that detection is wrong",
-            site.file_name(), unsigned(site.line()), unsigned(site.column()), t.threadgroup_position_in_grid.x,
+      fatal("%sthreadgroup_barrier at %s:%u:%u reached on the fiber-free fast path (threadgroup (%u,%u,%u), thread "
+            "%u): the kernel was launched on the fast path because its source was detected as never calling "
+            "threadgroup_barrier or a SIMD-group function; that detection is wrong",
+            kernel_prefix().c, site.file_name(), unsigned(site.line()), unsigned(site.column()), t.threadgroup_position_in_grid.x,
             t.threadgroup_position_in_grid.y, t.threadgroup_position_in_grid.z, t.thread_index_in_threadgroup);
     }
     Fiber& f = fibers_[current_];
@@ -231,8 +266,27 @@ class GroupRunner {
     switch_to_scheduler(f, /*dying=*/false);
   }
 
+  // Called by a SIMD-group function on a fiber: park until the SIMD group is resolved (header comment).
+  void simd(SimdCall& c) {
+    if (direct_) {
+      const ThreadCtx& t = *direct_ctx_;
+      fatal("%s%s at %s:%u:%u reached on the fiber-free fast path (threadgroup (%u,%u,%u), thread %u): the kernel "
+            "was launched on the fast path because its source was detected as never calling threadgroup_barrier or "
+            "a SIMD-group function; that detection is wrong",
+            kernel_prefix().c, c.function, c.site.file_name(), unsigned(c.site.line()), unsigned(c.site.column()),
+            t.threadgroup_position_in_grid.x, t.threadgroup_position_in_grid.y, t.threadgroup_position_in_grid.z,
+            t.thread_index_in_threadgroup);
+    }
+    Fiber& f = fibers_[current_];
+    f.call = &c;
+    f.state = State::simd;
+    switch_to_scheduler(f, /*dying=*/false);
+  }
+
+  void set_kernel_name(const char* name) { opt_.kernel_name = name; }
+
  private:
-  enum class State { ready, waiting, done };
+  enum class State { ready, waiting, simd, done };  // waiting: at a threadgroup_barrier; simd: in a SIMD call
   struct Fiber {
     void* map = nullptr;    // mapping incl. guard page
     void* stack = nullptr;  // usable stack (above the guard page)
@@ -240,8 +294,63 @@ class GroupRunner {
     const ThreadCtx* ctx = nullptr;
     State state = State::done;
     std::source_location site;
+    SimdCall* call = nullptr;    // while State::simd
     void* fake_stack = nullptr;  // ASan fake-stack handle while switched out
   };
+
+  struct Prefix {
+    char c[192];
+  };
+  Prefix kernel_prefix() const {
+    Prefix p{};
+    if (opt_.kernel_name != nullptr) std::snprintf(p.c, sizeof p.c, "kernel %s: ", opt_.kernel_name);
+    return p;
+  }
+
+  // Resolves every SIMD group of the running threadgroup whose threads wait in a SIMD-group call; false if none.
+  bool resolve_simd(const ThreadCtx* ctx, uint n) {
+    bool any = false;
+    constexpr uint w = kSimdWidth;
+    for (uint base = 0; base < n; base += w) {
+      const uint end = std::min(n, base + w);
+      uint first = end;
+      for (uint i = base; i < end && first == end; ++i)
+        if (fibers_[i].state == State::simd) first = i;
+      if (first == end) continue;
+      const SimdCall& c0 = *fibers_[first].call;
+      SimdCall* lanes[kSimdWidth] = {};
+      for (uint i = base; i < end; ++i) {
+        const Fiber& f = fibers_[i];
+        if (f.state == State::waiting) {
+          fatal("%sdivergent SIMD-group function: in threadgroup (%u,%u,%u), SIMD group %u, thread %u (index in "
+                "group) waits at the threadgroup_barrier at %s:%u:%u while thread %u of its SIMD group is in %s at "
+                "%s:%u:%u; the active threads of a SIMD group must reach each SIMD-group function together",
+                kernel_prefix().c, ctx[0].threadgroup_position_in_grid.x, ctx[0].threadgroup_position_in_grid.y,
+                ctx[0].threadgroup_position_in_grid.z, base / w, ctx[i].thread_index_in_threadgroup,
+                f.site.file_name(), unsigned(f.site.line()), unsigned(f.site.column()),
+                ctx[first].thread_index_in_threadgroup, c0.function, c0.site.file_name(), unsigned(c0.site.line()),
+                unsigned(c0.site.column()));
+        }
+        if (f.state != State::simd) continue;  // done: inactive
+        if (!same_site(f.call->site, c0.site) || f.call->resolve != c0.resolve) {
+          fatal("%sdivergent SIMD-group function: in threadgroup (%u,%u,%u), SIMD group %u, thread %u (index in "
+                "group) is in %s at %s:%u:%u while thread %u is in %s at %s:%u:%u; the active threads of a SIMD "
+                "group must reach each SIMD-group function together",
+                kernel_prefix().c, ctx[0].threadgroup_position_in_grid.x, ctx[0].threadgroup_position_in_grid.y,
+                ctx[0].threadgroup_position_in_grid.z, base / w, ctx[first].thread_index_in_threadgroup,
+                c0.function, c0.site.file_name(), unsigned(c0.site.line()), unsigned(c0.site.column()),
+                ctx[i].thread_index_in_threadgroup, f.call->function, f.call->site.file_name(),
+                unsigned(f.call->site.line()), unsigned(f.call->site.column()));
+        }
+        lanes[i - base] = f.call;
+      }
+      c0.resolve(lanes, w);
+      for (uint i = base; i < end; ++i)
+        if (fibers_[i].state == State::simd) fibers_[i].state = State::ready, fibers_[i].call = nullptr;
+      any = true;
+    }
+    return any;
+  }
 
   void ensure_fibers(uint n) {
     if (fibers_.size() >= n) return;
@@ -320,7 +429,8 @@ inline uint3 group_extent(uint3 gp, uint3 tg, uint3 grid) {
 }
 
 // The attribute values of thread i (x fastest) of group gp, whose actual size is `actual`.
-inline void fill_ctx(ThreadCtx& t, uint i, uint3 gp, uint3 actual, uint3 tg, uint3 groups, uint3 grid, uint simd) {
+inline void fill_ctx(ThreadCtx& t, uint i, uint3 gp, uint3 actual, uint3 tg, uint3 groups, uint3 grid) {
+  constexpr uint simd = kSimdWidth;
   const uint x = i % actual.x, y = i / actual.x % actual.y, z = i / actual.x / actual.y;
   t.thread_position_in_threadgroup = uint3{x, y, z};
   t.threadgroup_position_in_grid = gp;
@@ -331,8 +441,16 @@ inline void fill_ctx(ThreadCtx& t, uint i, uint3 gp, uint3 actual, uint3 tg, uin
   t.threads_per_grid = grid;
   t.thread_index_in_threadgroup = i;
   t.threads_per_simdgroup = simd;
+  t.thread_execution_width = simd;
   t.simdgroup_index_in_threadgroup = i / simd;
   t.thread_index_in_simdgroup = i % simd;
+  const uint n = actual.x * actual.y * actual.z, nd = tg.x * tg.y * tg.z;
+  t.simdgroups_per_threadgroup = (n + simd - 1) / simd;
+  t.dispatch_simdgroups_per_threadgroup = (nd + simd - 1) / simd;
+  t.quadgroup_index_in_threadgroup = i / 4;
+  t.thread_index_in_quadgroup = i % 4;
+  t.quadgroups_per_threadgroup = (n + 3) / 4;
+  t.dispatch_quadgroups_per_threadgroup = (nd + 3) / 4;
 }
 
 inline void check_group_size(uint3 tg) {
@@ -352,8 +470,8 @@ inline void run_grid(uint3 groups, uint3 tg, uint3 grid, KernelFn fn, void* user
       const uint3 gp = {uint(g % groups.x), uint(g / groups.x % groups.y), uint(g / groups.x / groups.y)};
       const uint3 actual = group_extent(gp, tg, grid);
       const uint n = actual.x * actual.y * actual.z;
-      auto make_ctx = [&](uint i, ThreadCtx& t) { fill_ctx(t, i, gp, actual, tg, groups, grid, opt.simd_width); };
-      if (opt.barrier_free) {
+      auto make_ctx = [&](uint i, ThreadCtx& t) { fill_ctx(t, i, gp, actual, tg, groups, grid); };
+      if (opt.fiber_free) {
         runner.run_group_direct(n, fn, user, g, make_ctx);
         continue;
       }
