@@ -50,7 +50,8 @@ BASELINES = ROOT / "dev" / "gpu_proxy" / "baselines.cu"
 ARCH = "sm_90"
 MSL_VERSIONS = {"3.0": 300, "2.4": 240}
 CUDA_FLAGS = ["-x", "cuda", "--cuda-device-only", f"--cuda-gpu-arch={ARCH}", "-nocudainc", "-nocudalib",
-              "--cuda-path=/nonexistent-cuda", "-std=c++20", "-O3", "-S", "-ffp-contract=off",
+              "--cuda-path=/nonexistent-cuda", "-Xclang", "-target-feature", "-Xclang", "+ptx78",  # PTX ISA 7.8 (sm_90): the warp shuffle/vote builtins need it declared
+              "-std=c++20", "-O3", "-S", "-ffp-contract=off",
               "-Wall", "-Wno-unknown-attributes", "-Wno-unused-function", "-Wno-unused-variable"]
 
 

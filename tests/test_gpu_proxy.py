@@ -1,7 +1,8 @@
 """The GPU proxy's build (dev/gpu_proxy.py): every metal_kernels/*.metal compiles to PTX at MSL 3.0 and 2.4 with one
 `.entry` per kernel that msl_emu's signature parse finds, each with the parameters of its launch contract; the MSL
 version selects native float atomics or the compare-and-swap loop; the MSL emulation's own fixtures (threadgroup
-storage and arguments, threadgroup atomics, function constants, ushort attributes) compile too; and a construct the
+storage and arguments, threadgroup atomics, function constants, ushort attributes, SIMD-group functions) compile
+too; and a construct the
 CUDA counterpart lacks fails with a message that names it. Needs clang++-16 (CI has it); no GPU, no ptxas.
 
 The build of the module runs once (the `built` fixture)."""
@@ -93,6 +94,8 @@ def test_barriers_threadgroup_memory_and_function_constants(built):
     selftest = (fixtures / "emu_selftest.ptx").read_text()
     assert ".shared .align 4 .b8 _ZZ9block_sum" in selftest  # kernel-scope `threadgroup float tile[256]`
     assert "atom.shared.add.u32" in selftest or "atom.add.u32" in selftest  # threadgroup atomic_uint
+    # emu_selftest's simd_reduce: SIMD-group functions as warp shuffles over the active lanes
+    assert "shfl.sync.idx.b32" in selftest and "activemask.b32" in selftest and "bar.warp.sync" in selftest
     launch = (fixtures / "launch_fixture.ptx").read_text()
     constants = fixture_manifest["files"]["launch_fixture"]["function_constants"]
     assert constants == ["kNegate", "kOffset", "kMul", "kBias"]
