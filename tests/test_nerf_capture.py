@@ -1,6 +1,6 @@
-"""The NeRF example's loaders of real captures (examples/nerf/data/{colmap_model,colmap_loader,nerfstudio_loader,
-capture,normalise}.py) on a capture of the unbounded test scene (nerf.data.unbounded_scene: 16 views of 64x48, five
-COLMAP camera models) written by the formats' own writers: pycolmap for COLMAP's .bin and .txt, JSON for
+"""The NeRF example's loaders of real captures (colmap_model.py, colmap_loader.py, nerfstudio_loader.py, capture.py and
+normalise.py in examples/nerf/data/) on a capture of the unbounded test scene (nerf.data.unbounded_scene: 16 views
+of 64x48, five COLMAP camera models) written by the formats' own writers: pycolmap for COLMAP's .bin and .txt, JSON for
 nerfstudio's and instant-ngp's transforms.json. The capture is rendered once per session."""
 
 import json
