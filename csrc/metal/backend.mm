@@ -104,8 +104,8 @@ bool Execute(Call& call) {
 }
 
 // RunAndRead's backend half: the passes and a blit of the requested bytes into a shared staging buffer, in the
-// stream's current command buffer, one commitAndWait; then, outside the queue, the completed handler's verdict and a copy
-// out of the staging buffer. The blit (not -contents of the tensor's own buffer) works whatever the storage mode of
+// stream's current command buffer, one commitAndWait; then, outside the queue, the completed handler's verdict and a
+// copy out of the staging buffer. The blit (not -contents of the tensor's own buffer) works whatever the storage mode of
 // tensorflow-metal's buffers. Scratch tensors stay with the Call (they may be bound again by later passes).
 bool ExecuteAndRead(Call& call, const HostRead& read) {
   TF_OpKernelContext* ctx = call.ctx();

@@ -3,8 +3,8 @@
 //
 // Every call adds a completion handler before its commit; the handler records the command buffer's own status and
 // error. Waiting (TF_METAL_OPS_SYNC=1, ExecuteAndRead; the buffer submitted by [stream commitAndWait]) waits for
-// that handler, outside the stream's queue, with a timeout (TF_METAL_OPS_GPU_TIMEOUT seconds, default 300): never on the stream's current buffer, which an
-// MPSCommandBuffer-style stream commits-and-continues, wrapping a new buffer. A GPU error of an asynchronous call is
+// that handler, outside the stream's queue, with a timeout (TF_METAL_OPS_GPU_TIMEOUT seconds, default 300): never
+// on the stream's current buffer, which an MPSCommandBuffer-style stream commits-and-continues, wrapping a new buffer. A GPU error of an asynchronous call is
 // kept and fails the next call (and shows in backend_info).
 #pragma once
 

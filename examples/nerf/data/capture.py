@@ -13,7 +13,6 @@ resolution, the held-out split, the scene normalisation and the :class:`~nerf.da
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ import numpy as np
 
 from nerf.data.cameras import Camera, CameraModelError, camera_directions
 from nerf.data.dataset import Dataset, DatasetError, Views
-from nerf.data.loaders import _to_unit_float, composite, downscale
+from nerf.data.loaders import _read_json_object, _to_unit_float, composite, downscale
 from nerf.data import normalise
 
 DEFAULT_HOLDOUT_EVERY = 8
@@ -108,14 +107,8 @@ def load_frame_image(frame: Frame, images_dir: str, factor: int, background) -> 
 def split_names(names: list, where: str, split_file: str | None, holdout_every: int | None):
     """(train names, test names) of the capture's image ``names``."""
     if split_file is not None:
-        try:
-            with open(split_file) as f:
-                spec = json.load(f)
-        except FileNotFoundError:
-            raise DatasetError(f"{split_file}: split file not found") from None
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{split_file}: malformed JSON ({e})") from None
-        if not isinstance(spec, dict) or not all(isinstance(spec.get(k), list) for k in ("train", "test")):
+        spec = _read_json_object(split_file, "'train' and 'test' lists of image names")
+        if not all(isinstance(spec.get(k), list) for k in ("train", "test")):
             raise DatasetError(f"{split_file}: expected a JSON object {{\"train\": [image names], \"test\": [image "
                                "names]}")
         known = set(names)
