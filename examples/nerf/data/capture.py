@@ -20,7 +20,7 @@ import numpy as np
 
 from nerf.data.cameras import Camera, CameraModelError, camera_directions
 from nerf.data.dataset import Dataset, DatasetError, Views
-from nerf.data.loaders import _read_json_object, _to_unit_float, composite, downscale
+from nerf.data.loaders import _read_json_object, composite, downscale, read_image
 from nerf.data import normalise
 
 DEFAULT_HOLDOUT_EVERY = 8
@@ -38,23 +38,6 @@ class Frame:
     camera: Camera
     where: str
     size_note: str = ""
-
-
-def read_image(path: str, where: str) -> np.ndarray:
-    """An image file → float32 ``[H, W, 3 or 4]`` in [0, 1]."""
-    import imageio.v3 as iio
-
-    if not os.path.isfile(path):
-        raise DatasetError(f"{where}: image {path} not found")
-    try:
-        img = iio.imread(path)
-    except Exception as e:
-        raise DatasetError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
-    if img.ndim == 2:
-        img = img[..., None].repeat(3, -1)
-    if img.ndim != 3 or img.shape[-1] not in (3, 4):
-        raise DatasetError(f"{path}: expected an RGB or RGBA image, got shape {list(img.shape)}")
-    return _to_unit_float(img, path)
 
 
 def pyramid_path(frame: Frame, images_dir: str, factor: int) -> str | None:

@@ -180,20 +180,25 @@ def _read_json(path: str) -> dict:
     return meta
 
 
-def _read_png(path: str, json_path: str) -> np.ndarray:
+def read_image(path: str, where: str, noun: str = "image", **imread_kwargs) -> np.ndarray:
+    """An image file → float32 ``[H, W, 3 or 4]`` in [0, 1]; a missing one is "``where``: ``noun`` PATH not found"."""
     import imageio.v3 as iio
 
     if not os.path.isfile(path):
-        raise DatasetError(f"{json_path}: frame image {path} not found")
+        raise DatasetError(f"{where}: {noun} {path} not found")
     try:
-        img = iio.imread(path, plugin="pillow")
+        img = iio.imread(path, **imread_kwargs)
     except Exception as e:
         raise DatasetError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
     if img.ndim == 2:
         img = img[..., None].repeat(3, -1)
     if img.ndim != 3 or img.shape[-1] not in (3, 4):
         raise DatasetError(f"{path}: expected an RGB or RGBA image, got shape {list(img.shape)}")
-    img = _to_unit_float(img, path)
+    return _to_unit_float(img, path)
+
+
+def _read_png(path: str, json_path: str) -> np.ndarray:
+    img = read_image(path, json_path, "frame image", plugin="pillow")
     if img.shape[-1] == 3:
         img = np.concatenate([img, np.ones_like(img[..., :1])], -1)
     return img
