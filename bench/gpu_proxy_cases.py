@@ -330,13 +330,7 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                  ("case", f"hg_gather_{bt} (bare, tcnn launch, tcnn layout)"),
                  note="bound: tiny-cuda-nn's launch and output layout"),
         ]
-    cases.append(Case("hash_grid_encode_staged_float32 (EXPERIMENT)", "hash_grid",
-                      [Launch("hash_grid", "hash_grid_encode_staged_float32",
-                              [("buf", "x"), ("buf", "params"), ("buf", "levels"), ("buf", "args"), ("buf", "out"),
-                               ("u32", 32 * n_levels * F * 4)], ((n + 31) // 32 * 32, 16, 1), (32, 16, 1),
-                              shared=32 * n_levels * F * 4)],
-                      arrays, lambda: {"out": first(ref()["out"], enc_tol(ref(), False))},
-                      ("case", "hg_gather_f32 (bare, tcnn launch, tcnn layout)")))
+
 
     def gp_expect(half=False, second=False):
         key = "grad2_params" if second else "grad_params"
@@ -377,17 +371,6 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
         return {"acc": (r["grad_params"], 1e-4 * r["abs_grad_params"] + 1e-6)}
 
     for pts, xname, expect in (("random points", "x", gp_expect), ("rays", "x_rays", gp_expect_rays)):
-        for module, label in (("hash_grid", "native"), ("msl2.4/hash_grid", "CAS")):
-            for kern in ("old", "spec"):
-                for policy, k in (policies[0], policies[2]):
-                    if kern == "old" and k:
-                        continue
-                    cases.append(Case(f"EXPERIMENT grad_params_{kern}, {label}, {pts}, {policy}", "hash_grid",
-                                      [Launch(module, f"hash_grid_grad_params_{kern}_float32",
-                                              [("buf", "dy"), ("buf", xname), ("buf", "levels"),
-                                               ("buf", f"args_agg{k}"), ("buf", "acc")], grid2, tg)],
-                                      arrays, expect, ("case", "hg_scatter_f32 (bare, tcnn launch, float atomics)"),
-                                      setup=zero_acc))
         if xname == "x_rays":
             cases.append(Case("hg_scatter_f32 (bare, tcnn launch, float atomics), rays", "hash_grid",
                               [Launch("baselines", "hg_scatter_f32_F2_D3",

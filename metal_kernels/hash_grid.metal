@@ -2,21 +2,28 @@
 // kernels: csrc/shared/hash_grid_math.h). Host: csrc/gpu/hash_grid_gpu.cc. Buffers:
 //   positions [N*D] float, params [rows*F] T, levels [L] HgLevel (constant), args HgArgs (constant).
 // Kernels (T = float32 | float16; spelled out per dtype so the C++ emulation in csrc/msl_emu compiles them):
-//   hash_grid_encode_T        grid (N, L): one thread per (point, level); a threadgroup is a run of points of ONE
-//                             level (groups are 1-D along x), so that level's table is what the group reads.
+//   hash_grid_encode_T        1-D grid of N*L threads: thread t encodes point t / L at level t % L (the level
+//                             fastest: a SIMD group writes one contiguous run of the [N, L*F] output).
 //                             Inactive levels (l >= n_active) write zeros. out [N, L*F] T.
-//   hash_grid_grad_params_T   grid (N, n_active): scatters weight * dy into acc [rows*F] float32 with float atomics
-//                             (atomic_float on MSL >= 3.0, else a CAS loop on atomic_uint; never a plain +=).
-//                             acc must be zero on entry (hash_grid_fill_zero); the float16 op converts it with
-//                             hash_grid_float_to_half. Summation order is unspecified (not bitwise reproducible).
+//   hash_grid_grad_params_T   grid (N, n_active), threadgroups 1-D along the points (a SIMD group is one level):
+//                             scatters weight * dy into acc [rows*F] float32 with float atomics (atomic_float on
+//                             MSL >= 3.0, else a CAS loop on atomic_uint; never a plain +=). On levels
+//                             l < args.n_aggregate, adjacent lanes adding to the same row sum in the SIMD group
+//                             first (hg_scatter_runs) and one lane does the atomic. acc must be zero on entry
+//                             (hash_grid_fill_zero); the float16 op converts it with hash_grid_float_to_half.
+//                             Summation order is unspecified (not bitwise reproducible).
 //   hash_grid_grad_positions_T  grid N: one thread per point, levels in order; dx [N*D] float32, written fully.
 //   hash_grid_grad2_points_T  second order (gradient of grad_positions, see hash_grid_math.h "Second order"):
 //                             grid N, one thread per point, levels in order; writes d/d(dy) [N, L*F] T (zeros on
 //                             inactive levels) and d/dx [N*D] float32 fully. ddx [N*D] float32.
-//   hash_grid_grad2_params_T  second order, grid (N, n_active): scatters v[c] * dy into acc [rows*F] float32 with
-//                             float atomics (acc zeroed by hash_grid_fill_zero first), like grad_params.
+//   hash_grid_grad2_params_T  second order, grid (N, n_active): scatters v[c] * dy into acc [rows*F] float32 like
+//                             grad_params (run sums on levels l < n_aggregate; acc zeroed first).
 //   hash_grid_fill_zero       x[i] = 0 for i < args.count (float32).
 //   hash_grid_float_to_half   y[i] = half(x[i]) for i < args.count.
+// Specialisation: the configurations listed in hg_encode / hg_scatter (linear interpolation with (D, F) = (3, 2),
+// (2, 2), (3, 4)) run instances with D, F and the interpolation as compile-time constants (points, weights and
+// accumulators in registers); the others run the general instance. Both do the same float operations in the same
+// order, so the choice never changes a result.
 #include <metal_stdlib>
 using namespace metal;
 
@@ -359,74 +366,4 @@ kernel void hash_grid_fill_zero(device float* x [[buffer(0)]], constant HgArgs& 
 kernel void hash_grid_float_to_half(device const float* x [[buffer(0)]], device half* y [[buffer(1)]],
                                     constant HgArgs& args [[buffer(2)]], uint gid [[thread_position_in_grid]]) {
   if (gid < args.count) y[gid] = half(x[gid]);
-}
-
-// EXPERIMENT (proxy timing only): threadgroups of 32 points x 8 level lanes; results staged in threadgroup memory
-// [32][L*F] and written as one contiguous run.
-kernel void hash_grid_encode_staged_float32(device const float* positions [[buffer(0)]],
-                                            device const float* params [[buffer(1)]],
-                                            constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                            device float* out [[buffer(4)]],
-                                            threadgroup float* stage [[threadgroup(0)]],
-                                            uint2 group [[threadgroup_position_in_grid]],
-                                            uint2 tid [[thread_position_in_threadgroup]],
-                                            uint flat [[thread_index_in_threadgroup]]) {
-  const uint F = args.n_features, cols = args.n_levels * F;
-  const uint i = group.x * 32u + tid.x;
-  if (i < args.n) {
-    for (uint l = tid.y; l < args.n_levels; l += 16u) {
-      float acc[HG_MAX_FEATURES];
-      if (l < args.n_active) hg_encode_level<float, 3, 2, HG_INTERP_LINEAR>(positions, params, levels, args, i, l, acc);
-      else for (uint f = 0; f < F; ++f) acc[f] = 0.0f;
-      for (uint f = 0; f < F; ++f) stage[tid.x * cols + l * F + f] = acc[f];
-    }
-  }
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  const uint first = group.x * 32u;
-  const uint rows = min(32u, args.n - first);
-  device float* o = out + (ulong)first * cols;
-  for (uint k = flat; k < rows * cols; k += 512u) o[k] = stage[k];
-}
-
-// EXPERIMENT (proxy timing only): the table gradient before SIMD-group run sums and compile-time F, D.
-inline void hg_grad_params_old(device const float* dy, device const float* positions, constant HgLevel* levels,
-                               constant HgArgs& args, device float* acc, uint i, uint l) {
-  if (i >= args.n || l >= args.n_active) return;
-  const uint F = args.n_features;
-  device const float* g = dy + (ulong)i * (args.n_levels * F) + l * F;
-  float gf[8];
-  for (uint f = 0; f < F; ++f) gf[f] = float(g[f]);
-  const HgLevel lv = levels[l];
-  float x[HG_MAX_DIMS];
-  hg_load_point(positions, i, args.dims, x);
-  HgPoint p;
-  hg_point(x, (int)args.dims, lv.scale, (int)args.interpolation, &p);
-  const uint nc = hg_num_corners((int)args.dims, (int)args.interpolation);
-  for (uint c = 0; c < nc; ++c) {
-    const uint row = lv.offset + hg_corner_index(lv, &p, c);
-    const float w = nc == 1u ? 1.0f : hg_corner_weight(&p, c, (int)args.dims);
-    device float* a = acc + (ulong)row * F;
-    for (uint f = 0; f < F; ++f) hg_atomic_add(a + f, w * gf[f]);
-  }
-}
-
-kernel void hash_grid_grad_params_old_float32(device const float* dy [[buffer(0)]],
-                                              device const float* positions [[buffer(1)]],
-                                              constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                              device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]]) {
-  hg_grad_params_old(dy, positions, levels, args, acc, gid.x, gid.y);
-}
-
-kernel void hash_grid_grad_params_spec_float32(device const float* dy [[buffer(0)]],
-                                               device const float* positions [[buffer(1)]],
-                                               constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                               device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
-                                               uint lane [[thread_index_in_simdgroup]]) {
-  const uint i = gid.x, l = gid.y;
-  if (l >= args.n_active) return;
-  const bool valid = i < args.n;
-  const bool aggregate = l < args.n_aggregate;
-  if (!valid && !aggregate) return;
-  hg_scatter_level<float, 3, 2, HG_INTERP_LINEAR, false>(nullptr, dy, positions, levels, args, acc, i, l, valid,
-                                                          aggregate, lane);
 }

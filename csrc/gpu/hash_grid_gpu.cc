@@ -3,7 +3,7 @@
 // csrc/ops/hash_grid_args.h). max_level lives in host memory (read here to get the active level count).
 //
 // Passes (empty work is skipped: Metal rejects empty grids and empty tensors have no buffer):
-//   encode:          grid (N, L), threadgroups 1-D along the points so a group stays on one level;
+//   encode:          1-D grid of N*L threads, the level fastest (coalesced [N, L*F] writes);
 //   grad_params:     float32 accumulator zeroed, grid (N, n_active) scatter with float atomics, then (float16
 //                    tables) a conversion pass into the output; the float32 output is its own accumulator;
 //   grad_positions:  grid N, one thread per point looping over the active levels;
