@@ -2,12 +2,15 @@
 """Geometry out of a trained NeRF: a coloured mesh and the occupancy grid's occupied cells, as binary PLY files.
 
     python examples/nerf/export.py RUN/model --out DIR [--resolution 256] [--threshold 10] [--chunk 262144]
+                                   [--color-depth D] [--grid-mask] [--frame world|scene] [--bound B]
 
 * ``DIR/mesh.ply``: marching cubes (scikit-image) on the model's density sampled at the corners of
   ``--resolution``^3 cells over its bounded region (the hash model's box ``[-bound, bound]^3``; ``--bound`` for the
   MLP model, which has none), the surface where the density crosses ``--threshold``. Vertices ``x y z``, outward
-  normals ``nx ny nz`` and colours ``red green blue`` (uint8): the model's colour field at the vertex, seen along
-  the opposite of the vertex normal (a ray meeting the surface head-on); faces ``vertex_indices``.
+  normals ``nx ny nz`` and colours ``red green blue`` (uint8): what a ray meeting the surface head-on (along the
+  opposite of the vertex normal) renders, volume-rendered with the model's density and colour fields over
+  ``--color-depth`` either side of the vertex (16 samples; default bound / 20: 0.05 for the built-in scene;
+  0: the colour field at the vertex itself); faces ``vertex_indices``.
 * ``DIR/points.ply``: the centres of the occupancy grid's occupied cells (``x y z``; hash model with the
   occupancy sampler only), the space the renderer marches through.
 
@@ -41,6 +44,7 @@ from nerf import mesh as meshlib  # noqa: E402  (no TensorFlow)
 DEFAULT_RESOLUTION = 256
 DEFAULT_THRESHOLD = 10.0
 DEFAULT_CHUNK = 2 ** 18
+COLOR_DEPTH_PER_BOUND = 1 / 20  # the default --color-depth, a fraction of the region's half size
 KINDS = ("hash", "mlp")
 
 
@@ -58,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bound", type=float, default=None,
                    help="half size of the box to mesh, [-bound, bound]^3 in the model's frame (default: the hash "
                         "model's bound; 1.0 for the MLP model)")
+    p.add_argument("--color-depth", type=float, default=None,
+                   help="vertex colours: volume-render a ray through the vertex from this far outside to this far "
+                        "inside (model frame units; default bound / 20; 0: the colour field at the vertex)")
     p.add_argument("--grid-mask", action="store_true",
                    help="count density in the occupancy grid's empty cells as 0 (the renderer never samples there)")
     p.add_argument("--frame", choices=("world", "scene"), default="world",
@@ -101,6 +108,8 @@ def check_args(p: argparse.ArgumentParser, args) -> dict:
         p.error(f"--threshold must be a positive density, got {args.threshold}")
     if args.chunk < 1:
         p.error(f"--chunk must be at least 1, got {args.chunk}")
+    if args.color_depth is not None and not (np.isfinite(args.color_depth) and args.color_depth >= 0):
+        p.error(f"--color-depth must be >= 0, got {args.color_depth}")
     if args.bound is not None and not (np.isfinite(args.bound) and args.bound > 0):
         p.error(f"--bound must be positive, got {args.bound}")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
@@ -133,7 +142,8 @@ def model_fields(model, grid_mask: bool = False):
 
     Hash model: ``HashNeRF.density`` (hash encoding + density MLP), and the colour MLP on the density MLP's 16
     outputs and the spherical harmonics of the view direction, as its renderer computes them. MLP model: its
-    field (no view dependence). ``grid_mask``: density 0 outside the occupancy grid's occupied cells.
+    field (no view dependence). ``grid_mask``: density 0 outside the occupancy grid's occupied cells. Kept on the
+    model: a second call returns the same functions.
 
     Example:
       >>> import numpy as np
@@ -144,6 +154,13 @@ def model_fields(model, grid_mask: bool = False):
       >>> density(p).shape, color(p, d).shape
       ((4,), (4, 3))
     """
+    cache = model.__dict__.setdefault("_export_fields", {})  # not a Keras-tracked attribute
+    if bool(grid_mask) not in cache:
+        cache[bool(grid_mask)] = _make_fields(model, bool(grid_mask))
+    return cache[bool(grid_mask)]
+
+
+def _make_fields(model, grid_mask):
     import tensorflow as tf
 
     from nerf.models import HashNeRF, sh_encoding_deg4
@@ -188,14 +205,18 @@ def occupied_cell_centres(grid) -> np.ndarray:
 
 
 def export(model, out: str, resolution: int = DEFAULT_RESOLUTION, threshold: float = DEFAULT_THRESHOLD,
-           chunk: int = DEFAULT_CHUNK, bound=None, grid_mask: bool = False, frame: str = "world") -> dict:
+           chunk: int = DEFAULT_CHUNK, bound=None, grid_mask: bool = False, frame: str = "world",
+           color_depth=None) -> dict:
     """Writes ``out/mesh.ply`` and (occupancy grid) ``out/points.ply`` for a loaded model (see the module docstring
-    for what they hold); returns a summary: vertex, face and point counts, the box, the frame, seconds.
+    for what they hold; ``color_depth`` None: bound / 20); returns a summary: vertex, face and point counts, the
+    box, the frame, seconds.
 
     Raises :class:`nerf.mesh.NoSurfaceError` (after writing ``points.ply``) when the density never crosses
     ``threshold``."""
     if frame not in ("world", "scene"):
         raise ValueError(f"frame must be 'world' or 'scene', got {frame!r}")
+    if color_depth is not None and not color_depth >= 0:
+        raise ValueError(f"color_depth must be >= 0, got {color_depth}")
     os.makedirs(out, exist_ok=True)
     T = np.asarray(getattr(model, "world_to_scene", np.eye(4)), np.float64)
     to_out = np.linalg.inv(T) if frame == "world" else np.eye(4)  # model (scene) frame → the files' frame
@@ -206,12 +227,13 @@ def export(model, out: str, resolution: int = DEFAULT_RESOLUTION, threshold: flo
         meshlib.write_points_ply(os.path.join(out, "points.ply"), pts @ to_out[:3, :3].T + to_out[:3, 3])
         summary["points"] = len(pts)
     lo, hi = model_box(model, bound)
+    depth = float(hi[0]) * COLOR_DEPTH_PER_BOUND if color_depth is None else float(color_depth)
     density, color = model_fields(model, grid_mask)
     t0 = time.perf_counter()
-    m = meshlib.extract_mesh(density, lo, hi, resolution, threshold, color_fn=color, chunk=chunk)
+    m = meshlib.extract_mesh(density, lo, hi, resolution, threshold, color_fn=color, chunk=chunk, color_depth=depth)
     m = m.transformed(to_out)
     meshlib.write_mesh_ply(os.path.join(out, "mesh.ply"), m)
-    summary.update(vertices=len(m.vertices), faces=len(m.faces), box=[lo.tolist(), hi.tolist()],
+    summary.update(vertices=len(m.vertices), faces=len(m.faces), box=[lo.tolist(), hi.tolist()], color_depth=depth,
                    cell=float((hi[0] - lo[0]) / resolution), seconds=time.perf_counter() - t0)
     return summary
 
@@ -225,7 +247,7 @@ def main(argv=None) -> dict:
     model = load_model(args.model)
     try:
         s = export(model, args.out, args.resolution, args.threshold, args.chunk, args.bound, args.grid_mask,
-                   args.frame)
+                   args.frame, args.color_depth)
     except meshlib.NoSurfaceError as e:
         print(f"error: {e}; try another --threshold", file=sys.stderr)
         raise SystemExit(1)

@@ -6,12 +6,14 @@ Conventions: a box ``lo``/``hi`` split into ``resolution`` cells per axis is sam
 cell corners per axis (so the samples include the box faces); marching cubes puts the surface where the density
 crosses ``threshold`` (linear interpolation along cell edges); "inside" is density > ``threshold``. Vertex normals
 point out of the dense region (scikit-image's ``gradient_direction="descent"``); a vertex's colour is the colour
-field seen along the opposite of its normal, i.e. by a ray that meets the surface head-on.
+field seen along the opposite of its normal, i.e. by a ray that meets the surface head-on (at the vertex, or that
+ray's volume-rendered colour: :func:`color_vertices`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -136,24 +138,66 @@ def view_directions(normals: np.ndarray) -> np.ndarray:
     return d
 
 
-def color_vertices(mesh: Mesh, color_fn, chunk: int = 2 ** 18) -> Mesh:
-    """``mesh`` with ``colors`` = ``color_fn(points [M, 3], view directions [M, 3])`` → ``[M, 3]`` (float32
-    inputs, ``chunk`` vertices at a time; view directions from :func:`view_directions`), clipped to [0, 1]."""
-    dirs = view_directions(mesh.normals).astype(np.float32)
-    pts = mesh.vertices.astype(np.float32)
+def color_vertices(mesh: Mesh, color_fn, chunk: int = 2 ** 18, density_fn=None, depth: float = 0.0,
+                   samples: int = 16) -> Mesh:
+    """``mesh`` with ``colors`` from ``color_fn(points [M, 3], view directions [M, 3]) → [M, 3]`` (float32 inputs,
+    at most ``chunk`` points a call; view directions from :func:`view_directions`), clipped to [0, 1]:
+
+    * ``depth`` = 0 (or no ``density_fn``): the colour at the vertex;
+    * ``depth`` > 0: the colour a ray meeting the surface head-on renders: ``samples`` points evenly spaced from
+      ``depth`` outside the vertex to ``depth`` inside it along the view direction, composited with
+      ``density_fn`` (alpha = 1 - exp(-density * spacing), front to back) and divided by their total weight (the
+      vertex's own colour where that weight is below 1e-6). A NeRF's colour field is trained where the rendering
+      weights are, a little behind the density's iso-surface, so this is closer to its renders than the colour at
+      the vertex.
+
+    Example:
+      >>> import numpy as np
+      >>> from nerf import mesh
+      >>> m = mesh.Mesh(np.zeros((1, 3)), np.zeros((0, 3), np.int32), np.array([[0.0, 0.0, 1.0]]))
+      >>> inside_green = lambda p, d: np.where(p[:, 2:] < 0, [[0.0, 1.0, 0.0]], [[1.0, 0.0, 0.0]])
+      >>> mesh.color_vertices(m, inside_green).colors.tolist()   # at the vertex (z = 0): red
+      [[1.0, 0.0, 0.0]]
+      >>> slab = lambda p: 1000.0 * (p[:, 2] < 0)
+      >>> mesh.color_vertices(m, inside_green, density_fn=slab, depth=0.1).colors.round(3).tolist()
+      [[0.0, 1.0, 0.0]]
+    """
+    dirs = view_directions(mesh.normals)
+    verts = mesh.vertices
+    render = density_fn is not None and depth > 0
+    if render and samples < 2:
+        raise ValueError(f"samples must be at least 2, got {samples}")
+    offsets = np.linspace(-depth, depth, samples) if render else np.zeros(1)  # distance along the view direction
+    per_call = max(1, chunk // len(offsets))
     parts = []
-    for a in range(0, len(pts), chunk):
-        c = np.asarray(color_fn(pts[a:a + chunk], dirs[a:a + chunk]), np.float64)
-        if c.shape != (len(pts[a:a + chunk]), 3):
-            raise ValueError(f"color_fn returned shape {c.shape} for {len(pts[a:a + chunk])} points")
-        parts.append(c)
+    for a in range(0, len(verts), per_call):
+        v, d = verts[a:a + per_call], dirs[a:a + per_call]
+        pts = (v[:, None, :] + offsets[None, :, None] * d[:, None, :]).reshape(-1, 3).astype(np.float32)
+        dd = np.repeat(d, len(offsets), axis=0).astype(np.float32)
+        c = np.asarray(color_fn(pts, dd), np.float64)
+        if c.shape != (len(pts), 3):
+            raise ValueError(f"color_fn returned shape {c.shape} for {len(pts)} points")
+        c = c.reshape(len(v), len(offsets), 3)
+        if not render:
+            parts.append(c[:, 0])
+            continue
+        sigma = np.maximum(np.asarray(density_fn(pts), np.float64).reshape(len(v), len(offsets)), 0.0)
+        alpha = 1.0 - np.exp(-sigma * (offsets[1] - offsets[0]))
+        trans = np.cumprod(np.concatenate([np.ones((len(v), 1)), 1.0 - alpha[:, :-1]], axis=1), axis=1)
+        w = alpha * trans
+        total = w.sum(axis=1)
+        at_vertex = c[:, len(offsets) // 2] if len(offsets) % 2 else 0.5 * (c[:, len(offsets) // 2 - 1] +
+                                                                              c[:, len(offsets) // 2])
+        rendered = np.einsum("vk,vkc->vc", w, c) / np.maximum(total, 1e-12)[:, None]
+        parts.append(np.where(total[:, None] >= 1e-6, rendered, at_vertex))
     colors = np.concatenate(parts) if parts else np.zeros((0, 3))
     return dataclasses.replace(mesh, colors=np.clip(colors, 0.0, 1.0))
 
 
 def extract_mesh(density_fn, lo, hi, resolution: int, threshold: float, color_fn=None,
-                 chunk: int = 2 ** 18) -> Mesh:
-    """:func:`sample_density` → :func:`marching_cubes` → :func:`color_vertices` (when ``color_fn`` is given).
+                 chunk: int = 2 ** 18, color_depth: float = 0.0, color_samples: int = 16) -> Mesh:
+    """:func:`sample_density` → :func:`marching_cubes` → :func:`color_vertices` (when ``color_fn`` is given; with
+    ``density_fn``, ``depth=color_depth`` and ``samples=color_samples``).
 
     Example:
       >>> import numpy as np
@@ -164,7 +208,9 @@ def extract_mesh(density_fn, lo, hi, resolution: int, threshold: float, color_fn
       (True, True)
     """
     m = marching_cubes(sample_density(density_fn, lo, hi, resolution, chunk), lo, hi, threshold)
-    return color_vertices(m, color_fn, chunk) if color_fn is not None else m
+    if color_fn is None:
+        return m
+    return color_vertices(m, color_fn, chunk, density_fn, color_depth, color_samples)
 
 
 def to_uint8(colors: np.ndarray) -> np.ndarray:
@@ -213,19 +259,30 @@ def write_points_ply(path: str, points: np.ndarray) -> None:
     PlyData([PlyElement.describe(v, "vertex")], text=False, byte_order="<").write(path)
 
 
-def read_ply(path: str):
-    """A PLY written by :func:`write_mesh_ply` or :func:`write_points_ply` → ``(vertices float64 [V, 3], faces
-    int64 [F, 3] or None, colors uint8 [V, 3] or None)``."""
+class PlyContents(NamedTuple):
+    """What :func:`read_ply` returns: ``vertices`` float64 [V, 3]; ``faces`` int64 [F, 3], ``normals`` float64
+    [V, 3] and ``colors`` uint8 [V, 3], each None when the file has none."""
+
+    vertices: np.ndarray
+    faces: np.ndarray | None
+    normals: np.ndarray | None
+    colors: np.ndarray | None
+
+
+def read_ply(path: str) -> PlyContents:
+    """A PLY written by :func:`write_mesh_ply` or :func:`write_points_ply` (read with plyfile) → :class:`PlyContents`."""
     from plyfile import PlyData
 
     ply = PlyData.read(path)
     v = ply["vertex"]
-    xyz = np.stack([np.asarray(v[k], np.float64) for k in "xyz"], axis=-1)
     names = {p.name for p in v.properties}
-    colors = (np.stack([np.asarray(v[k]) for k in ("red", "green", "blue")], axis=-1)
-              if {"red", "green", "blue"} <= names else None)
+
+    def columns(keys, dtype):
+        return np.stack([np.asarray(v[k], dtype) for k in keys], axis=-1) if set(keys) <= names else None
+
     faces = None
     if "face" in [e.name for e in ply.elements]:
         fi = ply["face"]["vertex_indices"]
         faces = np.stack([np.asarray(f, np.int64) for f in fi]) if len(fi) else np.zeros((0, 3), np.int64)
-    return xyz, faces, colors
+    return PlyContents(columns("xyz", np.float64), faces, columns(("nx", "ny", "nz"), np.float64),
+                       columns(("red", "green", "blue"), np.uint8))

@@ -7,12 +7,15 @@ Two one-sided distances, the two halves of a Chamfer distance:
 
 * **accuracy** (mesh → scene): each mesh vertex's exact distance to the nearest primitive surface
   (:func:`nerf.data.synthetic.surface_distance`; every primitive's whole surface counts, hidden parts too);
+* **visible accuracy**: the same for the vertices the test cameras see (:func:`visible_vertices`, a z-buffer of
+  the vertices): a NeRF's solids are shells whose inner walls (inside the objects, under the floor) no camera
+  sees and no training ray shaped;
 * **completeness** (scene → mesh): for the surface points the test cameras see (the first hits of a ray-traced
   ring of held-out views, :func:`visible_surface_points`), the distance to the nearest of dense random samples on
   the mesh's triangles (:func:`sample_triangles`; an upper bound of the distance to the mesh that exceeds it by
   at most about the samples' spacing, ``spacing`` below).
 
-Printed: mean, median, 95th percentile and maximum of each, and the Chamfer distance (the sum of the two means).
+Printed (scene units; the built-in scene spans [-1, 1]^3): mean, median, 95th percentile and maximum of each, and the Chamfer distance (the sum of the two means).
 """
 
 from __future__ import annotations
@@ -26,7 +29,32 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import numpy as np  # noqa: E402
 
 from nerf.data import synthetic  # noqa: E402
-from nerf.data.rays import get_rays  # noqa: E402
+from nerf.data.rays import get_rays, project  # noqa: E402
+
+
+def ring_cameras(n_views: int, resolution: int):
+    """The built-in scene's test-camera ring (35° elevation, radius 4, ``n_views`` cameras evenly spaced) at
+    ``resolution``² pixels → ``(poses [n_views, 4, 4], focal)``."""
+    params = synthetic.SceneParams(H=resolution, W=resolution, n_train=0, n_val=0, n_test=n_views)
+    return synthetic.camera_poses(params)["test"], params.focal
+
+
+def visible_vertices(vertices, n_views: int = 16, resolution: int = 64, tolerance: float = 0.02) -> np.ndarray:
+    """bool ``[V]``: the vertices some camera of the test ring (:func:`ring_cameras`) sees, approximately: a
+    vertex is seen when its depth is within ``tolerance`` of the nearest vertex depth in its pixel (a z-buffer of
+    the vertices, meaningful when the vertices are denser than the pixels' footprint: ~0.045 at 64² pixels)."""
+    v = np.asarray(vertices, np.float64)
+    seen = np.zeros(len(v), bool)
+    poses, focal = ring_cameras(n_views, resolution)
+    for c2w in poses:
+        uv, depth = project(v, resolution, resolution, focal, c2w)
+        px = np.floor(uv).astype(np.int64)
+        ok = (depth > 0) & np.all((px >= 0) & (px < resolution), axis=1)
+        pix = np.where(ok, px[:, 1] * resolution + px[:, 0], 0)
+        zbuf = np.full(resolution * resolution, np.inf)
+        np.minimum.at(zbuf, pix[ok], depth[ok])
+        seen |= ok & (depth <= zbuf[pix] + tolerance)
+    return seen
 
 
 def visible_surface_points(n_views: int = 16, resolution: int = 64) -> np.ndarray:
@@ -41,10 +69,10 @@ def visible_surface_points(n_views: int = 16, resolution: int = 64) -> np.ndarra
       >>> len(p) > 100, float(synthetic.surface_distance(p).max()) < 1e-9
       (True, True)
     """
-    params = synthetic.SceneParams(H=resolution, W=resolution, n_train=0, n_val=0, n_test=n_views)
     points = []
-    for c2w in synthetic.camera_poses(params)["test"]:
-        o, d = get_rays(resolution, resolution, params.focal, c2w)
+    poses, focal = ring_cameras(n_views, resolution)
+    for c2w in poses:
+        o, d = get_rays(resolution, resolution, focal, c2w)
         o, d = o.reshape(-1, 3).astype(np.float64), d.reshape(-1, 3).astype(np.float64)
         d /= np.linalg.norm(d, axis=1, keepdims=True)
         t, _ = synthetic.first_hit(o, d)
@@ -79,9 +107,10 @@ def stats(d) -> dict:
 
 
 def mesh_distances(vertices, faces, surface_points=None, spacing: float = 0.002) -> dict:
-    """``accuracy`` and ``completeness`` distances (scene units, see the module docstring) of a mesh in the built-in
-    scene's world frame: ``{"accuracy": stats, "completeness": stats, "chamfer": mean + mean}``, stats = mean,
-    median, 95th percentile, max, count. ``surface_points``: default :func:`visible_surface_points`.
+    """``accuracy``, ``visible_accuracy`` and ``completeness`` distances (scene units, see the module docstring) of
+    a mesh in the built-in scene's world frame: ``{name: stats, "chamfer": accuracy mean + completeness mean}``,
+    stats = mean, median, 95th percentile, max, count. ``surface_points``: default
+    :func:`visible_surface_points`.
 
     Example:
       >>> import numpy as np
@@ -98,8 +127,10 @@ def mesh_distances(vertices, faces, surface_points=None, spacing: float = 0.002)
     pts = visible_surface_points() if surface_points is None else np.asarray(surface_points, np.float64)
     acc = synthetic.surface_distance(vertices)
     comp, _ = cKDTree(sample_triangles(vertices, faces, spacing)).query(pts)
+    seen = visible_vertices(vertices)
     a, c = stats(acc), stats(comp)
-    return dict(accuracy=a, completeness=c, chamfer=a["mean"] + c["mean"])
+    return dict(accuracy=a, visible_accuracy=stats(acc[seen]) if seen.any() else None, completeness=c,
+                chamfer=a["mean"] + c["mean"])
 
 
 def main(argv=None) -> dict:
@@ -115,15 +146,19 @@ def main(argv=None) -> dict:
         p.error(f"--spacing must be positive, got {args.spacing}")
     from nerf.mesh import read_ply
 
-    verts, faces, _ = read_ply(args.mesh)
+    verts, faces, _, _ = read_ply(args.mesh)
     if faces is None or len(faces) == 0:
         p.error(f"{args.mesh}: no faces")
     r = mesh_distances(verts, faces, spacing=args.spacing)
-    for name in ("accuracy", "completeness"):
+    what = dict(accuracy="mesh vertices -> scene", visible_accuracy="vertices the test cameras see -> scene",
+                completeness="scene points the test cameras see -> mesh")
+    for name, text in what.items():
         s = r[name]
-        print(f"{name:12s} ({'mesh vertices -> scene' if name == 'accuracy' else 'visible scene -> mesh'}, "
-              f"{s['n']:,} points): mean {s['mean']:.4f}  median {s['median']:.4f}  95% {s['p95']:.4f}  "
-              f"max {s['max']:.4f}")
+        if s is None:
+            print(f"{name}: no vertex is seen by the test cameras")
+            continue
+        print(f"{name} ({text}, {s['n']:,} points): mean {s['mean']:.4f}  median {s['median']:.4f}  "
+              f"95% {s['p95']:.4f}  max {s['max']:.4f}")
     print(f"chamfer (mean + mean): {r['chamfer']:.4f}")
     return r
 
