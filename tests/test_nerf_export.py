@@ -194,6 +194,24 @@ def test_export_frames_points_and_grid_mask(tmp_path):
     assert centres.query(vs, p=np.inf)[0].max() > reach
 
 
+def test_export_of_the_mlp_model(tmp_path):
+    """The MLP model (no box, no occupancy grid): its field over [-1, 1]^3, no points.ply."""
+    from nerf import models
+
+    m = models.build_model("mlp", n_samples=8, width=16, depth=2, skip=1)
+    models.save_model(m, str(tmp_path / "mlp"))
+    d = mesh.sample_density(export.model_fields(m)[0], *BOX, 8)
+    threshold = float(d.min() + d.max()) / 2
+    s = export.main([str(tmp_path / "mlp"), "--out", str(tmp_path / "out"), "--resolution", "12",
+                     "--threshold", str(threshold)])
+    verts, faces, _, colors = mesh.read_ply(str(tmp_path / "out" / "mesh.ply"))
+    assert len(verts) == s["vertices"] > 0 and s["box"] == [[-1.0] * 3, [1.0] * 3] and "points" not in s
+    assert not os.path.exists(tmp_path / "out" / "points.ply")
+    with pytest.raises(SystemExit) as e:
+        export.main([str(tmp_path / "mlp"), "--out", str(tmp_path / "out"), "--grid-mask"])
+    assert e.value.code == 2
+
+
 def run_export(argv):
     """export.main in a subprocess (a clean interpreter: whether TensorFlow was imported is meaningful)."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from nerf import export\n"
@@ -215,6 +233,7 @@ def test_bad_input_is_a_clear_error_before_tensorflow(tmp_path):
              ([model_dir, "--out", out, "--threshold", "0"], "--threshold must be a positive density"),
              ([model_dir, "--out", out, "--chunk", "0"], "--chunk must be at least 1"),
              ([model_dir, "--out", out, "--bound", "2"], "larger than the model's box"),
+             ([model_dir, "--out", out, "--color-depth", "-1"], "--color-depth must be >= 0"),
              ([model_dir, "--out", str(tmp_path / "model" / "model.json")], "exists and is not a directory")]
     for argv, message in cases:
         p = run_export(argv)
