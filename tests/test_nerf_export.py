@@ -95,6 +95,8 @@ def test_vertex_colours_and_view_directions(tmp_path):
     np.testing.assert_allclose(np.linalg.norm(d, axis=1), 1.0, atol=1e-5)
     outward = (m.vertices - sphere.c) / np.linalg.norm(m.vertices - sphere.c, axis=1, keepdims=True)
     assert np.all(np.sum(d * outward, axis=1) < -0.95)  # looking into the surface, head-on
+    a, b, c = (m.vertices[m.faces[:, k]] for k in range(3))
+    assert np.all(np.sum(np.cross(b - a, c - a) * (a - sphere.c), axis=1) > 0)  # counter-clockwise from outside
     mesh.write_mesh_ply(str(tmp_path / "m.ply"), m)
     _, _, normals, colors = mesh.read_ply(str(tmp_path / "m.ply"))
     np.testing.assert_allclose(normals, m.normals, atol=1e-6)

@@ -105,6 +105,9 @@ def marching_cubes(density: np.ndarray, lo, hi, threshold: float) -> Mesh:
       True
       >>> bool(np.all(np.sum(m.normals * m.vertices, axis=1) > 0))   # normals point out of the dense region
       True
+      >>> a, b, c = (m.vertices[m.faces[:, k]] for k in range(3))
+      >>> bool(np.all(np.sum(np.cross(b - a, c - a) * a, axis=1) > 0))   # counter-clockwise seen from outside
+      True
     """
     from skimage import measure
 
@@ -123,7 +126,9 @@ def marching_cubes(density: np.ndarray, lo, hi, threshold: float) -> Mesh:
     n = np.asarray(normals, np.float64)
     length = np.linalg.norm(n, axis=1, keepdims=True)
     n = np.where(length > 1e-12, n / np.maximum(length, 1e-12), 0.0)
-    return Mesh(np.asarray(verts, np.float64) + lo, np.asarray(faces, np.int32), n)
+    # scikit-image's triangles wind clockwise seen from the side its normals point to: reversed here, so that they
+    # are counter-clockwise seen from outside (the front faces of PLY viewers)
+    return Mesh(np.asarray(verts, np.float64) + lo, np.ascontiguousarray(np.asarray(faces, np.int32)[:, ::-1]), n)
 
 
 FALLBACK_VIEW = np.array([0.0, 0.0, -1.0])  # the view direction where a vertex has no normal: looking down (−z)
