@@ -267,11 +267,11 @@ def train_builtin(tmp_path):
 
 
 def within_trained_tolerance(r, cell):
-    """The stated tolerance of a briefly trained model's mesh (48^3 cells; measured: completeness mean 0.4 and 95th
-    percentile 1.0 cell, visible vertices' median distance 0.36 cell): completeness mean <= 0.75 cell and 95th
-    percentile <= 2 cells, the median distance of the vertices the test cameras see <= 1 cell."""
+    """The stated tolerance of a briefly trained model's mesh at 48^3 cells: completeness mean <= 0.65 and 95th
+    percentile <= 1.5 cells, the median distance of the vertices the test cameras see <= 0.65 cell (measured: 0.43,
+    1.01 and 0.36 cell; the density moved by one cell: 0.59, 1.14, 0.71; by two: 0.83, 1.86, 0.96)."""
     c, v = r["completeness"], r["visible_accuracy"]
-    return c["mean"] <= 0.75 * cell and c["p95"] <= 2.0 * cell and v is not None and v["median"] <= 1.0 * cell
+    return c["mean"] <= 0.65 * cell and c["p95"] <= 1.5 * cell and v is not None and v["median"] <= 0.65 * cell
 
 
 def test_trained_builtin_scene_mesh(tmp_path, seen_points):
