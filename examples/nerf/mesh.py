@@ -275,7 +275,8 @@ class PlyContents(NamedTuple):
 
 
 def read_ply(path: str) -> PlyContents:
-    """A PLY written by :func:`write_mesh_ply` or :func:`write_points_ply` (read with plyfile) → :class:`PlyContents`."""
+    """A PLY written by :func:`write_mesh_ply` or :func:`write_points_ply` (read with plyfile) →
+    :class:`PlyContents`."""
     from plyfile import PlyData
 
     ply = PlyData.read(path)

@@ -15,7 +15,8 @@ Two one-sided distances, the two halves of a Chamfer distance:
   the mesh's triangles (:func:`sample_triangles`; an upper bound of the distance to the mesh that exceeds it by
   at most about the samples' spacing, ``spacing`` below).
 
-Printed (scene units; the built-in scene spans [-1, 1]^3): mean, median, 95th percentile and maximum of each, and the Chamfer distance (the sum of the two means).
+Printed (scene units; the built-in scene spans [-1, 1]^3): mean, median, 95th percentile and maximum of each, and
+the Chamfer distance (the sum of the accuracy and completeness means).
 """
 
 from __future__ import annotations
