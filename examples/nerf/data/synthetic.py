@@ -101,6 +101,13 @@ class Sphere:
     def normal(self, p):
         return (p - self.c) / self.r
 
+    def signed_distance(self, p):
+        """Euclidean distance of points ``[N, 3]`` to the sphere, negative inside."""
+        return np.linalg.norm(p - self.c, axis=-1) - self.r
+
+    def surface_distance(self, p):
+        return np.abs(self.signed_distance(p))
+
     def albedo(self, p):
         q = (p - self.c) / self.r
         if self.texture == "stripes":  # latitude stripes, red / yellow, plus a slow tint along x
@@ -145,6 +152,15 @@ class Box:
         n[np.arange(len(pl)), k] = np.sign(pl[np.arange(len(pl)), k])
         return n @ self.R.T
 
+    def signed_distance(self, p):
+        """Exact Euclidean distance of points ``[N, 3]`` to the box surface, negative inside."""
+        q = np.abs(self._local(p - self.c)) - self.h
+        outside = np.linalg.norm(np.maximum(q, 0.0), axis=-1)
+        return outside + np.minimum(np.max(q, axis=-1), 0.0)
+
+    def surface_distance(self, p):
+        return np.abs(self.signed_distance(p))
+
     def albedo(self, p):
         pl = self._local(p - self.c)
         if self.texture == "checker3d":
@@ -171,6 +187,12 @@ class Disc:
     def normal(self, p):
         return np.broadcast_to(np.array([0.0, 0.0, 1.0]), p.shape)
 
+    def surface_distance(self, p):
+        """Euclidean distance of points ``[N, 3]`` to the disc (zero thickness: no inside)."""
+        q = p - self.c
+        radial = np.maximum(np.hypot(q[:, 0], q[:, 1]) - self.r, 0.0)
+        return np.hypot(radial, q[:, 2])
+
     def albedo(self, p):
         q = p - self.c
         c = _checker(q[:, 0] / 0.2, q[:, 1] / 0.2)
@@ -191,14 +213,35 @@ LIGHT = np.array([0.5, 0.3, 0.8]) / np.linalg.norm([0.5, 0.3, 0.8])
 AMBIENT = 0.3
 
 
+def surface_distance(points, scene=SCENE) -> np.ndarray:
+    """Unsigned Euclidean distance ``[N]`` (float64) of points ``[N, 3]`` to the nearest primitive surface of
+    ``scene`` (the analytic geometry of the built-in scene, world frame). Every primitive's whole surface counts,
+    also the parts hidden inside another primitive or under the floor.
+
+    Example:
+      >>> import numpy as np
+      >>> from nerf.data import synthetic
+      >>> synthetic.surface_distance(np.array([[0.0, 0.05, 0.6], [0.0, 0.0, -0.55]])).round(6).tolist()
+      [0.0, 0.0]
+    """
+    p = np.asarray(points, np.float64).reshape(-1, 3)
+    return np.min(np.stack([prim.surface_distance(p) for prim in scene]), axis=0)
+
+
+def first_hit(o: np.ndarray, d: np.ndarray, scene=SCENE):
+    """The nearest intersection of rays ``[N, 3]`` (unit ``d``) with ``scene``: ``(t [N], which [N])``, the distance
+    along the ray (``inf`` for a miss) and the index of the primitive hit."""
+    ts = np.stack([prim.intersect(np.asarray(o, np.float64), np.asarray(d, np.float64)) for prim in scene])  # [P, N]
+    return np.min(ts, axis=0), np.argmin(ts, axis=0)
+
+
 def trace(o: np.ndarray, d: np.ndarray, scene=SCENE) -> np.ndarray:
     """Ray-trace rays ``[N,3]`` (unit ``d``) → RGBA ``[N,4]`` float64 (alpha 0 where nothing is hit).
 
     A primitive with ``emissive = True`` shows its albedo unshaded; one with ``casts_shadow = False`` is left out
     of the shadow rays (e.g. a sky dome around the scene)."""
     o, d = np.asarray(o, np.float64), np.asarray(d, np.float64)
-    ts = np.stack([prim.intersect(o, d) for prim in scene])  # [P, N]
-    which, t = np.argmin(ts, axis=0), np.min(ts, axis=0)
+    t, which = first_hit(o, d, scene)
     hit = np.isfinite(t)
     rgba = np.zeros((len(o), 4))
     p = o + np.where(hit, t, 0)[:, None] * d
