@@ -348,10 +348,8 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
     cases.append(scatter_case("f32", "dy"))
     cases.append(scatter_case("f16", "dy16"))
     # Aggregation policies of the table-gradient scatters (HgArgs.n_aggregate: levels l < n_aggregate sum runs of
-    # equal rows in the SIMD group before their atomics): none, the levels that are not hashed, all.
-    n_dense = int(np.sum(levels["mode"] != 0))
-    policies = (("plain atomics", 0), (f"run sums on the {n_dense} unhashed levels", n_dense),
-                ("run sums on all levels", n_levels))
+    # equal rows in the SIMD group before their atomics): none, and all levels (the host's choice).
+    policies = (("plain atomics", 0), ("run sums", n_levels))
     for _, k in policies:
         arrays[f"args_agg{k}"] = struct(HG_ARGS, n=n, dims=D, n_features=F, n_levels=n_levels, n_active=n_levels,
                                         interpolation=1, count=rows * F, n_aggregate=k)
@@ -379,16 +377,19 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                               arrays, expect, ("copy", nbytes(arrays, "x", "dy", "acc")), setup=zero_acc))
         bare = "hg_scatter_f32 (bare, tcnn launch, float atomics)" + (", rays" if xname == "x_rays" else "")
         for module, label in (("hash_grid", "native float atomics (MSL 3.0)"), ("msl2.4/hash_grid", "CAS loop (MSL 2.4)")):
-            for policy, k in policies:
-                cases.append(Case(f"hash_grid_grad_params_float32, {label}, {pts}, {policy}", "hash_grid",
-                                  [Launch(module, "hash_grid_grad_params_float32",
+            # The kernel the host launches for D=3, F=2, linear (_d3f2), both policies; the general kernel with run
+            # sums beside it (its registers: the cost of one kernel for every configuration).
+            for kernel, policy, k in (("d3f2", *policies[0]), ("d3f2", *policies[1]), ("general", *policies[1])):
+                name = "hash_grid_grad_params" + ("_d3f2" if kernel == "d3f2" else "") + "_float32"
+                cases.append(Case(f"{name}, {label}, {pts}, {policy}", "hash_grid",
+                                  [Launch(module, name,
                                           [("buf", "dy"), ("buf", xname), ("buf", "levels"), ("buf", f"args_agg{k}"),
                                            ("buf", "acc")], grid2, tg)],
                                   arrays, expect, ("case", bare), setup=zero_acc))
-    cases.append(Case("hash_grid_grad_params_float16 (float32 accumulation)", "hash_grid",
-                      [Launch("hash_grid", "hash_grid_grad_params_float16",
-                              [("buf", "dy16"), ("buf", "x"), ("buf", "levels"), ("buf", "args"), ("buf", "acc")],
-                              grid2, tg)],
+    cases.append(Case("hash_grid_grad_params_d3f2_float16 (float32 accumulation), random points, run sums", "hash_grid",
+                      [Launch("hash_grid", "hash_grid_grad_params_d3f2_float16",
+                              [("buf", "dy16"), ("buf", "x"), ("buf", "levels"), ("buf", f"args_agg{n_levels}"),
+                               ("buf", "acc")], grid2, tg)],
                       arrays, lambda: gp_expect(True), ("case", "hg_scatter_f16 (bare, tcnn launch, float atomics)"),
                       setup=zero_acc))
     cases.append(Case("hash_grid_grad_positions_float32", "hash_grid",
@@ -405,9 +406,9 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                       arrays, lambda: {k: first(ref(part=k)[k], pp_tol(ref(part=k)[k])) for k in ("ddy", "dx2")},
                       ("case", "hg_gather_f32 (bare, tcnn launch, our layout)")))
     for module, label in (("hash_grid", "native float atomics (MSL 3.0)"), ("msl2.4/hash_grid", "CAS loop (MSL 2.4)")):
-        for policy, k in policies[:2]:
-            cases.append(Case(f"hash_grid_grad2_params_float32, {label}, {policy}", "hash_grid",
-                              [Launch(module, "hash_grid_grad2_params_float32",
+        for policy, k in policies:
+            cases.append(Case(f"hash_grid_grad2_params_d3f2_float32, {label}, random points, {policy}", "hash_grid",
+                              [Launch(module, "hash_grid_grad2_params_d3f2_float32",
                                       [("buf", "ddx"), ("buf", "dy"), ("buf", "x"), ("buf", "levels"),
                                        ("buf", f"args_agg{k}"), ("buf", "acc")], grid2, tg)],
                               arrays, lambda: gp_expect(second=True),

@@ -18,12 +18,14 @@
 //                             inactive levels) and d/dx [N*D] float32 fully. ddx [N*D] float32.
 //   hash_grid_grad2_params_T  second order, grid (N, n_active): scatters v[c] * dy into acc [rows*F] float32 like
 //                             grad_params (run sums on levels l < n_aggregate; acc zeroed first).
+//   hash_grid_grad_params_d3f2_T, hash_grid_grad2_params_d3f2_T: the same for D = 3, F = 2, linear interpolation
+//                             (compile-time; the host launches them for that configuration).
 //   hash_grid_fill_zero       x[i] = 0 for i < args.count (float32).
 //   hash_grid_float_to_half   y[i] = half(x[i]) for i < args.count.
-// Specialisation: the configurations listed in hg_encode / hg_scatter (linear interpolation with (D, F) = (3, 2),
-// (2, 2), (3, 4)) run instances with D, F and the interpolation as compile-time constants (points, weights and
-// accumulators in registers); the others run the general instance. Both do the same float operations in the same
-// order, so the choice never changes a result.
+// Specialisation: D, F and the interpolation as compile-time constants keep points, weights and accumulators in
+// registers. The encode dispatches inside the kernel (linear (D, F) = (3, 2), (2, 2), (3, 4); else the general
+// instance); the scatters have a kernel per configuration (_d3f2). Every instance does the same float operations in
+// the same order as the general one, so the choice never changes a result.
 #include <metal_stdlib>
 using namespace metal;
 
@@ -176,25 +178,19 @@ inline void hg_scatter_level(device const float* ddx_in, device const T* dy, dev
   }
 }
 
-// grid (N, n_active), threadgroups 1-D along the points: a SIMD group is one level. Lanes past N stay in the SIMD
-// group without a term (the run sums need every lane at each call).
-template <typename T, bool SECOND>
+// grid (N, n_active), threadgroups 1-D along the points: a SIMD group is one level. A thread past N (a host that
+// rounds the grid up) takes part in the run sums without a term. DIMS/FEAT/INTERP: see hg_encode_level; each
+// configuration is a kernel of its own (hash_grid_grad_params_d3f2_T ...): one kernel holding several instances
+// takes the registers of the largest, which costs the scatter its occupancy (bench/gpu_proxy.md).
+template <typename T, bool SECOND, uint DIMS, uint FEAT, int INTERP>
 inline void hg_scatter(device const float* ddx_in, device const T* dy, device const float* positions,
                        constant HgLevel* levels, constant HgArgs& args, device float* acc, uint i, uint l, uint lane) {
   if (l >= args.n_active || (SECOND && args.interpolation == HG_INTERP_NEAREST)) return;
   const bool valid = i < args.n;
   const bool aggregate = l < args.n_aggregate;
   if (!valid && !aggregate) return;
-  const bool linear = args.interpolation == HG_INTERP_LINEAR;
-  const uint F = args.n_features;
-  if (linear && args.dims == 3 && F == 2)
-    hg_scatter_level<T, 3, 2, HG_INTERP_LINEAR, SECOND>(ddx_in, dy, positions, levels, args, acc, i, l, valid, aggregate, lane);
-  else if (linear && args.dims == 2 && F == 2)
-    hg_scatter_level<T, 2, 2, HG_INTERP_LINEAR, SECOND>(ddx_in, dy, positions, levels, args, acc, i, l, valid, aggregate, lane);
-  else if (linear && args.dims == 3 && F == 4)
-    hg_scatter_level<T, 3, 4, HG_INTERP_LINEAR, SECOND>(ddx_in, dy, positions, levels, args, acc, i, l, valid, aggregate, lane);
-  else
-    hg_scatter_level<T, 0, 0, -1, SECOND>(ddx_in, dy, positions, levels, args, acc, i, l, valid, aggregate, lane);
+  hg_scatter_level<T, DIMS, FEAT, INTERP, SECOND>(ddx_in, dy, positions, levels, args, acc, i, l, valid, aggregate,
+                                                  lane);
 }
 
 template <typename T>
@@ -286,20 +282,32 @@ kernel void hash_grid_encode_float16(device const float* positions [[buffer(0)]]
   hg_encode(positions, params, levels, args, out, gid / args.n_levels, gid % args.n_levels);
 }
 
-kernel void hash_grid_grad_params_float32(device const float* dy [[buffer(0)]],
-                                          device const float* positions [[buffer(1)]],
-                                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                          device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
-                                          uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<float, false>(nullptr, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+kernel void hash_grid_grad_params_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
+                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                          device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
+                          uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<float, false, 0, 0, -1>(nullptr, dy, positions, levels, args, acc, gid.x, gid.y, lane);
 }
 
-kernel void hash_grid_grad_params_float16(device const half* dy [[buffer(0)]],
-                                          device const float* positions [[buffer(1)]],
-                                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                          device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
-                                          uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<half, false>(nullptr, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+kernel void hash_grid_grad_params_d3f2_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
+                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                          device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
+                          uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<float, false, 3, 2, HG_INTERP_LINEAR>(nullptr, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+}
+
+kernel void hash_grid_grad_params_float16(device const half* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
+                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                          device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
+                          uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<half, false, 0, 0, -1>(nullptr, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+}
+
+kernel void hash_grid_grad_params_d3f2_float16(device const half* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
+                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                          device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
+                          uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<half, false, 3, 2, HG_INTERP_LINEAR>(nullptr, dy, positions, levels, args, acc, gid.x, gid.y, lane);
 }
 
 kernel void hash_grid_grad_positions_float32(device const float* dy [[buffer(0)]],
@@ -340,22 +348,32 @@ kernel void hash_grid_grad2_points_float16(device const float* ddx [[buffer(0)]]
   hg_grad2_points(ddx, dy, positions, params, levels, args, ddy, dx, gid);
 }
 
-kernel void hash_grid_grad2_params_float32(device const float* ddx [[buffer(0)]],
-                                           device const float* dy [[buffer(1)]],
-                                           device const float* positions [[buffer(2)]],
-                                           constant HgLevel* levels [[buffer(3)]], constant HgArgs& args [[buffer(4)]],
-                                           device float* acc [[buffer(5)]], uint2 gid [[thread_position_in_grid]],
-                                           uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<float, true>(ddx, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+kernel void hash_grid_grad2_params_float32(device const float* ddx [[buffer(0)]], device const float* dy [[buffer(1)]],
+                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
+                          constant HgArgs& args [[buffer(4)]], device float* acc [[buffer(5)]],
+                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<float, true, 0, 0, -1>(ddx, dy, positions, levels, args, acc, gid.x, gid.y, lane);
 }
 
-kernel void hash_grid_grad2_params_float16(device const float* ddx [[buffer(0)]],
-                                           device const half* dy [[buffer(1)]],
-                                           device const float* positions [[buffer(2)]],
-                                           constant HgLevel* levels [[buffer(3)]], constant HgArgs& args [[buffer(4)]],
-                                           device float* acc [[buffer(5)]], uint2 gid [[thread_position_in_grid]],
-                                           uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<half, true>(ddx, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+kernel void hash_grid_grad2_params_d3f2_float32(device const float* ddx [[buffer(0)]], device const float* dy [[buffer(1)]],
+                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
+                          constant HgArgs& args [[buffer(4)]], device float* acc [[buffer(5)]],
+                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<float, true, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+}
+
+kernel void hash_grid_grad2_params_float16(device const float* ddx [[buffer(0)]], device const half* dy [[buffer(1)]],
+                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
+                          constant HgArgs& args [[buffer(4)]], device float* acc [[buffer(5)]],
+                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<half, true, 0, 0, -1>(ddx, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+}
+
+kernel void hash_grid_grad2_params_d3f2_float16(device const float* ddx [[buffer(0)]], device const half* dy [[buffer(1)]],
+                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
+                          constant HgArgs& args [[buffer(4)]], device float* acc [[buffer(5)]],
+                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<half, true, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, levels, args, acc, gid.x, gid.y, lane);
 }
 
 kernel void hash_grid_fill_zero(device float* x [[buffer(0)]], constant HgArgs& args [[buffer(1)]],

@@ -76,8 +76,8 @@ def test_hash_grid_references_match_the_cpu_ops(hash_grid, dtype):
     exp = cs[f"hash_grid_encode_{dtype}"].reference()
     name = "out16" if half else "out"
     assert_expected(out.numpy(), exp[name], f"encode {dtype}")
-    gp_case = cs["hash_grid_grad_params_float16 (float32 accumulation)" if half else
-                 "hash_grid_grad_params_float32, native float atomics (MSL 3.0), random points, plain atomics"]
+    gp_case = cs["hash_grid_grad_params_d3f2_float16 (float32 accumulation), random points, run sums" if half else
+                 "hash_grid_grad_params_d3f2_float32, native float atomics (MSL 3.0), random points, plain atomics"]
     ref, tol = gp_case.reference()["acc"]
     assert_within(gp.numpy().reshape(-1), ref, tol * (100 if half else 1), f"param gradient {dtype}")
     if half:
@@ -86,10 +86,10 @@ def test_hash_grid_references_match_the_cpu_ops(hash_grid, dtype):
     second = cs["hash_grid_grad2_points_float32"].reference()
     assert_expected(g2[0].numpy(), second["ddy"], "second order d/d(dy)")
     assert_expected(g2[2].numpy(), second["dx2"], "second order d/dx")
-    ref, tol = cs["hash_grid_grad2_params_float32, native float atomics (MSL 3.0), plain atomics"].reference()["acc"]
+    ref, tol = cs["hash_grid_grad2_params_d3f2_float32, native float atomics (MSL 3.0), random points, run sums"].reference()["acc"]
     assert_within(g2[1].numpy().reshape(-1), ref, tol, "second order d/dparams")
     # The CAS case is checked against the same reference, and a wrong accumulator fails it.
-    cas = cs["hash_grid_grad_params_float32, CAS loop (MSL 2.4), random points, run sums on all levels"].reference()["acc"]
+    cas = cs["hash_grid_grad_params_d3f2_float32, CAS loop (MSL 2.4), random points, run sums"].reference()["acc"]
     assert not cases.within(gp.numpy().reshape(-1) * 1.001 + 1e-3, *cas)[0]
 
 
@@ -101,8 +101,7 @@ def test_ray_ordered_points_reference_matches_the_cpu_op(hash_grid):
         tape.watch(p)
         y = tf.reduce_sum(tf_metal_ops.hash_grid_encode(x, p, **cfg.op_kwargs()) * dy)
     gp = tape.gradient(y, p).numpy().reshape(-1)
-    ref, tol = cs["hash_grid_grad_params_float32, native float atomics (MSL 3.0), rays, run sums on all levels"
-                  ].reference()["acc"]
+    ref, tol = cs["hash_grid_grad_params_d3f2_float32, native float atomics (MSL 3.0), rays, run sums"].reference()["acc"]
     assert_within(gp, ref, tol, "param gradient, ray-ordered points")
     assert np.mean(np.all(np.diff(a["x_rays"], axis=0) ** 2 < 1e-4, axis=1)) > 0.9  # adjacent points are close
 

@@ -43,7 +43,7 @@ def random_case(rng, dtype):
     return cfg, x, p, dy, n_active
 
 
-def run_emulated(msl_emu, driver, kernel, cfg, x, p, dy, n_active, tg=64, env=None, n_aggregate=0):
+def run_emulated(msl_emu, driver, kernel, cfg, x, p, dy, n_active, tg=64, env=None, n_aggregate=0, d3f2=False):
     dtype = p.dtype
     inputs = {"positions": x, "params": p}
     if kernel != "encode":
@@ -57,6 +57,7 @@ def run_emulated(msl_emu, driver, kernel, cfg, x, p, dy, n_active, tg=64, env=No
     )
     if kernel == "grad_params":
         scalars["n_aggregate"] = n_aggregate
+        scalars["d3f2"] = int(d3f2)
     res = msl_emu.run(driver, inputs=inputs, outputs={"out": out_dtype}, scalars=scalars, env=env)
     return res.outputs["out"]
 
@@ -128,9 +129,29 @@ def test_scatter_run_sums_along_rays(msl_emu, driver, tg):
     p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
     dy = rng.standard_normal((len(x), cfg.n_output_dims)).astype(np.float32)
     _, gp, _ = cpu(cfg, x, p, dy, cfg.n_levels)
-    got = run_emulated(msl_emu, driver, "grad_params", cfg, x, p, dy, cfg.n_levels, tg=tg, n_aggregate=cfg.n_levels)
-    close(got, gp, rtol=1e-5, atol=1e-5)
+    for d3f2 in (False, True):  # the general kernel and the D=3, F=2, linear one
+        got = run_emulated(msl_emu, driver, "grad_params", cfg, x, p, dy, cfg.n_levels, tg=tg,
+                           n_aggregate=cfg.n_levels, d3f2=d3f2)
+        close(got, gp, rtol=1e-5, atol=1e-5)
     assert np.abs(gp).max() > 5  # long runs on the coarse levels: a lost or doubled run sum would show
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_d3f2_scatter_equals_the_cpu_op(msl_emu, driver, dtype):
+    """The scatter kernel compiled for D=3, F=2, linear: every grid type, partial SIMD groups, inactive levels."""
+    for grid_type, n, n_active in (("hash", 1000, 6), ("dense", 77, 3), ("tiled", 33, 6)):
+        cfg = HashGridConfig(3, n_levels=6, n_features_per_level=2, log2_hashmap_size=10, base_resolution=4,
+                             per_level_scale=1.6, grid_type=grid_type, interpolation="linear")
+        rng = seeded("d3f2", dtype, grid_type)
+        x = rng.uniform(-0.05, 1.05, (n, 3)).astype(np.float32)
+        p = rng.uniform(-1, 1, cfg.params_shape).astype(dtype)
+        dy = rng.standard_normal((n, cfg.n_output_dims)).astype(dtype)
+        _, gp, _ = cpu(cfg, x, p, dy, n_active)
+        half = dtype == "float16"
+        for n_aggregate in (0, cfg.n_levels):
+            got = run_emulated(msl_emu, driver, "grad_params", cfg, x, p, dy, n_active, n_aggregate=n_aggregate,
+                               d3f2=True)
+            close(got, gp, rtol=2**-9 if half else 1e-5, atol=1e-3 if half else 1e-5)
 
 
 def test_default_config_forward(msl_emu, driver):

@@ -4,7 +4,8 @@
 //
 // Passes (empty work is skipped: Metal rejects empty grids and empty tensors have no buffer):
 //   encode:          1-D grid of N*L threads, the level fastest (coalesced [N, L*F] writes);
-//   grad_params:     float32 accumulator zeroed, grid (N, n_active) scatter with float atomics, then (float16
+//   grad_params:     float32 accumulator zeroed, grid (N, n_active) scatter with float atomics (ScatterKernel:
+//                    the kernel of the configuration; SIMD-group run sums on every level), then (float16
 //                    tables) a conversion pass into the output; the float32 output is its own accumulator;
 //   grad_positions:  grid N, one thread per point looping over the active levels;
 //   second order:    grid N per point (d/d(dy), d/dx), then zero + atomic scatter (N, n_active) for d/dparams.
@@ -23,6 +24,12 @@ using tfmo::hash_grid::Config;
 
 std::string Suffixed(const char* base, TF_DataType dtype) {
   return std::string(base) + (dtype == TF_HALF ? "_float16" : "_float32");
+}
+
+// The table-gradient scatter for this configuration: D = 3, F = 2, linear has a kernel of its own (_d3f2).
+std::string ScatterKernel(const char* base, const Call& call) {
+  const bool d3f2 = call.dims == 3 && call.cfg->n_features == 2 && call.cfg->interpolation == HG_INTERP_LINEAR;
+  return Suffixed((std::string(base) + (d3f2 ? "_d3f2" : "")).c_str(), call.cfg->dtype);
 }
 
 HgArgs MakeArgs(const Call& call) {
@@ -87,7 +94,7 @@ void GradParamsGpu(void* state, TF_OpKernelContext* ctx) {
   args.count = static_cast<uint32_t>(elems);
   gpu.pass("hash_grid_fill_zero").buffer(0, *acc).value(1, args).threads(static_cast<uint64_t>(elems));
   if (call.n > 0 && call.n_active > 0) {
-    gpu.pass(Suffixed("hash_grid_grad_params", cfg.dtype).c_str())
+    gpu.pass(ScatterKernel("hash_grid_grad_params", call).c_str())
         .buffer(0, call.grad)
         .buffer(1, call.positions)
         .bytes(2, call.levels, LevelBytes(call))
@@ -148,7 +155,7 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
   }
   gpu.pass("hash_grid_fill_zero").buffer(0, *acc).value(1, args).threads(static_cast<uint64_t>(elems));
   if (call.n > 0 && call.n_active > 0 && cfg.interpolation != HG_INTERP_NEAREST) {
-    gpu.pass(Suffixed("hash_grid_grad2_params", cfg.dtype).c_str())
+    gpu.pass(ScatterKernel("hash_grid_grad2_params", call).c_str())
         .buffer(0, ddx)
         .buffer(1, call.grad)
         .buffer(2, call.positions)

@@ -3,6 +3,7 @@
 // Args: kernel=encode|grad_params|grad_positions dtype=float32|float16 n_levels= n_features= log2_hashmap_size=
 //       base_resolution= per_level_scale= grid_type=0|1|2 interpolation=0|1|2 n_active= [tg=64]
 //       [n_aggregate=0] (grad_params: levels below it sum runs of equal rows in the SIMD group)
+//       [d3f2=0] (grad_params: the D=3, F=2, linear kernel)
 //       in:positions:float32:N*D  in:params:DTYPE:ROWS*F  [in:dy:DTYPE:N*L*F]   scalar dims=D
 //       out:out=PATH  (encode: [N*L*F] DTYPE; grad_params: [ROWS*F] DTYPE; grad_positions: [N*D] float32)
 // Outputs are pre-filled with a poison value where the kernel must write every element.
@@ -23,6 +24,10 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
   args.interpolation = h.scalar<uint>("interpolation");
   args.n_active = h.scalar<uint>("n_active");
   args.n_aggregate = h.scalar<uint>("n_aggregate", 0);
+  // The D=3, F=2, linear scatter kernel (the host launches it for that configuration).
+  const bool d3f2 = h.scalar<int>("d3f2", 0) != 0;
+  if (d3f2 && !(args.dims == 3 && args.n_features == 2 && args.interpolation == HG_INTERP_LINEAR))
+    msl_emu::Harness::fail("d3f2=1 needs dims=3 n_features=2 interpolation=1");
   const int log2t = h.scalar<int>("log2_hashmap_size");
   const int nmin = h.scalar<int>("base_resolution");
   const float b = h.scalar<float>("per_level_scale");
@@ -61,12 +66,15 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
       });
     if (n > 0 && args.n_active > 0) {
       msl_emu::dispatch_threads(uint2{n, args.n_active}, uint2{tg, 1}, [&](const msl_emu::ThreadCtx& t) {
-        if constexpr (sizeof(T) == 4)
-          hash_grid_grad_params_float32(dy.data(), positions.data(), levels.data(), args, acc.data(),
-                                        t.thread_position_in_grid.xy, t.thread_index_in_simdgroup);
-        else
-          hash_grid_grad_params_float16(dy.data(), positions.data(), levels.data(), args, acc.data(),
-                                        t.thread_position_in_grid.xy, t.thread_index_in_simdgroup);
+        const uint2 gid = t.thread_position_in_grid.xy;
+        const uint lane = t.thread_index_in_simdgroup;
+        if constexpr (sizeof(T) == 4) {
+          if (d3f2) hash_grid_grad_params_d3f2_float32(dy.data(), positions.data(), levels.data(), args, acc.data(), gid, lane);
+          else hash_grid_grad_params_float32(dy.data(), positions.data(), levels.data(), args, acc.data(), gid, lane);
+        } else {
+          if (d3f2) hash_grid_grad_params_d3f2_float16(dy.data(), positions.data(), levels.data(), args, acc.data(), gid, lane);
+          else hash_grid_grad_params_float16(dy.data(), positions.data(), levels.data(), args, acc.data(), gid, lane);
+        }
       });
     }
     if constexpr (sizeof(T) == 4) {
