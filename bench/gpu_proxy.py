@@ -3,14 +3,13 @@
 NVIDIA GPU (the lent H200) beside the limit of each kernel. A proxy: NVIDIA hardware, not an Apple GPU (REFERENCE
 §15) — good for comparing kernel variants and for gross inefficiency, not for Apple's absolute times.
 
-STATUS: THIS BENCHMARK HAS NEVER RUN ON A GPU. It was written in a session without a lent device; only its dry run
-(the argument packing checked against the PTX entry signatures) and its NumPy references (checked against the
-package's CPU ops, tests/test_gpu_proxy_bench.py) have run, on a CPU. bench/gpu_proxy.md does not exist until a
-session runs it on the device.
+Results: bench/gpu_proxy.md (the lent H200; the run's date, driver and commit are in its header, the timings of
+the kernels before this package's proxy-driven changes at its end).
 
 Per case (bench/gpu_proxy_cases.py: hash grid encode with float32/float16 tables, param gradient with native atomics
 and the MSL 2.4 CAS loop, position gradient, second order; volume rendering and distortion loss, dense and packed,
-forward and backward; ray marching count/scan/fill and the occupancy mip), at NeRF sizes:
+forward and backward; ray marching count/scan/fill and the occupancy mip), at NeRF sizes; the table gradients also
+on ray-ordered points (samples in order along rays, as a NeRF batch has them), plain atomics vs SIMD-group run sums:
   1. one run, its outputs checked against a NumPy float64 reference (or invariants, where stated) BEFORE timing;
      a case that fails is reported and not timed;
   2. warm-up runs, then the median of >= 20 CUDA-event timings (default 25) of the case's launches alone;
@@ -29,8 +28,8 @@ The device run (tool `run`; the device has python3, cupy, numpy, nvcc and no Ten
   2. run(kind="nvidia-h200", carry=["gpu_proxy_ptx"], timeout_s=600,
          command="python3 bench/gpu_proxy.py --ptx gpu_proxy_ptx --md $OUT/gpu_proxy.md")
   3. copy the returned gpu_proxy.md to bench/gpu_proxy.md and commit it.
-  Expected cost (estimated, never measured on the device): ~2 min of NumPy references (the hash-grid scatters: ~110 s
-  on this project's 2-core AMD EPYC), seconds of GPU time; well inside one 600 s call.
+  Cost measured on the device (2026-12-05): 72-150 s per call, most of it the NumPy references; a fresh machine
+  takes 1-2 min more to start.
 """
 
 from __future__ import annotations

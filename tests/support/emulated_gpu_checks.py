@@ -226,7 +226,8 @@ def check_hash_grid_second_order(seed):
                     active = max_level is None or (isinstance(max_level, int) and max_level > 0) or \
                         (isinstance(max_level, float) and max_level * cfg.n_levels + 1e-3 > 0)
                     if interpolation != "nearest" and active:
-                        ran.require(f"hash_grid_grad2_params_{suffix}")
+                        d3f2 = "_d3f2" if (d, cfg.n_features_per_level, interpolation) == (3, 2, "linear") else ""
+                        ran.require(f"hash_grid_grad2_params{d3f2}_{suffix}")
                     if dtype == np.float16:
                         ran.require("hash_grid_float_to_half")
                     for v in g:
@@ -514,7 +515,7 @@ def check_layer_and_savedmodel(seed):
         model.optimizer.build(model.trainable_variables)
     with tf.device(GPU), Dispatches() as ran:
         hist = model.fit(x, target, epochs=5, batch_size=64, verbose=0)
-    ran.require("hash_grid_encode_float32", "hash_grid_grad_params_float32")
+    ran.require("hash_grid_encode_float32", "hash_grid_grad_params_d3f2_float32")  # D=3, F=2, linear
     assert hist.history["loss"][-1] < hist.history["loss"][0], hist.history
     with tf.device(CPU):
         cpu_out = model(x).numpy()
@@ -562,7 +563,7 @@ def check_nerf_steps(seed):
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
             losses.append(float(loss))
-    ran.require("hash_grid_encode_float32", "hash_grid_grad_params_float32", "volume_render_forward",
+    ran.require("hash_grid_encode_float32", "hash_grid_grad_params_d3f2_float32", "volume_render_forward",
                 "volume_render_backward")
     assert losses[-1] < losses[0], losses
     return f"losses {losses[0]:.4f} -> {losses[-1]:.4f}"
