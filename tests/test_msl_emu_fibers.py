@@ -1,6 +1,7 @@
 """The fiber switch of the MSL emulation (csrc/msl_emu/include/msl_emu/fiber_switch.h): many switches per thread
 give exact results, each fiber keeps its own floating-point control state, and fiber stacks end in a guard page
-whose size MSL_EMU_STACK_KB sets. Driver: tests/msl_emu/fiber_switch_driver.cc. Needs clang++-16 (conftest.py)."""
+whose size MSL_EMU_STACK_KB sets; with the hand-written switch and with the ucontext one (MSL_EMU_FIBER_UCONTEXT).
+Driver: tests/msl_emu/fiber_switch_driver.cc. Needs clang++-16 (conftest.py)."""
 
 import numpy as np
 import pytest
@@ -10,9 +11,10 @@ ORDERS = [{"MSL_EMU_ORDER": "forward"}, {"MSL_EMU_ORDER": "reverse"},
           {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "5"}, {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_WORKERS": "2"}]
 
 
-@pytest.fixture(scope="module")
-def exe(msl_emu):
-    return msl_emu.build(DRIVER)
+@pytest.fixture(scope="module", params=["native", "ucontext"])
+def exe(msl_emu, request):
+    """The driver with the platform's switch (hand-written on x86-64 and aarch64) and with the ucontext one."""
+    return msl_emu.build(DRIVER, defines=["MSL_EMU_FIBER_UCONTEXT"] if request.param == "ucontext" else [])
 
 
 def switch_loop_model(n, tg, iters):

@@ -14,12 +14,13 @@
 //    calls in AAPCS64). x18 is never touched (macOS reserves it). A switch is an ordinary call to the compiler,
 //    so everything caller-saved is already spilled by the caller. No system call: the signal mask is the OS
 //    thread's and stays as it is (glibc's swapcontext saves and restores it with rt_sigprocmask per switch);
-//  - any other architecture: glibc/libSystem ucontext (makecontext + swapcontext);
+//  - any other architecture, or with MSL_EMU_FIBER_UCONTEXT defined (tests compare both), or with CET shadow
+//    stacks (below): ucontext (makecontext + swapcontext);
 //  - a prepared context starts entry() with the stack aligned as after a call (x86-64: rsp + 8 a multiple of 16;
 //    aarch64: sp a multiple of 16), a null frame pointer and a null return address, so frame-pointer unwinders
 //    (ASan's, debuggers') stop there; the FP control state of a new context is the preparing thread's;
-//  - x86-64 CET shadow stacks are not supported by the hand-written switch (its returns would not match the
-//    shadow stack); glibc enables them only when every loaded object is marked for them, and this code is not;
+//  - x86-64 CET shadow stacks: the hand-written switch returns into another context, which a shadow stack
+//    rejects, so a build with return protection (-fcf-protection=return or full: __CET__ bit 2) uses ucontext;
 //  - a context must not be resumed twice without having switched out in between; a context that switched out
 //    for the last time (its fiber finished) may be prepared again on the same stack.
 #pragma once
@@ -27,11 +28,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#if !defined(__x86_64__) && !defined(__aarch64__)
+#if (defined(__x86_64__) || defined(__aarch64__)) && !defined(MSL_EMU_FIBER_UCONTEXT) && \
+    !(defined(__CET__) && (__CET__ & 2))
+#define MSL_EMU_FIBER_ASM 1
+#else
 #include <ucontext.h>
-#endif
-
-#if !defined(__x86_64__) && !defined(__aarch64__)
 namespace msl_emu {
 [[noreturn]] inline void fatal(const char* fmt, ...);  // msl_emu/runtime.h
 }
@@ -39,7 +40,7 @@ namespace msl_emu {
 
 namespace msl_emu::detail {
 
-#if defined(__x86_64__) || defined(__aarch64__)
+#if defined(MSL_EMU_FIBER_ASM)
 
 inline constexpr bool kFiberSwitchIsAsm = true;
 

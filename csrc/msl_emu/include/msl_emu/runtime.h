@@ -1,5 +1,6 @@
 // msl_emu: the launcher. Runs a grid of threadgroups on the CPU; the threads of one threadgroup are fibers
-// (msl_emu/fiber_switch.h) so that threadgroup_barrier is a real rendezvous. Part of <metal_stdlib>; README.md explains.
+// (switched by msl_emu/fiber_switch.h) so that threadgroup_barrier is a real rendezvous. Part of <metal_stdlib>;
+// README.md explains.
 //
 // Invariants:
 //  - one threadgroup runs at a time per worker OS thread; all its threads are fibers on that OS thread, so
