@@ -50,15 +50,15 @@ struct FiberContext {
 
 // Stores the callee-saved state of the caller on its stack and the stack pointer in *save; loads `load` (a stack
 // pointer stored by this function or laid out by fiber_prepare), restores the state saved there and returns into
-// that context. Naked: the body is the whole function, there is no compiler prologue. It starts with a landing pad
-// for indirect-branch tracking (endbr64 / bti c: no-ops without it), in case a call reaches it through a PLT.
+// that context. Naked: the body is the whole function, there is no compiler prologue (builds with branch tracking,
+// -fcf-protection=branch or -mbranch-protection=bti, still get their endbr64 / bti c landing pad from clang).
+// Hidden: calls stay direct, never through a PLT.
 [[gnu::naked, gnu::noinline, gnu::visibility("hidden")]] inline void fiber_switch_asm(void** /*save*/,
                                                                                       void* /*load*/) {
 #if defined(__x86_64__)
   // Frame, from the stack pointer up: [0] MXCSR (low 4 bytes) and x87 control word (bytes 4-5), [1] r15, [2] r14,
   // [3] r13, [4] r12, [5] rbx, [6] rbp, [7] return address. rdi = save, rsi = load.
   asm volatile(
-      "endbr64\n\t"
       "pushq %rbp\n\t"
       "pushq %rbx\n\t"
       "pushq %r12\n\t"
@@ -85,7 +85,6 @@ struct FiberContext {
   // [21] unused (sp stays 16-byte aligned). x0 = save, x1 = load. FPCR is written only when it differs (a write
   // can stall the pipeline).
   asm volatile(
-      "hint #34\n\t"  // bti c
       "sub sp, sp, #176\n\t"
       "stp x19, x20, [sp, #0]\n\t"
       "stp x21, x22, [sp, #16]\n\t"
