@@ -56,8 +56,9 @@ struct FiberContext {
 [[gnu::naked, gnu::noinline, gnu::visibility("hidden")]] inline void fiber_switch_asm(void** /*save*/,
                                                                                       void* /*load*/) {
 #if defined(__x86_64__)
-  // Frame, from the stack pointer up: [0] MXCSR (low 4 bytes) and x87 control word (bytes 4-5), [1] r15, [2] r14,
-  // [3] r13, [4] r12, [5] rbx, [6] rbp, [7] return address. rdi = save, rsi = load.
+  // Frame, from the stack pointer up: [0] MXCSR (low 4 bytes) and x87 control word (bytes 4-5, bytes 6-7 zero),
+  // [1] r15, [2] r14, [3] r13, [4] r12, [5] rbx, [6] rbp, [7] return address. rdi = save, rsi = load. The control
+  // registers are loaded only when the word differs (ldmxcsr and fldcw are slow).
   asm volatile(
       "pushq %rbp\n\t"
       "pushq %rbx\n\t"
@@ -65,13 +66,17 @@ struct FiberContext {
       "pushq %r13\n\t"
       "pushq %r14\n\t"
       "pushq %r15\n\t"
-      "subq $8, %rsp\n\t"
+      "pushq $0\n\t"
       "stmxcsr (%rsp)\n\t"
       "fnstcw 4(%rsp)\n\t"
+      "movq (%rsp), %rax\n\t"
       "movq %rsp, (%rdi)\n\t"
       "movq %rsi, %rsp\n\t"
+      "cmpq (%rsp), %rax\n\t"
+      "je 1f\n\t"
       "ldmxcsr (%rsp)\n\t"
-      "fldcw 4(%rsp)\n\t"
+      "fldcw 4(%rsp)\n"
+      "1:\n\t"
       "addq $8, %rsp\n\t"
       "popq %r15\n\t"
       "popq %r14\n\t"

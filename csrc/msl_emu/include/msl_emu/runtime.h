@@ -20,6 +20,8 @@
 //    only when no SIMD group has parked callers;
 //  - fiber stacks are mmap'd with a guard page below, allocated once per worker and reused by every group; ASan
 //    builds unpoison a stack when a fiber starts on it (frames of the fiber that finished there are not unwound);
+//    fiber i starts (i % kStackColors) cache lines below its stack's top, so that the frames the switches save do
+//    not all map to the same cache set (the stacks are a multiple of the page size apart);
 //  - fiber-free fast path (Options::fiber_free, for kernels whose source calls neither threadgroup_barrier nor a
 //    SIMD-group function): no fibers; a group's threads run one after another, to completion, directly on the
 //    worker thread, in the MSL_EMU_ORDER order. A barrier or SIMD-group function reached in this mode is a fatal
@@ -125,6 +127,7 @@ namespace detail {
 
 inline constexpr uint kMaxThreadsPerGroup = 1024;  // Metal's limit on Apple GPUs
 inline constexpr uint kSimdWidth = 32;             // threads per SIMD group on Apple GPUs
+inline constexpr uint kStackColors = 64;           // fiber start offsets, in 64-byte lines (GroupRunner::run_group)
 
 using KernelFn = void (*)(void* user, const ThreadCtx& t);
 
@@ -181,7 +184,7 @@ class GroupRunner {
 #if defined(MSL_EMU_ASAN)
       if (kFiberSwitchIsAsm) __asan_unpoison_memory_region(f.stack, stack_bytes_);
 #endif
-      fiber_prepare(f.context, f.stack, stack_bytes_, &GroupRunner::entry);
+      fiber_prepare(f.context, f.stack, stack_bytes_ - (i % kStackColors) * 64, &GroupRunner::entry);
     }
     order_.resize(n);
     GroupRunner* saved = tls_runner;
