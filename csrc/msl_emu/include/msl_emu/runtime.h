@@ -42,7 +42,6 @@
 #include <thread>
 #include <vector>
 
-#include "msl_emu/fiber_switch.h"
 #include "msl_emu/types.h"
 
 #if defined(__has_feature)
@@ -57,6 +56,8 @@
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
+
+#include "msl_emu/fiber_switch.h"
 
 namespace msl_emu {
 
