@@ -17,8 +17,9 @@
 //  - any other architecture, or with MSL_EMU_FIBER_UCONTEXT defined (tests compare both), or with CET shadow
 //    stacks (below): ucontext (makecontext + swapcontext);
 //  - a prepared context starts entry() with the stack aligned as after a call (x86-64: rsp + 8 a multiple of 16;
-//    aarch64: sp a multiple of 16), a null frame pointer and a null return address, so frame-pointer unwinders
-//    (ASan's, debuggers') stop there; the FP control state of a new context is the preparing thread's;
+//    aarch64: sp a multiple of 16) and a null frame pointer, so frame-pointer unwinders (ASan's, debuggers')
+//    stop there (x86-64: the return address slot is null too; aarch64: x30 is entry's own address); the FP
+//    control state of a new context is the preparing thread's;
 //  - x86-64 CET shadow stacks: the hand-written switch returns into another context, which a shadow stack
 //    rejects, so a build with return protection (-fcf-protection=return or full: __CET__ bit 2) uses ucontext;
 //  - a context must not be resumed twice without having switched out in between; a context that switched out
