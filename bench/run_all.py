@@ -150,6 +150,11 @@ def markdown(results):
                   "", f"| {r['size']} floats | inline (ms) | baseline (ms) | inline / baseline |", "|---|---|---|---|"]
         lines += [f"| {k} vs {v['baseline']} | {v['inline_ms']:.2f} | {v['baseline_ms']:.2f} | {v['ratio']:.2f}x |"
                   for k, v in r["cpu_speed"].items()]
+        if "simd" in r:
+            sd = r["simd"]
+            lines += ["", f"SIMD-group calls (fibers): {sd['threads']} threads x {sd['calls_per_thread']} simd_sum "
+                      f"calls {sd['simd_ms']:.2f} ms, the loop without the call {sd['plain_ms']:.2f} ms: "
+                      f"{sd['ns_per_call']:.0f} ns per thread and call."]
         lines.append("")
     if "emulated_gpu" in results:
         r = results["emulated_gpu"]
@@ -238,7 +243,8 @@ def main():
                                    os.path.join(tmp, "call.json"))
     results["metal_kernel"] = run("inline Metal kernels", [os.path.join(HERE, "metal_kernel.py"), "--json",
                                   os.path.join(tmp, "metal_kernel.json")]
-                                  + (["--calls", "300", "--repeats", "3", "--compile-runs", "1", "--size", "65536"]
+                                  + (["--calls", "300", "--repeats", "3", "--compile-runs", "1", "--size", "65536",
+                                      "--simd-size", "8192"]
                                      if q else []), os.path.join(tmp, "metal_kernel.json"))
     results["render_ops"] = run("render ops", [os.path.join(HERE, "render_ops.py"), "--json",
                                 os.path.join(tmp, "render.json")] + (["--rays", "4096", "--repeats", "3"] if q else []),

@@ -1,5 +1,6 @@
 // msl_emu: the launcher. Runs a grid of threadgroups on the CPU; the threads of one threadgroup are fibers
-// (ucontext) so that threadgroup_barrier is a real rendezvous. Part of <metal_stdlib>; README.md explains.
+// (switched by msl_emu/fiber_switch.h) so that threadgroup_barrier is a real rendezvous. Part of <metal_stdlib>;
+// README.md explains.
 //
 // Invariants:
 //  - one threadgroup runs at a time per worker OS thread; all its threads are fibers on that OS thread, so
@@ -17,7 +18,10 @@
 //    "divergent SIMD-group function" (a thread of that SIMD group waiting at a threadgroup_barrier or at another
 //    SIMD-group call). The results are written to each caller and the callers resume; barriers are resolved
 //    only when no SIMD group has parked callers;
-//  - fiber stacks are mmap'd with a guard page below, allocated once per worker and reused by every group;
+//  - fiber stacks are mmap'd with a guard page below, allocated once per worker and reused by every group; ASan
+//    builds unpoison a stack when a fiber starts on it (frames of the fiber that finished there are not unwound);
+//    fiber i starts (i % kStackColors) cache lines below its stack's top, so that the frames the switches save do
+//    not all map to the same cache set (the stacks are a multiple of the page size apart);
 //  - fiber-free fast path (Options::fiber_free, for kernels whose source calls neither threadgroup_barrier nor a
 //    SIMD-group function): no fibers; a group's threads run one after another, to completion, directly on the
 //    worker thread, in the MSL_EMU_ORDER order. A barrier or SIMD-group function reached in this mode is a fatal
@@ -25,7 +29,6 @@
 #pragma once
 
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,8 +53,11 @@
 #define MSL_EMU_ASAN 1
 #endif
 #if defined(MSL_EMU_ASAN)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
+
+#include "msl_emu/fiber_switch.h"
 
 namespace msl_emu {
 
@@ -122,6 +128,7 @@ namespace detail {
 
 inline constexpr uint kMaxThreadsPerGroup = 1024;  // Metal's limit on Apple GPUs
 inline constexpr uint kSimdWidth = 32;             // threads per SIMD group on Apple GPUs
+inline constexpr uint kStackColors = 64;           // fiber start offsets, in 64-byte lines (GroupRunner::run_group)
 
 using KernelFn = void (*)(void* user, const ThreadCtx& t);
 
@@ -175,12 +182,10 @@ class GroupRunner {
       Fiber& f = fibers_[i];
       f.ctx = &ctx[i];
       f.state = State::ready;
-      std::memset(&f.uc, 0, sizeof f.uc);
-      if (getcontext(&f.uc) != 0) fatal("getcontext failed");
-      f.uc.uc_stack.ss_sp = f.stack;
-      f.uc.uc_stack.ss_size = stack_bytes_;
-      f.uc.uc_link = nullptr;
-      makecontext(&f.uc, reinterpret_cast<void (*)()>(&GroupRunner::entry), 1, int(i));
+#if defined(MSL_EMU_ASAN)
+      if (kFiberSwitchIsAsm) __asan_unpoison_memory_region(f.stack, stack_bytes_);
+#endif
+      fiber_prepare(f.context, f.stack, stack_bytes_ - (i % kStackColors) * 64, &GroupRunner::entry);
     }
     order_.resize(n);
     GroupRunner* saved = tls_runner;
@@ -290,7 +295,7 @@ class GroupRunner {
   struct Fiber {
     void* map = nullptr;    // mapping incl. guard page
     void* stack = nullptr;  // usable stack (above the guard page)
-    ucontext_t uc;
+    FiberContext context;   // while switched out
     const ThreadCtx* ctx = nullptr;
     State state = State::done;
     std::source_location site;
@@ -366,12 +371,13 @@ class GroupRunner {
     }
   }
 
-  static void entry(int index) {
+  // First code of every fiber; the one being started is current_.
+  static void entry() {
     GroupRunner* r = tls_runner;
 #if defined(MSL_EMU_ASAN)
     __sanitizer_finish_switch_fiber(nullptr, &r->sched_bottom_, &r->sched_size_);
 #endif
-    Fiber& f = r->fibers_[index];
+    Fiber& f = r->fibers_[r->current_];
     r->fn_(r->user_, *f.ctx);
     f.state = State::done;
     r->switch_to_scheduler(f, /*dying=*/true);
@@ -385,7 +391,7 @@ class GroupRunner {
     void* fake = nullptr;
     __sanitizer_start_switch_fiber(&fake, f.stack, stack_bytes_);
 #endif
-    if (swapcontext(&sched_uc_, &f.uc) != 0) fatal("swapcontext failed");
+    fiber_switch(sched_context_, f.context);
 #if defined(MSL_EMU_ASAN)
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
@@ -396,7 +402,7 @@ class GroupRunner {
     __sanitizer_start_switch_fiber(dying ? nullptr : &f.fake_stack, sched_bottom_, sched_size_);
 #endif
     (void)dying;
-    if (swapcontext(&f.uc, &sched_uc_) != 0) fatal("swapcontext failed");
+    fiber_switch(f.context, sched_context_);
 #if defined(MSL_EMU_ASAN)
     __sanitizer_finish_switch_fiber(f.fake_stack, &sched_bottom_, &sched_size_);
 #endif
@@ -406,7 +412,7 @@ class GroupRunner {
   size_t page_ = 4096, stack_bytes_ = 0;
   std::vector<Fiber> fibers_;
   std::vector<uint> order_;
-  ucontext_t sched_uc_{};  // zeroed: ASan's swapcontext interceptor reads uc_stack of the target
+  FiberContext sched_context_;  // the worker thread's own context while a fiber runs
   [[maybe_unused]] const void* sched_bottom_ = nullptr;  // ASan builds only
   [[maybe_unused]] size_t sched_size_ = 0;
   KernelFn fn_ = nullptr;
