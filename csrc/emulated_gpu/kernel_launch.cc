@@ -254,12 +254,6 @@ std::string PrepareAtomics(const table::KernelDesc& kd, const LaunchDesc& d, Lau
                            std::vector<msl_emu::AtomicRange>* ranges) {
   a->buffers.clear();
   a->threadgroup = AtomicCount();
-  for (const auto& [name, offsets] : a->splits) {
-    bool found = false;
-    for (size_t i = 0; i < kd.num_params; ++i)
-      found |= kd.params[i].kind == table::ParamKind::kBuffer && name == kd.params[i].name;
-    if (!found) return Format("%s: atomic counting: split of '%s', which is no buffer parameter", kd.name, name.c_str());
-  }
   for (uint32_t slot = 0; slot < kMaxBufferSlots; ++slot) {
     for (size_t i = 0; i < kd.num_params; ++i) {
       const table::ParamDesc& p = kd.params[i];

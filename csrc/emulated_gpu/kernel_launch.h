@@ -72,7 +72,8 @@ struct AtomicCount {
 
 // Input and result of counting a launch's atomics. Every bound [[buffer(n)]] is a range; a buffer whose parameter
 // name is a key of `splits` is divided at those byte offsets (ascending, inside the buffer; 0 and its size are
-// implied) into parts counted apart. An operation goes to the buffer of the lowest slot holding its address (bound
+// implied) into parts counted apart (names that are no parameter of the kernel are ignored, so one set of splits
+// serves a sequence of launches of different kernels). An operation goes to the buffer of the lowest slot holding its address (bound
 // buffers may alias); one in no bound buffer is on threadgroup memory.
 struct LaunchAtomics {
   std::map<std::string, std::vector<uint64_t>> splits;  // input: parameter name -> byte offsets
