@@ -278,18 +278,19 @@ def markdown(report) -> str:
     ]
     for pass_name in PASSES:
         lines += [f"## {pass_name}", ""]
-        lines += ["| points | MSL | kernel | launches | global atomics | CAS retries | atomic loads | threadgroup atomics "
-                  "| emulation s (counting off / on) |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| points | MSL | kernel | launches | global atomics | CAS retries | atomic loads | threadgroup atomics |",
+                  "|---|---|---|---|---|---|---|---|"]
         for pts in runs["3.0"]:
             for msl in MSL_VERSIONS:
-                rec = runs[msl][pts][pass_name]
-                secs = rec.get("seconds", {})
-                s = f"{secs['off']:.2f} / {secs['on']:.2f}" if secs else "-"
-                for kname, k in rec["kernels"].items():
+                for kname, k in runs[msl][pts][pass_name]["kernels"].items():
                     g, tg = k["global"], k["threadgroup"]
                     lines.append(f"| {pts} | {msl} | {kname} | {k['launches']} | {fmt(g['rmw'] + g['cas'])} | "
-                                 f"{fmt(g['cas_failed'])} | {fmt(g['load'])} | {fmt(tg['rmw'] + tg['cas'])} | {s} |")
-                    s = ""
+                                 f"{fmt(g['cas_failed'])} | {fmt(g['load'])} | {fmt(tg['rmw'] + tg['cas'])} |")
+        timed = [(pts, msl, runs[msl][pts][pass_name]["seconds"]) for pts in runs["3.0"] for msl in MSL_VERSIONS
+                 if runs[msl][pts][pass_name].get("seconds")]
+        if timed:
+            lines += ["", "Emulation seconds of the whole pass (median), counting off / on: " +
+                      "; ".join(f"{pts} MSL {msl}: {s['off']:.2f} / {s['on']:.2f}" for pts, msl, s in timed) + "."]
         lines.append("")
         for pts in runs["3.0"]:
             lines += [f"### {pass_name}, {pts} points: per level", "",
@@ -344,7 +345,8 @@ def main():
         runs[msl] = run_worker(msl, args)
     print("=== reference counts from the positions", flush=True)
     ref = {name: reference_counts(x, cfg) for name, x in point_sets(args.log2_points).items()}
-    cmd = "python bench/hash_grid_atomics.py" + (f" --log2-points {args.log2_points}" if args.log2_points != 18 else "")
+    cmd = "python bench/hash_grid_atomics.py" + (" --quick" if args.quick else
+                                                 f" --log2-points {args.log2_points}" if args.log2_points != 18 else "")
     cmd += f" --workers {args.workers}" if args.workers else ""
     report = {
         "date": datetime.date.today().isoformat(), "cpu": cpu, "cores": os.cpu_count(),
