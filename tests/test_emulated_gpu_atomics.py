@@ -33,20 +33,3 @@ def test_hash_grid_counts_per_level_at_both_msl_versions(direct):
 
 def test_api(direct):
     run_check("emulated_gpu_atomic_checks", "api", env=direct)
-
-
-def test_msl_switch_rejects_other_versions(direct):
-    from tf_metal_ops import _env
-
-    old = os.environ.get(_env.EMULATED_GPU_MSL)
-    try:
-        os.environ[_env.EMULATED_GPU_MSL] = "2.3"
-        with pytest.raises(ValueError, match="expected 2.4 or 3.0"):
-            _env.emulated_gpu_msl()
-        os.environ[_env.EMULATED_GPU_MSL] = "2.4"
-        assert _env.emulated_gpu_msl() == "2.4"
-    finally:
-        if old is None:
-            os.environ.pop(_env.EMULATED_GPU_MSL, None)
-        else:
-            os.environ[_env.EMULATED_GPU_MSL] = old
