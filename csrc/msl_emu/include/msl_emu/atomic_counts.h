@@ -134,11 +134,21 @@ inline std::atomic<int> counting_dispatches{0};
 // This worker's counter while it runs groups of a counting dispatch, else null.
 inline thread_local AtomicCounter* tls_atomic_counter = nullptr;
 
+// Out of line and cold, so that the atomics' fast path stays one load and one branch; preserve_most (x86-64 and
+// AArch64), so that a kernel calling it need not save registers around the call.
+#if defined(__x86_64__) || defined(__aarch64__)
+#define MSL_EMU_PRESERVE_MOST __attribute__((preserve_most))
+#else
+#define MSL_EMU_PRESERVE_MOST
+#endif
+[[gnu::noinline, gnu::cold]] MSL_EMU_PRESERVE_MOST inline void note_atomic_counting(const void* p, AtomicOp op) {
+  if (AtomicCounter* c = tls_atomic_counter) c->note(p, op);
+}
+
 // Called by <metal_stdlib>'s atomic functions with the atomic object's address.
 inline void note_atomic(const void* p, AtomicOp op) {
-  if (counting_dispatches.load(std::memory_order_relaxed) == 0) [[likely]]
-    return;
-  if (AtomicCounter* c = tls_atomic_counter) c->note(p, op);
+  if (counting_dispatches.load(std::memory_order_relaxed) != 0) [[unlikely]]
+    note_atomic_counting(p, op);
 }
 
 // RAII for one worker of a counting dispatch: installs its counter, merges it at the end.
