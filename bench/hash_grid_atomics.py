@@ -29,8 +29,10 @@ What the retries mean: threads of one threadgroup run one after another on one C
 a threadgroup on another worker thread wrote the word between the load and the CAS: retries depend on the number of
 workers (--workers, default all CPUs) and the CPU, not on a GPU. Attempts - retries = successes is exact.
 
-The "before" figures are the kernels of the commit named in the output; rerun the same command after changing
-hash_grid.metal. Emulation times are given only to show what counting costs (they say nothing about a GPU).
+Before and after: bench/hash_grid_atomics_before.json holds a run of the kernels before SIMD-group aggregation
+(the commit it names); every run whose config and point count match it adds a "Before → after" table per level
+(--baseline PATH picks another run). After changing hash_grid.metal, rerun the same command. Emulation times are
+given only to show what counting costs (they say nothing about a GPU).
 """
 
 from __future__ import annotations
@@ -313,7 +315,42 @@ def markdown(report) -> str:
             lines.append(f"| all | | {fmt(sum(cfg['level_sizes']))} | {fmt(tot['a3'])} | {fmt(tot['c4'])} | "
                          f"{fmt(tot['r4'])} | {fmt(tot['sc'])} | {fmt(tot['spc'])} | {fmt(tot['s'])} |")
             lines.append("")
+    base = report.get("baseline")
+    if base:
+        lines += ["## Before → after", "",
+                  f"Global atomics at MSL 3.0 (read-modify-writes + CAS attempts) per level: the baseline "
+                  f"`{os.path.relpath(base['path'], ROOT)}` ({base['date']}, kernels of commit {base['commit']}, "
+                  f"{base['workers']} workers) against this run.", ""]
+        sets = list(runs["3.0"])
+        for pass_name in PASSES:
+            head = " | ".join(f"{pts} before | {pts} after | after / before" for pts in sets)
+            lines += [f"### {pass_name}", "", f"| level | {head} |", "|---|" + "---|---|---|" * len(sets)]
+            cols = []
+            for pts in sets:
+                before = [b["rmw"] + b["cas"] for b in base["runs"]["3.0"][pts][pass_name]["levels"]]
+                after = [a["rmw"] + a["cas"] for a in runs["3.0"][pts][pass_name]["levels"]]
+                cols.append((before + [sum(before)], after + [sum(after)]))
+            for i, name in enumerate([*map(str, range(L)), "all"]):
+                cells = []
+                for before, after in cols:
+                    vb, va = before[i], after[i]
+                    cells.append(f"{fmt(vb)} | {fmt(va)} | " + (f"{va / vb:.3f}" if vb else "-"))
+                lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            lines.append("")
     return "\n".join(lines)
+
+
+def load_baseline(path, report):
+    """The earlier run at `path` when it measured the same config and points, else None (and says why)."""
+    if not path or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        base = json.load(f)
+    if base.get("config") != report["config"] or base.get("points") != report["points"]:
+        print(f"baseline {path}: another config or point count; no before/after table", flush=True)
+        return None
+    base["path"] = path
+    return base
 
 
 def main():
@@ -325,6 +362,8 @@ def main():
     ap.add_argument("--acc-param", default="acc", help="the gradient kernels' accumulator parameter name")
     ap.add_argument("--md", default=os.path.join(HERE, "hash_grid_atomics.md"), help="'' to skip")
     ap.add_argument("--json", default=os.path.join(HERE, "hash_grid_atomics.json"), help="'' to skip")
+    ap.add_argument("--baseline", default=os.path.join(HERE, "hash_grid_atomics_before.json"),
+                    help="an earlier run's JSON: adds a before/after table when config and points match ('' to skip)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
@@ -359,6 +398,7 @@ def main():
                    "resolutions": list(cfg.resolutions), "level_sizes": list(cfg.level_sizes)},
         "runs": runs, "reference": ref,
     }
+    report["baseline"] = load_baseline(args.baseline, report)
     md = markdown(report)
     print(md)
     if args.md:
@@ -366,7 +406,8 @@ def main():
             f.write(md + "\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=1, default=lambda o: o.item() if isinstance(o, np.generic) else str(o))
+            saved = {k: v for k, v in report.items() if k != "baseline"}
+            json.dump(saved, f, indent=1, default=lambda o: o.item() if isinstance(o, np.generic) else str(o))
             f.write("\n")
 
 
