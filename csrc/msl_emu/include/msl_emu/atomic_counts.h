@@ -145,10 +145,19 @@ inline thread_local AtomicCounter* tls_atomic_counter = nullptr;
   if (AtomicCounter* c = tls_atomic_counter) c->note(p, op);
 }
 
-// Called by <metal_stdlib>'s atomic functions with the atomic object's address.
+// Called by <metal_stdlib>'s atomic functions with the atomic object's address. Compiled with
+// -DMSL_EMU_COUNT_ATOMICS=0 it does nothing (no launch counts anything): the reference build of
+// bench/msl_emu_atomics_overhead.py.
+#ifndef MSL_EMU_COUNT_ATOMICS
+#define MSL_EMU_COUNT_ATOMICS 1
+#endif
 inline void note_atomic(const void* p, AtomicOp op) {
+#if MSL_EMU_COUNT_ATOMICS
   if (counting_dispatches.load(std::memory_order_relaxed) != 0) [[unlikely]]
     note_atomic_counting(p, op);
+#else
+  (void)p, (void)op;
+#endif
 }
 
 // RAII for one worker of a counting dispatch: installs its counter, merges it at the end.
