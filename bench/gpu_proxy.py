@@ -304,7 +304,10 @@ def main(argv=None) -> int:
            "commit": git_commit(sig.manifest), "bw": bw, "repeats": args.repeats, "warmup": args.warmup}
     rows, by_name = [], {}
     for case in cases:
-        r = run_case(dev, case, args.warmup, args.repeats)
+        try:
+            r = run_case(dev, case, args.warmup, args.repeats)
+        except Exception as e:  # one broken case is reported in its row; the others still run
+            r = {"failures": [f"{type(e).__name__}: {e}"]}
         r.update(name=case.name, kernel=(case.launches[0].module, case.launches[0].kernel), note=case.note)
         if not r["failures"]:
             kind, what = case.bound

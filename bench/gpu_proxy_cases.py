@@ -27,7 +27,7 @@ import numpy as np
 HG_LEVEL = np.dtype([("offset", "<u4"), ("size", "<u4"), ("resolution", "<u4"), ("mode", "<u4"),
                      ("n_stride_dims", "<u4"), ("scale", "<f4"), ("stride", "<u4", (4,))])
 HG_ARGS = np.dtype([(n, "<u4") for n in ("n", "dims", "n_features", "n_levels", "n_active", "interpolation", "count",
-                                         "pad")])
+                                         "n_aggregate")])
 VR_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4"), ("C", "<u4"), ("bg_mode", "<u4"), ("threshold", "<f4")])
 DL_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4")])
 VRP_PARAMS = np.dtype([("R", "<u4"), ("N", "<u4"), ("C", "<u4"), ("bg_mode", "<u4"), ("threshold", "<f4")])
@@ -292,8 +292,9 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
     def pp_tol(a):
         return 1e-4 * (np.abs(a) + 1e-2 * np.abs(a).max())
 
-    grid2 = (n, n_levels, 1)
+    grid2 = (n, n_levels, 1)  # the table-gradient scatters: threadgroups 1-D along the points, one level each
     tg = (256, 1, 1)
+    enc_grid, enc_group = (n * n_levels, 1, 1), (256, 1, 1)  # encode: one thread per (point, level), level fastest
     blocks = ((n + 511) // 512, n_levels, 1)
     zero_acc = [Launch("hash_grid", "hash_grid_fill_zero", [("buf", "acc"), ("buf", "args")], (rows * F, 1, 1), (256, 1, 1))]
     table = nbytes(arrays, "params")  # read once at least (L2 may hold the coarse levels)
@@ -316,12 +317,20 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                  arrays, lambda half=half, ofm=ofm: {ofm: (ref(half)["out"].T, enc_tol(ref(half), half).T,
                                                           (slice(None), slice(0, check_points)))},
                  ("copy", io + table)),
+            Case(f"hg_gather_{bt} (bare, level-fastest launch, our layout)", "hash_grid",
+                 [Launch("baselines", f"hg_gather_{bt}_F2_D3_level_fastest",
+                         [("buf", "x"), ("buf", p), ("buf", "levels"), ("u32", n), ("u32", n_levels), ("buf", o)],
+                         ((n * n_levels + 511) // 512, 1, 1), (512, 1, 1), msl=False)],
+                 arrays, lambda half=half: {("out16" if half else "out"): first(ref(half)["out"], enc_tol(ref(half), half))},
+                 ("copy", io + table)),
             Case(f"hash_grid_encode_{t}", "hash_grid",
                  [Launch("hash_grid", f"hash_grid_encode_{t}", [("buf", "x"), ("buf", p), ("buf", "levels"),
-                                                                 ("buf", "args"), ("buf", o)], grid2, tg)],
+                                                                 ("buf", "args"), ("buf", o)], enc_grid, enc_group)],
                  arrays, lambda half=half, o=o: {o: first(ref(half)["out"], enc_tol(ref(half), half))},
-                 ("case", f"hg_gather_{bt} (bare, tcnn launch, our layout)")),
+                 ("case", f"hg_gather_{bt} (bare, tcnn launch, tcnn layout)"),
+                 note="bound: tiny-cuda-nn's launch and output layout"),
         ]
+
 
     def gp_expect(half=False, second=False):
         key = "grad2_params" if second else "grad_params"
@@ -338,13 +347,44 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
 
     cases.append(scatter_case("f32", "dy"))
     cases.append(scatter_case("f16", "dy16"))
-    for module, label in (("hash_grid", "native float atomics (MSL 3.0)"), ("msl2.4/hash_grid", "CAS loop (MSL 2.4)")):
-        cases.append(Case(f"hash_grid_grad_params_float32, {label}", "hash_grid",
-                          [Launch(module, "hash_grid_grad_params_float32",
-                                  [("buf", "dy"), ("buf", "x"), ("buf", "levels"), ("buf", "args"), ("buf", "acc")],
-                                  grid2, tg)],
-                          arrays, gp_expect, ("case", "hg_scatter_f32 (bare, tcnn launch, float atomics)"),
-                          setup=zero_acc))
+    # Aggregation policies of the table-gradient scatters (HgArgs.n_aggregate: levels l < n_aggregate sum runs of
+    # equal rows in the SIMD group before their atomics): none, the levels that are not hashed, all.
+    n_dense = int(np.sum(levels["mode"] != 0))
+    policies = (("plain atomics", 0), (f"run sums on the {n_dense} unhashed levels", n_dense),
+                ("run sums on all levels", n_levels))
+    for _, k in policies:
+        arrays[f"args_agg{k}"] = struct(HG_ARGS, n=n, dims=D, n_features=F, n_levels=n_levels, n_active=n_levels,
+                                        interpolation=1, count=rows * F, n_aggregate=k)
+    # NeRF-like points: 2^14 rays of 64 samples in order along each ray (the layout a NeRF batch has): adjacent
+    # threads share the cells of the coarse levels.
+    n_rays = max(1, n // 64)
+    o_r = rng.uniform(0.3, 0.7, (n_rays, 1, D))
+    d_r = rng.normal(size=(n_rays, 1, D))
+    d_r /= np.linalg.norm(d_r, axis=2, keepdims=True)
+    t_r = (np.arange(64) + rng.random((n_rays, 64))) * (0.3 / 64)
+    arrays["x_rays"] = np.clip(o_r + t_r[:, :, None] * d_r, 0, 1).reshape(-1, D)[:n].astype(np.float32)
+
+    def gp_expect_rays():
+        if "rays" not in ref_cache:
+            ref_cache["rays"] = hg_reference(arrays["x_rays"], params, levels, dy, ddx, F, ("grad_params",), 1)
+        r = ref_cache["rays"]
+        return {"acc": (r["grad_params"], 1e-4 * r["abs_grad_params"] + 1e-6)}
+
+    for pts, xname, expect in (("random points", "x", gp_expect), ("rays", "x_rays", gp_expect_rays)):
+        if xname == "x_rays":
+            cases.append(Case("hg_scatter_f32 (bare, tcnn launch, float atomics), rays", "hash_grid",
+                              [Launch("baselines", "hg_scatter_f32_F2_D3",
+                                      [("buf", "dy"), ("buf", "x_rays"), ("buf", "levels"), ("u32", n),
+                                       ("u32", n_levels), ("buf", "acc")], blocks, (512, 1, 1), msl=False)],
+                              arrays, expect, ("copy", nbytes(arrays, "x", "dy", "acc")), setup=zero_acc))
+        bare = "hg_scatter_f32 (bare, tcnn launch, float atomics)" + (", rays" if xname == "x_rays" else "")
+        for module, label in (("hash_grid", "native float atomics (MSL 3.0)"), ("msl2.4/hash_grid", "CAS loop (MSL 2.4)")):
+            for policy, k in policies:
+                cases.append(Case(f"hash_grid_grad_params_float32, {label}, {pts}, {policy}", "hash_grid",
+                                  [Launch(module, "hash_grid_grad_params_float32",
+                                          [("buf", "dy"), ("buf", xname), ("buf", "levels"), ("buf", f"args_agg{k}"),
+                                           ("buf", "acc")], grid2, tg)],
+                                  arrays, expect, ("case", bare), setup=zero_acc))
     cases.append(Case("hash_grid_grad_params_float16 (float32 accumulation)", "hash_grid",
                       [Launch("hash_grid", "hash_grid_grad_params_float16",
                               [("buf", "dy16"), ("buf", "x"), ("buf", "levels"), ("buf", "args"), ("buf", "acc")],
@@ -364,12 +404,14 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                                ("buf", "args"), ("buf", "ddy"), ("buf", "dx2")], (n, 1, 1), (256, 1, 1))],
                       arrays, lambda: {k: first(ref(part=k)[k], pp_tol(ref(part=k)[k])) for k in ("ddy", "dx2")},
                       ("case", "hg_gather_f32 (bare, tcnn launch, our layout)")))
-    cases.append(Case("hash_grid_grad2_params_float32", "hash_grid",
-                      [Launch("hash_grid", "hash_grid_grad2_params_float32",
-                              [("buf", "ddx"), ("buf", "dy"), ("buf", "x"), ("buf", "levels"), ("buf", "args"),
-                               ("buf", "acc")], grid2, tg)],
-                      arrays, lambda: gp_expect(second=True), ("case", "hg_scatter_f32 (bare, tcnn launch, float atomics)"),
-                      setup=zero_acc))
+    for module, label in (("hash_grid", "native float atomics (MSL 3.0)"), ("msl2.4/hash_grid", "CAS loop (MSL 2.4)")):
+        for policy, k in policies[:2]:
+            cases.append(Case(f"hash_grid_grad2_params_float32, {label}, {policy}", "hash_grid",
+                              [Launch(module, "hash_grid_grad2_params_float32",
+                                      [("buf", "ddx"), ("buf", "dy"), ("buf", "x"), ("buf", "levels"),
+                                       ("buf", f"args_agg{k}"), ("buf", "acc")], grid2, tg)],
+                              arrays, lambda: gp_expect(second=True),
+                              ("case", "hg_scatter_f32 (bare, tcnn launch, float atomics)"), setup=zero_acc))
     return cases
 
 

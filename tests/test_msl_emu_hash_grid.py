@@ -43,7 +43,7 @@ def random_case(rng, dtype):
     return cfg, x, p, dy, n_active
 
 
-def run_emulated(msl_emu, driver, kernel, cfg, x, p, dy, n_active, tg=64, env=None):
+def run_emulated(msl_emu, driver, kernel, cfg, x, p, dy, n_active, tg=64, env=None, n_aggregate=0):
     dtype = p.dtype
     inputs = {"positions": x, "params": p}
     if kernel != "encode":
@@ -55,6 +55,8 @@ def run_emulated(msl_emu, driver, kernel, cfg, x, p, dy, n_active, tg=64, env=No
         base_resolution=cfg.base_resolution, per_level_scale=repr(float(np.float32(cfg.per_level_scale))),
         grid_type=GRID_CODE[cfg.grid_type], interpolation=INTERP_CODE[cfg.interpolation], n_active=n_active, tg=tg,
     )
+    if kernel == "grad_params":
+        scalars["n_aggregate"] = n_aggregate
     res = msl_emu.run(driver, inputs=inputs, outputs={"out": out_dtype}, scalars=scalars, env=env)
     return res.outputs["out"]
 
@@ -83,8 +85,10 @@ def test_emulated_kernels_equal_cpu_op(msl_emu, driver, dtype, trial):
     half = dtype == "float16"
     got_y = run_emulated(msl_emu, driver, "encode", cfg, x, p, dy, n_active)
     close(got_y, y, rtol=2**-10 if half else 1e-5, atol=1e-6)
-    got_gp = run_emulated(msl_emu, driver, "grad_params", cfg, x, p, dy, n_active)
-    close(got_gp, gp, rtol=2**-9 if half else 1e-5, atol=1e-3 if half else 1e-5)
+    # Plain atomics on every level, and SIMD-group run sums on every level (HgArgs.n_aggregate).
+    for n_aggregate in (0, cfg.n_levels):
+        got_gp = run_emulated(msl_emu, driver, "grad_params", cfg, x, p, dy, n_active, n_aggregate=n_aggregate)
+        close(got_gp, gp, rtol=2**-9 if half else 1e-5, atol=1e-3 if half else 1e-5)
     got_gx = run_emulated(msl_emu, driver, "grad_positions", cfg, x, p, dy, n_active)
     scale = max(1.0, float(np.abs(gx).max())) if gx.size else 1.0
     close(got_gx, gx, rtol=1e-3 if half else 1e-5, atol=1e-5 * scale)
@@ -107,6 +111,26 @@ def test_scatter_under_other_thread_orders(msl_emu, driver, order):
     got = run_emulated(msl_emu, driver, "grad_params", cfg, x, p, dy, cfg.n_levels, tg=32, env=order)
     close(got, gp, rtol=1e-4, atol=1e-3)
     assert np.abs(gp).max() > 5  # heavy collisions: lost updates would show
+
+
+@pytest.mark.parametrize("tg", [32, 100])
+def test_scatter_run_sums_along_rays(msl_emu, driver, tg):
+    """Points in ray order (runs of equal rows in adjacent lanes, as a NeRF batch has), threadgroups that end in a
+    partial SIMD group (tg=100: 32+32+32+4) and a last partial threadgroup: the run sums give the CPU op's gradient,
+    and differ from it only by summation order."""
+    cfg = HashGridConfig(3, n_levels=4, n_features_per_level=2, log2_hashmap_size=12, base_resolution=4,
+                         per_level_scale=2.0)
+    rng = seeded("rays", tg)
+    o = rng.uniform(0.3, 0.7, (37, 1, 3))
+    d = rng.normal(size=(37, 1, 3))
+    d /= np.linalg.norm(d, axis=2, keepdims=True)
+    x = np.clip(o + np.linspace(0, 0.3, 29)[None, :, None] * d, 0, 1).reshape(-1, 3).astype(np.float32)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    dy = rng.standard_normal((len(x), cfg.n_output_dims)).astype(np.float32)
+    _, gp, _ = cpu(cfg, x, p, dy, cfg.n_levels)
+    got = run_emulated(msl_emu, driver, "grad_params", cfg, x, p, dy, cfg.n_levels, tg=tg, n_aggregate=cfg.n_levels)
+    close(got, gp, rtol=1e-5, atol=1e-5)
+    assert np.abs(gp).max() > 5  # long runs on the coarse levels: a lost or doubled run sum would show
 
 
 def test_default_config_forward(msl_emu, driver):

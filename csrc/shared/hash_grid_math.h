@@ -33,6 +33,7 @@
 
 #define HG_MAX_DIMS 4
 #define HG_MAX_LEVELS 32
+#define HG_MAX_FEATURES 8  // n_features_per_level is 1, 2, 4 or 8
 
 // Grid types.
 #define HG_GRID_HASH 0
@@ -68,7 +69,7 @@ struct HgArgs {
   uint n_active;      // levels l < n_active are active
   uint interpolation; // HG_INTERP_*
   uint count;         // element count for the elementwise helper kernels
-  uint pad;
+  uint n_aggregate;   // table-gradient scatters: levels l < n_aggregate sum runs of equal rows in the SIMD group
 };
 
 // Per (point, level): grid coordinates, upper-corner weights and their derivatives w.r.t. x_d.

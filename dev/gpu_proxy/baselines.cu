@@ -9,6 +9,8 @@
 // Entries (T = f32 | f16 table, positions float [n*D], levels [n_levels] HgLevel):
 //   hg_gather_T_F2_D3(positions, params, levels, n, n_levels, out)        out [n, n_levels*F] (our op's layout)
 //   hg_gather_T_F2_D3_feature_major(..., out)                            out [n_levels*F, n] (tcnn's layout)
+//   hg_gather_T_F2_D3_level_fastest(..., out)       out [n, n_levels*F]; one thread per (point, level) with the
+//                                                   level fastest (grid ceil(n * n_levels / 512) blocks, 1-D)
 //   hg_scatter_T_F2_D3(dy, positions, levels, n, n_levels, acc)          dy [n, n_levels*F] T, acc float [rows*F]
 //                                                                        (float atomics: red.global.add.f32)
 // Grid: (ceil(n / 512), n_levels), block (512, 1, 1).
@@ -65,11 +67,12 @@ __device__ inline float corner_weight(const float* w, unsigned c) {
   return r;
 }
 
-template <class T, int F, int D, bool kFeatureMajor>
+template <class T, int F, int D, bool kFeatureMajor, bool kLevelFastest = false>
 __device__ inline void gather(const float* __restrict__ positions, const T* __restrict__ params,
                               const Level* __restrict__ levels, unsigned n, unsigned n_levels, T* __restrict__ out) {
-  const unsigned i = gpu_proxy::sreg::ctaid_x() * kBlock + gpu_proxy::sreg::tid_x();
-  const unsigned l = gpu_proxy::sreg::ctaid_y();
+  const unsigned t = gpu_proxy::sreg::ctaid_x() * kBlock + gpu_proxy::sreg::tid_x();
+  const unsigned i = kLevelFastest ? t / n_levels : t;
+  const unsigned l = kLevelFastest ? t % n_levels : gpu_proxy::sreg::ctaid_y();
   if (i >= n) return;
   const Level lv = levels[l];
   unsigned g[D];
@@ -122,6 +125,10 @@ __device__ inline void scatter(const T* __restrict__ dy, const float* __restrict
   extern "C" __global__ void __launch_bounds__(kBlock) hg_gather_##name##_F2_D3_feature_major(                \
       const float* positions, const T* params, const Level* levels, unsigned n, unsigned n_levels, T* out) {   \
     gather<T, 2, 3, true>(positions, params, levels, n, n_levels, out);                                        \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(kBlock) hg_gather_##name##_F2_D3_level_fastest(                 \
+      const float* positions, const T* params, const Level* levels, unsigned n, unsigned n_levels, T* out) {   \
+    gather<T, 2, 3, false, true>(positions, params, levels, n, n_levels, out);                                 \
   }                                                                                                            \
   extern "C" __global__ void __launch_bounds__(kBlock) hg_scatter_##name##_F2_D3(                             \
       const T* dy, const float* positions, const Level* levels, unsigned n, unsigned n_levels, float* acc) {   \

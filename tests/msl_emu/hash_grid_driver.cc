@@ -1,7 +1,8 @@
 // Runs metal_kernels/hash_grid.metal through the MSL emulation (csrc/msl_emu), mirroring
-// csrc/gpu/hash_grid_gpu.cc: same level table (hg_level_table), same dispatch shapes, same buffers.
+// csrc/gpu/hash_grid_gpu.cc: same level table (hg_level_table), same dispatch shapes (encode: one thread per (point, level), level fastest), same buffers.
 // Args: kernel=encode|grad_params|grad_positions dtype=float32|float16 n_levels= n_features= log2_hashmap_size=
 //       base_resolution= per_level_scale= grid_type=0|1|2 interpolation=0|1|2 n_active= [tg=64]
+//       [n_aggregate=0] (grad_params: levels below it sum runs of equal rows in the SIMD group)
 //       in:positions:float32:N*D  in:params:DTYPE:ROWS*F  [in:dy:DTYPE:N*L*F]   scalar dims=D
 //       out:out=PATH  (encode: [N*L*F] DTYPE; grad_params: [ROWS*F] DTYPE; grad_positions: [N*D] float32)
 // Outputs are pre-filled with a poison value where the kernel must write every element.
@@ -21,6 +22,7 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
   args.n_features = h.scalar<uint>("n_features");
   args.interpolation = h.scalar<uint>("interpolation");
   args.n_active = h.scalar<uint>("n_active");
+  args.n_aggregate = h.scalar<uint>("n_aggregate", 0);
   const int log2t = h.scalar<int>("log2_hashmap_size");
   const int nmin = h.scalar<int>("base_resolution");
   const float b = h.scalar<float>("per_level_scale");
@@ -38,13 +40,13 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
     std::vector<T> out((size_t)n * L * F);
     for (auto& v : out) v = T(12345.0f);  // poison: every element must be written
     if (n > 0) {
-      msl_emu::dispatch_threads(uint2{n, L}, uint2{tg, 1}, [&](const msl_emu::ThreadCtx& t) {
+      msl_emu::dispatch_threads(n * L, tg, [&](const msl_emu::ThreadCtx& t) {
         if constexpr (sizeof(T) == 4)
           hash_grid_encode_float32(positions.data(), params.data(), levels.data(), args, out.data(),
-                                   t.thread_position_in_grid.xy);
+                                   t.thread_position_in_grid.x);
         else
           hash_grid_encode_float16(positions.data(), params.data(), levels.data(), args, out.data(),
-                                   t.thread_position_in_grid.xy);
+                                   t.thread_position_in_grid.x);
       });
     }
     h.output("out", out);
@@ -61,10 +63,10 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
       msl_emu::dispatch_threads(uint2{n, args.n_active}, uint2{tg, 1}, [&](const msl_emu::ThreadCtx& t) {
         if constexpr (sizeof(T) == 4)
           hash_grid_grad_params_float32(dy.data(), positions.data(), levels.data(), args, acc.data(),
-                                        t.thread_position_in_grid.xy);
+                                        t.thread_position_in_grid.xy, t.thread_index_in_simdgroup);
         else
           hash_grid_grad_params_float16(dy.data(), positions.data(), levels.data(), args, acc.data(),
-                                        t.thread_position_in_grid.xy);
+                                        t.thread_position_in_grid.xy, t.thread_index_in_simdgroup);
       });
     }
     if constexpr (sizeof(T) == 4) {
