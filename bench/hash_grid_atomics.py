@@ -3,6 +3,7 @@ the table gradient's scatter cost until a Mac times it (issue 35, "count what ma
 
     python bench/hash_grid_atomics.py                      # writes bench/hash_grid_atomics.md and .json
     python bench/hash_grid_atomics.py --quick --md '' --json ''   # smoke run (2^14 points), nothing written
+    python bench/hash_grid_atomics.py --repeats 3          # also emulation seconds, counting off / on
 
 Config: HashNeRF's defaults (examples/nerf/models.py): D=3, L=16, F=2, log2 T=17, N_min=16, finest 512
 (b = 32^(1/15)), linear interpolation, float32 table; 2^18 points in two sets:
@@ -32,7 +33,8 @@ workers (--workers, default all CPUs) and the CPU, not on a GPU. Attempts - retr
 Before and after: bench/hash_grid_atomics_before.json holds a run of the kernels before SIMD-group aggregation
 (the commit it names); every run whose config and point count match it adds a "Before → after" table per level
 (--baseline PATH picks another run). After changing hash_grid.metal, rerun the same command. Emulation times are
-given only to show what counting costs (they say nothing about a GPU).
+given only with --repeats, to show what counting costs (they say nothing about a GPU; kernels that call SIMD-group
+functions run on the emulation's fibers, which is slow at 2^18 points).
 """
 
 from __future__ import annotations
@@ -358,7 +360,8 @@ def main():
     ap.add_argument("--log2-points", type=int, default=18)
     ap.add_argument("--quick", action="store_true", help="2^14 points, one timing repeat (a smoke run)")
     ap.add_argument("--workers", type=int, default=0, help="emulated GPU worker threads (default: all CPUs)")
-    ap.add_argument("--repeats", type=int, default=3, help="timing runs per mode (median); 0: no timing")
+    ap.add_argument("--repeats", type=int, default=0,
+                    help="also time each pass with counting off and on, this many times (median; emulation seconds)")
     ap.add_argument("--acc-param", default="acc", help="the gradient kernels' accumulator parameter name")
     ap.add_argument("--md", default=os.path.join(HERE, "hash_grid_atomics.md"), help="'' to skip")
     ap.add_argument("--json", default=os.path.join(HERE, "hash_grid_atomics.json"), help="'' to skip")
@@ -367,7 +370,7 @@ def main():
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
-        args.log2_points, args.repeats = 14, 1
+        args.log2_points = 14
     if args.worker:
         res = worker(args)
         with open(args.worker, "w") as f:
@@ -389,6 +392,7 @@ def main():
     cmd = "python bench/hash_grid_atomics.py" + (" --quick" if args.quick else
                                                  f" --log2-points {args.log2_points}" if args.log2_points != 18 else "")
     cmd += f" --workers {args.workers}" if args.workers else ""
+    cmd += f" --repeats {args.repeats}" if args.repeats and not args.quick else ""
     report = {
         "date": datetime.date.today().isoformat(), "cpu": cpu, "cores": os.cpu_count(),
         "workers": args.workers or os.cpu_count(), "commit": git_commit(), "command": cmd,
