@@ -96,3 +96,64 @@ def test_op_tables_show_ratios_and_ops_that_do_not_compile():
     assert "| volume_render_packed | fwd+bwd | 2.0 | 10.0 | 5.0 | 5.00x | 2.50x |" in md
     assert "| distortion_loss_packed | fwd | 1.0 | 3.0 | does not compile | 3.00x | - |" in md
     assert "| op | mode | op (ms) | segment-op graph (ms) | XLA (ms) | graph / op | XLA / op |\n|---|---|---|---|---|---|---|" in md
+
+
+def _atomics_bench():
+    sys.path.insert(0, os.path.join(ROOT, "bench"))  # bench scripts import bench_util as a sibling
+    try:
+        return _load("tfmo_bench_hash_grid_atomics", os.path.join(ROOT, "bench", "hash_grid_atomics.py"))
+    finally:
+        sys.path.pop(0)
+
+
+def test_hash_grid_atomics_reference_counts_match_a_direct_count():
+    """bench/hash_grid_atomics.py's reference columns against a loop over SIMD groups, corners and lanes."""
+    import numpy as np
+
+    from tf_metal_ops.hash_grid import HashGridConfig, reference
+
+    bench = _atomics_bench()
+    cfg = HashGridConfig(3, n_levels=3, n_features_per_level=2, log2_hashmap_size=8, base_resolution=2,
+                         per_level_scale=2.0)
+    rng = np.random.default_rng(3)
+    x = rng.random((75, 3), dtype=np.float32)  # 3 SIMD groups, the last one partial
+    x[32:64] = x[32]  # one group of identical points
+    got = bench.reference_counts(x, cfg)
+    for level, g in enumerate(got):
+        rows = np.stack([r for r, _, _ in reference.level_corners(x, cfg, level)], 1)
+        per_corner = pooled = 0
+        for start in range(0, len(x), 32):
+            grp = rows[start:start + 32]
+            per_corner += sum(len(set(grp[:, c].tolist())) for c in range(8))
+            pooled += len(set(grp.ravel().tolist()))
+        assert g == {"scatter": 75 * 8 * 2, "simd_per_corner": per_corner * 2, "simd": pooled * 2}
+    assert got[0]["simd"] < got[0]["scatter"]
+
+
+def test_hash_grid_atomics_ray_points_are_ray_major_and_in_the_box():
+    import numpy as np
+
+    bench = _atomics_bench()
+    x = bench.ray_points(16, 64, np.random.default_rng(0))
+    assert x.shape == (16 * 64, 3) and x.dtype == np.float32
+    assert (x >= 0).all() and (x <= 1).all()
+    steps = np.linalg.norm(np.diff(x.reshape(16, 64, 3), axis=1), axis=-1)
+    assert steps.max() < 0.1  # consecutive samples of one ray are close (<= 2 bins of the box's diagonal)
+
+
+def test_hash_grid_atomics_before_after_table():
+    bench = _atomics_bench()
+    levels = lambda v: [{"rmw": v, "cas": 0, "cas_failed": 0, "load": 0, "store": 0}] * 2  # noqa: E731
+    run = lambda v: {p: {"rays": {pn: {"levels": levels(v), "kernels": {}} for pn in bench.PASSES}}  # noqa: E731
+                     for p in bench.MSL_VERSIONS}
+    config = {"n_levels": 2, "F": 2, "log2_hashmap_size": 4, "base_resolution": 2, "per_level_scale": 2.0,
+              "resolutions": [2, 4], "level_sizes": [8, 16]}
+    ref = {"rays": [{"scatter": 100, "simd_per_corner": 50, "simd": 40}] * 2}
+    report = dict(date="2026-12-05", cpu="Test CPU", cores=2, workers=2, commit="abc", command="python x", points=16,
+                  config=config, runs=run(100), reference=ref,
+                  baseline=dict(path=os.path.join(ROOT, "bench", "b.json"), date="2026-12-04", commit="old", workers=2,
+                                runs=run(400)))
+    md = bench.markdown(report)
+    assert "## Before → after" in md and "kernels of commit old" in md
+    assert "| 0 | 400 | 100 | 0.250 |" in md and "| all | 800 | 200 | 0.250 |" in md
+    assert "## Before" not in bench.markdown(dict(report, baseline=None))

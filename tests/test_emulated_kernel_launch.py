@@ -5,137 +5,30 @@ real metal_kernels/*.metal file. Needs clang++-16 (conftest.py: skip, or fail un
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 import struct
-import subprocess
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from support import msl_emu_build
+from support import kernel_launch_driver, msl_emu_build
+from support.kernel_launch_driver import Script, run
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_DIR = REPO / "tests" / "msl_emu" / "launch"
 FIXTURE = LAUNCH_DIR / "launch_fixture.metal"
 FAST = LAUNCH_DIR / "launch_fast.metal"
-DRIVER = LAUNCH_DIR / "launch_driver.cc"
 REAL_KERNEL_FILES = sorted((REPO / "metal_kernels").glob("*.metal"))
-# -O1 with ASan+UBSan: a thunk that casts a slot wrongly or indexes past a buffer is reported.
-FLAGS = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer",
-         "-Werror"]
-
 
 from tf_metal_ops import msl_emu as glue  # noqa: E402 (the generator of the kernel-table units)
 
 
-
-def _compile(clang: str, args: list[str]) -> None:
-    res = subprocess.run([clang, *args], capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        raise AssertionError(f"$ {clang} {' '.join(args)}\n{res.stdout}{res.stderr}")
-
-
 @pytest.fixture(scope="module")
 def launcher(clang16):
-    """Path of the test executable (cached by a hash of everything it is built from; single-job compiles)."""
-    out_dir = msl_emu_build.cache_dir() / "launch-glue"  # stable, so unchanged sources keep the same hash
-    units = glue.generate([FIXTURE, FAST, *REAL_KERNEL_FILES], out_dir)
-    h = hashlib.sha256()
-    h.update(msl_emu_build._compiler_id(clang16).encode())
-    h.update("\0".join(FLAGS + glue.base_flags()).encode())
-    h.update(glue.content_hash(units, extra=[DRIVER, Path(__file__)]).encode())
-    exe = msl_emu_build.cache_dir() / f"launch_driver-{h.hexdigest()[:24]}"
-    if exe.is_file():
-        return exe, units
-    inc = [f"-I{d}" for d in glue.include_dirs()]
-    with tempfile.TemporaryDirectory(prefix="launch-build-", dir=msl_emu_build.cache_dir()) as td:
-        objs = []
-        for u in units:
-            obj = os.path.join(td, u.source.stem + ".o")
-            _compile(clang16, ["-x", "c++", *glue.base_flags(), *FLAGS, *u.flags, "-c", str(u.source), "-o", obj])
-            objs.append(obj)
-        for src in (glue.launch_source(), DRIVER):
-            obj = os.path.join(td, src.stem + ".o")
-            _compile(clang16, ["-x", "c++", *glue.base_flags(), *FLAGS, *inc, "-c", str(src), "-o", obj])
-            objs.append(obj)
-        tmp = os.path.join(td, "a.out")
-        _compile(clang16, [*FLAGS, *objs, "-o", tmp])
-        os.replace(tmp, exe)
-    return exe, units
-
-
-class Script:
-    """Builds a launch_driver script; files written under a temporary directory."""
-
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.lines: list[str] = []
-        self.outs: dict[str, tuple[Path, np.dtype]] = {}
-        self._n = 0
-
-    def _file(self, data: bytes) -> Path:
-        self._n += 1
-        p = self.tmp / f"in{self._n}.bin"
-        p.write_bytes(data)
-        return p
-
-    def kernel(self, name, *, grid=(1, 1, 1), group=(1, 1, 1), groups=False):
-        self.lines += [f"kernel {name}", f"grid {'groups' if groups else 'threads'} {' '.join(map(str, grid))}",
-                       f"group {' '.join(map(str, group))}"]
-        return self
-
-    def buf(self, slot, scalar, arr=None, *, nbytes=None, out=None, dtype=None):
-        src = "-" if arr is None else str(self._file(np.ascontiguousarray(arr).tobytes()))
-        n = nbytes if nbytes is not None else np.asarray(arr).nbytes
-        dst = "-"
-        if out is not None:
-            self._n += 1
-            p = self.tmp / f"out{self._n}.bin"
-            self.outs[out] = (p, np.dtype(dtype))
-            dst = str(p)
-        self.lines.append(f"buf {slot} {scalar} {n} {src} {dst}")
-        return self
-
-    def bytes(self, slot, data: bytes):
-        self.lines.append(f"bytes {slot} {len(data)} {self._file(data)}")
-        return self
-
-    def tgmem(self, index, n):
-        self.lines.append(f"tgmem {index} {n}")
-        return self
-
-    def const(self, index, typ, value):
-        bits = {"b": lambda v: int(bool(v)), "i": lambda v: v & 0xFFFFFFFF, "u": lambda v: v,
-                "f": lambda v: struct.unpack("<I", struct.pack("<f", v))[0]}[typ](value)
-        self.lines.append(f"const {index} {typ} {bits}")
-        return self
-
-    def cmd(self, line):
-        self.lines.append(line)
-        return self
-
-
-def run(launcher, script: Script, env=None, check=True):
-    exe, _ = launcher
-    full_env = dict(os.environ)
-    full_env.update(msl_emu_build.SANITIZER_ENV)
-    full_env.update(env or {})
-    res = subprocess.run([str(exe)], input="\n".join(script.lines) + "\n", capture_output=True, text=True,
-                         env=full_env, timeout=300, check=False)
-    stderr = msl_emu_build.ASAN_FIBER_WARNING.sub("", res.stderr)
-    if check:
-        assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout}{stderr}"
-        assert not [l for l in res.stdout.splitlines() if l.startswith("launch: ERR")], res.stdout
-    outs = {}
-    if res.returncode == 0:
-        for name, (p, dt) in script.outs.items():
-            if p.exists():
-                outs[name] = np.fromfile(p, dtype=dt)
-    return res, stderr, outs
+    """(path of the test executable, its glue units); built once, cached by a hash of what it is built from."""
+    return kernel_launch_driver.build(clang16, [FIXTURE, FAST, *REAL_KERNEL_FILES])
 
 
 ORDERS = [{"MSL_EMU_ORDER": "forward"}, {"MSL_EMU_ORDER": "reverse"},

@@ -1,4 +1,5 @@
-"""The process switches read in tf_metal_ops._env: what TF_METAL_OPS_EMULATED_GPU asks for, and the deprecated
+"""The process switches read in tf_metal_ops._env: what TF_METAL_OPS_EMULATED_GPU asks for, the MSL version
+the emulated GPU compiles the kernels at (TF_METAL_OPS_EMULATED_GPU_MSL), and the deprecated
 names of the emulated GPU's variables."""
 
 import pytest
@@ -51,3 +52,19 @@ def test_a_missing_backend_directory_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("TF_METAL_OPS_EMULATED_GPU", "metal")
     with pytest.raises(emulated_gpu.EmulatedGPUError, match="dev/apple_doubles/build.py"):
         emulated_gpu.build()
+
+
+@pytest.mark.parametrize("value,want", [(None, "3.0"), ("", "3.0"), ("3.0", "3.0"), ("2.4", "2.4"), (" 2.4 ", "2.4")])
+def test_emulated_gpu_msl_version(monkeypatch, value, want):
+    if value is None:
+        monkeypatch.delenv("TF_METAL_OPS_EMULATED_GPU_MSL", raising=False)
+    else:
+        monkeypatch.setenv("TF_METAL_OPS_EMULATED_GPU_MSL", value)
+    assert _env.emulated_gpu_msl() == want
+
+
+@pytest.mark.parametrize("value", ["2.3", "3", "240", "3.1"])
+def test_emulated_gpu_msl_version_rejects_others(monkeypatch, value):
+    monkeypatch.setenv("TF_METAL_OPS_EMULATED_GPU_MSL", value)
+    with pytest.raises(ValueError, match="expected 2.4 or 3.0"):
+        _env.emulated_gpu_msl()

@@ -33,6 +33,7 @@ EMULATED_GPU = "TF_METAL_OPS_EMULATED_GPU"  # =1 or direct: the emulated GPU, di
 EMULATED_GPU_COVERAGE = "TF_METAL_OPS_EMULATED_GPU_COVERAGE"  # =1: GPU host code built with source-based coverage
 EMULATED_GPU_MEMORY_MB = "TF_METAL_OPS_EMULATED_GPU_MEMORY_MB"  # the emulated GPU's memory (read by the device)
 EMULATED_GPU_WORKERS = "TF_METAL_OPS_EMULATED_GPU_WORKERS"  # threads that run kernel threads (read by kernel_launch.cc)
+EMULATED_GPU_MSL = "TF_METAL_OPS_EMULATED_GPU_MSL"  # =2.4: the direct backend compiles the .metal files at MSL 2.4
 NO_GPU_KERNELS = "TF_METAL_OPS_NO_GPU_KERNELS"  # =1: the op library registers no GPU kernels (read by tfc.cc)
 CLANGXX = "TF_METAL_OPS_CLANGXX"  # the clang++ >= 16 to use (read by _builder.find_clangxx)
 CACHE = "TF_METAL_OPS_CACHE"  # root of the build cache
@@ -70,6 +71,15 @@ def emulated_gpu_request() -> str | None:
 
 def emulated_gpu_coverage() -> bool:
     return os.environ.get(EMULATED_GPU_COVERAGE, "") == "1"
+
+
+def emulated_gpu_msl() -> str:
+    """The MSL version the direct backend compiles the kernels at: TF_METAL_OPS_EMULATED_GPU_MSL ("2.4" or "3.0"),
+    default "3.0". ValueError for another value."""
+    value = os.environ.get(EMULATED_GPU_MSL, "").strip() or "3.0"
+    if value not in ("2.4", "3.0"):
+        raise ValueError(f"{EMULATED_GPU_MSL}={value!r}: expected 2.4 or 3.0")
+    return value
 
 
 def clangxx() -> str | None:

@@ -11,6 +11,10 @@
 // (csrc/common/inline_library.h), bounds-checked unless TF_METAL_OPS_BOUNDS_CHECK=0, after the same binding-contract
 // check against the kernel's signature; a bounds-checked call is waited for, so an out-of-bounds access fails it.
 // Every kernel that ran is counted (tfmo_emu_dispatch_counts), so tests can tell the GPU path ran.
+// Atomic counting (tfmo_emu_atomic_counting, tfmo_emu_atomic_counts; tf_metal_ops.emulated_gpu.count_atomics): off
+// unless switched on; while on, every kernel launched by name records its atomic operations per buffer parameter
+// (kernel_launch.h LaunchAtomics), in the order the launches ran; a pass with its own source (inline kernels) is
+// recorded as not counted.
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +39,64 @@ auto* g_counts = new std::map<std::string, uint64_t>();  // kernel -> dispatches
 void Count(const char* kernel) {
   std::lock_guard<std::mutex> lock(g_counts_mu);
   ++(*g_counts)[kernel];
+}
+
+// ---- atomic counting -------------------------------------------------------------------------------------------
+std::mutex g_atomics_mu;
+bool g_atomics_on = false;                                            // guarded by g_atomics_mu
+auto* g_atomic_splits = new std::map<std::string, std::vector<uint64_t>>();  // parameter -> byte offsets
+auto* g_atomic_records = new std::vector<std::string>();              // one JSON object per launch
+
+// The splits to count with, or false when counting is off.
+bool AtomicCountingOn(std::map<std::string, std::vector<uint64_t>>* splits) {
+  std::lock_guard<std::mutex> lock(g_atomics_mu);
+  if (g_atomics_on) *splits = *g_atomic_splits;
+  return g_atomics_on;
+}
+
+std::string JsonCount(const emu::AtomicCount& c) {
+  char buf[192];
+  std::snprintf(buf, sizeof buf,
+                "{\"rmw\": %" PRIu64 ", \"cas\": %" PRIu64 ", \"cas_failed\": %" PRIu64 ", \"load\": %" PRIu64
+                ", \"store\": %" PRIu64 "}",
+                c.rmw, c.cas, c.cas_failed, c.load, c.store);
+  return buf;
+}
+
+// Kernel and parameter names are C identifiers and op names plain text without quotes: no escaping needed beyond
+// dropping what JSON forbids.
+std::string JsonText(const std::string& s) {
+  std::string o;
+  for (char c : s) o += (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20) ? '?' : c;
+  return "\"" + o + "\"";
+}
+
+void RecordAtomics(const std::string& op, const emu::LaunchDesc& d, const emu::LaunchAtomics* a) {
+  std::string r = "{\"op\": " + JsonText(op) + ", \"kernel\": " + JsonText(d.kernel) +
+                  ", \"counted\": " + (a != nullptr ? "true" : "false");
+  char buf[160];
+  std::snprintf(buf, sizeof buf, ", \"grid\": [%" PRIu64 ", %" PRIu64 ", %" PRIu64 "], \"group\": [%u, %u, %u]",
+                d.grid[0], d.grid[1], d.grid[2], d.group[0], d.group[1], d.group[2]);
+  r += buf;
+  r += std::string(", \"grid_is_threadgroups\": ") + (d.threadgroups ? "true" : "false");
+  if (a != nullptr) {
+    r += ", \"threadgroup\": " + JsonCount(a->threadgroup) + ", \"buffers\": [";
+    for (size_t i = 0; i < a->buffers.size(); ++i) {
+      const emu::LaunchAtomics::Buffer& b = a->buffers[i];
+      r += (i ? ", " : "") + std::string("{\"slot\": ") + std::to_string(b.slot) + ", \"param\": " + JsonText(b.param) +
+           ", \"bytes\": " + std::to_string(b.bytes) + ", \"total\": " + JsonCount(b.total) + ", \"parts\": [";
+      for (size_t k = 0; k < b.parts.size(); ++k) {
+        std::string part = JsonCount(b.parts[k]);
+        part.insert(1, "\"begin\": " + std::to_string(b.part_begin[k]) + ", ");
+        r += (k ? ", " : "") + part;
+      }
+      r += "]}";
+    }
+    r += "]";
+  }
+  r += "}";
+  std::lock_guard<std::mutex> lock(g_atomics_mu);
+  if (g_atomics_on) g_atomic_records->push_back(std::move(r));
 }
 
 bool BoundsChecked() {
@@ -128,8 +190,13 @@ int CallWork::Run(void* arg, TfmoEmuStream* stream, char* error, size_t error_le
         launch.group[i] = p.desc.group[i];
       }
       inline_kernels::Run(p.inline_kernel, &launch, &message);
+      std::map<std::string, std::vector<uint64_t>> unused;
+      if (message.empty() && AtomicCountingOn(&unused)) RecordAtomics(w->op, p.desc, nullptr);
     } else {
-      message = emu::Launch(p.desc);
+      emu::LaunchAtomics atomics;
+      const bool counting = AtomicCountingOn(&atomics.splits);
+      message = emu::Launch(p.desc, counting ? &atomics : nullptr);
+      if (message.empty() && counting) RecordAtomics(w->op, p.desc, &atomics);
     }
     if (!message.empty()) {
       std::snprintf(error, error_len, "tf_metal_ops: %s: %s: %s", w->op.c_str(), p.desc.kernel, message.c_str());
@@ -345,5 +412,49 @@ extern "C" __attribute__((visibility("default"))) const char* tfmo_emu_dispatch_
     json += std::string(json.size() > 1 ? ", " : "") + "\"" + name + "\": " + buf;
   }
   json += "}";
+  return json.c_str();
+}
+
+// Switches atomic counting on (on != 0) or off and clears the records. `splits`: "" or "PARAM:OFF,OFF,...;PARAM:..."
+// (byte offsets into the buffer bound to that parameter, ascending; kernel_launch.h LaunchAtomics). Returns 0, or -1
+// when `splits` is malformed (nothing changed).
+extern "C" __attribute__((visibility("default"))) int tfmo_emu_atomic_counting(int on, const char* splits) {
+  std::map<std::string, std::vector<uint64_t>> parsed;
+  const std::string text = splits != nullptr ? splits : "";
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(';', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(pos, end - pos);
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos || colon == 0) return -1;
+    std::vector<uint64_t>& offsets = parsed[item.substr(0, colon)];
+    size_t q = colon + 1;
+    while (q < item.size()) {
+      size_t comma = item.find(',', q);
+      if (comma == std::string::npos) comma = item.size();
+      const std::string num = item.substr(q, comma - q);
+      if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos) return -1;
+      offsets.push_back(std::strtoull(num.c_str(), nullptr, 10));
+      q = comma + 1;
+    }
+    pos = end + 1;
+  }
+  std::lock_guard<std::mutex> lock(tfmo::gpu::g_atomics_mu);
+  tfmo::gpu::g_atomics_on = on != 0;
+  *tfmo::gpu::g_atomic_splits = std::move(parsed);
+  tfmo::gpu::g_atomic_records->clear();
+  return 0;
+}
+
+// The records of the launches counted since counting was switched on (a JSON list, in the order they ran; see
+// RecordAtomics). The pointer stays valid until the calling thread's next call.
+extern "C" __attribute__((visibility("default"))) const char* tfmo_emu_atomic_counts(void) {
+  static thread_local std::string json;
+  std::lock_guard<std::mutex> lock(tfmo::gpu::g_atomics_mu);
+  json = "[";
+  for (size_t i = 0; i < tfmo::gpu::g_atomic_records->size(); ++i)
+    json += (i ? ", " : "") + (*tfmo::gpu::g_atomic_records)[i];
+  json += "]";
   return json.c_str();
 }

@@ -247,7 +247,61 @@ std::string CheckConstants(const char* kernel, const std::vector<ConstantValue>&
   return CheckConstants(*kd, constants);
 }
 
-std::string Launch(const LaunchDesc& d) {
+namespace {
+
+// The ranges of a counting launch (LaunchAtomics' rules) and the result records, filled from the counts later.
+std::string PrepareAtomics(const table::KernelDesc& kd, const LaunchDesc& d, LaunchAtomics* a,
+                           std::vector<msl_emu::AtomicRange>* ranges) {
+  a->buffers.clear();
+  a->threadgroup = AtomicCount();
+  for (uint32_t slot = 0; slot < kMaxBufferSlots; ++slot) {
+    for (size_t i = 0; i < kd.num_params; ++i) {
+      const table::ParamDesc& p = kd.params[i];
+      if (p.kind != table::ParamKind::kBuffer || p.index != slot) continue;
+      const SlotBinding& b = d.buffers[slot];
+      LaunchAtomics::Buffer rec;
+      rec.slot = slot;
+      rec.param = p.name;
+      rec.bytes = b.bytes;
+      rec.part_begin.push_back(0);
+      if (auto it = a->splits.find(p.name); it != a->splits.end()) {
+        int64_t prev = -1;
+        for (uint64_t off : it->second) {
+          if (static_cast<int64_t>(off) <= prev)
+            return Format("%s: atomic counting: split offsets of '%s' must ascend (%llu after %lld)", kd.name, p.name,
+                          static_cast<unsigned long long>(off), static_cast<long long>(prev));
+          if (off >= b.bytes)
+            return Format("%s: atomic counting: split offset %llu of '%s' is not inside its %zu-byte buffer", kd.name,
+                          static_cast<unsigned long long>(off), p.name, b.bytes);
+          prev = static_cast<int64_t>(off);
+          if (off > 0) rec.part_begin.push_back(off);
+        }
+      }
+      const uintptr_t base = reinterpret_cast<uintptr_t>(b.data);
+      for (size_t k = 0; k < rec.part_begin.size(); ++k) {
+        const uint64_t end = k + 1 < rec.part_begin.size() ? rec.part_begin[k + 1] : b.bytes;
+        ranges->push_back({base + rec.part_begin[k], base + end});
+      }
+      rec.parts.resize(rec.part_begin.size());
+      a->buffers.push_back(std::move(rec));
+    }
+  }
+  return "";
+}
+
+AtomicCount ToCount(const msl_emu::AtomicTally& t) {
+  AtomicCount c;
+  c.rmw = t.rmw, c.cas = t.cas, c.cas_failed = t.cas_failed, c.load = t.load, c.store = t.store;
+  return c;
+}
+
+void AddCount(AtomicCount& a, const AtomicCount& b) {
+  a.rmw += b.rmw, a.cas += b.cas, a.cas_failed += b.cas_failed, a.load += b.load, a.store += b.store;
+}
+
+}  // namespace
+
+std::string Launch(const LaunchDesc& d, LaunchAtomics* atomics) {
   std::string err;
   const table::KernelDesc* kd = Find(d.kernel, &err);
   if (kd == nullptr) return err;
@@ -276,6 +330,12 @@ std::string Launch(const LaunchDesc& d) {
   const table::Thunk thunk = kd->thunk;
   auto call = [&slots, thunk](const msl_emu::ThreadCtx& t) { thunk(slots, t); };
 
+  std::vector<msl_emu::AtomicRange> ranges;
+  if (atomics != nullptr)
+    if (std::string e = PrepareAtomics(*kd, d, atomics, &ranges); !e.empty()) return e;
+  msl_emu::AtomicCounts counts(std::move(ranges));
+  if (atomics != nullptr) opt.atomic_counts = &counts;
+
   const table::FileDesc& f = *kd->file;
   std::unique_lock<std::mutex> lock;  // held from setting the constants until the dispatch returns
   if (f.num_constants > 0) {
@@ -286,6 +346,15 @@ std::string Launch(const LaunchDesc& d) {
     msl_emu::dispatch_threadgroups(grid, group, call, opt);
   } else {
     msl_emu::dispatch_threads(grid, group, call, opt);
+  }
+  if (atomics != nullptr) {
+    size_t r = 0;
+    for (LaunchAtomics::Buffer& b : atomics->buffers)
+      for (AtomicCount& part : b.parts) {
+        part = ToCount(counts.in_range()[r++]);
+        AddCount(b.total, part);
+      }
+    atomics->threadgroup = ToCount(counts.outside());
   }
   return "";
 }

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -60,12 +61,42 @@ struct LaunchDesc {
   bool persistent_argument_table = false;
 };
 
+// Atomic operations of one launch (csrc/msl_emu/include/msl_emu/atomic_counts.h says what each field counts).
+struct AtomicCount {
+  uint64_t rmw = 0;         // fetch_add/sub/and/or/xor/min/max and exchange calls
+  uint64_t cas = 0;         // compare-exchange attempts
+  uint64_t cas_failed = 0;  // attempts that failed: the retries of a CAS loop
+  uint64_t load = 0;        // atomic loads
+  uint64_t store = 0;       // atomic stores
+};
+
+// Input and result of counting a launch's atomics. Every bound [[buffer(n)]] is a range; a buffer whose parameter
+// name is a key of `splits` is divided at those byte offsets (ascending, inside the buffer; 0 and its size are
+// implied) into parts counted apart (names that are no parameter of the kernel are ignored, so one set of splits
+// serves a sequence of launches of different kernels). An operation goes to the buffer of the lowest slot holding its address (bound
+// buffers may alias); one in no bound buffer is on threadgroup memory.
+struct LaunchAtomics {
+  std::map<std::string, std::vector<uint64_t>> splits;  // input: parameter name -> byte offsets
+  struct Buffer {
+    uint32_t slot = 0;
+    std::string param;                   // the kernel's parameter name
+    uint64_t bytes = 0;                  // size of the bound buffer
+    std::vector<uint64_t> part_begin;    // byte offset where each part starts (part_begin[0] = 0)
+    std::vector<AtomicCount> parts;      // one per part
+    AtomicCount total;                   // sum of the parts
+  };
+  std::vector<Buffer> buffers;  // result: the kernel's buffer parameters (constant ones too), by slot
+  AtomicCount threadgroup;      // result: operations on threadgroup memory
+};
+
 // Is there a kernel of this name in the linked kernel table?
 bool HasKernel(const char* name);
 // The binding contract without running (data pointers are not looked at). "" when it holds, else the message.
 std::string CheckLaunch(const LaunchDesc& d);
-// Checks, then runs the kernel over the grid on the CPU. "" on success, else the message (nothing ran).
-std::string Launch(const LaunchDesc& d);
+// Checks, then runs the kernel over the grid on the CPU. "" on success, else the message (nothing ran). With
+// `atomics`, also counts the launch's atomic operations into it (its result fields are overwritten); a split offset
+// that is not ascending or lies outside its buffer is an error (nothing ran).
+std::string Launch(const LaunchDesc& d, LaunchAtomics* atomics = nullptr);
 // The function-constant part of the contract alone (for a pipeline created before any dispatch).
 std::string CheckConstants(const char* kernel, const std::vector<ConstantValue>& constants);
 // Names of all kernels in the table (for diagnostics and tests).

@@ -179,7 +179,8 @@ def key(compiler: str, tf_include: str, tf_lib: str, root: Path, extra: Iterable
 
 def build(verbose: bool = False, gpu_backend: str | None = None) -> dict[str, Path]:
     """Compiles the device and the direct backend's GPU kernel library into the cache (once per content hash);
-    returns their paths {"device", "kernels", "runtime"}. A backend directory (TF_METAL_OPS_EMULATED_GPU=DIR, or
+    returns their paths {"device", "kernels", "runtime"}. The .metal files are compiled at MSL 3.0, or at MSL 2.4
+    (no atomic_float: the kernels' CAS-loop paths) under TF_METAL_OPS_EMULATED_GPU_MSL=2.4. A backend directory (TF_METAL_OPS_EMULATED_GPU=DIR, or
     `gpu_backend` given as a directory) is not compiled here: its libraries are returned."""
     request = gpu_backend or _env.emulated_gpu_request() or "direct"
     if request == "metal":
@@ -193,7 +194,10 @@ def build(verbose: bool = False, gpu_backend: str | None = None) -> dict[str, Pa
     compiler = find_compiler()
     tf_include, tf_lib = tensorflow_dirs()
     cov = coverage_flags()
-    out = cache_root() / ("direct-" + key(compiler, tf_include, tf_lib, root) + ("-coverage" if cov else ""))
+    msl = _env.emulated_gpu_msl()
+    msl_defines = [] if msl == "3.0" else [f"-DMSL_EMU_VERSION={msl.replace('.', '')}0"]
+    out = cache_root() / ("direct-" + key(compiler, tf_include, tf_lib, root, extra=msl_defines)
+                          + ("-coverage" if cov else "") + ("" if msl == "3.0" else "-msl" + msl.replace(".", "")))
 
     def make(work: Path):
         if verbose:
@@ -209,7 +213,8 @@ def build(verbose: bool = False, gpu_backend: str | None = None) -> dict[str, Pa
             jobs.append((f, work / (f.stem + ".o"), ["-std=c++20", *common, *tf_flags, *cov]))
         jobs.append((msl_emu.launch_source(root), work / "kernel_launch.o", [*msl_emu.base_flags(), "-O2", *emu_includes]))
         for u in units:
-            jobs.append((u.source, work / (u.source.stem + ".o"), [*msl_emu.base_flags(), "-O2", *u.flags]))
+            jobs.append((u.source, work / (u.source.stem + ".o"),
+                         [*msl_emu.base_flags(), "-O2", *msl_defines, *u.flags]))
         kernel_objects = [str(o) for _, o, _ in jobs]
         device_objects = [str(work / f"device_{f.stem}.o") for f in src["device"]]
         jobs += [(f, Path(o), ["-std=c++17", *common, f"-I{tf_include}"]) for f, o in zip(src["device"], device_objects)]
@@ -313,6 +318,76 @@ def dispatch_counts(sync: bool = True, library: str | None = None) -> dict[str, 
     lib = _handle("runtime") if library is None else ctypes.CDLL(str(library), mode=getattr(os, "RTLD_NOLOAD", 0))
     lib.tfmo_emu_dispatch_counts.restype = ctypes.c_char_p
     return json.loads(lib.tfmo_emu_dispatch_counts().decode())
+
+
+class AtomicCounting:
+    """What count_atomics() returns: ``launches`` (filled when the ``with`` block ends) is one dict per kernel launch
+    that ran inside the block, in the order they ran:
+
+    ``{"op", "kernel", "counted", "grid", "group", "grid_is_threadgroups", "threadgroup", "buffers"}``; ``counted``
+    is false (and the last two keys absent) for inline kernels (tf_metal_ops.metal_kernel, compile_shader), which are
+    not counted. ``buffers``: one per ``[[buffer(n)]]`` parameter, by slot: ``{"slot", "param", "bytes", "total",
+    "parts"}``, ``parts`` the buffer divided at the ``split`` offsets given for that parameter name (each part has
+    ``"begin"``, its first byte). ``threadgroup``, ``total`` and every part are counts ``{"rmw", "cas",
+    "cas_failed", "load", "store"}``: read-modify-write calls (fetch_add/sub/and/or/xor/min/max, exchange),
+    compare-exchange attempts, failed attempts (CAS-loop retries), atomic loads and stores (csrc/msl_emu/README.md,
+    "Counting atomics", says what they mean and what the retries can show)."""
+
+    def __init__(self, split: dict[str, Iterable[int]] | None):
+        self.split = {}
+        for name, offsets in (split or {}).items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ValueError(f"split: {name!r} is not a kernel parameter name")
+            offs = [int(o) for o in offsets]
+            if any(o < 0 for o in offs) or any(b <= a for a, b in zip(offs, offs[1:])):
+                raise ValueError(f"split[{name!r}]: byte offsets must be >= 0 and ascending, got {offs}")
+            self.split[name] = offs
+        self.launches: list[dict] = []
+
+    def _spec(self) -> bytes:
+        return ";".join(f"{k}:{','.join(map(str, v))}" for k, v in self.split.items()).encode()
+
+    def __enter__(self) -> "AtomicCounting":
+        if loaded_backend() != "direct":
+            raise EmulatedGPUError("tf_metal_ops: count_atomics needs the emulated GPU's direct backend "
+                                   f"({ENV_SWITCH}=1); this process runs {loaded_backend() or 'no emulated GPU'}")
+        with _lock:
+            if _counting:
+                raise EmulatedGPUError("tf_metal_ops: count_atomics is already active (one block at a time)")
+            _counting.append(self)
+        synchronize()  # work enqueued before the block is not counted
+        lib = _handle("runtime")
+        if lib.tfmo_emu_atomic_counting(1, self._spec()) != 0:
+            raise ValueError(f"split: malformed {self.split!r}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            synchronize()
+            lib = _handle("runtime")
+            lib.tfmo_emu_atomic_counts.restype = ctypes.c_char_p
+            self.launches = json.loads(lib.tfmo_emu_atomic_counts().decode())
+            lib.tfmo_emu_atomic_counting(0, b"")
+        finally:
+            with _lock:
+                _counting.clear()
+
+
+_counting: list[AtomicCounting] = []
+
+
+def count_atomics(split: dict[str, Iterable[int]] | None = None) -> AtomicCounting:
+    """Counts the atomic operations of every kernel the emulated GPU (direct backend) runs inside a ``with`` block,
+    per launch and per buffer; ``split`` divides the buffer bound to a kernel parameter (by its name in the .metal
+    source) at byte offsets, e.g. a table's levels. Counting is off outside such a block. The block synchronises on
+    entry and exit (kernels run asynchronously), so the records are complete. Result: AtomicCounting.launches.
+
+        >>> with tf_metal_ops.emulated_gpu.count_atomics(split={"acc": [4096]}) as c:  # doctest: +SKIP
+        ...     g = tape.gradient(y, params)         # a hash grid's table gradient on /GPU:0
+        >>> {r["kernel"]: sum(b["total"]["rmw"] for b in r["buffers"]) for r in c.launches}  # doctest: +SKIP
+        {'hash_grid_fill_zero': 0, 'hash_grid_grad_params_float32': 1048576}
+    """
+    return AtomicCounting(split)
 
 
 def metal_info() -> dict | None:

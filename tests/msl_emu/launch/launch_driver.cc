@@ -9,6 +9,11 @@
 //   check / launch                prints "check: ok" / "launch: ok" or "check: ERR <message>"
 //   names                         prints "name: NAME" per kernel of the table
 //   has NAME                      prints "has: 0|1"
+//   atomics on|off                count the atomics of the following launches (kernel_launch.h LaunchAtomics); after
+//                                 each launch, one line per buffer part and one for threadgroup memory:
+//                                 "atomics: buf SLOT PARAM PART BEGIN RMW CAS CAS_FAILED LOAD STORE",
+//                                 "atomics: tg RMW CAS CAS_FAILED LOAD STORE"
+//   split PARAM OFFSET...         divide that buffer's counts at these byte offsets (kept until `reset`)
 //   reset
 // Exit status 0 unless the script is malformed (2) or msl_emu ends the process (70).
 #include <cstdio>
@@ -55,6 +60,8 @@ std::string Result(const std::string& msg) { return msg.empty() ? "ok" : "ERR " 
 
 int main() {
   tfmo::emu::LaunchDesc d;
+  tfmo::emu::LaunchAtomics atomics;
+  bool count_atomics = false;
   std::string kernel;
   std::vector<std::unique_ptr<Alloc>> allocs;
   std::deque<std::string> scalars;  // keeps SlotBinding::scalar strings alive (deque: stable addresses)
@@ -65,6 +72,7 @@ int main() {
     if (!(in >> cmd)) continue;
     if (cmd == "reset") {
       d = tfmo::emu::LaunchDesc();
+      atomics = tfmo::emu::LaunchAtomics();
       allocs.clear();
     } else if (cmd == "kernel") {
       in >> kernel;
@@ -108,14 +116,36 @@ int main() {
     } else if (cmd == "check") {
       std::cout << "check: " << Result(tfmo::emu::CheckLaunch(d)) << std::endl;
     } else if (cmd == "launch") {
-      const std::string r = tfmo::emu::Launch(d);
+      const std::string r = tfmo::emu::Launch(d, count_atomics ? &atomics : nullptr);
       std::cout << "launch: " << Result(r) << std::endl;
+      if (r.empty() && count_atomics) {
+        auto fields = [](const tfmo::emu::AtomicCount& c) {
+          return std::to_string(c.rmw) + " " + std::to_string(c.cas) + " " + std::to_string(c.cas_failed) + " " +
+                 std::to_string(c.load) + " " + std::to_string(c.store);
+        };
+        for (const auto& b : atomics.buffers)
+          for (size_t k = 0; k < b.parts.size(); ++k)
+            std::cout << "atomics: buf " << b.slot << " " << b.param << " " << k << " " << b.part_begin[k] << " "
+                      << fields(b.parts[k]) << "\n";
+        std::cout << "atomics: tg " << fields(atomics.threadgroup) << std::endl;
+      }
       if (r.empty())
         for (const auto& a : allocs)
           if (a->out != "-") {
             std::ofstream f(a->out, std::ios::binary);
             f.write(static_cast<const char*>(a->p), std::streamsize(a->n));
           }
+    } else if (cmd == "atomics") {
+      std::string mode;
+      in >> mode;
+      if (mode != "on" && mode != "off") Die("bad line: " + line);
+      count_atomics = mode == "on";
+    } else if (cmd == "split") {
+      std::string param;
+      in >> param;
+      std::vector<uint64_t>& offsets = atomics.splits[param];
+      offsets.clear();
+      for (uint64_t off; in >> off;) offsets.push_back(off);
     } else if (cmd == "names") {
       for (const std::string& n : tfmo::emu::KernelNames()) std::cout << "name: " << n << "\n";
       std::cout.flush();

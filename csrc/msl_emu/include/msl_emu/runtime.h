@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "msl_emu/atomic_counts.h"
 #include "msl_emu/types.h"
 
 #if defined(__has_feature)
@@ -106,6 +107,7 @@ struct Options {
   size_t stack_bytes = 256 << 10;  // per fiber (MSL_EMU_STACK_KB)
   bool fiber_free = false;         // fast path: no fibers; barriers and SIMD-group calls are fatal (header comment)
   const char* kernel_name = nullptr;  // for error messages
+  AtomicCounts* atomic_counts = nullptr;  // non-null: count this dispatch's atomics into it (atomic_counts.h)
 
   static Options from_env() {
     Options o;
@@ -469,7 +471,9 @@ inline void check_group_size(uint3 tg) {
 inline void run_grid(uint3 groups, uint3 tg, uint3 grid, KernelFn fn, void* user, const Options& opt) {
   const uint64_t total = uint64_t(groups.x) * groups.y * groups.z;
   if (total == 0) return;
+  DispatchAtomicScope counting(opt.atomic_counts != nullptr);
   auto worker = [&](std::atomic<uint64_t>& next) {
+    WorkerAtomicScope atomics(opt.atomic_counts);  // merges this worker's counts when its last group has run
     GroupRunner runner(opt);
     std::vector<ThreadCtx> ctx;
     for (uint64_t g; (g = next.fetch_add(1, std::memory_order_relaxed)) < total;) {
