@@ -49,6 +49,7 @@ CASES = [
     ("render_packed", 0, {}),
     ("render_packed_nan_policy", 0, {}),
     ("ray_march", 0, {}),
+    ("ray_march_cascades", 0, {}),
     ("layer_and_savedmodel", 0, {}),
     ("threads", 0, {}),
 ]
