@@ -63,6 +63,7 @@ DIRECT_CASES = [
     ("render_packed", 1, {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
     ("ray_march", 1, {"TF_METAL_OPS_SYNC": "1", "MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "5",
                       "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
+    ("ray_march_cascades", 1, {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
     ("nerf_steps", 0, {}),
 ]
 

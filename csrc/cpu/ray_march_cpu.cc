@@ -87,16 +87,17 @@ void MarchRays(const RmParams& p, const float* o, const float* d, const float* n
 // Levels 1 .. L of the occupancy mip of every cascade (layout: RmParams.mip_offset, mip_stride), each pooled from
 // the one below.
 void BuildMip(const RmParams& p, const unsigned char* bits, unsigned char* mip) {
-  for (uint k = 0; k < p.K; ++k)
-  for (uint m = 1; m <= p.mip_levels; ++m) {
+  for (uint k = 0; k < p.K; ++k) {
     unsigned char* own = mip + size_t{k} * p.mip_stride;
-    const unsigned char* src = m == 1 ? bits + size_t{k} * p.cascade_bytes : own + p.mip_offset[m - 2];
-    const uint gs = rm_mip_res(p.G, m - 1), gm = rm_mip_res(p.G, m);
-    unsigned char* dst = own + p.mip_offset[m - 1];
-    const int64_t n = (static_cast<int64_t>(gm) * gm * gm + 7) / 8;
-    tfmo::ParallelFor(n, 1024, [&](int64_t j0, int64_t j1) {
-      for (int64_t j = j0; j < j1; ++j) dst[j] = static_cast<unsigned char>(rm_mip_byte(src, gs, gm, uint(j)));
-    });
+    for (uint m = 1; m <= p.mip_levels; ++m) {
+      const unsigned char* src = m == 1 ? bits + size_t{k} * p.cascade_bytes : own + p.mip_offset[m - 2];
+      const uint gs = rm_mip_res(p.G, m - 1), gm = rm_mip_res(p.G, m);
+      unsigned char* dst = own + p.mip_offset[m - 1];
+      const int64_t n = (static_cast<int64_t>(gm) * gm * gm + 7) / 8;
+      tfmo::ParallelFor(n, 1024, [&](int64_t j0, int64_t j1) {
+        for (int64_t j = j0; j < j1; ++j) dst[j] = static_cast<unsigned char>(rm_mip_byte(src, gs, gm, uint(j)));
+      });
+    }
   }
 }
 

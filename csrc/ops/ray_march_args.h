@@ -80,12 +80,19 @@ inline bool Validate(TF_OpKernelContext* ctx, const Attrs& a, const TensorRef* i
                 static_cast<long long>(*R));
   const int64_t cells = a.G * a.G * a.G, bytes = (cells + 7) / 8;
   const bool flat_ok = a.K == 1 && bits.rank() == 1 && bits.dim(0) == bytes;
-  if (!flat_ok && !(bits.rank() == 2 && bits.dim(0) == a.K && bits.dim(1) == bytes))
+  if (!flat_ok && !(bits.rank() == 2 && bits.dim(0) == a.K && bits.dim(1) == bytes)) {
+    if (a.K == 1)
+      return Fail(ctx, TF_INVALID_ARGUMENT,
+                  "%s: bits must have shape [ceil(resolution^3 / 8)] = [%lld] (or [1, %lld]) for resolution %lld, "
+                  "got %s",
+                  op, static_cast<long long>(bytes), static_cast<long long>(bytes), static_cast<long long>(a.G),
+                  ShapeString(bits).c_str());
     return Fail(ctx, TF_INVALID_ARGUMENT,
                 "%s: bits must have shape [cascades, ceil(resolution^3 / 8)] = [%lld, %lld] for %lld cascades of "
-                "resolution %lld (or [%lld] for one cascade), got %s",
+                "resolution %lld, got %s",
                 op, static_cast<long long>(a.K), static_cast<long long>(bytes), static_cast<long long>(a.K),
-                static_cast<long long>(a.G), static_cast<long long>(bytes), ShapeString(bits).c_str());
+                static_cast<long long>(a.G), ShapeString(bits).c_str());
+  }
   if (aabb.rank() != 2 || aabb.dim(0) != 2 || aabb.dim(1) != 3)
     return Fail(ctx, TF_INVALID_ARGUMENT, "%s: aabb must have shape [2, 3] (min, max), got %s", op,
                 ShapeString(aabb).c_str());

@@ -758,6 +758,8 @@ def check_ray_march_cascades(seed):
     total = 0
     for g, k in ((16, 3), (7, 2), (12, 4), (1, 2)):
         bits = np.stack([ref.random_bits(g, p, seed=g + c) for c, p in enumerate((0.3, 0.1, 0.05, 0.2)[:k])])
+        if g == 1:  # one cell per cascade: the inner one empty, the outer one occupied
+            bits = np.array([[0], [1]], np.uint8)
         o = rng.normal(size=(700, 3)).astype(np.float32) * np.float32(2.0 ** (k - 1))
         d = rng.normal(size=(700, 3)).astype(np.float32)
         d /= np.linalg.norm(d, axis=1, keepdims=True)
@@ -778,7 +780,7 @@ def check_ray_march_cascades(seed):
     for _ in range(2):
         occ.update(lambda x: tf.where(tf.abs(tf.norm(x, axis=1) - 2.5) < 0.5, 5.0, 0.0), seed=1)
     frac = occ.occupied_fraction(per_cascade=True).numpy()
-    assert frac[0] == 0.0 and frac[1] > 0.0 and frac[2] > 0.0, frac
+    assert frac[0] < 0.01 and frac[1] > 0.1 and frac[2] > 0.05, frac  # the shell is outside box 0 but a corner
     a, b = ray_march_both(o[:500], d[:500], occ, step_size=0.02, cone_angle=0.01, seed=4)
     on_gpu(a.t_starts)
     same_march(a, b, "OccupancyGrid(cascades=3)")
