@@ -195,6 +195,34 @@ def test_cone_steps_grow_with_distance_and_stop_at_the_cascade_cell():
         assert np.any(np.isclose(dt[:last][sel], cell_diag[:last][sel], rtol=1e-5)), c
 
 
+def test_tf_function_with_cascades():
+    # graph mode: the shape function takes the [K, bytes] bitfield; one trace for every ray count and seed
+    G, K = 16, 3
+    grid = tfmo.OccupancyGrid(aabb=AABB, resolution=G, cascades=K, warmup_steps=0)
+    grid.bits.assign(cascade_bits(G, K, (0.3, 0.2, 0.1), seed=2))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None, 3], tf.float32),
+                                  tf.TensorSpec([], tf.int64)])
+    def march(o, d, seed):
+        return tfmo.ray_march(o, d, grid, step_size=0.02, cone_angle=0.01, seed=seed)
+
+    for R, seed in ((50, 1), (7, 2), (0, 3)):
+        o, d = scene_rays(R, seed=R, K=K)
+        got, want = march(o, d, tf.constant(seed, tf.int64)), tfmo.ray_march(o, d, grid, step_size=0.02,
+                                                                              cone_angle=0.01, seed=seed)
+        for x, y in zip(got, want):
+            np.testing.assert_array_equal(x.numpy(), y.numpy())
+    assert march.experimental_get_tracing_count() == 1
+    tf_version = tf.function(lambda o, d: tfmo.ray_march_tf(o, d, grid, step_size=0.02))
+    o, d = scene_rays(20, seed=1, K=K)
+    np.testing.assert_array_equal(tf_version(o, d).row_splits.numpy(),
+                                  tfmo.ray_march(o, d, grid, step_size=0.02).row_splits.numpy())
+    with pytest.raises(ValueError, match="rank"):  # the shape function: bits of rank 3
+        tf.function(lambda b: ops().ray_march(o, d, tf.zeros(20), tf.ones(20), b, AABB, tf.constant(0, tf.int64),
+                                              resolution=G, step_size=0.1, cascades=K)).get_concrete_function(
+            tf.TensorSpec([K, 512, 1], tf.uint8))
+
+
 def test_one_cascade_forms_agree():
     # cascades=1 with bits [1, bytes] is the single grid with bits [bytes], bit for bit
     G = 16

@@ -8,9 +8,9 @@
 //
 // It marches one cascade (RmParams.K = 1, the AVX2 lanes use cascade 0's box and cells); cascaded marches take the
 // scalar path. Only the loop over candidates is vectorised: rm_begin stays scalar per ray, and a lane whose ray has
-// finished takes the next ray of the chunk. Samples are staged in emission order tagged with their ray's position in the
-// chunk and placed in ray order at the end (prefix sum of the chunk's counts), so the chunk's samples come out as
-// in the scalar path. Built for x86-64 GCC/clang only (TFMO_RM_AVX2); chosen at run time (IsaSelection).
+// finished takes the next ray of the chunk. Samples are staged in emission order tagged with their ray's position in
+// the chunk and placed in ray order at the end (prefix sum of the chunk's counts), so the chunk's samples come out
+// as in the scalar path. Built for x86-64 GCC/clang only (TFMO_RM_AVX2); chosen at run time (IsaSelection).
 #pragma once
 
 #include <atomic>

@@ -21,7 +21,16 @@ using tfmo::Shape;
 
 void RayMarchShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   Shape o;  // rays_o, rays_d, near, far, bits, aabb, seed
-  if (!InputWithRank(ctx, 0, 2, &o, status) || !tfmo::InputsWithRanks(ctx, 1, {2, 1, 1, 1, 2, 0}, status)) return;
+  if (!InputWithRank(ctx, 0, 2, &o, status) || !tfmo::InputsWithRanks(ctx, 1, {2, 1, 1}, status) ||
+      !tfmo::InputsWithRanks(ctx, 5, {2, 0}, status))
+    return;
+  Shape bits, bits_min, bits_max;  // [bytes] (one cascade) or [cascades, bytes]
+  TF_ShapeInferenceContextGetInput(ctx, 4, bits.h, status);
+  if (TF_GetCode(status) != TF_OK) return;
+  TF_ShapeInferenceContextWithRankAtLeast(ctx, bits.h, 1, bits_min.h, status);
+  if (TF_GetCode(status) != TF_OK) return;
+  TF_ShapeInferenceContextWithRankAtMost(ctx, bits.h, 2, bits_max.h, status);
+  if (TF_GetCode(status) != TF_OK) return;
   TF_ShapeInferenceContextSetUnknownShape(ctx, status);  // N is data-dependent
   if (TF_GetCode(status) != TF_OK) return;
   Shape unknown, vec;  // a default handle has unknown rank; WithRank(1) makes it [?]

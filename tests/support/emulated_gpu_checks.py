@@ -745,8 +745,8 @@ class RmCascadeGrid:
 
 def check_ray_march_cascades(seed):
     """Cascaded grids (unbounded scenes): GPU == CPU bitwise for K = 2..4 cascades, odd and even G, cone angles
-    (steps capped per cascade), near/far per ray, an OccupancyGrid(cascades=3) fed by its own update, and the
-    kernel's cascade errors on the GPU. The mip passes cover every cascade (one pass per level)."""
+    (steps capped per cascade), near/far per ray, an OccupancyGrid(cascades=3) fed by its own update, in a
+    tf.function, and the kernel's cascade errors on the GPU. The mip passes cover every cascade (one pass per level)."""
     from tf_metal_ops.ray_march import reference as ref
 
     rng = np.random.default_rng(seed)
@@ -785,6 +785,18 @@ def check_ray_march_cascades(seed):
     on_gpu(a.t_starts)
     same_march(a, b, "OccupancyGrid(cascades=3)")
     assert int(b.row_splits[-1]) > 1000
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None, 3], tf.float32)])
+    def march(o, d):
+        return t.ray_march(o, d, occ, step_size=0.02, cone_angle=0.01, seed=4)
+
+    for r in (500, 37):
+        with tf.device(GPU):
+            a = march(o[:r], d[:r])
+        on_gpu(a.t_starts)
+        same_march(a, b if r == 500 else ray_march_both(o[:r], d[:r], occ, step_size=0.02, cone_angle=0.01,
+                                                        seed=4)[1], f"tf.function R={r}")
+    assert march.experimental_get_tracing_count() == 1
     from tf_metal_ops._library import ops
 
     for kw, bits, match in ((dict(cascades=9), np.zeros((9, 512), np.uint8), "cascades must be in"),
@@ -797,7 +809,7 @@ def check_ray_march_cascades(seed):
             assert match in str(e), e
         else:
             raise AssertionError(f"{kw} must fail on the GPU")
-    return f"{total} samples in 12 configurations, OccupancyGrid(cascades=3), cascade errors"
+    return f"{total} samples in 12 configurations, OccupancyGrid(cascades=3), tf.function, cascade errors"
 
 
 CHECKS = collect(globals())

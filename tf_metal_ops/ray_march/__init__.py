@@ -41,5 +41,5 @@ from tf_metal_ops.ray_march.ops import (
 )
 from tf_metal_ops.ray_march.pure_tf import ray_march_tf
 
-__all__ = ["MAX_CASCADES", "MAX_RESOLUTION", "RayMarchResult", "pack_bits", "pure_tf", "ray_march", "ray_march_tf", "reference",
-           "unpack_bits"]
+__all__ = ["MAX_CASCADES", "MAX_RESOLUTION", "RayMarchResult", "pack_bits", "pure_tf", "ray_march", "ray_march_tf",
+           "reference", "unpack_bits"]
