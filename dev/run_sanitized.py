@@ -17,7 +17,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = ["tests/test_zero_out.py", "tests/test_render_ops.py", "tests/test_hash_grid_op.py",
-         "tests/test_render_packed.py", "tests/test_ray_march.py", "tests/test_occupancy_grid.py",
+         "tests/test_render_packed.py", "tests/test_ray_march.py", "tests/test_ray_march_cascades.py",
+         "tests/test_occupancy_grid.py",
          "tests/test_concurrency_and_memory.py", "tests/test_fuzz.py"]
 
 

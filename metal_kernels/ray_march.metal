@@ -11,8 +11,9 @@ using namespace metal;
 
 #include "ray_march_math.h"
 
-// Byte j of mip level `level` (1 .. L), pooled from level - 1 (the bitfield for level 1). Levels are separate
-// passes, in order; a level outside 1 .. L writes nothing.
+// Byte j of mip level `level` (1 .. L) of every cascade (thread j: byte j % n of cascade j / n, n the level's bytes
+// per cascade), pooled from level - 1 (the cascade's bitfield for level 1). Levels are separate passes, in order; a
+// level outside 1 .. L writes nothing.
 kernel void ray_march_mip(device const uchar* bits [[buffer(0)]],
                           device uchar* mip [[buffer(1)]],
                           constant RmParams& params [[buffer(2)]],
@@ -21,9 +22,13 @@ kernel void ray_march_mip(device const uchar* bits [[buffer(0)]],
   const uint m = level;
   if (m < 1u || m > params.mip_levels) return;
   const uint gs = rm_mip_res(params.G, m - 1u), gm = rm_mip_res(params.G, m);
-  if (j >= (gm * gm * gm + 7u) / 8u) return;
-  device const uchar* src = m == 1u ? bits : (device const uchar*)(mip + params.mip_offset[m - 2u]);
-  mip[params.mip_offset[m - 1u] + j] = uchar(rm_mip_byte(src, gs, gm, j));
+  const uint n = (gm * gm * gm + 7u) / 8u;
+  if (j >= params.K * n) return;
+  const uint k = j / n, jj = j % n;
+  device uchar* own = mip + k * params.mip_stride;
+  device const uchar* src = m == 1u ? bits + k * params.cascade_bytes
+                                    : (device const uchar*)(own + params.mip_offset[m - 2u]);
+  own[params.mip_offset[m - 1u] + jj] = uchar(rm_mip_byte(src, gs, gm, jj));
 }
 
 kernel void ray_march_count(device const float* rays_o [[buffer(0)]],
@@ -44,7 +49,7 @@ kernel void ray_march_count(device const float* rays_o [[buffer(0)]],
   uint n = 0;
   if (rm_begin(p, o[0], o[1], o[2], d[0], d[1], d[2], near_t[r], far_t[r], r, &s)) {
     while (n < p.max_samples && rm_candidate(p, &s)) {
-      if (rm_bit(bits[s.cell >> 3], s.cell)) {
+      if (rm_occupied(p, bits, &s)) {
         ++n;
         rm_accept(&s);
       } else {
@@ -126,15 +131,16 @@ kernel void ray_march_fill(device const float* rays_o [[buffer(0)]],
   if (!rm_begin(p, o[0], o[1], o[2], d[0], d[1], d[2], near_t[r], far_t[r], r, &s)) return;
   uint n = 0;
   while (n < p.max_samples && long(n) < room && rm_candidate(p, &s)) {
-    if (rm_bit(bits[s.cell >> 3], s.cell)) {
+    if (rm_occupied(p, bits, &s)) {
       const ulong k = ulong(base + long(n));
       t_starts[k] = s.t;
       t_ends[k] = s.t1;
       ray_indices[k] = int(r);
       const float tm = 0.5f * (s.t + s.t1);
-      positions[3 * k] = rm_unit_coord(s.o[0], s.d[0], tm, p.lo_x, p.inv_ext_x);
-      positions[3 * k + 1] = rm_unit_coord(s.o[1], s.d[1], tm, p.lo_y, p.inv_ext_y);
-      positions[3 * k + 2] = rm_unit_coord(s.o[2], s.d[2], tm, p.lo_z, p.inv_ext_z);
+      const uint outer = 3u * (p.K - 1u);  // unit coordinates of the outermost cascade's box
+      positions[3 * k] = rm_unit_coord(s.o[0], s.d[0], tm, p.c_lo[outer], p.inv_ext_x);
+      positions[3 * k + 1] = rm_unit_coord(s.o[1], s.d[1], tm, p.c_lo[outer + 1u], p.inv_ext_y);
+      positions[3 * k + 2] = rm_unit_coord(s.o[2], s.d[2], tm, p.c_lo[outer + 2u], p.inv_ext_z);
       ++n;
       rm_accept(&s);
     } else {

@@ -49,6 +49,7 @@ CASES = [
     ("render_packed", 0, {}),
     ("render_packed_nan_policy", 0, {}),
     ("ray_march", 0, {}),
+    ("ray_march_cascades", 0, {}),
     ("layer_and_savedmodel", 0, {}),
     ("threads", 0, {}),
 ]
@@ -62,6 +63,7 @@ DIRECT_CASES = [
     ("render_packed", 1, {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
     ("ray_march", 1, {"TF_METAL_OPS_SYNC": "1", "MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "5",
                       "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
+    ("ray_march_cascades", 1, {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
     ("nerf_steps", 0, {}),
 ]
 

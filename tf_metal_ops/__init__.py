@@ -10,6 +10,7 @@ from tf_metal_ops import _env, diagnostics
 from tf_metal_ops._library import OpLibraryError, library_path
 from tf_metal_ops._library import ops as _ops
 from tf_metal_ops._version import __version__
+from tf_metal_ops.contraction import contract, contract_to_unit
 from tf_metal_ops.diagnostics import backend_info
 from tf_metal_ops.hash_grid import HashGridConfig, HashGridEncoding
 from tf_metal_ops.hash_grid.config import hash_grid_table_layout
@@ -46,6 +47,8 @@ __all__ = [
     "__version__",
     "backend_info",
     "compile_shader",
+    "contract",
+    "contract_to_unit",
     "distortion_loss",
     "distortion_loss_packed",
     "distortion_loss_packed_tf",

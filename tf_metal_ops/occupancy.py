@@ -11,6 +11,7 @@ import tensorflow as tf
 from tf_metal_ops._args import _check_int, _check_real
 # The march (tf_metal_ops.ray_march), also importable from here.
 from tf_metal_ops.ray_march.ops import (  # noqa: F401
+    MAX_CASCADES,
     MAX_RESOLUTION,
     RayMarchResult,
     pack_bits,
@@ -18,6 +19,8 @@ from tf_metal_ops.ray_march.ops import (  # noqa: F401
     unpack_bits,
 )
 from tf_metal_ops.ray_march.pure_tf import (  # noqa: F401
+    cascade_boxes_tf,
+    cascade_of_tf,
     occupancy_mip_tf,
     pack_dense_samples,
     ray_jitter_tf,
@@ -35,12 +38,16 @@ def _check_aabb(fn, aabb):
 
 
 class OccupancyGrid(tf.Module):
-    """A G^3 occupancy grid over an axis-aligned box: density estimate per cell plus a bitfield of occupied cells.
+    """A G^3 occupancy grid over an axis-aligned box: density estimate per cell plus a bitfield of occupied cells;
+    with ``cascades=K`` > 1, K such grids, cascade c over the box scaled by 2^c about its centre (Instant-NGP's
+    ``aabb_scale`` = 2^(K-1), nerfacc's ``OccGridEstimator(levels=K)``), for unbounded scenes.
 
-    Cells are indexed x + G*(y + G*z) (x fastest); cell (i, j, k) covers aabb_min + [i, i+1] * size / G per axis.
-    Variables (on the CPU): ``density`` float32 [G^3] (decayed max of sampled densities, Instant-NGP style:
-    new = max(old * decay, sampled), unsampled cells just decay), ``bits`` uint8 [ceil(G^3/8)] (bit (idx & 7) of
-    byte idx >> 3), ``step`` int64 (number of updates so far, unless ``update(step=...)`` sets it).
+    Cells are indexed x + G*(y + G*z) (x fastest); cell (i, j, k) of cascade c covers lo_c + [i, i+1] * size_c / G
+    per axis, lo_c = aabb_min - size (2^c - 1) / 2, size_c = size 2^c. Variables (on the CPU): ``density`` float32
+    [G^3] ([K, G^3] with cascades) (decayed max of sampled densities, Instant-NGP style: new = max(old * decay,
+    sampled), unsampled cells just decay), ``bits`` uint8 [ceil(G^3/8)] ([K, ceil(G^3/8)]) (bit (idx & 7) of byte
+    idx >> 3), ``step`` int64 (number of updates so far, unless ``update(step=...)`` sets it). A point belongs to the
+    finest cascade containing it; ``ray_march`` marches through the cascades (``tf_metal_ops.ray_march``).
 
     Example:
       >>> import tensorflow as tf, tf_metal_ops
@@ -50,23 +57,34 @@ class OccupancyGrid(tf.Module):
       >>> _ = grid.update(lambda x: 100.0 * tf.cast(tf.norm(x, axis=-1) < 0.5, tf.float32))  # a ball of radius 0.5
       >>> round(float(grid.occupied_fraction()), 4)
       0.0332
+      >>> wide = tf_metal_ops.OccupancyGrid(resolution=8, cascades=3, warmup_steps=0)  # boxes of size 2, 4, 8
+      >>> _ = wide.update(lambda x: 100.0 * tf.cast(tf.norm(x, axis=-1) > 3.0, tf.float32))  # far surroundings
+      >>> wide.bits.shape, wide.occupied_fraction(per_cascade=True).numpy().round(3)  # mostly the outer cascade
+      (TensorShape([3, 64]), array([0.   , 0.006, 0.322], dtype=float32))
     """
 
     def __init__(self, aabb=((-1.0, -1.0, -1.0), (1.0, 1.0, 1.0)), resolution=128, decay=0.95, threshold=0.01,
-                 warmup_steps=256, name=None):
+                 warmup_steps=256, cascades=1, name=None):
         super().__init__(name=name)
         fn = "OccupancyGrid"
         self._aabb = _check_aabb(fn, aabb)
         self._resolution = _check_int(fn, "resolution", resolution, 1, MAX_RESOLUTION)
+        self._cascades = _check_int(fn, "cascades", cascades, 1, MAX_CASCADES)
+        with np.errstate(over="ignore"):  # float32, as the kernels compute the cascade boxes
+            outer = self.cascade_aabb(self._cascades - 1)
+            size = (self._aabb[1] - self._aabb[0]) * np.float32(2 ** (self._cascades - 1))
+        if not (np.all(np.isfinite(outer)) and np.all(np.isfinite(size))):
+            raise ValueError(f"{fn}: the outermost cascade's box (aabb scaled by 2^{self._cascades - 1}) is not "
+                             f"finite in float32")
         self._decay = _check_real(fn, "decay", decay, 0.0, strict=False)
         if self._decay > 1.0:
             raise ValueError(f"{fn}: decay must be in [0, 1], got {decay!r}")
         self._threshold = _check_real(fn, "threshold", threshold, 0.0, strict=False)
         self._warmup_steps = _check_int(fn, "warmup_steps", warmup_steps, 0)
-        n = self._resolution ** 3
+        n = self.num_cells
         with tf.device("/CPU:0"):
-            self.density = tf.Variable(tf.zeros([n], tf.float32), trainable=False, name="density")
-            self.bits = tf.Variable(pack_bits(tf.ones([n], tf.bool)), trainable=False, name="bits")
+            self.density = tf.Variable(tf.zeros(self._shape(), tf.float32), trainable=False, name="density")
+            self.bits = tf.Variable(self._pack(tf.ones([n], tf.bool)), trainable=False, name="bits")
             self.step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="step")
             self._rng = tf.random.Generator.from_seed(0x0CC0)
 
@@ -80,46 +98,92 @@ class OccupancyGrid(tf.Module):
         return self._resolution
 
     @property
+    def cascades(self):
+        """K, the number of cascades (1: the box alone)."""
+        return self._cascades
+
+    @property
     def num_cells(self):
-        return self._resolution ** 3
+        """Cells of all cascades, K * G^3."""
+        return self._cascades * self._resolution ** 3
+
+    def cascade_aabb(self, cascade):
+        """float32 [2, 3] numpy array: the box of cascade ``cascade`` (0 .. K-1), as the march computes it."""
+        c = _check_int("OccupancyGrid.cascade_aabb", "cascade", cascade, 0, self._cascades - 1)
+        size = self._aabb[1] - self._aabb[0]
+        grow = size * np.float32((2.0**c - 1.0) * 0.5)
+        return np.stack([self._aabb[0] - grow, self._aabb[1] + grow]).astype(np.float32)
+
+    def _shape(self):
+        g3 = self._resolution ** 3
+        return [g3] if self._cascades == 1 else [self._cascades, g3]
+
+    def _pack(self, occupied_flat):
+        """bool [K * G^3] -> the bits variable's layout: per cascade pack_bits, [ceil(G^3/8)] or [K, ceil(G^3/8)]."""
+        if self._cascades == 1:
+            return pack_bits(occupied_flat)
+        per = tf.reshape(occupied_flat, [self._cascades, -1])
+        return tf.stack([pack_bits(per[c]) for c in range(self._cascades)])
 
     def _cell_points(self, idx, u):
+        """Jittered points (u in [0, 1)^3) of cells idx in [0, K * G^3) (cascade idx // G^3)."""
         g = self._resolution
-        ijk = tf.stack([idx % g, (idx // g) % g, idx // (g * g)], axis=1)
-        lo = tf.constant(self._aabb[0])
-        size = tf.constant(self._aabb[1] - self._aabb[0])
-        return lo + (tf.cast(ijk, tf.float32) + u) * (size / float(g))
+        local = idx % (g**3) if self._cascades > 1 else idx
+        ijk = tf.stack([local % g, (local // g) % g, local // (g * g)], axis=1)
+        if self._cascades == 1:
+            lo = tf.constant(self._aabb[0])
+            size = tf.constant(self._aabb[1] - self._aabb[0])
+            return lo + (tf.cast(ijk, tf.float32) + u) * (size / float(g))
+        c_lo, _, c_cs, _, _ = cascade_boxes_tf(self._aabb, g, self._cascades, 1.0)
+        c = idx // (g**3)
+        return tf.gather(c_lo, c) + (tf.cast(ijk, tf.float32) + u) * tf.gather(c_cs, c)
 
     def occupied(self):
-        """bool [G^3]: the unpacked bitfield."""
-        return unpack_bits(self.bits, self.num_cells)
+        """bool [G^3] ([K, G^3] with cascades): the unpacked bitfield."""
+        if self._cascades == 1:
+            return unpack_bits(self.bits, self._resolution ** 3)
+        return tf.stack([unpack_bits(self.bits[c], self._resolution ** 3) for c in range(self._cascades)])
 
-    def occupied_fraction(self):
-        """Scalar float32: the fraction of occupied cells."""
-        return tf.reduce_mean(tf.cast(self.occupied(), tf.float32))
+    def occupied_fraction(self, per_cascade=False):
+        """Scalar float32: the fraction of occupied cells (of all cascades); per_cascade=True: float32 [K], each
+        cascade's."""
+        occ = tf.reshape(tf.cast(self.occupied(), tf.float32), [self._cascades, -1])
+        return tf.reduce_mean(occ, axis=1) if per_cascade else tf.reduce_mean(occ)
 
     def is_occupied(self, points):
-        """bool [M] for points [M, 3] (False outside the box)."""
+        """bool [M] for points [M, 3]: the bit of the point's cell in the finest cascade containing it (False outside
+        the outermost box)."""
         points = tf.convert_to_tensor(points, dtype_hint=tf.float32)
         points = tf.cast(points, tf.float32)
         g = self._resolution
-        lo, hi = tf.constant(self._aabb[0]), tf.constant(self._aabb[1])
-        inside = tf.reduce_all((points >= lo) & (points <= hi), axis=-1)
-        c = tf.cast(tf.floor((points - lo) * (float(g) / (hi - lo))), tf.int32)
-        c = tf.clip_by_value(c, 0, g - 1)
-        idx = c[:, 0] + g * (c[:, 1] + g * c[:, 2])
-        byte = tf.cast(tf.gather(self.bits, idx // 8), tf.int32)
-        bit = tf.bitwise.bitwise_and(tf.bitwise.right_shift(byte, idx % 8), 1) > 0
+        if self._cascades == 1:
+            lo, hi = tf.constant(self._aabb[0]), tf.constant(self._aabb[1])
+            inside = tf.reduce_all((points >= lo) & (points <= hi), axis=-1)
+            c = tf.cast(tf.floor((points - lo) * (float(g) / (hi - lo))), tf.int32)
+            c = tf.clip_by_value(c, 0, g - 1)
+            idx = c[:, 0] + g * (c[:, 1] + g * c[:, 2])
+            byte = tf.gather(self.bits, idx // 8)
+        else:
+            c_lo, c_hi, _, c_inv_cs, _ = cascade_boxes_tf(self._aabb, g, self._cascades, 1.0)
+            k = cascade_of_tf(points, c_lo, c_hi)
+            inside = tf.reduce_all((points >= c_lo[-1]) & (points <= c_hi[-1]), axis=-1)
+            c = tf.cast(tf.floor((points - tf.gather(c_lo, k)) * tf.gather(c_inv_cs, k)), tf.int32)
+            c = tf.clip_by_value(c, 0, g - 1)
+            idx = c[:, 0] + g * (c[:, 1] + g * c[:, 2])
+            byte = tf.gather_nd(self.bits, tf.stack([k, idx // 8], axis=1))
+        bit = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.cast(byte, tf.int32), idx % 8), 1) > 0
         return inside & bit
 
     def update(self, density_fn, *, step=None, n_cells=None, seed=None):
         """One grid update (works eagerly and inside ``tf.function``).
 
         Picks cells (all of them while step < warmup_steps; afterwards ``n_cells`` uniformly random cells plus
-        ``n_cells`` drawn from the currently occupied ones; default n_cells = G^3 / 4), evaluates
+        ``n_cells`` drawn from the currently occupied ones; default n_cells = K G^3 / 4; cells of every cascade,
+        each sampled at a point of its own box), evaluates
         ``density_fn(points [M, 3] float32) -> [M] or [M, 1]`` at a uniformly jittered point of each, sets
         density = max(density * decay, sampled) (negative samples count as 0; unsampled cells only decay), then
-        bits = density > min(mean(density), threshold), or all ones during warm-up. Sets ``step`` to step + 1.
+        bits = density > min(mean(density), threshold) (the mean over all cascades), or all ones during warm-up.
+        Sets ``step`` to step + 1.
 
         Args:
           density_fn: callable on float32 [M, 3] points (M varies).
@@ -146,7 +210,7 @@ class OccupancyGrid(tf.Module):
 
             def some_cells():
                 uniform = tf.random.stateless_uniform([n_cells], keys[0], minval=0, maxval=n, dtype=tf.int32)
-                occ = tf.cast(tf.where(self.occupied())[:, 0], tf.int32)
+                occ = tf.cast(tf.where(tf.reshape(self.occupied(), [-1]))[:, 0], tf.int32)
                 count = tf.size(occ)
                 pick = tf.random.stateless_uniform([n_cells], keys[1], minval=0, maxval=tf.maximum(count, 1),
                                                    dtype=tf.int32)
@@ -163,10 +227,10 @@ class OccupancyGrid(tf.Module):
                                       message=f"{fn}: density_fn must return one value per point")
             # per cell the largest sample (>= 0); cells without one get 0 (the segment max of nothing is -FLT_MAX)
             fresh = tf.maximum(tf.math.unsorted_segment_max(tf.maximum(sampled, 0.0), idx, n), 0.0)
-            density = tf.maximum(self.density * self._decay, fresh)
-            self.density.assign(density)
+            density = tf.maximum(tf.reshape(self.density, [-1]) * self._decay, fresh)
+            self.density.assign(tf.reshape(density, self._shape()))
             thr = tf.minimum(tf.reduce_mean(density), self._threshold)
             occupied = tf.logical_or(warm, density > thr)
-            self.bits.assign(pack_bits(occupied))
+            self.bits.assign(self._pack(occupied))
             self.step.assign(step_t + 1)
             return tf.reduce_mean(tf.cast(occupied, tf.float32))

@@ -84,21 +84,26 @@ void MarchRays(const RmParams& p, const float* o, const float* d, const float* n
   for (int i = 0; i < n; ++i) counts[i] = k[i];
 }
 
-// Levels 1 .. L of the occupancy mip (layout: RmParams.mip_offset), each pooled from the one below.
+// Levels 1 .. L of the occupancy mip of every cascade (layout: RmParams.mip_offset, mip_stride), each pooled from
+// the one below.
 void BuildMip(const RmParams& p, const unsigned char* bits, unsigned char* mip) {
-  for (uint m = 1; m <= p.mip_levels; ++m) {
-    const unsigned char* src = m == 1 ? bits : mip + p.mip_offset[m - 2];
-    const uint gs = rm_mip_res(p.G, m - 1), gm = rm_mip_res(p.G, m);
-    unsigned char* dst = mip + p.mip_offset[m - 1];
-    const int64_t n = (static_cast<int64_t>(gm) * gm * gm + 7) / 8;
-    tfmo::ParallelFor(n, 1024, [&](int64_t j0, int64_t j1) {
-      for (int64_t j = j0; j < j1; ++j) dst[j] = static_cast<unsigned char>(rm_mip_byte(src, gs, gm, uint(j)));
-    });
+  for (uint k = 0; k < p.K; ++k) {
+    unsigned char* own = mip + size_t{k} * p.mip_stride;
+    for (uint m = 1; m <= p.mip_levels; ++m) {
+      const unsigned char* src = m == 1 ? bits + size_t{k} * p.cascade_bytes : own + p.mip_offset[m - 2];
+      const uint gs = rm_mip_res(p.G, m - 1), gm = rm_mip_res(p.G, m);
+      unsigned char* dst = own + p.mip_offset[m - 1];
+      const int64_t n = (static_cast<int64_t>(gm) * gm * gm + 7) / 8;
+      tfmo::ParallelFor(n, 1024, [&](int64_t j0, int64_t j1) {
+        for (int64_t j = j0; j < j1; ++j) dst[j] = static_cast<unsigned char>(rm_mip_byte(src, gs, gm, uint(j)));
+      });
+    }
   }
 }
 
-// Occupancy::levels for every grid cell, top-down: a cell of level l takes its parent's value when the parent's
-// block is empty (the largest empty block around it is above), else l if it is empty itself, else kOccupiedCell.
+// Occupancy::levels for every grid cell of one cascade (its bitfield `bits` and mip `mip`), top-down: a cell of
+// level l takes its parent's value when the parent's block is empty (the largest empty block around it is above),
+// else l if it is empty itself, else kOccupiedCell.
 void BuildLevels(const RmParams& p, const unsigned char* bits, const unsigned char* mip, unsigned char* out) {
   std::vector<unsigned char> above, cur;
   for (int l = static_cast<int>(p.mip_levels); l >= 0; --l) {
@@ -138,8 +143,12 @@ template <bool kStore>
 void MarchChunk(const RmParams& p, const float* o, const float* d, const float* near_t, const float* far_t,
                 const Occupancy& occ, int64_t R, int64_t q, int64_t* counts, ChunkSamples* out) {
   const int64_t r0 = q * kChunkRays, r1 = std::min(R, r0 + kChunkRays);
-  [[maybe_unused]] const int isa =
-      tfmo::CountIsaCall(tfmo::ray_march::cpu::IsaSelection(), tfmo::ray_march::cpu::g_isa_calls);
+  // The AVX2 march covers one cascade (K = 1); cascaded marches run the scalar one on every CPU.
+  [[maybe_unused]] int isa = tfmo::ray_march::cpu::kIsaDefault;
+  if (p.K == 1)
+    isa = tfmo::CountIsaCall(tfmo::ray_march::cpu::IsaSelection(), tfmo::ray_march::cpu::g_isa_calls);
+  else
+    tfmo::ray_march::cpu::g_isa_calls[isa].fetch_add(1, std::memory_order_relaxed);
 #ifdef TFMO_RM_AVX2
   if (isa == tfmo::ray_march::cpu::kIsaAvx2) {
     tfmo::ray_march::cpu::RmStage stage;
@@ -228,11 +237,13 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
   std::vector<unsigned char> mip(p.mip_bytes, 0);
   BuildMip(p, bits, mip.data());
   // The per-cell levels cost ~1 ns per cell to build and save tens of ns per ray: worth it for enough rays.
-  const int64_t cells = int64_t{p.G} * p.G * p.G;
+  const int64_t cells = int64_t{p.G} * p.G * p.G, all_cells = cells * p.K;
   std::vector<unsigned char> levels;
-  if (cells <= 32 * R && cells <= (int64_t{1} << 24)) {
-    levels.resize(cells);
-    BuildLevels(p, bits, mip.data(), levels.data());
+  if (all_cells <= 32 * R && all_cells <= (int64_t{1} << 24)) {
+    levels.resize(all_cells);
+    for (uint k = 0; k < p.K; ++k)
+      BuildLevels(p, bits + size_t{k} * p.cascade_bytes, mip.data() + size_t{k} * p.mip_stride,
+                  levels.data() + k * cells);
   }
   const Occupancy occ{bits, mip.data(), levels.empty() ? nullptr : levels.data()};
 
@@ -272,6 +283,7 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
   float* te = t_ends.data<float>();
   int32_t* ri = ray_indices.data<int32_t>();
   float* pos = positions.data<float>();
+  const uint outer = 3 * (p.K - 1);  // positions: unit coordinates of the outermost cascade's box
   tfmo::ParallelParts(n_chunks, [&](int64_t q) {
     const int64_t r0 = q * kChunkRays, r1 = std::min(R, r0 + kChunkRays);
     ChunkSamples& ch = chunks[q];
@@ -290,9 +302,9 @@ void RayMarchCompute(void* attrs, TF_OpKernelContext* ctx) {
       const float* rd = d + 3 * r;
       for (int64_t k = splits[r]; k < splits[r + 1]; ++k) {
         const float tm = 0.5f * (ts[k] + te[k]);
-        pos[3 * k] = rm_unit_coord(ro[0], rd[0], tm, p.lo_x, p.inv_ext_x);
-        pos[3 * k + 1] = rm_unit_coord(ro[1], rd[1], tm, p.lo_y, p.inv_ext_y);
-        pos[3 * k + 2] = rm_unit_coord(ro[2], rd[2], tm, p.lo_z, p.inv_ext_z);
+        pos[3 * k] = rm_unit_coord(ro[0], rd[0], tm, p.c_lo[outer], p.inv_ext_x);
+        pos[3 * k + 1] = rm_unit_coord(ro[1], rd[1], tm, p.c_lo[outer + 1], p.inv_ext_y);
+        pos[3 * k + 2] = rm_unit_coord(ro[2], rd[2], tm, p.c_lo[outer + 2], p.inv_ext_z);
       }
     }
   });

@@ -6,10 +6,11 @@
 // exactly `a < b ? a : b` / `a > b ? a : b` (the second operand on NaN), i.e. rm_min / rm_max with the same
 // operand order. tests/test_ray_march_isa.py runs both paths and requires bitwise equal outputs.
 //
-// Only the loop over candidates is vectorised: rm_begin stays scalar per ray, and a lane whose ray has finished
-// takes the next ray of the chunk. Samples are staged in emission order tagged with their ray's position in the
-// chunk and placed in ray order at the end (prefix sum of the chunk's counts), so the chunk's samples come out as
-// in the scalar path. Built for x86-64 GCC/clang only (TFMO_RM_AVX2); chosen at run time (IsaSelection).
+// It marches one cascade (RmParams.K = 1, the AVX2 lanes use cascade 0's box and cells); cascaded marches take the
+// scalar path. Only the loop over candidates is vectorised: rm_begin stays scalar per ray, and a lane whose ray has
+// finished takes the next ray of the chunk. Samples are staged in emission order tagged with their ray's position in
+// the chunk and placed in ray order at the end (prefix sum of the chunk's counts), so the chunk's samples come out
+// as in the scalar path. Built for x86-64 GCC/clang only (TFMO_RM_AVX2); chosen at run time (IsaSelection).
 #pragma once
 
 #include <atomic>
@@ -44,11 +45,12 @@ struct Occupancy {
   const unsigned char* levels;  // null: look up bits and mip
 };
 
-// The level of candidate cell (c, cell): kOccupiedCell or rm_empty_level (the scalar lookup of both paths).
+// The level of candidate cell (c, cell) of cascade k: kOccupiedCell or rm_empty_level (the scalar lookup of both
+// paths; `levels` holds the K cascades' tables one after the other, G^3 bytes each).
 inline uint CellLevel(const RmParams& p, const Occupancy& occ, const RmRay& s) {
-  return occ.levels != nullptr            ? occ.levels[s.cell]
-         : rm_bit(occ.bits[s.cell >> 3], s.cell) ? kOccupiedCell
-                                                : rm_empty_level(p, occ.mip, &s);
+  return occ.levels != nullptr ? occ.levels[size_t{s.k} * p.G * p.G * p.G + s.cell]
+         : rm_occupied(p, occ.bits, &s) ? kOccupiedCell
+                                        : rm_empty_level(p, occ.mip, &s);
 }
 
 #ifdef TFMO_RM_AVX2

@@ -4,8 +4,8 @@
 // host (they live on the GPU): a ray with a non-finite origin/direction or a NaN near/far gets no samples.
 //
 // The output length N depends on the data, so the op runs in two steps on one Call:
-//   1. the occupancy mip (scratch, one pass per level), count (one thread per ray, into an int64 scratch
-//      `scan` [R + 1]), multi-level block scan of scan[1..R]
+//   1. the occupancy mip (scratch, one pass per level for all cascades), count (one thread per ray, into an int64
+//      scratch `scan` [R + 1]), multi-level block scan of scan[1..R]
 //      (levels until one block; kRmScanBlock values per threadgroup), then RunAndRead of scan[R] = N (the op's
 //      thread waits for the GPU here);
 //   2. allocate the outputs, write row_splits from scan, fill the samples and their positions (skipped when
@@ -54,7 +54,7 @@ void RayMarchGpu(void* attrs, TF_OpKernelContext* ctx) {
   for (uint32_t m = 1; m <= params.mip_levels; ++m) {
     const uint32_t gm = rm_mip_res(params.G, m);
     call.pass("ray_march_mip").buffer(0, in[4]).buffer(1, *mip).value(2, params).value(3, m)
-        .threads((gm * gm * gm + 7) / 8);
+        .threads(params.K * ((gm * gm * gm + 7) / 8));
   }
   const uint32_t rays = static_cast<uint32_t>(R);
   call.pass("ray_march_count")

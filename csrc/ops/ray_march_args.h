@@ -18,7 +18,7 @@ namespace tfmo::ray_march {
 constexpr int64_t kMaxResolution = 1024;  // G^3 must fit the kernels' 32-bit cell indices
 
 struct Attrs {
-  int64_t G = 0, max_samples = 0;
+  int64_t G = 0, max_samples = 0, K = 1;
   float step_size = 0.0f, cone_angle = 0.0f;
   bool jitter = true;
 };
@@ -28,10 +28,13 @@ inline void* Create(TF_OpKernelConstruction* c) {
   auto* a = new Attrs;
   bool ok = GetAttr(c, "resolution", &a->G) && GetAttr(c, "step_size", &a->step_size) &&
             GetAttr(c, "cone_angle", &a->cone_angle) && GetAttr(c, "max_samples", &a->max_samples) &&
-            GetAttr(c, "jitter", &a->jitter);
+            GetAttr(c, "jitter", &a->jitter) && GetAttr(c, "cascades", &a->K);
   if (ok && !(a->G >= 1 && a->G <= kMaxResolution))
     ok = ConstructionFail(c, TF_INVALID_ARGUMENT, "%s: resolution must be in [1, %lld], got %lld", op,
                           static_cast<long long>(kMaxResolution), static_cast<long long>(a->G));
+  if (ok && !(a->K >= 1 && a->K <= static_cast<int64_t>(kRmMaxCascades)))
+    ok = ConstructionFail(c, TF_INVALID_ARGUMENT, "%s: cascades must be in [1, %u], got %lld", op, kRmMaxCascades,
+                          static_cast<long long>(a->K));
   if (ok && !(std::isfinite(a->step_size) && a->step_size > 0.0f))
     ok = ConstructionFail(c, TF_INVALID_ARGUMENT, "%s: step_size must be finite and > 0, got %g", op,
                           static_cast<double>(a->step_size));
@@ -76,10 +79,20 @@ inline bool Validate(TF_OpKernelContext* ctx, const Attrs& a, const TensorRef* i
     return Fail(ctx, TF_INVALID_ARGUMENT, "%s: %lld rays exceed the int32 row_splits limit", op,
                 static_cast<long long>(*R));
   const int64_t cells = a.G * a.G * a.G, bytes = (cells + 7) / 8;
-  if (bits.rank() != 1 || bits.dim(0) != bytes)
+  const bool flat_ok = a.K == 1 && bits.rank() == 1 && bits.dim(0) == bytes;
+  if (!flat_ok && !(bits.rank() == 2 && bits.dim(0) == a.K && bits.dim(1) == bytes)) {
+    if (a.K == 1)
+      return Fail(ctx, TF_INVALID_ARGUMENT,
+                  "%s: bits must have shape [ceil(resolution^3 / 8)] = [%lld] (or [1, %lld]) for resolution %lld, "
+                  "got %s",
+                  op, static_cast<long long>(bytes), static_cast<long long>(bytes), static_cast<long long>(a.G),
+                  ShapeString(bits).c_str());
     return Fail(ctx, TF_INVALID_ARGUMENT,
-                "%s: bits must have shape [ceil(resolution^3 / 8)] = [%lld] for resolution %lld, got %s", op,
-                static_cast<long long>(bytes), static_cast<long long>(a.G), ShapeString(bits).c_str());
+                "%s: bits must have shape [cascades, ceil(resolution^3 / 8)] = [%lld, %lld] for %lld cascades of "
+                "resolution %lld, got %s",
+                op, static_cast<long long>(a.K), static_cast<long long>(bytes), static_cast<long long>(a.K),
+                static_cast<long long>(a.G), ShapeString(bits).c_str());
+  }
   if (aabb.rank() != 2 || aabb.dim(0) != 2 || aabb.dim(1) != 3)
     return Fail(ctx, TF_INVALID_ARGUMENT, "%s: aabb must have shape [2, 3] (min, max), got %s", op,
                 ShapeString(aabb).c_str());
@@ -124,7 +137,28 @@ inline bool Validate(TF_OpKernelContext* ctx, const Attrs& a, const TensorRef* i
   q.step_size = a.step_size;
   q.cone_angle = a.cone_angle;
   q.max_step = std::fmax(a.step_size, 1.7320508f * max_cs);
-  q.max_skips = kRmMaxSkipsPerCell * q.G + kRmMaxSkipsExtra;
+  q.K = static_cast<uint>(a.K);
+  q.cascade_bytes = static_cast<uint>(bytes);
+  q.max_skips = q.K * (kRmMaxSkipsPerCell * q.G) + kRmMaxSkipsExtra;
+  // Cascade c: the box scaled by 2^c about its centre (ray_march_math.h); cascade 0's values are the ones above.
+  for (uint c = 0; c < q.K; ++c) {
+    const float scale = static_cast<float>(1u << c), grow = (scale - 1.0f) * 0.5f;
+    float c_max_cs = 0.0f;
+    for (int i = 0; i < 3; ++i) {
+      const float size = box[3 + i] - box[i], size_c = size * scale;
+      q.c_lo[3 * c + i] = box[i] - size * grow;
+      q.c_hi[3 * c + i] = box[3 + i] + size * grow;
+      if (!(std::isfinite(size_c) && std::isfinite(q.c_lo[3 * c + i]) && std::isfinite(q.c_hi[3 * c + i])))
+        return Fail(ctx, TF_INVALID_ARGUMENT,
+                    "%s: the box of cascade %u (the aabb scaled by 2^%u) is not finite in float32 on axis %d", op, c,
+                    c, i);
+      q.c_cs[3 * c + i] = size_c / G;
+      q.c_inv_cs[3 * c + i] = G / size_c;
+      c_max_cs = std::fmax(c_max_cs, q.c_cs[3 * c + i]);
+      if (c == q.K - 1) *inv_ext[i] = 1.0f / size_c;
+    }
+    q.c_max_step[c] = std::fmax(a.step_size, 1.7320508f * c_max_cs);
+  }
   rm_mip_layout(&q);
   *p = q;
   return true;

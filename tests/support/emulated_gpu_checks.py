@@ -739,6 +739,80 @@ def check_ray_march(seed):
             "tf.function")
 
 
+class RmCascadeGrid:
+    def __init__(self, bits, g, k):
+        self.bits, self.aabb, self.resolution, self.cascades = tf.constant(bits), RM_AABB, g, k
+
+
+def check_ray_march_cascades(seed):
+    """Cascaded grids (unbounded scenes): GPU == CPU bitwise for K = 2..4 cascades, odd and even G, cone angles
+    (steps capped per cascade), near/far per ray, an OccupancyGrid(cascades=3) fed by its own update, in a
+    tf.function, and the kernel's cascade errors on the GPU. The mip passes cover every cascade (one pass per level)."""
+    from tf_metal_ops.ray_march import reference as ref
+
+    rng = np.random.default_rng(seed)
+    configs = [
+        dict(step_size=0.0371, cone_angle=0.0, max_samples=1000, jitter=True, seed=3),
+        dict(step_size=0.0123, cone_angle=0.05, max_samples=1000, jitter=True, seed=int(rng.integers(1 << 40))),
+        dict(step_size=0.0123, cone_angle=0.5, max_samples=6, jitter=False, seed=0),
+    ]
+    total = 0
+    for g, k in ((16, 3), (7, 2), (12, 4), (1, 2)):
+        bits = np.stack([ref.random_bits(g, p, seed=g + c) for c, p in enumerate((0.3, 0.1, 0.05, 0.2)[:k])])
+        if g == 1:  # one cell per cascade: the inner one empty, the outer one occupied
+            bits = np.array([[0], [1]], np.uint8)
+        o = rng.normal(size=(700, 3)).astype(np.float32) * np.float32(2.0 ** (k - 1))
+        d = rng.normal(size=(700, 3)).astype(np.float32)
+        d /= np.linalg.norm(d, axis=1, keepdims=True)
+        near = rng.uniform(0.0, 0.5, 700).astype(np.float32)
+        far = (near + rng.uniform(0.0, 8.0, 700)).astype(np.float32)
+        for kw in configs:
+            with Dispatches() as disp:
+                a, b = ray_march_both(o, d, RmCascadeGrid(bits, g, k), near=near, far=far, **kw)
+            disp.require(*RM_KERNELS)
+            levels = len(ref.mip_levels(ref.unpack(bits[0], g), g))  # one pass per level, all cascades in it
+            assert disp.delta.get("ray_march_mip", 0) == levels, (g, disp.delta)
+            for x in a:
+                on_gpu(x)
+            same_march(a, b, f"G={g} K={k} {kw}")
+            total += int(b.row_splits[-1])
+    assert total > 20000, total
+    occ = t.OccupancyGrid(aabb=RM_AABB, resolution=16, cascades=3, warmup_steps=1)
+    for _ in range(2):
+        occ.update(lambda x: tf.where(tf.abs(tf.norm(x, axis=1) - 2.5) < 0.5, 5.0, 0.0), seed=1)
+    frac = occ.occupied_fraction(per_cascade=True).numpy()
+    assert frac[0] < 0.01 and frac[1] > 0.1 and frac[2] > 0.05, frac  # the shell is outside box 0 but a corner
+    a, b = ray_march_both(o[:500], d[:500], occ, step_size=0.02, cone_angle=0.01, seed=4)
+    on_gpu(a.t_starts)
+    same_march(a, b, "OccupancyGrid(cascades=3)")
+    assert int(b.row_splits[-1]) > 1000
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None, 3], tf.float32)])
+    def march(o, d):
+        return t.ray_march(o, d, occ, step_size=0.02, cone_angle=0.01, seed=4)
+
+    for r in (500, 37):
+        with tf.device(GPU):
+            a = march(o[:r], d[:r])
+        on_gpu(a.t_starts)
+        same_march(a, b if r == 500 else ray_march_both(o[:r], d[:r], occ, step_size=0.02, cone_angle=0.01,
+                                                        seed=4)[1], f"tf.function R={r}")
+    assert march.experimental_get_tracing_count() == 1
+    from tf_metal_ops._library import ops
+
+    for kw, bits, match in ((dict(cascades=9), np.zeros((9, 512), np.uint8), "cascades must be in"),
+                            (dict(cascades=3), np.zeros((2, 512), np.uint8), "bits must have shape")):
+        try:
+            with tf.device(GPU):
+                ops().ray_march(o[:4], d[:4], near[:4], far[:4], bits, RM_AABB, tf.constant(0, tf.int64),
+                                resolution=16, step_size=0.1, **kw)
+        except tf.errors.InvalidArgumentError as e:
+            assert match in str(e), e
+        else:
+            raise AssertionError(f"{kw} must fail on the GPU")
+    return f"{total} samples in 12 configurations, OccupancyGrid(cascades=3), tf.function, cascade errors"
+
+
 CHECKS = collect(globals())
 
 if __name__ == "__main__":

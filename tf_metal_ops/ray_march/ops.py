@@ -15,6 +15,7 @@ RayMarchResult = collections.namedtuple("RayMarchResult",
                                         ["t_starts", "t_ends", "row_splits", "ray_indices", "positions"])
 
 MAX_RESOLUTION = 1024  # the kernels index cells with 32-bit integers
+MAX_CASCADES = 8  # kRmMaxCascades in ray_march_math.h: cascade K - 1 spans 2^7 = 128 times the box (aabb_scale 128)
 _MAX_SKIPS_PER_CELL = 8  # kRmMaxSkipsPerCell, kRmMaxSkipsExtra in ray_march_math.h
 _MAX_SKIPS_EXTRA = 64
 
@@ -37,17 +38,27 @@ def unpack_bits(bits, n):
 
 
 def _grid_parts(fn, grid):
+    """(bits, aabb, resolution, cascades) of a grid; bits checked against [cascades, ceil(G^3 / 8)] (or
+    [ceil(G^3 / 8)] for one cascade) where its shape is known."""
     for attr in ("bits", "aabb", "resolution"):
         if not hasattr(grid, attr):
             raise ValueError(f"{fn}: grid must be an OccupancyGrid (or have .bits, .aabb, .resolution); no .{attr}")
     g = _check_int(fn, "grid.resolution", int(grid.resolution), 1, MAX_RESOLUTION)
+    k = _check_int(fn, "grid.cascades", getattr(grid, "cascades", 1), 1, MAX_CASCADES)
     bits = tf.convert_to_tensor(grid.bits)
     if bits.dtype != tf.uint8:
         raise ValueError(f"{fn}: grid.bits must be uint8, got {bits.dtype.name}")
+    nbytes = (g**3 + 7) // 8
+    shape = bits.shape.as_list() if bits.shape.rank is not None else None
+    if shape is not None and not (shape in ([k, nbytes], [k, None], [None, nbytes], [None, None]) or
+                                  (k == 1 and shape in ([nbytes], [None]))):
+        raise ValueError(f"{fn}: grid.bits must have shape [cascades, ceil(resolution^3 / 8)] = [{k}, {nbytes}]"
+                         f"{f' (or [{nbytes}])' if k == 1 else ''} for {k} cascade(s) of resolution {g}, "
+                         f"got {bits.shape}")
     aabb = tf.convert_to_tensor(grid.aabb, dtype_hint=tf.float32)
     if aabb.dtype != tf.float32:
         aabb = tf.cast(aabb, tf.float32)
-    return bits, aabb, g
+    return bits, aabb, g, k
 
 
 def _rays_and_range(fn, rays_o, rays_d, near, far):
@@ -96,16 +107,22 @@ def ray_march(rays_o, rays_d, grid, *, near=None, far=None, step_size, cone_angl
 
     Args:
       rays_o, rays_d: [R, 3] float32 origins and directions (t is in units of |d|; unit directions usual).
-      grid: an ``OccupancyGrid`` (or anything with ``.bits`` uint8, ``.aabb`` [2, 3], ``.resolution``).
-      near, far: None (0 and +inf), scalars, or [R]. The march covers [max(near, t_enter), min(far, t_exit)].
-      step_size: > 0; cone_angle >= 0 (dt = clamp(t * cone_angle, step_size, max_step)).
+      grid: an ``OccupancyGrid`` (or anything with ``.bits`` uint8, ``.aabb`` [2, 3], ``.resolution`` and optionally
+        ``.cascades``, default 1). With K cascades, cascade c covers the aabb scaled by 2^c about its centre, bits
+        has shape [K, ceil(G^3 / 8)], and each sample's cell is that of the finest cascade containing its midpoint.
+      near, far: None (0 and +inf), scalars, or [R] (e.g. per-ray bounds from the data). The march covers
+        [max(near, t_enter), min(far, t_exit)] of the outermost cascade's box.
+      step_size: > 0; cone_angle >= 0 (dt = clamp(t * cone_angle, step_size, max_step), max_step one cell diagonal
+        of the cascade at t: steps grow with the distance, up to the cell size of the cascade they are in).
       max_samples: per-ray cap (>= 1). jitter: offset the first sample by u * dt, u from hash(seed, ray).
       seed: int or int tensor (a tensor input of the op: changing it does not retrace a tf.function).
 
     Returns ``RayMarchResult(t_starts [N], t_ends [N], row_splits [R+1] int32, ray_indices [N] int32,
-    positions [N, 3])``: ``positions`` are the samples' midpoints ``o + d (t_start + t_end) / 2`` in the grid box's
-    unit coordinates ``(x - lo) / (hi - lo)``, clamped to [0, 1] (what an encoding over the box, e.g. the hash grid,
-    takes; world coordinates are ``lo + positions * (hi - lo)``). No gradient (the outputs are sample positions).
+    positions [N, 3])``: ``positions`` are the samples' midpoints ``o + d (t_start + t_end) / 2`` in the unit
+    coordinates ``(x - lo) / (hi - lo)`` of the outermost cascade's box (the grid box with one cascade), clamped to
+    [0, 1] (what an encoding over the box, e.g. the hash grid, takes; world coordinates are
+    ``lo + positions * (hi - lo)``; for an unbounded scene, ``contract_to_unit`` of the world coordinates is the
+    usual input instead). No gradient (the outputs are sample positions).
 
     Example:
       >>> import tf_metal_ops
@@ -118,11 +135,11 @@ def ray_march(rays_o, rays_d, grid, *, near=None, far=None, step_size, cone_angl
     """
     fn = "ray_march"
     step_size, cone_angle, max_samples, jitter = _check_march_args(fn, step_size, cone_angle, max_samples, jitter)
-    bits, aabb, g = _grid_parts(fn, grid)
+    bits, aabb, g, k = _grid_parts(fn, grid)
     rays_o, rays_d, near, far = _rays_and_range(fn, rays_o, rays_d, near, far)
     out = ops().ray_march(rays_o, rays_d, near, far, bits, aabb, _seed_tensor(seed), resolution=g,
                           step_size=step_size, cone_angle=cone_angle, max_samples=max_samples, jitter=jitter,
-                          name=name)
+                          cascades=k, name=name)
     return RayMarchResult(*out)
 
 

@@ -56,23 +56,55 @@ def mip_levels(occ, G):
     return levels
 
 
-def march_ray(o, d, near, far, occ, G, lo, hi, step, cone, max_samples, u, mip=None):
-    """One ray in float64 -> (list of (t0, t1), margin). ``mip``: mip_levels(occ, G) (computed if None)."""
+def cascade_boxes(lo, hi, K):
+    """Cascade c's box (ray_march_math.h, cascades): the box [lo, hi] scaled by 2^c about its centre -> (c_lo [K, 3],
+    c_hi [K, 3]) in float64."""
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    grow = np.array([(2.0**c - 1.0) / 2.0 for c in range(K)])[:, None] * (hi - lo)
+    return lo - grow, hi + grow
+
+
+def cascade_of(p, c_lo, c_hi):
+    """The finest cascade whose closed box contains point p, else the outermost."""
+    for c in range(len(c_lo) - 1):
+        if np.all(p >= c_lo[c]) and np.all(p <= c_hi[c]):
+            return c
+    return len(c_lo) - 1
+
+
+def _cascade_margin(p, d, c_lo, c_hi):
+    """Distance in t (x2, as for cell faces) of point p from the faces of the cascade boxes 0 .. K-2 that could
+    change its cascade (a face counts where p is within the box on the other two axes, up to 1e-6)."""
+    m = np.inf
+    for c in range(len(c_lo) - 1):
+        for i in range(3):
+            if d[i] == 0.0:
+                continue
+            others = [j for j in range(3) if j != i]
+            if np.all(p[others] >= c_lo[c][others] - 1e-6) and np.all(p[others] <= c_hi[c][others] + 1e-6):
+                m = min(m, 2.0 * min(abs(p[i] - c_lo[c][i]), abs(p[i] - c_hi[c][i])) / abs(d[i]))
+    return m
+
+
+def march_ray(o, d, near, far, occ, G, lo, hi, step, cone, max_samples, u, mip=None, cascades=1):
+    """One ray in float64 -> (list of (t0, t1), margin). ``occ``: bool [K * G^3] (cascade c's cells from c * G^3);
+    ``mip``: one mip_levels(...) list per cascade (computed if None)."""
+    K = int(cascades)
+    occ = np.asarray(occ, bool).reshape(K, G**3)
     if mip is None:
-        mip = mip_levels(occ, G)
+        mip = [mip_levels(occ[c], G) for c in range(K)]
     o, d = np.asarray(o, np.float64), np.asarray(d, np.float64)
-    size = hi - lo
-    cs = size / G
-    max_step = max(step, np.sqrt(3.0) * cs.max())
+    c_lo, c_hi = cascade_boxes(lo, hi, K)
+    c_cs = (c_hi - c_lo) / G
+    max_step = np.maximum(step, np.sqrt(3.0) * c_cs.max(axis=1))
     margin = np.inf
     t_lo, t_hi = float(near), float(far)
     for i in range(3):
         if d[i] == 0.0:
-            if o[i] < lo[i] or o[i] > hi[i]:
+            if o[i] < c_lo[-1][i] or o[i] > c_hi[-1][i]:
                 return [], margin
-            margin = min(margin, np.inf)
             continue
-        ta, tb = (lo[i] - o[i]) / d[i], (hi[i] - o[i]) / d[i]
+        ta, tb = (c_lo[-1][i] - o[i]) / d[i], (c_hi[-1][i] - o[i]) / d[i]
         t_lo, t_hi = max(t_lo, min(ta, tb)), min(t_hi, max(ta, tb))
     if not t_lo < t_hi:
         if np.isfinite(t_lo) and np.isfinite(t_hi):
@@ -81,16 +113,23 @@ def march_ray(o, d, near, far, occ, G, lo, hi, step, cone, max_samples, u, mip=N
     margin = min(margin, t_hi - t_lo)
 
     def dt_of(t):
+        """dt at t (max_step of the cascade of o + (t + step / 2) d), with the distance of t * cone from the
+        clamp's thresholds."""
+        ph = o + (t + 0.5 * step) * d
+        c = cascade_of(ph, c_lo, c_hi) if np.isfinite(t) else K - 1
         raw = t * cone
-        m = min(abs(raw - step), abs(raw - max_step)) / max(cone, 1e-30) if cone > 0 else np.inf
-        return min(max(raw, step), max_step), m
+        m = min(abs(raw - step), abs(raw - max_step[c])) / max(cone, 1e-30) if cone > 0 else np.inf
+        near_c = max_step[max(c - 1, 0):c + 2]
+        if K > 1 and np.isfinite(t) and np.ptp(np.minimum(max(raw, step), near_c)) > 0:
+            m = min(m, _cascade_margin(ph, d, c_lo, c_hi))  # the cascade choice changes dt here
+        return min(max(raw, step), max_step[c]), m
 
     dt0, m0 = dt_of(t_lo)
     margin = min(margin, m0 * max(u, 1e-30) if u > 0 else np.inf)
     t = t_lo + u * dt0
     samples = []
     skips = 0
-    max_skips = MAX_SKIPS_PER_CELL * G + MAX_SKIPS_EXTRA
+    max_skips = K * MAX_SKIPS_PER_CELL * G + MAX_SKIPS_EXTRA
     while len(samples) < max_samples:
         if not t < t_hi or skips >= max_skips:
             break
@@ -101,38 +140,55 @@ def march_ray(o, d, near, far, occ, G, lo, hi, step, cone, max_samples, u, mip=N
         margin = min(margin, abs(t + dt - t_hi))
         tm = 0.5 * (t + t1)
         p = o + tm * d
-        x = (p - lo) / cs
+        k = cascade_of(p, c_lo, c_hi)
+        if K > 1:
+            margin = min(margin, _cascade_margin(p, d, c_lo, c_hi))
+        x = (p - c_lo[k]) / c_cs[k]
         c = np.clip(np.floor(x), 0, G - 1).astype(np.int64)
         # distance (in t) of the midpoint from the nearest cell face it could be confused with
         for i in range(3):
             if d[i] != 0.0:
                 frac = x[i] - np.floor(x[i])
-                margin = min(margin, 2.0 * min(frac, 1.0 - frac) * cs[i] / abs(d[i]))
+                margin = min(margin, 2.0 * min(frac, 1.0 - frac) * c_cs[k][i] / abs(d[i]))
         cell = c[0] + G * (c[1] + G * c[2])
-        if occ[cell]:
+        if occ[k][cell]:
             samples.append((t, t1))
             t = t1
         else:
             m = 0  # the largest mip level whose block around the cell is empty
-            while m < len(mip) and not mip[m][c[2] >> (m + 1), c[1] >> (m + 1), c[0] >> (m + 1)]:
+            mk = mip[k]
+            while m < len(mk) and not mk[m][c[2] >> (m + 1), c[1] >> (m + 1), c[0] >> (m + 1)]:
                 m += 1
             t_next = t_hi
             for i in range(3):
                 if d[i] != 0.0:
-                    k = min(((c[i] >> m) + (1 if d[i] > 0 else 0)) << m, G)
-                    face = lo[i] + k * cs[i]
+                    kf = min(((c[i] >> m) + (1 if d[i] > 0 else 0)) << m, G)
+                    face = c_lo[k][i] + kf * c_cs[k][i]
                     t_next = min(t_next, (face - o[i]) / d[i])
+            if k > 0:  # not past the entry into the next finer cascade's box
+                t_in, t_out, hit = t, t_hi, True
+                for i in range(3):
+                    if d[i] == 0.0:
+                        hit &= c_lo[k - 1][i] <= o[i] <= c_hi[k - 1][i]
+                        continue
+                    ta, tb = (c_lo[k - 1][i] - o[i]) / d[i], (c_hi[k - 1][i] - o[i]) / d[i]
+                    t_in, t_out = max(t_in, min(ta, tb)), min(t_out, max(ta, tb))
+                if hit and t_in <= t_out and t_in > t:
+                    t_next = min(t_next, t_in)
             t = t_next if t_next > t else t1
             skips += 1
     return samples, margin
 
 
 def march(rays_o, rays_d, near, far, bits, aabb, G, step, cone=0.0, max_samples=1024, jitter=True, seed=0,
-          use_mip=True):
+          use_mip=True, cascades=1):
     """All rays -> (counts [R], t0 list of arrays, t1 list of arrays, margins [R]). use_mip=False: skip one cell at
-    a time (the rule without the mip: other landing points, the same occupied cells)."""
-    occ = unpack(bits, G)
-    mip = mip_levels(occ, G) if use_mip else []
+    a time (the rule without the mip: other landing points, the same occupied cells). bits: the ``cascades``
+    bitfields, [K, ceil(G^3 / 8)] (or flat for K = 1)."""
+    K = int(cascades)
+    bits = np.asarray(bits, np.uint8).reshape(K, -1)
+    occ = np.stack([unpack(bits[c], G) for c in range(K)])
+    mip = [mip_levels(occ[c], G) if use_mip else [] for c in range(K)]
     aabb = np.asarray(aabb, np.float64)
     lo, hi = aabb[0], aabb[1]
     R = len(rays_o)
@@ -142,7 +198,7 @@ def march(rays_o, rays_d, near, far, bits, aabb, G, step, cone=0.0, max_samples=
     for r in range(R):
         u = jitter_u(seed, r) if jitter else 0.0
         s, m = march_ray(rays_o[r], rays_d[r], near[r], far[r], occ, G, lo, hi, float(step), float(cone),
-                         max_samples, u, mip)
+                         max_samples, u, mip, cascades=K)
         counts.append(len(s))
         t0s.append(np.array([a for a, _ in s]))
         t1s.append(np.array([b for _, b in s]))
