@@ -33,13 +33,18 @@ DL_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4")])
 VRP_PARAMS = np.dtype([("R", "<u4"), ("N", "<u4"), ("C", "<u4"), ("bg_mode", "<u4"), ("threshold", "<f4")])
 DLP_PARAMS = np.dtype([("R", "<u4"), ("N", "<u4")])
 RM_MAX_MIP_LEVELS = 9
+RM_MAX_CASCADES = 8
 RM_SCAN_BLOCK = 256
 RM_PARAMS = np.dtype([(n, "<u4") for n in ("R", "G", "max_samples", "jitter", "seed_lo", "seed_hi")] +
                      [(n, "<f4") for n in ("lo_x", "lo_y", "lo_z", "cs_x", "cs_y", "cs_z", "inv_cs_x", "inv_cs_y",
                                            "inv_cs_z", "step_size", "cone_angle", "max_step")] +
                      [("max_skips", "<u4"), ("hi_x", "<f4"), ("hi_y", "<f4"), ("hi_z", "<f4"), ("mip_levels", "<u4"),
                       ("mip_offset", "<u4", (RM_MAX_MIP_LEVELS,)), ("mip_bytes", "<u4"),
-                      ("inv_ext_x", "<f4"), ("inv_ext_y", "<f4"), ("inv_ext_z", "<f4")])
+                      ("inv_ext_x", "<f4"), ("inv_ext_y", "<f4"), ("inv_ext_z", "<f4"),
+                      ("K", "<u4"), ("cascade_bytes", "<u4"), ("mip_stride", "<u4"),
+                      ("c_lo", "<f4", (3 * RM_MAX_CASCADES,)), ("c_hi", "<f4", (3 * RM_MAX_CASCADES,)),
+                      ("c_cs", "<f4", (3 * RM_MAX_CASCADES,)), ("c_inv_cs", "<f4", (3 * RM_MAX_CASCADES,)),
+                      ("c_max_step", "<f4", (RM_MAX_CASCADES,))])
 RM_SCAN_PARAMS = np.dtype([("n", "<u4"), ("offset", "<u4")])
 
 # MSL element type of a buffer parameter -> the NumPy dtype a launcher binds (structs: the dtypes above).
@@ -608,11 +613,16 @@ def rm_params(R, G, lo, hi, step_size, max_samples):
     levels, offsets, total = rm_mip_layout(G)
     size = np.float32(hi) - np.float32(lo)
     cs, inv, inv_ext = np.float32(size / np.float32(G)), np.float32(np.float32(G) / size), np.float32(np.float32(1) / size)
+    max_step = max(np.float32(step_size), np.float32(1.7320508) * cs)
+    pad = 3 * (RM_MAX_CASCADES - 1)  # one cascade: cascade 0 is the box itself
     return struct(RM_PARAMS, R=R, G=G, max_samples=max_samples, jitter=0, seed_lo=0, seed_hi=0,
                   lo_x=lo, lo_y=lo, lo_z=lo, hi_x=hi, hi_y=hi, hi_z=hi, cs_x=cs, cs_y=cs, cs_z=cs,
                   inv_cs_x=inv, inv_cs_y=inv, inv_cs_z=inv, inv_ext_x=inv_ext, inv_ext_y=inv_ext, inv_ext_z=inv_ext,
-                  step_size=step_size, cone_angle=0.0, max_step=max(np.float32(step_size), np.float32(1.7320508) * cs),
-                  max_skips=8 * G + 64, mip_levels=levels, mip_offset=offsets, mip_bytes=total)
+                  step_size=step_size, cone_angle=0.0, max_step=max_step,
+                  max_skips=8 * G + 64, mip_levels=levels, mip_offset=offsets, mip_bytes=total,
+                  K=1, cascade_bytes=(G**3 + 7) // 8, mip_stride=total if levels > 0 else 0,
+                  c_lo=[lo] * 3 + [0] * pad, c_hi=[hi] * 3 + [0] * pad, c_cs=[cs] * 3 + [0] * pad,
+                  c_inv_cs=[inv] * 3 + [0] * pad, c_max_step=[max_step] + [0] * (RM_MAX_CASCADES - 1))
 
 
 def occupancy_bits(occ):
