@@ -90,8 +90,9 @@ def check_hash_grid_levels():
     np.testing.assert_allclose(g1, c1, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(g2, c2, rtol=1e-4, atol=1e-5)
     kernels1 = {r["kernel"] for r in first}
-    assert "hash_grid_grad_params_float32" in kernels1 and "hash_grid_fill_zero" in kernels1, kernels1
-    assert "hash_grid_grad2_params_float32" in {r["kernel"] for r in second}
+    # D=3, F=2, linear: the scatters of that configuration (csrc/gpu/hash_grid_gpu.cc ScatterKernel)
+    assert "hash_grid_grad_params_d3f2_float32" in kernels1 and "hash_grid_fill_zero" in kernels1, kernels1
+    assert "hash_grid_grad2_params_d3f2_float32" in {r["kernel"] for r in second}
 
     distinct = [len(np.unique(np.concatenate([r for r, _, _ in reference.level_corners(x, cfg, lv)])))
                 for lv in range(active)]
