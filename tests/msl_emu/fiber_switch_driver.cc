@@ -1,4 +1,4 @@
-// Driver for tests/test_msl_emu_fibers.py: kernels that switch fibers many times (csrc/msl_emu/fiber_switch.h).
+// Driver for tests/test_msl_emu_fibers.py: kernels that switch fibers many times (csrc/msl_emu/include/msl_emu/fiber_switch.h).
 // `case=NAME` picks the kernel; inputs/outputs/scalars per case are listed at each branch. The kernels are C++
 // (recursion, <cfenv>), not MSL: they test the emulation's context switch, not a Metal kernel.
 #include <cfenv>

@@ -87,8 +87,10 @@ def check_hash_grid_levels():
 
     g1, g2, (first, second) = run("/GPU:0", True)
     c1, c2, _ = run("/CPU:0", False)
-    np.testing.assert_allclose(g1, c1, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(g2, c2, rtol=1e-4, atol=1e-5)
+    # Sums in another order than the CPU's (atomics, SIMD-group run sums): float32 rounding relative to the largest
+    # entry, which the entries near zero inherit.
+    np.testing.assert_allclose(g1, c1, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(c1).max())))
+    np.testing.assert_allclose(g2, c2, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(c2).max())))
     kernels1 = {r["kernel"] for r in first}
     # D=3, F=2, linear: the scatters of that configuration (csrc/gpu/hash_grid_gpu.cc ScatterKernel)
     assert "hash_grid_grad_params_d3f2_float32" in kernels1 and "hash_grid_fill_zero" in kernels1, kernels1
