@@ -27,7 +27,7 @@ import numpy as np
 HG_LEVEL = np.dtype([("offset", "<u4"), ("size", "<u4"), ("resolution", "<u4"), ("mode", "<u4"),
                      ("n_stride_dims", "<u4"), ("scale", "<f4"), ("stride", "<u4", (4,))])
 HG_ARGS = np.dtype([(n, "<u4") for n in ("n", "dims", "n_features", "n_levels", "n_active", "interpolation", "count",
-                                         "n_aggregate")])
+                                         "n_aggregate", "order", "slot")])
 VR_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4"), ("C", "<u4"), ("bg_mode", "<u4"), ("threshold", "<f4")])
 DL_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4")])
 VRP_PARAMS = np.dtype([("R", "<u4"), ("N", "<u4"), ("C", "<u4"), ("bg_mode", "<u4"), ("threshold", "<f4")])
@@ -418,6 +418,60 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                                        ("buf", f"args_agg{k}"), ("buf", "acc")], grid2, tg)],
                               arrays, lambda: gp_expect(second=True),
                               ("case", "hg_scatter_f32 (bare, tcnn launch, float atomics)"), setup=zero_acc))
+    # The deterministic table gradient (attr deterministic: fixed-point sums with integer atomics, the same passes
+    # as csrc/gpu/hash_grid_gpu.cc FixedPointPasses): zeroing untimed, as the float path's; timed: the bounds
+    # (max |dy|, max |ddx|), the exponents, the scatter, the conversion into acc.
+    words = 3 * rows * F
+    arrays["words"] = np.zeros(words, np.uint32)
+    arrays["meta"] = np.zeros(2 + n_levels, np.uint32)
+    common = dict(n=n, dims=D, n_features=F, n_levels=n_levels, n_active=n_levels, interpolation=1,
+                  n_aggregate=n_levels)
+    for order in (1, 2):
+        arrays[f"args_det{order}"] = struct(HG_ARGS, **common, count=rows * F, order=order)
+    arrays["args_words"] = struct(HG_ARGS, **common, count=words)
+    arrays["args_meta"] = struct(HG_ARGS, **common, count=2 + n_levels)
+    arrays["args_max_dy"] = struct(HG_ARGS, **common, count=n * n_levels * F, slot=0)
+    arrays["args_max_ddx"] = struct(HG_ARGS, **common, count=n * D, slot=1)
+    zero_det = [Launch("hash_grid", "hash_grid_fill_zero_uint", [("buf", "words"), ("buf", "args_words")],
+                       (words, 1, 1), (256, 1, 1)),
+                Launch("hash_grid", "hash_grid_fill_zero_uint", [("buf", "meta"), ("buf", "args_meta")],
+                       (2 + n_levels, 1, 1), (32, 1, 1))]
+
+    def max_pass(src, t, a):
+        return Launch("hash_grid", f"hash_grid_abs_max_{t}", [("buf", src), ("buf", a), ("buf", "meta")],
+                      (65536, 1, 1), (256, 1, 1))
+
+    def det_tail(order):
+        return Launch("hash_grid", "hash_grid_fixed_to_float32", [("buf", "words"), ("buf", "meta"), ("buf", "levels"),
+                                                                  ("buf", f"args_det{order}"), ("buf", "acc")],
+                      (rows * F, 1, 1), (256, 1, 1))
+
+    exps = {order: Launch("hash_grid", "hash_grid_fixed_exponents", [("buf", "levels"), ("buf", f"args_det{order}"),
+                                                                     ("buf", "meta")], (n_levels, 1, 1), (32, 1, 1))
+            for order in (1, 2)}
+    for pts, xname, expect, bare in (("random points", "x", gp_expect, "hg_scatter_f32 (bare, tcnn launch, float atomics)"),
+                                     ("rays", "x_rays", gp_expect_rays,
+                                      "hg_scatter_f32 (bare, tcnn launch, float atomics), rays")):
+        cases.append(Case(f"hash_grid_grad_params_det_d3f2_float32 (deterministic, all passes), {pts}", "hash_grid",
+                          [max_pass("dy", "float32", "args_max_dy"), exps[1],
+                           Launch("hash_grid", "hash_grid_grad_params_det_d3f2_float32",
+                                  [("buf", "dy"), ("buf", xname), ("buf", "levels"), ("buf", "args_det1"),
+                                   ("buf", "words"), ("buf", "meta")], grid2, tg), det_tail(1)],
+                          arrays, expect, ("case", bare), setup=zero_det))
+    cases.append(Case("hash_grid_grad_params_det_d3f2_float16 (deterministic, all passes), random points", "hash_grid",
+                      [max_pass("dy16", "float16", "args_max_dy"), exps[1],
+                       Launch("hash_grid", "hash_grid_grad_params_det_d3f2_float16",
+                              [("buf", "dy16"), ("buf", "x"), ("buf", "levels"), ("buf", "args_det1"),
+                               ("buf", "words"), ("buf", "meta")], grid2, tg), det_tail(1)],
+                      arrays, lambda: gp_expect(True), ("case", "hg_scatter_f16 (bare, tcnn launch, float atomics)"),
+                      setup=zero_det))
+    cases.append(Case("hash_grid_grad2_params_det_d3f2_float32 (deterministic, all passes), random points", "hash_grid",
+                      [max_pass("dy", "float32", "args_max_dy"), max_pass("ddx", "float32", "args_max_ddx"), exps[2],
+                       Launch("hash_grid", "hash_grid_grad2_params_det_d3f2_float32",
+                              [("buf", "ddx"), ("buf", "dy"), ("buf", "x"), ("buf", "levels"), ("buf", "args_det2"),
+                               ("buf", "words"), ("buf", "meta")], grid2, tg), det_tail(2)],
+                      arrays, lambda: gp_expect(second=True),
+                      ("case", "hg_scatter_f32 (bare, tcnn launch, float atomics)"), setup=zero_det))
     return cases
 
 
