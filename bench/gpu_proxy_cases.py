@@ -27,7 +27,7 @@ import numpy as np
 HG_LEVEL = np.dtype([("offset", "<u4"), ("size", "<u4"), ("resolution", "<u4"), ("mode", "<u4"),
                      ("n_stride_dims", "<u4"), ("scale", "<f4"), ("stride", "<u4", (4,))])
 HG_ARGS = np.dtype([(n, "<u4") for n in ("n", "dims", "n_features", "n_levels", "n_active", "interpolation", "count",
-                                         "n_aggregate", "order", "slot")])
+                                         "n_aggregate", "order", "slot", "level_group")])
 VR_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4"), ("C", "<u4"), ("bg_mode", "<u4"), ("threshold", "<f4")])
 DL_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4")])
 VRP_PARAMS = np.dtype([("R", "<u4"), ("N", "<u4"), ("C", "<u4"), ("bg_mode", "<u4"), ("threshold", "<f4")])
@@ -299,7 +299,7 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
 
     grid2 = (n, n_levels, 1)  # the table-gradient scatters: threadgroups 1-D along the points, one level each
     tg = (256, 1, 1)
-    enc_grid, enc_group = (n * n_levels, 1, 1), (256, 1, 1)  # encode: one thread per (point, level), level fastest
+    enc_group = (256, 1, 1)  # encode: one thread per (point, level)
     blocks = ((n + 511) // 512, n_levels, 1)
     zero_acc = [Launch("hash_grid", "hash_grid_fill_zero", [("buf", "acc"), ("buf", "args")], (rows * F, 1, 1), (256, 1, 1))]
     table = nbytes(arrays, "params")  # read once at least (L2 may hold the coarse levels)
@@ -328,13 +328,23 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                          ((n * n_levels + 511) // 512, 1, 1), (512, 1, 1), msl=False)],
                  arrays, lambda half=half: {("out16" if half else "out"): first(ref(half)["out"], enc_tol(ref(half), half))},
                  ("copy", io + table)),
-            Case(f"hash_grid_encode_{t}", "hash_grid",
-                 [Launch("hash_grid", f"hash_grid_encode_{t}", [("buf", "x"), ("buf", p), ("buf", "levels"),
-                                                                 ("buf", "args"), ("buf", o)], enc_grid, enc_group)],
-                 arrays, lambda half=half, o=o: {o: first(ref(half)["out"], enc_tol(ref(half), half))},
-                 ("case", f"hg_gather_{bt} (bare, tcnn launch, tcnn layout)"),
-                 note="bound: tiny-cuda-nn's launch and output layout"),
         ]
+        # The encode with G levels of 32 / G points per SIMD group (HgArgs.level_group; the host's choice
+        # EncodeLevelGroup: 32 / F, at most 16, at most the power of two >= L).
+        host_g = min(16, 32 // F)
+        while host_g > 1 and host_g // 2 >= n_levels:
+            host_g //= 2
+        for g in sorted({1, 2, 4, 8, 16, host_g}):
+            arrays[f"args_enc{g}"] = struct(HG_ARGS, n=n, dims=D, n_features=F, n_levels=n_levels, n_active=n_levels,
+                                            interpolation=1, level_group=g)
+            threads = (n * g + 31) // 32 * ((n_levels + g - 1) // g) * 32
+            cases.append(Case(f"hash_grid_encode_{t}, G={g}" + (" (host)" if g == host_g else ""), "hash_grid",
+                              [Launch("hash_grid", f"hash_grid_encode_{t}",
+                                      [("buf", "x"), ("buf", p), ("buf", "levels"), ("buf", f"args_enc{g}"),
+                                       ("buf", o)], (threads, 1, 1), enc_group)],
+                              arrays, lambda half=half, o=o: {o: first(ref(half)["out"], enc_tol(ref(half), half))},
+                              ("case", f"hg_gather_{bt} (bare, tcnn launch, tcnn layout)"),
+                              note="bound: tiny-cuda-nn's launch and output layout"))
 
 
     def gp_expect(half=False, second=False):

@@ -2,8 +2,8 @@
 // kernels: csrc/shared/hash_grid_math.h). Host: csrc/gpu/hash_grid_gpu.cc. Buffers:
 //   positions [N*D] float, params [rows*F] T, levels [L] HgLevel (constant), args HgArgs (constant).
 // Kernels (T = float32 | float16; spelled out per dtype so the C++ emulation in csrc/msl_emu compiles them):
-//   hash_grid_encode_T        1-D grid of N*L threads: thread t encodes point t / L at level t % L (the level
-//                             fastest: a SIMD group writes one contiguous run of the [N, L*F] output).
+//   hash_grid_encode_T        1-D grid, one thread per (point, level): a SIMD group takes G levels of 32 / G points
+//                             (hg_encode_thread; G from the host).
 //                             Inactive levels (l >= n_active) write zeros. out [N, L*F] T.
 //   hash_grid_grad_params_T   grid (N, n_active), threadgroups 1-D along the points (a SIMD group is one level):
 //                             scatters weight * dy into acc [rows*F] float32 with float atomics (atomic_float on
@@ -349,18 +349,34 @@ inline void hg_abs_max(device const T* x, constant HgArgs& args, device atomic_u
   if (simd_is_first()) atomic_fetch_max_explicit(meta + args.slot, m, memory_order_relaxed);
 }
 
+// The encode's thread -> (point, level) map: a SIMD group holds G = args.level_group levels of 32 / G consecutive
+// points, level fastest (lane = point_in_group * G + level_in_group); consecutive SIMD groups take the next G levels
+// of the same points, ceil(L / G) of them per point group. Each point's G levels are one contiguous run of the
+// [N, L*F] output; a smaller G makes a SIMD group read fewer levels' tables. Grid: ceil(N * G / 32) * ceil(L / G) *
+// 32 threads; threads past N or L do nothing.
+inline uint2 hg_encode_thread(constant HgArgs& args, uint gid) {
+  const uint G = args.level_group;
+  const uint lane = gid & 31u, simd = gid >> 5;
+  const uint level_groups = (args.n_levels + G - 1u) / G;
+  const uint point = (simd / level_groups) * (32u / G) + lane / G;
+  const uint level = (simd % level_groups) * G + (lane & (G - 1u));
+  return uint2(point, level);
+}
+
 kernel void hash_grid_encode_float32(device const float* positions [[buffer(0)]],
                                      device const float* params [[buffer(1)]],
                                      constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
                                      device float* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
-  hg_encode(positions, params, levels, args, out, gid / args.n_levels, gid % args.n_levels);
+  const uint2 pl = hg_encode_thread(args, gid);
+  hg_encode(positions, params, levels, args, out, pl.x, pl.y);
 }
 
 kernel void hash_grid_encode_float16(device const float* positions [[buffer(0)]],
                                      device const half* params [[buffer(1)]],
                                      constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
                                      device half* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
-  hg_encode(positions, params, levels, args, out, gid / args.n_levels, gid % args.n_levels);
+  const uint2 pl = hg_encode_thread(args, gid);
+  hg_encode(positions, params, levels, args, out, pl.x, pl.y);
 }
 
 kernel void hash_grid_grad_params_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],

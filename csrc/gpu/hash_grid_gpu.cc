@@ -3,7 +3,8 @@
 // csrc/ops/hash_grid_args.h). max_level lives in host memory (read here to get the active level count).
 //
 // Passes (empty work is skipped: Metal rejects empty grids and empty tensors have no buffer):
-//   encode:          1-D grid of N*L threads, the level fastest (coalesced [N, L*F] writes);
+//   encode:          1-D grid, one thread per (point, level), G levels of 32 / G points per SIMD group
+//                    (EncodeLevelGroup; the level fastest: coalesced [N, L*F] writes);
 //   grad_params:     float32 accumulator zeroed, grid (N, n_active) scatter with float atomics (ScatterKernel:
 //                    the kernel of the configuration; SIMD-group run sums on every level), then (float16
 //                    tables) a conversion pass into the output; the float32 output is its own accumulator;
@@ -47,6 +48,17 @@ HgArgs MakeArgs(const Call& call) {
   // fast as plain atomics on uncorrelated points, 2-5x faster on ray-ordered ones, native atomics and CAS loop).
   a.n_aggregate = a.n_levels;
   return a;
+}
+
+// The encode's levels per SIMD group (hg_encode_thread): 32 / F, at most 16 (F = 2: 16 levels of 2 points). Measured
+// on the GPU proxy (bench/gpu_proxy.md, F = 2): G = 16 is the fastest for float32 tables (0.79 ms against 0.81 to
+// 1.13 ms for G = 8 .. 1) and within 3 % of the fastest (G = 4) for float16 ones.
+// Never more than the power of two >= L (no idle lanes for a level that does not exist).
+uint32_t EncodeLevelGroup(const Config& cfg) {
+  uint32_t g = 32u / static_cast<uint32_t>(cfg.n_features);
+  if (g > 16u) g = 16u;
+  while (g > 1u && g / 2u >= static_cast<uint32_t>(cfg.n_levels)) g /= 2u;
+  return g;
 }
 
 // Level table bytes for setBytes (<= 32 levels * 40 bytes).
@@ -132,14 +144,19 @@ void EncodeGpu(void* state, TF_OpKernelContext* ctx) {
   if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, static_cast<int64_t>(cfg.n_levels) * cfg.n_features}, &out))
     return;
   if (call.n == 0 || !CheckSizes(ctx, op, call)) return;
+  HgArgs args = MakeArgs(call);
+  args.level_group = EncodeLevelGroup(cfg);
+  const uint64_t G = args.level_group, level_groups = (static_cast<uint64_t>(cfg.n_levels) + G - 1) / G;
+  const uint64_t threads = (static_cast<uint64_t>(call.n) * G + 31) / 32 * level_groups * 32;
+  if (!tfmo::gpu::CheckGridSize(ctx, op, "the encode's threads", threads)) return;
   tfmo::gpu::Call gpu(ctx, op);
   gpu.pass(Suffixed("hash_grid_encode", cfg.dtype).c_str())
       .buffer(0, call.positions)
       .buffer(1, call.params)
       .bytes(2, call.levels, LevelBytes(call))
-      .value(3, MakeArgs(call))
+      .value(3, args)
       .buffer(4, out)
-      .threads({static_cast<uint64_t>(call.n) * static_cast<uint64_t>(cfg.n_levels), 1, 1}, {256, 1, 1});
+      .threads({threads, 1, 1}, {256, 1, 1});
   gpu.Run();
 }
 

@@ -72,6 +72,7 @@ struct HgArgs {
   uint n_aggregate;   // table-gradient scatters: levels l < n_aggregate sum runs of equal rows in the SIMD group
   uint order;         // deterministic table gradient: 1 (grad_params) or 2 (grad2_params), for the exponents
   uint slot;          // hash_grid_abs_max: the word of the fixed-point header it raises (HG_FIXED_*_MAX)
+  uint level_group;   // encode: G levels of 32 / G points per SIMD group (G a power of two <= 32; hg_encode_thread)
 };
 
 // The deterministic table gradient's header words and flag bits (metal_kernels/hash_grid.metal, HgFixedSink).
