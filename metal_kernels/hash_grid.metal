@@ -66,12 +66,14 @@ struct HgFloatSink {
 // the integer rint(t * 2^e_l), added exactly into element e's 64-bit two's-complement sum held as two uint words
 // (words[2e] low, words[2e+1] high) with integer atomics: integer addition is associative, so the sums, and the
 // float each becomes (hash_grid_fixed_to_T: float(sum) * 2^-e_l, one rounding), do not depend on the order of the
-// adds, on thread scheduling or on the threadgroups' placement. e_l is the largest exponent for which no sum can
-// reach 2^62: every term of level l is bounded by B_l (grad_params: max|dy|, the weights are in [0,1];
-// grad2_params: max|dy| * D * max|ddx| * 1.5 * scale_l, a bound of |v[c]|), and an element takes at most
-// N * corners terms. Terms below 2^-e_l / 2 round to zero: the error of a sum is at most (its number of terms) *
-// 2^-(e_l + 1), about 2^-37 B_l per term at N = 2^20. A non-finite term sets a bit in flags[e] (words[2 * count +
-// e]) instead, resolved as float addition would: NaN if any term is NaN or both infinities occur, else that infinity.
+// adds, on thread scheduling or on the threadgroups' placement. Every term of level l is bounded by B_l < 2^E_l
+// (grad_params: max|dy|, the weights are in [0,1]; grad2_params: max|dy| * D * max|ddx| * 1.5 * scale_l, a bound
+// of |v[c]|), and an element takes at most N * corners terms: e_l = min(31 - E_l, 62 - E_l - log2 bound of N *
+// corners) keeps every term below 2^31 and every sum below 2^62. Each term's rounding error is at most
+// 2^-(e_l + 1) <= 2^-31 B_l; a sum's, its number of terms times that. Terms below 2^31 keep the high word's atomic
+// rare: it is needed when the low word carries (about |term| / 2^32 of the time). A non-finite term sets a bit in
+// flags[e] (words[2 * count + e]) instead, resolved as float addition would: NaN if any term is NaN or both
+// infinities occur, else that infinity.
 // (HG_FIXED_*, HG_FLAG_*: hash_grid_math.h)
 
 // x * 2^e for |e| <= 252, in two exact power-of-two steps (one rounding, where the result is subnormal).
@@ -579,7 +581,7 @@ kernel void hash_grid_fixed_exponents(constant HgLevel* levels [[buffer(0)]], co
     bound += hg_exponent_above(meta[HG_FIXED_DDX_MAX]) + hg_count_exponent(args.dims) +
              hg_exponent_above(as_type<uint>(levels[l].scale)) + 1;
   const int sum_bound = bound + hg_count_exponent(max(args.n, 1u)) + hg_count_exponent(corners);
-  meta[HG_FIXED_EXPONENTS + l] = as_type<uint>(clamp(62 - sum_bound, -252, 252));
+  meta[HG_FIXED_EXPONENTS + l] = as_type<uint>(clamp(min(31 - bound, 62 - sum_bound), -252, 252));
 }
 
 // out[e] = the fixed-point sum of element e as T (float(sum) * 2^-e_l, e_l of the element's level), or the

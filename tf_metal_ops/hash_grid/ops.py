@@ -5,8 +5,9 @@ Gradients w.r.t. both ``params`` and ``positions`` are registered (eager, ``tf.f
 parameter gradient is bitwise deterministic (independent of run and thread count). The GPU one sums with float
 atomics (the rounding order varies between runs) unless ``deterministic=True`` (or TensorFlow's
 ``tf.config.experimental.enable_op_determinism()`` when the op is built): then the GPU sums each table entry as a
-64-bit fixed-point integer with integer atomics, bitwise reproducible (scale per level from the largest incoming
-gradient; error at most 2^-37 of that bound per term at 2^20 points; see ``metal_kernels/hash_grid.metal``).
+64-bit fixed-point integer with integer atomics, bitwise reproducible (scale per level from a bound B of the terms,
+the largest incoming gradient for the first order; each term rounded within 2^-31 B; see
+``metal_kernels/hash_grid.metal``).
 
 Custom ops have no XLA kernel: a function compiled with ``jit_compile=True`` cannot contain this op. Keep XLA for the
 rest of a model by jit-compiling those parts as separate inner functions and calling them from a plain
