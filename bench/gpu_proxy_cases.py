@@ -438,11 +438,10 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                   n_aggregate=n_levels)
     for order in (1, 2):
         arrays[f"args_det{order}"] = struct(HG_ARGS, **common, count=rows * F, order=order)
-    arrays["args_words"] = struct(HG_ARGS, **common, count=words)
     arrays["args_meta"] = struct(HG_ARGS, **common, count=2 + n_levels)
     arrays["args_max_dy"] = struct(HG_ARGS, **common, count=n * n_levels * F, slot=0)
     arrays["args_max_ddx"] = struct(HG_ARGS, **common, count=n * D, slot=1)
-    zero_det = [Launch("hash_grid", "hash_grid_fill_zero_uint", [("buf", "words"), ("buf", "args_words")],
+    zero_det = [Launch("hash_grid", "hash_grid_fixed_init", [("buf", "words"), ("buf", "args_det1")],
                        (words, 1, 1), (256, 1, 1)),
                 Launch("hash_grid", "hash_grid_fill_zero_uint", [("buf", "meta"), ("buf", "args_meta")],
                        (2 + n_levels, 1, 1), (32, 1, 1))]

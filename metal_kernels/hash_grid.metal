@@ -21,8 +21,8 @@
 //   hash_grid_grad_params_d3f2_T, hash_grid_grad2_params_d3f2_T: the same for D = 3, F = 2, linear interpolation
 //                             (compile-time; the host launches them for that configuration).
 //   hash_grid_grad{,2}_params_det[_d3f2]_T: the deterministic table gradients (HgFixedSink: fixed-point sums with
-//                             integer atomics into words [3 * rows * F] uint, zeroed first, header meta
-//                             [2 + L] uint), with hash_grid_abs_max_T (max |dy|, max |ddx|), hash_grid_fixed_exponents
+//                             integer atomics into words [3 * rows * F] uint (hash_grid_fixed_init), header meta
+//                             [2 + L] uint, zeroed), with hash_grid_abs_max_T (max |dy|, max |ddx|), hash_grid_fixed_exponents
 //                             (grid L) before and hash_grid_fixed_to_T (grid rows * F, into the output) after.
 //   hash_grid_fill_zero, hash_grid_fill_zero_uint  x[i] = 0 for i < args.count (float32, uint).
 //   hash_grid_float_to_half   y[i] = half(x[i]) for i < args.count.
@@ -70,8 +70,9 @@ struct HgFloatSink {
 // (grad_params: max|dy|, the weights are in [0,1]; grad2_params: max|dy| * D * max|ddx| * 1.5 * scale_l, a bound
 // of |v[c]|), and an element takes at most N * corners terms: e_l = min(31 - E_l, 62 - E_l - log2 bound of N *
 // corners) keeps every term below 2^31 and every sum below 2^62. Each term's rounding error is at most
-// 2^-(e_l + 1) <= 2^-31 B_l; a sum's, its number of terms times that. Terms below 2^31 keep the high word's atomic
-// rare: it is needed when the low word carries (about |term| / 2^32 of the time). A non-finite term sets a bit in
+// 2^-(e_l + 1) <= 2^-31 B_l; a sum's, its number of terms times that. The sums start at HG_FIXED_BIAS (2^31, in
+// the low word; hash_grid_fixed_init) and the conversion subtracts it: a sum that stays within +-2^31 never carries
+// out of the low word, so the high word's atomic (needed only on a carry, or a borrow) stays rare. A non-finite term sets a bit in
 // flags[e] (words[2 * count + e]) instead, resolved as float addition would: NaN if any term is NaN or both
 // infinities occur, else that infinity.
 // (HG_FIXED_*, HG_FLAG_*: hash_grid_math.h)
@@ -553,6 +554,12 @@ kernel void hash_grid_fill_zero_uint(device uint* x [[buffer(0)]], constant HgAr
   if (gid < args.count) x[gid] = 0u;
 }
 
+// The deterministic gradient's words for args.count values: each sum HG_FIXED_BIAS (low word), flags 0.
+kernel void hash_grid_fixed_init(device uint* words [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
+                                 uint gid [[thread_position_in_grid]]) {
+  if (gid < 3ul * args.count) words[gid] = gid < 2ul * args.count && (gid & 1u) == 0u ? HG_FIXED_BIAS : 0u;
+}
+
 kernel void hash_grid_float_to_half(device const float* x [[buffer(0)]], device half* y [[buffer(1)]],
                                     constant HgArgs& args [[buffer(2)]], uint gid [[thread_position_in_grid]]) {
   if (gid < args.count) y[gid] = half(x[gid]);
@@ -601,7 +608,7 @@ inline void hg_fixed_to(device const uint* words, device const uint* meta, const
                                                          (HG_FLAG_POS_INF | HG_FLAG_NEG_INF);
     v = as_type<float>(nan_ ? 0x7FC00000u : ((flags & HG_FLAG_POS_INF) != 0u ? 0x7F800000u : 0xFF800000u));
   } else {
-    const long sum = long((ulong(words[2ul * e + 1ul]) << 32) | ulong(words[2ul * e]));
+    const long sum = long((ulong(words[2ul * e + 1ul]) << 32) | ulong(words[2ul * e])) - long(HG_FIXED_BIAS);
     v = hg_ldexp(float(sum), -as_type<int>(meta[HG_FIXED_EXPONENTS + l]));
   }
   out[e] = T(v);

@@ -68,8 +68,8 @@ size_t LevelBytes(const Call& call) { return sizeof(HgLevel) * static_cast<size_
 uint64_t StrideThreads(uint64_t count) { return count < 65536 ? (count + 255) / 256 * 256 : 65536; }
 
 // The deterministic table gradient (metal_kernels/hash_grid.metal, HgFixedSink) of order 1 (grad_params: inputs
-// dy, positions) or 2 (grad2_params: ddx, dy, positions) into `out` (rows * F values of T): fixed-point sums and
-// header zeroed, the bounds (max |dy|; max |ddx|), the exponents per level, the scatter, the conversion.
+// dy, positions) or 2 (grad2_params: ddx, dy, positions) into `out` (rows * F values of T): fixed-point sums
+// initialised and header zeroed, the bounds (max |dy|; max |ddx|), the exponents per level, the scatter, the conversion.
 // Returns false after failing ctx (the table is too large); else Run() executes the passes or reports an error.
 // `terms`: false when every term is zero (second order, nearest): only the zeros are converted.
 bool FixedPointPasses(tfmo::gpu::Call& gpu, const char* scatter_base, const Call& call, HgArgs args,
@@ -84,9 +84,8 @@ bool FixedPointPasses(tfmo::gpu::Call& gpu, const char* scatter_base, const Call
   if (words == nullptr || meta == nullptr) return true;  // Run() reports the allocation failure
   args.count = static_cast<uint32_t>(elems);
   args.order = ddx != nullptr ? 2 : 1;
+  gpu.pass("hash_grid_fixed_init").buffer(0, *words).value(1, args).threads(word_count);
   HgArgs fill = args;
-  fill.count = static_cast<uint32_t>(word_count);
-  gpu.pass("hash_grid_fill_zero_uint").buffer(0, *words).value(1, fill).threads(word_count);
   fill.count = static_cast<uint32_t>(2 + cfg.n_levels);
   gpu.pass("hash_grid_fill_zero_uint").buffer(0, *meta).value(1, fill).threads(static_cast<uint64_t>(fill.count));
   const bool has_points = terms && call.n > 0 && call.n_active > 0;

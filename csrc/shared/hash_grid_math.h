@@ -79,6 +79,7 @@ struct HgArgs {
 #define HG_FIXED_DY_MAX 0u
 #define HG_FIXED_DDX_MAX 1u
 #define HG_FIXED_EXPONENTS 2u
+#define HG_FIXED_BIAS 0x80000000u  // every sum's starting value (low word), subtracted by the conversion
 #define HG_FLAG_NAN 1u
 #define HG_FLAG_POS_INF 2u
 #define HG_FLAG_NEG_INF 4u
