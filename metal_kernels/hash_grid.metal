@@ -56,7 +56,7 @@ inline void hg_atomic_add(device float* addr, float v) {
 // varies between runs). HgFixedSink: the deterministic gradient, below.
 struct HgFloatSink {
   device float* acc;
-  HgFloatSink for_level(uint l) const { return *this; }
+  HgFloatSink for_level(uint) const { return *this; }
   void add(ulong e, float v) const { hg_atomic_add(acc + e, v); }
 };
 

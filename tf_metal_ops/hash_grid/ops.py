@@ -166,6 +166,7 @@ def hash_grid_encode(
         grid_type=grid_type,
         interpolation=interpolation,
     )
+    det = _deterministic("hash_grid_encode", deterministic)
     with tf.name_scope(name or "hash_grid_encode"):
         positions, params, cfg = _checked_inputs("hash_grid_encode", positions, params, options)
         level = _max_level_tensor(max_level, cfg.n_levels)
@@ -173,7 +174,7 @@ def hash_grid_encode(
             positions,
             params,
             level,
-            deterministic=_deterministic("hash_grid_encode", deterministic),
+            deterministic=det,
             **{k: getattr(cfg, k) for k in _ATTRS},
         )
         out.set_shape([positions.shape[0] if positions.shape.rank == 2 else None, cfg.n_output_dims])
