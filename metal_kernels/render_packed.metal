@@ -43,7 +43,7 @@ using namespace metal;
 
 enum : uint {
   kRpLanes = kRenderPackedLanes,  // threads per ray (render_math.h)
-  kRpChannelsPerPass = 4,         // colour channels a lane accumulates per pass over its samples
+  kRpChannelsPerPass = 4,         // colour channels a lane accumulates per pass over its samples (4 stores)
 };
 
 kernel void render_packed_check_init(device atomic_int* status [[buffer(0)]],
@@ -139,6 +139,14 @@ inline uint rp_vr_scan_chunk(device const float* sg, device const float* ts, dev
   return stops == 0u ? kRpLanes : ctz(stops);
 }
 
+// Channel c (< C: uniform) of a ray's colour from the lanes' partial sums: sum_k w_k c_kc + T_final bg_c.
+inline void rp_vr_store_channel(device float* col, device const float* bg, uint bg_mode, float T_final, uint C, uint c,
+                                float part, uint lane) {
+  if (c >= C) return;
+  const float sum = simd_sum(part);
+  if (lane == 0) col[c] = bg_mode != 0u ? sum + T_final * bg[c] : sum;
+}
+
 kernel void volume_render_packed_forward(device const float* densities [[buffer(0)]],
                                          device const float* colors [[buffer(1)]],
                                          device const float* t_starts [[buffer(2)]],
@@ -211,10 +219,10 @@ kernel void volume_render_packed_forward(device const float* densities [[buffer(
           if (c0 + j < C) acc[j] += wk * ck[j];
       }
     }
-    for (uint j = 0; j < kRpChannelsPerPass && c0 + j < C; ++j) {
-      const float sum = simd_sum(acc[j]);
-      if (lane == 0) col[c0 + j] = p.bg_mode != 0u ? sum + fin.T * b[c0 + j] : sum;
-    }
+    rp_vr_store_channel(col, b, p.bg_mode, fin.T, C, c0, acc[0], lane);
+    rp_vr_store_channel(col, b, p.bg_mode, fin.T, C, c0 + 1u, acc[1], lane);
+    rp_vr_store_channel(col, b, p.bg_mode, fin.T, C, c0 + 2u, acc[2], lane);
+    rp_vr_store_channel(col, b, p.bg_mode, fin.T, C, c0 + 3u, acc[3], lane);
   }
   dep = simd_sum(dep);
   if (lane == 0) {
