@@ -42,7 +42,7 @@ using namespace metal;
 #include "render_math.h"
 
 enum : uint {
-  kRpLanes = kRenderPackedLanes,  // threads per ray (render_math.h)
+  kRpLanes = kVrpLanes,  // threads per ray (render_math.h)
   kRpChannelsPerPass = 4,         // colour channels a lane accumulates per pass over its samples (4 stores)
 };
 
@@ -122,11 +122,11 @@ inline float rp_suffix_inclusive_sum(float x, uint lane) {
 // and *carry moves past the chunk (carry + the chunk's sum: cum at the next chunk's first sample, or after the
 // ray's last one). Returns the stop's lane: the first lane whose sample has T_k = exp(-cum_k) < threshold
 // (vr_terminated), kRpLanes when none.
-struct RpVrLane {
+struct VrpScanLane {
   float tau, cum, T;
 };
 inline uint rp_vr_scan_chunk(device const float* sg, device const float* ts, device const float* te, uint k, bool in,
-                             float threshold, thread float* carry, thread RpVrLane* s) {
+                             float threshold, thread float* carry, thread VrpScanLane* s) {
   s->tau = in ? vr_tau(sg[k], te[k] - ts[k]) : 0.0f;
   const float excl = simd_prefix_exclusive_sum(s->tau);
   s->cum = *carry + excl;
@@ -181,19 +181,14 @@ kernel void volume_render_packed_forward(device const float* densities [[buffer(
   float acc[kRpChannelsPerPass] = {0.0f, 0.0f, 0.0f, 0.0f};
   float dep = 0.0f, carry = 0.0f, cum_final = 0.0f;
   uint n = ab.y;
-  for (uint base = ab.x; base < ab.y; base += kRpLanes) {
+  for (uint base = ab.x; base < ab.y && n == ab.y; base += kRpLanes) {
     const uint k = base + lane;
     const bool in = k < ab.y;
-    if (n < ab.y) {  // stopped in an earlier chunk (uniform)
-      if (in) weights_out[k] = 0.0f;
-      continue;
-    }
-    RpVrLane s;
+    VrpScanLane s;
     const uint stop = rp_vr_scan_chunk(densities, t_starts, t_ends, k, in, p.threshold, &carry, &s);
-    const bool live = in && lane < stop;
-    const float wk = live ? vr_weight(s.T, s.tau) : 0.0f;
-    if (in) weights_out[k] = wk;
-    if (live) {
+    if (in && lane < stop) {
+      const float wk = vr_weight(s.T, s.tau);
+      weights_out[k] = wk;
       dep += wk * vr_mid(t_starts[k], t_ends[k]);
       device const float* ck = colors + ulong(k) * C;
       for (uint j = 0; j < kRpChannelsPerPass; ++j)
@@ -205,6 +200,7 @@ kernel void volume_render_packed_forward(device const float* densities [[buffer(
     }
   }
   if (n == ab.y) cum_final = carry;
+  for (uint k = n + lane; k < ab.y; k += kRpLanes) weights_out[k] = 0.0f;  // from the stop on
   VrScan fin;
   fin.cum = cum_final;
   fin.T = tfmo_exp(-cum_final);
@@ -275,7 +271,7 @@ kernel void volume_render_packed_backward(device const float* densities [[buffer
   for (uint base = ab.x; base < ab.y && n == ab.y; base += kRpLanes) {
     const uint k = base + lane;
     const bool in = k < ab.y;
-    RpVrLane s;
+    VrpScanLane s;
     const uint stop = rp_vr_scan_chunk(densities, t_starts, t_ends, k, in, p.threshold, &carry, &s);
     if (in && lane < stop) gs[k] = s.cum;
     if (stop < kRpLanes) {

@@ -72,9 +72,9 @@ struct VrpParams {
 struct DlpParams {
   uint R, N;
 };
-// Threads per ray of the packed Metal kernels (one SIMD group of an Apple GPU): the host dispatches
-// kRenderPackedLanes * R threads in threadgroups of a multiple of it.
-enum : uint { kRenderPackedLanes = 32 };
+// Threads per ray of the packed Metal kernels, both families (one SIMD group of an Apple GPU): the host dispatches
+// kVrpLanes * R threads in threadgroups of a multiple of it.
+enum : uint { kVrpLanes = 32 };
 
 // Quiet NaN: what the Metal kernels write for a ray with invalid input (see conventions).
 TFMO_FN float vr_nan() {
