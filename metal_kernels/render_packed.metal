@@ -117,17 +117,16 @@ inline float rp_suffix_inclusive_sum(float x, uint lane) {
   return simd_shuffle(simd_prefix_inclusive_sum(simd_shuffle(x, mirror)), mirror);
 }
 
-// One chunk of the volume render's forward scan, lane's sample k (`in`: k < b). *carry is cum in front of the
-// chunk (uniform); the lane gets tau_k (0 when !in) and cum_k = *carry + the chunk's exclusive prefix sum of tau,
-// and *carry moves past the chunk (carry + the chunk's sum: cum at the next chunk's first sample, or after the
-// ray's last one). Returns the stop's lane: the first lane whose sample has T_k = exp(-cum_k) < threshold
-// (vr_terminated), kRpLanes when none.
+// One chunk of the volume render's forward scan, lane's sample k (`in`: k < b) with s->tau = tau_k (0 when !in).
+// *carry is cum in front of the chunk (uniform); the lane gets cum_k = *carry + the chunk's exclusive prefix sum of
+// tau and T_k = exp(-cum_k), and *carry moves past the chunk (carry + the chunk's sum: cum at the next chunk's first
+// sample, or after the ray's last one). Returns the stop's lane: the first lane whose sample has T_k < threshold
+// (vr_terminated), kRpLanes when none. The callers load a chunk's samples before its scan, so that the loads of a
+// chunk are in flight together.
 struct VrpScanLane {
   float tau, cum, T;
 };
-inline uint rp_vr_scan_chunk(device const float* sg, device const float* ts, device const float* te, uint k, bool in,
-                             float threshold, thread float* carry, thread VrpScanLane* s) {
-  s->tau = in ? vr_tau(sg[k], te[k] - ts[k]) : 0.0f;
+inline uint rp_vr_scan_chunk(bool in, float threshold, thread float* carry, thread VrpScanLane* s) {
   const float excl = simd_prefix_exclusive_sum(s->tau);
   s->cum = *carry + excl;
   s->T = tfmo_exp(-s->cum);
@@ -184,15 +183,23 @@ kernel void volume_render_packed_forward(device const float* densities [[buffer(
   for (uint base = ab.x; base < ab.y && n == ab.y; base += kRpLanes) {
     const uint k = base + lane;
     const bool in = k < ab.y;
+    float t0 = 0.0f, t1 = 0.0f, ck[kRpChannelsPerPass] = {0.0f, 0.0f, 0.0f, 0.0f};
     VrpScanLane s;
-    const uint stop = rp_vr_scan_chunk(densities, t_starts, t_ends, k, in, p.threshold, &carry, &s);
+    s.tau = 0.0f;
+    if (in) {
+      t0 = t_starts[k];
+      t1 = t_ends[k];
+      s.tau = vr_tau(densities[k], t1 - t0);
+      device const float* cp = colors + ulong(k) * C;
+      for (uint j = 0; j < kRpChannelsPerPass; ++j)
+        if (j < C) ck[j] = cp[j];
+    }
+    const uint stop = rp_vr_scan_chunk(in, p.threshold, &carry, &s);
     if (in && lane < stop) {
       const float wk = vr_weight(s.T, s.tau);
       weights_out[k] = wk;
-      dep += wk * vr_mid(t_starts[k], t_ends[k]);
-      device const float* ck = colors + ulong(k) * C;
-      for (uint j = 0; j < kRpChannelsPerPass; ++j)
-        if (j < C) acc[j] += wk * ck[j];
+      dep += wk * vr_mid(t0, t1);
+      for (uint j = 0; j < kRpChannelsPerPass; ++j) acc[j] += wk * ck[j];
     }
     if (stop < kRpLanes) {
       n = base + stop;
@@ -272,7 +279,8 @@ kernel void volume_render_packed_backward(device const float* densities [[buffer
     const uint k = base + lane;
     const bool in = k < ab.y;
     VrpScanLane s;
-    const uint stop = rp_vr_scan_chunk(densities, t_starts, t_ends, k, in, p.threshold, &carry, &s);
+    s.tau = in ? vr_tau(densities[k], t_ends[k] - t_starts[k]) : 0.0f;
+    const uint stop = rp_vr_scan_chunk(in, p.threshold, &carry, &s);
     if (in && lane < stop) gs[k] = s.cum;
     if (stop < kRpLanes) {
       n = base + stop;
@@ -302,29 +310,30 @@ kernel void volume_render_packed_backward(device const float* densities [[buffer
   for (uint c = (n - ab.x + kRpLanes - 1u) / kRpLanes; c > 0; --c) {
     const uint k = ab.x + (c - 1u) * kRpLanes + lane;
     const bool in = k < n;
-    const float cum = in ? gs[k] : cum_above;
-    float cum_next = simd_shuffle_down(cum, ushort(1));  // cum_{k+1}
-    if (lane == kRpLanes - 1u) cum_next = cum_above;
-    cum_above = simd_broadcast(cum, ushort(0));
-    float wk = 0.0f, v = 0.0f;
+    float cum = cum_above, sigma = 0.0f, t0 = 0.0f, t1 = 0.0f, wk = 0.0f, v = 0.0f;
     if (in) {
-      const float tau = vr_tau(densities[k], t_ends[k] - t_starts[k]);
-      wk = vr_weight(tfmo_exp(-cum), tau);
+      cum = gs[k];
+      sigma = densities[k];
+      t0 = t_starts[k];
+      t1 = t_ends[k];
+      wk = vr_weight(tfmo_exp(-cum), vr_tau(sigma, t1 - t0));
       device const float* ck = colors + ulong(k) * C;
       device float* gck = grad_colors + ulong(k) * C;
-      v = g_depth * vr_mid(t_starts[k], t_ends[k]) + g_opac + grad_weights[k];
+      v = g_depth * vr_mid(t0, t1) + g_opac + grad_weights[k];
       for (uint ch = 0; ch < C; ++ch) {
         v += gcr[ch] * ck[ch];
         gck[ch] = wk * gcr[ch];
       }
     }
+    float cum_next = simd_shuffle_down(cum, ushort(1));  // cum_{k+1}
+    if (lane == kRpLanes - 1u) cum_next = cum_above;
+    cum_above = simd_broadcast(cum, ushort(0));
     const float wv = wk * v;
     const float after = rp_suffix_exclusive_sum(wv, lane);  // sum over this chunk's samples after k
     if (in) {
-      const float delta = t_ends[k] - t_starts[k];
       const float gtau = vr_grad_tau(tfmo_exp(-cum_next), v, suffix + after, tail);
-      gs[k] = delta * gtau;
-      const float sgt = densities[k] * gtau;
+      gs[k] = (t1 - t0) * gtau;
+      const float sgt = sigma * gtau;
       grad_t_starts[k] = vr_grad_start(sgt, g_depth, wk);
       grad_t_ends[k] = vr_grad_end(sgt, g_depth, wk);
     }
@@ -440,13 +449,14 @@ kernel void distortion_loss_packed_backward(device const float* weights [[buffer
     const float wk = in ? weights[k] : 0.0f;
     const float delta = in ? t_ends[k] - t_starts[k] : 0.0f;
     const float dm = rp_dl_mid_step_after(t_starts, t_ends, ab, k, in, delta);
+    const float W_before = in ? gt0[k] : 0.0f, A = in ? gw[k] : 0.0f;
     const float w_after = rp_suffix_exclusive_sum(wk, lane);
     const float W_after = W_c + w_after;
     const float b_incl = rp_suffix_inclusive_sum(W_after * dm, lane);
     if (in) {
       const float B = B_c + b_incl;
-      const float gm = dl_grad_m(wk, gt0[k], W_after);
-      gw[k] = gl * dl_grad_w(wk, delta, gw[k], B);
+      const float gm = dl_grad_m(wk, W_before, W_after);
+      gw[k] = gl * dl_grad_w(wk, delta, A, B);
       gt0[k] = gl * dl_grad_start(gm, wk);
       grad_t_ends[k] = gl * dl_grad_end(gm, wk);
     }
