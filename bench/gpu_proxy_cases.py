@@ -603,6 +603,7 @@ def render_cases(R=8192, S=128, C=3, seed=1, packed=False) -> list[Case]:
                "weights": lambda r: r["weights"]}
     one = (256, 1, 1)
     rays = (R, 1, 1)
+    ray_groups = (32 * R, 1, 1)  # packed kernels: one SIMD group per ray (csrc/gpu/render_packed_gpu.cc)
     if not packed:
         arrays.update(t=np.concatenate([s.reshape(R, S), e.reshape(R, S)[:, -1:]], axis=1), g_t=np.zeros((R, S + 1), np.float32),
                       vr=struct(VR_PARAMS, R=R, S=S, C=C, bg_mode=1, threshold=0.0), dl=struct(DL_PARAMS, R=R, S=S))
@@ -627,15 +628,16 @@ def render_cases(R=8192, S=128, C=3, seed=1, packed=False) -> list[Case]:
                       dl=struct(DLP_PARAMS, R=R, N=N))
         ins_f = ("sigma", "colors", "ts", "te", "splits", "bg")
         vr_f = Launch("render_packed", "volume_render_packed_forward",
-                      [("buf", n) for n in ins_f + ("status", "color", "depth", "opacity", "weights", "vr")], rays, one)
+                      [("buf", n) for n in ins_f + ("status", "color", "depth", "opacity", "weights", "vr")],
+                      ray_groups, one)
         vr_b = Launch("render_packed", "volume_render_packed_backward",
                       [("buf", n) for n in ins_f + ("gC", "gD", "gO", "gW", "status", "g_sigma", "g_colors", "g_ts",
-                                                     "g_te", "g_bg", "vr")], rays, one)
+                                                     "g_te", "g_bg", "vr")], ray_groups, one)
         dl_f = Launch("render_packed", "distortion_loss_packed_forward",
-                      [("buf", n) for n in ("w_in", "ts", "te", "splits", "status", "loss", "dl")], rays, one)
+                      [("buf", n) for n in ("w_in", "ts", "te", "splits", "status", "loss", "dl")], ray_groups, one)
         dl_b = Launch("render_packed", "distortion_loss_packed_backward",
                       [("buf", n) for n in ("w_in", "ts", "te", "splits", "gl", "status", "g_w", "g_ts", "g_te", "dl")],
-                      rays, one)
+                      ray_groups, one)
         back = {"g_sigma": lambda r: r["grad_densities"], "g_colors": lambda r: r["grad_colors"],
                 "g_ts": lambda r: r["grad_s"], "g_te": lambda r: r["grad_e"], "g_bg": lambda r: r["grad_background"]}
         dl_back = {"g_w": lambda r: r["dl_grad_w"], "g_ts": lambda r: r["dl_grad_s"], "g_te": lambda r: r["dl_grad_e"]}

@@ -302,9 +302,10 @@ def test_every_real_kernel_is_registered(launcher):
     assert listed == expected | {"affine_half", "group_sum", "grid2d", "order_probe", "scale_fast", "hidden_barrier"}
     assert res.stdout.count("has: 1") == len(expected)
     by_file = {u.metal_file.name: u for u in units}
-    # The block scan (barriers) and the hash grid's table-gradient run sums (SIMD-group functions) need fibers; every
-    # other kernel file runs on the emulator's fiber-free fast path.
-    assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].needs_fibers} == {"ray_march.metal", "hash_grid.metal"}
+    # The block scan (barriers), the hash grid's table-gradient run sums and the packed rendering kernels' SIMD group
+    # per ray (SIMD-group functions) need fibers; every other kernel file runs on the emulator's fiber-free fast path.
+    assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].needs_fibers} == {"ray_march.metal", "hash_grid.metal",
+                                                                                 "render_packed.metal"}
     assert by_file["launch_fixture.metal"].needs_fibers and not by_file["launch_fast.metal"].needs_fibers
 
 

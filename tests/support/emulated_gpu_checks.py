@@ -473,6 +473,20 @@ def check_render_packed(seed):
                     close(a, b, 1e-5, 1e-5 * scale, f"render_packed output/grad {i} R={r} C={c} bg={name} "
                           f"thr={threshold}")
                 cases += 1
+    # The GPU kernels run a SIMD group of 32 lanes per ray, in chunks of 32 samples: rays that stop (T < threshold) at
+    # the chunk edges (last lane, first lane of the next chunk) and in a later chunk, and rays of 32, 33 and 64
+    # samples (one opaque sample each; otherwise nearly transparent).
+    d, c, ts, te, rs, bg = make_packed([70, 70, 70, 70, 32, 33, 64], 5, seed=seed, dens_scale=0.01, bg="shared")
+    for r, opaque in enumerate((30, 31, 63, 0, 31, 20, 40)):
+        d[rs[r] + opaque] = 50.0
+    inputs = (d, c, ts, te, rs, bg)
+    for threshold in (0.0, 0.1):
+        g, cpu = packed_run(GPU, inputs, threshold), packed_run(CPU, inputs, threshold)
+        for i, (a, b) in enumerate(zip(g, cpu)):
+            scale = max(1.0, float(np.nanmax(np.abs(np.asarray(b)))))
+            close(a, b, 1e-5, 1e-5 * scale, f"render_packed output/grad {i}, stops at chunk edges, thr={threshold}")
+    stops = [int(np.argmin(np.asarray(cpu[3])[rs[r]:rs[r + 1]] != 0)) for r in range(4)]
+    assert stops == [31, 32, 64, 1], stops  # threshold 0.1: the sample after the opaque one is the first not composited
     # Empty work: no rays; rays without samples.
     for counts in ([], [0, 0, 0]):
         inputs = make_packed(counts, 3, seed=1, bg="per_ray")
@@ -480,7 +494,7 @@ def check_render_packed(seed):
         cpu = packed_run(CPU, inputs, 0.0)
         for a, b in zip(g, cpu):
             close(a, b, 0, 0, f"render_packed counts={counts}")
-    return f"{cases} configurations, empty work"
+    return f"{cases} configurations, stops at chunk edges, empty work"
 
 
 def check_render_packed_nan_policy(seed):
