@@ -38,6 +38,8 @@ import time
 
 import numpy as np
 
+os.environ.setdefault("GLOG_minloglevel", "2")  # pycolmap's (COLMAP's) log: warnings and errors only
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
 sys.path.insert(0, EXAMPLES)
@@ -96,7 +98,6 @@ def run_sfm(capture, root: str, camera_model: str = "SIMPLE_PINHOLE", focal_prio
     """Images of ``capture`` → ``root/images`` and pycolmap's largest reconstruction → ``root/sparse/0``. Returns
     the reconstruction's summary: registered image names, their camera-to-world poses (OpenGL convention, SfM frame),
     the estimated intrinsics, mean reprojection error, seconds."""
-    os.environ.setdefault("GLOG_minloglevel", "2")
     import pycolmap
 
     from nerf.data import capture_writers as writers
@@ -203,7 +204,6 @@ def sfm_variant(args, work: str) -> dict:
 def true_camera_psnr(run: str, capture, test: list, all_names: list, true_c2w, sim) -> dict:
     """PSNR of the held-out views rendered by the saved model from the capture's own cameras (true intrinsics at
     64x48, true poses mapped into the SfM frame by ``sim``), against the 256x192 renders area-averaged."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from nerf import models
     from nerf.data import normalise
     from nerf.data import unbounded_scene as scene
@@ -229,7 +229,7 @@ def summary_rows(name: str, doc: dict) -> dict:
     ev = doc["evals"]
     last = ev[-1]
     return dict(variant=name, final_psnr=last["test_psnr"], minutes=last["train_seconds"] / 60,
-                steps=doc["final"]["steps"], ms_per_step=doc["final"].get("ms_per_step"),
+                steps=doc["final"]["steps"], ms_per_step=1e3 * doc["final"]["seconds_per_step"],
                 samples_per_ray=last["samples_per_ray"], rays_per_step=last["rays_per_step"],
                 occupied=last.get("occupied_per_cascade") or [last.get("occupied_fraction")],
                 curve=[(round(e["train_seconds"] / 60, 2), round(e["test_psnr"], 2)) for e in ev],
@@ -277,7 +277,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--minutes", type=float, default=10.0, help="training budget per run")
-    p.add_argument("--views", type=int, default=64, help="views of the capture")
+    p.add_argument("--views", type=int, default=128, help="views of the capture")
     p.add_argument("--variants", default="bounded,unbounded,unbounded-sfm",
                    help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--work", default="/tmp/nerf_unbounded_bench", help="captures and runs")

@@ -68,6 +68,19 @@ def test_spacing_of_the_distortion_loss():
     model = models.build_model("hash", unbounded=True, cascades=2, **SMALL)
     np.testing.assert_allclose(model.spacing(tf.constant(t)).numpy(), [0, 0.5, 1, 1.5, 1.75, 1.99], atol=1e-6)
     np.testing.assert_array_equal(models.build_model("hash", **SMALL).spacing(tf.constant(t)).numpy(), t)
+    # packed intervals (contiguous runs, gaps, several rays) stay sorted and non-overlapping after the spacing
+    from nerf.trainer import spaced_intervals
+
+    rng = np.random.default_rng(1)
+    edges = np.cumsum(rng.uniform(0.01, 0.5, 4001)).astype(np.float32)
+    t0, t1 = edges[:-1].copy(), edges[1:].copy()
+    gaps = rng.random(4000) < 0.1
+    t0[gaps] += np.float32(0.005)  # a skipped stretch before these samples
+    s0, s1 = (v.numpy() for v in spaced_intervals(model.spacing, tf.constant(t0), tf.constant(t1)))
+    assert np.all(s1 >= s0) and np.all(s0[1:] >= s1[:-1])
+    want = lambda x: np.where(x <= 1, x, 2 - 1 / np.maximum(x.astype(np.float64), 1))  # noqa: E731
+    np.testing.assert_allclose(s0, want(t0), atol=1e-6)
+    np.testing.assert_allclose(s1, want(t1), atol=1e-6)
 
 
 def test_cascade_thickness_scales_with_the_cascade():
@@ -142,13 +155,15 @@ def test_rejected_flags(extra, message, capsys):
 def test_scene_defaults(capture_dirs):
     """--scene auto: unbounded for a capture with the occupancy sampler (cone angle, distortion loss on), bounded
     for the built-in scene and for the uniform sampler (the flags of the bounded paths keep their old values)."""
-    from nerf import config, train
+    from nerf import config, train, trainer
 
     _, dirs = capture_dirs
     for kind in dirs:
         c = train.parse_args(["--data", dirs[kind]])
+        # cascades and cone angle come from the data (nerf.trainer.model_config)
         assert (c.scene, c.cone_angle, c.distortion, c.cascades) == (
-            "unbounded", config.UNBOUNDED_CONE_ANGLE, config.UNBOUNDED_DISTORTION, None)
+            "unbounded", None, config.UNBOUNDED_DISTORTION, None)
+    assert trainer.default_cone_angle(50.0) == 0.02 and trainer.default_cone_angle(1000.0) == 1 / 256
     b = train.parse_args([])
     assert (b.scene, b.cone_angle, b.distortion, b.cascades, b.appearance_dim) == ("bounded", 0.0, 0.0, 1, 0)
     u = train.parse_args(["--data", dirs["colmap-bin"], "--sampler", "uniform"])
@@ -181,6 +196,7 @@ def test_unbounded_full_path(capture_dirs, kind, tmp_path):
     c = model.cfg
     assert (c["unbounded"], c["cascades"], c["appearance_dim"], c["n_appearance"], c["background"]) == (
         True, K, 4, 12, [0.0, 0.0, 0.0])
+    assert c["cone_angle"] == pytest.approx(1.0 / ds.focal)  # 64x48 images, focal ~50 px
     np.testing.assert_allclose(model.world_to_scene, ds.world_to_scene, atol=1e-12)
     # capture view 1 (PINHOLE camera) as a user has it: intrinsics and camera-to-world in the data (COLMAP) frame
     cam = cap.camera(int(cap.camera_index[1]))

@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "that the outermost box holds the data's far distance, at least 5; bounded 1)")
     p.add_argument("--cone-angle", type=float, default=None,
                    help="occupancy sampler: step = clamp(t * cone_angle, --step-size, cell diagonal) (default: "
-                        "unbounded 1/256 as Instant-NGP, bounded 0: constant steps)")
+                        "unbounded max(1/256, 1/focal): a pixel's angular size, at most Instant-NGP's 1/256 finer; "
+                        "bounded 0: constant steps)")
     p.add_argument("--appearance-dim", type=int, default=None,
                    help="occupancy sampler: per-training-image appearance vector of this size in the colour MLP "
                         "(test views use the mean vector; default 0: none, see the README)")
@@ -239,7 +240,7 @@ def _fill_defaults(args):
 
 
 # Defaults of an unbounded scene (see the README's "Unbounded scenes" for how they were chosen)
-UNBOUNDED_CONE_ANGLE = 1.0 / 256
+MIN_CONE_ANGLE = 1.0 / 256  # Instant-NGP's cone angle of unbounded scenes: the finest default
 UNBOUNDED_DISTORTION = 1e-3
 DEFAULT_APPEARANCE_DIM = 0
 
@@ -261,8 +262,8 @@ def _fill_scene_defaults(args):
         capture = kind in ("colmap", "transforms")
         args.scene = "unbounded" if capture and args.model == "hash" and args.sampler == "occupancy" else "bounded"
     unbounded = args.scene == "unbounded"
-    if args.cone_angle is None:
-        args.cone_angle = UNBOUNDED_CONE_ANGLE if unbounded else 0.0
+    if args.cone_angle is None and not unbounded:
+        args.cone_angle = 0.0  # unbounded: from the data's focal length (nerf.trainer.model_config)
     if args.distortion is None:
         args.distortion = UNBOUNDED_DISTORTION if unbounded else 0.0
     if args.appearance_dim is None:
@@ -282,9 +283,9 @@ def _check(p, args):
         p.error(f"--cascades must be in 1..8 (the outermost box 2^7 times the first), got {args.cascades}")
     if args.cascades not in (None, 1) and args.sampler != "occupancy":
         p.error("--cascades needs the occupancy sampler")
-    if not (math.isfinite(args.cone_angle) and args.cone_angle >= 0):
+    if args.cone_angle is not None and not (math.isfinite(args.cone_angle) and args.cone_angle >= 0):
         p.error(f"--cone-angle must be >= 0, got {args.cone_angle}")
-    if args.cone_angle > 0 and args.sampler != "occupancy":
+    if args.cone_angle and args.sampler != "occupancy":
         p.error("--cone-angle needs the occupancy sampler")
     if not (math.isfinite(args.distortion) and args.distortion >= 0):
         p.error(f"--distortion must be >= 0, got {args.distortion}")

@@ -350,6 +350,8 @@ class HashNeRF(keras.Model):
         the geometry feature is not needed)."""
         hidden, out = self.density_mlp
         h = hidden(self.encoding(x))
+        if not out.built:  # --early-stop's pass runs before the first full call builds it
+            out.build(h.shape)
         return trunc_exp(tf.matmul(h, out.kernel[:, :1])[:, 0] + out.bias[0])
 
     def update_grid(self, step, seed, n_cells=None, evaluate=None):

@@ -5,6 +5,7 @@
     python examples/nerf/train.py --model mlp --minutes 10      # the keras.io-style baseline
     python examples/nerf/train.py --data lego/ --downscale 8    # a NeRF-synthetic folder (or a tiny_nerf .npz)
     python examples/nerf/train.py --data garden/ --downscale 4  # a COLMAP or nerfstudio/instant-ngp capture
+                                                                # (unbounded: --scene, --cascades, --cone-angle)
 
 Writes ``OUT/metrics.json`` (per evaluation: step, epoch, training and wall-clock seconds, train loss and PSNR, test
 PSNR), ``OUT/renders/*.png`` (ground truth | prediction), ``OUT/psnr.png`` (test PSNR vs training time) and

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from nerf import fused_adam, models
 from nerf.collectives import gather_evaluations, gather_rows_and_sum, make_broadcast
-from nerf.config import TrainConfig
+from nerf.config import MIN_CONE_ANGLE, TrainConfig
 
 # Occupancy sampler: rays per step stay in [MIN_RAYS, sample_budget // 2], multiples of RAY_GRANULARITY.
 MIN_RAYS, RAY_GRANULARITY = 64, 16
@@ -54,13 +54,20 @@ def model_config(cfg: TrainConfig, dataset) -> dict:
         kw.update(grid_resolution=cfg.grid_res, grid_warmup_steps=cfg.grid_warmup, step_size=cfg.step_size,
                   max_samples=cfg.max_samples, early_stop=cfg.early_stop)
         cascades = cfg.cascades if cfg.cascades is not None else default_cascades(dataset.far, bound)
-        if unbounded or cascades != 1 or cfg.cone_angle or cfg.appearance_dim:
-            kw.update(unbounded=unbounded, cascades=cascades, cone_angle=cfg.cone_angle,
+        cone = cfg.cone_angle if cfg.cone_angle is not None else default_cone_angle(dataset.focal)
+        if unbounded or cascades != 1 or cone or cfg.appearance_dim:
+            kw.update(unbounded=unbounded, cascades=cascades, cone_angle=cone,
                       appearance_dim=cfg.appearance_dim, n_appearance=len(dataset.train))
     return kw
 
 
 MIN_UNBOUNDED_CASCADES = 5
+
+
+def default_cone_angle(focal: float) -> float:
+    """Cone angle of an unbounded scene: a pixel's angular size 1 / focal (steps no finer than a pixel's footprint
+    at their distance), but at least Instant-NGP's 1/256 (large images)."""
+    return float(max(MIN_CONE_ANGLE, 1.0 / focal))
 
 
 def default_cascades(far: float, bound: float) -> int:
@@ -81,9 +88,20 @@ def distortion_loss(out, op: bool, spacing=None):
         fn = tf_metal_ops.distortion_loss_packed if op else tf_metal_ops.distortion_loss_packed_tf
         t0, t1 = out["t_starts"], out["t_ends"]
         if spacing is not None:
-            t0, t1 = spacing(t0), spacing(t1)
+            t0, t1 = spaced_intervals(spacing, t0, t1)
         return fn(out["weights"], t0, t1, out["row_splits"])
     return (tf_metal_ops.distortion_loss if op else tf_metal_ops.distortion_loss_tf)(out["weights"], out["edges"])
+
+
+def spaced_intervals(spacing, t0, t1):
+    """``spacing`` of packed intervals ``[t0, t1]`` ([N] each), keeping them sorted and non-overlapping: an interval
+    that starts where the previous one ends takes that end's value (a float32 function evaluated at two places of a
+    tensor may round the same input differently, e.g. in vectorised and scalar loops)."""
+    s0, s1 = spacing(t0), spacing(t1)
+    prev_t1 = tf.concat([tf.constant([-1.0], t1.dtype), t1[:-1]], 0)
+    prev_s1 = tf.concat([tf.zeros([1], s1.dtype), s1[:-1]], 0)
+    s0 = tf.where(tf.equal(t0, prev_t1), prev_s1, s0)
+    return s0, tf.maximum(s1, s0)
 
 
 class Trainer:
