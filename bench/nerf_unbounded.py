@@ -341,7 +341,7 @@ def main(argv=None):
                   test_views=len(range(0, args.views, HOLDOUT_EVERY)))
     write_report(args.out, args, rows, docs, header)
     slim = {k: {kk: vv for kk, vv in d.items() if kk not in ("train_losses", "samples_per_ray", "marched_per_ray",
-                                                              "rays_per_step")} for k, d in docs.items()}
+                                                              "rays_per_step", "step_seconds")} for k, d in docs.items()}
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
         json.dump(dict(header=header, rows=rows, runs=slim), f, indent=1, default=float)
     print(f"wrote {args.out}", flush=True)
