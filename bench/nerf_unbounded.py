@@ -21,8 +21,9 @@ distant dome, an object cluster), rendered by its ray tracer with 2x2 supersampl
   the SfM frame. The ground truth is the 256x192 render area-averaged to 64x48.
 
 Per run: test PSNR at each evaluation (every budget/8 of training, on the first 8 test views; the final one on all
-of them), samples per ray, rays per step and the occupied fraction of each cascade; written to ``--out`` (``.md`` and ``.json``) with the CPU model and
-the load average before and after each run (other jobs may share the machine: training time is wall time).
+of them), samples per ray, rays per step and the occupied fraction of each cascade; written to ``--out`` (``.md``
+and ``.json``) with the CPU model and the load average before and after each run (other jobs may share the machine:
+training time is wall time).
 
     python bench/nerf_unbounded.py --minutes 10                                    # all variants, ~35 minutes
     python bench/nerf_unbounded.py --minutes 2 --variants bounded,unbounded --out /tmp/u.md
@@ -271,15 +272,16 @@ def write_report(path: str, args, rows: list, docs: dict, header: dict):
         lines.append(f"* {r['variant']}: " + ", ".join(f"{m:.2f} min {p:.2f}" for m, p in r["curve"]))
     if "unbounded-sfm" in docs:
         s = docs["unbounded-sfm"]["sfm"]
-        lines += ["", f"Structure from motion (pycolmap: SIFT, {args.sfm_matching} matching, incremental mapping; SIMPLE_PINHOLE "
-                      f"camera, {64 * SFM_SCALE}x{48 * SFM_SCALE} renders, trained at 64x48):", "",
+        lines += ["", f"Structure from motion (pycolmap: SIFT, {args.sfm_matching} matching, incremental mapping; "
+                      f"SIMPLE_PINHOLE camera, {64 * SFM_SCALE}x{48 * SFM_SCALE} renders, trained at 64x48):", "",
                   f"* registered {s['registered']} of {s['views']} views (reconstructions: {s['reconstructions']}), "
                   f"{s['points']} points, mean reprojection error {s['reprojection_error_px']:.3f} px, "
                   f"{s['seconds']} s;",
                   f"* focal length {s['focal']}: SfM's camera {np.round(s['params'], 2).tolist()} vs true "
                   f"{np.round(s['true_params'], 2).tolist()} (f, cx, cy at {64 * SFM_SCALE}x{48 * SFM_SCALE});",
-                  f"* the Umeyama alignment of the camera centres (refitted on the inliers: {s['alignment_inliers']} of "
-                  f"{s['registered']}; outliers {s['outliers']}); on the inliers, centre error / ring radius median "
+                  f"* the Umeyama alignment of the camera centres (refitted on the inliers: "
+                  f"{s['alignment_inliers']} of {s['registered']}; outliers {s['outliers']}); on the inliers, "
+                  f"centre error / ring radius median "
                   f"{s['centre_error_over_ring_median']:.4f}, max {s['centre_error_over_ring_max']:.4f}; rotation "
                   f"error median {s['rotation_error_deg_median']:.3f}°, max {s['rotation_error_deg_max']:.3f}°;",
                   f"* test PSNR from **the capture's own cameras** (true intrinsics and poses, mapped into the SfM "
@@ -340,8 +342,8 @@ def main(argv=None):
     header = dict(cpu=cpu_model(), date=time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
                   test_views=len(range(0, args.views, HOLDOUT_EVERY)))
     write_report(args.out, args, rows, docs, header)
-    slim = {k: {kk: vv for kk, vv in d.items() if kk not in ("train_losses", "samples_per_ray", "marched_per_ray",
-                                                              "rays_per_step", "step_seconds")} for k, d in docs.items()}
+    per_step = ("train_losses", "samples_per_ray", "marched_per_ray", "rays_per_step", "step_seconds")
+    slim = {k: {kk: vv for kk, vv in d.items() if kk not in per_step} for k, d in docs.items()}
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
         json.dump(dict(header=header, rows=rows, runs=slim), f, indent=1, default=float)
     print(f"wrote {args.out}", flush=True)
