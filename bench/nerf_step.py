@@ -73,7 +73,7 @@ def breakdown(tr, rays, repeats):
     import tf_metal_ops
 
     model = tr.model
-    o, d, _, view_sh = tr.batch(tf.constant(np.asarray(rays, np.int64)))
+    o, d, _, view_sh, _ = tr.batch(tf.constant(np.asarray(rays, np.int64)))
     seed = step_seed(tr)  # every piece and the whole step see the same samples
     occ = model.cfg["sampler"] == "occupancy"
     bg = tf.constant(model.cfg["background"])

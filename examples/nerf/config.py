@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import time
 
@@ -44,6 +45,10 @@ class TrainConfig:
     step_size: float | None
     max_samples: int
     early_stop: float
+    scene: str
+    cascades: int | None
+    cone_angle: float | None
+    appearance_dim: int | None
     levels: int
     features: int
     log2_table: int
@@ -53,7 +58,7 @@ class TrainConfig:
     lr: float
     lr_table: float
     lr_decay: float
-    distortion: float
+    distortion: float | None
     xla_inner: bool
     jit: str
     background: str
@@ -139,6 +144,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--early-stop", type=float, default=0.0,
                    help="occupancy sampler: drop the samples behind the point where a ray's transmittance is below "
                         "this (a density-only pass without gradient first; 0: off)")
+    p.add_argument("--scene", choices=("auto", "bounded", "unbounded"), default="auto", help=(
+        "hash model, occupancy sampler: unbounded = positions contracted (mip-NeRF 360) before the hash grid, "
+        "a cascaded occupancy grid, cone stepping, no background colour, distortion loss; auto: unbounded for a "
+        "real capture (COLMAP / transforms.json folder) with the occupancy sampler, bounded otherwise"))
+    p.add_argument("--cascades", type=int, default=None,
+                   help="occupancy grid cascades, each twice the extent of the previous (default: unbounded, enough "
+                        "that the outermost box holds the data's far distance, at least 5; bounded 1)")
+    p.add_argument("--cone-angle", type=float, default=None,
+                   help="occupancy sampler: step = clamp(t * cone_angle, --step-size, cell diagonal) (default: "
+                        "unbounded max(1/256, 1/focal): a pixel's angular size, at most Instant-NGP's 1/256 finer; "
+                        "bounded 0: constant steps)")
+    p.add_argument("--appearance-dim", type=int, default=None,
+                   help="occupancy sampler: per-training-image appearance vector of this size in the colour MLP "
+                        "(test views use the mean vector; default 0: none, see the README)")
     p.add_argument("--levels", type=int, default=16)
     p.add_argument("--features", type=int, default=2, help="features per level")
     p.add_argument("--log2-table", type=int, default=17, help="log2 of the hash table size per level")
@@ -150,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-decay", type=float, default=None,
                    help="learning rates decay exponentially to this fraction of their start value over the budget "
                         "(training time for --minutes, steps otherwise); default: hash 0.1, mlp 1 (constant)")
-    p.add_argument("--distortion", type=float, default=0.0, help="hash model: weight of the distortion loss")
+    p.add_argument("--distortion", type=float, default=None,
+                   help="hash model: weight of the distortion loss (default: unbounded 1e-3, on the contracted "
+                        "spacing, the floater regulariser; bounded 0)")
     p.add_argument("--xla-inner", action="store_true",
                    help="hash model with ops: XLA-compile the parts around the custom ops as inner functions")
     p.add_argument("--jit", choices=("auto", "on", "off"), default="auto",
@@ -210,6 +231,7 @@ def _fill_defaults(args):
         args.lr = 5e-4 if args.model == "mlp" else 1e-2
     if args.lr_decay is None:
         args.lr_decay = 1.0 if args.model == "mlp" else 0.1
+    _fill_scene_defaults(args)
     if args.checkpoint_every is None and args.strategy == "multiworker":
         args.checkpoint_every = "60s"
     if args.out is None:
@@ -217,7 +239,56 @@ def _fill_defaults(args):
                                 f"{time.strftime('%Y%m%d-%H%M%S')}")
 
 
+# Defaults of an unbounded scene (see the README's "Unbounded scenes" for how they were chosen)
+MIN_CONE_ANGLE = 1.0 / 256  # Instant-NGP's cone angle of unbounded scenes: the finest default
+UNBOUNDED_DISTORTION = 1e-3
+DEFAULT_APPEARANCE_DIM = 0
+
+
+def _fill_scene_defaults(args):
+    """--scene auto → bounded or unbounded (a real capture: COLMAP or transforms.json, read by
+    ``nerf.data.loaders.detect_format`` without loading anything; a path that does not load stays bounded here and
+    fails in the loader), then the defaults that depend on it."""
+    if args.scene == "auto":
+        kind = None
+        if args.data != "builtin":
+            from nerf.data.dataset import DatasetError
+            from nerf.data.loaders import detect_format
+
+            try:
+                kind = detect_format(args.data)
+            except DatasetError:
+                kind = None
+        capture = kind in ("colmap", "transforms")
+        args.scene = "unbounded" if capture and args.model == "hash" and args.sampler == "occupancy" else "bounded"
+    unbounded = args.scene == "unbounded"
+    if args.cone_angle is None and not unbounded:
+        args.cone_angle = 0.0  # unbounded: from the data's focal length (nerf.trainer.model_config)
+    if args.distortion is None:
+        args.distortion = UNBOUNDED_DISTORTION if unbounded else 0.0
+    if args.appearance_dim is None:
+        args.appearance_dim = DEFAULT_APPEARANCE_DIM
+    if args.cascades is None and not unbounded:
+        args.cascades = 1  # unbounded: from the data's far distance (nerf.trainer.model_config)
+
+
 def _check(p, args):
+    if args.scene == "unbounded" and (args.model != "hash" or args.sampler != "occupancy"):
+        p.error("--scene unbounded needs --model hash with the occupancy sampler (--sampler occupancy)")
+    if args.appearance_dim < 0:
+        p.error(f"--appearance-dim must be >= 0, got {args.appearance_dim}")
+    if args.appearance_dim > 0 and args.sampler != "occupancy":
+        p.error("--appearance-dim needs the occupancy sampler")
+    if args.cascades is not None and not 1 <= args.cascades <= 8:
+        p.error(f"--cascades must be in 1..8 (the outermost box 2^7 times the first), got {args.cascades}")
+    if args.cascades not in (None, 1) and args.sampler != "occupancy":
+        p.error("--cascades needs the occupancy sampler")
+    if args.cone_angle is not None and not (math.isfinite(args.cone_angle) and args.cone_angle >= 0):
+        p.error(f"--cone-angle must be >= 0, got {args.cone_angle}")
+    if args.cone_angle and args.sampler != "occupancy":
+        p.error("--cone-angle needs the occupancy sampler")
+    if not (math.isfinite(args.distortion) and args.distortion >= 0):
+        p.error(f"--distortion must be >= 0, got {args.distortion}")
     if args.sampler == "occupancy":
         if args.model != "hash":
             p.error("--sampler occupancy needs --model hash")

@@ -195,13 +195,22 @@ def _make_fields(model, grid_mask):
 
 
 def occupied_cell_centres(grid) -> np.ndarray:
-    """Centres ``[K, 3]`` (float64, the grid's frame) of the occupied cells of a ``tf_metal_ops.OccupancyGrid``
-    (cell index x + G * (y + G * z), the grid's convention), in index order."""
+    """Centres ``[M, 3]`` (float64, the grid's frame) of the occupied cells of a ``tf_metal_ops.OccupancyGrid``
+    (cell index x + G * (y + G * z), the grid's convention), in index order; with cascades, cascade by cascade, the
+    cells of a cascade that lie inside the next finer cascade's box left out (the march never uses them)."""
     G = grid.resolution
-    idx = np.nonzero(grid.occupied().numpy())[0]
-    ijk = np.stack([idx % G, (idx // G) % G, idx // (G * G)], axis=-1)
-    lo, hi = grid.aabb.astype(np.float64)
-    return lo + (ijk + 0.5) * ((hi - lo) / G)
+    occ = np.asarray(grid.occupied().numpy()).reshape(grid.cascades, -1)
+    out = []
+    for c in range(grid.cascades):
+        idx = np.nonzero(occ[c])[0]
+        ijk = np.stack([idx % G, (idx // G) % G, idx // (G * G)], axis=-1)
+        lo, hi = grid.cascade_aabb(c).astype(np.float64)
+        p = lo + (ijk + 0.5) * ((hi - lo) / G)
+        if c > 0:
+            flo, fhi = grid.cascade_aabb(c - 1).astype(np.float64)
+            p = p[~np.all((p > flo) & (p < fhi), axis=-1)]
+        out.append(p)
+    return np.concatenate(out).reshape(-1, 3)
 
 
 def export(model, out: str, resolution: int = DEFAULT_RESOLUTION, threshold: float = DEFAULT_THRESHOLD,

@@ -174,6 +174,9 @@ class RunMetrics:
                    samples_per_ray=float(np.mean(h.spr[-since:])), rays_per_step=float(np.mean(h.rps[-since:])),
                    marched_per_ray=float(np.mean(h.mpr[-since:])),
                    occupied_fraction=float(tr.model.grid.occupied_fraction().numpy()) if tr.occupancy else None)
+        if tr.occupancy and tr.model.grid.cascades > 1:
+            rec["occupied_per_cascade"] = [round(float(v), 5) for v in
+                                           tr.model.grid.occupied_fraction(per_cascade=True).numpy()]
         self.doc["evals"].append(rec)
         iio.imwrite(os.path.join(renders, f"step_{step:06d}.png"), side_by_side(ds.test.images[0], preds[0]))
         if final:

@@ -168,8 +168,9 @@ class MLPNeRF(keras.Model):
 
 
 @keras.saving.register_keras_serializable(package="nerf_example")
-def make_occupancy_grid(bound, grid_resolution=64, grid_warmup_steps=64):
-    """The occupancy grid of a HashNeRF: ``grid_resolution``^3 cells over [-bound, bound]^3. Under a
+def make_occupancy_grid(bound, grid_resolution=64, grid_warmup_steps=64, cascades=1):
+    """The occupancy grid of a HashNeRF: ``grid_resolution``^3 cells over [-bound, bound]^3 (``cascades`` > 1: that
+    many grids, each over twice the box of the previous, ``tf_metal_ops.OccupancyGrid(cascades=K)``). Under a
     tf.distribute strategy create it outside ``strategy.scope()`` and pass it as ``HashNeRF(grid=...)``: a plain
     per-worker variable set (the strategy would mirror it and broadcast its initial uint8 bitfield, which the
     collectives do not carry), kept identical on every worker by the trainer."""
@@ -177,7 +178,7 @@ def make_occupancy_grid(bound, grid_resolution=64, grid_warmup_steps=64):
 
     b = float(bound)
     return OccupancyGrid(aabb=((-b, -b, -b), (b, b, b)), resolution=int(grid_resolution),
-                         warmup_steps=int(grid_warmup_steps), name="occupancy_grid")
+                         warmup_steps=int(grid_warmup_steps), cascades=int(cascades), name="occupancy_grid")
 
 
 class HashNeRF(keras.Model):
@@ -198,18 +199,46 @@ class HashNeRF(keras.Model):
     The grid is the caller's to update (:meth:`update_grid`); its state is saved beside the weights.
     ``early_stop`` > 0: a density-only pass without gradient first drops the samples behind the point where a ray's
     transmittance falls below it (Instant-NGP compacts its samples that way).
+
+    ``unbounded=True`` (occupancy sampler only; real captures, see the example's README, "Unbounded scenes"): the
+    box ``[-bound, bound]^3`` is the uncontracted unit region, and the samples' positions go through
+    ``tf_metal_ops.contract_to_unit`` (mip-NeRF 360's contraction, ``contraction_norm`` "inf" by default as in
+    nerfacto) before the hash grid, so all of space has a place in the encoding. The occupancy grid has
+    ``cascades`` levels (cascade c over the box scaled by 2^c), the march steps ``dt = clamp(t * cone_angle,
+    step_size, cell diagonal of the cascade)`` from the data's ``near`` out of the outermost cascade (``far`` is
+    not applied: the distant surroundings lie beyond the sparse points that set it), and rays that leave it end on
+    black (``background`` is ignored: the far region is part of the scene).
+
+    ``appearance_dim`` > 0 (occupancy sampler): a per-training-image appearance vector (``n_appearance`` of them,
+    initialised to 0) is appended to the colour MLP's input; ``call(..., appearance_ids=[R] int)`` picks each ray's,
+    and without ids (evaluation, test views, ``render_image``) every ray gets the **mean** of the training images'
+    vectors.
     """
 
     SAMPLERS = ("uniform", "occupancy")
+    CONTRACTION_NORMS = ("inf", "l2")
 
     def __init__(self, n_levels=16, n_features_per_level=2, log2_hashmap_size=17, base_resolution=16,
                  finest_resolution=512, n_samples=64, near=2.0, far=6.0, bound=1.0, background=(1.0, 1.0, 1.0),
                  implementation="op", hidden=64, xla_inner=False, jitter=True, sampler="uniform",
                  grid_resolution=64, grid_warmup_steps=64, step_size=None, max_samples=1024, early_stop=0.0,
-                 grid=None, **kwargs):
+                 unbounded=False, cascades=1, cone_angle=0.0, contraction_norm="inf", appearance_dim=0,
+                 n_appearance=0, grid=None, **kwargs):
         super().__init__(**kwargs)
         if sampler not in self.SAMPLERS:
             raise ValueError(f"sampler must be one of {self.SAMPLERS}, got {sampler!r}")
+        if sampler != "occupancy" and (unbounded or int(cascades) != 1 or float(cone_angle) != 0.0
+                                       or int(appearance_dim) != 0):
+            raise ValueError("unbounded, cascades, cone_angle and appearance_dim need sampler='occupancy'")
+        if int(appearance_dim) < 0 or int(n_appearance) < 0 or (int(appearance_dim) > 0 and int(n_appearance) < 1):
+            raise ValueError(f"appearance_dim must be >= 0 and, when positive, n_appearance >= 1 (one vector per "
+                             f"training image); got appearance_dim={appearance_dim}, n_appearance={n_appearance}")
+        if not (math.isfinite(float(cone_angle)) and float(cone_angle) >= 0.0):
+            raise ValueError(f"cone_angle must be >= 0, got {cone_angle}")
+        if contraction_norm not in self.CONTRACTION_NORMS:
+            raise ValueError(f"contraction_norm must be one of {self.CONTRACTION_NORMS}, got {contraction_norm!r}")
+        if unbounded:
+            background = (0.0, 0.0, 0.0)
         from tf_metal_ops.hash_grid.layer import HashGridEncoding
 
         per_level_scale = math.exp(math.log(finest_resolution / base_resolution) / max(n_levels - 1, 1))
@@ -223,15 +252,26 @@ class HashNeRF(keras.Model):
             cfg.update(grid_resolution=int(grid_resolution), grid_warmup_steps=int(grid_warmup_steps),
                        step_size=float(default_step_size(bound) if step_size is None else step_size),
                        max_samples=int(max_samples), early_stop=float(early_stop))
+            if unbounded or int(cascades) != 1 or float(cone_angle) != 0.0 or int(appearance_dim) != 0:
+                cfg.update(unbounded=bool(unbounded), cascades=int(cascades), cone_angle=float(cone_angle),
+                           contraction_norm=contraction_norm, appearance_dim=int(appearance_dim),
+                           n_appearance=int(n_appearance))
         self.cfg = cfg
+        self.unbounded = bool(unbounded)
         self.grid = None
         if sampler == "occupancy":
-            self.grid = grid if grid is not None else make_occupancy_grid(bound, grid_resolution, grid_warmup_steps)
+            self.grid = grid if grid is not None else make_occupancy_grid(bound, grid_resolution, grid_warmup_steps,
+                                                                          cascades)
             b = float(bound)
-            if self.grid.resolution != int(grid_resolution) or not np.array_equal(
-                    self.grid.aabb, np.float32([(-b, -b, -b), (b, b, b)])):
-                raise ValueError(f"grid: an OccupancyGrid of {grid_resolution}^3 cells over [-{b}, {b}]^3 is needed, got "
-                                 f"{self.grid.resolution}^3 over {self.grid.aabb.tolist()}")
+            if self.grid.resolution != int(grid_resolution) or self.grid.cascades != int(cascades) or \
+                    not np.array_equal(self.grid.aabb, np.float32([(-b, -b, -b), (b, b, b)])):
+                raise ValueError(f"grid: an OccupancyGrid of {grid_resolution}^3 cells over [-{b}, {b}]^3 with "
+                                 f"{cascades} cascade(s) is needed, got {self.grid.resolution}^3 over "
+                                 f"{self.grid.aabb.tolist()} with {self.grid.cascades}")
+        self.appearance = None
+        if int(appearance_dim) > 0:
+            self.appearance = self.add_weight(shape=(int(n_appearance), int(appearance_dim)), initializer="zeros",
+                                              name="appearance")
         self.encoding = HashGridEncoding(n_levels=n_levels, n_features_per_level=n_features_per_level,
                                          log2_hashmap_size=log2_hashmap_size, base_resolution=base_resolution,
                                          per_level_scale=per_level_scale, implementation=implementation,
@@ -256,13 +296,20 @@ class HashNeRF(keras.Model):
         sh = sh_encoding_deg4(rays_d) if view_sh is None else view_sh
         return t, edges, x, inside, sh
 
-    def _field(self, feat, sh):
+    def _field(self, feat, sh, app=None):
         """Flat samples: hash features ``[M, L*F]`` and SH of their view direction ``[M, 16]`` → density ``[M]``,
-        colour ``[M, 3]`` (density MLP on the features; colour MLP on its 16 outputs + the SH)."""
+        colour ``[M, 3]`` (density MLP on the features; colour MLP on its 16 outputs + the SH, + with
+        ``appearance_dim`` the samples' appearance vectors ``app`` [M, dim], default the mean one)."""
         h = feat
         for layer in self.density_mlp:
             h = layer(h)
-        c = tf.concat([h, sh], axis=-1)
+        parts = [h, sh]
+        if self.appearance is not None:
+            if app is None:
+                app = tf.broadcast_to(tf.reduce_mean(self.appearance, axis=0, keepdims=True),
+                                      [tf.shape(h)[0], self.cfg["appearance_dim"]])
+            parts.append(app)
+        c = tf.concat(parts, axis=-1)
         for layer in self.color_mlp:
             c = layer(c)
         return trunc_exp(h[:, 0]), tf.sigmoid(c)
@@ -276,8 +323,23 @@ class HashNeRF(keras.Model):
         return tf.reshape(sigma, [R, S]) * inside, tf.reshape(rgb, [R, S, 3])
 
     def _normalise(self, pts):
-        """World positions → [0,1]^3 hash-grid coordinates of the box [-bound, bound]^3 (clipped)."""
-        return tf.clip_by_value((pts / self.cfg["bound"] + 1.0) * 0.5, 0.0, 1.0)
+        """World positions → [0,1]^3 hash-grid coordinates: of the box [-bound, bound]^3 (clipped), or, unbounded,
+        ``contract_to_unit`` with that box as the unit region (all of space)."""
+        b = self.cfg["bound"]
+        if self.unbounded:
+            import tf_metal_ops
+
+            return tf_metal_ops.contract_to_unit(pts, ((-b, -b, -b), (b, b, b)), norm=self.cfg["contraction_norm"])
+        return tf.clip_by_value((pts / b + 1.0) * 0.5, 0.0, 1.0)
+
+    def spacing(self, t):
+        """Ray distances → the distances the distortion loss sees: ``t`` itself in a bounded scene; unbounded,
+        mip-NeRF 360's idea of a normalised spacing, here the contraction of ``t / bound`` (t while t <= bound,
+        then 2 - bound / t), so far intervals weigh as much as their disparity, not their length."""
+        if not self.unbounded:
+            return t
+        u = t / self.cfg["bound"]
+        return tf.where(u <= 1.0, u, 2.0 - 1.0 / tf.maximum(u, 1.0))
 
     def density(self, pts):
         """Density ``[M]`` at world positions ``[M, 3]`` (encoding + density MLP only; for the occupancy grid)."""
@@ -288,6 +350,8 @@ class HashNeRF(keras.Model):
         the geometry feature is not needed)."""
         hidden, out = self.density_mlp
         h = hidden(self.encoding(x))
+        if not out.built:  # --early-stop's pass runs before the first full call builds it
+            out.build(h.shape)
         return trunc_exp(tf.matmul(h, out.kernel[:, :1])[:, 0] + out.bias[0])
 
     def update_grid(self, step, seed, n_cells=None, evaluate=None):
@@ -299,8 +363,15 @@ class HashNeRF(keras.Model):
         at the update's points (default ``fn(points)``; e.g. shared among replicas)."""
         G = self.cfg["grid_resolution"]
         dt = 2.0 * math.sqrt(3.0) * self.cfg["bound"] / 1024
-        n = G ** 3 // 4 if n_cells is None else n_cells
-        thickness = lambda p: self.density(p) * dt  # noqa: E731
+        K = self.grid.cascades
+        n = K * G ** 3 // 4 if n_cells is None else n_cells
+        if K == 1:
+            thickness = lambda p: self.density(p) * dt  # noqa: E731
+        else:  # Instant-NGP: the minimal step of cascade c is 2^c times the finest (p's cascade: its box's level)
+            def thickness(p):
+                m = tf.reduce_max(tf.abs(p), axis=-1) / self.cfg["bound"]
+                c = tf.clip_by_value(tf.math.ceil(tf.math.log(tf.maximum(m, 1.0)) / math.log(2.0)), 0.0, K - 1.0)
+                return self.density(p) * dt * tf.pow(2.0, c)
         fn = thickness if evaluate is None else (lambda p: evaluate(thickness, p))
         return self.grid.update(fn, step=step, n_cells=n, seed=seed)
 
@@ -315,13 +386,24 @@ class HashNeRF(keras.Model):
             js = tf.cast(jitter_seed, tf.int64)
             seed = js[0] * 1000003 + js[1]
         march = tf_metal_ops.ray_march if c["implementation"] == "op" else tf_metal_ops.ray_march_tf
-        return march(rays_o, rays_d, self.grid, near=c["near"], far=c["far"], step_size=c["step_size"],
-                     max_samples=c["max_samples"], jitter=jitter, seed=seed)
+        return march(rays_o, rays_d, self.grid, near=c["near"], far=None if self.unbounded else c["far"],
+                     step_size=c["step_size"], cone_angle=c.get("cone_angle", 0.0), max_samples=c["max_samples"],
+                     jitter=jitter, seed=seed)
 
-    def _prune(self, rays_o, rays_d, m):
-        """Early ray termination (Instant-NGP's compaction): the density alone (no gradient) on every marched sample,
-        then only the samples whose transmittance is still above ``early_stop`` are kept."""
-        sigma = tf.stop_gradient(self._density_at(m.positions))
+    def _sample_coords(self, rays_o, rays_d, m):
+        """Hash-grid coordinates [N, 3] of the packed samples ``m``: the march's ``positions`` (the grid's box is the
+        hash grid's [0, 1]^3), or, unbounded, the contraction of the midpoints ``o + d (t0 + t1) / 2``."""
+        if not self.unbounded:
+            return m.positions
+        mid = 0.5 * (m.t_starts + m.t_ends)
+        pts = tf.gather(rays_o, m.ray_indices) + tf.gather(rays_d, m.ray_indices) * mid[:, None]
+        return self._normalise(pts)
+
+    def _prune(self, rays_o, rays_d, m, x):
+        """Early ray termination (Instant-NGP's compaction): the density alone (no gradient) on every marched sample
+        (hash-grid coordinates ``x``), then only the samples whose transmittance is still above ``early_stop`` are
+        kept → (samples, their coordinates)."""
+        sigma = tf.stop_gradient(self._density_at(x))
         tau = tf.cast(sigma * (m.t_ends - m.t_starts), tf.float64)
         cs = tf.cumsum(tau, exclusive=True)  # float64: sums over the whole batch, differenced per ray
         first = tf.gather(cs, tf.gather(m.row_splits, m.ray_indices))
@@ -329,37 +411,44 @@ class HashNeRF(keras.Model):
         rid = tf.boolean_mask(m.ray_indices, keep)
         counts = tf.math.bincount(rid, minlength=tf.shape(rays_o)[0], dtype=tf.int32)
         row_splits = tf.concat([[0], tf.cumsum(counts)], 0)
-        return type(m)(tf.boolean_mask(m.t_starts, keep), tf.boolean_mask(m.t_ends, keep), row_splits, rid,
-                       tf.boolean_mask(m.positions, keep))
+        return (type(m)(tf.boolean_mask(m.t_starts, keep), tf.boolean_mask(m.t_ends, keep), row_splits, rid,
+                        tf.boolean_mask(m.positions, keep)), tf.boolean_mask(x, keep))
 
-    def _call_packed(self, rays_o, rays_d, training, jitter_seed, view_sh):
+    def _call_packed(self, rays_o, rays_d, training, jitter_seed, view_sh, appearance_ids=None):
         import tf_metal_ops
 
         c = self.cfg
         m = self.march(rays_o, rays_d, training, jitter_seed)
         n_marched = tf.shape(m.t_starts)[0]
+        x = self._sample_coords(rays_o, rays_d, m)
         if c["early_stop"] > 0:
-            m = self._prune(rays_o, rays_d, m)
+            m, x = self._prune(rays_o, rays_d, m, x)
         sh = tf.gather(sh_encoding_deg4(rays_d) if view_sh is None else view_sh, m.ray_indices)
-        feat = self.encoding(m.positions)  # the grid's box is the hash grid's [0, 1]^3
-        sigma, rgb = self._field(feat, sh)
+        app = None
+        if self.appearance is not None and appearance_ids is not None:
+            # one-hot product, not a gather: a dense gradient (the fused Adam step takes dense gradients)
+            per_ray = tf.matmul(tf.one_hot(tf.cast(appearance_ids, tf.int32), c["n_appearance"]), self.appearance)
+            app = tf.gather(per_ray, m.ray_indices)
+        feat = self.encoding(x)
+        sigma, rgb = self._field(feat, sh, app)
         render = (tf_metal_ops.volume_render_packed if c["implementation"] == "op"
                   else tf_metal_ops.volume_render_packed_tf)
         color, depth, opacity, weights = render(sigma, rgb, m.t_starts, m.t_ends, m.row_splits,
                                                 background=tf.constant(c["background"]))
         return dict(color=color, depth=depth, opacity=opacity, weights=weights, t_starts=m.t_starts,
                     t_ends=m.t_ends, row_splits=m.row_splits, ray_indices=m.ray_indices, n_marched=n_marched,
-                    features=feat, positions=m.positions)
+                    features=feat, positions=x)
 
-    def call(self, rays_o, rays_d, training=False, jitter_seed=None, view_sh=None):
+    def call(self, rays_o, rays_d, training=False, jitter_seed=None, view_sh=None, appearance_ids=None):
         """``jitter_seed``: optional int ``[2]`` tensor, the stateless seed of the sample jitter (see stratified_t).
         ``view_sh``: optional ``sh_encoding_deg4(rays_d)`` ``[R, 16]`` computed beforehand (the training rays'
         directions never change: train.py encodes them once). Besides the render, the output holds the samples'
         hash-grid coordinates ``positions [M, 3]`` and their encoding ``features [M, L*F]`` (the trainer may
-        compute the table's gradient from these)."""
+        compute the table's gradient from these). ``appearance_ids``: int [R], each ray's training image (models
+        with ``appearance_dim``; None: the mean appearance)."""
         c = self.cfg
         if c["sampler"] == "occupancy":
-            return self._call_packed(rays_o, rays_d, training, jitter_seed, view_sh)
+            return self._call_packed(rays_o, rays_d, training, jitter_seed, view_sh, appearance_ids)
         op = c["implementation"] == "op"
         if op and c.get("xla_inner", False):
             # custom ops have no XLA kernel: compile the parts around them as separate inner XLA functions

@@ -5,6 +5,7 @@
     python examples/nerf/train.py --model mlp --minutes 10      # the keras.io-style baseline
     python examples/nerf/train.py --data lego/ --downscale 8    # a NeRF-synthetic folder (or a tiny_nerf .npz)
     python examples/nerf/train.py --data garden/ --downscale 4  # a COLMAP or nerfstudio/instant-ngp capture
+                                                                # (unbounded: --scene, --cascades, --cone-angle)
 
 Writes ``OUT/metrics.json`` (per evaluation: step, epoch, training and wall-clock seconds, train loss and PSNR, test
 PSNR), ``OUT/renders/*.png`` (ground truth | prediction), ``OUT/psnr.png`` (test PSNR vs training time) and
@@ -103,8 +104,16 @@ def load_data(cfg: TrainConfig):
 
 def describe(cfg: TrainConfig, tr, multi):
     """The line that names the model, its sampling, the XLA choice and the replicas."""
-    sampling = (f"occupancy sampler ({cfg.grid_res}^3 grid, step {tr.model.cfg['step_size']:.4g}), "
-                f"{cfg.sample_budget} samples/step" if tr.occupancy else
+    mc = tr.model.cfg
+    sampling = (f"occupancy sampler ({cfg.grid_res}^3 grid"
+                + (f" x {mc['cascades']} cascades" if mc.get("cascades", 1) > 1 else "")
+                + f", step {mc['step_size']:.4g}"
+                + (f", cone angle {mc['cone_angle']:.4g}" if mc.get("cone_angle") else "") + "), "
+                + (f"unbounded (contracted beyond [-{mc['bound']:g}, {mc['bound']:g}]^3), " if mc.get("unbounded")
+                   else "")
+                + (f"appearance {mc['appearance_dim']}-d, " if mc.get("appearance_dim") else "")
+                + (f"distortion {cfg.distortion:g}, " if cfg.distortion else "")
+                + f"{cfg.sample_budget} samples/step" if tr.occupancy else
                 f"{cfg.samples} samples/ray, {cfg.batch_rays} rays/step")
     return (f"model {cfg.model}{' (' + cfg.impl + ')' if cfg.model == 'hash' else ''}: {tr.n_params:,} parameters, "
             f"{sampling}, "

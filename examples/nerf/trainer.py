@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from nerf import fused_adam, models
 from nerf.collectives import gather_evaluations, gather_rows_and_sum, make_broadcast
-from nerf.config import TrainConfig
+from nerf.config import MIN_CONE_ANGLE, TrainConfig
 
 # Occupancy sampler: rays per step stay in [MIN_RAYS, sample_budget // 2], multiples of RAY_GRANULARITY.
 MIN_RAYS, RAY_GRANULARITY = 64, 16
@@ -44,25 +44,64 @@ def model_config(cfg: TrainConfig, dataset) -> dict:
                   background=[float(b) for b in dataset.background])
     if cfg.model == "mlp":
         return common
-    bound = cfg.bound if cfg.bound is not None else (1.0 if dataset.name == "builtin" else 1.5)
+    unbounded = cfg.scene == "unbounded"
+    # unbounded: the cameras lie within distance 1 of the centre (nerf.data.normalise), the unit region is [-1, 1]^3
+    bound = cfg.bound if cfg.bound is not None else (1.0 if dataset.name == "builtin" or unbounded else 1.5)
     kw = dict(common, n_levels=cfg.levels, n_features_per_level=cfg.features, log2_hashmap_size=cfg.log2_table,
               base_resolution=cfg.base_res, finest_resolution=cfg.finest_res, bound=bound,
               implementation=cfg.impl, xla_inner=cfg.xla_inner, sampler=cfg.sampler)
     if cfg.sampler == "occupancy":
         kw.update(grid_resolution=cfg.grid_res, grid_warmup_steps=cfg.grid_warmup, step_size=cfg.step_size,
                   max_samples=cfg.max_samples, early_stop=cfg.early_stop)
+        cascades = cfg.cascades if cfg.cascades is not None else default_cascades(dataset.far, bound)
+        cone = cfg.cone_angle if cfg.cone_angle is not None else default_cone_angle(dataset.focal)
+        if unbounded or cascades != 1 or cone or cfg.appearance_dim:
+            kw.update(unbounded=unbounded, cascades=cascades, cone_angle=cone,
+                      appearance_dim=cfg.appearance_dim, n_appearance=len(dataset.train))
     return kw
 
 
-def distortion_loss(out, op: bool):
+MIN_UNBOUNDED_CASCADES = 5
+
+
+def default_cone_angle(focal: float) -> float:
+    """Cone angle of an unbounded scene: a pixel's angular size 1 / focal (steps no finer than a pixel's footprint
+    at their distance), but at least Instant-NGP's 1/256 (large images)."""
+    return float(max(MIN_CONE_ANGLE, 1.0 / focal))
+
+
+def default_cascades(far: float, bound: float) -> int:
+    """Cascades of an unbounded scene: the outermost box (half-size bound 2^(K-1)) reaches the data's far distance
+    (from the cameras, which lie within the first box), at least MIN_UNBOUNDED_CASCADES (half-size 16: the sparse
+    points rarely include the distant surroundings), at most 8."""
+    need = math.ceil(math.log2(max(far / bound, 1.0))) + 1
+    return int(min(max(need, MIN_UNBOUNDED_CASCADES), 8))
+
+
+def distortion_loss(out, op: bool, spacing=None):
     """The distortion loss per ray of the model output ``out`` (packed samples or fixed ones); ``op``: the custom op,
-    else its pure-TF version."""
+    else its pure-TF version. ``spacing``: a function of the ray distances applied to the packed samples' interval
+    ends first (the unbounded model's ``HashNeRF.spacing``)."""
     import tf_metal_ops  # here, not at the top: the MLP model trains without loading the package's op library
 
     if "row_splits" in out:
         fn = tf_metal_ops.distortion_loss_packed if op else tf_metal_ops.distortion_loss_packed_tf
-        return fn(out["weights"], out["t_starts"], out["t_ends"], out["row_splits"])
+        t0, t1 = out["t_starts"], out["t_ends"]
+        if spacing is not None:
+            t0, t1 = spaced_intervals(spacing, t0, t1)
+        return fn(out["weights"], t0, t1, out["row_splits"])
     return (tf_metal_ops.distortion_loss if op else tf_metal_ops.distortion_loss_tf)(out["weights"], out["edges"])
+
+
+def spaced_intervals(spacing, t0, t1):
+    """``spacing`` of packed intervals ``[t0, t1]`` ([N] each), keeping them sorted and non-overlapping: an interval
+    that starts where the previous one ends takes that end's value (a float32 function evaluated at two places of a
+    tensor may round the same input differently, e.g. in vectorised and scalar loops)."""
+    s0, s1 = spacing(t0), spacing(t1)
+    prev_t1 = tf.concat([tf.constant([-1.0], t1.dtype), t1[:-1]], 0)
+    prev_s1 = tf.concat([tf.zeros([1], s1.dtype), s1[:-1]], 0)
+    s0 = tf.where(tf.equal(t0, prev_t1), prev_s1, s0)
+    return s0, tf.maximum(s1, s0)
 
 
 class Trainer:
@@ -106,13 +145,18 @@ class Trainer:
         cols = [self.rays_o, self.rays_d, self.rgb]
         if self.args.model == "hash":
             cols.append(models.sh_encoding_deg4(self.rays_d))
+        self.appearance_ids = self.args.appearance_dim > 0
+        if self.appearance_ids:  # each ray's training image (exact in float32 up to 2^24 images)
+            n_img, H, W = dataset.train.images.shape[:3]
+            cols.append(tf.constant(np.repeat(np.arange(n_img, dtype=np.float32), H * W)[:, None]))
         self.ray_table = tf.concat(cols, axis=1)
 
     def _build_model(self, kw):
         args = self.args
         extra = {}
         if self.occupancy:  # outside the strategy scope: one plain copy per worker (see update_grid)
-            extra["grid"] = models.make_occupancy_grid(kw["bound"], args.grid_res, args.grid_warmup)
+            extra["grid"] = models.make_occupancy_grid(kw["bound"], args.grid_res, args.grid_warmup,
+                                                       kw.get("cascades", 1))
         with self.strategy.scope():
             keras.utils.set_random_seed(args.seed)
             self.model = models.build_model(args.model, **kw, **extra)
@@ -218,21 +262,25 @@ class Trainer:
         rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
         return rid, tf.stack([tf.constant(self.args.seed, tf.int64), step_no * 4096 + rid])
 
-    def _replica_grads(self, o, d, y, view_sh, seed, n_global, summands=()):
+    def _replica_grads(self, o, d, y, view_sh, ids, seed, n_global, summands=()):
         """The replica's share of the global loss (sums over its rays divided by the global ray count ``n_global``,
         see the module's conventions) and the global batch's gradient, aggregated across replicas: MLP variables
         all-reduced; the table's all-reduced, or (``self.gather_table_grad``) computed on every replica from the
-        all-gathered sample positions and per-sample feature gradients of all replicas. ``summands(mse, out)``
+        all-gathered sample positions and per-sample feature gradients of all replicas. ``ids``: the rays' training
+        images (appearance embedding) or None. ``summands(mse, out)``
         (optional): float32 tensors summed over the replicas in the same collective. Returns (mse, model output,
         gradients, summed summands)."""
         dist_w = float(self.args.distortion)
         with tf.GradientTape() as tape:
             extra = {} if view_sh is None else dict(view_sh=view_sh)
+            if ids is not None:
+                extra["appearance_ids"] = ids
             out = self.model(o, d, training=True, jitter_seed=seed, **extra)
             mse = tf.reduce_sum(tf.square(out["color"] - y)) / (3.0 * n_global)  # mean over global rays, RGB
             loss = mse
             if dist_w > 0:
-                loss = loss + dist_w * tf.reduce_sum(distortion_loss(out, self.args.impl == "op")) / n_global
+                spacing = self.model.spacing if getattr(self.model, "unbounded", False) else None
+                loss = loss + dist_w * tf.reduce_sum(distortion_loss(out, self.args.impl == "op", spacing)) / n_global
         wrt = self.mlp_vars + ([out["features"]] if self.gather_table_grad else self.table_vars)
         grads = tape.gradient(loss, wrt)
         sums = list(summands(mse, out)) if summands else []
@@ -253,8 +301,8 @@ class Trainer:
             grads = grads[:-1] + [self.model.encoding.table_gradient(out["positions"], grads[-1])]
         return mse, out, grads, sums
 
-    def _replica_step(self, o, d, y, view_sh, seed, n_global, summands):
-        mse, out, grads, sums = self._replica_grads(o, d, y, view_sh, seed, n_global, summands)
+    def _replica_step(self, o, d, y, view_sh, ids, seed, n_global, summands):
+        mse, out, grads, sums = self._replica_grads(o, d, y, view_sh, ids, seed, n_global, summands)
         fused_adam.apply(self.opt, grads[:len(self.mlp_vars)], self.mlp_vars)
         if self.table_vars:
             fused_adam.apply(self.opt_table, grads[len(self.mlp_vars):], self.table_vars)
@@ -299,9 +347,11 @@ class Trainer:
 
     def batch(self, idx):
         """Rays ``idx`` of the training set -> origins, directions, colours, view-direction SH (None for the MLP
-        model)."""
+        model), training-image indices (int32; None without an appearance embedding)."""
         rows = tf.gather(self.ray_table, idx)
-        return rows[:, 0:3], rows[:, 3:6], rows[:, 6:9], (rows[:, 9:] if self.ray_table.shape[1] > 9 else None)
+        sh = rows[:, 9:25] if self.ray_table.shape[1] > 9 else None
+        ids = tf.cast(rows[:, 25], tf.int32) if self.appearance_ids else None
+        return rows[:, 0:3], rows[:, 3:6], rows[:, 6:9], sh, ids
 
     # ---- the step (eager) -----------------------------------------------------------------------------------
     def step(self, step_no, ctrl=0.0):

@@ -39,6 +39,20 @@ CAMERAS = (
 )
 
 
+# COLMAP parameters in pixels (focal lengths, principal point) at the head of each model's list; the rest (distortion)
+# are in normalised image coordinates and do not change with the image size
+PIXEL_PARAMS = {"SIMPLE_PINHOLE": 3, "PINHOLE": 4, "SIMPLE_RADIAL": 3, "RADIAL": 3, "OPENCV": 4}
+BASE_SIZE = (64, 48)
+
+
+def camera_params(k: int, scale: int = 1):
+    """(model, width, height, parameters) of camera ``k`` of :data:`CAMERAS` for images ``scale`` times 64×48."""
+    model, params = CAMERAS[k]
+    n = PIXEL_PARAMS[model]
+    return (model, BASE_SIZE[0] * scale, BASE_SIZE[1] * scale,
+            tuple(p * scale for p in params[:n]) + tuple(params[n:]))
+
+
 def _similarity(angle_axis, scale, translation) -> np.ndarray:
     axis = np.asarray(angle_axis, np.float64)
     theta = float(np.linalg.norm(axis))
@@ -117,10 +131,10 @@ class Capture:
     c2w: np.ndarray
     points: np.ndarray
     colors: np.ndarray
+    scale: int = 1  # the images are scale × 64×48
 
     def camera(self, k: int) -> Camera:
-        model, params = CAMERAS[k]
-        return colmap_camera(model, 64, 48, params)
+        return colmap_camera(*camera_params(k, self.scale))
 
 
 def camera_poses(n: int) -> np.ndarray:
@@ -133,35 +147,39 @@ def camera_poses(n: int) -> np.ndarray:
     return np.stack(poses)
 
 
-def pixel_rays(model: str, params, c2w: np.ndarray, ss: int = 1):
-    """Rays through the ``ss × ss`` sub-pixel centres of a 64×48 COLMAP camera, undistorted by pycolmap
-    → (origins, unit directions) ``[48*ss, 64*ss, 3]`` in the frame of ``c2w``."""
+def pixel_rays(model: str, params, c2w: np.ndarray, ss: int = 1, width: int = 64, height: int = 48):
+    """Rays through the ``ss × ss`` sub-pixel centres of a ``width``×``height`` COLMAP camera, undistorted by
+    pycolmap → (origins, unit directions) ``[height*ss, width*ss, 3]`` in the frame of ``c2w``."""
     import pycolmap
 
-    cam = pycolmap.Camera(model=model, width=64, height=48, params=list(params))
-    u, v = np.meshgrid((np.arange(64 * ss) + 0.5) / ss, (np.arange(48 * ss) + 0.5) / ss, indexing="xy")
+    cam = pycolmap.Camera(model=model, width=width, height=height, params=list(params))
+    u, v = np.meshgrid((np.arange(width * ss) + 0.5) / ss, (np.arange(height * ss) + 0.5) / ss, indexing="xy")
     xy = cam.cam_from_img(np.stack([u.ravel(), v.ravel()], -1).astype(np.float64))
     d = np.concatenate([xy[:, :1], -xy[:, 1:], -np.ones((len(xy), 1))], -1)  # OpenCV → OpenGL camera axes
     d = d @ np.asarray(c2w)[:3, :3].T
     d /= np.linalg.norm(d, axis=-1, keepdims=True)
     o = np.broadcast_to(np.asarray(c2w)[:3, 3], d.shape)
-    return o.reshape(48 * ss, 64 * ss, 3), d.reshape(48 * ss, 64 * ss, 3)
+    return o.reshape(height * ss, width * ss, 3), d.reshape(height * ss, width * ss, 3)
 
 
-def render(n_views: int = 16, ss: int = 2, n_points: int = 400, seed: int = 0) -> Capture:
-    """The capture: ``n_views`` images of 64×48, each the mean of ``ss × ss`` rays per pixel."""
+def render(n_views: int = 16, ss: int = 2, n_points: int = 400, seed: int = 0, scale: int = 1,
+           cameras=None) -> Capture:
+    """The capture: ``n_views`` images of ``scale`` × 64×48, each the mean of ``ss × ss`` rays per pixel; view
+    ``i`` is seen by camera ``cameras[i % len(cameras)]`` (indices into :data:`CAMERAS`, default all of them)."""
     poses = camera_poses(n_views)
     rng = np.random.default_rng(seed)
+    cameras = list(range(len(CAMERAS))) if cameras is None else list(cameras)
     images, cams, pts, cols = [], [], [], []
     for i, c2w in enumerate(poses):
-        k = i % len(CAMERAS)
-        o, d = pixel_rays(*CAMERAS[k], c2w, ss)
-        rgb = trace(o.reshape(-1, 3), d.reshape(-1, 3), SCENE)[:, :3].reshape(48, ss, 64, ss, 3).mean(axis=(1, 3))
+        k = cameras[i % len(cameras)]
+        model, W, H, params = camera_params(k, scale)
+        o, d = pixel_rays(model, params, c2w, ss, W, H)
+        rgb = trace(o.reshape(-1, 3), d.reshape(-1, 3), SCENE)[:, :3].reshape(H, ss, W, ss, 3).mean(axis=(1, 3))
         images.append(np.round(rgb * 255).astype(np.uint8))
         cams.append(k)
         # sparse points: the first surfaces hit by a few pixel rays (the dome is not triangulated: too far)
-        o1, d1 = pixel_rays(*CAMERAS[k], c2w, 1)
-        pick = rng.choice(48 * 64, n_points // n_views, replace=False)
+        o1, d1 = pixel_rays(model, params, c2w, 1, W, H)
+        pick = rng.choice(H * W, n_points // n_views, replace=False)
         o1, d1 = o1.reshape(-1, 3)[pick], d1.reshape(-1, 3)[pick]
         ts = np.stack([p.intersect(o1, d1) for p in SCENE])
         which, t = np.argmin(ts, 0), np.min(ts, 0)
@@ -170,4 +188,4 @@ def render(n_views: int = 16, ss: int = 2, n_points: int = 400, seed: int = 0) -
         pts.append(p)
         cols.append(np.round(trace(o1[keep], d1[keep], SCENE)[:, :3] * 255).astype(np.uint8))
     return Capture(np.stack(images), [f"frame_{i:03d}" for i in range(n_views)], np.array(cams), poses,
-                   np.concatenate(pts), np.concatenate(cols))
+                   np.concatenate(pts), np.concatenate(cols), int(scale))
