@@ -434,7 +434,21 @@ def test_parser_follows_calls_to_fiber_functions_per_kernel(tmp_path, case):
     assert {k.name: k.needs_fibers for k in plain.kernels} == {"a": case in UNDECIDED, "b": case in UNDECIDED}
 
 
+def test_parser_follows_template_kernels_and_their_instantiations():
+    text = """#include <metal_stdlib>
+template <typename T> inline T tot(T v) { return simd_sum(v); }
+template <typename T>
+kernel void k(device T* x [[buffer(0)]], uint i [[thread_position_in_grid]]) { x[i] = tot(x[i]); }
+template <typename T>
+kernel void plain(device T* x [[buffer(0)]], uint i [[thread_position_in_grid]]) { x[i] = x[i]; }
+template [[host_name("k_float")]] kernel decltype(k<float>) k<float>;
+template [[host_name("plain_float")]] kernel decltype(plain<float>) plain<float>;
+"""
+    assert {k.name: k.needs_fibers for k in glue.parse_metal("s.metal", text=text).kernels} == {"k": True, "plain": False}
+
+
 @pytest.mark.parametrize("call", ["simd_sum(v)", "metal::simd_shuffle_down(v, 1)", "quad_broadcast(v, 0)",
+                                  "simd_sum<float>(v)",
                                   "simdgroup_barrier(mem_flags::mem_none)", "simd_ballot(v > 0)"])
 def test_parser_sends_simd_group_functions_to_fibers(call):
     text = f"kernel void k(device float* x [[buffer(0)]]) {{ float v = x[0]; {call}; }}\n"

@@ -222,7 +222,7 @@ _FUNCTION_CONSTANT = re.compile(
     r"\bconstant\s+([A-Za-z_]\w*)\s+([A-Za-z_]\w*)\s*\[\[\s*function_constant\s*\(\s*(\d+)\s*\)\s*\]\]\s*;")
 # A call that needs the fibers of msl_emu's runtime: a barrier or a SIMD-group function.
 _BARRIER = re.compile(r"\bthreadgroup_barrier\s*\(")
-_FIBER_CALL = re.compile(r"\b(?:threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*\(")
+_FIBER_CALL = re.compile(r"\b(?:threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*(?:<[^<>;{}()]*>\s*)?\(")
 _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 _DECL = re.compile(
     r"^(?P<quals>(?:(?:device|constant|threadgroup|thread|const|volatile)\s+)*)"
@@ -539,8 +539,11 @@ def _scope_items(code: str, begin: int, end: int, out: list[tuple[str, str | Non
 
 
 def _is_prototype(text: str) -> bool:
-    """A function declaration without a body (it calls nothing)."""
+    """A function declaration without a body, or an explicit template instantiation (`template [[host_name("k_f")]]
+    kernel decltype(k<float>) k<float>;`, as MLX-style sources write): it runs nothing of its own."""
     head = _ATTRIBUTE_SPAN.sub(" ", text.strip().removesuffix(";"))
+    if re.match(r"\s*template\b(?!\s*<)", head):
+        return True
     return "=" not in head and bool(_FUNCTION_HEAD_END.search(head.rstrip()))
 
 
