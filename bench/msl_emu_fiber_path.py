@@ -1,20 +1,28 @@
-"""Hash-grid kernels without SIMD-group calls on msl_emu's fiber-free fast path: seconds per call on the emulated GPU
-(/GPU:0, TF_METAL_OPS_EMULATED_GPU=1, direct backend: the package's GPU host code and metal_kernels/hash_grid.metal
-run on the CPU through csrc/msl_emu), with the CPU kernels (/CPU:0) of the same ops timed in the same process as a
-control for the load of a shared machine.
+"""Hash-grid kernels without SIMD-group calls on msl_emu's fiber-free fast path, in two parts:
 
-    python bench/msl_emu_fiber_path.py [--repeats 9] [--points 65536] [--json OUT]
+  runtime   the encoding and position gradient of this checkout's metal_kernels/hash_grid.metal launched through
+            msl_emu::dispatch_threads without TensorFlow (bench/msl_emu_fiber_path.cc, compiled with clang++ >= 16 at
+            -O2 as the emulated GPU compiles kernels), alternately on fibers (what every kernel of the file got
+            while the decision was made per file) and on the fast path (what they get now, per kernel), in one
+            process: same inputs, workers and machine load; outputs checked bitwise equal. --workers 1 and all CPUs.
+  emulated  seconds per op call on the emulated GPU (/GPU:0, TF_METAL_OPS_EMULATED_GPU=1, direct backend: the
+            installed package's GPU host code and kernels), with the CPU kernels (/CPU:0) of the same ops timed in
+            the same process as a control for the load of a shared machine. Compare two installs by running it
+            with each (or with PYTHONPATH pointing at a copy of the other's installed tf_metal_ops first).
+
+    python bench/msl_emu_fiber_path.py [--parts runtime,emulated] [--repeats 9] [--points 65536] [--json OUT]
 
 Whether a kernel runs as fibers is decided per kernel by tf_metal_ops/msl_emu.py (csrc/msl_emu/README.md,
 "Fiber-free fast path"): hash_grid.metal's table-gradient scatters call SIMD-group functions, its encoding and
-position gradient do not. Run this on two installs (`pip install .` of each commit) to compare them; the report
-lists the kernels each case dispatched. Cases (D=3, L=16, F=2, log2 T=19, N_min=16, b=1.5, linear; --points points):
+position gradient do not. The emulated part lists the kernels each case dispatched. Cases (D=3, L=16, F=2,
+log2 T=19, N_min=16, b=1.5, hash grid, linear; --points points):
   encode f32        hash_grid_encode, float32 table (kernel hash_grid_encode_float32);
   encode f16        the same with a float16 table (hash_grid_encode_float16);
   grad positions    d/dpositions of the encoding, the table not watched (hash_grid_grad_positions_float32).
-Each call runs in a tf.function; the timer stops after tf_metal_ops.emulated_gpu.synchronize() and .numpy() of
-every output. Median (min..max) of --repeats calls after one warm-up call. The emulated GPU's speed says nothing
-about a Mac's GPU: it is the cost of running the emulation (tests, examples) on this CPU.
+(the runtime part runs encode f32 and grad positions, 64 threads per group.) Emulated: each call runs in a
+tf.function; the timer stops after tf_metal_ops.emulated_gpu.synchronize() and .numpy() of every output. Median
+(min..max) of --repeats calls after one warm-up call (runtime: rounds of one launch per mode). The emulated GPU's
+speed says nothing about a Mac's GPU: it is the cost of running the emulation (tests, examples) on this CPU.
 """
 
 from __future__ import annotations
@@ -23,11 +31,13 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from bench_util import cpu_model
 
@@ -110,6 +120,52 @@ def worker(points: int, repeats: int) -> dict:
             or "default (all CPUs)"}
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def find_clang() -> str:
+    for c in (os.environ.get("TF_METAL_OPS_CLANGXX"), "clang++-16", "clang++-17", "clang++-18", "clang++"):
+        if c and shutil.which(c):
+            return c
+    raise SystemExit("the runtime part needs clang++ >= 16 (TF_METAL_OPS_CLANGXX, or clang++-16 on PATH)")
+
+
+def runtime_part(points: int, repeats: int) -> dict:
+    """Medians per (kernel, mode, workers) of bench/msl_emu_fiber_path.cc, built from this checkout."""
+    clang = find_clang()
+    with tempfile.TemporaryDirectory(prefix="tfmo-bench-fiber-rt-") as tmp:
+        exe = os.path.join(tmp, "fiber_path")
+        incs = [f"-I{REPO / d}" for d in ("csrc/msl_emu/include", "csrc/msl_emu", "csrc/shared", "metal_kernels")]
+        subprocess.run([clang, "-x", "c++", "-std=c++20", "-O2", "-DNDEBUG", "-Wno-unknown-attributes", *incs,
+                        str(REPO / "bench" / "msl_emu_fiber_path.cc"), "-o", exe], check=True)
+        rows = []
+        for workers in sorted({1, os.cpu_count() or 1}):
+            res = subprocess.run([exe, str(points), str(repeats), str(workers)], capture_output=True, text=True,
+                                 check=True)
+            times = {}
+            for line in res.stdout.splitlines():
+                kernel, mode, *vals = line.split()
+                times[(kernel, mode)] = [float(v) for v in vals]
+            for kernel in dict.fromkeys(k for k, _ in times):
+                fib, fast = times[(kernel, "fibers")], times[(kernel, "fast")]
+                rows.append({"kernel": kernel, "workers": workers, "fibers_s": statistics.median(fib),
+                             "fast_s": statistics.median(fast), "fibers_all": fib, "fast_all": fast,
+                             "ratio": statistics.median(fast) / statistics.median(fib)})
+                print(f"  {kernel}, {workers} worker(s): fibers {rows[-1]['fibers_s']:.4f} s, fast path "
+                      f"{rows[-1]['fast_s']:.4f} s", file=sys.stderr, flush=True)
+    return {"compiler": clang, "rows": rows}
+
+
+def runtime_table(part: dict) -> str:
+    lines = ["| kernel | workers | on fibers (per-file decision) s, median (min..max) | fast path (per-kernel) s | "
+             "fast / fibers |", "|---|---|---|---|---|"]
+    for r in part["rows"]:
+        fib, fast = r["fibers_all"], r["fast_all"]
+        lines.append(f"| {r['kernel']} | {r['workers']} | {r['fibers_s']:.4f} ({min(fib):.4f}..{max(fib):.4f}) | "
+                     f"{r['fast_s']:.4f} ({min(fast):.4f}..{max(fast):.4f}) | {r['ratio']:.2f} |")
+    return "\n".join(lines)
+
+
 def table(report: dict) -> str:
     lines = ["| case | kernels dispatched | emulated /GPU:0 s/call, median (min..max) | CPU /CPU:0 s/call (control) |",
              "|---|---|---|---|"]
@@ -122,37 +178,47 @@ def table(report: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="runtime,emulated", help="comma-separated: runtime, emulated")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--points", type=int, default=1 << 16)
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run the measurements, write JSON here
+    ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run the emulated part, write JSON here
     args = ap.parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p]
     if args.repeats < 1 or args.points < 1:
         ap.error("--repeats and --points must be >= 1")
+    if not parts or set(parts) - {"runtime", "emulated"}:
+        ap.error("--parts takes runtime and/or emulated")
     if args.worker:
         with open(args.worker, "w") as f:
             json.dump(worker(args.points, args.repeats), f)
         return 0
     report = {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(), "repeats": args.repeats,
               "points": args.points, "config": CONFIG, "loadavg_before": os.getloadavg()}
-    print(f"hash grid on the emulated GPU: {report['cpu']} ({report['cores']} cores), {args.points} points, "
-          f"medians of {args.repeats} calls; load average {report['loadavg_before'][0]:.2f}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="tfmo-bench-fiber-") as tmp:
-        out = os.path.join(tmp, "worker.json")
-        env = dict(os.environ, TF_METAL_OPS_EMULATED_GPU="1")
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", out, "--repeats", str(args.repeats),
-               "--points", str(args.points)]
-        res = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
-        if res.returncode != 0:
-            sys.stderr.write(res.stdout + res.stderr[-6000:])
-            raise SystemExit(f"the emulated-GPU worker failed (exit {res.returncode})")
-        with open(out) as f:
-            report.update(json.load(f))
+    print(f"hash grid, msl_emu fast path vs fibers: {report['cpu']} ({report['cores']} cores), {args.points} points, "
+          f"medians of {args.repeats}; load average {report['loadavg_before'][0]:.2f}", flush=True)
+    if "runtime" in parts:
+        report["runtime"] = runtime_part(args.points, args.repeats)
+        print(f"\nmsl_emu runtime, no TensorFlow ({report['runtime']['compiler']} -O2; load average "
+              f"{os.getloadavg()[0]:.2f}):\n")
+        print(runtime_table(report["runtime"]))
+    if "emulated" in parts:
+        with tempfile.TemporaryDirectory(prefix="tfmo-bench-fiber-") as tmp:
+            out = os.path.join(tmp, "worker.json")
+            env = dict(os.environ, TF_METAL_OPS_EMULATED_GPU="1")
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", out, "--repeats", str(args.repeats),
+                   "--points", str(args.points)]
+            res = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
+            if res.returncode != 0:
+                sys.stderr.write(res.stdout + res.stderr[-6000:])
+                raise SystemExit(f"the emulated-GPU worker failed (exit {res.returncode})")
+            with open(out) as f:
+                report["emulated"] = json.load(f)
+        print(f"\nemulated GPU, TensorFlow {report['emulated']['tensorflow']}, workers: "
+              f"{report['emulated']['emu_workers']}; load average {os.getloadavg()[0]:.2f}:\n")
+        print(table(report["emulated"]))
     report["loadavg_after"] = os.getloadavg()
-    print(f"TensorFlow {report['tensorflow']}, emulated GPU workers: {report['emu_workers']}; load average after "
-          f"{report['loadavg_after'][0]:.2f}\n")
-    print(table(report))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
