@@ -1,4 +1,5 @@
-// bench/msl_emu_fiber_path.py's runtime part: the hash-grid encoding and position gradient of
+// bench/msl_emu_fiber_path.py's runtime part: the hash-grid encoding, the position gradient and the zero fill of the
+// table gradient's accumulator (hash_grid_fill_zero: one store per thread, where a thread's fiber costs the most) of
 // metal_kernels/hash_grid.metal launched through msl_emu::dispatch_threads in one process, alternately on fibers
 // (Options::fiber_free = false: every kernel of the file ran so while the fiber decision was made per file) and on
 // the fiber-free fast path (what the kernels get now, decided per kernel), with the same inputs, workers and order.
@@ -62,12 +63,14 @@ int main(int argc, char** argv) {
   const std::vector<float> positions = uniform(size_t(n) * 3, 0.0f, 1.0f, 1);
   const std::vector<float> params = uniform(size_t(rows) * 2, -1e-4f, 1e-4f, 2);
   const std::vector<float> dy = uniform(size_t(n) * 32, -1.0f, 1.0f, 3);
-  std::vector<float> out(size_t(n) * 32), dx(size_t(n) * 3);
+  std::vector<float> out(size_t(n) * 32), dx(size_t(n) * 3), acc(size_t(rows) * 2);
   std::vector<float> ref_out, ref_dx;
+  HgArgs fill{};
+  fill.count = uint(acc.size());
   msl_emu::Options opt = msl_emu::Options::from_env();
   opt.workers = workers;
   const char* modes[2] = {"fibers", "fast"};
-  std::vector<double> t_encode[2], t_grad[2];
+  std::vector<double> t_encode[2], t_grad[2], t_fill[2];
   for (int r = 0; r < repeats + 1; ++r) {  // the first round warms up (fiber stacks, pages) and is not reported
     for (int m = 0; m < 2; ++m) {
       opt.fiber_free = m == 1;
@@ -85,6 +88,17 @@ int main(int argc, char** argv) {
                                            t.thread_position_in_grid.x);
         }, opt);
       });
+      std::memset(acc.data(), 0xFF, acc.size() * sizeof(float));
+      const double tf = seconds([&] {
+        msl_emu::dispatch_threads(fill.count, 256u, [&](const msl_emu::ThreadCtx& t) {
+          hash_grid_fill_zero(acc.data(), fill, t.thread_position_in_grid.x);
+        }, opt);
+      });
+      for (float v : acc)
+        if (v != 0.0f) {
+          std::fprintf(stderr, "hash_grid_fill_zero left a non-zero element (%s)\n", modes[m]);
+          return 1;
+        }
       if (ref_out.empty()) {
         ref_out = out, ref_dx = dx;
       } else if (std::memcmp(out.data(), ref_out.data(), out.size() * sizeof(float)) != 0 ||
@@ -92,7 +106,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "outputs differ between rounds or modes (round %d, %s)\n", r, modes[m]);
         return 1;
       }
-      if (r > 0) t_encode[m].push_back(te), t_grad[m].push_back(tg);
+      if (r > 0) t_encode[m].push_back(te), t_grad[m].push_back(tg), t_fill[m].push_back(tf);
     }
   }
   for (int m = 0; m < 2; ++m) {
@@ -100,6 +114,8 @@ int main(int argc, char** argv) {
     for (double s : t_encode[m]) std::printf(" %.6f", s);
     std::printf("\nhash_grid_grad_positions_float32 %s", modes[m]);
     for (double s : t_grad[m]) std::printf(" %.6f", s);
+    std::printf("\nhash_grid_fill_zero %s", modes[m]);
+    for (double s : t_fill[m]) std::printf(" %.6f", s);
     std::printf("\n");
   }
   return 0;

@@ -18,8 +18,12 @@ position gradient do not. The emulated part lists the kernels each case dispatch
 log2 T=19, N_min=16, b=1.5, hash grid, linear; --points points):
   encode f32        hash_grid_encode, float32 table (kernel hash_grid_encode_float32);
   encode f16        the same with a float16 table (hash_grid_encode_float16);
-  grad positions    d/dpositions of the encoding, the table not watched (hash_grid_grad_positions_float32).
-(the runtime part runs encode f32 and grad positions, 64 threads per group.) Emulated: each call runs in a
+  grad positions    d/dpositions of the encoding, the table not watched (hash_grid_grad_positions_float32);
+  grad params       d/dparams of the encoding: the accumulator's zero fill (hash_grid_fill_zero, no SIMD-group
+                    calls) and the table-gradient scatter (hash_grid_grad_params_d3f2_float32, SIMD-group run sums:
+                    fibers before and after).
+The runtime part runs encode f32 and grad positions (64 threads per group) and hash_grid_fill_zero over the
+table gradient's accumulator (rows x F floats, 256 per group: one store per thread). Emulated: each call runs in a
 tf.function; the timer stops after tf_metal_ops.emulated_gpu.synchronize() and .numpy() of every output. Median
 (min..max) of --repeats calls after one warm-up call (runtime: rounds of one launch per mode). The emulated GPU's
 speed says nothing about a Mac's GPU: it is the cost of running the emulation (tests, examples) on this CPU.
@@ -82,7 +86,15 @@ def worker(points: int, repeats: int) -> dict:
                 y = t.hash_grid_encode(v["x"], v["p"], **kw)
             return tape.gradient(y, v["x"], output_gradients=v["dy"])
 
-        return {"encode f32": encode32, "encode f16": encode16, "grad positions": grad_positions}
+        @tf.function
+        def grad_params():
+            with tf.GradientTape() as tape:
+                tape.watch(v["p"])
+                y = t.hash_grid_encode(v["x"], v["p"], **kw)
+            return tape.gradient(y, v["p"], output_gradients=v["dy"])
+
+        return {"encode f32": encode32, "encode f16": encode16, "grad positions": grad_positions,
+                "grad params": grad_params}
 
     def timed(d, fn):
         def once():
