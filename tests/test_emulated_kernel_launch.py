@@ -409,6 +409,8 @@ FOLLOWED = {
     "macro_to_helper": ("inline float total(float v) { return simd_sum(v); }\n#define TOTAL(v) total(v)\n",
                         "x[i] = TOTAL(v);", "x[i] = v;"),
     "pasted_name": ("#define CAT(p, q) p##q\n", "x[i] = CAT(simd_, sum)(v);", "x[i] = CAT(fl, oat)(v);"),
+    "macro_before_name": ("#define ALIGNED(n) inline\nALIGNED(16) float total(float v) { return simd_sum(v); }\n",
+                          "x[i] = total(v);", "x[i] = v;"),
     "prototype_first": ("inline float total(float v);\ninline float total(float v) { return simd_sum(v); }\n",
                         "x[i] = total(v);", "x[i] = v;"),
 }
@@ -417,6 +419,8 @@ UNDECIDED = {  # the analysis cannot follow the source: every kernel gets fibers
     "free_operator": ("struct V { float x; };\ninline V operator+(V l, V r) { return V{simd_sum(l.x) + r.x}; }\n",
                       "x[i] = (V{v} + V{v}).x;", "x[i] = v;"),
     "file_scope_lambda": ("constant auto red = [](float v) { return simd_sum(v); };\n", "x[i] = red(v);", "x[i] = v;"),
+    "macro_defines_function": ("#define DEF(name) inline float name(float v) { return simd_sum(v); }\nDEF(total)\n",
+                               "x[i] = total(v);", "x[i] = v;"),
     "if_splits_braces": ("#if FOO\ninline float f(float v) {\n#else\ninline float f(float v, float w) {\n#endif\n"
                          "  return simd_sum(v); }\n", "x[i] = f(v);", "x[i] = v;"),
 }

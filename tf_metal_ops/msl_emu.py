@@ -474,29 +474,31 @@ def _skip_template_heads(head: str) -> str:
         head = head[j:]
 
 
-def _function_name(head: str) -> str | None:
-    """The name a function definition's head declares; "operator" for operators; None when it is not a plain name
-    (a lambda, a name behind decltype(...))."""
-    depth = 0
+def _function_names(head: str) -> tuple[str, ...]:
+    """The names a function definition's head may declare: every name followed by `(` outside parentheses (the
+    function's, and a macro's in front of it, `ALIGN(16) float f(...)`, or a constructor's member initialisers),
+    "operator" for an operator; empty when there is none (a lambda)."""
+    names, depth = [], 0
     for j, c in enumerate(head):
         if c == "(" and depth == 0:
             before = head[:j].rstrip()
             if re.search(r"\boperator\s*(?:\(\s*\)\s*)?$", before) or re.search(r"\boperator\b\s*\S+$", before):
-                return "operator"
+                names.append("operator")
             m = re.search(r"(~?[A-Za-z_]\w*)$", before)
-            return None if m is None or m.group(1) in _NOT_A_NAME else m.group(1).lstrip("~")
+            if m is not None and m.group(1) not in _NOT_A_NAME:
+                names.append(m.group(1).lstrip("~"))
         if c in "([":
             depth += 1
         elif c in ")]":
             depth -= 1
-    return None
+    return tuple(dict.fromkeys(names))
 
 
-def _scope_items(code: str, begin: int, end: int, out: list[tuple[str, str | None, str]]) -> None:
-    """The items of one scope code[begin:end] into `out`, as (kind, name, text): "function" (a definition, head and
-    body; name None when it is no plain name, "operator" for operators), "type" (a struct/class/union definition;
-    its member functions follow as items of their own, kind "member"), or "declaration" (anything else up to its
-    `;`: variables, prototypes, aliases, enums). Namespaces are opened."""
+def _scope_items(code: str, begin: int, end: int, out: list[tuple[str, tuple[str, ...], str]]) -> None:
+    """The items of one scope code[begin:end] into `out`, as (kind, names, text): "function" (a definition, head and
+    body; names: _function_names), "type" (a struct/class/union definition, names: its name or none; its member
+    functions follow as items of their own, kind "member"), or "declaration" (anything else up to its `;`:
+    variables, prototypes, aliases, enums; no names). Namespaces are opened."""
     start, depth, i = begin, 0, begin
     while i < end:
         c = code[i]
@@ -510,7 +512,7 @@ def _scope_items(code: str, begin: int, end: int, out: list[tuple[str, str | Non
             raise _Undecided("unbalanced braces")
         elif c == ";" and depth == 0:
             if code[start:i].strip():
-                out.append(("declaration", None, code[start:i + 1]))
+                out.append(("declaration", (), code[start:i + 1]))
             start = i + 1
         elif c == "{" and depth == 0:
             close = _matching_brace(code, i, end)
@@ -522,11 +524,11 @@ def _scope_items(code: str, begin: int, end: int, out: list[tuple[str, str | Non
             elif re.search(r"=\s*$", head) or re.search(r"\benum\b", head):
                 pass  # an initialiser or an enumeration: the declaration goes on to its `;`
             elif _FUNCTION_HEAD_END.search(head.rstrip()):
-                out.append(("function", _function_name(head), code[start:close + 1]))
+                out.append(("function", _function_names(head), code[start:close + 1]))
                 start = close + 1
             elif struct:
-                out.append(("type", struct.group(1), code[start:close + 1]))
-                members: list[tuple[str, str | None, str]] = []
+                out.append(("type", (struct.group(1),) if struct.group(1) else (), code[start:close + 1]))
+                members: list[tuple[str, tuple[str, ...], str]] = []
                 _scope_items(code, i + 1, close, members)
                 out += [("member", name, text) for kind, name, text in members if kind in ("function", "member")]
                 start = close + 1  # declarators up to the `;` follow as a declaration
@@ -535,7 +537,7 @@ def _scope_items(code: str, begin: int, end: int, out: list[tuple[str, str | Non
     if depth:
         raise _Undecided("unbalanced parentheses")
     if code[start:end].strip():
-        out.append(("declaration", None, code[start:end]))
+        out.append(("declaration", (), code[start:end]))
 
 
 def _is_prototype(text: str) -> bool:
@@ -559,7 +561,8 @@ def _kernels_needing_fibers(kernels: list[str], sources: list[str], complete: bo
     name: `f<T>(x)` names f, and a functor or type argument is named where the template is used. Every kernel needs
     fibers when the analysis cannot tell: a header that is not found, braces or parentheses that do not balance
     (an #if whose branches open a block differently), or a barrier or SIMD-group call reached from code that has no
-    name to follow (a free operator, a lambda or initialiser at file scope). Blind spot, caught at run time by the
+    name to follow (a free operator, a lambda or initialiser at file scope, a macro that needs fibers used outside
+    every body, which may define functions). Blind spot, caught at run time by the
     fast path's fatal error: a name pasted from pieces that split those words (`threadgroup_bar ## rier`).
     """
     everything = "".join(sources)
@@ -570,22 +573,29 @@ def _kernels_needing_fibers(kernels: list[str], sources: list[str], complete: bo
         return set(kernels)
     texts: dict[str, list[str]] = {}
     unnamed: list[str] = []  # reached from code with no name to follow
+    heads: list[str] = []  # what precedes the body of each function and type definition
     macros: dict[str, str] = {}
+    codes = []
+    for source in sources:
+        code, defines = _split_directives(source)
+        codes.append(code)
+        for name, replacement in defines:
+            macros[name] = macros.get(name, "") + " " + replacement
     try:
-        for source in sources:
-            code, defines = _split_directives(source)
-            for name, replacement in defines:
-                macros[name] = macros.get(name, "") + " " + replacement
-            items: list[tuple[str, str | None, str]] = []
+        for code in codes:
+            items: list[tuple[str, tuple[str, ...], str]] = []
             _scope_items(code, 0, len(code), items)
-            for kind, name, text in items:
+            for kind, names, text in items:
+                names = tuple(n for n in names if n not in macros)  # `ALIGN(16) float f(...)` defines f
                 if kind == "declaration" and _is_prototype(text):
                     continue
-                if kind == "member" and name in (None, "operator"):
+                if kind == "member" and (not names or "operator" in names):
                     continue  # part of its type's node, which every use of the type names
-                if kind == "declaration" or name in (None, "operator"):
+                if kind in ("function", "type"):
+                    heads.append(text.split("{", 1)[0])
+                if not names or "operator" in names:
                     unnamed.append(text)
-                else:
+                for name in names:
                     texts.setdefault(name, []).append(text)
     except _Undecided:
         return set(kernels)
@@ -619,6 +629,9 @@ def _kernels_needing_fibers(kernels: list[str], sources: list[str], complete: bo
         d, refs = node(text, False)
         if d or refs & needing:
             return set(kernels)
+    # A macro that needs fibers used outside a body may define functions under names it builds (`DEF(total)`).
+    if any(set(_IDENT.findall(h)) & needing & macros.keys() for h in heads):
+        return set(kernels)
     return {k for k in kernels if k in needing or k not in texts}
 
 
