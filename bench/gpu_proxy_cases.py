@@ -27,7 +27,7 @@ import numpy as np
 HG_LEVEL = np.dtype([("offset", "<u4"), ("size", "<u4"), ("resolution", "<u4"), ("mode", "<u4"),
                      ("n_stride_dims", "<u4"), ("scale", "<f4"), ("stride", "<u4", (4,))])
 HG_ARGS = np.dtype([(n, "<u4") for n in ("n", "dims", "n_features", "n_levels", "n_active", "interpolation", "count",
-                                         "n_aggregate")])
+                                         "n_aggregate", "order", "slot", "level_group")])
 VR_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4"), ("C", "<u4"), ("bg_mode", "<u4"), ("threshold", "<f4")])
 DL_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4")])
 VRP_PARAMS = np.dtype([("R", "<u4"), ("N", "<u4"), ("C", "<u4"), ("bg_mode", "<u4"), ("threshold", "<f4")])
@@ -299,7 +299,7 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
 
     grid2 = (n, n_levels, 1)  # the table-gradient scatters: threadgroups 1-D along the points, one level each
     tg = (256, 1, 1)
-    enc_grid, enc_group = (n * n_levels, 1, 1), (256, 1, 1)  # encode: one thread per (point, level), level fastest
+    enc_group = (256, 1, 1)  # encode: one thread per (point, level)
     blocks = ((n + 511) // 512, n_levels, 1)
     zero_acc = [Launch("hash_grid", "hash_grid_fill_zero", [("buf", "acc"), ("buf", "args")], (rows * F, 1, 1), (256, 1, 1))]
     table = nbytes(arrays, "params")  # read once at least (L2 may hold the coarse levels)
@@ -328,13 +328,23 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                          ((n * n_levels + 511) // 512, 1, 1), (512, 1, 1), msl=False)],
                  arrays, lambda half=half: {("out16" if half else "out"): first(ref(half)["out"], enc_tol(ref(half), half))},
                  ("copy", io + table)),
-            Case(f"hash_grid_encode_{t}", "hash_grid",
-                 [Launch("hash_grid", f"hash_grid_encode_{t}", [("buf", "x"), ("buf", p), ("buf", "levels"),
-                                                                 ("buf", "args"), ("buf", o)], enc_grid, enc_group)],
-                 arrays, lambda half=half, o=o: {o: first(ref(half)["out"], enc_tol(ref(half), half))},
-                 ("case", f"hg_gather_{bt} (bare, tcnn launch, tcnn layout)"),
-                 note="bound: tiny-cuda-nn's launch and output layout"),
         ]
+        # The encode with G levels of 32 / G points per SIMD group (HgArgs.level_group; the host's choice
+        # EncodeLevelGroup: 32 / F, at most 16, at most the power of two >= L).
+        host_g = min(16, 32 // F)
+        while host_g > 1 and host_g // 2 >= n_levels:
+            host_g //= 2
+        for g in sorted({1, 2, 4, 8, 16, host_g}):
+            arrays[f"args_enc{g}"] = struct(HG_ARGS, n=n, dims=D, n_features=F, n_levels=n_levels, n_active=n_levels,
+                                            interpolation=1, level_group=g)
+            threads = (n * g + 31) // 32 * ((n_levels + g - 1) // g) * 32
+            cases.append(Case(f"hash_grid_encode_{t}, G={g}" + (" (host)" if g == host_g else ""), "hash_grid",
+                              [Launch("hash_grid", f"hash_grid_encode_{t}",
+                                      [("buf", "x"), ("buf", p), ("buf", "levels"), ("buf", f"args_enc{g}"),
+                                       ("buf", o)], (threads, 1, 1), enc_group)],
+                              arrays, lambda half=half, o=o: {o: first(ref(half)["out"], enc_tol(ref(half), half))},
+                              ("case", f"hg_gather_{bt} (bare, tcnn launch, tcnn layout)"),
+                              note="bound: tiny-cuda-nn's launch and output layout"))
 
 
     def gp_expect(half=False, second=False):
@@ -418,6 +428,59 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                                        ("buf", f"args_agg{k}"), ("buf", "acc")], grid2, tg)],
                               arrays, lambda: gp_expect(second=True),
                               ("case", "hg_scatter_f32 (bare, tcnn launch, float atomics)"), setup=zero_acc))
+    # The deterministic table gradient (attr deterministic: fixed-point sums with integer atomics, the same passes
+    # as csrc/gpu/hash_grid_gpu.cc FixedPointPasses): zeroing untimed, as the float path's; timed: the bounds
+    # (max |dy|, max |ddx|), the exponents, the scatter, the conversion into acc.
+    words = 3 * rows * F
+    arrays["words"] = np.zeros(words, np.uint32)
+    arrays["meta"] = np.zeros(2 + n_levels, np.uint32)
+    common = dict(n=n, dims=D, n_features=F, n_levels=n_levels, n_active=n_levels, interpolation=1,
+                  n_aggregate=n_levels)
+    for order in (1, 2):
+        arrays[f"args_det{order}"] = struct(HG_ARGS, **common, count=rows * F, order=order)
+    arrays["args_meta"] = struct(HG_ARGS, **common, count=2 + n_levels)
+    arrays["args_max_dy"] = struct(HG_ARGS, **common, count=n * n_levels * F, slot=0)
+    arrays["args_max_ddx"] = struct(HG_ARGS, **common, count=n * D, slot=1)
+    zero_det = [Launch("hash_grid", "hash_grid_fixed_init", [("buf", "words"), ("buf", "args_det1")],
+                       (words, 1, 1), (256, 1, 1)),
+                Launch("hash_grid", "hash_grid_fill_zero_uint", [("buf", "meta"), ("buf", "args_meta")],
+                       (2 + n_levels, 1, 1), (32, 1, 1))]
+
+    def max_pass(src, t, a):
+        return Launch("hash_grid", f"hash_grid_abs_max_{t}", [("buf", src), ("buf", a), ("buf", "meta")],
+                      (65536, 1, 1), (256, 1, 1))
+
+    def det_tail(order):
+        return Launch("hash_grid", "hash_grid_fixed_to_float32", [("buf", "words"), ("buf", "meta"), ("buf", "levels"),
+                                                                  ("buf", f"args_det{order}"), ("buf", "acc")],
+                      (rows * F, 1, 1), (256, 1, 1))
+
+    exps = {order: Launch("hash_grid", "hash_grid_fixed_exponents", [("buf", "levels"), ("buf", f"args_det{order}"),
+                                                                     ("buf", "meta")], (n_levels, 1, 1), (32, 1, 1))
+            for order in (1, 2)}
+    for pts, xname, expect, bare in (("random points", "x", gp_expect, "hg_scatter_f32 (bare, tcnn launch, float atomics)"),
+                                     ("rays", "x_rays", gp_expect_rays,
+                                      "hg_scatter_f32 (bare, tcnn launch, float atomics), rays")):
+        cases.append(Case(f"hash_grid_grad_params_det_d3f2_float32 (deterministic, all passes), {pts}", "hash_grid",
+                          [max_pass("dy", "float32", "args_max_dy"), exps[1],
+                           Launch("hash_grid", "hash_grid_grad_params_det_d3f2_float32",
+                                  [("buf", "dy"), ("buf", xname), ("buf", "levels"), ("buf", "args_det1"),
+                                   ("buf", "words"), ("buf", "meta")], grid2, tg), det_tail(1)],
+                          arrays, expect, ("case", bare), setup=zero_det))
+    cases.append(Case("hash_grid_grad_params_det_d3f2_float16 (deterministic, all passes), random points", "hash_grid",
+                      [max_pass("dy16", "float16", "args_max_dy"), exps[1],
+                       Launch("hash_grid", "hash_grid_grad_params_det_d3f2_float16",
+                              [("buf", "dy16"), ("buf", "x"), ("buf", "levels"), ("buf", "args_det1"),
+                               ("buf", "words"), ("buf", "meta")], grid2, tg), det_tail(1)],
+                      arrays, lambda: gp_expect(True), ("case", "hg_scatter_f16 (bare, tcnn launch, float atomics)"),
+                      setup=zero_det))
+    cases.append(Case("hash_grid_grad2_params_det_d3f2_float32 (deterministic, all passes), random points", "hash_grid",
+                      [max_pass("dy", "float32", "args_max_dy"), max_pass("ddx", "float32", "args_max_ddx"), exps[2],
+                       Launch("hash_grid", "hash_grid_grad2_params_det_d3f2_float32",
+                              [("buf", "ddx"), ("buf", "dy"), ("buf", "x"), ("buf", "levels"), ("buf", "args_det2"),
+                               ("buf", "words"), ("buf", "meta")], grid2, tg), det_tail(2)],
+                      arrays, lambda: gp_expect(second=True),
+                      ("case", "hg_scatter_f32 (bare, tcnn launch, float atomics)"), setup=zero_det))
     return cases
 
 
@@ -540,6 +603,7 @@ def render_cases(R=8192, S=128, C=3, seed=1, packed=False) -> list[Case]:
                "weights": lambda r: r["weights"]}
     one = (256, 1, 1)
     rays = (R, 1, 1)
+    ray_groups = (32 * R, 1, 1)  # packed kernels: one SIMD group per ray (csrc/gpu/render_packed_gpu.cc)
     if not packed:
         arrays.update(t=np.concatenate([s.reshape(R, S), e.reshape(R, S)[:, -1:]], axis=1), g_t=np.zeros((R, S + 1), np.float32),
                       vr=struct(VR_PARAMS, R=R, S=S, C=C, bg_mode=1, threshold=0.0), dl=struct(DL_PARAMS, R=R, S=S))
@@ -564,15 +628,16 @@ def render_cases(R=8192, S=128, C=3, seed=1, packed=False) -> list[Case]:
                       dl=struct(DLP_PARAMS, R=R, N=N))
         ins_f = ("sigma", "colors", "ts", "te", "splits", "bg")
         vr_f = Launch("render_packed", "volume_render_packed_forward",
-                      [("buf", n) for n in ins_f + ("status", "color", "depth", "opacity", "weights", "vr")], rays, one)
+                      [("buf", n) for n in ins_f + ("status", "color", "depth", "opacity", "weights", "vr")],
+                      ray_groups, one)
         vr_b = Launch("render_packed", "volume_render_packed_backward",
                       [("buf", n) for n in ins_f + ("gC", "gD", "gO", "gW", "status", "g_sigma", "g_colors", "g_ts",
-                                                     "g_te", "g_bg", "vr")], rays, one)
+                                                     "g_te", "g_bg", "vr")], ray_groups, one)
         dl_f = Launch("render_packed", "distortion_loss_packed_forward",
-                      [("buf", n) for n in ("w_in", "ts", "te", "splits", "status", "loss", "dl")], rays, one)
+                      [("buf", n) for n in ("w_in", "ts", "te", "splits", "status", "loss", "dl")], ray_groups, one)
         dl_b = Launch("render_packed", "distortion_loss_packed_backward",
                       [("buf", n) for n in ("w_in", "ts", "te", "splits", "gl", "status", "g_w", "g_ts", "g_te", "dl")],
-                      rays, one)
+                      ray_groups, one)
         back = {"g_sigma": lambda r: r["grad_densities"], "g_colors": lambda r: r["grad_colors"],
                 "g_ts": lambda r: r["grad_s"], "g_te": lambda r: r["grad_e"], "g_bg": lambda r: r["grad_background"]}
         dl_back = {"g_w": lambda r: r["dl_grad_w"], "g_ts": lambda r: r["dl_grad_s"], "g_te": lambda r: r["dl_grad_e"]}

@@ -2,8 +2,8 @@
 // kernels: csrc/shared/hash_grid_math.h). Host: csrc/gpu/hash_grid_gpu.cc. Buffers:
 //   positions [N*D] float, params [rows*F] T, levels [L] HgLevel (constant), args HgArgs (constant).
 // Kernels (T = float32 | float16; spelled out per dtype so the C++ emulation in csrc/msl_emu compiles them):
-//   hash_grid_encode_T        1-D grid of N*L threads: thread t encodes point t / L at level t % L (the level
-//                             fastest: a SIMD group writes one contiguous run of the [N, L*F] output).
+//   hash_grid_encode_T        1-D grid, one thread per (point, level): a SIMD group takes G levels of 32 / G points
+//                             (hg_encode_thread; G from the host).
 //                             Inactive levels (l >= n_active) write zeros. out [N, L*F] T.
 //   hash_grid_grad_params_T   grid (N, n_active), threadgroups 1-D along the points (a SIMD group is one level):
 //                             scatters weight * dy into acc [rows*F] float32 with float atomics (atomic_float on
@@ -20,7 +20,11 @@
 //                             grad_params (run sums on levels l < n_aggregate; acc zeroed first).
 //   hash_grid_grad_params_d3f2_T, hash_grid_grad2_params_d3f2_T: the same for D = 3, F = 2, linear interpolation
 //                             (compile-time; the host launches them for that configuration).
-//   hash_grid_fill_zero       x[i] = 0 for i < args.count (float32).
+//   hash_grid_grad{,2}_params_det[_d3f2]_T: the deterministic table gradients (HgFixedSink: fixed-point sums with
+//                             integer atomics into words [3 * rows * F] uint (hash_grid_fixed_init), header meta
+//                             [2 + L] uint, zeroed), with hash_grid_abs_max_T (max |dy|, max |ddx|), hash_grid_fixed_exponents
+//                             (grid L) before and hash_grid_fixed_to_T (grid rows * F, into the output) after.
+//   hash_grid_fill_zero, hash_grid_fill_zero_uint  x[i] = 0 for i < args.count (float32, uint).
 //   hash_grid_float_to_half   y[i] = half(x[i]) for i < args.count.
 // Specialisation: D, F and the interpolation as compile-time constants keep points, weights and accumulators in
 // registers. The encode dispatches inside the kernel (linear (D, F) = (3, 2), (2, 2), (3, 4); else the general
@@ -46,6 +50,72 @@ inline void hg_atomic_add(device float* addr, float v) {
   }
 #endif
 }
+
+// ---- Table-gradient sinks: where a scatter's terms go. A sink is built per level (for_level) and takes one term
+// for one table element (add). HgFloatSink: float atomics into a float32 accumulator (the order of the additions
+// varies between runs). HgFixedSink: the deterministic gradient, below.
+struct HgFloatSink {
+  device float* acc;
+  HgFloatSink for_level(uint) const { return *this; }
+  void add(ulong e, float v) const { hg_atomic_add(acc + e, v); }
+};
+
+// ---- Deterministic table gradient (fixed point). The header `meta` (uint words): HG_FIXED_DY_MAX, HG_FIXED_DDX_MAX
+// hold the largest finite |dy| and |ddx| as float bits (hash_grid_abs_max; the bits of non-negative floats order as
+// uints), HG_FIXED_EXPONENTS + l level l's exponent e_l (hash_grid_fixed_exponents). A term t of level l becomes
+// the integer rint(t * 2^e_l), added exactly into element e's 64-bit two's-complement sum held as two uint words
+// (words[2e] low, words[2e+1] high) with integer atomics: integer addition is associative, so the sums, and the
+// float each becomes (hash_grid_fixed_to_T: float(sum) * 2^-e_l, one rounding), do not depend on the order of the
+// adds, on thread scheduling or on the threadgroups' placement. Every term of level l is bounded by B_l < 2^E_l
+// (grad_params: max|dy|, the weights are in [0,1]; grad2_params: max|dy| * D * max|ddx| * 1.5 * scale_l, a bound
+// of |v[c]|), and an element takes at most N * corners terms: e_l = min(31 - E_l, 62 - E_l - log2 bound of N *
+// corners) keeps every term below 2^31 and every sum below 2^62. Each term's rounding error is at most
+// 2^-(e_l + 1) <= 2^-31 B_l; a sum's, its number of terms times that. The sums start at HG_FIXED_BIAS (2^31, in
+// the low word; hash_grid_fixed_init) and the conversion subtracts it: a sum that stays within +-2^31 never carries
+// out of the low word, so the high word's atomic (needed only on a carry, or a borrow) stays rare. A non-finite term sets a bit in
+// flags[e] (words[2 * count + e]) instead, resolved as float addition would: NaN if any term is NaN or both
+// infinities occur, else that infinity.
+// (HG_FIXED_*, HG_FLAG_*: hash_grid_math.h)
+
+// x * 2^e for |e| <= 252, in two exact power-of-two steps (one rounding, where the result is subnormal).
+inline float hg_ldexp(float x, int e) {
+  const int a = e / 2, b = e - a;
+  return (x * as_type<float>(uint(a + 127) << 23)) * as_type<float>(uint(b + 127) << 23);
+}
+
+// The smallest E with x < 2^E, for finite x >= 0 given as its float bits (zero and subnormals: -126).
+inline int hg_exponent_above(uint bits) {
+  const int biased = int((bits >> 23) & 0xFFu);
+  return biased == 0 ? -126 : biased - 126;
+}
+
+// The smallest E with n < 2^E (n >= 1), for counts.
+inline int hg_count_exponent(uint n) { return 32 - int(clz(n)); }
+
+struct HgFixedSink {
+  device atomic_uint* words;  // [2 * count] sums, then [count] flags
+  device const uint* meta;
+  uint count;
+  int exponent;
+  HgFixedSink for_level(uint l) const {
+    HgFixedSink s = *this;
+    s.exponent = as_type<int>(meta[HG_FIXED_EXPONENTS + l]);
+    return s;
+  }
+  void add(ulong e, float v) const {
+    if (!isfinite(v)) {
+      const uint bit = isnan(v) ? HG_FLAG_NAN : (v > 0.0f ? HG_FLAG_POS_INF : HG_FLAG_NEG_INF);
+      atomic_fetch_or_explicit(words + 2ul * count + e, bit, memory_order_relaxed);
+      return;
+    }
+    const long x = long(rint(hg_ldexp(v, exponent)));
+    if (x == 0) return;
+    const uint lo = uint(ulong(x)), hi = uint(ulong(x) >> 32);
+    const uint old = atomic_fetch_add_explicit(words + 2ul * e, lo, memory_order_relaxed);
+    const uint high = hi + (old + lo < old ? 1u : 0u);  // the carry out of the low word, counted once by its adder
+    if (high != 0u) atomic_fetch_add_explicit(words + 2ul * e + 1ul, high, memory_order_relaxed);
+  }
+};
 
 inline void hg_load_point(device const float* positions, uint i, uint dims, thread float* x) {
   for (uint d = 0; d < HG_MAX_DIMS; ++d) x[d] = d < dims ? positions[i * dims + d] : 0.0f;
@@ -110,8 +180,8 @@ inline void hg_encode(device const float* positions, device const T* params, con
 // lane of the SIMD group at once (uniform control flow). Adjacent lanes adding to the same row form a run
 // (consecutive samples of a ray share the cells of the coarse levels); the run's terms are summed in the SIMD group
 // (a segmented tree over the run, in a fixed order) and its first lane does one atomic per feature.
-template <uint FEAT>
-inline void hg_scatter_runs(device float* acc, uint row, thread float* v, uint F, uint lane) {
+template <uint FEAT, typename Sink>
+inline void hg_scatter_runs(thread const Sink& sink, uint row, thread float* v, uint F, uint lane) {
   const uint active = uint((simd_vote::vote_t)simd_active_threads_mask());
   const uint next_row = simd_shuffle_down(row, (ushort)1);
   const bool next_active = lane < 31u && ((active >> (lane + 1u)) & 1u);
@@ -128,18 +198,18 @@ inline void hg_scatter_runs(device float* acc, uint row, thread float* v, uint F
   }
   const bool head = lane == 0u || !((active >> (lane - 1u)) & 1u) || ((tails >> (lane - 1u)) & 1u);
   if (head && row != HG_NO_ROW) {
-    device float* a = acc + (ulong)row * (FEAT ? FEAT : F);
-    for (uint f = 0; f < (FEAT ? FEAT : F); ++f) hg_atomic_add(a + f, v[f]);
+    const ulong e = (ulong)row * (FEAT ? FEAT : F);
+    for (uint f = 0; f < (FEAT ? FEAT : F); ++f) sink.add(e + f, v[f]);
   }
 }
 
 // Table gradient of one (point, level): corner c's row gets weight_c * dy[f] (grad_params) or v[c] * dy[f]
 // (grad2_params, SECOND). Plain atomics, or run sums in the SIMD group first (aggregate; uniform per SIMD group:
 // a threadgroup is one level). DIMS/FEAT/INTERP as hg_encode_level.
-template <typename T, uint DIMS, uint FEAT, int INTERP, bool SECOND>
+template <typename T, uint DIMS, uint FEAT, int INTERP, bool SECOND, typename Sink>
 inline void hg_scatter_level(device const float* ddx_in, device const T* dy, device const float* positions,
-                             constant HgLevel* levels, constant HgArgs& args, device float* acc, uint i, uint l,
-                             bool valid, bool aggregate, uint lane) {
+                             constant HgLevel* levels, constant HgArgs& args, thread const Sink& sink, uint i,
+                             uint l, bool valid, bool aggregate, uint lane) {
   const uint dims = DIMS ? DIMS : args.dims;
   const uint F = FEAT ? FEAT : args.n_features;
   const int interp = INTERP >= 0 ? INTERP : (int)args.interpolation;
@@ -170,10 +240,10 @@ inline void hg_scatter_level(device const float* ddx_in, device const T* dy, dev
     float v[HG_MAX_FEATURES];
     for (uint f = 0; f < F; ++f) v[f] = w * gf[f];
     if (aggregate) {
-      hg_scatter_runs<FEAT>(acc, row, v, F, lane);
+      hg_scatter_runs<FEAT>(sink, row, v, F, lane);
     } else if (valid) {
-      device float* a = acc + (ulong)row * F;
-      for (uint f = 0; f < F; ++f) hg_atomic_add(a + f, v[f]);
+      const ulong e = (ulong)row * F;
+      for (uint f = 0; f < F; ++f) sink.add(e + f, v[f]);
     }
   }
 }
@@ -182,15 +252,16 @@ inline void hg_scatter_level(device const float* ddx_in, device const T* dy, dev
 // rounds the grid up) takes part in the run sums without a term. DIMS/FEAT/INTERP: see hg_encode_level; each
 // configuration is a kernel of its own (hash_grid_grad_params_d3f2_T ...): one kernel holding several instances
 // takes the registers of the largest, which costs the scatter its occupancy (bench/gpu_proxy.md).
-template <typename T, bool SECOND, uint DIMS, uint FEAT, int INTERP>
+template <typename T, bool SECOND, uint DIMS, uint FEAT, int INTERP, typename Sink>
 inline void hg_scatter(device const float* ddx_in, device const T* dy, device const float* positions,
-                       constant HgLevel* levels, constant HgArgs& args, device float* acc, uint i, uint l, uint lane) {
+                       constant HgLevel* levels, constant HgArgs& args, Sink sink, uint i, uint l, uint lane) {
   if (l >= args.n_active || (SECOND && args.interpolation == HG_INTERP_NEAREST)) return;
   const bool valid = i < args.n;
   const bool aggregate = l < args.n_aggregate;
   if (!valid && !aggregate) return;
-  hg_scatter_level<T, DIMS, FEAT, INTERP, SECOND>(ddx_in, dy, positions, levels, args, acc, i, l, valid, aggregate,
-                                                  lane);
+  const Sink level_sink = sink.for_level(l);
+  hg_scatter_level<T, DIMS, FEAT, INTERP, SECOND>(ddx_in, dy, positions, levels, args, level_sink, i, l, valid,
+                                                  aggregate, lane);
 }
 
 template <typename T>
@@ -268,46 +339,75 @@ inline void hg_grad2_points(device const float* ddx_in, device const T* dy, devi
   for (uint d = 0; d < args.dims; ++d) dx_out[(ulong)i * args.dims + d] = dx[d];
 }
 
+// The largest finite |x[i]|, i < args.count, into meta[args.slot] (atomic max of float bits; meta zeroed first).
+// Grid-stride: any grid size covers x.
+template <typename T>
+inline void hg_abs_max(device const T* x, constant HgArgs& args, device atomic_uint* meta, uint gid, uint threads) {
+  uint m = 0u;
+  for (uint i = gid; i < args.count; i += threads) {
+    const float a = fabs(float(x[i]));
+    if (isfinite(a)) m = max(m, as_type<uint>(a));
+  }
+  m = simd_max(m);
+  if (simd_is_first()) atomic_fetch_max_explicit(meta + args.slot, m, memory_order_relaxed);
+}
+
+// The encode's thread -> (point, level) map: a SIMD group holds G = args.level_group levels of 32 / G consecutive
+// points, level fastest (lane = point_in_group * G + level_in_group); consecutive SIMD groups take the next G levels
+// of the same points, ceil(L / G) of them per point group. Each point's G levels are one contiguous run of the
+// [N, L*F] output; a smaller G makes a SIMD group read fewer levels' tables. Grid: ceil(N * G / 32) * ceil(L / G) *
+// 32 threads; threads past N or L do nothing.
+inline uint2 hg_encode_thread(constant HgArgs& args, uint gid) {
+  const uint G = args.level_group;
+  const uint lane = gid & 31u, simd = gid >> 5;
+  const uint level_groups = (args.n_levels + G - 1u) / G;
+  const uint point = (simd / level_groups) * (32u / G) + lane / G;
+  const uint level = (simd % level_groups) * G + (lane & (G - 1u));
+  return uint2(point, level);
+}
+
 kernel void hash_grid_encode_float32(device const float* positions [[buffer(0)]],
                                      device const float* params [[buffer(1)]],
                                      constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
                                      device float* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
-  hg_encode(positions, params, levels, args, out, gid / args.n_levels, gid % args.n_levels);
+  const uint2 pl = hg_encode_thread(args, gid);
+  hg_encode(positions, params, levels, args, out, pl.x, pl.y);
 }
 
 kernel void hash_grid_encode_float16(device const float* positions [[buffer(0)]],
                                      device const half* params [[buffer(1)]],
                                      constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
                                      device half* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
-  hg_encode(positions, params, levels, args, out, gid / args.n_levels, gid % args.n_levels);
+  const uint2 pl = hg_encode_thread(args, gid);
+  hg_encode(positions, params, levels, args, out, pl.x, pl.y);
 }
 
 kernel void hash_grid_grad_params_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
                           constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
                           device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
                           uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<float, false, 0, 0, -1>(nullptr, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+  hg_scatter<float, false, 0, 0, -1>(nullptr, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
 }
 
 kernel void hash_grid_grad_params_d3f2_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
                           constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
                           device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
                           uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<float, false, 3, 2, HG_INTERP_LINEAR>(nullptr, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+  hg_scatter<float, false, 3, 2, HG_INTERP_LINEAR>(nullptr, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
 }
 
 kernel void hash_grid_grad_params_float16(device const half* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
                           constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
                           device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
                           uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<half, false, 0, 0, -1>(nullptr, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+  hg_scatter<half, false, 0, 0, -1>(nullptr, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
 }
 
 kernel void hash_grid_grad_params_d3f2_float16(device const half* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
                           constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
                           device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
                           uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<half, false, 3, 2, HG_INTERP_LINEAR>(nullptr, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+  hg_scatter<half, false, 3, 2, HG_INTERP_LINEAR>(nullptr, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
 }
 
 kernel void hash_grid_grad_positions_float32(device const float* dy [[buffer(0)]],
@@ -352,28 +452,96 @@ kernel void hash_grid_grad2_params_float32(device const float* ddx [[buffer(0)]]
                           device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
                           constant HgArgs& args [[buffer(4)]], device float* acc [[buffer(5)]],
                           uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<float, true, 0, 0, -1>(ddx, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+  hg_scatter<float, true, 0, 0, -1>(ddx, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
 }
 
 kernel void hash_grid_grad2_params_d3f2_float32(device const float* ddx [[buffer(0)]], device const float* dy [[buffer(1)]],
                           device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
                           constant HgArgs& args [[buffer(4)]], device float* acc [[buffer(5)]],
                           uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<float, true, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+  hg_scatter<float, true, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
 }
 
 kernel void hash_grid_grad2_params_float16(device const float* ddx [[buffer(0)]], device const half* dy [[buffer(1)]],
                           device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
                           constant HgArgs& args [[buffer(4)]], device float* acc [[buffer(5)]],
                           uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<half, true, 0, 0, -1>(ddx, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+  hg_scatter<half, true, 0, 0, -1>(ddx, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
 }
 
 kernel void hash_grid_grad2_params_d3f2_float16(device const float* ddx [[buffer(0)]], device const half* dy [[buffer(1)]],
                           device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
                           constant HgArgs& args [[buffer(4)]], device float* acc [[buffer(5)]],
                           uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<half, true, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, levels, args, acc, gid.x, gid.y, lane);
+  hg_scatter<half, true, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
+}
+
+kernel void hash_grid_grad_params_det_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
+                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                          device atomic_uint* words [[buffer(4)]], device const uint* meta [[buffer(5)]],
+                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<float, false, 0, 0, -1>(nullptr, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x,
+                                  gid.y, lane);
+}
+
+kernel void hash_grid_grad_params_det_d3f2_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
+                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                          device atomic_uint* words [[buffer(4)]], device const uint* meta [[buffer(5)]],
+                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<float, false, 3, 2, HG_INTERP_LINEAR>(nullptr, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x,
+                                  gid.y, lane);
+}
+
+kernel void hash_grid_grad_params_det_float16(device const half* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
+                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                          device atomic_uint* words [[buffer(4)]], device const uint* meta [[buffer(5)]],
+                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<half, false, 0, 0, -1>(nullptr, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x,
+                                  gid.y, lane);
+}
+
+kernel void hash_grid_grad_params_det_d3f2_float16(device const half* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
+                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                          device atomic_uint* words [[buffer(4)]], device const uint* meta [[buffer(5)]],
+                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<half, false, 3, 2, HG_INTERP_LINEAR>(nullptr, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x,
+                                  gid.y, lane);
+}
+
+kernel void hash_grid_grad2_params_det_float32(device const float* ddx [[buffer(0)]], device const float* dy [[buffer(1)]],
+                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
+                          constant HgArgs& args [[buffer(4)]], device atomic_uint* words [[buffer(5)]],
+                          device const uint* meta [[buffer(6)]], uint2 gid [[thread_position_in_grid]],
+                          uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<float, true, 0, 0, -1>(ddx, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x, gid.y,
+                                 lane);
+}
+
+kernel void hash_grid_grad2_params_det_d3f2_float32(device const float* ddx [[buffer(0)]], device const float* dy [[buffer(1)]],
+                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
+                          constant HgArgs& args [[buffer(4)]], device atomic_uint* words [[buffer(5)]],
+                          device const uint* meta [[buffer(6)]], uint2 gid [[thread_position_in_grid]],
+                          uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<float, true, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x, gid.y,
+                                 lane);
+}
+
+kernel void hash_grid_grad2_params_det_float16(device const float* ddx [[buffer(0)]], device const half* dy [[buffer(1)]],
+                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
+                          constant HgArgs& args [[buffer(4)]], device atomic_uint* words [[buffer(5)]],
+                          device const uint* meta [[buffer(6)]], uint2 gid [[thread_position_in_grid]],
+                          uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<half, true, 0, 0, -1>(ddx, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x, gid.y,
+                                 lane);
+}
+
+kernel void hash_grid_grad2_params_det_d3f2_float16(device const float* ddx [[buffer(0)]], device const half* dy [[buffer(1)]],
+                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
+                          constant HgArgs& args [[buffer(4)]], device atomic_uint* words [[buffer(5)]],
+                          device const uint* meta [[buffer(6)]], uint2 gid [[thread_position_in_grid]],
+                          uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<half, true, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x, gid.y,
+                                 lane);
 }
 
 kernel void hash_grid_fill_zero(device float* x [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
@@ -381,7 +549,79 @@ kernel void hash_grid_fill_zero(device float* x [[buffer(0)]], constant HgArgs& 
   if (gid < args.count) x[gid] = 0.0f;
 }
 
+kernel void hash_grid_fill_zero_uint(device uint* x [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
+                                     uint gid [[thread_position_in_grid]]) {
+  if (gid < args.count) x[gid] = 0u;
+}
+
+// The deterministic gradient's words for args.count values: each sum HG_FIXED_BIAS (low word), flags 0.
+kernel void hash_grid_fixed_init(device uint* words [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
+                                 uint gid [[thread_position_in_grid]]) {
+  if (gid < 3ul * args.count) words[gid] = gid < 2ul * args.count && (gid & 1u) == 0u ? HG_FIXED_BIAS : 0u;
+}
+
 kernel void hash_grid_float_to_half(device const float* x [[buffer(0)]], device half* y [[buffer(1)]],
                                     constant HgArgs& args [[buffer(2)]], uint gid [[thread_position_in_grid]]) {
   if (gid < args.count) y[gid] = half(x[gid]);
+}
+
+kernel void hash_grid_abs_max_float32(device const float* x [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
+                                      device atomic_uint* meta [[buffer(2)]], uint gid [[thread_position_in_grid]],
+                                      uint threads [[threads_per_grid]]) {
+  hg_abs_max(x, args, meta, gid, threads);
+}
+
+kernel void hash_grid_abs_max_float16(device const half* x [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
+                                      device atomic_uint* meta [[buffer(2)]], uint gid [[thread_position_in_grid]],
+                                      uint threads [[threads_per_grid]]) {
+  hg_abs_max(x, args, meta, gid, threads);
+}
+
+// meta[HG_FIXED_EXPONENTS + l] for l < n_levels: the exponent e_l of the fixed-point sums (see HgFixedSink).
+kernel void hash_grid_fixed_exponents(constant HgLevel* levels [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
+                                      device uint* meta [[buffer(2)]], uint l [[thread_position_in_grid]]) {
+  if (l >= args.n_levels) return;
+  const bool second = args.order == 2u;
+  const uint corners = second ? 1u << args.dims : hg_num_corners((int)args.dims, (int)args.interpolation);
+  int bound = hg_exponent_above(meta[HG_FIXED_DY_MAX]);
+  if (second)  // |v[c]| <= D * max|ddx| * 1.5 * scale_l
+    bound += hg_exponent_above(meta[HG_FIXED_DDX_MAX]) + hg_count_exponent(args.dims) +
+             hg_exponent_above(as_type<uint>(levels[l].scale)) + 1;
+  const int sum_bound = bound + hg_count_exponent(max(args.n, 1u)) + hg_count_exponent(corners);
+  meta[HG_FIXED_EXPONENTS + l] = as_type<uint>(clamp(min(31 - bound, 62 - sum_bound), -252, 252));
+}
+
+// out[e] = the fixed-point sum of element e as T (float(sum) * 2^-e_l, e_l of the element's level), or the
+// non-finite value its flags stand for. e < args.count = rows * F.
+template <typename T>
+inline void hg_fixed_to(device const uint* words, device const uint* meta, constant HgLevel* levels,
+                        constant HgArgs& args, device T* out, uint e) {
+  if (e >= args.count) return;
+  const uint row = e / args.n_features;
+  uint l = 0;
+  for (uint k = 1; k < args.n_levels; ++k)
+    if (row >= levels[k].offset) l = k;
+  const uint flags = words[2ul * args.count + e];
+  float v;
+  if (flags != 0u) {
+    const bool nan_ = (flags & HG_FLAG_NAN) != 0u || (flags & (HG_FLAG_POS_INF | HG_FLAG_NEG_INF)) ==
+                                                         (HG_FLAG_POS_INF | HG_FLAG_NEG_INF);
+    v = as_type<float>(nan_ ? 0x7FC00000u : ((flags & HG_FLAG_POS_INF) != 0u ? 0x7F800000u : 0xFF800000u));
+  } else {
+    const long sum = long((ulong(words[2ul * e + 1ul]) << 32) | ulong(words[2ul * e])) - long(HG_FIXED_BIAS);
+    v = hg_ldexp(float(sum), -as_type<int>(meta[HG_FIXED_EXPONENTS + l]));
+  }
+  out[e] = T(v);
+}
+
+kernel void hash_grid_fixed_to_float32(device const uint* words [[buffer(0)]], device const uint* meta [[buffer(1)]],
+                                       constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                                       device float* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
+  hg_fixed_to(words, meta, levels, args, out, gid);
+}
+
+kernel void hash_grid_fixed_to_float16(device const uint* words [[buffer(0)]], device const uint* meta [[buffer(1)]],
+                                       constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                                       device half* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
+  hg_fixed_to(words, meta, levels, args, out, gid);
 }

@@ -72,6 +72,21 @@ def _ids(cases):
     return [f"{c}-{s}-{'-'.join(e) or 'default'}" for c, s, e in cases]
 
 
+def test_deterministic_table_gradient_is_bitwise_reproducible(clang16):
+    """The deterministic table gradients (first and second order) give the same bits under both backends, thread
+    orders (forward, reverse, shuffled) and worker counts: the check's digest covers every result."""
+    os.environ.setdefault("TF_METAL_OPS_CLANGXX", clang16)
+    settings = [("direct", {}),
+                ("direct", {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
+                ("direct", {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "11", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "1"}),
+                ("metal", {})]
+    digests = {}
+    for backend, env in settings:
+        r = run_check("emulated_gpu_checks", "hash_grid_deterministic", 0, {**gpu_backend_env(backend), **env})
+        digests[f"{backend} {env}"] = r.stdout.splitlines()[-1].rsplit(" ", 1)[-1]
+    assert len(set(digests.values())) == 1, digests
+
+
 @pytest.mark.parametrize("check,seed,env", CASES, ids=_ids(CASES))
 def test_gpu_path_on_emulated_gpu(gpu_backend, check, seed, env):
     """Under both backends (conftest.gpu_backend): direct, and csrc/metal over the Apple doubles."""

@@ -302,18 +302,21 @@ def test_every_real_kernel_is_registered(launcher):
     assert listed == expected | {"affine_half", "group_sum", "grid2d", "order_probe", "scale_fast", "pasted_sync"}
     assert res.stdout.count("has: 1") == len(expected)
     by_file = {u.metal_file.name: u for u in units}
-    # Per kernel: the block scan (barriers) and the hash grid's table-gradient run sums (SIMD-group functions) need
-    # fibers; every other kernel runs on the emulator's fiber-free fast path (also the hash-grid encoding and position
-    # gradient, in the same file as the run sums).
+    # Per kernel: the block scan (barriers), the hash grid's table-gradient run sums and the packed rendering kernels'
+    # SIMD group per ray (SIMD-group functions) need fibers; every other kernel runs on the emulator's fiber-free fast
+    # path (also the hash-grid encoding and position gradient, in the same file as the run sums).
     fibers = {k.name for u in units for k in u.kernels if k.needs_fibers}
     assert fibers == REAL_FIBER_KERNELS | {"group_sum"}
-    assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].needs_fibers} == {"ray_march.metal", "hash_grid.metal"}
+    assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].needs_fibers} == {"ray_march.metal", "hash_grid.metal",
+                                                                                 "render_packed.metal"}
     assert by_file["launch_fixture.metal"].needs_fibers and not by_file["launch_fast.metal"].needs_fibers
 
 
 # The real kernels that reach threadgroup_barrier or a SIMD-group function (through their helpers).
-REAL_FIBER_KERNELS = {"ray_march_scan_block"} | {
-    f"hash_grid_{g}_params{c}_{t}" for g in ("grad", "grad2") for c in ("", "_d3f2") for t in ("float32", "float16")}
+REAL_FIBER_KERNELS = {"ray_march_scan_block", "hash_grid_abs_max_float32", "hash_grid_abs_max_float16"} | {
+    f"hash_grid_{g}_params{det}{c}_{t}" for g in ("grad", "grad2") for det in ("", "_det") for c in ("", "_d3f2")
+    for t in ("float32", "float16")} | {
+    f"{op}_packed_{d}" for op in ("volume_render", "distortion_loss") for d in ("forward", "backward")}
 
 
 def test_fiber_use_of_the_real_kernels_is_per_kernel():
@@ -322,7 +325,8 @@ def test_fiber_use_of_the_real_kernels_is_per_kernel():
         by_name.update({k.name: k for k in glue.parse_metal(f, search=[REPO / "csrc" / "shared"]).kernels})
     assert {n for n, k in by_name.items() if k.needs_fibers} == REAL_FIBER_KERNELS
     for fast in ("hash_grid_encode_float32", "hash_grid_encode_float16", "hash_grid_grad_positions_float32",
-                 "hash_grid_grad_positions_float16", "hash_grid_grad2_points_float32", "ray_march_scan_add"):
+                 "hash_grid_grad_positions_float16", "hash_grid_grad2_points_float32", "hash_grid_fill_zero",
+                 "ray_march_scan_add", "render_packed_check_splits"):
         assert not by_name[fast].needs_fibers, fast
     # Without the include path the hash grid's header is not found: the analysis cannot tell, every kernel gets fibers.
     assert all(k.needs_fibers for k in glue.parse_metal(REPO / "metal_kernels" / "hash_grid.metal").kernels)

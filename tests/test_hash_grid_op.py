@@ -10,6 +10,10 @@ Tolerances (params uniform in [-1, 1], dy standard normal; the reference emulate
 """
 
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -641,3 +645,47 @@ def test_params_grad_bad_input():
     unknown = tf.function(lambda dy: fn(x, p, dy, **cfg.op_kwargs()), input_signature=[tf.TensorSpec(None)])
     with pytest.raises(tf.errors.InvalidArgumentError, match="must have shape"):
         unknown(tf.zeros([6, 4]))  # shape unknown when traced: the kernel checks it
+
+
+def _grad_op_attrs(**kwargs):
+    """The `deterministic` attr of the gradient ops a traced tape builds (first and second order)."""
+    cfg = HashGridConfig(3, n_levels=2, log2_hashmap_size=6)
+    x = tf.constant(np.full((4, 3), 0.3, np.float32))
+    p = tf.Variable(tf.zeros(cfg.params_shape))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as outer:
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                y = tf_metal_ops.hash_grid_encode(x, p, **cfg.op_kwargs(), **kwargs)
+            gx = inner.gradient(y, x)
+            loss = tf.reduce_sum(y) + tf.reduce_sum(gx)
+        return outer.gradient(loss, p)
+
+    graph = step.get_concrete_function().graph
+    return {op.type: op.get_attr("deterministic") for op in graph.get_operations()
+            if op.type.startswith("HashGridEncodeGrad")}
+
+
+def test_deterministic_attr_reaches_the_gradient_ops():
+    assert _grad_op_attrs(deterministic=True) == {"HashGridEncodeGradParams": True,
+                                                  "HashGridEncodeGradPositions": True,
+                                                  "HashGridEncodeGradPositionsGrad": True}
+    assert set(_grad_op_attrs(deterministic=False).values()) == {False}
+    assert set(_grad_op_attrs().values()) == {False}  # TF's op determinism is off in this process
+    with pytest.raises(ValueError, match="deterministic must be True, False or None"):
+        tf_metal_ops.hash_grid_encode(np.zeros((1, 3), np.float32), np.zeros((8, 2), np.float32), deterministic="on")
+
+
+def test_deterministic_default_follows_tf_op_determinism(tmp_path):
+    code = ("import numpy as np, tensorflow as tf, tf_metal_ops\n"
+            "tf.config.experimental.enable_op_determinism()\n"
+            "cfg = tf_metal_ops.HashGridConfig(3, n_levels=2, log2_hashmap_size=6)\n"
+            "g = tf.function(lambda x: tf_metal_ops.hash_grid_encode(x, tf.zeros(cfg.params_shape), **cfg.op_kwargs()))\n"
+            "ops = g.get_concrete_function(tf.TensorSpec([None, 3])).graph.get_operations()\n"
+            "print([o.get_attr('deterministic') for o in ops if o.type == 'HashGridEncode'])\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})  # the installed package, not the tree's
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "[True]"

@@ -3,12 +3,14 @@
 // csrc/ops/hash_grid_args.h). max_level lives in host memory (read here to get the active level count).
 //
 // Passes (empty work is skipped: Metal rejects empty grids and empty tensors have no buffer):
-//   encode:          1-D grid of N*L threads, the level fastest (coalesced [N, L*F] writes);
+//   encode:          1-D grid, one thread per (point, level), G levels of 32 / G points per SIMD group
+//                    (EncodeLevelGroup; the level fastest: coalesced [N, L*F] writes);
 //   grad_params:     float32 accumulator zeroed, grid (N, n_active) scatter with float atomics (ScatterKernel:
 //                    the kernel of the configuration; SIMD-group run sums on every level), then (float16
 //                    tables) a conversion pass into the output; the float32 output is its own accumulator;
 //   grad_positions:  grid N, one thread per point looping over the active levels;
-//   second order:    grid N per point (d/d(dy), d/dx), then zero + atomic scatter (N, n_active) for d/dparams.
+//   second order:    grid N per point (d/d(dy), d/dx), then zero + atomic scatter (N, n_active) for d/dparams;
+//   deterministic:   (the attr) the table gradients as fixed-point sums with integer atomics (FixedPointPasses).
 #include <cstdint>
 #include <string>
 
@@ -26,10 +28,12 @@ std::string Suffixed(const char* base, TF_DataType dtype) {
   return std::string(base) + (dtype == TF_HALF ? "_float16" : "_float32");
 }
 
-// The table-gradient scatter for this configuration: D = 3, F = 2, linear has a kernel of its own (_d3f2).
+// The table-gradient scatter for this configuration: deterministic (_det) or float atomics; D = 3, F = 2, linear
+// has a kernel of its own (_d3f2).
 std::string ScatterKernel(const char* base, const Call& call) {
   const bool d3f2 = call.dims == 3 && call.cfg->n_features == 2 && call.cfg->interpolation == HG_INTERP_LINEAR;
-  return Suffixed((std::string(base) + (d3f2 ? "_d3f2" : "")).c_str(), call.cfg->dtype);
+  const std::string name = std::string(base) + (call.cfg->deterministic ? "_det" : "") + (d3f2 ? "_d3f2" : "");
+  return Suffixed(name.c_str(), call.cfg->dtype);
 }
 
 HgArgs MakeArgs(const Call& call) {
@@ -46,8 +50,81 @@ HgArgs MakeArgs(const Call& call) {
   return a;
 }
 
+// The encode's levels per SIMD group (hg_encode_thread): 32 / F, at most 16 (F = 2: 16 levels of 2 points). Measured
+// on the GPU proxy (bench/gpu_proxy.md, F = 2): G = 16 is the fastest for float32 tables (0.79 ms against 0.81 to
+// 1.13 ms for G = 8 .. 1) and within 3 % of the fastest (G = 4) for float16 ones.
+// Never more than the power of two >= L (no idle lanes for a level that does not exist).
+uint32_t EncodeLevelGroup(const Config& cfg) {
+  uint32_t g = 32u / static_cast<uint32_t>(cfg.n_features);
+  if (g > 16u) g = 16u;
+  while (g > 1u && g / 2u >= static_cast<uint32_t>(cfg.n_levels)) g /= 2u;
+  return g;
+}
+
 // Level table bytes for setBytes (<= 32 levels * 40 bytes).
 size_t LevelBytes(const Call& call) { return sizeof(HgLevel) * static_cast<size_t>(call.cfg->n_levels); }
+
+// Threads of a grid-stride pass over `count` values: whole threadgroups, at most 256 of them.
+uint64_t StrideThreads(uint64_t count) { return count < 65536 ? (count + 255) / 256 * 256 : 65536; }
+
+// The deterministic table gradient (metal_kernels/hash_grid.metal, HgFixedSink) of order 1 (grad_params: inputs
+// dy, positions) or 2 (grad2_params: ddx, dy, positions) into `out` (rows * F values of T): fixed-point sums
+// initialised and header zeroed, the bounds (max |dy|; max |ddx|), the exponents per level, the scatter, the conversion.
+// Returns false after failing ctx (the table is too large); else Run() executes the passes or reports an error.
+// `terms`: false when every term is zero (second order, nearest): only the zeros are converted.
+bool FixedPointPasses(tfmo::gpu::Call& gpu, const char* scatter_base, const Call& call, HgArgs args,
+                      const tfmo::TensorRef* ddx, const tfmo::TensorRef& out, int64_t elems, bool terms = true) {
+  const Config& cfg = *call.cfg;
+  const uint64_t word_count = 3 * static_cast<uint64_t>(elems);
+  if (!tfmo::gpu::CheckGridSize(gpu.ctx(), gpu.op(), "3 * table values (the deterministic gradient's sums)",
+                                word_count))
+    return false;
+  const tfmo::TensorRef* words = gpu.scratch(TF_UINT32, static_cast<int64_t>(word_count));
+  const tfmo::TensorRef* meta = gpu.scratch(TF_UINT32, 2 + cfg.n_levels);
+  if (words == nullptr || meta == nullptr) return true;  // Run() reports the allocation failure
+  args.count = static_cast<uint32_t>(elems);
+  args.order = ddx != nullptr ? 2 : 1;
+  gpu.pass("hash_grid_fixed_init").buffer(0, *words).value(1, args).threads(word_count);
+  HgArgs fill = args;
+  fill.count = static_cast<uint32_t>(2 + cfg.n_levels);
+  gpu.pass("hash_grid_fill_zero_uint").buffer(0, *meta).value(1, fill).threads(static_cast<uint64_t>(fill.count));
+  const bool has_points = terms && call.n > 0 && call.n_active > 0;
+  if (has_points) {
+    HgArgs bound = args;
+    bound.count = static_cast<uint32_t>(call.n * cfg.n_levels * cfg.n_features);
+    bound.slot = HG_FIXED_DY_MAX;
+    gpu.pass(Suffixed("hash_grid_abs_max", cfg.dtype).c_str()).buffer(0, call.grad).value(1, bound).buffer(2, *meta)
+        .threads(StrideThreads(bound.count));
+    if (ddx != nullptr) {
+      bound.count = static_cast<uint32_t>(call.n * call.dims);
+      bound.slot = HG_FIXED_DDX_MAX;
+      gpu.pass("hash_grid_abs_max_float32").buffer(0, *ddx).value(1, bound).buffer(2, *meta)
+          .threads(StrideThreads(bound.count));
+    }
+  }
+  gpu.pass("hash_grid_fixed_exponents").bytes(0, call.levels, LevelBytes(call)).value(1, args).buffer(2, *meta)
+      .threads(static_cast<uint64_t>(cfg.n_levels));
+  if (has_points) {
+    auto& pass = gpu.pass(ScatterKernel(scatter_base, call).c_str());
+    const int k = ddx != nullptr ? 1 : 0;
+    if (ddx != nullptr) pass.buffer(0, *ddx);
+    pass.buffer(k + 0, call.grad)
+        .buffer(k + 1, call.positions)
+        .bytes(k + 2, call.levels, LevelBytes(call))
+        .value(k + 3, args)
+        .buffer(k + 4, *words)
+        .buffer(k + 5, *meta)
+        .threads({static_cast<uint64_t>(call.n), static_cast<uint64_t>(call.n_active), 1}, {256, 1, 1});
+  }
+  gpu.pass(Suffixed("hash_grid_fixed_to", cfg.dtype).c_str())
+      .buffer(0, *words)
+      .buffer(1, *meta)
+      .bytes(2, call.levels, LevelBytes(call))
+      .value(3, args)
+      .buffer(4, out)
+      .threads(static_cast<uint64_t>(elems));
+  return true;
+}
 
 bool CheckSizes(TF_OpKernelContext* ctx, const char* op, const Call& call) {
   const uint64_t n = static_cast<uint64_t>(call.n);
@@ -66,14 +143,19 @@ void EncodeGpu(void* state, TF_OpKernelContext* ctx) {
   if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, static_cast<int64_t>(cfg.n_levels) * cfg.n_features}, &out))
     return;
   if (call.n == 0 || !CheckSizes(ctx, op, call)) return;
+  HgArgs args = MakeArgs(call);
+  args.level_group = EncodeLevelGroup(cfg);
+  const uint64_t G = args.level_group, level_groups = (static_cast<uint64_t>(cfg.n_levels) + G - 1) / G;
+  const uint64_t threads = (static_cast<uint64_t>(call.n) * G + 31) / 32 * level_groups * 32;
+  if (!tfmo::gpu::CheckGridSize(ctx, op, "the encode's threads", threads)) return;
   tfmo::gpu::Call gpu(ctx, op);
   gpu.pass(Suffixed("hash_grid_encode", cfg.dtype).c_str())
       .buffer(0, call.positions)
       .buffer(1, call.params)
       .bytes(2, call.levels, LevelBytes(call))
-      .value(3, MakeArgs(call))
+      .value(3, args)
       .buffer(4, out)
-      .threads({static_cast<uint64_t>(call.n) * static_cast<uint64_t>(cfg.n_levels), 1, 1}, {256, 1, 1});
+      .threads({threads, 1, 1}, {256, 1, 1});
   gpu.Run();
 }
 
@@ -87,6 +169,10 @@ void GradParamsGpu(void* state, TF_OpKernelContext* ctx) {
   const int64_t elems = call.rows * cfg.n_features;  // >= 8 rows: never empty
   if (!CheckSizes(ctx, op, call)) return;
   tfmo::gpu::Call gpu(ctx, op);
+  if (cfg.deterministic) {
+    if (FixedPointPasses(gpu, "hash_grid_grad_params", call, MakeArgs(call), nullptr, out, elems)) gpu.Run();
+    return;
+  }
   // float32 accumulator: the output itself, or a scratch buffer for float16 tables.
   const tfmo::TensorRef* acc = cfg.dtype == TF_HALF ? gpu.scratch(TF_FLOAT, elems) : &out;
   if (acc == nullptr) return (void)gpu.Run();  // reports the allocation failure
@@ -129,7 +215,8 @@ void GradPositionsGpu(void* state, TF_OpKernelContext* ctx) {
 }
 
 // Second order (gradient of grad_positions): d/d(dy) and d/dx per point (hash_grid_grad2_points, grid N), d/dparams
-// zeroed then scattered with float atomics (hash_grid_grad2_params, grid (N, n_active)), converted for float16.
+// zeroed then scattered with float atomics (hash_grid_grad2_params, grid (N, n_active)), converted for float16, or
+// (deterministic) as fixed-point sums.
 void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
   tfmo::hash_grid::SecondOrderCall so;
   if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, &so)) return;
@@ -137,7 +224,8 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
   const Config& cfg = *call.cfg;
   if (!CheckSizes(ctx, op, call)) return;
   tfmo::gpu::Call gpu(ctx, op);
-  const tfmo::TensorRef* acc = cfg.dtype == TF_HALF ? gpu.scratch(TF_FLOAT, elems) : &out.params;
+  const bool det = cfg.deterministic;
+  const tfmo::TensorRef* acc = det ? &out.params : cfg.dtype == TF_HALF ? gpu.scratch(TF_FLOAT, elems) : &out.params;
   if (acc == nullptr) return (void)gpu.Run();  // reports the allocation failure
   HgArgs args = MakeArgs(call);
   args.count = static_cast<uint32_t>(elems);
@@ -152,6 +240,12 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
         .buffer(6, out.dy)
         .buffer(7, out.dx)
         .threads(static_cast<uint64_t>(call.n));
+  }
+  if (det) {
+    if (FixedPointPasses(gpu, "hash_grid_grad2_params", call, args, &ddx, out.params, elems,
+                         cfg.interpolation != HG_INTERP_NEAREST))
+      gpu.Run();
+    return;
   }
   gpu.pass("hash_grid_fill_zero").buffer(0, *acc).value(1, args).threads(static_cast<uint64_t>(elems));
   if (call.n > 0 && call.n_active > 0 && cfg.interpolation != HG_INTERP_NEAREST) {

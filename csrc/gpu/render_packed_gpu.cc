@@ -26,6 +26,8 @@ bool CheckDims(TF_OpKernelContext* ctx, const char* op, int64_t R, int64_t N, in
                       "%s: %lld samples exceed 2147483647, the limit of int32 row_splits; split the batch", op,
                       static_cast<long long>(N));
   return tfmo::gpu::CheckGridSize(ctx, op, "the number of rays + 1", static_cast<uint64_t>(R + 1)) &&
+         tfmo::gpu::CheckGridSize(ctx, op, "32 x the number of rays (one SIMD group per ray)",
+                                  static_cast<uint64_t>(R) * kVrpLanes) &&
          tfmo::gpu::CheckGridSize(ctx, op, "the number of channels", static_cast<uint64_t>(C)) &&
          tfmo::gpu::CheckGridSize(ctx, op, "the number of sample values", static_cast<uint64_t>(N * C));
 }
@@ -63,9 +65,14 @@ const TensorRef* CheckSplits(tfmo::gpu::Call& call, const TensorRef& row_splits,
   return status;
 }
 
-// One dispatch of a packed kernel, one thread per ray, after the row_splits checks: binds in[0, n_in) at slots
-// 0.., the status buffer next, then out[0, n_out), then the params (the binding order of every kernel in
-// metal_kernels/render_packed.metal).
+// Threads per threadgroup of the ray kernels: 8 rays.
+constexpr uint32_t kRayGroup = 8 * kVrpLanes;
+
+// One dispatch of a packed kernel after the row_splits checks, one SIMD group per ray: kVrpLanes * R threads in
+// threadgroups of kRayGroup (clipped to the grid, itself a multiple of kVrpLanes; Metal's per-pipeline maximum is a
+// multiple of the SIMD width), the layout metal_kernels/render_packed.metal requires.
+// Binds in[0, n_in) at slots 0.., the status buffer next, then out[0, n_out), then the params (the binding order of
+// every kernel in metal_kernels/render_packed.metal).
 template <class Params>
 void RunRayKernel(TF_OpKernelContext* ctx, const char* op, const char* kernel, const TensorRef* in, int n_in,
                   const TensorRef* out, int n_out, const TensorRef& row_splits, int64_t R, int64_t N,
@@ -79,7 +86,7 @@ void RunRayKernel(TF_OpKernelContext* ctx, const char* op, const char* kernel, c
     p.buffer(n_in, *status);
     for (int i = 0; i < n_out; ++i) bind.Bind(p, n_in + 1 + i, out[i]);
     p.value(n_in + 1 + n_out, params);
-    p.threads(static_cast<uint64_t>(R));
+    p.threads(static_cast<uint64_t>(R) * kVrpLanes, kRayGroup);
   }
   call.Run();
 }

@@ -23,6 +23,7 @@ struct Config {
   int grid_type = 0, interpolation = 0;
   std::string grid_type_name, interpolation_name;
   TF_DataType dtype = TF_FLOAT;
+  bool deterministic = false;  // GPU table gradients as fixed-point sums (the CPU kernels always are deterministic)
   // Level tables for D = 1..4 (index D); total < 0 means the sizes overflow int32 for that D.
   std::vector<HgLevel> levels[HG_MAX_DIMS + 1];
   int64_t total[HG_MAX_DIMS + 1] = {0, 0, 0, 0, 0};
@@ -36,7 +37,8 @@ inline void* CreateConfig(TF_OpKernelConstruction* c) {
   bool ok = GetAttr(c, "n_levels", &L) && GetAttr(c, "n_features_per_level", &F) &&
             GetAttr(c, "log2_hashmap_size", &log2t) && GetAttr(c, "base_resolution", &nmin) &&
             GetAttr(c, "per_level_scale", &b) && GetAttr(c, "grid_type", &cfg->grid_type_name) &&
-            GetAttr(c, "interpolation", &cfg->interpolation_name) && GetAttr(c, "T", &cfg->dtype);
+            GetAttr(c, "interpolation", &cfg->interpolation_name) && GetAttr(c, "T", &cfg->dtype) &&
+            GetAttr(c, "deterministic", &cfg->deterministic);
   if (!ok) { delete cfg; return nullptr; }
   auto fail = [&](const char* fmt, auto... args) {
     ConstructionFail(c, TF_INVALID_ARGUMENT, fmt, args...);

@@ -8,6 +8,9 @@
 // n_features_per_level F in {1,2,4,8}, log2_hashmap_size in 1..24, base_resolution >= 1, per_level_scale >= 1
 // (finest scale <= 2^24), grid_type "hash" | "dense" | "tiled", interpolation "linear" | "smoothstep" | "nearest".
 // T in {float, half}: output in T, accumulation in float32. E must equal the config's total table rows.
+// deterministic (default false): the table gradients (grad_params of both gradient ops) are bitwise reproducible on
+// the GPU too (fixed-point sums, metal_kernels/hash_grid.metal HgFixedSink); the CPU kernels always are. The
+// other outputs are deterministic on every device.
 //
 // max_level (scalar, per call; coarse-to-fine training), which levels are active:
 //   int32 k: levels l < k (a level count, clipped to 0..L);  float m: levels l < m*L + 1e-3 (tiny-cuda-nn's fraction:
@@ -36,7 +39,7 @@ using tfmo::Shape;
 const std::initializer_list<const char*> kAttrs = {
     "n_levels: int", "n_features_per_level: int", "log2_hashmap_size: int", "base_resolution: int",
     "per_level_scale: float", "grid_type: string", "interpolation: string",
-    "T: {float, half}", "Tlevel: {int32, float}",
+    "T: {float, half}", "Tlevel: {int32, float}", "deterministic: bool = false",
 };
 
 // Every op's inputs end with positions [N, D], params [E, F] and the scalar max_level; the gradient ops' inputs

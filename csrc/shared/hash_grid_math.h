@@ -70,7 +70,19 @@ struct HgArgs {
   uint interpolation; // HG_INTERP_*
   uint count;         // element count for the elementwise helper kernels
   uint n_aggregate;   // table-gradient scatters: levels l < n_aggregate sum runs of equal rows in the SIMD group
+  uint order;         // deterministic table gradient: 1 (grad_params) or 2 (grad2_params), for the exponents
+  uint slot;          // hash_grid_abs_max: the word of the fixed-point header it raises (HG_FIXED_*_MAX)
+  uint level_group;   // encode: G levels of 32 / G points per SIMD group (G a power of two <= 32; hg_encode_thread)
 };
+
+// The deterministic table gradient's header words and flag bits (metal_kernels/hash_grid.metal, HgFixedSink).
+#define HG_FIXED_DY_MAX 0u
+#define HG_FIXED_DDX_MAX 1u
+#define HG_FIXED_EXPONENTS 2u
+#define HG_FIXED_BIAS 0x80000000u  // every sum's starting value (low word), subtracted by the conversion
+#define HG_FLAG_NAN 1u
+#define HG_FLAG_POS_INF 2u
+#define HG_FLAG_NEG_INF 4u
 
 // Per (point, level): grid coordinates, upper-corner weights and their derivatives w.r.t. x_d.
 struct HgPoint {

@@ -44,7 +44,10 @@
 // Gradients w.r.t. the interval ends are per sample: with gtau_k = dL/dtau_k,
 //   VolumeRender:   dL/ds_k = -sigma_k gtau_k + gD w_k / 2,  dL/de_k = sigma_k gtau_k + gD w_k / 2;
 //   DistortionLoss: dL/ds_k = dL/dm_k / 2 - w_k^2 / 3,       dL/de_k = dL/dm_k / 2 + w_k^2 / 3.
-// (Summing e_{j-1}'s and s_j's terms gives the [R,S] dL/dt_j.) Invalid packed input on the GPU (row_splits not
+// (Summing e_{j-1}'s and s_j's terms gives the [R,S] dL/dt_j.) The packed Metal kernels run one SIMD group per ray
+// and evaluate the running sums along it (cum, W, A, B, the suffix sums) as SIMD-group prefix sums over chunks of 32
+// samples with a carry between chunks: the same terms as the serial scans, added in another order (equal to
+// rounding), and the same stop (the first sample with T < threshold). Invalid packed input on the GPU (row_splits not
 // 0 = r_0 <= r_1 <= ... <= r_R = N, a sample with e < s or overlapping its predecessor, a negative density):
 // see metal_kernels/render_packed.metal.
 #pragma once
@@ -69,6 +72,9 @@ struct VrpParams {
 struct DlpParams {
   uint R, N;
 };
+// Threads per ray of the packed Metal kernels, both families (one SIMD group of an Apple GPU): the host dispatches
+// kVrpLanes * R threads in threadgroups of a multiple of it.
+enum : uint { kVrpLanes = 32 };
 
 // Quiet NaN: what the Metal kernels write for a ray with invalid input (see conventions).
 TFMO_FN float vr_nan() {
@@ -112,10 +118,13 @@ TFMO_FN VrScan vr_scan_begin() {
 // True when the ray stops before the next sample (threshold 0 never stops).
 TFMO_FN bool vr_terminated(VrScan s, float threshold) { return s.T < threshold; }
 
+// The weight w = T alpha of a sample with transmittance T in front of it and optical depth tau.
+TFMO_FN float vr_weight(float T, float tau) { return T * vr_alpha(tau, tfmo_exp(-tau)); }
+
 // Composites one sample (call only while !vr_terminated): returns its weight w = T alpha and advances s.
 TFMO_FN float vr_scan_step(TFMO_THREAD VrScan* s, float sigma, float delta) {
   const float tau = vr_tau(sigma, delta);
-  const float w = s->T * vr_alpha(tau, tfmo_exp(-tau));
+  const float w = vr_weight(s->T, tau);
   s->cum += tau;
   s->T = tfmo_exp(-s->cum);
   return w;
@@ -155,12 +164,19 @@ TFMO_FN DlScan dl_scan_begin() {
   return s;
 }
 
+// The distance between the midpoints of two consecutive samples (lower one first): m_hi - m_lo from their
+// interval lengths and the gap s_hi - e_lo between them.
+TFMO_FN float dl_mid_step(float delta_lo, float delta_hi, float gap) { return 0.5f * (delta_lo + delta_hi) + gap; }
+
+// Sample k's terms of the loss, 2 w_k A_k + w_k^2 delta_k / 3.
+TFMO_FN float dl_loss_term(float w, float A, float delta) { return w * (2.0f * A + w * delta * (1.0f / 3.0f)); }
+
 // Sample k with weight w, interval length delta and gap = s_k - e_{k-1} to the previous sample (0: contiguous,
 // and for the first sample): returns A_k (used by the backward) and adds its loss terms.
 TFMO_FN float dl_scan_step_gap(TFMO_THREAD DlScan* s, float w, float delta, float gap) {
-  s->A += s->W * (0.5f * (s->prev_delta + delta) + gap);  // m_k - m_{k-1}; at k = 0 W = 0
+  s->A += s->W * dl_mid_step(s->prev_delta, delta, gap);  // m_k - m_{k-1}; at k = 0 W = 0
   const float A = s->A;
-  s->loss += w * (2.0f * A + w * delta * (1.0f / 3.0f));
+  s->loss += dl_loss_term(w, A, delta);
   s->W += w;
   s->prev_delta = delta;
   return A;
@@ -188,7 +204,7 @@ TFMO_FN DlRevScan dl_rev_begin() {
 // B_k in *B and W_{>k} in *W_after; then folds w_k in.
 TFMO_FN void dl_rev_step_gap(TFMO_THREAD DlRevScan* s, float w, float delta, float next_gap, TFMO_THREAD float* B,
                              TFMO_THREAD float* W_after) {
-  s->B += s->W * (0.5f * (delta + s->next_delta) + next_gap);  // m_{k+1} - m_k
+  s->B += s->W * dl_mid_step(delta, s->next_delta, next_gap);  // m_{k+1} - m_k
   *B = s->B;
   *W_after = s->W;
   s->W += w;

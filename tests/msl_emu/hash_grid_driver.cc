@@ -1,5 +1,6 @@
 // Runs metal_kernels/hash_grid.metal through the MSL emulation (csrc/msl_emu), mirroring
-// csrc/gpu/hash_grid_gpu.cc: same level table (hg_level_table), same dispatch shapes (encode: one thread per (point, level), level fastest), same buffers.
+// csrc/gpu/hash_grid_gpu.cc: same level table (hg_level_table), same dispatch shapes (encode: one thread per (point, level),
+// G levels of 32 / G points per SIMD group, [level_group=G], default the host's EncodeLevelGroup), same buffers.
 // Args: kernel=encode|grad_params|grad_positions dtype=float32|float16 n_levels= n_features= log2_hashmap_size=
 //       base_resolution= per_level_scale= grid_type=0|1|2 interpolation=0|1|2 n_active= [tg=64]
 //       [n_aggregate=0] (grad_params: levels below it sum runs of equal rows in the SIMD group)
@@ -44,8 +45,13 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
   if (which == "encode") {
     std::vector<T> out((size_t)n * L * F);
     for (auto& v : out) v = T(12345.0f);  // poison: every element must be written
+    uint host_g = 32 / F < 16 ? 32 / F : 16;  // the host's EncodeLevelGroup
+    while (host_g > 1 && host_g / 2 >= L) host_g /= 2;
+    args.level_group = h.scalar<uint>("level_group", host_g);
+    const uint G = args.level_group;
+    if (G == 0 || G > 32 || (G & (G - 1)) != 0) msl_emu::Harness::fail("level_group must be a power of two <= 32");
     if (n > 0) {
-      msl_emu::dispatch_threads(n * L, tg, [&](const msl_emu::ThreadCtx& t) {
+      msl_emu::dispatch_threads((n * G + 31) / 32 * ((L + G - 1) / G) * 32, tg, [&](const msl_emu::ThreadCtx& t) {
         if constexpr (sizeof(T) == 4)
           hash_grid_encode_float32(positions.data(), params.data(), levels.data(), args, out.data(),
                                    t.thread_position_in_grid.x);

@@ -25,7 +25,7 @@ import tensorflow as tf  # noqa: E402
 import tf_metal_ops as t  # noqa: E402
 from tf_metal_ops import emulated_gpu  # noqa: E402
 
-from tf_metal_ops.hash_grid import HashGridConfig  # noqa: E402
+from tf_metal_ops.hash_grid import HashGridConfig, hash_grid_encode_params_grad  # noqa: E402
 
 from support.gpu_check_runner import collect, main  # noqa: E402
 from support.hash_grid_cases import GRID_TYPES, INTERPOLATIONS, random_positions  # noqa: E402
@@ -190,14 +190,14 @@ def second_order_case_config(d, grid_type, interpolation, n_features):
                           grid_type="dense", interpolation=interpolation)
 
 
-def second_order_run(device, cfg, ddx, dy, x, p, max_level):
+def second_order_run(device, cfg, ddx, dy, x, p, max_level, deterministic=False):
     from tf_metal_ops._library import ops
     from tf_metal_ops.hash_grid.ops import _max_level_tensor
 
     with tf.device(device):
         args = [tf.constant(v) for v in (ddx, dy, x, p)]
         return ops().hash_grid_encode_grad_positions_grad(*args, _max_level_tensor(max_level, cfg.n_levels),
-                                                          **cfg.op_kwargs())
+                                                          deterministic=deterministic, **cfg.op_kwargs())
 
 
 def check_hash_grid_second_order(seed):
@@ -267,6 +267,76 @@ def check_hash_grid_second_order(seed):
                          np.zeros((0, 3), np.float32), p, None)
     assert g[0].shape == (0, cfg.n_output_dims) and g[2].shape == (0, 3) and not np.asarray(g[1]).any()
     return f"{cases} configurations, nested tapes, empty batch"
+
+
+def check_hash_grid_deterministic(seed):
+    """The deterministic table gradients (attr deterministic=True: fixed-point sums, metal_kernels/hash_grid.metal
+    HgFixedSink) on /GPU:0: the _det kernels ran, the results match the CPU kernel within the float-atomic
+    tolerances, two runs are bitwise equal, and non-finite incoming gradients give what float sums give. The last
+    line's summary ends with a digest of every result's bytes: tests/test_emulated_gpu.py compares it across thread
+    orders, worker counts and both GPU backends (bitwise reproducible)."""
+    import hashlib
+
+    rng = np.random.default_rng(seed)
+    digest = hashlib.sha256()
+    cases = 0
+    configs = [  # (D, grid type, interpolation, F): the _d3f2 kernels, hashed levels, every grid type and dtype
+        (3, "hash", "linear", 2), (3, "hash", "smoothstep", 2), (2, "dense", "linear", 4), (4, "tiled", "linear", 1),
+        (1, "hash", "nearest", 8), (2, "hash", "smoothstep", 2)]
+    for d, grid_type, interpolation, f in configs:
+        for dtype in (np.float32, np.float16):
+            suffix = "float16" if dtype == np.float16 else "float32"
+            cfg = second_order_case_config(max(d, 2), grid_type, interpolation, f) if d > 1 else HashGridConfig(
+                1, n_levels=5, n_features_per_level=f, log2_hashmap_size=4, base_resolution=3, per_level_scale=2.0,
+                interpolation=interpolation)
+            n = int(rng.choice([65, 300]))
+            x = random_positions(rng, n, cfg.n_input_dims)
+            p = rng.uniform(-1, 1, cfg.params_shape).astype(dtype)
+            dy = (rng.standard_normal((n, cfg.n_output_dims)) * 10.0 ** rng.uniform(-3, 3)).astype(dtype)
+            ddx = rng.standard_normal((n, cfg.n_input_dims)).astype(np.float32)
+            what = f"D={cfg.n_input_dims} {grid_type} {interpolation} F={f} {suffix} N={n}"
+            opts = {**cfg.op_kwargs(), "deterministic": True}
+            d3f2 = "_d3f2" if (cfg.n_input_dims, f, interpolation) == (3, 2, "linear") else ""
+            runs = []
+            for _ in range(2):
+                with Dispatches() as ran:
+                    with tf.device(GPU):
+                        g1 = hash_grid_encode_params_grad(x, tf.constant(p), tf.constant(dy), **opts)
+                    g2 = second_order_run(GPU, cfg, ddx, dy, x, p, None, deterministic=True)
+                ran.require(f"hash_grid_grad_params_det{d3f2}_{suffix}", f"hash_grid_abs_max_{suffix}",
+                            "hash_grid_fixed_exponents", f"hash_grid_fixed_to_{suffix}")
+                if interpolation != "nearest":
+                    ran.require(f"hash_grid_grad2_params_det{d3f2}_{suffix}", "hash_grid_abs_max_float32")
+                on_gpu(g1)
+                runs.append([np.asarray(g1), np.asarray(g2[1])])
+            for a, b in zip(*runs):
+                assert a.tobytes() == b.tobytes(), f"two runs differ: {what}"
+            with tf.device(CPU):
+                c1 = hash_grid_encode_params_grad(x, tf.constant(p), tf.constant(dy), **cfg.op_kwargs())
+            c2 = second_order_run(CPU, cfg, ddx, dy, x, p, None)
+            f16 = dtype == np.float16
+            for name, a, b in (("d/dparams", runs[0][0], c1), ("second-order d/dparams", runs[0][1], c2[1])):
+                scale = max(1.0, float(np.abs(np.asarray(b, np.float64)).max()))
+                close(a, b, 2e-3 if f16 else 1e-4, (2e-3 if f16 else 1e-5) * scale, f"deterministic {name} {what}")
+            for a in runs[0]:
+                digest.update(a.tobytes())
+            cases += 1
+    # Non-finite incoming gradients: the entries they reach become what float addition gives (inf, -inf, NaN).
+    cfg = HashGridConfig(3, n_levels=2, log2_hashmap_size=6, base_resolution=2, per_level_scale=2.0)
+    x = random_positions(rng, 40, 3)
+    dy = rng.standard_normal((40, cfg.n_output_dims)).astype(np.float32)
+    dy[3, 0], dy[7, 1], dy[11, 0], dy[11, 2] = np.inf, np.nan, -np.inf, np.inf
+    p = np.zeros(cfg.params_shape, np.float32)
+    with tf.device(GPU):
+        g = np.asarray(hash_grid_encode_params_grad(x, p, dy, deterministic=True, **cfg.op_kwargs()))
+    with tf.device(CPU):
+        c = np.asarray(hash_grid_encode_params_grad(x, p, dy, **cfg.op_kwargs()))
+    assert np.isinf(c).any() and np.isnan(c).any(), "the case must reach both"
+    assert np.array_equal(np.isnan(g), np.isnan(c)) and np.array_equal(np.isposinf(g), np.isposinf(c)) and \
+        np.array_equal(np.isneginf(g), np.isneginf(c)), "non-finite entries differ from the CPU's"
+    close(g, c, 1e-4, 1e-5, "deterministic d/dparams with non-finite dy (finite entries)")
+    digest.update(g.tobytes())
+    return f"{cases} configurations, non-finite dy; digest {digest.hexdigest()[:16]}"
 
 
 # ---- rendering ----------------------------------------------------------------------------------------------------
@@ -403,6 +473,20 @@ def check_render_packed(seed):
                     close(a, b, 1e-5, 1e-5 * scale, f"render_packed output/grad {i} R={r} C={c} bg={name} "
                           f"thr={threshold}")
                 cases += 1
+    # The GPU kernels run a SIMD group of 32 lanes per ray, in chunks of 32 samples: rays that stop (T < threshold) at
+    # the chunk edges (last lane, first lane of the next chunk) and in a later chunk, and rays of 32, 33 and 64
+    # samples (one opaque sample each; otherwise nearly transparent).
+    d, c, ts, te, rs, bg = make_packed([70, 70, 70, 70, 32, 33, 64], 5, seed=seed, dens_scale=0.01, bg="shared")
+    for r, opaque in enumerate((30, 31, 63, 0, 31, 20, 40)):
+        d[rs[r] + opaque] = 50.0
+    inputs = (d, c, ts, te, rs, bg)
+    for threshold in (0.0, 0.1):
+        g, cpu = packed_run(GPU, inputs, threshold), packed_run(CPU, inputs, threshold)
+        for i, (a, b) in enumerate(zip(g, cpu)):
+            scale = max(1.0, float(np.nanmax(np.abs(np.asarray(b)))))
+            close(a, b, 1e-5, 1e-5 * scale, f"render_packed output/grad {i}, stops at chunk edges, thr={threshold}")
+    stops = [int(np.argmin(np.asarray(cpu[3])[rs[r]:rs[r + 1]] != 0)) for r in range(4)]
+    assert stops == [31, 32, 64, 1], stops  # threshold 0.1: the sample after the opaque one is the first not composited
     # Empty work: no rays; rays without samples.
     for counts in ([], [0, 0, 0]):
         inputs = make_packed(counts, 3, seed=1, bg="per_ray")
@@ -410,7 +494,7 @@ def check_render_packed(seed):
         cpu = packed_run(CPU, inputs, 0.0)
         for a, b in zip(g, cpu):
             close(a, b, 0, 0, f"render_packed counts={counts}")
-    return f"{cases} configurations, empty work"
+    return f"{cases} configurations, stops at chunk edges, empty work"
 
 
 def check_render_packed_nan_policy(seed):

@@ -10,13 +10,14 @@ from tf_metal_ops.hash_grid.config import (
     per_level_scale_from_finest_resolution,
 )
 from tf_metal_ops.hash_grid.layer import HashGridEncoding  # registers the Keras serializable
-from tf_metal_ops.hash_grid.ops import hash_grid_encode  # registers the op's gradient
+from tf_metal_ops.hash_grid.ops import hash_grid_encode, hash_grid_encode_params_grad  # registers the gradient
 
 __all__ = [
     "HashGridConfig",
     "HashGridEncoding",
     "HashGridTableLayout",
     "hash_grid_encode",
+    "hash_grid_encode_params_grad",
     "hash_grid_table_layout",
     "per_level_scale_from_finest_resolution",
     "pure_tf",

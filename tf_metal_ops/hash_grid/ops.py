@@ -2,8 +2,12 @@
 
 Conventions (coordinates, level table, hashing, interpolation, clamp policy): ``tf_metal_ops.hash_grid.config``.
 Gradients w.r.t. both ``params`` and ``positions`` are registered (eager, ``tf.function``, SavedModel). The CPU
-parameter gradient is bitwise deterministic (independent of run and thread count); the Metal one uses float
-atomics, so its float32 rounding order varies.
+parameter gradient is bitwise deterministic (independent of run and thread count). The GPU one sums with float
+atomics (the rounding order varies between runs) unless ``deterministic=True`` (or TensorFlow's
+``tf.config.experimental.enable_op_determinism()`` when the op is built): then the GPU sums each table entry as a
+64-bit fixed-point integer with integer atomics, bitwise reproducible (scale per level from a bound B of the terms,
+the largest incoming gradient for the first order; each term rounded within 2^-31 B; see
+``metal_kernels/hash_grid.metal``).
 
 Custom ops have no XLA kernel: a function compiled with ``jit_compile=True`` cannot contain this op. Keep XLA for the
 rest of a model by jit-compiling those parts as separate inner functions and calling them from a plain
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import os
 
 import tensorflow as tf
 
@@ -68,6 +73,26 @@ def _max_level_tensor(max_level, n_levels):
     if t.shape.rank not in (None, 0):
         raise ValueError(f"hash_grid_encode: max_level must be a scalar, got shape {t.shape}")
     return t
+
+
+def _op_determinism_enabled():
+    """TensorFlow's ``tf.config.experimental.enable_op_determinism()`` state (TF has no public getter; its own
+    ops read this function), or the ``TF_DETERMINISTIC_OPS`` variable that setting also honours."""
+    try:
+        from tensorflow.python.framework import config as tf_config
+
+        return bool(tf_config.is_op_determinism_enabled())
+    except (ImportError, AttributeError):
+        return os.environ.get("TF_DETERMINISTIC_OPS", "").lower() in ("1", "true")
+
+
+def _deterministic(fn, value):
+    """The op's ``deterministic`` attr: ``value``, or TensorFlow's op-determinism setting when None."""
+    if value is None:
+        return _op_determinism_enabled()
+    if not isinstance(value, bool):
+        raise ValueError(f"{fn}: deterministic must be True, False or None, got {value!r}")
+    return value
 
 
 def _checked_inputs(fn, positions, params, options):
@@ -107,6 +132,7 @@ def hash_grid_encode(
     grid_type="hash",
     interpolation="linear",
     max_level=None,
+    deterministic=None,
     name=None,
 ):
     """Encodes ``positions [N, D]`` (float32 in [0,1], D = 1..4) with the tables ``params [total_entries, F]``
@@ -115,8 +141,9 @@ def hash_grid_encode(
     ``params`` must have ``hash_grid_table_layout(D, ...).params_shape``. Positions outside [0,1] are clamped
     (NaN -> 0) and get zero position gradient. ``max_level``: None = all levels; an int k = the first k levels
     (clipped to 0..n_levels); a float m = tcnn's fraction, levels l < m*n_levels + 1e-3; a scalar tensor of
-    either kind. Finer levels output zero and get no gradient. Bad arguments raise ValueError here when visible
-    statically, else InvalidArgumentError from the kernel.
+    either kind. Finer levels output zero and get no gradient. ``deterministic``: a bitwise reproducible table
+    gradient on the GPU too (None: whether ``tf.config.experimental.enable_op_determinism()`` was called). Bad arguments raise
+    ValueError here when visible statically, else InvalidArgumentError from the kernel.
 
     Example:
       >>> import numpy as np, tensorflow as tf, tf_metal_ops
@@ -139,6 +166,7 @@ def hash_grid_encode(
         grid_type=grid_type,
         interpolation=interpolation,
     )
+    det = _deterministic("hash_grid_encode", deterministic)
     with tf.name_scope(name or "hash_grid_encode"):
         positions, params, cfg = _checked_inputs("hash_grid_encode", positions, params, options)
         level = _max_level_tensor(max_level, cfg.n_levels)
@@ -146,6 +174,7 @@ def hash_grid_encode(
             positions,
             params,
             level,
+            deterministic=det,
             **{k: getattr(cfg, k) for k in _ATTRS},
         )
         out.set_shape([positions.shape[0] if positions.shape.rank == 2 else None, cfg.n_output_dims])
@@ -155,14 +184,24 @@ def hash_grid_encode(
 _DEFAULT_OPTIONS = {k: inspect.signature(hash_grid_encode).parameters[k].default for k in _ATTRS}
 
 
-def hash_grid_encode_params_grad(positions, params, output_grad, *, max_level=None, name=None, **options):
+def hash_grid_encode_params_grad(positions, params, output_grad, *, max_level=None, deterministic=None, name=None,
+                                 **options):
     """The gradient of ``sum(hash_grid_encode(positions, params, **options) * output_grad)`` w.r.t. ``params``,
     computed without the forward pass (the registered gradient's op, called directly): equal, bitwise on the CPU, to
     ``tape.gradient(hash_grid_encode(positions, params, ...), params, output_gradients=output_grad)``.
 
     For data-parallel training that exchanges the per-sample output gradients ``[N, n_levels * F]`` (and the
     positions) instead of the dense table gradient: each worker then computes the table gradient of the whole
-    batch itself. ``options``: those of :func:`hash_grid_encode` (the same defaults).
+    batch itself. ``options``, ``deterministic``: those of :func:`hash_grid_encode` (the same defaults).
+
+    Example:
+      >>> import tensorflow as tf
+      >>> from tf_metal_ops.hash_grid import HashGridConfig, hash_grid_encode_params_grad
+      >>> cfg = HashGridConfig(2, n_levels=2, n_features_per_level=2, log2_hashmap_size=6)
+      >>> params = tf.zeros(cfg.params_shape)
+      >>> g = hash_grid_encode_params_grad([[0.25, 0.5]], params, tf.ones([1, 4]), **cfg.op_kwargs())
+      >>> float(tf.reduce_sum(g))  # each level's corner weights sum to 1, times F = 2 features
+      4.0
     """
     options = {**_DEFAULT_OPTIONS, **options}
     unknown = set(options) - set(_ATTRS)
@@ -179,13 +218,14 @@ def hash_grid_encode_params_grad(positions, params, output_grad, *, max_level=No
             raise ValueError(f"hash_grid_encode_params_grad: output_grad must have shape [N, {cfg.n_output_dims}] "
                              f"with N = positions' rows ({positions.shape[0]}), got {dy.shape}")
         level = _max_level_tensor(max_level, cfg.n_levels)
-        return ops().hash_grid_encode_grad_params(dy, positions, params, level,
-                                                  **{k: getattr(cfg, k) for k in _ATTRS})
+        return ops().hash_grid_encode_grad_params(
+            dy, positions, params, level, deterministic=_deterministic("hash_grid_encode_params_grad", deterministic),
+            **{k: getattr(cfg, k) for k in _ATTRS})
 
 
 def _attrs(op):
     out = {}
-    for k in _ATTRS:
+    for k in _ATTRS + ("deterministic",):
         v = op.get_attr(k)
         out[k] = v.decode() if isinstance(v, bytes) else v
     return out
