@@ -58,6 +58,8 @@ int main(int argc, char** argv) {
   args.n_features = 2;
   args.interpolation = HG_INTERP_LINEAR;
   args.n_active = 16;
+  args.level_group = 16;  // the host's EncodeLevelGroup for F = 2, L = 16: a SIMD group takes 16 levels of 2 points
+  const uint G = args.level_group, encode_threads = (n * G + 31) / 32 * ((args.n_levels + G - 1) / G) * 32;
   std::vector<HgLevel> levels(args.n_levels);
   const int64_t rows = hg_level_table(3, 16, 2, 19, 16, 1.5f, 0, levels.data());
   const std::vector<float> positions = uniform(size_t(n) * 3, 0.0f, 1.0f, 1);
@@ -77,7 +79,7 @@ int main(int argc, char** argv) {
       std::memset(out.data(), 0xFF, out.size() * sizeof(float));
       std::memset(dx.data(), 0xFF, dx.size() * sizeof(float));
       const double te = seconds([&] {
-        msl_emu::dispatch_threads(n * args.n_levels, 64u, [&](const msl_emu::ThreadCtx& t) {
+        msl_emu::dispatch_threads(encode_threads, 64u, [&](const msl_emu::ThreadCtx& t) {
           hash_grid_encode_float32(positions.data(), params.data(), levels.data(), args, out.data(),
                                    t.thread_position_in_grid.x);
         }, opt);
