@@ -148,7 +148,7 @@ def test_fast_path_honours_order(launcher, tmp_path, order, workers):
 
 
 def test_barrier_on_fast_path_is_fatal(launcher, tmp_path):
-    s = Script(tmp_path).kernel("hidden_barrier", grid=(4, 1, 1), group=(4, 1, 1))
+    s = Script(tmp_path).kernel("pasted_sync", grid=(4, 1, 1), group=(4, 1, 1))
     s.buf(0, "float", nbytes=16).cmd("launch")
     res, stderr, _ = run(launcher, s, check=False)
     assert res.returncode == msl_emu_build.EMU_ERROR_EXIT, stderr
@@ -299,14 +299,37 @@ def test_every_real_kernel_is_registered(launcher):
     res, _, _ = run(launcher, s)
     listed = {l.split(": ", 1)[1] for l in res.stdout.splitlines() if l.startswith("name: ")}
     assert expected <= listed, sorted(expected - listed)
-    assert listed == expected | {"affine_half", "group_sum", "grid2d", "order_probe", "scale_fast", "hidden_barrier"}
+    assert listed == expected | {"affine_half", "group_sum", "grid2d", "order_probe", "scale_fast", "pasted_sync"}
     assert res.stdout.count("has: 1") == len(expected)
     by_file = {u.metal_file.name: u for u in units}
-    # The block scan (barriers), the hash grid's table-gradient run sums and the packed rendering kernels' SIMD group
-    # per ray (SIMD-group functions) need fibers; every other kernel file runs on the emulator's fiber-free fast path.
+    # Per kernel: the block scan (barriers), the hash grid's table-gradient run sums and the packed rendering kernels'
+    # SIMD group per ray (SIMD-group functions) need fibers; every other kernel runs on the emulator's fiber-free fast
+    # path (also the hash-grid encoding and position gradient, in the same file as the run sums).
+    fibers = {k.name for u in units for k in u.kernels if k.needs_fibers}
+    assert fibers == REAL_FIBER_KERNELS | {"group_sum"}
     assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].needs_fibers} == {"ray_march.metal", "hash_grid.metal",
                                                                                  "render_packed.metal"}
     assert by_file["launch_fixture.metal"].needs_fibers and not by_file["launch_fast.metal"].needs_fibers
+
+
+# The real kernels that reach threadgroup_barrier or a SIMD-group function (through their helpers).
+REAL_FIBER_KERNELS = {"ray_march_scan_block", "hash_grid_abs_max_float32", "hash_grid_abs_max_float16"} | {
+    f"hash_grid_{g}_params{det}{c}_{t}" for g in ("grad", "grad2") for det in ("", "_det") for c in ("", "_d3f2")
+    for t in ("float32", "float16")} | {
+    f"{op}_packed_{d}" for op in ("volume_render", "distortion_loss") for d in ("forward", "backward")}
+
+
+def test_fiber_use_of_the_real_kernels_is_per_kernel():
+    by_name = {}
+    for f in REAL_KERNEL_FILES:
+        by_name.update({k.name: k for k in glue.parse_metal(f, search=[REPO / "csrc" / "shared"]).kernels})
+    assert {n for n, k in by_name.items() if k.needs_fibers} == REAL_FIBER_KERNELS
+    for fast in ("hash_grid_encode_float32", "hash_grid_encode_float16", "hash_grid_grad_positions_float32",
+                 "hash_grid_grad_positions_float16", "hash_grid_grad2_points_float32", "hash_grid_fill_zero",
+                 "ray_march_scan_add", "render_packed_check_splits"):
+        assert not by_name[fast].needs_fibers, fast
+    # Without the include path the hash grid's header is not found: the analysis cannot tell, every kernel gets fibers.
+    assert all(k.needs_fibers for k in glue.parse_metal(REPO / "metal_kernels" / "hash_grid.metal").kernels)
 
 
 def test_real_kernel_launch_zero_out(launcher, tmp_path):
@@ -360,13 +383,80 @@ def test_parser_finds_barrier_in_included_header(tmp_path):
     (tmp_path / "helper.h").write_text("inline void sync() { threadgroup_barrier(mem_flags::mem_threadgroup); }\n")
     f = tmp_path / "k.metal"
     f.write_text('#include "helper.h"\n// threadgroup_barrier( in a comment does not count\n'
-                 "kernel void k(device float* x [[buffer(0)]]) {}\n")
+                 "kernel void k(device float* x [[buffer(0)]]) { sync(); }\n"
+                 "kernel void plain(device float* x [[buffer(0)]]) {}\n")
+    assert {k.name: k.needs_fibers for k in glue.parse_metal(f).kernels} == {"k": True, "plain": False}
     assert glue.parse_metal(f).needs_fibers
     (tmp_path / "helper.h").write_text("inline void sync() {}\n")
     assert not glue.parse_metal(f).needs_fibers
 
 
+# Kernel a uses the construct, kernel b does not: (text before the kernels, a's statement, b's statement).
+_KERNELS = """
+kernel void a(device float* x [[buffer(0)]], uint i [[thread_position_in_grid]]) {{ float v = x[i]; {a} }}
+kernel void b(device float* x [[buffer(0)]], uint i [[thread_position_in_grid]]) {{ float v = x[i]; {b} }}
+"""
+FOLLOWED = {
+    "helper": ("inline float total(float v) { return simd_sum(v); }\n", "x[i] = total(v);", "x[i] = v;"),
+    "two_levels": ("inline float inner(float v) { return metal::simd_prefix_exclusive_sum(v); }\n"
+                   "inline float outer(float v) { return inner(v) * 2.0f; }\n", "x[i] = outer(v);", "x[i] = v;"),
+    "template": ("template <typename T>\ninline T red(T v) { return simd_max(v); }\n", "x[i] = red<float>(v);",
+                 "x[i] = v;"),
+    "functor": ("struct Summer { float operator()(float v) const { return simd_sum(v); } };\n"
+                "template <class F> inline float apply(F f, float v) { return f(v); }\n",
+                "x[i] = apply(Summer{}, v);", "x[i] = apply([](float u) { return u + 1.0f; }, v);"),
+    "member": ("struct Acc { float s; void add(float v) thread { s += quad_sum(v); } };\n",
+               "Acc acc{0.0f}; acc.add(v); x[i] = acc.s;", "x[i] = v;"),
+    "barrier_helper": ("inline void sync() { threadgroup_barrier(mem_flags::mem_device); }\n", "sync();", "x[i] = v;"),
+    "function_macro": ("#define RED(v) simd_sum(v)\n", "x[i] = RED(v);", "x[i] = v;"),
+    "object_macro": ("#define RED simd_sum\n", "x[i] = RED(v);", "x[i] = v;"),
+    "macro_to_helper": ("inline float total(float v) { return simd_sum(v); }\n#define TOTAL(v) total(v)\n",
+                        "x[i] = TOTAL(v);", "x[i] = v;"),
+    "pasted_name": ("#define CAT(p, q) p##q\n", "x[i] = CAT(simd_, sum)(v);", "x[i] = CAT(fl, oat)(v);"),
+    "macro_before_name": ("#define ALIGNED(n) inline\nALIGNED(16) float total(float v) { return simd_sum(v); }\n",
+                          "x[i] = total(v);", "x[i] = v;"),
+    "prototype_first": ("inline float total(float v);\ninline float total(float v) { return simd_sum(v); }\n",
+                        "x[i] = total(v);", "x[i] = v;"),
+}
+UNDECIDED = {  # the analysis cannot follow the source: every kernel gets fibers
+    "missing_header": ('#include "not_there.h"\n', "x[i] = v;", "x[i] = v;"),
+    "free_operator": ("struct V { float x; };\ninline V operator+(V l, V r) { return V{simd_sum(l.x) + r.x}; }\n",
+                      "x[i] = (V{v} + V{v}).x;", "x[i] = v;"),
+    "file_scope_lambda": ("constant auto red = [](float v) { return simd_sum(v); };\n", "x[i] = red(v);", "x[i] = v;"),
+    "macro_defines_function": ("#define DEF(name) inline float name(float v) { return simd_sum(v); }\nDEF(total)\n",
+                               "x[i] = total(v);", "x[i] = v;"),
+    "if_splits_braces": ("#if FOO\ninline float f(float v) {\n#else\ninline float f(float v, float w) {\n#endif\n"
+                         "  return simd_sum(v); }\n", "x[i] = f(v);", "x[i] = v;"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FOLLOWED) + sorted(UNDECIDED))
+def test_parser_follows_calls_to_fiber_functions_per_kernel(tmp_path, case):
+    head, a, b = {**FOLLOWED, **UNDECIDED}[case]
+    f = tmp_path / "k.metal"
+    f.write_text("#include <metal_stdlib>\nusing namespace metal;\n" + head + _KERNELS.format(a=a, b=b))
+    for mf in (glue.parse_metal(f), glue.parse_metal("k.metal", text=f.read_text())):
+        assert {k.name: k.needs_fibers for k in mf.kernels} == {"a": True, "b": case in UNDECIDED}
+        assert mf.needs_fibers
+    plain = glue.parse_metal("k.metal", text=f.read_text().replace(a, "x[i] = v;"))
+    assert {k.name: k.needs_fibers for k in plain.kernels} == {"a": case in UNDECIDED, "b": case in UNDECIDED}
+
+
+def test_parser_follows_template_kernels_and_their_instantiations():
+    text = """#include <metal_stdlib>
+template <typename T> inline T tot(T v) { return simd_sum(v); }
+template <typename T>
+kernel void k(device T* x [[buffer(0)]], uint i [[thread_position_in_grid]]) { x[i] = tot(x[i]); }
+template <typename T>
+kernel void plain(device T* x [[buffer(0)]], uint i [[thread_position_in_grid]]) { x[i] = x[i]; }
+template [[host_name("k_float")]] kernel decltype(k<float>) k<float>;
+template [[host_name("plain_float")]] kernel decltype(plain<float>) plain<float>;
+"""
+    assert {k.name: k.needs_fibers for k in glue.parse_metal("s.metal", text=text).kernels} == {"k": True, "plain": False}
+
+
 @pytest.mark.parametrize("call", ["simd_sum(v)", "metal::simd_shuffle_down(v, 1)", "quad_broadcast(v, 0)",
+                                  "simd_sum<float>(v)",
                                   "simdgroup_barrier(mem_flags::mem_none)", "simd_ballot(v > 0)"])
 def test_parser_sends_simd_group_functions_to_fibers(call):
     text = f"kernel void k(device float* x [[buffer(0)]]) {{ float v = x[0]; {call}; }}\n"

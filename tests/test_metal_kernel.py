@@ -7,6 +7,7 @@ TFMO_REQUIRE_MAC_CHECKS=1 (CI).
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -187,6 +188,58 @@ def test_divergent_simd_group_calls_end_the_process_naming_kernel_and_thread():
     assert "kernel custom_kernel_simd_split: divergent SIMD-group function: in threadgroup (0,0,0), SIMD group 0, " \
            "thread 0 (index in group) is in simd_max at simd_split:source:3:" in r.stderr, r.stderr[-3000:]
     assert "while thread 5 is in simd_sum at simd_split:source:3:" in r.stderr, r.stderr[-3000:]
+
+
+# Three kernels in one source: `total` reaches simd_sum through a helper (fibers), `scale` calls nothing of the kind
+# (the fast path's loop), `pasted` calls a barrier whose name the analysis cannot see (pasted from pieces), so it runs
+# on the fast path and must end the process there with the fast path's error.
+FIBER_SHADER = """
+#include <metal_stdlib>
+using namespace metal;
+#define TFMO_PASTE(a, b) a##b
+inline float group_total(float v) { return simd_sum(v); }
+kernel void total(const device float* x [[buffer(0)]], device float* y [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+  y[i] = group_total(x[i]);
+}
+kernel void scale(const device float* x [[buffer(0)]], device float* y [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+  y[i] = 2.0f * x[i];
+}
+kernel void pasted(const device float* x [[buffer(0)]], device float* y [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+  y[i] = x[i];
+  TFMO_PASTE(threadgroup_bar, rier)(mem_flags::mem_device);
+}
+"""
+
+
+def test_fiber_use_is_per_kernel_in_an_inline_source():
+    import ctypes
+
+    from tf_metal_ops.inline_kernels import build
+
+    class Entry(ctypes.Structure):  # TfmoInlineKernel (csrc/common/inline_kernel_abi.h), up to needs_fibers
+        _fields_ = [("abi_version", ctypes.c_uint32), ("kernel", ctypes.c_char_p), ("needs_fibers", ctypes.c_int)]
+
+    lib = ctypes.CDLL(str(build.compile(FIBER_SHADER, checked=False)))
+    lib.tfmo_inline_kernel.restype = ctypes.POINTER(Entry)
+    flags = {n: lib.tfmo_inline_kernel(n.encode()).contents.needs_fibers for n in ("total", "scale", "pasted")}
+    assert flags == {"total": 1, "scale": 0, "pasted": 0}
+    r = run_python(f"""
+        import numpy as np, tensorflow as tf, tf_metal_ops as t
+        lib = t.compile_shader({FIBER_SHADER!r})
+        x = tf.range(64, dtype=tf.float32)
+        (y,) = lib.total(x, threads=64, group_size=(64, 1, 1), output_shapes=[(64,)])
+        want = np.repeat([np.arange(32).sum(), np.arange(32, 64).sum()], 32)
+        np.testing.assert_array_equal(y.numpy(), want)
+        (y,) = lib.scale(x, threads=64, group_size=(64, 1, 1), output_shapes=[(64,)])
+        np.testing.assert_array_equal(y.numpy(), 2 * np.arange(64))
+        print("values ok", flush=True)
+        lib.pasted(x, threads=64, group_size=(64, 1, 1), output_shapes=[(64,)])[0].numpy()
+        print("not reached")
+    """)
+    assert r.returncode == 70 and "values ok" in r.stdout and "not reached" not in r.stdout, (r.returncode, r.stderr[-3000:])
+    assert re.search(r"kernel pasted: threadgroup_barrier at \S+:\d+:\d+ reached on the fiber-free fast path: the "
+                     r"kernel was launched on the fast path because the analysis of its source found no call", r.stderr), \
+        r.stderr[-3000:]
 
 
 def test_out_of_bounds_accesses_are_caught_in_checked_builds(monkeypatch):

@@ -13,10 +13,12 @@ Conventions:
   - every .metal file is staged (copied with `#line 1 "<original>"`, `threadgroup` in pointer/reference types
     rewritten to MSL_EMU_TGP, see rewrite_threadgroup_pointers) into out_dir/stage/, which comes first on the
     include path, so a .metal file that includes another one gets the staged copy;
-  - a file "needs fibers" when it or a header it includes with `#include "..."` (found next to it or on the
-    include path) calls threadgroup_barrier or a SIMD-group function (simd_*, quad_*, simdgroup_barrier); otherwise
-    its kernels run on msl_emu's fiber-free fast path, where either is a fatal error (so a wrong detection cannot
-    pass silently);
+  - a kernel "needs fibers" when it reaches threadgroup_barrier or a SIMD-group function (simd_*, quad_*,
+    simdgroup_barrier): in its own body, or through the functions, types and macros it names, transitively, in
+    the file and the headers it includes with `#include "..."` (found next to it or on the include path); see
+    _kernels_needing_fibers for what the analysis follows and where it gives up (then every kernel of the file
+    needs fibers). Other kernels run on msl_emu's fiber-free fast path, where a barrier or a SIMD-group call is a
+    fatal error (so a wrong detection cannot pass silently). MetalFile.needs_fibers: some kernel of the file does;
   - a kernel "uses barriers" when its own body calls threadgroup_barrier, or when the file calls it outside every
     kernel body (in a helper or an included header: any kernel may reach it); a kernel cannot call another kernel,
     so that is conservative. Targets that launch whole threadgroups only where a barrier needs them use this
@@ -111,7 +113,8 @@ class Kernel:
     name: str
     params: tuple[Param, ...]
     line: int
-    uses_barriers: bool = False  # see the module docstring (per kernel; MetalFile.needs_fibers is per file)
+    uses_barriers: bool = False  # see the module docstring
+    needs_fibers: bool = False  # runs as fibers on msl_emu (see the module docstring); False: the fast path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +130,7 @@ class MetalFile:
     path: Path
     kernels: tuple[Kernel, ...]
     constants: tuple[FunctionConstant, ...]
-    needs_fibers: bool
+    needs_fibers: bool  # some kernel of the file needs fibers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +142,7 @@ class GeneratedUnit:
     source: Path  # out_dir/NAME_glue.cc
     kernels: tuple[Kernel, ...]
     constants: tuple[FunctionConstant, ...]
-    needs_fibers: bool
+    needs_fibers: bool  # some kernel of the file needs fibers (each Kernel says which)
     flags: tuple[str, ...]  # -D... and -I... this unit needs (include dirs in search order)
 
 
@@ -219,7 +222,7 @@ _FUNCTION_CONSTANT = re.compile(
     r"\bconstant\s+([A-Za-z_]\w*)\s+([A-Za-z_]\w*)\s*\[\[\s*function_constant\s*\(\s*(\d+)\s*\)\s*\]\]\s*;")
 # A call that needs the fibers of msl_emu's runtime: a barrier or a SIMD-group function.
 _BARRIER = re.compile(r"\bthreadgroup_barrier\s*\(")
-_FIBER_CALL = re.compile(r"\b(?:threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*\(")
+_FIBER_CALL = re.compile(r"\b(?:threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*(?:<[^<>;{}()]*>\s*)?\(")
 _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 _DECL = re.compile(
     r"^(?P<quals>(?:(?:device|constant|threadgroup|thread|const|volatile)\s+)*)"
@@ -373,11 +376,263 @@ def parse_metal(path: str | Path, search: Iterable[Path] | None = None, *, text:
             raise GlueError(f"{path}:{_line_of(text, m.start())}: function constant not of the supported form "
                             "`constant T name [[function_constant(n)]];` at file scope (T = bool, int, uint, float)")
     search_dirs = list(search) if search is not None else []
-    needs_fibers = _file_calls(path, search_dirs, set(), _FIBER_CALL) if from_file else bool(_FIBER_CALL.search(text))
     outside = "".join(text[a:b] for a, b in zip([0] + [e for _, e in bodies], [s for s, _ in bodies] + [len(text)]))
     if _BARRIER.search(outside) or (from_file and _headers_barrier(path, raw, search_dirs)):
         kernels = [dataclasses.replace(k, uses_barriers=True) for k in kernels]  # a helper or a header has one
-    return MetalFile(path, tuple(kernels), tuple(sorted(constants, key=lambda c: c.index)), needs_fibers)
+    sources, complete = _translation_unit(path, raw, search_dirs, from_file)
+    fibers = _kernels_needing_fibers([k.name for k in kernels], sources, complete)
+    kernels = [dataclasses.replace(k, needs_fibers=k.name in fibers) for k in kernels]
+    return MetalFile(path, tuple(kernels), tuple(sorted(constants, key=lambda c: c.index)),
+                     any(k.needs_fibers for k in kernels))
+
+
+# ---- which kernels need fibers ---------------------------------------------------------------------------------
+# A name that needs fibers when a macro's replacement text holds it (the call's parentheses may come from the
+# place the macro is used).
+_FIBER_NAME = re.compile(r"\b(?:threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\b")
+# Text that a name pasted together with ## needs to contain to become one of those names.
+_PASTE_FRAGMENT = re.compile(r"simd|quad|barrier")
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+_DIRECTIVE = re.compile(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", re.M)
+_DEFINE = re.compile(r"[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(\([^)]*\))?")
+_ATTRIBUTE_SPAN = re.compile(r"\[\[.*?\]\]", re.S)
+# The end of a function definition's head: `)`, then qualifiers (MSL member functions may name an address space),
+# and a trailing return type.
+_FUNCTION_HEAD_END = re.compile(r"\)\s*(?:(?:const|volatile|noexcept|override|final|mutable|thread|device|constant|"
+                                r"threadgroup)\b\s*)*(?:->[^{;]*)?$")
+_NOT_A_NAME = {"decltype", "alignas", "sizeof", "alignof", "if", "for", "while", "switch", "return", "static_assert"}
+_STANDARD_HEADER = re.compile(r"metal_\w+")  # #include "metal_stdlib": MSL's own headers are not scanned
+
+
+class _Undecided(Exception):
+    """A source structure the fiber analysis does not follow: every kernel of the file then needs fibers."""
+
+
+def _translation_unit(path: Path, raw: str, search: list[Path], from_file: bool) -> tuple[list[str], bool]:
+    """(the file's text and that of every header it includes with `#include "..."`, recursively, each with comments
+    and string contents blanked; whether every such header was found: next to the file (when read from a file),
+    else on `search`). MSL's own headers (`metal_stdlib`, ...) are left out."""
+    texts, complete, seen = [], True, set()
+
+    def add(p: Path | None, content: str) -> None:
+        nonlocal complete
+        texts.append(_strip_comments(content))
+        here = [p.parent] if p is not None else []
+        for inc in _INCLUDE.findall(_strip_comments(content, blank_strings=False)):
+            if _STANDARD_HEADER.fullmatch(inc):
+                continue
+            found = next((d / inc for d in [*here, *search] if (d / inc).is_file()), None)
+            if found is None:
+                complete = False
+            elif found.resolve() not in seen:
+                seen.add(found.resolve())
+                add(found.resolve(), found.read_text())
+
+    seen.add(path)
+    add(path if from_file else None, raw)
+    return texts, complete
+
+
+def _split_directives(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """(text with every preprocessor line blanked, [(macro name, replacement text)] of its #defines). Conditionals
+    are not evaluated: the code of every branch stays."""
+    macros = []
+
+    def blank(m: re.Match) -> str:
+        d = _DEFINE.match(m.group(0))
+        if d:
+            macros.append((d.group(1), m.group(0)[d.end():].replace("\\\n", " ")))
+        return re.sub(r"[^\n]", " ", m.group(0))
+
+    return _DIRECTIVE.sub(blank, text), macros
+
+
+def _matching_brace(code: str, i: int, end: int) -> int:
+    depth = 0
+    for j in range(i, end):
+        if code[j] == "{":
+            depth += 1
+        elif code[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+    raise _Undecided("unbalanced braces")
+
+
+def _skip_template_heads(head: str) -> str:
+    """`head` without leading `template <...>` clauses."""
+    while True:
+        m = re.match(r"\s*template\s*<", head)
+        if not m:
+            return head
+        depth, j = 1, m.end()
+        while j < len(head) and depth:
+            depth += {"<": 1, ">": -1}.get(head[j], 0)
+            j += 1
+        if depth:
+            raise _Undecided("unbalanced template parameter list")
+        head = head[j:]
+
+
+def _function_names(head: str) -> tuple[str, ...]:
+    """The names a function definition's head may declare: every name followed by `(` outside parentheses (the
+    function's, and a macro's in front of it, `ALIGN(16) float f(...)`, or a constructor's member initialisers),
+    "operator" for an operator; empty when there is none (a lambda)."""
+    names, depth = [], 0
+    for j, c in enumerate(head):
+        if c == "(" and depth == 0:
+            before = head[:j].rstrip()
+            if re.search(r"\boperator\s*(?:\(\s*\)\s*)?$", before) or re.search(r"\boperator\b\s*\S+$", before):
+                names.append("operator")
+            m = re.search(r"(~?[A-Za-z_]\w*)$", before)
+            if m is not None and m.group(1) not in _NOT_A_NAME:
+                names.append(m.group(1).lstrip("~"))
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+    return tuple(dict.fromkeys(names))
+
+
+def _scope_items(code: str, begin: int, end: int, out: list[tuple[str, tuple[str, ...], str]]) -> None:
+    """The items of one scope code[begin:end] into `out`, as (kind, names, text): "function" (a definition, head and
+    body; names: _function_names), "type" (a struct/class/union definition, names: its name or none; its member
+    functions follow as items of their own, kind "member"), or "declaration" (anything else up to its `;`:
+    variables, prototypes, aliases, enums; no names). Namespaces are opened."""
+    start, depth, i = begin, 0, begin
+    while i < end:
+        c = code[i]
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+            if depth < 0:
+                raise _Undecided("unbalanced parentheses")
+        elif c == "}" and depth == 0:
+            raise _Undecided("unbalanced braces")
+        elif c == ";" and depth == 0:
+            if code[start:i].strip():
+                out.append(("declaration", (), code[start:i + 1]))
+            start = i + 1
+        elif c == "{" and depth == 0:
+            close = _matching_brace(code, i, end)
+            head = _skip_template_heads(_ATTRIBUTE_SPAN.sub(" ", code[start:i]))
+            struct = re.search(r"\b(?:struct|class|union)\b\s*([A-Za-z_]\w*)?", head)
+            if re.search(r"\bnamespace\b", head):
+                _scope_items(code, i + 1, close, out)
+                start = close + 1
+            elif re.search(r"=\s*$", head) or re.search(r"\benum\b", head):
+                pass  # an initialiser or an enumeration: the declaration goes on to its `;`
+            elif _FUNCTION_HEAD_END.search(head.rstrip()):
+                out.append(("function", _function_names(head), code[start:close + 1]))
+                start = close + 1
+            elif struct:
+                out.append(("type", (struct.group(1),) if struct.group(1) else (), code[start:close + 1]))
+                members: list[tuple[str, tuple[str, ...], str]] = []
+                _scope_items(code, i + 1, close, members)
+                out += [("member", name, text) for kind, name, text in members if kind in ("function", "member")]
+                start = close + 1  # declarators up to the `;` follow as a declaration
+            i = close
+        i += 1
+    if depth:
+        raise _Undecided("unbalanced parentheses")
+    if code[start:end].strip():
+        out.append(("declaration", (), code[start:end]))
+
+
+def _is_prototype(text: str) -> bool:
+    """A function declaration without a body, or an explicit template instantiation (`template [[host_name("k_f")]]
+    kernel decltype(k<float>) k<float>;`, as MLX-style sources write): it runs nothing of its own."""
+    head = _ATTRIBUTE_SPAN.sub(" ", text.strip().removesuffix(";"))
+    if re.match(r"\s*template\b(?!\s*<)", head):
+        return True
+    return "=" not in head and bool(_FUNCTION_HEAD_END.search(head.rstrip()))
+
+
+def _kernels_needing_fibers(kernels: list[str], sources: list[str], complete: bool) -> set[str]:
+    """The kernels of `sources` (a file and its headers, comments blanked: _translation_unit) that reach
+    threadgroup_barrier or a SIMD-group function.
+
+    The analysis works on names, so it errs only towards fibers. Each function definition, struct/class/union (with
+    its member functions, constructors and operators) and macro is a node under its name (definitions sharing a name,
+    overloads or branches of an #if, are one node). A node needs fibers when its text calls one of those functions
+    (a macro: names one), or names a node that needs fibers; a name pasted with ## counts as such a call where the
+    macro that pastes or the text that uses it contains "simd", "quad" or "barrier". Templates are followed by
+    name: `f<T>(x)` names f, and a functor or type argument is named where the template is used. Every kernel needs
+    fibers when the analysis cannot tell: a header that is not found, braces or parentheses that do not balance
+    (an #if whose branches open a block differently), or a barrier or SIMD-group call reached from code that has no
+    name to follow (a free operator, a lambda or initialiser at file scope, a macro that needs fibers used outside
+    every body, which may define functions). Blind spot, caught at run time by the
+    fast path's fatal error: a name pasted from pieces that split those words (`threadgroup_bar ## rier`).
+    """
+    everything = "".join(sources)
+    if complete and not _FIBER_NAME.search(everything) and not ("##" in everything and
+                                                               _PASTE_FRAGMENT.search(everything)):
+        return set()  # nothing to reach
+    if not complete:
+        return set(kernels)
+    texts: dict[str, list[str]] = {}
+    unnamed: list[str] = []  # reached from code with no name to follow
+    heads: list[str] = []  # what precedes the body of each function and type definition
+    macros: dict[str, str] = {}
+    codes = []
+    for source in sources:
+        code, defines = _split_directives(source)
+        codes.append(code)
+        for name, replacement in defines:
+            macros[name] = macros.get(name, "") + " " + replacement
+    try:
+        for code in codes:
+            items: list[tuple[str, tuple[str, ...], str]] = []
+            _scope_items(code, 0, len(code), items)
+            for kind, names, text in items:
+                names = tuple(n for n in names if n not in macros)  # `ALIGN(16) float f(...)` defines f
+                if kind == "declaration" and _is_prototype(text):
+                    continue
+                if kind == "member" and (not names or "operator" in names):
+                    continue  # part of its type's node, which every use of the type names
+                if kind in ("function", "type"):
+                    heads.append(text.split("{", 1)[0])
+                if not names or "operator" in names:
+                    unnamed.append(text)
+                for name in names:
+                    texts.setdefault(name, []).append(text)
+    except _Undecided:
+        return set(kernels)
+    pasting = {name for name, r in macros.items() if "##" in r}
+    nodes: dict[str, tuple[bool, set[str]]] = {}  # name -> (calls a fiber function itself, names it refers to)
+
+    def node(text: str, is_macro: bool) -> tuple[bool, set[str]]:
+        refs = set(_IDENT.findall(text))
+        direct = bool((_FIBER_NAME if is_macro else _FIBER_CALL).search(text))
+        direct = direct or bool(refs & pasting and _PASTE_FRAGMENT.search(text))
+        return direct, refs
+
+    for name, ts in texts.items():
+        nodes[name] = node(" ".join(ts), False)
+    for name, r in macros.items():
+        d, refs = node(r, True)
+        old = nodes.get(name, (False, set()))
+        nodes[name] = (old[0] or d, old[1] | refs)
+    users: dict[str, set[str]] = {}
+    for name, (_, refs) in nodes.items():
+        for r in refs - {name}:
+            users.setdefault(r, set()).add(name)
+    needing = {name for name, (d, _) in nodes.items() if d}
+    todo = list(needing)
+    while todo:
+        for u in users.get(todo.pop(), ()):
+            if u not in needing:
+                needing.add(u)
+                todo.append(u)
+    for text in unnamed:
+        d, refs = node(text, False)
+        if d or refs & needing:
+            return set(kernels)
+    # A macro that needs fibers used outside a body may define functions under names it builds (`DEF(total)`).
+    if any(set(_IDENT.findall(h)) & needing & macros.keys() for h in heads):
+        return set(kernels)
+    return {k for k in kernels if k in needing or k not in texts}
 
 
 def _body_span(text: str, i: int) -> tuple[int, int] | None:
@@ -446,7 +701,7 @@ def _unit_source(mf: MetalFile, staged_name: str) -> str:
     out.append("}")
     out.append("std::mutex g_mutex;")
     out.append(f"const {T}::FileDesc kFile = {{{_cstr(str(mf.path))}, kConstants, {len(mf.constants)}u, "
-               f"{'true' if mf.needs_fibers else 'false'}, &g_mutex, &SetConstant}};")
+               f"&g_mutex, &SetConstant}};")
     out.append("")
     for k in mf.kernels:
         fn = f"decltype(&::{k.name})"
@@ -482,7 +737,7 @@ def _unit_source(mf: MetalFile, staged_name: str) -> str:
         out.append(f"  ::{k.name}(" + ",\n      ".join(args) + ");")
         out.append("}")
         out.append(f"const {T}::KernelDesc kKernel_{k.name} = {{{_cstr(k.name)}, &kFile, kParams_{k.name}, "
-                   f"{len(k.params)}u, &Thunk_{k.name}}};")
+                   f"{len(k.params)}u, &Thunk_{k.name}, {'true' if k.needs_fibers else 'false'}}};")
         out.append("")
     out.append("struct Registrar {")
     out.append("  Registrar() {")

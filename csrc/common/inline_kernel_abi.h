@@ -8,8 +8,8 @@
 //  - grid = threads (dispatchThreads: the last group along each dimension is clipped), group = threads per
 //    threadgroup; every dimension >= 1 (the caller skips empty grids);
 //  - threadgroups run in parallel through `parallel_for` (the caller's thread pool); the threads of one group run on
-//    one worker, as fibers when the source calls threadgroup_barrier or a SIMD-group function, else one after
-//    another in an inlined loop;
+//    one worker, as fibers when the kernel reaches threadgroup_barrier or a SIMD-group function (in its body or a
+//    function it calls: tf_metal_ops/msl_emu.py), else one after another in an inlined loop;
 //  - a library built with bounds checks ("checked") reports the first out-of-bounds access through a kernel buffer
 //    parameter as an error (the access itself reads zero / writes to a discarded scratch element);
 //  - every function returns 0 on success, else non-zero with a NUL-terminated message in error[0..error_len).
@@ -40,7 +40,7 @@ typedef struct TfmoInlineLaunch {
 typedef struct TfmoInlineKernel {
   uint32_t abi_version;  // TFMO_INLINE_ABI_VERSION
   const char* kernel;    // the kernel function's name
-  int needs_fibers;      // the source calls threadgroup_barrier or a SIMD-group function (groups run as fibers)
+  int needs_fibers;      // the kernel reaches threadgroup_barrier or a SIMD-group function (groups run as fibers)
   int checked;           // built with bounds checks
   // Runs the kernel over the grid on the CPU.
   int (*run)(const TfmoInlineLaunch* launch, char* error, size_t error_len);

@@ -323,7 +323,7 @@ std::string Launch(const LaunchDesc& d, LaunchAtomics* atomics) {
 
   msl_emu::Options opt = msl_emu::Options::from_env();
   opt.workers = WorkersFromEnv();
-  opt.fiber_free = !kd->file->needs_fibers;
+  opt.fiber_free = !kd->needs_fibers;
   opt.kernel_name = kd->name;
   const uint3 grid = {uint(d.grid[0]), uint(d.grid[1]), uint(d.grid[2])};
   const uint3 group = {d.group[0], d.group[1], d.group[2]};

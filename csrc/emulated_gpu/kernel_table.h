@@ -59,7 +59,6 @@ struct FileDesc {
   const char* path;  // the original .metal file
   const ConstantDesc* constants;
   size_t num_constants;
-  bool needs_fibers;                           // false: launched on msl_emu's fiber-free fast path
   std::mutex* mutex;                           // guards the constants (see header comment)
   void (*set_constant)(uint32_t index, uint32_t bits);  // index/type already checked against `constants`
 };
@@ -70,6 +69,7 @@ struct KernelDesc {
   const ParamDesc* params;
   size_t num_params;
   Thunk thunk;
+  bool needs_fibers;  // reaches a barrier or a SIMD-group function (tf_metal_ops/msl_emu.py); false: the fast path
 };
 
 // Defined in kernel_launch.cc. Called from static initialisers of generated units.

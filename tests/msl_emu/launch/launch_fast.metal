@@ -1,5 +1,5 @@
-// Fixture of tests/test_emulated_kernel_launch.py: a file that (visibly) calls neither threadgroup_barrier nor a
-// SIMD-group function, so its kernels run on msl_emu's fiber-free fast path.
+// Fixture of tests/test_emulated_kernel_launch.py: kernels that (visibly) call neither threadgroup_barrier nor a
+// SIMD-group function, so they run on msl_emu's fiber-free fast path.
 #include <metal_stdlib>
 using namespace metal;
 
@@ -18,9 +18,10 @@ kernel void scale_fast(device const float4* x [[buffer(0)]], device float4* y [[
   y[gid] = x[gid] * s + float(simd * 1000 + lane);
 }
 
-// A barrier the source scan cannot see (token pasting): reaching it on the fast path must be a fatal error.
+// A barrier the fiber analysis cannot see (a name pasted from pieces that split "barrier", its documented blind
+// spot): reaching it on the fast path must be a fatal error.
 #define TFMO_PASTE(a, b) a##b
-kernel void hidden_barrier(device float* out [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
+kernel void pasted_sync(device float* out [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
   out[gid] = 1.0f;
-  TFMO_PASTE(threadgroup_, barrier)(mem_flags::mem_threadgroup);
+  TFMO_PASTE(threadgroup_bar, rier)(mem_flags::mem_threadgroup);
 }

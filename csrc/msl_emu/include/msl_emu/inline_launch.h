@@ -6,9 +6,10 @@
 //  - threadgroups run in parallel through the caller's parallel_for; one worker runs one group at a time, so
 //    kernel-scope `threadgroup` variables (static thread_local) belong to the running group;
 //  - a kernel without barriers and SIMD-group functions runs each group as a plain loop over its threads, x fastest,
-//    the kernel inlined into it, so the compiler can vectorise the body over a row of threads; a kernel that calls
-//    threadgroup_barrier or a SIMD-group function runs its group as fibers (msl_emu::detail::GroupRunner, one per
-//    worker thread, reused);
+//    the kernel inlined into it, so the compiler can vectorise the body over a row of threads; a kernel that reaches
+//    threadgroup_barrier or a SIMD-group function (in its body or a function it calls; the generator decides per
+//    kernel: tf_metal_ops/msl_emu.py) runs its group as fibers (msl_emu::detail::GroupRunner, one per worker
+//    thread, reused); such a call reached in the plain loop ends the process with the fast path's error;
 //  - checked<T> stands for a `device`/`constant` pointer parameter in checked builds: an index outside the bound
 //    buffer records the first violation of the launch (kernel, parameter, index, size, thread) and yields a
 //    zeroed scratch element, so the access reads 0 and a write is discarded; the launch then fails with that
@@ -111,6 +112,7 @@ template <bool kChecked, class Body>
 void run_direct(void* arg, int64_t begin, int64_t end) {
   auto* job = static_cast<Job<Body>*>(arg);
   if constexpr (kChecked) tls.violation = &job->violation;
+  detail::tls_direct_kernel = job->kernel;  // a barrier or SIMD-group call in here: the fast path's error
   Body& body = *job->body;
   const uint3 grid = job->grid, tg = job->group, groups = job->groups;
   ThreadCtx t{};
@@ -147,6 +149,7 @@ void run_direct(void* arg, int64_t begin, int64_t end) {
       }
     }
   }
+  detail::tls_direct_kernel = nullptr;
   if constexpr (kChecked) tls = {};
 }
 

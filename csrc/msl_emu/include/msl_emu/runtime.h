@@ -22,8 +22,8 @@
 //    builds unpoison a stack when a fiber starts on it (frames of the fiber that finished there are not unwound);
 //    fiber i starts (i % kStackColors) cache lines below its stack's top, so that the frames the switches save do
 //    not all map to the same cache set (the stacks are a multiple of the page size apart);
-//  - fiber-free fast path (Options::fiber_free, for kernels whose source calls neither threadgroup_barrier nor a
-//    SIMD-group function): no fibers; a group's threads run one after another, to completion, directly on the
+//  - fiber-free fast path (Options::fiber_free, for kernels that reach neither threadgroup_barrier nor a
+//    SIMD-group function, in their body or a function they call: tf_metal_ops/msl_emu.py): no fibers; a group's threads run one after another, to completion, directly on the
 //    worker thread, in the MSL_EMU_ORDER order. A barrier or SIMD-group function reached in this mode is a fatal
 //    error (the caller's detection was wrong), never a silent race or a wrong reduction.
 #pragma once
@@ -161,6 +161,32 @@ inline uint64_t splitmix64(uint64_t& s) {
 class GroupRunner;
 inline thread_local GroupRunner* tls_runner = nullptr;
 
+// A barrier or SIMD-group function (`function`, called at `site`) reached by a kernel launched on the fiber-free
+// fast path, by thread t (null: not known). `kernel` may be null.
+[[noreturn]] inline void fast_path_error(const char* kernel, const char* function, std::source_location site,
+                                         const ThreadCtx* t) {
+  char where[96] = "";
+  if (t != nullptr)
+    std::snprintf(where, sizeof where, " (threadgroup (%u,%u,%u), thread %u)", t->threadgroup_position_in_grid.x,
+                  t->threadgroup_position_in_grid.y, t->threadgroup_position_in_grid.z, t->thread_index_in_threadgroup);
+  fatal("%s%s%s%s at %s:%u:%u reached on the fiber-free fast path%s: the kernel was launched on the fast path "
+        "because the analysis of its source found no call of threadgroup_barrier or a SIMD-group function; that "
+        "analysis is wrong",
+        kernel ? "kernel " : "", kernel ? kernel : "", kernel ? ": " : "", function, site.file_name(),
+        unsigned(site.line()), unsigned(site.column()), where);
+}
+
+// Inline launches run a kernel on the fast path in a loop of their own, without a GroupRunner
+// (msl_emu/inline_launch.h: run_direct); while it runs, that loop names its kernel here (only the name: the loop's
+// ThreadCtx must not escape, or the compiler could no longer vectorise the kernel over it).
+inline thread_local const char* tls_direct_kernel = nullptr;
+
+// Called by a barrier or SIMD-group function when this thread runs no GroupRunner: never returns.
+[[noreturn]] inline void no_group_runner(const char* function, std::source_location site) {
+  if (tls_direct_kernel != nullptr) fast_path_error(tls_direct_kernel, function, site, nullptr);
+  fatal("%s at %s:%u called outside msl_emu::dispatch_*", function, site.file_name(), unsigned(site.line()));
+}
+
 class GroupRunner {
  public:
   explicit GroupRunner(const Options& o) : opt_(o) {
@@ -259,14 +285,7 @@ class GroupRunner {
 
   // Called by threadgroup_barrier on a fiber: park until the whole group has arrived.
   void barrier(std::source_location site) {
-    if (direct_) {
-      const ThreadCtx& t = *direct_ctx_;
-      fatal("%sthreadgroup_barrier at %s:%u:%u reached on the fiber-free fast path (threadgroup (%u,%u,%u), thread "
-            "%u): the kernel was launched on the fast path because its source was detected as never calling "
-            "threadgroup_barrier or a SIMD-group function; that detection is wrong",
-            kernel_prefix().c, site.file_name(), unsigned(site.line()), unsigned(site.column()), t.threadgroup_position_in_grid.x,
-            t.threadgroup_position_in_grid.y, t.threadgroup_position_in_grid.z, t.thread_index_in_threadgroup);
-    }
+    if (direct_) fast_path_error(opt_.kernel_name, "threadgroup_barrier", site, direct_ctx_);
     Fiber& f = fibers_[current_];
     f.site = site;
     f.state = State::waiting;
@@ -275,15 +294,7 @@ class GroupRunner {
 
   // Called by a SIMD-group function on a fiber: park until the SIMD group is resolved (header comment).
   void simd(SimdCall& c) {
-    if (direct_) {
-      const ThreadCtx& t = *direct_ctx_;
-      fatal("%s%s at %s:%u:%u reached on the fiber-free fast path (threadgroup (%u,%u,%u), thread %u): the kernel "
-            "was launched on the fast path because its source was detected as never calling threadgroup_barrier or "
-            "a SIMD-group function; that detection is wrong",
-            kernel_prefix().c, c.function, c.site.file_name(), unsigned(c.site.line()), unsigned(c.site.column()),
-            t.threadgroup_position_in_grid.x, t.threadgroup_position_in_grid.y, t.threadgroup_position_in_grid.z,
-            t.thread_index_in_threadgroup);
-    }
+    if (direct_) fast_path_error(opt_.kernel_name, c.function, c.site, direct_ctx_);
     Fiber& f = fibers_[current_];
     f.call = &c;
     f.state = State::simd;

@@ -75,8 +75,7 @@ void resolve(SimdCall* const* lanes, uint width) {
 template <class Op, class T, class R>
 inline R call(const char* function, const T* data, uint arg, std::source_location site) {
   detail::GroupRunner* r = detail::tls_runner;
-  if (r == nullptr)
-    fatal("%s at %s:%u called outside msl_emu::dispatch_*", function, site.file_name(), unsigned(site.line()));
+  if (r == nullptr) detail::no_group_runner(function, site);
   R out{};
   SimdCall c{function, data, &out, arg, &resolve<Op, T, R>, site};
   r->simd(c);
