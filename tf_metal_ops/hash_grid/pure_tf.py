@@ -187,9 +187,14 @@ def hash_grid_encode(
     grid_type="hash",
     interpolation="linear",
     max_level=None,
+    deterministic=None,
     name=None,
 ):
-    """Pure-TF drop-in for ``tf_metal_ops.hash_grid_encode`` (same signature and semantics)."""
+    """Pure-TF drop-in for ``tf_metal_ops.hash_grid_encode`` (same signature and semantics). ``deterministic`` is
+    checked as there; the table gradient is TensorFlow's own scatter, whose determinism TF's op-determinism setting
+    governs."""
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise ValueError(f"hash_grid_encode: deterministic must be True, False or None, got {deterministic!r}")
     x = tf.convert_to_tensor(positions)
     if x.shape.rank != 2 or x.shape[-1] is None:
         raise ValueError(f"hash_grid_encode: positions must be [N, D] with a static D, got shape {x.shape}")
