@@ -11,8 +11,8 @@ distant dome, an object cluster), rendered by its ray tracer with 2x2 supersampl
   the box [-1.5, 1.5]^3, a white background) or the defaults of a capture (``--scene auto`` → unbounded).
 * ``unbounded-sfm`` (and ``bounded-sfm``, the bounded model on the same data): the same ring of ``--views`` views,
   rendered at 256x192 by the scene's SIMPLE_PINHOLE camera only; pycolmap's SIFT features, matching
-  (``--sfm-matching``: sequential, as for a video, by default, or exhaustive) and incremental mapping estimate the
-  poses (``--sfm-focal known``, the default: the focal length given and kept, as for a calibrated camera;
+  (``--sfm-matching``: exhaustive, every pair, by default, or sequential, as for a video) and incremental mapping
+  estimate the poses (``--sfm-focal known``, the default: the focal length given and kept, as for a calibrated camera;
   ``estimate``: from COLMAP's default prior, refined), the largest reconstruction is the capture (``sparse/0``), and
   the model trains on it at 64x48 (``--downscale 4``, area-averaged), every 8th view held out. The held-out views
   are rendered through ``nerf.models.render_image`` from **the capture's own cameras**: each test image's camera as
@@ -424,7 +424,7 @@ def main(argv=None):
     p.add_argument("--sfm-focal", choices=("known", "estimate"), default="known",
                    help="unbounded-sfm: the focal length given and kept (a calibrated camera), or estimated by "
                         "structure from motion from COLMAP's default prior")
-    p.add_argument("--sfm-matching", choices=("sequential", "exhaustive"), default="sequential",
+    p.add_argument("--sfm-matching", choices=("sequential", "exhaustive"), default="exhaustive",
                    help="unbounded-sfm: pairs to match: each view with its 10 successors in capture order (a "
                         "video's; the ring's views are in order), or all pairs")
     p.add_argument("--work", default="/tmp/nerf_unbounded_bench", help="captures and runs")

@@ -87,6 +87,19 @@ def test_deterministic_table_gradient_is_bitwise_reproducible(clang16):
     assert len(set(digests.values())) == 1, digests
 
 
+def test_table_gradient_without_float_atomics_is_fixed_point(clang16):
+    """Where the kernels have no atomic_float (the direct backend at MSL 2.4; the Metal backend on a device without
+    Metal 3), the table gradients run as fixed-point sums by default, with the same bits under both backends."""
+    os.environ.setdefault("TF_METAL_OPS_CLANGXX", clang16)
+    outs = {}
+    for backend, env in (("direct", {"TF_METAL_OPS_EMULATED_GPU_MSL": "2.4", "MSL_EMU_ORDER": "reverse"}),
+                         ("metal", {"TFMO_MOCK_METAL_NO_METAL3": "1"})):
+        r = run_check("emulated_gpu_checks", "hash_grid_without_float_atomics", 0, {**gpu_backend_env(backend), **env})
+        outs[backend] = r.stdout.splitlines()[-1]
+    assert all("4 configurations" in o for o in outs.values()), outs
+    assert len({o.rsplit(" ", 1)[-1] for o in outs.values()}) == 1, outs
+
+
 @pytest.mark.parametrize("check,seed,env", CASES, ids=_ids(CASES))
 def test_gpu_path_on_emulated_gpu(gpu_backend, check, seed, env):
     """Under both backends (conftest.gpu_backend): direct, and csrc/metal over the Apple doubles."""

@@ -358,6 +358,14 @@ bool BuildWork(Call& call, std::unique_ptr<CallWork>* out) {
 
 }  // namespace
 
+// The .metal files' __METAL_VERSION__ in this build: tf_metal_ops.emulated_gpu.build passes its MSL_EMU_VERSION
+// (TF_METAL_OPS_EMULATED_GPU_MSL) to the host code too; msl_emu's default otherwise.
+#ifndef MSL_EMU_VERSION
+#define MSL_EMU_VERSION 300
+#endif
+
+bool NativeFloatAtomics(Call&, const TensorRef&) { return MSL_EMU_VERSION >= 300; }
+
 bool Execute(Call& call) {
   TF_OpKernelContext* ctx = call.ctx();
   std::unique_ptr<CallWork> work;

@@ -10,7 +10,8 @@
 //                    tables) a conversion pass into the output; the float32 output is its own accumulator;
 //   grad_positions:  grid N, one thread per point looping over the active levels;
 //   second order:    grid N per point (d/d(dy), d/dx), then zero + atomic scatter (N, n_active) for d/dparams;
-//   deterministic:   (the attr) the table gradients as fixed-point sums with integer atomics (FixedPointPasses).
+//   fixed point:     the table gradients as fixed-point sums with integer atomics (FixedPointPasses): with the attr
+//                    deterministic, and on devices whose float atomics are compare-and-swap loops (FixedPoint).
 #include <cstdint>
 #include <string>
 
@@ -28,11 +29,11 @@ std::string Suffixed(const char* base, TF_DataType dtype) {
   return std::string(base) + (dtype == TF_HALF ? "_float16" : "_float32");
 }
 
-// The table-gradient scatter for this configuration: deterministic (_det) or float atomics; D = 3, F = 2, linear
+// The table-gradient scatter for this configuration: fixed-point sums (_det) or float atomics; D = 3, F = 2, linear
 // has a kernel of its own (_d3f2).
-std::string ScatterKernel(const char* base, const Call& call) {
+std::string ScatterKernel(const char* base, const Call& call, bool fixed_point) {
   const bool d3f2 = call.dims == 3 && call.cfg->n_features == 2 && call.cfg->interpolation == HG_INTERP_LINEAR;
-  const std::string name = std::string(base) + (call.cfg->deterministic ? "_det" : "") + (d3f2 ? "_d3f2" : "");
+  const std::string name = std::string(base) + (fixed_point ? "_det" : "") + (d3f2 ? "_d3f2" : "");
   return Suffixed(name.c_str(), call.cfg->dtype);
 }
 
@@ -67,7 +68,7 @@ size_t LevelBytes(const Call& call) { return sizeof(HgLevel) * static_cast<size_
 // Threads of a grid-stride pass over `count` values: whole threadgroups, at most 256 of them.
 uint64_t StrideThreads(uint64_t count) { return count < 65536 ? (count + 255) / 256 * 256 : 65536; }
 
-// The deterministic table gradient (metal_kernels/hash_grid.metal, HgFixedSink) of order 1 (grad_params: inputs
+// The fixed-point table gradient (metal_kernels/hash_grid.metal, HgFixedSink) of order 1 (grad_params: inputs
 // dy, positions) or 2 (grad2_params: ddx, dy, positions) into `out` (rows * F values of T): fixed-point sums
 // initialised and header zeroed, the bounds (max |dy|; max |ddx|), the exponents per level, the scatter, the conversion.
 // Returns false after failing ctx (the table is too large); else Run() executes the passes or reports an error.
@@ -76,7 +77,7 @@ bool FixedPointPasses(tfmo::gpu::Call& gpu, const char* scatter_base, const Call
                       const tfmo::TensorRef* ddx, const tfmo::TensorRef& out, int64_t elems, bool terms = true) {
   const Config& cfg = *call.cfg;
   const uint64_t word_count = 3 * static_cast<uint64_t>(elems);
-  if (!tfmo::gpu::CheckGridSize(gpu.ctx(), gpu.op(), "3 * table values (the deterministic gradient's sums)",
+  if (!tfmo::gpu::CheckGridSize(gpu.ctx(), gpu.op(), "3 * table values (the fixed-point gradient's sums)",
                                 word_count))
     return false;
   const tfmo::TensorRef* words = gpu.scratch(TF_UINT32, static_cast<int64_t>(word_count));
@@ -105,7 +106,7 @@ bool FixedPointPasses(tfmo::gpu::Call& gpu, const char* scatter_base, const Call
   gpu.pass("hash_grid_fixed_exponents").bytes(0, call.levels, LevelBytes(call)).value(1, args).buffer(2, *meta)
       .threads(static_cast<uint64_t>(cfg.n_levels));
   if (has_points) {
-    auto& pass = gpu.pass(ScatterKernel(scatter_base, call).c_str());
+    auto& pass = gpu.pass(ScatterKernel(scatter_base, call, true).c_str());
     const int k = ddx != nullptr ? 1 : 0;
     if (ddx != nullptr) pass.buffer(0, *ddx);
     pass.buffer(k + 0, call.grad)
@@ -124,6 +125,14 @@ bool FixedPointPasses(tfmo::gpu::Call& gpu, const char* scatter_base, const Call
       .buffer(4, out)
       .threads(static_cast<uint64_t>(elems));
   return true;
+}
+
+// Whether the table gradients run as fixed-point sums: asked for (the attr deterministic), or on a device whose float
+// atomics are compare-and-swap loops (MSL 2.4). There the integer sums are also the faster path: on the GPU proxy
+// (bench/gpu_proxy.md, run 3, 2^20 points) 6.04 ms random / 4.33 ms ray-ordered against the CAS loop's 14.7 / 41.3
+// ms (native float atomics: 3.28 / 2.06 ms), and their result does not depend on the order of the adds.
+bool FixedPoint(tfmo::gpu::Call& gpu, const Config& cfg, const tfmo::TensorRef& out) {
+  return cfg.deterministic || !tfmo::gpu::NativeFloatAtomics(gpu, out);
 }
 
 bool CheckSizes(TF_OpKernelContext* ctx, const char* op, const Call& call) {
@@ -169,8 +178,9 @@ void GradParamsGpu(void* state, TF_OpKernelContext* ctx) {
   const int64_t elems = call.rows * cfg.n_features;  // >= 8 rows: never empty
   if (!CheckSizes(ctx, op, call)) return;
   tfmo::gpu::Call gpu(ctx, op);
-  if (cfg.deterministic) {
-    if (FixedPointPasses(gpu, "hash_grid_grad_params", call, MakeArgs(call), nullptr, out, elems)) gpu.Run();
+  if (FixedPoint(gpu, cfg, out)) {  // Run() reports an error of the device query
+    if (!gpu.ok() || FixedPointPasses(gpu, "hash_grid_grad_params", call, MakeArgs(call), nullptr, out, elems))
+      gpu.Run();
     return;
   }
   // float32 accumulator: the output itself, or a scratch buffer for float16 tables.
@@ -180,7 +190,7 @@ void GradParamsGpu(void* state, TF_OpKernelContext* ctx) {
   args.count = static_cast<uint32_t>(elems);
   gpu.pass("hash_grid_fill_zero").buffer(0, *acc).value(1, args).threads(static_cast<uint64_t>(elems));
   if (call.n > 0 && call.n_active > 0) {
-    gpu.pass(ScatterKernel("hash_grid_grad_params", call).c_str())
+    gpu.pass(ScatterKernel("hash_grid_grad_params", call, false).c_str())
         .buffer(0, call.grad)
         .buffer(1, call.positions)
         .bytes(2, call.levels, LevelBytes(call))
@@ -216,7 +226,7 @@ void GradPositionsGpu(void* state, TF_OpKernelContext* ctx) {
 
 // Second order (gradient of grad_positions): d/d(dy) and d/dx per point (hash_grid_grad2_points, grid N), d/dparams
 // zeroed then scattered with float atomics (hash_grid_grad2_params, grid (N, n_active)), converted for float16, or
-// (deterministic) as fixed-point sums.
+// as fixed-point sums (FixedPoint).
 void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
   tfmo::hash_grid::SecondOrderCall so;
   if (!tfmo::hash_grid::PrepareSecondOrder(ctx, state, &so)) return;
@@ -224,7 +234,8 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
   const Config& cfg = *call.cfg;
   if (!CheckSizes(ctx, op, call)) return;
   tfmo::gpu::Call gpu(ctx, op);
-  const bool det = cfg.deterministic;
+  const bool det = FixedPoint(gpu, cfg, out.params);
+  if (!gpu.ok()) return (void)gpu.Run();  // reports the error
   const tfmo::TensorRef* acc = det ? &out.params : cfg.dtype == TF_HALF ? gpu.scratch(TF_FLOAT, elems) : &out.params;
   if (acc == nullptr) return (void)gpu.Run();  // reports the allocation failure
   HgArgs args = MakeArgs(call);
@@ -249,7 +260,7 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
   }
   gpu.pass("hash_grid_fill_zero").buffer(0, *acc).value(1, args).threads(static_cast<uint64_t>(elems));
   if (call.n > 0 && call.n_active > 0 && cfg.interpolation != HG_INTERP_NEAREST) {
-    gpu.pass(ScatterKernel("hash_grid_grad2_params", call).c_str())
+    gpu.pass(ScatterKernel("hash_grid_grad2_params", call, false).c_str())
         .buffer(0, ddx)
         .buffer(1, call.grad)
         .buffer(2, call.positions)

@@ -1,6 +1,6 @@
-// Metal backend of the GPU host layer (csrc/gpu/gpu_host.h): Execute and ExecuteAndRead, composed of the backend's
-// parts. csrc/metal/ is the only code that knows about Metal and tensorflow-metal. Objective-C++, macOS builds only
-// (-fobjc-arc -fblocks). Conventions: docs/metal_host.md.
+// Metal backend of the GPU host layer (csrc/gpu/gpu_host.h): Execute, ExecuteAndRead and NativeFloatAtomics (Metal 3
+// GPUs run the MSL 3.0 kernels), composed of the backend's parts. csrc/metal/ is the only code that knows about Metal
+// and tensorflow-metal. Objective-C++, macOS builds only (-fobjc-arc -fblocks). Conventions: docs/metal_host.md.
 //
 //   device.h      libraries and pipelines per MTLDevice, found by kernel name (resolved outside the stream's queue)
 //   stream.h      TF_GetStream and TF_TensorData, checked to be tensorflow-metal's objects before the first message
@@ -29,6 +29,7 @@
 #include "common/tfc.h"
 #include "gpu/gpu_host.h"
 #include "metal/completion.h"
+#include "metal/device.h"
 #include "metal/encode.h"
 #include "metal/objc_util.h"
 #include "metal/stream.h"
@@ -45,6 +46,26 @@ void DeleteTensors(std::vector<TF_Tensor*>* tensors) {
 }
 
 }  // namespace
+
+bool NativeFloatAtomics(Call& call, const TensorRef& t) {
+  Binding b;
+  b.kind = Binding::Kind::kTensor;
+  b.tensor = t.get();
+  b.dtype = t.dtype();
+  b.size = t ? TF_TensorByteSize(t.get()) : 0;
+  std::string error = "an empty tensor has no buffer";
+  @autoreleasepool {
+    @try {
+      id<MTLBuffer> buffer = b.size > 0 ? metal::BufferOf(b, 0, &error) : nil;
+      if (buffer != nil) return metal::UseMetal3(buffer.device);  // the metallib / source at MSL 3.0
+    } @catch (NSException* e) {
+      error = metal::ExceptionMessage(e);
+    }
+  }
+  call.fail(TF_FAILED_PRECONDITION, "tf_metal_ops: %s: cannot tell the tensor's Metal device: %s", call.op(),
+            error.c_str());
+  return false;
+}
 
 bool Execute(Call& call) {
   TF_OpKernelContext* ctx = call.ctx();

@@ -6,9 +6,10 @@ tests/test_emulated_gpu_atomics.py, under TF_METAL_OPS_EMULATED_GPU=1 and TF_MET
 The hash-grid check asserts what holds for any correct table-gradient kernel, so that it keeps holding when the
 kernels aggregate before their atomics: per level, no atomics on the rows of inactive levels; at least F atomics per
 distinct row the level's points touch (each contribution reaches its row) and at most one per point, corner and
-feature; at MSL 2.4, one atomic load per CAS loop (loads = successful attempts); the gradient equals the CPU op's
-(rtol 1e-4, atol 1e-5: float atomics sum in another order). Its last line carries the per-level counts, which the test
-compares between the MSL versions (the same kernel logic adds the same number of times).
+feature (MSL 3.0, atomic_float); at MSL 2.4 the fixed-point sums' integer atomics (at most two per term, none for a
+term that rounds to 0); no CAS loop at either version; the gradient equals the CPU op's (rtol 1e-4, atol 1e-5:
+another order of the sums). Its last line carries the per-level counts and digests of the gradients: the MSL 2.4
+default equals MSL 3.0's deterministic=True bit for bit (the same fixed-point computation).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ MSL = os.environ.get("TF_METAL_OPS_EMULATED_GPU_MSL", "3.0") or "3.0"
 FIELDS = ("rmw", "cas", "cas_failed", "load", "store")
 
 
-def acc_levels(launches, n_levels, param="acc"):
-    """Per level, the counts on the accumulator's parts, summed over the launches that bind `param`."""
-    levels = [dict.fromkeys(FIELDS, 0) for _ in range(n_levels)]
+def acc_levels(launches, n_parts, param):
+    """Per part of buffer parameter ``param`` (the ``split`` given to count_atomics), the counts summed over the
+    launches that bind it."""
+    levels = [dict.fromkeys(FIELDS, 0) for _ in range(n_parts)]
     seen = 0
     for r in launches:
         assert r["counted"], r
@@ -43,7 +45,7 @@ def acc_levels(launches, n_levels, param="acc"):
             if b["param"] != param:
                 continue
             seen += 1
-            assert len(b["parts"]) == n_levels, b
+            assert len(b["parts"]) == n_parts, b
             assert sum(p["rmw"] + p["cas"] for p in b["parts"]) == b["total"]["rmw"] + b["total"]["cas"]
             for lv, part in zip(levels, b["parts"]):
                 for f in FIELDS:
@@ -53,6 +55,12 @@ def acc_levels(launches, n_levels, param="acc"):
 
 
 def check_hash_grid_levels():
+    """At MSL 3.0 the table gradients add with atomic_float into ``acc``; at MSL 2.4 (no atomic_float: its float
+    adds would be CAS loops) they are fixed-point sums with integer atomics into ``words`` (csrc/gpu/hash_grid_gpu.cc
+    FixedPoint), with no CAS loop at all. The last line: the per-level counts and a digest of the default gradients
+    (and at MSL 3.0 of the deterministic=True ones), which the test compares across the versions."""
+    import hashlib
+
     cfg = HashGridConfig(3, n_levels=6, n_features_per_level=2, log2_hashmap_size=11, base_resolution=4,
                          per_level_scale=1.7)
     n, active = 3000, 4
@@ -64,16 +72,19 @@ def check_hash_grid_levels():
     ddx = rng.standard_normal((n, 3)).astype(np.float32)
     kw = dict(cfg.op_kwargs(), max_level=active)
     F, corners = cfg.n_features_per_level, 8
-    split = {"acc": [o * F * 4 for o in cfg.offsets[:-1]]}
+    fixed = MSL == "2.4"
+    # float sums: acc [rows * F] float; fixed point: words [2 * rows * F] (low, high word per value), then flags
+    param = "words" if fixed else "acc"
+    split = {param: [o * F * 8 for o in cfg.offsets] if fixed else [o * F * 4 for o in cfg.offsets[:-1]]}
 
-    def run(device, count):
+    def run(device, count, deterministic=None):
         with tf.device(device):
             xt, pt, dyt, ddxt = (tf.constant(a) for a in (x, p, dy, ddx))
             with tf.GradientTape() as outer:
                 outer.watch(pt)
                 with tf.GradientTape(persistent=True) as inner:
                     inner.watch([xt, pt])
-                    y = t.hash_grid_encode(xt, pt, **kw)
+                    y = t.hash_grid_encode(xt, pt, deterministic=deterministic, **kw)
                 gx = inner.gradient(y, xt, output_gradients=dyt)
                 loss = tf.reduce_sum(gx * ddxt)
             if not count:
@@ -85,33 +96,51 @@ def check_hash_grid_levels():
                 g2 = outer.gradient(loss, pt)
             return g1.numpy(), g2.numpy(), (first.launches, second.launches)
 
+    def digest(*arrays):
+        h = hashlib.sha256()
+        for a in arrays:
+            h.update(a.tobytes())
+        return h.hexdigest()[:16]
+
     g1, g2, (first, second) = run("/GPU:0", True)
     c1, c2, _ = run("/CPU:0", False)
-    # Sums in another order than the CPU's (atomics, SIMD-group run sums): float32 rounding relative to the largest
-    # entry, which the entries near zero inherit.
+    # Sums in another order than the CPU's (atomics, SIMD-group run sums) or fixed point (each term within 2^-31 of
+    # the level's bound): float32 rounding relative to the largest entry, which the entries near zero inherit.
     np.testing.assert_allclose(g1, c1, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(c1).max())))
     np.testing.assert_allclose(g2, c2, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(c2).max())))
-    kernels1 = {r["kernel"] for r in first}
+    kind = "_det" if fixed else ""
+    kernels1, kernels2 = {r["kernel"] for r in first}, {r["kernel"] for r in second}
     # D=3, F=2, linear: the scatters of that configuration (csrc/gpu/hash_grid_gpu.cc ScatterKernel)
-    assert "hash_grid_grad_params_d3f2_float32" in kernels1 and "hash_grid_fill_zero" in kernels1, kernels1
-    assert "hash_grid_grad2_params_d3f2_float32" in {r["kernel"] for r in second}
+    assert f"hash_grid_grad_params{kind}_d3f2_float32" in kernels1, kernels1
+    assert f"hash_grid_grad2_params{kind}_d3f2_float32" in kernels2, kernels2
+    assert ("hash_grid_fixed_to_float32" in kernels1) == fixed and ("hash_grid_fill_zero" in kernels1) != fixed
 
     distinct = [len(np.unique(np.concatenate([r for r, _, _ in reference.level_corners(x, cfg, lv)])))
                 for lv in range(active)]
     out = {}
     for name, launches in (("grad_params", first), ("grad2_params", second)):
-        levels = acc_levels(launches, cfg.n_levels)
-        for lv, c in enumerate(levels):
+        parts = acc_levels(launches, cfg.n_levels + (1 if fixed else 0), param)
+        if fixed:  # finite terms only: the flags part is never touched
+            assert parts.pop() == dict.fromkeys(FIELDS, 0), (name, "flags")
+        for lv, c in enumerate(parts):
             atomics = c["rmw"] + c["cas"]
             if lv >= active:
                 assert c == dict.fromkeys(FIELDS, 0), (name, lv, c)
                 continue
-            assert distinct[lv] * F <= atomics - c["cas_failed"] <= n * corners * F, (name, lv, c, distinct[lv])
-            if MSL == "2.4":
-                assert c["rmw"] == 0 and c["load"] == c["cas"] - c["cas_failed"], (name, lv, c)  # CAS loops only
+            assert c["cas"] == 0 and c["load"] == 0, (name, lv, c)  # fetch_add only: no CAS loop at either version
+            if fixed:
+                # a term adds to its low word, and to the high word when it carries; terms that round to 0 add nothing
+                assert distinct[lv] * F // 2 <= atomics <= 2 * n * corners * F, (name, lv, c, distinct[lv])
             else:
-                assert c["cas"] == 0 and c["load"] == 0, (name, lv, c)  # atomic_float fetch_add
-        out[name] = [c["rmw"] + c["cas"] - c["cas_failed"] for c in levels]
+                assert distinct[lv] * F <= atomics <= n * corners * F, (name, lv, c, distinct[lv])
+        out[name] = [c["rmw"] for c in parts]
+    out["digest"] = digest(g1, g2)
+    if not fixed:  # the deterministic gradients at MSL 3.0: the same computation as the MSL 2.4 default
+        d1, d2, _ = run("/GPU:0", False, deterministic=True)
+        out["digest_deterministic"] = digest(d1, d2)
+    else:  # deterministic=True changes nothing where the sums are fixed point anyway
+        d1, d2, _ = run("/GPU:0", False, deterministic=False)
+        assert digest(d1, d2) == out["digest"], "deterministic=False gave other bits than the default"
     return json.dumps(out)
 
 

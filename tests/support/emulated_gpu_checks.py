@@ -339,6 +339,58 @@ def check_hash_grid_deterministic(seed):
     return f"{cases} configurations, non-finite dy; digest {digest.hexdigest()[:16]}"
 
 
+def check_hash_grid_without_float_atomics(seed):
+    """On a GPU without atomic_float (the Metal backend on a device without Metal 3, TFMO_MOCK_METAL_NO_METAL3=1; the
+    direct backend at MSL 2.4) both table gradients are fixed-point sums by default (csrc/gpu/hash_grid_gpu.cc
+    FixedPoint): the _det kernels ran and no float scatter did; the result matches the CPU kernel within the
+    float-atomic tolerances and equals deterministic=True's bit for bit."""
+    assert os.environ.get("TFMO_MOCK_METAL_NO_METAL3") == "1" or \
+        os.environ.get("TF_METAL_OPS_EMULATED_GPU_MSL") == "2.4", "run on a device without atomic_float"
+    import hashlib
+
+    rng = np.random.default_rng(seed)
+    digest = hashlib.sha256()
+    cases = 0
+    for d, grid_type, interpolation, f in ((3, "hash", "linear", 2), (2, "dense", "smoothstep", 4)):
+        for dtype in (np.float32, np.float16):
+            suffix = "float16" if dtype == np.float16 else "float32"
+            cfg = second_order_case_config(d, grid_type, interpolation, f)
+            n = 300
+            x = random_positions(rng, n, d)
+            p = rng.uniform(-1, 1, cfg.params_shape).astype(dtype)
+            dy = rng.standard_normal((n, cfg.n_output_dims)).astype(dtype)
+            ddx = rng.standard_normal((n, d)).astype(np.float32)
+            what = f"D={d} {grid_type} {interpolation} F={f} {suffix}"
+            d3f2 = "_d3f2" if (d, f, interpolation) == (3, 2, "linear") else ""
+            with Dispatches() as ran:
+                with tf.device(GPU):
+                    g1 = hash_grid_encode_params_grad(x, tf.constant(p), tf.constant(dy), **cfg.op_kwargs())
+                g2 = second_order_run(GPU, cfg, ddx, dy, x, p, None)
+            ran.require(f"hash_grid_grad_params_det{d3f2}_{suffix}", f"hash_grid_grad2_params_det{d3f2}_{suffix}",
+                        f"hash_grid_fixed_to_{suffix}")
+            floats = [k for k in ran.delta if k.startswith(("hash_grid_grad_params", "hash_grid_grad2_params"))
+                      and "_det" not in k] + [k for k in ("hash_grid_fill_zero", "hash_grid_float_to_half")
+                                              if k in ran.delta]
+            assert not floats, f"float-atomic table-gradient passes ran: {floats} ({what})"
+            on_gpu(g1)
+            with tf.device(GPU):
+                d1 = hash_grid_encode_params_grad(x, tf.constant(p), tf.constant(dy), deterministic=True,
+                                                  **cfg.op_kwargs())
+            d2 = second_order_run(GPU, cfg, ddx, dy, x, p, None, deterministic=True)
+            assert np.asarray(g1).tobytes() == np.asarray(d1).tobytes(), f"d/dparams != deterministic=True: {what}"
+            assert np.asarray(g2[1]).tobytes() == np.asarray(d2[1]).tobytes(), f"second order: {what}"
+            with tf.device(CPU):
+                c1 = hash_grid_encode_params_grad(x, tf.constant(p), tf.constant(dy), **cfg.op_kwargs())
+            c2 = second_order_run(CPU, cfg, ddx, dy, x, p, None)
+            f16 = dtype == np.float16
+            for name, a, b in (("d/dparams", g1, c1), ("second-order d/dparams", g2[1], c2[1])):
+                scale = max(1.0, float(np.abs(np.asarray(b, np.float64)).max()))
+                close(a, b, 2e-3 if f16 else 1e-4, (2e-3 if f16 else 1e-5) * scale, f"{name} {what}")
+            digest.update(np.asarray(g1).tobytes() + np.asarray(g2[1]).tobytes())
+            cases += 1
+    return f"{cases} configurations: fixed-point table gradients by default; digest {digest.hexdigest()[:16]}"
+
+
 # ---- rendering ----------------------------------------------------------------------------------------------------
 def render_case(rng, r, s, c):
     sigma = rng.gamma(1.0, 2.0, (r, s)).astype(np.float32)

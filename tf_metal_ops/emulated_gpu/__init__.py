@@ -210,7 +210,7 @@ def build(verbose: bool = False, gpu_backend: str | None = None) -> dict[str, Pa
         emu_includes = [f"-I{d}" for d in msl_emu.include_dirs(root=root)]
         jobs = []  # (source, object, flags)
         for f in src["host"]:
-            jobs.append((f, work / (f.stem + ".o"), ["-std=c++20", *common, *tf_flags, *cov]))
+            jobs.append((f, work / (f.stem + ".o"), ["-std=c++20", *common, *msl_defines, *tf_flags, *cov]))
         jobs.append((msl_emu.launch_source(root), work / "kernel_launch.o", [*msl_emu.base_flags(), "-O2", *emu_includes]))
         for u in units:
             jobs.append((u.source, work / (u.source.stem + ".o"),

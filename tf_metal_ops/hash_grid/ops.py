@@ -4,7 +4,8 @@ Conventions (coordinates, level table, hashing, interpolation, clamp policy): ``
 Gradients w.r.t. both ``params`` and ``positions`` are registered (eager, ``tf.function``, SavedModel). The CPU
 parameter gradient is bitwise deterministic (independent of run and thread count). The GPU one sums with float
 atomics (the rounding order varies between runs) unless ``deterministic=True`` (or TensorFlow's
-``tf.config.experimental.enable_op_determinism()`` when the op is built): then the GPU sums each table entry as a
+``tf.config.experimental.enable_op_determinism()`` when the op is built), or the GPU has no float atomics (no Metal
+3: MSL 2.4's are compare-and-swap loops): then the GPU sums each table entry as a
 64-bit fixed-point integer with integer atomics, bitwise reproducible (scale per level from a bound B of the terms,
 the largest incoming gradient for the first order; each term rounded within 2^-31 B; see
 ``metal_kernels/hash_grid.metal``).
@@ -142,7 +143,8 @@ def hash_grid_encode(
     (NaN -> 0) and get zero position gradient. ``max_level``: None = all levels; an int k = the first k levels
     (clipped to 0..n_levels); a float m = tcnn's fraction, levels l < m*n_levels + 1e-3; a scalar tensor of
     either kind. Finer levels output zero and get no gradient. ``deterministic``: a bitwise reproducible table
-    gradient on the GPU too (None: whether ``tf.config.experimental.enable_op_determinism()`` was called). Bad arguments raise
+    gradient on the GPU too (None: whether ``tf.config.experimental.enable_op_determinism()`` was called; GPUs
+    without Metal 3 always give one). Bad arguments raise
     ValueError here when visible statically, else InvalidArgumentError from the kernel.
 
     Example:

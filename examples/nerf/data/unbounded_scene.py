@@ -68,7 +68,7 @@ GEN_TO_DATA = _similarity((0.9, -1.7, 0.6), 2.5, (3.0, -1.0, 7.0))
 
 
 class Ground:
-    """The plane z = 0, infinite, checkered (0.5 units) with a tint that varies slowly across it."""
+    """The plane z = 0, infinite, checkered (0.5 units) with a tint that varies slowly across it and stains."""
 
     def intersect(self, o, d):
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -79,9 +79,14 @@ class Ground:
         return np.broadcast_to(np.array([0.0, 0.0, 1.0]), p.shape)
 
     def albedo(self, p):
-        c = (np.floor(p[:, 0] / 0.5) + np.floor(p[:, 1] / 0.5)) % 2
+        x, y = p[:, 0], p[:, 1]
+        c = (np.floor(x / 0.5) + np.floor(y / 0.5)) % 2
         tint = 0.5 + 0.5 * np.sin(0.3 * p[:, :1] + np.array([0.0, 1.0, 2.0]))
-        return (0.35 + 0.4 * c[:, None]) * (0.6 + 0.4 * tint)
+        # stains: sines of incommensurate, warped frequencies, so that no two checker corners look alike (a periodic
+        # texture alone gives structure from motion matches one square off along the epipolar lines)
+        stain = (np.sin(7.3 * x + 2.1 * np.sin(3.7 * y)) * np.sin(5.9 * y + 1.7 * np.sin(4.3 * x))
+                 + np.sin(11.1 * x - 9.7 * y + 0.5 * np.sin(2.3 * x * y))) / 2
+        return (0.35 + 0.4 * c[:, None]) * (0.6 + 0.4 * tint) * (0.75 + 0.25 * stain[:, None])
 
 
 class Dome:
