@@ -180,8 +180,9 @@ def key(compiler: str, tf_include: str, tf_lib: str, root: Path, extra: Iterable
 def build(verbose: bool = False, gpu_backend: str | None = None) -> dict[str, Path]:
     """Compiles the device and the direct backend's GPU kernel library into the cache (once per content hash);
     returns their paths {"device", "kernels", "runtime"}. The .metal files are compiled at MSL 3.0, or at MSL 2.4
-    (no atomic_float: the kernels' CAS-loop paths) under TF_METAL_OPS_EMULATED_GPU_MSL=2.4. A backend directory (TF_METAL_OPS_EMULATED_GPU=DIR, or
-    `gpu_backend` given as a directory) is not compiled here: its libraries are returned."""
+    under TF_METAL_OPS_EMULATED_GPU_MSL=2.4 (no atomic_float: the kernels' CAS-loop paths; the host code gets the
+    same MSL_EMU_VERSION, so NativeFloatAtomics answers false). A backend directory (TF_METAL_OPS_EMULATED_GPU=DIR,
+    or `gpu_backend` given as a directory) is not compiled here: its libraries are returned."""
     request = gpu_backend or _env.emulated_gpu_request() or "direct"
     if request == "metal":
         raise EmulatedGPUError(
