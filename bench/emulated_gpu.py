@@ -103,7 +103,7 @@ def worker(sizes: dict, repeats: int) -> dict:
         hg = f"{n} points, D=3, L=16, F=2, log2 T={sizes['log2_hashmap_size']}"
         return {
             "zero_out": (f"{sizes['zero_out']} float32", zero_out, "zero_out_float32"),
-            "hash_grid_encode fwd": (hg, hg_fwd, "hash_grid_encode_float32"),
+            "hash_grid_encode fwd": (hg, hg_fwd, "hash_grid_encode_d3f2_float32"),
             "hash_grid_encode fwd+bwd": (hg, hg_fwd_bwd, "hash_grid_grad_params_d3f2_float32"),
             "volume_render fwd+bwd": (f"R={r}, S={s}, C=3", vr_fwd_bwd, "volume_render_backward"),
         }

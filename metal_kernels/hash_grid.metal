@@ -2,7 +2,8 @@
 // kernels: csrc/shared/hash_grid_math.h). Host: csrc/gpu/hash_grid_gpu.cc. Buffers:
 //   positions [N*D] float, params [rows*F] T, levels [L] HgLevel (constant), args HgArgs (constant).
 // Kernels (T = float32 | float16; spelled out per dtype so the C++ emulation in csrc/msl_emu compiles them):
-//   hash_grid_encode_T        1-D grid, one thread per (point, level): a SIMD group takes G levels of 32 / G points
+//   hash_grid_encode_T, hash_grid_encode_d3f2_T
+//                             1-D grid, one thread per (point, level): a SIMD group takes G levels of 32 / G points
 //                             (hg_encode_thread; G from the host).
 //                             Inactive levels (l >= n_active) write zeros. out [N, L*F] T.
 //   hash_grid_grad_params_T   grid (N, n_active), threadgroups 1-D along the points (a SIMD group is one level):
@@ -27,16 +28,18 @@
 //   hash_grid_fill_zero, hash_grid_fill_zero_uint  x[i] = 0 for i < args.count (float32, uint).
 //   hash_grid_float_to_half   y[i] = half(x[i]) for i < args.count.
 // Specialisation: D, F and the interpolation as compile-time constants keep points, weights and accumulators in
-// registers. The encode dispatches inside the kernel (linear (D, F) = (3, 2), (2, 2), (3, 4); else the general
-// instance); the scatters have a kernel per configuration (_d3f2). Every instance does the same float operations in
-// the same order as the general one, so the choice never changes a result.
+// registers. D = 3, F = 2, linear (the NeRF configuration) has kernels of its own (_d3f2: the encode and the
+// scatters); the general encode dispatches inside the kernel (linear (D, F) = (2, 2), (3, 4); else the general
+// instance). Every instance does the same float operations in the same order as the general one, so the choice
+// never changes a result. Functions are TFMO_FN (always inlined): a call would pass the per-thread arrays through
+// memory.
 #include <metal_stdlib>
 using namespace metal;
 
 #include "hash_grid_math.h"
 
 // Float atomic add on device memory.
-inline void hg_atomic_add(device float* addr, float v) {
+TFMO_FN void hg_atomic_add(device float* addr, float v) {
 #if __METAL_VERSION__ >= 300
   atomic_fetch_add_explicit((device atomic_float*)addr, v, memory_order_relaxed);
 #else
@@ -78,19 +81,19 @@ struct HgFloatSink {
 // (HG_FIXED_*, HG_FLAG_*: hash_grid_math.h)
 
 // x * 2^e for |e| <= 252, in two exact power-of-two steps (one rounding, where the result is subnormal).
-inline float hg_ldexp(float x, int e) {
+TFMO_FN float hg_ldexp(float x, int e) {
   const int a = e / 2, b = e - a;
   return (x * as_type<float>(uint(a + 127) << 23)) * as_type<float>(uint(b + 127) << 23);
 }
 
 // The smallest E with x < 2^E, for finite x >= 0 given as its float bits (zero and subnormals: -126).
-inline int hg_exponent_above(uint bits) {
+TFMO_FN int hg_exponent_above(uint bits) {
   const int biased = int((bits >> 23) & 0xFFu);
   return biased == 0 ? -126 : biased - 126;
 }
 
 // The smallest E with n < 2^E (n >= 1), for counts.
-inline int hg_count_exponent(uint n) { return 32 - int(clz(n)); }
+TFMO_FN int hg_count_exponent(uint n) { return 32 - int(clz(n)); }
 
 struct HgFixedSink {
   device atomic_uint* words;  // [2 * count] sums, then [count] flags
@@ -117,7 +120,7 @@ struct HgFixedSink {
   }
 };
 
-inline void hg_load_point(device const float* positions, uint i, uint dims, thread float* x) {
+TFMO_FN void hg_load_point(device const float* positions, uint i, uint dims, thread float* x) {
   for (uint d = 0; d < HG_MAX_DIMS; ++d) x[d] = d < dims ? positions[i * dims + d] : 0.0f;
 }
 
@@ -125,7 +128,7 @@ inline void hg_load_point(device const float* positions, uint i, uint dims, thre
 // compile-time configuration (0, 0, -1: read from args); a specialised instance keeps the point, its weights and the
 // accumulators in registers.
 template <typename T, uint DIMS, uint FEAT, int INTERP>
-inline void hg_encode_level(device const float* positions, device const T* params, constant HgLevel* levels,
+TFMO_FN void hg_encode_level(device const float* positions, device const T* params, constant HgLevel* levels,
                             constant HgArgs& args, uint i, uint l, thread float* acc) {
   const uint dims = DIMS ? DIMS : args.dims;
   const uint F = FEAT ? FEAT : args.n_features;
@@ -146,7 +149,7 @@ inline void hg_encode_level(device const float* positions, device const T* param
 }
 
 template <typename T, uint DIMS, uint FEAT, int INTERP>
-inline void hg_encode_store(device const float* positions, device const T* params, constant HgLevel* levels,
+TFMO_FN void hg_encode_store(device const float* positions, device const T* params, constant HgLevel* levels,
                             constant HgArgs& args, device T* o, uint i, uint l) {
   float acc[HG_MAX_FEATURES];
   hg_encode_level<T, DIMS, FEAT, INTERP>(positions, params, levels, args, i, l, acc);
@@ -154,11 +157,11 @@ inline void hg_encode_store(device const float* positions, device const T* param
   for (uint f = 0; f < F; ++f) o[f] = T(acc[f]);
 }
 
-// Output row i, columns l*F .. l*F + F - 1 (zeros for an inactive level). The configurations of HG_SPECIALISED
-// run with D, F and the interpolation known at compile time; every other one takes the general instance (same
-// arithmetic in the same order: identical results).
+// Output row i, columns l*F .. l*F + F - 1 (zeros for an inactive level). Linear (D, F) = (2, 2) and (3, 4) run
+// with D, F and the interpolation known at compile time; every other configuration takes the general instance (same
+// arithmetic in the same order: identical results). D = 3, F = 2, linear has a kernel of its own (hg_encode_d3f2).
 template <typename T>
-inline void hg_encode(device const float* positions, device const T* params, constant HgLevel* levels,
+TFMO_FN void hg_encode(device const float* positions, device const T* params, constant HgLevel* levels,
                       constant HgArgs& args, device T* out, uint i, uint l) {
   if (i >= args.n || l >= args.n_levels) return;
   const uint F = args.n_features;
@@ -168,10 +171,24 @@ inline void hg_encode(device const float* positions, device const T* params, con
     return;
   }
   const bool linear = args.interpolation == HG_INTERP_LINEAR;
-  if (linear && args.dims == 3 && F == 2) hg_encode_store<T, 3, 2, HG_INTERP_LINEAR>(positions, params, levels, args, o, i, l);
-  else if (linear && args.dims == 2 && F == 2) hg_encode_store<T, 2, 2, HG_INTERP_LINEAR>(positions, params, levels, args, o, i, l);
+  if (linear && args.dims == 2 && F == 2) hg_encode_store<T, 2, 2, HG_INTERP_LINEAR>(positions, params, levels, args, o, i, l);
   else if (linear && args.dims == 3 && F == 4) hg_encode_store<T, 3, 4, HG_INTERP_LINEAR>(positions, params, levels, args, o, i, l);
   else hg_encode_store<T, 0, 0, -1>(positions, params, levels, args, o, i, l);
+}
+
+// hg_encode for D = 3, F = 2, linear only: a kernel holding no other instance takes only its registers (40 against
+// the general kernel's 48 on the GPU proxy, bench/gpu_proxy.md).
+template <typename T>
+TFMO_FN void hg_encode_d3f2(device const float* positions, device const T* params, constant HgLevel* levels,
+                           constant HgArgs& args, device T* out, uint i, uint l) {
+  if (i >= args.n || l >= args.n_levels) return;
+  device T* o = out + (ulong)i * (args.n_levels * 2u) + l * 2u;
+  if (l >= args.n_active) {
+    o[0] = T(0.0f);
+    o[1] = T(0.0f);
+    return;
+  }
+  hg_encode_store<T, 3, 2, HG_INTERP_LINEAR>(positions, params, levels, args, o, i, l);
 }
 
 #define HG_NO_ROW 0xFFFFFFFFu
@@ -181,7 +198,7 @@ inline void hg_encode(device const float* positions, device const T* params, con
 // (consecutive samples of a ray share the cells of the coarse levels); the run's terms are summed in the SIMD group
 // (a segmented tree over the run, in a fixed order) and its first lane does one atomic per feature.
 template <uint FEAT, typename Sink>
-inline void hg_scatter_runs(thread const Sink& sink, uint row, thread float* v, uint F, uint lane) {
+TFMO_FN void hg_scatter_runs(thread const Sink& sink, uint row, thread float* v, uint F, uint lane) {
   const uint active = uint((simd_vote::vote_t)simd_active_threads_mask());
   const uint next_row = simd_shuffle_down(row, (ushort)1);
   const bool next_active = lane < 31u && ((active >> (lane + 1u)) & 1u);
@@ -207,7 +224,7 @@ inline void hg_scatter_runs(thread const Sink& sink, uint row, thread float* v, 
 // (grad2_params, SECOND). Plain atomics, or run sums in the SIMD group first (aggregate; uniform per SIMD group:
 // a threadgroup is one level). DIMS/FEAT/INTERP as hg_encode_level.
 template <typename T, uint DIMS, uint FEAT, int INTERP, bool SECOND, typename Sink>
-inline void hg_scatter_level(device const float* ddx_in, device const T* dy, device const float* positions,
+TFMO_FN void hg_scatter_level(device const float* ddx_in, device const T* dy, device const float* positions,
                              constant HgLevel* levels, constant HgArgs& args, thread const Sink& sink, uint i,
                              uint l, bool valid, bool aggregate, uint lane) {
   const uint dims = DIMS ? DIMS : args.dims;
@@ -253,7 +270,7 @@ inline void hg_scatter_level(device const float* ddx_in, device const T* dy, dev
 // configuration is a kernel of its own (hash_grid_grad_params_d3f2_T ...): one kernel holding several instances
 // takes the registers of the largest, which costs the scatter its occupancy (bench/gpu_proxy.md).
 template <typename T, bool SECOND, uint DIMS, uint FEAT, int INTERP, typename Sink>
-inline void hg_scatter(device const float* ddx_in, device const T* dy, device const float* positions,
+TFMO_FN void hg_scatter(device const float* ddx_in, device const T* dy, device const float* positions,
                        constant HgLevel* levels, constant HgArgs& args, Sink sink, uint i, uint l, uint lane) {
   if (l >= args.n_active || (SECOND && args.interpolation == HG_INTERP_NEAREST)) return;
   const bool valid = i < args.n;
@@ -265,7 +282,7 @@ inline void hg_scatter(device const float* ddx_in, device const T* dy, device co
 }
 
 template <typename T>
-inline void hg_grad_positions(device const T* dy, device const float* positions, device const T* params,
+TFMO_FN void hg_grad_positions(device const T* dy, device const float* positions, device const T* params,
                               constant HgLevel* levels, constant HgArgs& args, device float* dx_out, uint i) {
   if (i >= args.n) return;
   const uint F = args.n_features;
@@ -294,7 +311,7 @@ inline void hg_grad_positions(device const T* dy, device const float* positions,
 }
 
 template <typename T>
-inline void hg_grad2_points(device const float* ddx_in, device const T* dy, device const float* positions,
+TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, device const float* positions,
                             device const T* params, constant HgLevel* levels, constant HgArgs& args,
                             device T* ddy_out, device float* dx_out, uint i) {
   if (i >= args.n) return;
@@ -342,7 +359,7 @@ inline void hg_grad2_points(device const float* ddx_in, device const T* dy, devi
 // The largest finite |x[i]|, i < args.count, into meta[args.slot] (atomic max of float bits; meta zeroed first).
 // Grid-stride: any grid size covers x.
 template <typename T>
-inline void hg_abs_max(device const T* x, constant HgArgs& args, device atomic_uint* meta, uint gid, uint threads) {
+TFMO_FN void hg_abs_max(device const T* x, constant HgArgs& args, device atomic_uint* meta, uint gid, uint threads) {
   uint m = 0u;
   for (uint i = gid; i < args.count; i += threads) {
     const float a = fabs(float(x[i]));
@@ -357,7 +374,7 @@ inline void hg_abs_max(device const T* x, constant HgArgs& args, device atomic_u
 // of the same points, ceil(L / G) of them per point group. Each point's G levels are one contiguous run of the
 // [N, L*F] output; a smaller G makes a SIMD group read fewer levels' tables. Grid: ceil(N * G / 32) * ceil(L / G) *
 // 32 threads; threads past N or L do nothing.
-inline uint2 hg_encode_thread(constant HgArgs& args, uint gid) {
+TFMO_FN uint2 hg_encode_thread(constant HgArgs& args, uint gid) {
   const uint G = args.level_group;
   const uint lane = gid & 31u, simd = gid >> 5;
   const uint level_groups = (args.n_levels + G - 1u) / G;
@@ -380,6 +397,22 @@ kernel void hash_grid_encode_float16(device const float* positions [[buffer(0)]]
                                      device half* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
   const uint2 pl = hg_encode_thread(args, gid);
   hg_encode(positions, params, levels, args, out, pl.x, pl.y);
+}
+
+kernel void hash_grid_encode_d3f2_float32(device const float* positions [[buffer(0)]],
+                                          device const float* params [[buffer(1)]],
+                                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                                          device float* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
+  const uint2 pl = hg_encode_thread(args, gid);
+  hg_encode_d3f2(positions, params, levels, args, out, pl.x, pl.y);
+}
+
+kernel void hash_grid_encode_d3f2_float16(device const float* positions [[buffer(0)]],
+                                          device const half* params [[buffer(1)]],
+                                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                                          device half* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
+  const uint2 pl = hg_encode_thread(args, gid);
+  hg_encode_d3f2(positions, params, levels, args, out, pl.x, pl.y);
 }
 
 kernel void hash_grid_grad_params_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
@@ -594,7 +627,7 @@ kernel void hash_grid_fixed_exponents(constant HgLevel* levels [[buffer(0)]], co
 // out[e] = the fixed-point sum of element e as T (float(sum) * 2^-e_l, e_l of the element's level), or the
 // non-finite value its flags stand for. e < args.count = rows * F.
 template <typename T>
-inline void hg_fixed_to(device const uint* words, device const uint* meta, constant HgLevel* levels,
+TFMO_FN void hg_fixed_to(device const uint* words, device const uint* meta, constant HgLevel* levels,
                         constant HgArgs& args, device T* out, uint e) {
   if (e >= args.count) return;
   const uint row = e / args.n_features;

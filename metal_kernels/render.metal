@@ -19,13 +19,13 @@ using namespace metal;
 // Channels accumulated in registers; more channels accumulate in the output row itself.
 enum : uint { kVrLocalChannels = 4 };
 
-inline bool vr_ray_invalid(device const float* sg, device const float* tt, uint S) {
+TFMO_FN bool vr_ray_invalid(device const float* sg, device const float* tt, uint S) {
   bool bad = false;
   for (uint i = 0; i < S; ++i) bad = bad || vr_sample_invalid(sg[i], tt[i + 1] - tt[i]);
   return bad;
 }
 
-inline device const float* vr_background_row(device const float* bg, uint mode, uint C, uint r) {
+TFMO_FN device const float* vr_background_row(device const float* bg, uint mode, uint C, uint r) {
   return mode == 2u ? bg + ulong(r) * C : bg;
 }
 
@@ -165,7 +165,7 @@ kernel void volume_render_backward(device const float* densities [[buffer(0)]],
 
 // ---- DistortionLoss ----
 
-inline bool dl_ray_unsorted(device const float* tt, uint S) {
+TFMO_FN bool dl_ray_unsorted(device const float* tt, uint S) {
   bool bad = false;
   for (uint i = 0; i < S; ++i) bad = bad || tt[i + 1] < tt[i];
   return bad;

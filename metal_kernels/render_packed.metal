@@ -62,7 +62,7 @@ kernel void render_packed_check_splits(device const int* row_splits [[buffer(0)]
 }
 
 // Samples [a, b) of ray r, clamped to 0 <= a <= b <= N (valid row_splits are unchanged by it).
-inline uint2 rp_ray_range(device const int* row_splits, uint r, uint N) {
+TFMO_FN uint2 rp_ray_range(device const int* row_splits, uint r, uint N) {
   const int n = int(N);  // the host guarantees N < 2^31
   const int a = clamp(row_splits[r], 0, n);
   const int b = clamp(row_splits[r + 1], a, n);
@@ -70,7 +70,7 @@ inline uint2 rp_ray_range(device const int* row_splits, uint r, uint N) {
 }
 
 // Sample validity of a ray (csrc/cpu/render_packed_cpu.cc: RaySamplesInvalid), checked by the ray's SIMD group.
-inline bool rp_ray_invalid(device const float* sg, device const float* ts, device const float* te, uint2 ab,
+TFMO_FN bool rp_ray_invalid(device const float* sg, device const float* ts, device const float* te, uint2 ab,
                            bool check_density, uint lane) {
   bool bad = false;
   for (uint k = ab.x + lane; k < ab.y; k += kRpLanes) {
@@ -88,7 +88,7 @@ struct RpNanSamples {
 
 // The samples whose outputs a lane sets to NaN for an invalid ray: with bad row_splits, the ray's share of every
 // sample (see the NaN policy), else the ray's own samples.
-inline RpNanSamples rp_nan_samples(bool splits_bad, uint r, uint2 ab, uint R, uint N, uint lane) {
+TFMO_FN RpNanSamples rp_nan_samples(bool splits_bad, uint r, uint2 ab, uint R, uint N, uint lane) {
   RpNanSamples s;
   if (splits_bad) {
     s.first = ulong(r) + ulong(lane) * R;
@@ -102,17 +102,17 @@ inline RpNanSamples rp_nan_samples(bool splits_bad, uint r, uint2 ab, uint R, ui
   return s;
 }
 
-inline device const float* rp_background_row(device const float* bg, uint mode, uint C, uint r) {
+TFMO_FN device const float* rp_background_row(device const float* bg, uint mode, uint C, uint r) {
   return mode == 2u ? bg + ulong(r) * C : bg;
 }
 
 // x summed over the lanes after this one (exclusive) or from this one on (inclusive), in lane order from the
 // SIMD group's end: the suffix sums of a reverse scan over a chunk.
-inline float rp_suffix_exclusive_sum(float x, uint lane) {
+TFMO_FN float rp_suffix_exclusive_sum(float x, uint lane) {
   const ushort mirror = ushort(kRpLanes - 1u - lane);
   return simd_shuffle(simd_prefix_exclusive_sum(simd_shuffle(x, mirror)), mirror);
 }
-inline float rp_suffix_inclusive_sum(float x, uint lane) {
+TFMO_FN float rp_suffix_inclusive_sum(float x, uint lane) {
   const ushort mirror = ushort(kRpLanes - 1u - lane);
   return simd_shuffle(simd_prefix_inclusive_sum(simd_shuffle(x, mirror)), mirror);
 }
@@ -126,7 +126,7 @@ inline float rp_suffix_inclusive_sum(float x, uint lane) {
 struct VrpScanLane {
   float tau, cum, T;
 };
-inline uint rp_vr_scan_chunk(bool in, float threshold, thread float* carry, thread VrpScanLane* s) {
+TFMO_FN uint rp_vr_scan_chunk(bool in, float threshold, thread float* carry, thread VrpScanLane* s) {
   const float excl = simd_prefix_exclusive_sum(s->tau);
   s->cum = *carry + excl;
   s->T = tfmo_exp(-s->cum);
@@ -139,7 +139,7 @@ inline uint rp_vr_scan_chunk(bool in, float threshold, thread float* carry, thre
 }
 
 // Channel c (< C: uniform) of a ray's colour from the lanes' partial sums: sum_k w_k c_kc + T_final bg_c.
-inline void rp_vr_store_channel(device float* col, device const float* bg, uint bg_mode, float T_final, uint C, uint c,
+TFMO_FN void rp_vr_store_channel(device float* col, device const float* bg, uint bg_mode, float T_final, uint C, uint c,
                                 float part, uint lane) {
   if (c >= C) return;
   const float sum = simd_sum(part);
@@ -343,14 +343,14 @@ kernel void volume_render_packed_backward(device const float* densities [[buffer
 
 // m_k - m_{k-1} for lane's sample k (`in`: k < b) of the ray [a, b), as dl_scan_step_gap takes it (the first
 // sample: prev_delta and gap 0); 0 for lanes past the ray.
-inline float rp_dl_mid_step_before(device const float* ts, device const float* te, uint2 ab, uint k, bool in,
+TFMO_FN float rp_dl_mid_step_before(device const float* ts, device const float* te, uint2 ab, uint k, bool in,
                                    float delta) {
   if (!in) return 0.0f;
   return k > ab.x ? dl_mid_step(te[k - 1] - ts[k - 1], delta, ts[k] - te[k - 1]) : dl_mid_step(0.0f, delta, 0.0f);
 }
 
 // m_{k+1} - m_k, as dl_rev_step_gap takes it (the last sample: next_delta and next_gap 0); 0 past the ray.
-inline float rp_dl_mid_step_after(device const float* ts, device const float* te, uint2 ab, uint k, bool in,
+TFMO_FN float rp_dl_mid_step_after(device const float* ts, device const float* te, uint2 ab, uint k, bool in,
                                   float delta) {
   if (!in) return 0.0f;
   return k + 1u < ab.y ? dl_mid_step(delta, te[k + 1] - ts[k + 1], ts[k + 1] - te[k]) : dl_mid_step(delta, 0.0f, 0.0f);

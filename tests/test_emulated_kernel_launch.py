@@ -324,7 +324,8 @@ def test_fiber_use_of_the_real_kernels_is_per_kernel():
     for f in REAL_KERNEL_FILES:
         by_name.update({k.name: k for k in glue.parse_metal(f, search=[REPO / "csrc" / "shared"]).kernels})
     assert {n for n, k in by_name.items() if k.needs_fibers} == REAL_FIBER_KERNELS
-    for fast in ("hash_grid_encode_float32", "hash_grid_encode_float16", "hash_grid_grad_positions_float32",
+    for fast in ("hash_grid_encode_float32", "hash_grid_encode_float16", "hash_grid_encode_d3f2_float32",
+                 "hash_grid_encode_d3f2_float16", "hash_grid_grad_positions_float32",
                  "hash_grid_grad_positions_float16", "hash_grid_grad2_points_float32", "hash_grid_fill_zero",
                  "ray_march_scan_add", "render_packed_check_splits"):
         assert not by_name[fast].needs_fibers, fast

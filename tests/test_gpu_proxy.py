@@ -110,12 +110,12 @@ def test_bench_dry_run_matches_the_entry_signatures(built, capsys):
     assert bench.main(["--ptx", str(out), "--dry-run", "--small"]) == 0
     assert "all match" in capsys.readouterr().out
     cases = bench.cases_mod.all_cases(small=True)
-    case = next(c for c in cases if c.name.startswith("hash_grid_encode_float16") and c.name.endswith("(host)"))
+    case = next(c for c in cases if c.name.startswith("hash_grid_encode_d3f2_float16") and c.name.endswith("(host)"))
     wrong = bench.cases_mod.Launch(case.launches[0].module, case.launches[0].kernel,
                                    [("buf", "x"), ("buf", "params")] + case.launches[0].args[2:], (8, 1, 1), (8, 1, 1))
     assert bench.check_launch(bench.Signatures(out), case, wrong) == [
-        f"{case.name}: hash_grid:hash_grid_encode_float16: params is device const half* but 'params' is float32",
-        f"{case.name}: hash_grid:hash_grid_encode_float16: params: element of 4 bytes, the compiler's is 2"]
+        f"{case.name}: hash_grid:hash_grid_encode_d3f2_float16: params is device const half* but 'params' is float32",
+        f"{case.name}: hash_grid:hash_grid_encode_d3f2_float16: params: element of 4 bytes, the compiler's is 2"]
 
 
 def test_unsupported_construct_fails_with_a_clear_message(tmp_path):

@@ -58,9 +58,10 @@ def run_emulated(msl_emu, driver, kernel, cfg, x, p, dy, n_active, tg=64, env=No
     )
     if level_group is not None:  # encode: levels per SIMD group (default: the host's choice)
         scalars["level_group"] = level_group
+    if kernel in ("encode", "grad_params"):
+        scalars["d3f2"] = int(d3f2)
     if kernel == "grad_params":
         scalars["n_aggregate"] = n_aggregate
-        scalars["d3f2"] = int(d3f2)
     res = msl_emu.run(driver, inputs=inputs, outputs={"out": out_dtype}, scalars=scalars, env=env)
     return res.outputs["out"]
 
@@ -143,8 +144,9 @@ def test_scatter_run_sums_along_rays(msl_emu, driver, tg):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_d3f2_scatter_equals_the_cpu_op(msl_emu, driver, dtype):
-    """The scatter kernel compiled for D=3, F=2, linear: every grid type, partial SIMD groups, inactive levels."""
+def test_d3f2_kernels_equal_the_cpu_op(msl_emu, driver, dtype):
+    """The encode and scatter kernels compiled for D=3, F=2, linear: every grid type, partial SIMD groups, inactive
+    levels; the encode bitwise equal to the general kernel's."""
     for grid_type, n, n_active in (("hash", 1000, 6), ("dense", 77, 3), ("tiled", 33, 6)):
         cfg = HashGridConfig(3, n_levels=6, n_features_per_level=2, log2_hashmap_size=10, base_resolution=4,
                              per_level_scale=1.6, grid_type=grid_type, interpolation="linear")
@@ -152,8 +154,12 @@ def test_d3f2_scatter_equals_the_cpu_op(msl_emu, driver, dtype):
         x = rng.uniform(-0.05, 1.05, (n, 3)).astype(np.float32)
         p = rng.uniform(-1, 1, cfg.params_shape).astype(dtype)
         dy = rng.standard_normal((n, cfg.n_output_dims)).astype(dtype)
-        _, gp, _ = cpu(cfg, x, p, dy, n_active)
+        y, gp, _ = cpu(cfg, x, p, dy, n_active)
         half = dtype == "float16"
+        got_y = run_emulated(msl_emu, driver, "encode", cfg, x, p, dy, n_active, d3f2=True)
+        close(got_y, y, rtol=2**-10 if half else 1e-5, atol=1e-6)
+        assert np.array_equal(got_y, run_emulated(msl_emu, driver, "encode", cfg, x, p, dy, n_active))
+        assert np.any(got_y)
         for n_aggregate in (0, cfg.n_levels):
             got = run_emulated(msl_emu, driver, "grad_params", cfg, x, p, dy, n_active, n_aggregate=n_aggregate,
                                d3f2=True)
@@ -167,5 +173,5 @@ def test_default_config_forward(msl_emu, driver):
     x = rng.uniform(0, 1, (2000, 3)).astype(np.float32)
     p = rng.uniform(-1, 1, cfg.params_shape).astype(np.float32)
     y = ops().hash_grid_encode(x, p, 16, **cfg.op_kwargs()).numpy()
-    got = run_emulated(msl_emu, driver, "encode", cfg, x, p, None, 16, tg=256)
+    got = run_emulated(msl_emu, driver, "encode", cfg, x, p, None, 16, tg=256, d3f2=True)  # the host's kernel
     close(got, y, rtol=1e-5, atol=1e-6)

@@ -4,8 +4,9 @@
 //
 // Passes (empty work is skipped: Metal rejects empty grids and empty tensors have no buffer):
 //   encode:          1-D grid, one thread per (point, level), G levels of 32 / G points per SIMD group
-//                    (EncodeLevelGroup; the level fastest: coalesced [N, L*F] writes);
-//   grad_params:     float32 accumulator zeroed, grid (N, n_active) scatter with float atomics (ScatterKernel:
+//                    (EncodeLevelGroup; the level fastest: coalesced [N, L*F] writes), the kernel of the
+//                    configuration (ConfigKernel);
+//   grad_params:     float32 accumulator zeroed, grid (N, n_active) scatter with float atomics (ConfigKernel:
 //                    the kernel of the configuration; SIMD-group run sums on every level), then (float16
 //                    tables) a conversion pass into the output; the float32 output is its own accumulator;
 //   grad_positions:  grid N, one thread per point looping over the active levels;
@@ -29,9 +30,9 @@ std::string Suffixed(const char* base, TF_DataType dtype) {
   return std::string(base) + (dtype == TF_HALF ? "_float16" : "_float32");
 }
 
-// The table-gradient scatter for this configuration: fixed-point sums (_det) or float atomics; D = 3, F = 2, linear
-// has a kernel of its own (_d3f2).
-std::string ScatterKernel(const char* base, const Call& call, bool fixed_point) {
+// The kernel `base` for this configuration: D = 3, F = 2, linear has kernels of its own (_d3f2: the encode and the
+// table-gradient scatters); the scatters' fixed-point sums are _det.
+std::string ConfigKernel(const char* base, const Call& call, bool fixed_point = false) {
   const bool d3f2 = call.dims == 3 && call.cfg->n_features == 2 && call.cfg->interpolation == HG_INTERP_LINEAR;
   const std::string name = std::string(base) + (fixed_point ? "_det" : "") + (d3f2 ? "_d3f2" : "");
   return Suffixed(name.c_str(), call.cfg->dtype);
@@ -106,7 +107,7 @@ bool FixedPointPasses(tfmo::gpu::Call& gpu, const char* scatter_base, const Call
   gpu.pass("hash_grid_fixed_exponents").bytes(0, call.levels, LevelBytes(call)).value(1, args).buffer(2, *meta)
       .threads(static_cast<uint64_t>(cfg.n_levels));
   if (has_points) {
-    auto& pass = gpu.pass(ScatterKernel(scatter_base, call, true).c_str());
+    auto& pass = gpu.pass(ConfigKernel(scatter_base, call, true).c_str());
     const int k = ddx != nullptr ? 1 : 0;
     if (ddx != nullptr) pass.buffer(0, *ddx);
     pass.buffer(k + 0, call.grad)
@@ -158,7 +159,7 @@ void EncodeGpu(void* state, TF_OpKernelContext* ctx) {
   const uint64_t threads = (static_cast<uint64_t>(call.n) * G + 31) / 32 * level_groups * 32;
   if (!tfmo::gpu::CheckGridSize(ctx, op, "the encode's threads", threads)) return;
   tfmo::gpu::Call gpu(ctx, op);
-  gpu.pass(Suffixed("hash_grid_encode", cfg.dtype).c_str())
+  gpu.pass(ConfigKernel("hash_grid_encode", call).c_str())
       .buffer(0, call.positions)
       .buffer(1, call.params)
       .bytes(2, call.levels, LevelBytes(call))
@@ -190,7 +191,7 @@ void GradParamsGpu(void* state, TF_OpKernelContext* ctx) {
   args.count = static_cast<uint32_t>(elems);
   gpu.pass("hash_grid_fill_zero").buffer(0, *acc).value(1, args).threads(static_cast<uint64_t>(elems));
   if (call.n > 0 && call.n_active > 0) {
-    gpu.pass(ScatterKernel("hash_grid_grad_params", call, false).c_str())
+    gpu.pass(ConfigKernel("hash_grid_grad_params", call, false).c_str())
         .buffer(0, call.grad)
         .buffer(1, call.positions)
         .bytes(2, call.levels, LevelBytes(call))
@@ -260,7 +261,7 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
   }
   gpu.pass("hash_grid_fill_zero").buffer(0, *acc).value(1, args).threads(static_cast<uint64_t>(elems));
   if (call.n > 0 && call.n_active > 0 && cfg.interpolation != HG_INTERP_NEAREST) {
-    gpu.pass(ScatterKernel("hash_grid_grad2_params", call, false).c_str())
+    gpu.pass(ConfigKernel("hash_grid_grad2_params", call, false).c_str())
         .buffer(0, ddx)
         .buffer(1, call.grad)
         .buffer(2, call.positions)

@@ -27,7 +27,7 @@
 // the CPU kernels, built with -ffp-contract=off. The metallibs get -ffp-contract=off too (tf_metal_ops/metal_sources.py).
 #pragma clang fp contract(off)
 #define TFMO_MATH metal
-#define TFMO_FN inline
+#define TFMO_FN inline __attribute__((always_inline))
 #define TFMO_THREAD thread
 #define TFMO_DEVICE device
 #define TFMO_CONSTANT constant

@@ -120,7 +120,9 @@ def check_hash_grid(seed):
                     suffix = "float16" if dtype == np.float16 else "float32"
                     with Dispatches() as ran:
                         yg, gpg, gxg = hash_grid_run(GPU, cfg, x, p, dy, max_level)
-                    ran.require(f"hash_grid_encode_{suffix}", "hash_grid_fill_zero", f"hash_grid_grad_positions_{suffix}")
+                    d3f2 = d == 3 and cfg.n_features_per_level == 2 and interpolation == "linear"
+                    ran.require(f"hash_grid_encode{'_d3f2' if d3f2 else ''}_{suffix}", "hash_grid_fill_zero",
+                                f"hash_grid_grad_positions_{suffix}")
                     if dtype == np.float16:
                         ran.require("hash_grid_float_to_half")
                     for v in (yg, gpg, gxg):
@@ -651,7 +653,7 @@ def check_layer_and_savedmodel(seed):
         model.optimizer.build(model.trainable_variables)
     with tf.device(GPU), Dispatches() as ran:
         hist = model.fit(x, target, epochs=5, batch_size=64, verbose=0)
-    ran.require("hash_grid_encode_float32", "hash_grid_grad_params_d3f2_float32")  # D=3, F=2, linear
+    ran.require("hash_grid_encode_d3f2_float32", "hash_grid_grad_params_d3f2_float32")  # D=3, F=2, linear
     assert hist.history["loss"][-1] < hist.history["loss"][0], hist.history
     with tf.device(CPU):
         cpu_out = model(x).numpy()
@@ -671,7 +673,7 @@ def check_layer_and_savedmodel(seed):
         loaded = tf.saved_model.load(d)
         with tf.device(GPU), Dispatches() as ran:
             y = loaded(tf.constant(x))
-        ran.require("hash_grid_encode_float32")
+        ran.require("hash_grid_encode_d3f2_float32")
         close(y, model.layers[0](x), 1e-5, 1e-6, "SavedModel reloaded on the GPU vs the layer on the CPU")
     return "fit, SavedModel"
 
@@ -699,7 +701,7 @@ def check_nerf_steps(seed):
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
             losses.append(float(loss))
-    ran.require("hash_grid_encode_float32", "hash_grid_grad_params_d3f2_float32", "volume_render_forward",
+    ran.require("hash_grid_encode_d3f2_float32", "hash_grid_grad_params_d3f2_float32", "volume_render_forward",
                 "volume_render_backward")
     assert losses[-1] < losses[0], losses
     return f"losses {losses[0]:.4f} -> {losses[-1]:.4f}"
