@@ -412,19 +412,21 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                                ("buf", "acc")], grid2, tg)],
                       arrays, lambda: gp_expect(True), ("case", "hg_scatter_f16 (bare, tcnn launch, float atomics)"),
                       setup=zero_acc))
-    cases.append(Case("hash_grid_grad_positions_float32", "hash_grid",
-                      [Launch("hash_grid", "hash_grid_grad_positions_float32",
-                              [("buf", "dy"), ("buf", "x"), ("buf", "params"), ("buf", "levels"), ("buf", "args"),
-                               ("buf", "dx")], (n, 1, 1), (256, 1, 1))],
-                      arrays, lambda: {"dx": first(ref(part="dx")["dx"], pp_tol(ref(part="dx")["dx"]))},
-                      ("case", "hg_gather_f32 (bare, tcnn launch, our layout)"),
-                      note="bound: the encode's gather (the same table reads; dy is read instead of out written)"))
-    cases.append(Case("hash_grid_grad2_points_float32", "hash_grid",
-                      [Launch("hash_grid", "hash_grid_grad2_points_float32",
-                              [("buf", "ddx"), ("buf", "dy"), ("buf", "x"), ("buf", "params"), ("buf", "levels"),
-                               ("buf", "args"), ("buf", "ddy"), ("buf", "dx2")], (n, 1, 1), (256, 1, 1))],
-                      arrays, lambda: {k: first(ref(part=k)[k], pp_tol(ref(part=k)[k])) for k in ("ddy", "dx2")},
-                      ("case", "hg_gather_f32 (bare, tcnn launch, our layout)")))
+    # The per-point kernels: the host's (_d3f2 for this configuration) and the general one it launches otherwise.
+    for d3f2 in ("_d3f2", ""):
+        cases.append(Case(f"hash_grid_grad_positions{d3f2}_float32", "hash_grid",
+                          [Launch("hash_grid", f"hash_grid_grad_positions{d3f2}_float32",
+                                  [("buf", "dy"), ("buf", "x"), ("buf", "params"), ("buf", "levels"), ("buf", "args"),
+                                   ("buf", "dx")], (n, 1, 1), (256, 1, 1))],
+                          arrays, lambda: {"dx": first(ref(part="dx")["dx"], pp_tol(ref(part="dx")["dx"]))},
+                          ("case", "hg_gather_f32 (bare, tcnn launch, our layout)"),
+                          note="bound: the encode's gather (the same table reads; dy is read instead of out written)"))
+        cases.append(Case(f"hash_grid_grad2_points{d3f2}_float32", "hash_grid",
+                          [Launch("hash_grid", f"hash_grid_grad2_points{d3f2}_float32",
+                                  [("buf", "ddx"), ("buf", "dy"), ("buf", "x"), ("buf", "params"), ("buf", "levels"),
+                                   ("buf", "args"), ("buf", "ddy"), ("buf", "dx2")], (n, 1, 1), (256, 1, 1))],
+                          arrays, lambda: {k: first(ref(part=k)[k], pp_tol(ref(part=k)[k])) for k in ("ddy", "dx2")},
+                          ("case", "hg_gather_f32 (bare, tcnn launch, our layout)")))
     for module, label in (("hash_grid", "native float atomics (MSL 3.0)"), ("msl2.4/hash_grid", "CAS loop (MSL 2.4)")):
         for policy, k in policies:
             cases.append(Case(f"hash_grid_grad2_params_d3f2_float32, {label}, random points, {policy}", "hash_grid",

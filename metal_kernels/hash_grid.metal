@@ -281,21 +281,24 @@ TFMO_FN void hg_scatter(device const float* ddx_in, device const T* dy, device c
                                                   aggregate, lane);
 }
 
-template <typename T>
+// DIMS/FEAT/INTERP: see hg_encode_level (the _d3f2 kernels: 3, 2, linear).
+template <typename T, uint DIMS, uint FEAT, int INTERP>
 TFMO_FN void hg_grad_positions(device const T* dy, device const float* positions, device const T* params,
                               constant HgLevel* levels, constant HgArgs& args, device float* dx_out, uint i) {
   if (i >= args.n) return;
-  const uint F = args.n_features;
-  const int dims = (int)args.dims;
+  const uint F = FEAT ? FEAT : args.n_features;
+  const uint udims = DIMS ? DIMS : args.dims;
+  const int dims = (int)udims;
+  const int interp = INTERP >= 0 ? INTERP : (int)args.interpolation;
   float dx[HG_MAX_DIMS] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (args.interpolation != HG_INTERP_NEAREST) {  // nearest: piecewise constant, zero gradient
+  if (interp != HG_INTERP_NEAREST) {  // nearest: piecewise constant, zero gradient
     float x[HG_MAX_DIMS];
-    hg_load_point(positions, i, args.dims, x);
-    const uint nc = 1u << args.dims;
+    hg_load_point(positions, i, udims, x);
+    const uint nc = 1u << udims;
     for (uint l = 0; l < args.n_active; ++l) {
       const HgLevel lv = levels[l];
       HgPoint p;
-      hg_point(x, dims, lv.scale, (int)args.interpolation, &p);
+      hg_point(x, dims, lv.scale, interp, &p);
       device const T* g = dy + (ulong)i * (args.n_levels * F) + l * F;
       float s[16];
       for (uint c = 0; c < nc; ++c) {
@@ -307,24 +310,26 @@ TFMO_FN void hg_grad_positions(device const T* dy, device const float* positions
       hg_accumulate_dx(&p, s, dims, dx);
     }
   }
-  for (uint d = 0; d < args.dims; ++d) dx_out[(ulong)i * args.dims + d] = dx[d];
+  for (uint d = 0; d < udims; ++d) dx_out[(ulong)i * udims + d] = dx[d];
 }
 
-template <typename T>
+template <typename T, uint DIMS, uint FEAT, int INTERP>
 TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, device const float* positions,
                             device const T* params, constant HgLevel* levels, constant HgArgs& args,
                             device T* ddy_out, device float* dx_out, uint i) {
   if (i >= args.n) return;
-  const uint F = args.n_features;
-  const int dims = (int)args.dims;
+  const uint F = FEAT ? FEAT : args.n_features;
+  const uint udims = DIMS ? DIMS : args.dims;
+  const int dims = (int)udims;
+  const int interp = INTERP >= 0 ? INTERP : (int)args.interpolation;
   float dx[HG_MAX_DIMS] = {0.0f, 0.0f, 0.0f, 0.0f};
   device T* o = ddy_out + (ulong)i * (args.n_levels * F);
-  const bool nearest = args.interpolation == HG_INTERP_NEAREST;  // all second-order terms are zero
+  const bool nearest = interp == HG_INTERP_NEAREST;  // all second-order terms are zero
   float x[HG_MAX_DIMS];
-  hg_load_point(positions, i, args.dims, x);
+  hg_load_point(positions, i, udims, x);
   float dd[HG_MAX_DIMS];
-  hg_load_point(ddx_in, i, args.dims, dd);
-  const uint nc = 1u << args.dims;
+  hg_load_point(ddx_in, i, udims, dd);
+  const uint nc = 1u << udims;
   for (uint l = 0; l < args.n_levels; ++l) {
     if (nearest || l >= args.n_active) {
       for (uint f = 0; f < F; ++f) o[l * F + f] = T(0.0f);
@@ -332,9 +337,9 @@ TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, dev
     }
     const HgLevel lv = levels[l];
     HgPoint p;
-    hg_point(x, dims, lv.scale, (int)args.interpolation, &p);
+    hg_point(x, dims, lv.scale, interp, &p);
     float ddw[HG_MAX_DIMS];
-    hg_point_d2(x, dims, lv.scale, (int)args.interpolation, ddw);
+    hg_point_d2(x, dims, lv.scale, interp, ddw);
     float v[16];
     hg_second_order_weights(&p, dd, dims, v);
     device const T* g = dy + (ulong)i * (args.n_levels * F) + l * F;
@@ -353,7 +358,7 @@ TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, dev
     for (uint f = 0; f < F; ++f) o[l * F + f] = T(acc[f]);
     hg_accumulate_d2x(&p, ddw, s, dd, dims, dx);
   }
-  for (uint d = 0; d < args.dims; ++d) dx_out[(ulong)i * args.dims + d] = dx[d];
+  for (uint d = 0; d < udims; ++d) dx_out[(ulong)i * udims + d] = dx[d];
 }
 
 // The largest finite |x[i]|, i < args.count, into meta[args.slot] (atomic max of float bits; meta zeroed first).
@@ -449,7 +454,16 @@ kernel void hash_grid_grad_positions_float32(device const float* dy [[buffer(0)]
                                              constant HgLevel* levels [[buffer(3)]],
                                              constant HgArgs& args [[buffer(4)]], device float* dx [[buffer(5)]],
                                              uint gid [[thread_position_in_grid]]) {
-  hg_grad_positions(dy, positions, params, levels, args, dx, gid);
+  hg_grad_positions<float, 0, 0, -1>(dy, positions, params, levels, args, dx, gid);
+}
+
+kernel void hash_grid_grad_positions_d3f2_float32(device const float* dy [[buffer(0)]],
+                                                  device const float* positions [[buffer(1)]],
+                                                  device const float* params [[buffer(2)]],
+                                                  constant HgLevel* levels [[buffer(3)]],
+                                                  constant HgArgs& args [[buffer(4)]], device float* dx [[buffer(5)]],
+                                                  uint gid [[thread_position_in_grid]]) {
+  hg_grad_positions<float, 3, 2, HG_INTERP_LINEAR>(dy, positions, params, levels, args, dx, gid);
 }
 
 kernel void hash_grid_grad_positions_float16(device const half* dy [[buffer(0)]],
@@ -458,7 +472,16 @@ kernel void hash_grid_grad_positions_float16(device const half* dy [[buffer(0)]]
                                              constant HgLevel* levels [[buffer(3)]],
                                              constant HgArgs& args [[buffer(4)]], device float* dx [[buffer(5)]],
                                              uint gid [[thread_position_in_grid]]) {
-  hg_grad_positions(dy, positions, params, levels, args, dx, gid);
+  hg_grad_positions<half, 0, 0, -1>(dy, positions, params, levels, args, dx, gid);
+}
+
+kernel void hash_grid_grad_positions_d3f2_float16(device const half* dy [[buffer(0)]],
+                                                  device const float* positions [[buffer(1)]],
+                                                  device const half* params [[buffer(2)]],
+                                                  constant HgLevel* levels [[buffer(3)]],
+                                                  constant HgArgs& args [[buffer(4)]], device float* dx [[buffer(5)]],
+                                                  uint gid [[thread_position_in_grid]]) {
+  hg_grad_positions<half, 3, 2, HG_INTERP_LINEAR>(dy, positions, params, levels, args, dx, gid);
 }
 
 kernel void hash_grid_grad2_points_float32(device const float* ddx [[buffer(0)]],
@@ -468,7 +491,17 @@ kernel void hash_grid_grad2_points_float32(device const float* ddx [[buffer(0)]]
                                            constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
                                            device float* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
                                            uint gid [[thread_position_in_grid]]) {
-  hg_grad2_points(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+  hg_grad2_points<float, 0, 0, -1>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+}
+
+kernel void hash_grid_grad2_points_d3f2_float32(device const float* ddx [[buffer(0)]],
+                                                device const float* dy [[buffer(1)]],
+                                                device const float* positions [[buffer(2)]],
+                                                device const float* params [[buffer(3)]],
+                                                constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
+                                                device float* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
+                                                uint gid [[thread_position_in_grid]]) {
+  hg_grad2_points<float, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
 }
 
 kernel void hash_grid_grad2_points_float16(device const float* ddx [[buffer(0)]],
@@ -478,7 +511,17 @@ kernel void hash_grid_grad2_points_float16(device const float* ddx [[buffer(0)]]
                                            constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
                                            device half* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
                                            uint gid [[thread_position_in_grid]]) {
-  hg_grad2_points(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+  hg_grad2_points<half, 0, 0, -1>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+}
+
+kernel void hash_grid_grad2_points_d3f2_float16(device const float* ddx [[buffer(0)]],
+                                                device const half* dy [[buffer(1)]],
+                                                device const float* positions [[buffer(2)]],
+                                                device const half* params [[buffer(3)]],
+                                                constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
+                                                device half* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
+                                                uint gid [[thread_position_in_grid]]) {
+  hg_grad2_points<half, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
 }
 
 kernel void hash_grid_grad2_params_float32(device const float* ddx [[buffer(0)]], device const float* dy [[buffer(1)]],

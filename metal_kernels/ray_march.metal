@@ -40,7 +40,7 @@ kernel void ray_march_count(device const float* rays_o [[buffer(0)]],
                             device long* scan [[buffer(6)]],
                             constant RmParams& params [[buffer(7)]],
                             uint r [[thread_position_in_grid]]) {
-  const RmParams p = params;
+  constant RmParams& p = params;  // read in place (TFMO_UNIFORM)
   if (r == 0) scan[0] = 0;
   if (r >= p.R) return;
   device const float* o = rays_o + ulong(r) * 3;
@@ -121,7 +121,7 @@ kernel void ray_march_fill(device const float* rays_o [[buffer(0)]],
                            device float* positions [[buffer(10)]],
                            constant RmParams& params [[buffer(11)]],
                            uint r [[thread_position_in_grid]]) {
-  const RmParams p = params;
+  constant RmParams& p = params;  // read in place (TFMO_UNIFORM)
   if (r >= p.R) return;
   const long base = scan[r];
   const long room = scan[ulong(r) + 1] - base;  // the count pass's result for this ray

@@ -326,7 +326,8 @@ def test_fiber_use_of_the_real_kernels_is_per_kernel():
     assert {n for n, k in by_name.items() if k.needs_fibers} == REAL_FIBER_KERNELS
     for fast in ("hash_grid_encode_float32", "hash_grid_encode_float16", "hash_grid_encode_d3f2_float32",
                  "hash_grid_encode_d3f2_float16", "hash_grid_grad_positions_float32",
-                 "hash_grid_grad_positions_float16", "hash_grid_grad2_points_float32", "hash_grid_fill_zero",
+                 "hash_grid_grad_positions_float16", "hash_grid_grad_positions_d3f2_float32",
+                 "hash_grid_grad2_points_float32", "hash_grid_grad2_points_d3f2_float32", "hash_grid_fill_zero",
                  "ray_march_scan_add", "render_packed_check_splits"):
         assert not by_name[fast].needs_fibers, fast
     # Without the include path the hash grid's header is not found: the analysis cannot tell, every kernel gets fibers.

@@ -58,8 +58,7 @@ def run_emulated(msl_emu, driver, kernel, cfg, x, p, dy, n_active, tg=64, env=No
     )
     if level_group is not None:  # encode: levels per SIMD group (default: the host's choice)
         scalars["level_group"] = level_group
-    if kernel in ("encode", "grad_params"):
-        scalars["d3f2"] = int(d3f2)
+    scalars["d3f2"] = int(d3f2)
     if kernel == "grad_params":
         scalars["n_aggregate"] = n_aggregate
     res = msl_emu.run(driver, inputs=inputs, outputs={"out": out_dtype}, scalars=scalars, env=env)
@@ -145,8 +144,8 @@ def test_scatter_run_sums_along_rays(msl_emu, driver, tg):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_d3f2_kernels_equal_the_cpu_op(msl_emu, driver, dtype):
-    """The encode and scatter kernels compiled for D=3, F=2, linear: every grid type, partial SIMD groups, inactive
-    levels; the encode bitwise equal to the general kernel's."""
+    """The encode, position-gradient and scatter kernels compiled for D=3, F=2, linear: every grid type, partial SIMD
+    groups, inactive levels; the per-point ones bitwise equal to the general kernels'."""
     for grid_type, n, n_active in (("hash", 1000, 6), ("dense", 77, 3), ("tiled", 33, 6)):
         cfg = HashGridConfig(3, n_levels=6, n_features_per_level=2, log2_hashmap_size=10, base_resolution=4,
                              per_level_scale=1.6, grid_type=grid_type, interpolation="linear")
@@ -160,6 +159,10 @@ def test_d3f2_kernels_equal_the_cpu_op(msl_emu, driver, dtype):
         close(got_y, y, rtol=2**-10 if half else 1e-5, atol=1e-6)
         assert np.array_equal(got_y, run_emulated(msl_emu, driver, "encode", cfg, x, p, dy, n_active))
         assert np.any(got_y)
+        _, _, gx = cpu(cfg, x, p, dy, n_active)
+        got_gx = run_emulated(msl_emu, driver, "grad_positions", cfg, x, p, dy, n_active, d3f2=True)
+        close(got_gx, gx, rtol=1e-3 if half else 1e-5, atol=1e-5 * max(1.0, float(np.abs(gx).max())))
+        assert np.array_equal(got_gx, run_emulated(msl_emu, driver, "grad_positions", cfg, x, p, dy, n_active))
         for n_aggregate in (0, cfg.n_levels):
             got = run_emulated(msl_emu, driver, "grad_params", cfg, x, p, dy, n_active, n_aggregate=n_aggregate,
                                d3f2=True)

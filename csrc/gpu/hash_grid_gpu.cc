@@ -30,8 +30,8 @@ std::string Suffixed(const char* base, TF_DataType dtype) {
   return std::string(base) + (dtype == TF_HALF ? "_float16" : "_float32");
 }
 
-// The kernel `base` for this configuration: D = 3, F = 2, linear has kernels of its own (_d3f2: the encode and the
-// table-gradient scatters); the scatters' fixed-point sums are _det.
+// The kernel `base` for this configuration: D = 3, F = 2, linear has kernels of its own (_d3f2: every per-point and
+// scatter kernel); the scatters' fixed-point sums are _det.
 std::string ConfigKernel(const char* base, const Call& call, bool fixed_point = false) {
   const bool d3f2 = call.dims == 3 && call.cfg->n_features == 2 && call.cfg->interpolation == HG_INTERP_LINEAR;
   const std::string name = std::string(base) + (fixed_point ? "_det" : "") + (d3f2 ? "_d3f2" : "");
@@ -214,7 +214,7 @@ void GradPositionsGpu(void* state, TF_OpKernelContext* ctx) {
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {call.n, static_cast<int64_t>(call.dims)}, &out)) return;
   if (call.n == 0 || !CheckSizes(ctx, op, call)) return;
   tfmo::gpu::Call gpu(ctx, op);
-  gpu.pass(Suffixed("hash_grid_grad_positions", cfg.dtype).c_str())
+  gpu.pass(ConfigKernel("hash_grid_grad_positions", call).c_str())
       .buffer(0, call.grad)
       .buffer(1, call.positions)
       .buffer(2, call.params)
@@ -242,7 +242,7 @@ void SecondOrderGpu(void* state, TF_OpKernelContext* ctx) {
   HgArgs args = MakeArgs(call);
   args.count = static_cast<uint32_t>(elems);
   if (call.n > 0) {  // empty tensors have no buffer
-    gpu.pass(Suffixed("hash_grid_grad2_points", cfg.dtype).c_str())
+    gpu.pass(ConfigKernel("hash_grid_grad2_points", call).c_str())
         .buffer(0, ddx)
         .buffer(1, call.grad)
         .buffer(2, call.positions)

@@ -3,8 +3,9 @@
 //
 // Rules for shared headers (csrc/shared/*.h):
 //  - functions are `TFMO_FN` and take scalars, small structs, or pointers qualified with TFMO_THREAD
-//    (thread-private arrays) or, for read-only lookups, `TFMO_DEVICE const` (device buffers); never threadgroup
-//    memory, never globals;
+//    (thread-private arrays) or, for read-only lookups, `TFMO_DEVICE const` (device buffers); a kernel's parameter
+//    struct by `TFMO_UNIFORM T&`, read-only (Metal: a reference into the constant buffer, read in place: a copy into
+//    thread memory would put its arrays on every thread's stack; C++: a const reference); never threadgroup memory, never globals;
 //  - integer types: uint32_t / int32_t / uint64_t are not MSL spellings, so use `uint` and `int`
 //    (32-bit in both) and `ulong` only when needed (typedef'd below for C++);
 //  - math through the tfmo_* wrappers below, so both sides call the float overloads; a fused multiply-add only
@@ -31,6 +32,7 @@
 #define TFMO_THREAD thread
 #define TFMO_DEVICE device
 #define TFMO_CONSTANT constant
+#define TFMO_UNIFORM constant
 TFMO_FN float tfmo_fma(float a, float b, float c) { return metal::fma(a, b, c); }  // one rounding (MSL: exact)
 #else
 #include <cmath>
@@ -43,6 +45,7 @@ typedef unsigned char uchar;
 #define TFMO_THREAD
 #define TFMO_DEVICE
 #define TFMO_CONSTANT constexpr
+#define TFMO_UNIFORM const
 // a*b + c with one rounding (IEEE fusedMultiplyAdd): an FMA instruction where the function's target has one
 // (e.g. the CPU kernels' target("avx2,fma") variants), else glibc's correctly rounded fmaf. Either way the same
 // bits, so code using it may be compiled for several ISAs and stay bitwise equal. Build with -ffp-contract=off

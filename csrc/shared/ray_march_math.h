@@ -178,7 +178,7 @@ TFMO_FN uint rm_axis_cell(float x, float lo, float inv_cs, uint G) {
 
 // The cascade of point (x, y, z): the finest whose closed box contains it, else the outermost (see the conventions;
 // NaN coordinates compare false: the outermost).
-TFMO_FN uint rm_cascade(TFMO_THREAD const RmParams& p, float x, float y, float z) {
+TFMO_FN uint rm_cascade(TFMO_UNIFORM RmParams& p, float x, float y, float z) {
   uint c = 0;
   while (c + 1u < p.K && !(x >= p.c_lo[3u * c] && x <= p.c_hi[3u * c] && y >= p.c_lo[3u * c + 1u] &&
                             y <= p.c_hi[3u * c + 1u] && z >= p.c_lo[3u * c + 2u] && z <= p.c_hi[3u * c + 2u]))
@@ -216,14 +216,14 @@ TFMO_FN bool rm_slab(float o, float d, float inv_d, float lo, float hi, TFMO_THR
 }
 
 // The cascade whose max_step bounds the step from s->t (the step rule): that of o + (t + step_size / 2) d.
-TFMO_FN uint rm_step_cascade(TFMO_THREAD const RmParams& p, TFMO_THREAD const RmRay* s) {
+TFMO_FN uint rm_step_cascade(TFMO_UNIFORM RmParams& p, TFMO_THREAD const RmRay* s) {
   if (p.K == 1u) return 0u;
   const float th = s->t + 0.5f * p.step_size;
   return rm_cascade(p, s->o[0] + th * s->d[0], s->o[1] + th * s->d[1], s->o[2] + th * s->d[2]);
 }
 
 // Starts ray `ray`; false when it gets no samples (misses the box, empty range, or invalid input).
-TFMO_FN bool rm_begin(TFMO_THREAD const RmParams& p, float ox, float oy, float oz, float dx, float dy, float dz,
+TFMO_FN bool rm_begin(TFMO_UNIFORM RmParams& p, float ox, float oy, float oz, float dx, float dy, float dz,
                       float near_t, float far_t, uint ray, TFMO_THREAD RmRay* s) {
   if (!(tfmo_isfinite(ox) && tfmo_isfinite(oy) && tfmo_isfinite(oz) && tfmo_isfinite(dx) && tfmo_isfinite(dy) &&
         tfmo_isfinite(dz)) ||
@@ -248,7 +248,7 @@ TFMO_FN bool rm_begin(TFMO_THREAD const RmParams& p, float ox, float oy, float o
 
 // Sets up the next candidate [s->t, s->t1] and its cell; false when the march is over (see conventions; the
 // caller also stops after max_samples emitted samples).
-TFMO_FN bool rm_candidate(TFMO_THREAD const RmParams& p, TFMO_THREAD RmRay* s) {
+TFMO_FN bool rm_candidate(TFMO_UNIFORM RmParams& p, TFMO_THREAD RmRay* s) {
   if (!(s->t < s->t_hi) || s->skips >= p.max_skips) return false;
   const float max_step = p.c_max_step[rm_step_cascade(p, s)];
   const float t1 = rm_min(s->t + rm_dt(s->t, p.step_size, p.cone_angle, max_step), s->t_hi);
@@ -266,7 +266,7 @@ TFMO_FN bool rm_candidate(TFMO_THREAD const RmParams& p, TFMO_THREAD RmRay* s) {
 }
 
 // Is the candidate's cell occupied? `bits`: the K cascades' bitfields.
-TFMO_FN bool rm_occupied(TFMO_THREAD const RmParams& p, TFMO_DEVICE const uchar* bits, TFMO_THREAD const RmRay* s) {
+TFMO_FN bool rm_occupied(TFMO_UNIFORM RmParams& p, TFMO_DEVICE const uchar* bits, TFMO_THREAD const RmRay* s) {
   return rm_bit(bits[s->k * p.cascade_bytes + (s->cell >> 3)], s->cell);
 }
 
@@ -275,7 +275,7 @@ TFMO_FN void rm_accept(TFMO_THREAD RmRay* s) { s->t = s->t1; }
 
 // The candidate's cell is empty: the largest m such that its block at mip level m is empty (`mip` holds levels
 // 1 .. p.mip_levels, see the conventions).
-TFMO_FN uint rm_empty_level(TFMO_THREAD const RmParams& p, TFMO_DEVICE const uchar* mip, TFMO_THREAD const RmRay* s) {
+TFMO_FN uint rm_empty_level(TFMO_UNIFORM RmParams& p, TFMO_DEVICE const uchar* mip, TFMO_THREAD const RmRay* s) {
   uint m = 0;
   const uint base = s->k * p.mip_stride;
   while (m < p.mip_levels) {
@@ -289,7 +289,7 @@ TFMO_FN uint rm_empty_level(TFMO_THREAD const RmParams& p, TFMO_DEVICE const uch
 
 // Where the ray enters box c (a cascade's) ahead of t, that is after t and no later than t_hi; t_hi when it does
 // not (slab test on [t, t_hi]: the entry is ahead iff the clipped interval is non-empty and starts after t).
-TFMO_FN float rm_enter_ahead(TFMO_THREAD const RmParams& p, uint c, TFMO_THREAD const RmRay* s) {
+TFMO_FN float rm_enter_ahead(TFMO_UNIFORM RmParams& p, uint c, TFMO_THREAD const RmRay* s) {
   float t_in = s->t, t_out = s->t_hi;
   for (uint i = 0; i < 3u; ++i) {
     const float lo = p.c_lo[3u * c + i], hi = p.c_hi[3u * c + i];
@@ -307,7 +307,7 @@ TFMO_FN float rm_enter_ahead(TFMO_THREAD const RmParams& p, uint c, TFMO_THREAD 
 // Where the march continues after an empty candidate whose block at mip level m is empty: where the ray leaves
 // that block (DDA), or where it enters the next finer cascade's box if that comes first, or t1 if rounding puts
 // that point at or behind t.
-TFMO_FN float rm_skip_to(TFMO_THREAD const RmParams& p, uint m, TFMO_THREAD const RmRay* s) {
+TFMO_FN float rm_skip_to(TFMO_UNIFORM RmParams& p, uint m, TFMO_THREAD const RmRay* s) {
   const uint b = 3u * s->k;
   float t_next = s->t_hi;
   for (uint i = 0; i < 3u; ++i) {
@@ -320,7 +320,7 @@ TFMO_FN float rm_skip_to(TFMO_THREAD const RmParams& p, uint m, TFMO_THREAD cons
   return t_next > s->t ? t_next : s->t1;
 }
 
-TFMO_FN void rm_skip(TFMO_THREAD const RmParams& p, uint m, TFMO_THREAD RmRay* s) {
+TFMO_FN void rm_skip(TFMO_UNIFORM RmParams& p, uint m, TFMO_THREAD RmRay* s) {
   s->t = rm_skip_to(p, m, s);
   s->skips += 1;
 }

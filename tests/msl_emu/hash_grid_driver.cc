@@ -4,7 +4,7 @@
 // Args: kernel=encode|grad_params|grad_positions dtype=float32|float16 n_levels= n_features= log2_hashmap_size=
 //       base_resolution= per_level_scale= grid_type=0|1|2 interpolation=0|1|2 n_active= [tg=64]
 //       [n_aggregate=0] (grad_params: levels below it sum runs of equal rows in the SIMD group)
-//       [d3f2=0] (encode, grad_params: the D=3, F=2, linear kernel)
+//       [d3f2=0] (every kernel: the D=3, F=2, linear one)
 //       in:positions:float32:N*D  in:params:DTYPE:ROWS*F  [in:dy:DTYPE:N*L*F]   scalar dims=D
 //       out:out=PATH  (encode: [N*L*F] DTYPE; grad_params: [ROWS*F] DTYPE; grad_positions: [N*D] float32)
 // Outputs are pre-filled with a poison value where the kernel must write every element.
@@ -100,12 +100,14 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
     std::vector<float> dx((size_t)n * args.dims, 999.0f);
     if (n > 0) {
       msl_emu::dispatch_threads(n, tg, [&](const msl_emu::ThreadCtx& t) {
-        if constexpr (sizeof(T) == 4)
-          hash_grid_grad_positions_float32(dy.data(), positions.data(), params.data(), levels.data(), args,
-                                           dx.data(), t.thread_position_in_grid.x);
-        else
-          hash_grid_grad_positions_float16(dy.data(), positions.data(), params.data(), levels.data(), args,
-                                           dx.data(), t.thread_position_in_grid.x);
+        const uint gid = t.thread_position_in_grid.x;
+        if constexpr (sizeof(T) == 4) {
+          if (d3f2) hash_grid_grad_positions_d3f2_float32(dy.data(), positions.data(), params.data(), levels.data(), args, dx.data(), gid);
+          else hash_grid_grad_positions_float32(dy.data(), positions.data(), params.data(), levels.data(), args, dx.data(), gid);
+        } else {
+          if (d3f2) hash_grid_grad_positions_d3f2_float16(dy.data(), positions.data(), params.data(), levels.data(), args, dx.data(), gid);
+          else hash_grid_grad_positions_float16(dy.data(), positions.data(), params.data(), levels.data(), args, dx.data(), gid);
+        }
       });
     }
     h.output("out", dx);

@@ -120,9 +120,9 @@ def check_hash_grid(seed):
                     suffix = "float16" if dtype == np.float16 else "float32"
                     with Dispatches() as ran:
                         yg, gpg, gxg = hash_grid_run(GPU, cfg, x, p, dy, max_level)
-                    d3f2 = d == 3 and cfg.n_features_per_level == 2 and interpolation == "linear"
-                    ran.require(f"hash_grid_encode{'_d3f2' if d3f2 else ''}_{suffix}", "hash_grid_fill_zero",
-                                f"hash_grid_grad_positions_{suffix}")
+                    d3f2 = "_d3f2" if (d, cfg.n_features_per_level, interpolation) == (3, 2, "linear") else ""
+                    ran.require(f"hash_grid_encode{d3f2}_{suffix}", "hash_grid_fill_zero",
+                                f"hash_grid_grad_positions{d3f2}_{suffix}")
                     if dtype == np.float16:
                         ran.require("hash_grid_float_to_half")
                     for v in (yg, gpg, gxg):
@@ -224,11 +224,11 @@ def check_hash_grid_second_order(seed):
                            f"max_level={max_level!r}"
                     with Dispatches() as ran:
                         g = second_order_run(GPU, cfg, ddx, dy, x, p, max_level)
-                    ran.require(f"hash_grid_grad2_points_{suffix}", "hash_grid_fill_zero")
+                    d3f2 = "_d3f2" if (d, cfg.n_features_per_level, interpolation) == (3, 2, "linear") else ""
+                    ran.require(f"hash_grid_grad2_points{d3f2}_{suffix}", "hash_grid_fill_zero")
                     active = max_level is None or (isinstance(max_level, int) and max_level > 0) or \
                         (isinstance(max_level, float) and max_level * cfg.n_levels + 1e-3 > 0)
                     if interpolation != "nearest" and active:
-                        d3f2 = "_d3f2" if (d, cfg.n_features_per_level, interpolation) == (3, 2, "linear") else ""
                         ran.require(f"hash_grid_grad2_params{d3f2}_{suffix}")
                     if dtype == np.float16:
                         ran.require("hash_grid_float_to_half")

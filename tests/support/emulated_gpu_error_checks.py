@@ -106,7 +106,7 @@ def check_hash_grid_errors(seed):
     level = tf.constant(2)
     n = 0
     for kernel, call in zip(("hash_grid_encode_d3f2_float32", "hash_grid_grad_params_d3f2_float32",
-                             "hash_grid_grad_positions_float32"), hash_grid_ops()):
+                             "hash_grid_grad_positions_d3f2_float32"), hash_grid_ops()):
         dispatched(kernel, lambda: call[1](x, p, level, g, **attrs))
     for op, call in hash_grid_ops():
         n += expect(InvalidArgument, f"{op}: positions must have rank 2 [N, D], got shape [15]",
