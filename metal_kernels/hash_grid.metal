@@ -380,11 +380,12 @@ TFMO_FN void hg_abs_max(device const T* x, constant HgArgs& args, device atomic_
 // [N, L*F] output; a smaller G makes a SIMD group read fewer levels' tables. Grid: ceil(N * G / 32) * ceil(L / G) *
 // 32 threads; threads past N or L do nothing.
 TFMO_FN uint2 hg_encode_thread(constant HgArgs& args, uint gid) {
-  const uint G = args.level_group;
+  const uint G = args.level_group, lg = ctz(G);  // G a power of two: shifts, not divisions
   const uint lane = gid & 31u, simd = gid >> 5;
-  const uint level_groups = (args.n_levels + G - 1u) / G;
-  const uint point = (simd / level_groups) * (32u / G) + lane / G;
-  const uint level = (simd % level_groups) * G + (lane & (G - 1u));
+  const uint level_groups = (args.n_levels + G - 1u) >> lg;
+  const uint point_group = level_groups == 1u ? simd : simd / level_groups;
+  const uint point = (point_group << (5u - lg)) + (lane >> lg);
+  const uint level = ((simd - point_group * level_groups) << lg) + (lane & (G - 1u));
   return uint2(point, level);
 }
 
