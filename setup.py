@@ -139,7 +139,7 @@ METAL_INCLUDE_DIRS = [_rel("metal_kernels"), _rel("csrc", "shared")]
 # run time, and the stub <metal_stdlib> of the strict Metal-language check (tf_metal_ops/msl_check, csrc/msl_check),
 # shipped as package data under tf_metal_ops/_sources/ so that they work from an installed wheel. Our own sources
 # only: no SDK, nothing vendored, nothing of dev/ (the development tools and the Apple doubles never ship).
-EMULATED_GPU_SOURCES = ["csrc/**/*.h", "csrc/**/*.cc", "csrc/**/*.mm", "metal_kernels/*.metal", "csrc/msl_emu/**/*",
+EMULATED_GPU_SOURCES = ["csrc/**/*.h", "csrc/**/*.cc", "csrc/**/*.mm", "metal_kernels/*.metal", "metal_kernels/*.h", "csrc/msl_emu/**/*",
                         "csrc/msl_check/include/*"]
 # The op kit's public headers (tf_metal_ops.extension.get_include()), laid out as under csrc/.
 # Of csrc/emulated_gpu/ only the stream protocol and the kernel launcher: the device's own headers are internal.

@@ -302,13 +302,13 @@ def test_every_real_kernel_is_registered(launcher):
     assert listed == expected | {"affine_half", "group_sum", "grid2d", "order_probe", "scale_fast", "pasted_sync"}
     assert res.stdout.count("has: 1") == len(expected)
     by_file = {u.metal_file.name: u for u in units}
-    # Per kernel: the block scan (barriers), the hash grid's table-gradient run sums and the packed rendering kernels'
-    # SIMD group per ray (SIMD-group functions) need fibers; every other kernel runs on the emulator's fiber-free fast
+    # Per kernel: the block scan (barriers), the hash grid's table-gradient run sums and the rendering kernels' SIMD
+    # group per ray (SIMD-group functions) need fibers; every other kernel runs on the emulator's fiber-free fast
     # path (also the hash-grid encoding and position gradient, in the same file as the run sums).
     fibers = {k.name for u in units for k in u.kernels if k.needs_fibers}
     assert fibers == REAL_FIBER_KERNELS | {"group_sum"}
     assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].needs_fibers} == {"ray_march.metal", "hash_grid.metal",
-                                                                                 "render_packed.metal"}
+                                                                                 "render.metal", "render_packed.metal"}
     assert by_file["launch_fixture.metal"].needs_fibers and not by_file["launch_fast.metal"].needs_fibers
 
 
@@ -316,7 +316,8 @@ def test_every_real_kernel_is_registered(launcher):
 REAL_FIBER_KERNELS = {"ray_march_scan_block", "hash_grid_abs_max_float32", "hash_grid_abs_max_float16"} | {
     f"hash_grid_{g}_params{det}{c}_{t}" for g in ("grad", "grad2") for det in ("", "_det") for c in ("", "_d3f2")
     for t in ("float32", "float16")} | {
-    f"{op}_packed_{d}" for op in ("volume_render", "distortion_loss") for d in ("forward", "backward")}
+    f"{op}{packed}_{d}" for op in ("volume_render", "distortion_loss") for packed in ("", "_packed")
+    for d in ("forward", "backward")}
 
 
 def test_fiber_use_of_the_real_kernels_is_per_kernel():

@@ -3,8 +3,8 @@
 
 Tolerances, not bit equality: the CPU kernels use their own vectorised exp, the emulated kernels libm's (and a
 GPU its fast-math exp). What this cannot show (csrc/msl_emu/README.md, "Limits"): GPU rounding, address-space
-mistakes. The kernels are one thread per ray with no shared memory, so thread order cannot matter; one test
-still runs them shuffled. Needs clang++-16 (skips without it; fails under TFMO_REQUIRE_MAC_CHECKS=1).
+mistakes. The kernels are one SIMD group per ray (SIMD-group scans, no threadgroup memory): rays are independent,
+and one test runs them shuffled. Needs clang++-16 (skips without it; fails under TFMO_REQUIRE_MAC_CHECKS=1).
 """
 
 import numpy as np

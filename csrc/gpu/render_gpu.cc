@@ -22,12 +22,19 @@ void BindOr(tfmo::gpu::Pass& p, uint32_t index, const TensorRef& t, const Tensor
   p.buffer(index, t.num_elements() > 0 ? t : fallback);
 }
 
-// The kernels index rays with 32-bit uints (their inner offsets are 64-bit).
+// The kernels index rays, samples (r S + i) and the grid's threads with 32-bit uints (their other offsets are 64-bit).
 bool CheckDims(TF_OpKernelContext* ctx, const char* op, int64_t R, int64_t S, int64_t C) {
-  return tfmo::gpu::CheckGridSize(ctx, op, "the number of rays", static_cast<uint64_t>(R)) &&
-         tfmo::gpu::CheckGridSize(ctx, op, "the number of interval edges per ray", static_cast<uint64_t>(S + 1)) &&
+  return tfmo::gpu::CheckGridSize(ctx, op, "the threads (32 per ray)", static_cast<uint64_t>(R) * kVrpLanes) &&
+         tfmo::gpu::CheckGridSize(ctx, op, "the number of interval edges", static_cast<uint64_t>(R) * (S + 1)) &&
          tfmo::gpu::CheckGridSize(ctx, op, "the number of channels", static_cast<uint64_t>(C));
 }
+
+// Threads per threadgroup: 8 rays.
+constexpr uint32_t kRayGroup = 8 * kVrpLanes;
+
+// One SIMD group per ray: kVrpLanes * R threads in threadgroups of kRayGroup (clipped to the grid, itself a
+// multiple of kVrpLanes), the layout metal_kernels/render.metal requires.
+void RayThreads(tfmo::gpu::Pass& p, int64_t R) { p.threads(static_cast<uint64_t>(R) * kVrpLanes, kRayGroup); }
 
 VrParams MakeVrParams(const tfmo::render::VrDims& d, float threshold) {
   return VrParams{static_cast<uint32_t>(d.R), static_cast<uint32_t>(d.S), static_cast<uint32_t>(d.C),
@@ -67,7 +74,7 @@ void VrGpu(void* attrs, TF_OpKernelContext* ctx) {
   p.buffer(6, opacity);
   BindOr(p, 7, weights, t);
   p.value(8, params);
-  p.threads(static_cast<uint64_t>(d.R));
+  RayThreads(p, d.R);
   call.Run();
 }
 
@@ -101,7 +108,7 @@ void VrGradGpu(void* attrs, TF_OpKernelContext* ctx) {
   p.buffer(10, g_t);
   p.buffer(11, g_bg);
   p.value(12, params);
-  p.threads(static_cast<uint64_t>(d.R));
+  RayThreads(p, d.R);
   call.Run();
 }
 
@@ -120,7 +127,7 @@ void DlGpu(void*, TF_OpKernelContext* ctx) {
   p.buffer(1, t);
   p.buffer(2, loss);
   p.value(3, params);
-  p.threads(static_cast<uint64_t>(R));
+  RayThreads(p, R);
   call.Run();
 }
 
@@ -141,7 +148,7 @@ void DlGradGpu(void*, TF_OpKernelContext* ctx) {
   BindOr(p, 3, gw, gt);
   p.buffer(4, gt);
   p.value(5, params);
-  p.threads(static_cast<uint64_t>(R));
+  RayThreads(p, R);
   call.Run();
 }
 

@@ -1,5 +1,6 @@
 // Runs metal_kernels/render.metal (DistortionLoss) through the MSL emulation (csrc/msl_emu), mirroring
-// csrc/gpu/render_gpu.cc: one thread per ray, dispatchThreads(R, tg), no dispatch when R == 0, t bound in
+// csrc/gpu/render_gpu.cc: one SIMD group per ray, dispatchThreads(32 R, tg) (tg a multiple of 32), no dispatch when
+// R == 0, t bound in
 // place of an empty weights tensor (S == 0).
 // Args: kernel=forward|backward R= S= [tg=64]  in:weights in:t (float32)  backward also in:grad_loss
 //   forward output: loss; backward outputs: grad_weights grad_t. Outputs are pre-filled with a poison value.
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
   p.R = h.scalar<uint>("R");
   p.S = h.scalar<uint>("S");
   const uint tg = h.scalar<uint>("tg", 64);
+  if (tg == 0 || tg % kVrpLanes != 0) msl_emu::Harness::fail("tg must be a multiple of 32");
   const std::vector<float> w = h.input<float>("weights");
   const std::vector<float> t = h.input<float>("t");
   const size_t R = p.R, S = p.S;
@@ -24,8 +26,9 @@ int main(int argc, char** argv) {
   if (which == "forward") {
     std::vector<float> loss(R, kPoison);
     if (p.R > 0) {
-      msl_emu::dispatch_threads(p.R, tg, [&](const msl_emu::ThreadCtx& c) {
-        distortion_loss_forward(w_in, t.data(), loss.data(), p, c.thread_position_in_grid.x);
+      msl_emu::dispatch_threads(p.R * kVrpLanes, tg, [&](const msl_emu::ThreadCtx& c) {
+        distortion_loss_forward(w_in, t.data(), loss.data(), p, c.thread_position_in_grid.x,
+                              c.thread_index_in_simdgroup);
       });
     }
     h.output("loss", loss);
@@ -34,9 +37,10 @@ int main(int argc, char** argv) {
     std::vector<float> gw(R * S, kPoison), gt(R * (S + 1), kPoison);
     std::vector<float> scratch_out(t.size());  // stands in for an empty grad_weights buffer (never written)
     if (p.R > 0) {
-      msl_emu::dispatch_threads(p.R, tg, [&](const msl_emu::ThreadCtx& c) {
+      msl_emu::dispatch_threads(p.R * kVrpLanes, tg, [&](const msl_emu::ThreadCtx& c) {
         distortion_loss_backward(w_in, t.data(), g.data(), gw.empty() ? scratch_out.data() : gw.data(), gt.data(),
-                                 p, c.thread_position_in_grid.x);
+                                 p, c.thread_position_in_grid.x,
+                              c.thread_index_in_simdgroup);
       });
     }
     h.output("grad_weights", gw);

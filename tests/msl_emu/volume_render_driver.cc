@@ -1,6 +1,6 @@
 // Runs metal_kernels/render.metal (VolumeRender) through the MSL emulation (csrc/msl_emu), mirroring
-// csrc/gpu/render_gpu.cc: one thread per ray, dispatchThreads(R, tg), no dispatch when R == 0, the same
-// VrParams, and t bound in place of an empty tensor (background [0], or anything with S == 0).
+// csrc/gpu/render_gpu.cc: one SIMD group per ray, dispatchThreads(32 R, tg) (tg a multiple of 32), no dispatch when
+// R == 0, the same VrParams, and t bound in place of an empty tensor (background [0], or anything with S == 0).
 // Args: kernel=forward|backward R= S= C= bg_mode=0|1|2 threshold= [tg=64]
 //   in:densities in:colors in:t in:background (float32; background may be empty)
 //   backward also: in:grad_color in:grad_depth in:grad_opacity in:grad_weights
@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   p.bg_mode = h.scalar<uint>("bg_mode");
   p.threshold = h.scalar<float>("threshold");
   const uint tg = h.scalar<uint>("tg", 64);
+  if (tg == 0 || tg % kVrpLanes != 0) msl_emu::Harness::fail("tg must be a multiple of 32");
   const std::vector<float> dens = h.input<float>("densities");
   const std::vector<float> cols = h.input<float>("colors");
   const std::vector<float> t = h.input<float>("t");
@@ -42,9 +43,10 @@ int main(int argc, char** argv) {
     std::vector<float> color(R * C, kPoison), depth(R, kPoison), opacity(R, kPoison), weights(R * S, kPoison);
     std::vector<float> scratch_out(t.size());  // stands in for an empty output buffer (never written)
     if (p.R > 0) {
-      msl_emu::dispatch_threads(p.R, tg, [&](const msl_emu::ThreadCtx& c) {
+      msl_emu::dispatch_threads(p.R * kVrpLanes, tg, [&](const msl_emu::ThreadCtx& c) {
         volume_render_forward(Bind(dens, t), Bind(cols, t), t.data(), Bind(bg, t), color.data(), depth.data(),
-                              opacity.data(), BindOut(weights, scratch_out), p, c.thread_position_in_grid.x);
+                              opacity.data(), BindOut(weights, scratch_out), p, c.thread_position_in_grid.x,
+                              c.thread_index_in_simdgroup);
       });
     }
     h.output("color", color);
@@ -60,10 +62,11 @@ int main(int argc, char** argv) {
         g_bg(R * C, kPoison);
     std::vector<float> scratch_out(t.size());
     if (p.R > 0) {
-      msl_emu::dispatch_threads(p.R, tg, [&](const msl_emu::ThreadCtx& c) {
+      msl_emu::dispatch_threads(p.R * kVrpLanes, tg, [&](const msl_emu::ThreadCtx& c) {
         volume_render_backward(Bind(dens, t), Bind(cols, t), t.data(), Bind(bg, t), gc.data(), gd.data(), go.data(),
                                Bind(gw, t), BindOut(g_dens, scratch_out), BindOut(g_cols, scratch_out), g_t.data(),
-                               g_bg.data(), p, c.thread_position_in_grid.x);
+                               g_bg.data(), p, c.thread_position_in_grid.x,
+                              c.thread_index_in_simdgroup);
       });
     }
     h.output("grad_densities", g_dens);
