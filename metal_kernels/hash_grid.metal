@@ -176,8 +176,13 @@ TFMO_FN void hg_encode(device const float* positions, device const T* params, co
   else hg_encode_store<T, 0, 0, -1>(positions, params, levels, args, o, i, l);
 }
 
-// hg_encode for D = 3, F = 2, linear only: a kernel holding no other instance takes only its registers (40 against
-// the general kernel's 48 on the GPU proxy, bench/gpu_proxy.md).
+// Two-element vectors of T.
+template <typename T> struct HgVec2;
+template <> struct HgVec2<float> { typedef float2 type; };
+template <> struct HgVec2<half> { typedef half2 type; };
+
+// hg_encode for D = 3, F = 2, linear only: a kernel holding no other instance takes only its registers (on the GPU
+// proxy, bench/gpu_proxy.md: 32 / 40 for float32 / float16 tables, against the general kernel's 48).
 template <typename T>
 TFMO_FN void hg_encode_d3f2(device const float* positions, device const T* params, constant HgLevel* levels,
                            constant HgArgs& args, device T* out, uint i, uint l) {
@@ -188,7 +193,12 @@ TFMO_FN void hg_encode_d3f2(device const float* positions, device const T* param
     o[1] = T(0.0f);
     return;
   }
-  hg_encode_store<T, 3, 2, HG_INTERP_LINEAR>(positions, params, levels, args, o, i, l);
+  float acc[HG_MAX_FEATURES];
+  hg_encode_level<T, 3, 2, HG_INTERP_LINEAR>(positions, params, levels, args, i, l, acc);
+  typename HgVec2<T>::type v;  // one two-element store (o is 2-element aligned: the op allocates the output)
+  v.x = T(acc[0]);
+  v.y = T(acc[1]);
+  *(device typename HgVec2<T>::type*)o = v;
 }
 
 #define HG_NO_ROW 0xFFFFFFFFu
