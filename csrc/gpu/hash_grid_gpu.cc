@@ -209,7 +209,6 @@ void GradPositionsGpu(void* state, TF_OpKernelContext* ctx) {
   const char* op = "hash_grid_encode (gradient w.r.t. positions)";
   Call call;
   if (!tfmo::hash_grid::Prepare(ctx, state, true, op, &call)) return;
-  const Config& cfg = *call.cfg;
   tfmo::TensorRef out;
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {call.n, static_cast<int64_t>(call.dims)}, &out)) return;
   if (call.n == 0 || !CheckSizes(ctx, op, call)) return;
