@@ -309,24 +309,36 @@ TFMO_FN float rp_dl_mid_step_after(RpRay ray, uint k, bool in, float delta) {
                            : dl_mid_step(delta, 0.0f, 0.0f);
 }
 
+// One chunk of the distortion loss's forward scan, lane's sample k (`in`: k < b): its weight, interval length,
+// W_{<k} = *W_c + the chunk's exclusive prefix sum of w and A_k = *A_c + the chunk's inclusive prefix sum of
+// W_{<j} (m_j - m_{j-1}) (the recurrence of dl_scan_step_gap, whose terms are >= 0); moves the carries *W_c, *A_c
+// (uniform) past the chunk.
+struct DlpScanLane {
+  float w, delta, W_before, A;
+};
+TFMO_FN DlpScanLane rp_dl_scan_chunk(device const float* weights, RpRay ray, uint k, bool in, thread float* W_c,
+                                     thread float* A_c) {
+  DlpScanLane s;
+  s.w = in ? weights[k] : 0.0f;
+  s.delta = in ? ray.te[k] - ray.ts[k] : 0.0f;
+  const float dm = rp_dl_mid_step_before(ray, k, in, s.delta);
+  const float w_excl = simd_prefix_exclusive_sum(s.w);
+  s.W_before = *W_c + w_excl;
+  const float a_incl = simd_prefix_inclusive_sum(s.W_before * dm);
+  s.A = *A_c + a_incl;
+  *W_c += simd_broadcast(w_excl + s.w, ushort(kRpLanes - 1u));
+  *A_c += simd_broadcast(a_incl, ushort(kRpLanes - 1u));
+  return s;
+}
+
 // The distortion loss of one valid ray.
 TFMO_FN float rp_distortion_loss_ray(device const float* weights, RpRay ray, uint lane) {
-  const uint2 ab = ray.ab;
-  // W_{<k} = W_c + the chunk's exclusive prefix sum of w; A_k = A_c + the chunk's inclusive prefix sum of
-  // W_{<j} (m_j - m_{j-1}) (the recurrence of dl_scan_step_gap, whose terms are >= 0).
   float W_c = 0.0f, A_c = 0.0f, part = 0.0f;
-  for (uint base = ab.x; base < ab.y; base += kRpLanes) {
+  for (uint base = ray.ab.x; base < ray.ab.y; base += kRpLanes) {
     const uint k = base + lane;
-    const bool in = k < ab.y;
-    const float wk = in ? weights[k] : 0.0f;
-    const float delta = in ? ray.te[k] - ray.ts[k] : 0.0f;
-    const float dm = rp_dl_mid_step_before(ray, k, in, delta);
-    const float w_excl = simd_prefix_exclusive_sum(wk);
-    const float a_incl = simd_prefix_inclusive_sum((W_c + w_excl) * dm);
-    const float A = A_c + a_incl;
-    if (in) part += dl_loss_term(wk, A, delta);
-    W_c += simd_broadcast(w_excl + wk, ushort(kRpLanes - 1u));
-    A_c += simd_broadcast(a_incl, ushort(kRpLanes - 1u));
+    const bool in = k < ray.ab.y;
+    const DlpScanLane s = rp_dl_scan_chunk(weights, ray, k, in, &W_c, &A_c);
+    if (in) part += dl_loss_term(s.w, s.A, s.delta);
   }
   return simd_sum(part);
 }
@@ -342,18 +354,11 @@ TFMO_FN void rp_distortion_loss_grad_ray(device const float* weights, RpRay ray,
   for (uint base = ab.x; base < ab.y; base += kRpLanes) {
     const uint k = base + lane;
     const bool in = k < ab.y;
-    const float wk = in ? weights[k] : 0.0f;
-    const float delta = in ? ray.te[k] - ray.ts[k] : 0.0f;
-    const float dm = rp_dl_mid_step_before(ray, k, in, delta);
-    const float w_excl = simd_prefix_exclusive_sum(wk);
-    const float W_before = W_c + w_excl;
-    const float a_incl = simd_prefix_inclusive_sum(W_before * dm);
+    const DlpScanLane s = rp_dl_scan_chunk(weights, ray, k, in, &W_c, &A_c);
     if (in) {
-      gt0[k] = W_before;
-      gw[k] = A_c + a_incl;
+      gt0[k] = s.W_before;
+      gw[k] = s.A;
     }
-    W_c += simd_broadcast(w_excl + wk, ushort(kRpLanes - 1u));
-    A_c += simd_broadcast(a_incl, ushort(kRpLanes - 1u));
   }
   // Pass 2, chunks last to first (the recurrence of dl_rev_step_gap): W_{>k} = W_c + the chunk's exclusive suffix
   // sum of w; B_k = B_c + the chunk's inclusive suffix sum of W_{>j} (m_{j+1} - m_j).
