@@ -2,7 +2,7 @@
 // csrc/ops/render_op.cc; math and conventions: csrc/shared/render_math.h; host: csrc/gpu/render_gpu.cc). One SIMD
 // group (32 threads) per ray: the host dispatches 32 R threads in threadgroups of a multiple of 32 threads (the host
 // skips R == 0), so SIMD group r (thread_position_in_grid / 32) is ray r. Each checks its ray and runs the ray's body
-// in metal_kernels/render_rays.h (layout, scans and their order there) on the samples [r S, r S + S) with
+// in metal_kernels/render.h (layout, scans and their order there) on the samples [r S, r S + S) with
 // ts = t + r, te = t + r + 1; the edge gradients go to t's layout merged (rp_edges_merged). Offsets are 64-bit
 // (R*S*C may exceed 2^32). Invalid input (a negative density, or t decreasing along the ray) cannot fail the op from
 // the GPU: every output of that ray is NaN instead. For an empty input the host binds another buffer in its place;
@@ -19,7 +19,7 @@
 using namespace metal;
 
 #include "render_math.h"
-#include "render_rays.h"
+#include "render.h"
 
 // Ray r: its samples [r S, r S + S) and their intervals in t [R, S + 1].
 TFMO_FN RpRay vr_dense_ray(device const float* t, uint r, uint S) {

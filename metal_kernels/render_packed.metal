@@ -4,7 +4,7 @@
 //
 // The four ray kernels run one SIMD group (32 threads) per ray: the host dispatches 32 R threads in threadgroups of
 // a multiple of 32 threads, so SIMD group r (thread_position_in_grid / 32) is ray r. Each checks its ray and runs the
-// ray's body in metal_kernels/render_rays.h (layout, scans and their order there), on the ray's samples
+// ray's body in metal_kernels/render.h (layout, scans and their order there), on the ray's samples
 // [row_splits[r], row_splits[r + 1]) with ts = t_starts, te = t_ends.
 //
 // NaN policy (a GPU kernel cannot fail the op; never an out-of-bounds access, whatever the input holds):
@@ -32,7 +32,7 @@
 using namespace metal;
 
 #include "render_math.h"
-#include "render_rays.h"
+#include "render.h"
 
 kernel void render_packed_check_init(device atomic_int* status [[buffer(0)]],
                                      uint i [[thread_position_in_grid]]) {

@@ -33,7 +33,7 @@ FAMILY_FILES = {
     "csrc/cpu": ("_cpu.cc", "_cpu_isa.h"),
     "csrc/gpu": ("_gpu.cc",),
     "csrc/shared": ("_math.h",),
-    "metal_kernels": (".metal",),
+    "metal_kernels": (".metal", ".h"),  # <family>.h: Metal-only code shared by the family's .metal files
 }
 # The layers' own helpers, shared by every family.
 LAYER_FILES = {"csrc/gpu/gpu_host.h", "csrc/gpu/gpu_host.cc", "csrc/shared/device_compat.h"}
