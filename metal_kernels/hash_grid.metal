@@ -385,17 +385,18 @@ TFMO_FN void hg_abs_max(device const T* x, constant HgArgs& args, device atomic_
 }
 
 // The encode's thread -> (point, level) map: a SIMD group holds G = args.level_group levels of 32 / G consecutive
-// points, level fastest (lane = point_in_group * G + level_in_group); consecutive SIMD groups take the next G levels
-// of the same points, ceil(L / G) of them per point group. Each point's G levels are one contiguous run of the
-// [N, L*F] output; a smaller G makes a SIMD group read fewer levels' tables. Grid: ceil(N * G / 32) * ceil(L / G) *
-// 32 threads; threads past N or L do nothing.
+// points, level fastest (lane = point_in_group * G + level_in_group), so each point's G levels are one contiguous
+// run of the [N, L*F] output. The level group is the grid's slowest dimension: SIMD group s takes level group
+// s / P of point group s % P (P = ceil(N * G / 32) point groups). Dispatched in order, the SIMD groups in flight
+// read G levels' tables at a time (the cache footprint of tiny-cuda-nn's launch, whose grid's y is the level)
+// instead of all L. Grid: P * ceil(L / G) * 32 threads; threads past N or L do nothing.
 TFMO_FN uint2 hg_encode_thread(constant HgArgs& args, uint gid) {
   const uint G = args.level_group, lg = ctz(G);  // G a power of two: shifts, not divisions
   const uint lane = gid & 31u, simd = gid >> 5;
-  const uint level_groups = (args.n_levels + G - 1u) >> lg;
-  const uint point_group = level_groups == 1u ? simd : simd / level_groups;
-  const uint point = (point_group << (5u - lg)) + (lane >> lg);
-  const uint level = ((simd - point_group * level_groups) << lg) + (lane & (G - 1u));
+  const uint point_groups = (args.n + (32u >> lg) - 1u) >> (5u - lg);
+  const uint level_group = simd / point_groups;
+  const uint point = ((simd - level_group * point_groups) << (5u - lg)) + (lane >> lg);
+  const uint level = (level_group << lg) + (lane & (G - 1u));
   return uint2(point, level);
 }
 

@@ -29,12 +29,9 @@ bool CheckDims(TF_OpKernelContext* ctx, const char* op, int64_t R, int64_t S, in
          tfmo::gpu::CheckGridSize(ctx, op, "the number of channels", static_cast<uint64_t>(C));
 }
 
-// Threads per threadgroup: 8 rays.
-constexpr uint32_t kRayGroup = 8 * kVrpLanes;
-
-// One SIMD group per ray: kVrpLanes * R threads in threadgroups of kRayGroup (clipped to the grid, itself a
+// One SIMD group per ray: kVrpLanes * R threads in threadgroups of kVrpRayGroup (clipped to the grid, itself a
 // multiple of kVrpLanes), the layout metal_kernels/render.metal requires.
-void RayThreads(tfmo::gpu::Pass& p, int64_t R) { p.threads(static_cast<uint64_t>(R) * kVrpLanes, kRayGroup); }
+void RayThreads(tfmo::gpu::Pass& p, int64_t R) { p.threads(static_cast<uint64_t>(R) * kVrpLanes, kVrpRayGroup); }
 
 VrParams MakeVrParams(const tfmo::render::VrDims& d, float threshold) {
   return VrParams{static_cast<uint32_t>(d.R), static_cast<uint32_t>(d.S), static_cast<uint32_t>(d.C),

@@ -65,11 +65,8 @@ const TensorRef* CheckSplits(tfmo::gpu::Call& call, const TensorRef& row_splits,
   return status;
 }
 
-// Threads per threadgroup of the ray kernels: 8 rays.
-constexpr uint32_t kRayGroup = 8 * kVrpLanes;
-
 // One dispatch of a packed kernel after the row_splits checks, one SIMD group per ray: kVrpLanes * R threads in
-// threadgroups of kRayGroup (clipped to the grid, itself a multiple of kVrpLanes; Metal's per-pipeline maximum is a
+// threadgroups of kVrpRayGroup (clipped to the grid, itself a multiple of kVrpLanes; Metal's per-pipeline maximum is a
 // multiple of the SIMD width), the layout metal_kernels/render_packed.metal requires.
 // Binds in[0, n_in) at slots 0.., the status buffer next, then out[0, n_out), then the params (the binding order of
 // every kernel in metal_kernels/render_packed.metal).
@@ -86,7 +83,7 @@ void RunRayKernel(TF_OpKernelContext* ctx, const char* op, const char* kernel, c
     p.buffer(n_in, *status);
     for (int i = 0; i < n_out; ++i) bind.Bind(p, n_in + 1 + i, out[i]);
     p.value(n_in + 1 + n_out, params);
-    p.threads(static_cast<uint64_t>(R) * kVrpLanes, kRayGroup);
+    p.threads(static_cast<uint64_t>(R) * kVrpLanes, kVrpRayGroup);
   }
   call.Run();
 }

@@ -72,9 +72,9 @@ struct VrpParams {
 struct DlpParams {
   uint R, N;
 };
-// Threads per ray of the packed Metal kernels, both families (one SIMD group of an Apple GPU): the host dispatches
-// kVrpLanes * R threads in threadgroups of a multiple of it.
-enum : uint { kVrpLanes = 32 };
+// Threads per ray of the Metal ray kernels, dense and packed (one SIMD group of an Apple GPU): the host dispatches
+// kVrpLanes * R threads in threadgroups of kVrpRayGroup (8 rays; the kernels need a multiple of kVrpLanes).
+enum : uint { kVrpLanes = 32, kVrpRayGroup = 8 * kVrpLanes };
 
 // Quiet NaN: what the Metal kernels write for a ray with invalid input (see conventions).
 TFMO_FN float vr_nan() {
