@@ -62,6 +62,10 @@ def load_build_tool():
     return sys.modules[name]
 
 
+# The empty kernel whose launches in a row bound a case of tiny kernels (dev/gpu_proxy/baselines.cu).
+LAUNCH_FLOOR = cases_mod.Launch("baselines", "launch_floor", [], (1, 1, 1), (32, 1, 1), msl=False)
+
+
 def round16(n: int) -> int:
     return (n + 15) // 16 * 16
 
@@ -137,6 +141,8 @@ def dry_run(ptx_dir: Path, cases) -> int:
             n += 1
         if case.bound[0] == "case" and case.bound[1] not in {c.name for c in cases}:
             fails.append(f"{case.name}: bound case {case.bound[1]!r} does not exist")
+    if sig.entries.get(LAUNCH_FLOOR.module, {}).get(LAUNCH_FLOOR.kernel) != []:
+        fails.append(f"{LAUNCH_FLOOR.module}.ptx: no parameterless .entry {LAUNCH_FLOOR.kernel} (the launch floor)")
     for f in fails:
         print("MISMATCH", f)
     print(f"gpu_proxy dry run: {n} launches of {len(cases)} cases checked against {ptx_dir}: "
@@ -193,6 +199,21 @@ class Device:
                 times.append(cp.cuda.get_elapsed_time(a, b) / 1e3)
         return 2 * src.nbytes / statistics.median(times)
 
+    def launch_floor(self, k: int, repeats=25) -> float:
+        """ms of k launches in a row of an empty kernel (one block of 32 threads), median: the least time a case of
+        k launches can take."""
+        cp, times = self.cp, []
+        for i in range(repeats + 3):
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record()
+            for _ in range(k):
+                self.launch(LAUNCH_FLOOR)
+            b.record()
+            b.synchronize()
+            if i >= 3:
+                times.append(cp.cuda.get_elapsed_time(a, b))
+        return statistics.median(times)
+
 
 def names_of(case):
     return sorted({v for l in case.setup + case.launches for kind, v in l.args if kind == "buf"})
@@ -248,6 +269,8 @@ def write_md(path: Path, rows, env: dict, registers: dict):
         f"- date: {env['date']}; commit {env['commit']} (of the PTX build); PTX: clang-16 CUDA mode, sm_90, -O3 "
         "-ffp-contract=off (dev/gpu_proxy.py)",
         f"- copy bandwidth (device to device, read + write): {env['bw'] / 1e9:.0f} GB/s",
+        "- bound of a kernel measured against bytes: those bytes at the copy bandwidth, or its launch floor when that "
+        "is longer (k launches in a row of an empty kernel, k the case's launches, timed in the same run)",
         f"- each row: median of {env['repeats']} CUDA-event timings after {env['warmup']} warm-up runs, checked "
         "against a NumPy float64 reference (or the invariants named) before timing",
         "- re-run (PTX built here with `python3 dev/gpu_proxy.py build --out gpu_proxy_ptx`, an ignored folder): "
@@ -301,7 +324,7 @@ def main(argv=None) -> int:
            "driver": cp.cuda.runtime.driverGetVersion(), "runtime": cp.cuda.runtime.runtimeGetVersion(),
            "cupy": cp.__version__, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "commit": git_commit(sig.manifest), "bw": bw, "repeats": args.repeats, "warmup": args.warmup}
-    rows, by_name = [], {}
+    rows, by_name, floors = [], {}, {}
     for case in cases:
         try:
             r = run_case(dev, case, args.warmup, args.repeats)
@@ -310,9 +333,15 @@ def main(argv=None) -> int:
         r.update(name=case.name, kernel=(case.launches[0].module, case.launches[0].kernel), note=case.note)
         if not r["failures"]:
             kind, what = case.bound
-            if kind == "copy":
+            if kind == "copy":  # the bytes at copy bandwidth, or the launches when they take longer
+                k = len(case.launches)
+                if k not in floors:
+                    floors[k] = dev.launch_floor(k)
                 r["bound"] = f"{case.bound_bytes() / 1e6:.1f} MB at copy bandwidth"
                 r["bound_ms"] = case.bound_bytes() / bw * 1e3
+                if floors[k] > r["bound_ms"]:
+                    r["bound"] = f"launch floor: {k} empty launch{'es' if k > 1 else ''} ({r['bound']}: {r['bound_ms']:.3f})"
+                    r["bound_ms"] = floors[k]
             else:
                 r["bound"] = what
                 r["bound_ms"] = by_name.get(what, {}).get("ms")
