@@ -306,7 +306,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--dry-run", action="store_true", help="check the packing against the PTX; no GPU")
     ap.add_argument("--small", action="store_true", help="small inputs (the tests' sizes)")
-    ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    ap.add_argument("--only", default="", help="run the cases whose name contains this (alternatives split by |)")
     ap.add_argument("--copy-mib", type=int, default=1024, help="buffer size of the copy-bandwidth measurement")
     args = ap.parse_args(argv)
     if args.repeats < 20:
@@ -314,7 +314,7 @@ def main(argv=None) -> int:
     cases = [c for c in cases_mod.all_cases(small=args.small)]
     if args.dry_run:
         return dry_run(args.ptx, cases)
-    cases = [c for c in cases if args.only in c.name]
+    cases = [c for c in cases if any(o in c.name for o in args.only.split("|"))]
     sig = Signatures(args.ptx)
     dev = Device(args.ptx)
     cp = dev.cp

@@ -32,6 +32,7 @@ VR_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4"), ("C", "<u4"), ("bg_mode", "<u4
 DL_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4")])
 VRP_PARAMS = np.dtype([("R", "<u4"), ("N", "<u4"), ("C", "<u4"), ("bg_mode", "<u4"), ("threshold", "<f4")])
 DLP_PARAMS = np.dtype([("R", "<u4"), ("N", "<u4")])
+VRP_LANES = 32  # threads per ray of the render kernels, dense and packed (kVrpLanes, csrc/shared/render_math.h)
 RM_MAX_MIP_LEVELS = 9
 RM_MAX_CASCADES = 8
 RM_SCAN_BLOCK = 256
@@ -609,20 +610,19 @@ def render_cases(R=8192, S=128, C=3, seed=1, packed=False) -> list[Case]:
     fwd_out = {"color": lambda r: r["color"], "depth": lambda r: r["depth"], "opacity": lambda r: r["opacity"],
                "weights": lambda r: r["weights"]}
     one = (256, 1, 1)
-    rays = (R, 1, 1)
-    ray_groups = (32 * R, 1, 1)  # packed kernels: one SIMD group per ray (csrc/gpu/render_packed_gpu.cc)
+    ray_groups = (VRP_LANES * R, 1, 1)  # one SIMD group per ray (csrc/gpu/render_gpu.cc, render_packed_gpu.cc)
     if not packed:
         arrays.update(t=np.concatenate([s.reshape(R, S), e.reshape(R, S)[:, -1:]], axis=1), g_t=np.zeros((R, S + 1), np.float32),
                       vr=struct(VR_PARAMS, R=R, S=S, C=C, bg_mode=1, threshold=0.0), dl=struct(DL_PARAMS, R=R, S=S))
         ins_f = ("sigma", "colors", "t", "bg")
         vr_f = Launch("render", "volume_render_forward",
-                      [("buf", n) for n in ins_f + ("color", "depth", "opacity", "weights", "vr")], rays, one)
+                      [("buf", n) for n in ins_f + ("color", "depth", "opacity", "weights", "vr")], ray_groups, one)
         vr_b = Launch("render", "volume_render_backward",
                       [("buf", n) for n in ins_f + ("gC", "gD", "gO", "gW", "g_sigma", "g_colors", "g_t", "g_bg", "vr")],
-                      rays, one)
-        dl_f = Launch("render", "distortion_loss_forward", [("buf", n) for n in ("w_in", "t", "loss", "dl")], rays, one)
+                      ray_groups, one)
+        dl_f = Launch("render", "distortion_loss_forward", [("buf", n) for n in ("w_in", "t", "loss", "dl")], ray_groups, one)
         dl_b = Launch("render", "distortion_loss_backward",
-                      [("buf", n) for n in ("w_in", "t", "gl", "g_w", "g_t", "dl")], rays, one)
+                      [("buf", n) for n in ("w_in", "t", "gl", "g_w", "g_t", "dl")], ray_groups, one)
         g_t = lambda r, a, b: _dense_t(r[a], r[b], R, S)  # noqa: E731
         back = {"g_sigma": lambda r: r["grad_densities"], "g_colors": lambda r: r["grad_colors"],
                 "g_t": lambda r: g_t(r, "grad_s", "grad_e"), "g_bg": lambda r: r["grad_background"]}

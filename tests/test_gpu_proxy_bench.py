@@ -107,6 +107,21 @@ def test_ray_ordered_points_reference_matches_the_cpu_op(hash_grid):
 
 
 @pytest.mark.parametrize("packed", [False, True])
+def test_render_launches_dispatch_the_hosts_lanes_per_ray(packed):
+    """The render kernels, dense and packed, run one SIMD group of kVrpLanes threads per ray (csrc/shared/
+    render_math.h; the host's RayThreads / RunRayKernel): the bench dispatches the same, or its rays go unrendered."""
+    import re
+    header = (Path(__file__).resolve().parent.parent / "csrc" / "shared" / "render_math.h").read_text()
+    lanes = int(re.search(r"\bkVrpLanes\s*=\s*(\d+)", header).group(1))
+    assert cases.VRP_LANES == lanes
+    R = 32
+    launches = [l for c in cases.render_cases(R=R, S=16, C=3, packed=packed) for l in c.launches]
+    assert len(launches) == 4
+    for l in launches:
+        assert l.threads == (lanes * R, 1, 1) and l.group[0] % lanes == 0, (l.kernel, l.threads, l.group)
+
+
+@pytest.mark.parametrize("packed", [False, True])
 def test_render_references_match_the_cpu_ops(packed):
     cs = cases.render_cases(R=32, S=16, C=3, packed=packed)
     a = cs[0].arrays
