@@ -331,8 +331,8 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                  ("copy", io + table)),
         ]
         # The encode with G levels of 32 / G points per SIMD group (HgArgs.level_group; the host's choice
-        # EncodeLevelGroup: 32 / F, at most 16, at most the power of two >= L).
-        host_g = min(16, 32 // F)
+        # EncodeLevelGroup: 8 / F, at least 1, at most the power of two >= L).
+        host_g = max(1, 8 // F)
         while host_g > 1 and host_g // 2 >= n_levels:
             host_g //= 2
         # The host launches the kernel of the configuration: hash_grid_encode_d3f2_T for D=3, F=2, linear (timed at

@@ -3,8 +3,8 @@
 // csrc/ops/hash_grid_args.h). max_level lives in host memory (read here to get the active level count).
 //
 // Passes (empty work is skipped: Metal rejects empty grids and empty tensors have no buffer):
-//   encode:          1-D grid, one thread per (point, level), G levels of 32 / G points per SIMD group
-//                    (EncodeLevelGroup; the level fastest: coalesced [N, L*F] writes), the kernel of the
+//   encode:          1-D grid, one thread per (point, level), G levels of 32 / G points per SIMD group, the
+//                    level groups one after another (EncodeLevelGroup, hg_encode_thread), the kernel of the
 //                    configuration (ConfigKernel);
 //   grad_params:     float32 accumulator zeroed, grid (N, n_active) scatter with float atomics (ConfigKernel:
 //                    the kernel of the configuration; SIMD-group run sums on every level), then (float16
@@ -52,13 +52,14 @@ HgArgs MakeArgs(const Call& call) {
   return a;
 }
 
-// The encode's levels per SIMD group (hg_encode_thread): 32 / F, at most 16 (F = 2: 16 levels of 2 points). Measured
-// on the GPU proxy (bench/gpu_proxy.md, F = 2): G = 16 is the fastest for float32 tables (0.79 ms against 0.81 to
-// 1.13 ms for G = 8 .. 1) and within 3 % of the fastest (G = 4) for float16 ones.
-// Never more than the power of two >= L (no idle lanes for a level that does not exist).
+// The encode's levels per SIMD group (hg_encode_thread): G = 8 / F (a point's G levels are 8 values, 32 bytes of
+// float32), at least 1, at most the power of two >= L (no idle lanes for a level that does not exist). The level
+// groups run one after another, so G also sets how many levels' tables are read at a time. Measured on the GPU proxy
+// (bench/gpu_proxy.md, run 5, H200, F = 2, 16 levels of 2^19 rows): G = 4 is the fastest for float32 tables
+// (0.79 ms against 0.89 / 0.89 / 1.06 ms for G = 2 / 8 / 16) and within 1 % of the fastest for float16 ones.
 uint32_t EncodeLevelGroup(const Config& cfg) {
-  uint32_t g = 32u / static_cast<uint32_t>(cfg.n_features);
-  if (g > 16u) g = 16u;
+  uint32_t g = 8u / static_cast<uint32_t>(cfg.n_features);
+  if (g < 1u) g = 1u;
   while (g > 1u && g / 2u >= static_cast<uint32_t>(cfg.n_levels)) g /= 2u;
   return g;
 }

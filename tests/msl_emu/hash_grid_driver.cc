@@ -45,7 +45,7 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
   if (which == "encode") {
     std::vector<T> out((size_t)n * L * F);
     for (auto& v : out) v = T(12345.0f);  // poison: every element must be written
-    uint host_g = 32 / F < 16 ? 32 / F : 16;  // the host's EncodeLevelGroup
+    uint host_g = 8 / F > 0 ? 8 / F : 1;  // the host's EncodeLevelGroup
     while (host_g > 1 && host_g / 2 >= L) host_g /= 2;
     args.level_group = h.scalar<uint>("level_group", host_g);
     const uint G = args.level_group;
