@@ -55,8 +55,9 @@ HgArgs MakeArgs(const Call& call) {
 // The encode's levels per SIMD group (hg_encode_thread): G = 8 / F (a point's G levels are 8 values, 32 bytes of
 // float32), at least 1, at most the power of two >= L (no idle lanes for a level that does not exist). The level
 // groups run one after another, so G also sets how many levels' tables are read at a time. Measured on the GPU proxy
-// (bench/gpu_proxy.md, run 5, H200, F = 2, 16 levels of 2^19 rows): G = 4 is the fastest for float32 tables
-// (0.79 ms against 0.89 / 0.89 / 1.06 ms for G = 2 / 8 / 16) and within 1 % of the fastest for float16 ones.
+// (bench/gpu_proxy.md, F = 2, 16 levels of 2^19 rows): G = 4 is the fastest for float32 tables (run 5, H200:
+// 0.79 ms against 0.89 / 0.89 / 1.06 ms for G = 2 / 8 / 16; run 6, H100: 0.94 against 1.07 / 1.07 / 1.21 ms) and
+// within 2 % of the fastest for float16 ones (the fastest in run 6).
 uint32_t EncodeLevelGroup(const Config& cfg) {
   uint32_t g = 8u / static_cast<uint32_t>(cfg.n_features);
   if (g < 1u) g = 1u;
