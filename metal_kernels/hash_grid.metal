@@ -391,7 +391,7 @@ TFMO_FN void hg_abs_max(device const T* x, constant HgArgs& args, device atomic_
 // read G levels' tables at a time (the cache footprint of tiny-cuda-nn's launch, whose grid's y is the level)
 // instead of all L. Grid: P * ceil(L / G) * 32 threads; threads past N or L do nothing.
 TFMO_FN uint2 hg_encode_thread(constant HgArgs& args, uint gid) {
-  const uint G = args.level_group, lg = ctz(G);  // G a power of two: shifts, not divisions
+  const uint G = args.level_group, lg = ctz(G);  // G a power of two: shifts, and one division (by P)
   const uint lane = gid & 31u, simd = gid >> 5;
   const uint point_groups = (args.n + (32u >> lg) - 1u) >> (5u - lg);
   const uint level_group = simd / point_groups;
