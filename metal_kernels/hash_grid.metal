@@ -5,7 +5,8 @@
 //   hash_grid_encode_T, hash_grid_encode_d3f2_T
 //                             1-D grid, one thread per (point, level): a SIMD group takes G levels of 32 / G points
 //                             (hg_encode_thread; G from the host).
-//                             Inactive levels (l >= n_active) write zeros. out [N, L*F] T.
+//                             Inactive levels (l >= n_active) write zeros. out [N, L*F] T, or [L*F, N] with
+//                             args.feature_major (hg_col; the host's G = 1 then).
 //   hash_grid_grad_params_T   grid (N, n_active), threadgroups 1-D along the points (a SIMD group is one level):
 //                             scatters weight * dy into acc [rows*F] float32 with float atomics (atomic_float on
 //                             MSL >= 3.0, else a CAS loop on atomic_uint; never a plain +=). On levels
@@ -37,6 +38,12 @@
 using namespace metal;
 
 #include "hash_grid_math.h"
+
+// Offset of element (point i, column k = l*F + f) in the encoded-shaped buffers (out, dy, d/d(dy)): [N, L*F], or
+// [L*F, N] when args.feature_major (tiny-cuda-nn's layout).
+TFMO_FN ulong hg_col(constant HgArgs& args, uint i, uint k) {
+  return args.feature_major ? (ulong)k * args.n + i : (ulong)i * (args.n_levels * args.n_features) + k;
+}
 
 // Float atomic add on device memory.
 TFMO_FN void hg_atomic_add(device float* addr, float v) {
@@ -150,14 +157,14 @@ TFMO_FN void hg_encode_level(device const float* positions, device const T* para
 
 template <typename T, uint DIMS, uint FEAT, int INTERP>
 TFMO_FN void hg_encode_store(device const float* positions, device const T* params, constant HgLevel* levels,
-                            constant HgArgs& args, device T* o, uint i, uint l) {
+                            constant HgArgs& args, device T* out, uint i, uint l) {
   float acc[HG_MAX_FEATURES];
   hg_encode_level<T, DIMS, FEAT, INTERP>(positions, params, levels, args, i, l, acc);
   const uint F = FEAT ? FEAT : args.n_features;
-  for (uint f = 0; f < F; ++f) o[f] = T(acc[f]);
+  for (uint f = 0; f < F; ++f) out[hg_col(args, i, l * F + f)] = T(acc[f]);
 }
 
-// Output row i, columns l*F .. l*F + F - 1 (zeros for an inactive level). Linear (D, F) = (2, 2) and (3, 4) run
+// Output point i, columns l*F .. l*F + F - 1 (zeros for an inactive level). Linear (D, F) = (2, 2) and (3, 4) run
 // with D, F and the interpolation known at compile time; every other configuration takes the general instance (same
 // arithmetic in the same order: identical results). D = 3, F = 2, linear has a kernel of its own (hg_encode_d3f2).
 template <typename T>
@@ -165,15 +172,14 @@ TFMO_FN void hg_encode(device const float* positions, device const T* params, co
                       constant HgArgs& args, device T* out, uint i, uint l) {
   if (i >= args.n || l >= args.n_levels) return;
   const uint F = args.n_features;
-  device T* o = out + (ulong)i * (args.n_levels * F) + l * F;
   if (l >= args.n_active) {
-    for (uint f = 0; f < F; ++f) o[f] = T(0.0f);
+    for (uint f = 0; f < F; ++f) out[hg_col(args, i, l * F + f)] = T(0.0f);
     return;
   }
   const bool linear = args.interpolation == HG_INTERP_LINEAR;
-  if (linear && args.dims == 2 && F == 2) hg_encode_store<T, 2, 2, HG_INTERP_LINEAR>(positions, params, levels, args, o, i, l);
-  else if (linear && args.dims == 3 && F == 4) hg_encode_store<T, 3, 4, HG_INTERP_LINEAR>(positions, params, levels, args, o, i, l);
-  else hg_encode_store<T, 0, 0, -1>(positions, params, levels, args, o, i, l);
+  if (linear && args.dims == 2 && F == 2) hg_encode_store<T, 2, 2, HG_INTERP_LINEAR>(positions, params, levels, args, out, i, l);
+  else if (linear && args.dims == 3 && F == 4) hg_encode_store<T, 3, 4, HG_INTERP_LINEAR>(positions, params, levels, args, out, i, l);
+  else hg_encode_store<T, 0, 0, -1>(positions, params, levels, args, out, i, l);
 }
 
 // Two-element vectors of T.
@@ -187,18 +193,17 @@ template <typename T>
 TFMO_FN void hg_encode_d3f2(device const float* positions, device const T* params, constant HgLevel* levels,
                            constant HgArgs& args, device T* out, uint i, uint l) {
   if (i >= args.n || l >= args.n_levels) return;
-  device T* o = out + (ulong)i * (args.n_levels * 2u) + l * 2u;
-  if (l >= args.n_active) {
-    o[0] = T(0.0f);
-    o[1] = T(0.0f);
+  float acc[HG_MAX_FEATURES] = {0.0f, 0.0f};
+  if (l < args.n_active) hg_encode_level<T, 3, 2, HG_INTERP_LINEAR>(positions, params, levels, args, i, l, acc);
+  if (args.feature_major) {  // two rows: each SIMD group's stores are contiguous runs of points
+    out[hg_col(args, i, 2u * l)] = T(acc[0]);
+    out[hg_col(args, i, 2u * l + 1u)] = T(acc[1]);
     return;
   }
-  float acc[HG_MAX_FEATURES];
-  hg_encode_level<T, 3, 2, HG_INTERP_LINEAR>(positions, params, levels, args, i, l, acc);
-  typename HgVec2<T>::type v;  // one two-element store (o is 2-element aligned: the op allocates the output)
+  typename HgVec2<T>::type v;  // one two-element store (2-element aligned: the op allocates the output)
   v.x = T(acc[0]);
   v.y = T(acc[1]);
-  *(device typename HgVec2<T>::type*)o = v;
+  *(device typename HgVec2<T>::type*)(out + hg_col(args, i, 2u * l)) = v;
 }
 
 #define HG_NO_ROW 0xFFFFFFFFu
@@ -245,8 +250,7 @@ TFMO_FN void hg_scatter_level(device const float* ddx_in, device const T* dy, de
   HgPoint p;
   float wc[16];
   if (valid) {
-    device const T* g = dy + (ulong)i * (args.n_levels * F) + l * F;
-    for (uint f = 0; f < F; ++f) gf[f] = float(g[f]);
+    for (uint f = 0; f < F; ++f) gf[f] = float(dy[hg_col(args, i, l * F + f)]);
     float x[HG_MAX_DIMS];
     hg_load_point(positions, i, dims, x);
     hg_point(x, (int)dims, lv.scale, interp, &p);
@@ -309,12 +313,13 @@ TFMO_FN void hg_grad_positions(device const T* dy, device const float* positions
       const HgLevel lv = levels[l];
       HgPoint p;
       hg_point(x, dims, lv.scale, interp, &p);
-      device const T* g = dy + (ulong)i * (args.n_levels * F) + l * F;
+      float g[HG_MAX_FEATURES];
+      for (uint f = 0; f < F; ++f) g[f] = float(dy[hg_col(args, i, l * F + f)]);
       float s[16];
       for (uint c = 0; c < nc; ++c) {
         device const T* v = params + (ulong)(lv.offset + hg_corner_index(lv, &p, c)) * F;
         float dot = 0.0f;
-        for (uint f = 0; f < F; ++f) dot += float(g[f]) * float(v[f]);
+        for (uint f = 0; f < F; ++f) dot += g[f] * float(v[f]);
         s[c] = dot;
       }
       hg_accumulate_dx(&p, s, dims, dx);
@@ -333,7 +338,6 @@ TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, dev
   const int dims = (int)udims;
   const int interp = INTERP >= 0 ? INTERP : (int)args.interpolation;
   float dx[HG_MAX_DIMS] = {0.0f, 0.0f, 0.0f, 0.0f};
-  device T* o = ddy_out + (ulong)i * (args.n_levels * F);
   const bool nearest = interp == HG_INTERP_NEAREST;  // all second-order terms are zero
   float x[HG_MAX_DIMS];
   hg_load_point(positions, i, udims, x);
@@ -342,7 +346,7 @@ TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, dev
   const uint nc = 1u << udims;
   for (uint l = 0; l < args.n_levels; ++l) {
     if (nearest || l >= args.n_active) {
-      for (uint f = 0; f < F; ++f) o[l * F + f] = T(0.0f);
+      for (uint f = 0; f < F; ++f) ddy_out[hg_col(args, i, l * F + f)] = T(0.0f);
       continue;
     }
     const HgLevel lv = levels[l];
@@ -352,7 +356,8 @@ TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, dev
     hg_point_d2(x, dims, lv.scale, interp, ddw);
     float v[16];
     hg_second_order_weights(&p, dd, dims, v);
-    device const T* g = dy + (ulong)i * (args.n_levels * F) + l * F;
+    float g[HG_MAX_FEATURES];
+    for (uint f = 0; f < F; ++f) g[f] = float(dy[hg_col(args, i, l * F + f)]);
     float s[16];
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (uint c = 0; c < nc; ++c) {
@@ -360,12 +365,12 @@ TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, dev
       float dot = 0.0f;
       for (uint f = 0; f < F; ++f) {
         const float vf = float(val[f]);
-        dot += float(g[f]) * vf;
+        dot += g[f] * vf;
         acc[f] += v[c] * vf;
       }
       s[c] = dot;
     }
-    for (uint f = 0; f < F; ++f) o[l * F + f] = T(acc[f]);
+    for (uint f = 0; f < F; ++f) ddy_out[hg_col(args, i, l * F + f)] = T(acc[f]);
     hg_accumulate_d2x(&p, ddw, s, dd, dims, dx);
   }
   for (uint d = 0; d < udims; ++d) dx_out[(ulong)i * udims + d] = dx[d];

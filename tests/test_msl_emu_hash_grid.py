@@ -44,7 +44,7 @@ def random_case(rng, dtype):
 
 
 def run_emulated(msl_emu, driver, kernel, cfg, x, p, dy, n_active, tg=64, env=None, n_aggregate=0, d3f2=False,
-                 level_group=None):
+                 level_group=None, feature_major=False):
     dtype = p.dtype
     inputs = {"positions": x, "params": p}
     if kernel != "encode":
@@ -59,6 +59,7 @@ def run_emulated(msl_emu, driver, kernel, cfg, x, p, dy, n_active, tg=64, env=No
     if level_group is not None:  # encode: levels per SIMD group (default: the host's choice)
         scalars["level_group"] = level_group
     scalars["d3f2"] = int(d3f2)
+    scalars["feature_major"] = int(feature_major)
     if kernel == "grad_params":
         scalars["n_aggregate"] = n_aggregate
     res = msl_emu.run(driver, inputs=inputs, outputs={"out": out_dtype}, scalars=scalars, env=env)
@@ -167,6 +168,36 @@ def test_d3f2_kernels_equal_the_cpu_op(msl_emu, driver, dtype):
             got = run_emulated(msl_emu, driver, "grad_params", cfg, x, p, dy, n_active, n_aggregate=n_aggregate,
                                d3f2=True)
             close(got, gp, rtol=2**-9 if half else 1e-5, atol=1e-3 if half else 1e-5)
+
+
+@pytest.mark.parametrize("d3f2", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_feature_major_layout(msl_emu, driver, dtype, d3f2):
+    """HgArgs.feature_major: out and dy [L*F, N]. The encode (the host's G = 1) writes the transpose of the
+    point-major encode, bitwise, with inactive levels zero; the position gradient of the transposed dy is bitwise
+    the point-major one, the table gradient equal up to the atomics' summation order."""
+    cfg = HashGridConfig(3, n_levels=5, n_features_per_level=2, log2_hashmap_size=9, base_resolution=4,
+                         per_level_scale=1.7)
+    rng = seeded("feature_major", dtype, d3f2)
+    n, n_active = 173, 4
+    x = rng.uniform(-0.05, 1.05, (n, 3)).astype(np.float32)
+    p = rng.uniform(-1, 1, cfg.params_shape).astype(dtype)
+    dy = rng.standard_normal((n, cfg.n_output_dims)).astype(dtype)
+    dy_t = np.ascontiguousarray(dy.T)
+    half = dtype == "float16"
+    y = run_emulated(msl_emu, driver, "encode", cfg, x, p, dy, n_active, d3f2=d3f2).reshape(n, -1)
+    y_t = run_emulated(msl_emu, driver, "encode", cfg, x, p, dy_t, n_active, d3f2=d3f2, feature_major=True)
+    assert np.array_equal(y_t.reshape(cfg.n_output_dims, n), y.T)
+    assert np.any(y) and not np.any(y[:, n_active * 2:])
+    gx = run_emulated(msl_emu, driver, "grad_positions", cfg, x, p, dy, n_active, d3f2=d3f2)
+    gx_t = run_emulated(msl_emu, driver, "grad_positions", cfg, x, p, dy_t, n_active, d3f2=d3f2, feature_major=True)
+    assert np.array_equal(gx_t, gx) and np.any(gx)
+    for n_aggregate in (0, cfg.n_levels):
+        gp = run_emulated(msl_emu, driver, "grad_params", cfg, x, p, dy, n_active, n_aggregate=n_aggregate, d3f2=d3f2)
+        gp_t = run_emulated(msl_emu, driver, "grad_params", cfg, x, p, dy_t, n_active, n_aggregate=n_aggregate,
+                            d3f2=d3f2, feature_major=True)
+        close(gp_t, gp, rtol=2**-9 if half else 1e-5, atol=1e-3 if half else 1e-5)
+        assert np.any(gp_t)
 
 
 def test_default_config_forward(msl_emu, driver):

@@ -75,11 +75,12 @@ class Scratch {
   T* ptr_ = nullptr;
 };
 
-// [N, L*F] (T) -> level-major float32 [active][N][F] for the first `active` levels.
-// Blocks of kBlock source rows (a few KB, cache-resident while every level's slice of them is copied), so each
-// source line is read from memory once.
+// dy (T; element (i, l*F + f) at i * ps + (l*F + f) * cs: Call::point_stride, column_stride) -> level-major
+// float32 [active][N][F] for the first `active` levels. [N, L*F] goes in blocks of kBlock source rows (a few KB,
+// cache-resident while every level's slice of them is copied), so each source line is read from memory once;
+// [L*F, N] (feature_major) is F contiguous rows per level.
 template <int F, typename T>
-void ToLevelMajor(const T* src, int64_t n, int L, int active, float* dst) {
+void ToLevelMajor(const T* src, int64_t n, int64_t ps, int64_t cs, int active, float* dst) {
   constexpr int64_t kBlock = 64;
   tfmo::ParallelFor(n, 2048, [&](int64_t b, int64_t e) {
     for (int64_t i0 = b; i0 < e; i0 += kBlock) {
@@ -87,7 +88,7 @@ void ToLevelMajor(const T* src, int64_t n, int L, int active, float* dst) {
       for (int l = 0; l < active; ++l) {
         float* d = dst + ((size_t)l * n) * F;
         for (int64_t i = i0; i < i1; ++i)
-          for (int f = 0; f < F; ++f) d[i * F + f] = Load<T>(src + i * L * F + l * F + f);
+          for (int f = 0; f < F; ++f) d[i * F + f] = Load<T>(src + i * ps + (l * F + f) * cs);
       }
     }
   });
@@ -299,10 +300,11 @@ TFMO_HG_INLINE void GradPosRangeBody(const HgLevel* lvp, int interp, const float
 }
 TFMO_HG_BUILDS(GradPosRange, GradPosRangeBody)
 
-// Second order, per point of one level (points [b, e)): d/d(dy) of the level's columns into out_dy [N, L*F] (T)
-// and the level's d/dx contribution added to out_dx [N, D]. gl: dy of the level, float32 [N][F].
+// Second order, per point of one level (points [b, e)): d/d(dy) of the level's columns into out_dy (T; element
+// (p, l*F + f) at p * ps + (l*F + f) * cs) and the level's d/dx contribution added to out_dx [N, D]. gl: dy of the
+// level, float32 [N][F].
 template <int D, int F, typename T, bool kAvx2>
-TFMO_HG_INLINE void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int L, int l, const float* pos,
+TFMO_HG_INLINE void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int64_t ps, int64_t cs, int l, const float* pos,
                                          const T* table, const float* gl, const float* ddx, T* out_dy,
                                          float* out_dx, int64_t b, int64_t e) {
   const HgLevel lv = *lvp;
@@ -326,8 +328,8 @@ TFMO_HG_INLINE void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int L, 
       float acc[F] = {};
       for (int c = 0; c < nc; ++c)
         for (int f = 0; f < F; ++f) acc[f] += v[c] * val[c * F + f];
-      T* o = out_dy + p * L * F + l * F;
-      for (int f = 0; f < F; ++f) o[f] = Store<T>(acc[f]);
+      T* o = out_dy + p * ps + (int64_t)l * F * cs;
+      for (int f = 0; f < F; ++f) o[f * cs] = Store<T>(acc[f]);
       float dx[HG_MAX_DIMS] = {};
       hg_accumulate_d2x(&pt, ddw, sc, dd, D, dx);
       float* ox = out_dx + p * D;
@@ -371,7 +373,8 @@ TFMO_HG_BUILDS(Scatter2Level, Scatter2LevelBody)
 
 // ---------------------------------------------------------------------------------------------------------
 // Forward. Results go level-major into scratch [active][N][F] (each level pass then writes one contiguous
-// stream instead of 8 bytes into every output row), then one pass interleaves them into [N, L*F].
+// stream instead of 8 bytes into every output row), then one pass interleaves them into [N, L*F], or
+// (feature_major) splits them into the F rows of [L*F, N] per level.
 template <int D, int F, typename T>
 void Encode(const Call& call, T* out) {
   const int L = call.cfg->n_levels;
@@ -391,6 +394,21 @@ void Encode(const Call& call, T* out) {
     });
   }
   const T zero = Store<T>(0.0f);
+  if (call.cfg->feature_major) {
+    tfmo::ParallelFor(n, 2048, [&](int64_t b, int64_t e) {
+      for (int l = 0; l < L; ++l)
+        for (int f = 0; f < F; ++f) {
+          T* row = out + ((int64_t)l * F + f) * n;
+          if (l >= active) {
+            std::fill(row + b, row + e, zero);
+            continue;
+          }
+          const T* src = tmp + (size_t)l * n * F + f;
+          for (int64_t i = b; i < e; ++i) row[i] = src[i * F];
+        }
+    });
+    return;
+  }
   tfmo::ParallelFor(n, 2048, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       T* row = out + i * L * F;
@@ -404,13 +422,12 @@ void Encode(const Call& call, T* out) {
 // ---------------------------------------------------------------------------------------------------------
 // d/dparams into `acc`, float32 [rows, F] (every row written: each task zeroes its rows right before scattering
 // into them, so zeroing and first-touch page faults are spread over the threads; inactive levels are zeroed
-// at the end); dy [N, L*F] in T.
+// at the end); dy in T (the encoded layout: Call::point_stride, column_stride).
 // The deterministic table-gradient driver shared by GradParams and the second order: zeroes acc [rows, F]
 // (each task its own rows, inactive levels at the start), converts dy to level-major float32 and runs
 // scatter(level, gl, lo, hi, split) once per (level, row range) task. Every row is summed by exactly one task.
 template <int F, typename T, class Scatter>
 void ParamTasks(const Call& call, const T* dy, float* acc, Scatter scatter) {
-  const int L = call.cfg->n_levels;
   const int active = call.n_active;
   const int64_t n = call.n;
   const int64_t rows_active = active > 0 ? (int64_t)call.levels[active - 1].offset + call.levels[active - 1].size : 0;
@@ -421,7 +438,7 @@ void ParamTasks(const Call& call, const T* dy, float* acc, Scatter scatter) {
   // dy for the active levels, level-major float32 [active][N][F]: each task then streams its level's slice.
   Scratch<float> g_buf((size_t)active * n * F, 1);
   float* g = g_buf.get();
-  ToLevelMajor<F, T>(dy, n, L, active, g);
+  ToLevelMajor<F, T>(dy, n, call.point_stride, call.column_stride, active, g);
   // Tasks: (level, split). Larger levels first so the longest tasks start early.
   const int threads = tfmo::NumThreads();
   const int splits = std::max(1, (2 * threads + active - 1) / active);
@@ -457,7 +474,6 @@ void GradParams(const Call& call, const T* dy, float* acc) {
 // d/dpositions: out float32 [N, D] (written here).
 template <int D, int F, typename T>
 void GradPositions(const Call& call, const T* dy, float* out) {
-  const int L = call.cfg->n_levels;
   const int interp = call.cfg->interpolation;
   const float* pos = call.positions.data<float>();
   const T* table = call.params.data<T>();
@@ -466,7 +482,7 @@ void GradPositions(const Call& call, const T* dy, float* out) {
   if (interp == HG_INTERP_NEAREST || call.n_active == 0) return;  // nearest: piecewise constant in x
   Scratch<float> g_buf((size_t)call.n_active * n * F, 1);
   float* g = g_buf.get();
-  ToLevelMajor<F, T>(dy, n, L, call.n_active, g);
+  ToLevelMajor<F, T>(dy, n, call.point_stride, call.column_stride, call.n_active, g);
   for (int l = 0; l < call.n_active; ++l) {
     const float* gl = g + (size_t)l * n * F;
     const HgLevel lv = call.levels[l];
@@ -477,7 +493,7 @@ void GradPositions(const Call& call, const T* dy, float* out) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Second order (gradient of GradPositions): d/d(dy) into out_dy [N, L*F] (T), d/dparams into acc [rows, F]
+// Second order (gradient of GradPositions): d/d(dy) into out_dy (dy's layout, T), d/dparams into acc [rows, F]
 // float32, d/dx into out_dx [N, D] float32; everything written here. Deterministic: per point the levels in
 // order; per table row the points in order (ParamTasks).
 template <int D, int F, typename T>
@@ -500,12 +516,13 @@ void SecondOrder(const Call& call, const float* ddx, const T* dy, T* out_dy, flo
   if (call.n_active == 0 || n == 0) return;
   Scratch<float> g_buf((size_t)call.n_active * n * F, 1);  // (ParamTasks' use of slot 1 has ended)
   float* g = g_buf.get();
-  ToLevelMajor<F, T>(dy, n, L, call.n_active, g);
+  ToLevelMajor<F, T>(dy, n, call.point_stride, call.column_stride, call.n_active, g);
   for (int l = 0; l < call.n_active; ++l) {
     const float* gl = g + (size_t)l * n * F;
     const HgLevel lv = call.levels[l];
     tfmo::ParallelFor(n, 4 * kTile, [&](int64_t b, int64_t e) {
-      Grad2PointsRange<D, F, T>(&lv, interp, L, l, pos, table, gl, ddx, out_dy, out_dx, b, e);
+      Grad2PointsRange<D, F, T>(&lv, interp, call.point_stride, call.column_stride, l, pos, table, gl, ddx, out_dy,
+                                 out_dx, b, e);
     });
   }
 }
@@ -555,7 +572,7 @@ void EncodeCompute(void* state, TF_OpKernelContext* ctx) {
   if (!tfmo::hash_grid::Prepare(ctx, state, false, "hash_grid_encode", &call)) return;
   const Config& cfg = *call.cfg;
   tfmo::TensorRef out;
-  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, (int64_t)cfg.n_levels * cfg.n_features}, &out)) return;
+  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, call.encoded_shape(), &out)) return;
   if (call.n == 0) return;
   try {
     Dispatch<EncodeK>(call, out.raw());

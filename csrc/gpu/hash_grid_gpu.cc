@@ -46,19 +46,23 @@ HgArgs MakeArgs(const Call& call) {
   a.n_levels = static_cast<uint32_t>(call.cfg->n_levels);
   a.n_active = static_cast<uint32_t>(call.n_active);
   a.interpolation = static_cast<uint32_t>(call.cfg->interpolation);
+  a.feature_major = call.cfg->feature_major ? 1u : 0u;
   // The table-gradient scatters sum runs of equal rows in the SIMD group on every level (bench/gpu_proxy.md: as
   // fast as plain atomics on uncorrelated points, 2-5x faster on ray-ordered ones, native atomics and CAS loop).
   a.n_aggregate = a.n_levels;
   return a;
 }
 
-// The encode's levels per SIMD group (hg_encode_thread): G = 8 / F (a point's G levels are 8 values, 32 bytes of
-// float32), at least 1, at most the power of two >= L (no idle lanes for a level that does not exist). The level
-// groups run one after another, so G also sets how many levels' tables are read at a time. Measured on the GPU proxy
-// (bench/gpu_proxy.md, F = 2, 16 levels of 2^19 rows): G = 4 is the fastest for float32 tables (run 5, H200:
-// 0.79 ms against 0.89 / 0.89 / 1.06 ms for G = 2 / 8 / 16; run 6, H100: 0.94 against 1.07 / 1.07 / 1.21 ms) and
-// within 2 % of the fastest for float16 ones (the fastest in run 6).
+// The encode's levels per SIMD group (hg_encode_thread). Point-major output [N, L*F]: G = 8 / F (a point's G levels
+// are 8 values, 32 bytes of float32), at least 1, at most the power of two >= L (no idle lanes for a level that
+// does not exist). The level groups run one after another, so G also sets how many levels' tables are read at a
+// time. Measured on the GPU proxy (bench/gpu_proxy.md, F = 2, 16 levels of 2^19 rows): G = 4 is the fastest for
+// float32 tables (run 5, H200: 0.79 ms against 0.89 / 0.89 / 1.06 ms for G = 2 / 8 / 16; run 6, H100: 0.94 against
+// 1.07 / 1.07 / 1.21 ms) and within 2 % of the fastest for float16 ones (the fastest in run 6). Feature-major
+// output [L*F, N]: G = 1, a SIMD group is 32 consecutive points of one level, so each of its F stores is one
+// contiguous row segment and one level's table is read at a time (tiny-cuda-nn's launch).
 uint32_t EncodeLevelGroup(const Config& cfg) {
+  if (cfg.feature_major) return 1u;
   uint32_t g = 8u / static_cast<uint32_t>(cfg.n_features);
   if (g < 1u) g = 1u;
   while (g > 1u && g / 2u >= static_cast<uint32_t>(cfg.n_levels)) g /= 2u;
@@ -152,8 +156,7 @@ void EncodeGpu(void* state, TF_OpKernelContext* ctx) {
   if (!tfmo::hash_grid::Prepare(ctx, state, false, op, &call)) return;
   const Config& cfg = *call.cfg;
   tfmo::TensorRef out;
-  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, static_cast<int64_t>(cfg.n_levels) * cfg.n_features}, &out))
-    return;
+  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, call.encoded_shape(), &out)) return;
   if (call.n == 0 || !CheckSizes(ctx, op, call)) return;
   HgArgs args = MakeArgs(call);
   args.level_group = EncodeLevelGroup(cfg);

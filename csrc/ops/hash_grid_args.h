@@ -24,6 +24,7 @@ struct Config {
   std::string grid_type_name, interpolation_name;
   TF_DataType dtype = TF_FLOAT;
   bool deterministic = false;  // GPU table gradients as fixed-point sums (the CPU kernels always are deterministic)
+  bool feature_major = false;  // encoded-shaped tensors are [L*F, N] (else [N, L*F]; hash_grid_op.cc)
   // Level tables for D = 1..4 (index D); total < 0 means the sizes overflow int32 for that D.
   std::vector<HgLevel> levels[HG_MAX_DIMS + 1];
   int64_t total[HG_MAX_DIMS + 1] = {0, 0, 0, 0, 0};
@@ -38,7 +39,7 @@ inline void* CreateConfig(TF_OpKernelConstruction* c) {
             GetAttr(c, "log2_hashmap_size", &log2t) && GetAttr(c, "base_resolution", &nmin) &&
             GetAttr(c, "per_level_scale", &b) && GetAttr(c, "grid_type", &cfg->grid_type_name) &&
             GetAttr(c, "interpolation", &cfg->interpolation_name) && GetAttr(c, "T", &cfg->dtype) &&
-            GetAttr(c, "deterministic", &cfg->deterministic);
+            GetAttr(c, "deterministic", &cfg->deterministic) && GetAttr(c, "feature_major", &cfg->feature_major);
   if (!ok) { delete cfg; return nullptr; }
   auto fail = [&](const char* fmt, auto... args) {
     ConstructionFail(c, TF_INVALID_ARGUMENT, fmt, args...);
@@ -84,6 +85,15 @@ struct Call {
   int n_active = 0;     // active levels (l < n_active)
   int64_t rows = 0;     // table rows E
   const HgLevel* levels = nullptr;
+  // Element (point i, column k = l*F + f) of the encoded-shaped tensors (encoded, grad, grad_grad) sits at
+  // i * point_stride + k * column_stride: (L*F, 1) for [N, L*F]; (1, N) for feature_major's [L*F, N].
+  int64_t point_stride = 0, column_stride = 0;
+
+  // The shape of encoded, grad and grad_grad.
+  std::vector<int64_t> encoded_shape() const {
+    const int64_t cols = static_cast<int64_t>(cfg->n_levels) * cfg->n_features;
+    return cfg->feature_major ? std::vector<int64_t>{cols, n} : std::vector<int64_t>{n, cols};
+  }
 };
 
 // Number of active levels for a max_level tensor (see hash_grid_op.cc). Returns false after failing ctx.
@@ -153,12 +163,17 @@ inline bool Prepare(TF_OpKernelContext* ctx, void* state, bool has_grad, const c
     if (g.dtype() != cfg.dtype)
       return Fail(ctx, TF_INVALID_ARGUMENT, "%s: grad must be %s, got %s", op, DataTypeName(cfg.dtype),
                   DataTypeName(g.dtype()));
-    if (g.rank() != 2 || g.dim(0) != pos.dim(0) || g.dim(1) != (int64_t)L * F)
-      return Fail(ctx, TF_INVALID_ARGUMENT, "%s: grad must have shape [%lld, %d], got %s", op, (long long)pos.dim(0),
-                  L * F, ShapeString(g).c_str());
+    const int64_t rows_want = cfg.feature_major ? (int64_t)L * F : pos.dim(0);
+    const int64_t cols_want = cfg.feature_major ? pos.dim(0) : (int64_t)L * F;
+    if (g.rank() != 2 || g.dim(0) != rows_want || g.dim(1) != cols_want)
+      return Fail(ctx, TF_INVALID_ARGUMENT, "%s: grad must have shape [%lld, %lld] (%s), got %s", op,
+                  (long long)rows_want, (long long)cols_want,
+                  cfg.feature_major ? "[L*F, N]: feature_major" : "[N, L*F]", ShapeString(g).c_str());
   }
   if (!ActiveLevels(ctx, op, call->max_level, L, &call->n_active)) return false;
   call->n = pos.dim(0);
+  call->point_stride = cfg.feature_major ? 1 : (int64_t)L * F;
+  call->column_stride = cfg.feature_major ? call->n : 1;
   call->dims = (int)D;
   call->rows = total;
   call->levels = cfg.levels[D].data();
@@ -179,7 +194,7 @@ inline bool ReadSecondOrder(TF_OpKernelContext* ctx, void* state, const char* op
   return true;
 }
 
-// One call of the second-order op: its inputs (Call, ddx) and outputs grad_grad [N, L*F] T, grad_params [E, F] T,
+// One call of the second-order op: its inputs (Call, ddx) and outputs grad_grad (grad's shape) T, grad_params [E, F] T,
 // grad_positions [N, D] float32; param_elems = E * F.
 struct SecondOrderOutputs {
   TensorRef dy, params, dx;
@@ -198,7 +213,7 @@ inline bool PrepareSecondOrder(TF_OpKernelContext* ctx, void* state, SecondOrder
   if (!ReadSecondOrder(ctx, state, so->op, call, &so->ddx)) return false;
   const Config& cfg = *call->cfg;
   so->param_elems = call->rows * cfg.n_features;
-  return AllocateOutput(ctx, 0, cfg.dtype, {call->n, static_cast<int64_t>(cfg.n_levels) * cfg.n_features}, &so->out.dy) &&
+  return AllocateOutput(ctx, 0, cfg.dtype, call->encoded_shape(), &so->out.dy) &&
          AllocateOutput(ctx, 1, cfg.dtype, {call->rows, static_cast<int64_t>(cfg.n_features)}, &so->out.params) &&
          AllocateOutput(ctx, 2, TF_FLOAT, {call->n, static_cast<int64_t>(call->dims)}, &so->out.dx);
 }

@@ -4,6 +4,11 @@
 // HashGridEncodeGradParams(grad [N, L*F] T, positions, params, max_level) -> grad_params [E, F] T
 // HashGridEncodeGradPositions(grad [N, L*F] T, positions, params, max_level) -> grad_positions [N, D] float32
 //
+// Layout of encoded and of every tensor shaped like it (grad, grad_grad): [N, L*F], point-major (level l's F
+// features at columns l*F .. l*F+F-1), or with feature_major (default false) its transpose [L*F, N]: row l*F + f
+// holds feature f of level l for every point (tiny-cuda-nn's layout, which its fused MLP reads; a matmul takes it
+// with transpose_a). The GPU encode then writes whole rows of consecutive points (metal_kernels/hash_grid.metal).
+//
 // Attrs (validated by the kernels, which fail with InvalidArgument naming the attr): n_levels L in 1..32,
 // n_features_per_level F in {1,2,4,8}, log2_hashmap_size in 1..24, base_resolution >= 1, per_level_scale >= 1
 // (finest scale <= 2^24), grid_type "hash" | "dense" | "tiled", interpolation "linear" | "smoothstep" | "nearest".
@@ -26,8 +31,9 @@
 //   gradient is identically zero); linear: grad_positions has only the mixed partials (d^2/dx_k^2 = 0 in a cell).
 //
 // The two gradient ops are separate so a graph that needs only one of them runs only that one.
-// Shape functions give [N, ?] for encoded (L is an attr and the C API shape context cannot read int attrs;
-// the Python wrapper sets the static shape), params' shape for grad_params, positions' for grad_positions.
+// Shape functions give [?, ?] for encoded (L and feature_major are attrs, which the C API shape context cannot
+// read; the Python wrapper sets the static shape), params' shape for grad_params, positions' for grad_positions,
+// grad's for grad_grad.
 #include "common/op_names.h"
 #include "common/shape_fns.h"
 #include "common/tfc.h"
@@ -40,20 +46,19 @@ const std::initializer_list<const char*> kAttrs = {
     "n_levels: int", "n_features_per_level: int", "log2_hashmap_size: int", "base_resolution: int",
     "per_level_scale: float", "grid_type: string", "interpolation: string",
     "T: {float, half}", "Tlevel: {int32, float}", "deterministic: bool = false",
+    "feature_major: bool = false",
 };
 
 // Every op's inputs end with positions [N, D], params [E, F] and the scalar max_level; the gradient ops' inputs
 // before them (the incoming gradients) have rank 2.
 
 void EncodeShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
-  Shape pos, n, out;
-  if (!tfmo::InputsWithRanks(ctx, 0, {2, 2, 0}, status) || !tfmo::InputWithRank(ctx, 0, 2, &pos, status) ||
-      !tfmo::Subshape(ctx, pos, 0, 1, &n, status))
-    return;
+  if (!tfmo::InputsWithRanks(ctx, 0, {2, 2, 0}, status)) return;
+  Shape out;
   // Vector(size_t(-1)) is a vector of one unknown dimension (-1 is TF's unknown-dim marker).
-  TF_ShapeHandle* cols = TF_ShapeInferenceContextVectorFromSize(ctx, static_cast<size_t>(-1));
-  if (tfmo::Concatenate(ctx, n.h, cols, &out, status)) tfmo::SetOutputs(ctx, {&out}, status);
-  TF_DeleteShapeHandle(cols);
+  TF_ShapeHandle* dim = TF_ShapeInferenceContextVectorFromSize(ctx, static_cast<size_t>(-1));
+  if (tfmo::Concatenate(ctx, dim, dim, &out, status)) tfmo::SetOutputs(ctx, {&out}, status);
+  TF_DeleteShapeHandle(dim);
 }
 
 // First-order gradient ops: grad [N, L*F], positions, params, max_level; the output has the shape of input kLike.

@@ -73,6 +73,7 @@ struct HgArgs {
   uint order;         // deterministic table gradient: 1 (grad_params) or 2 (grad2_params), for the exponents
   uint slot;          // hash_grid_abs_max: the word of the fixed-point header it raises (HG_FIXED_*_MAX)
   uint level_group;   // encode: G levels of 32 / G points per SIMD group (G a power of two <= 32; hg_encode_thread)
+  uint feature_major; // encoded-shaped tensors (out, dy, d/d(dy)) are [L*F, N] when 1, else [N, L*F] (hg_col)
 };
 
 // The deterministic table gradient's header words and flag bits (metal_kernels/hash_grid.metal, HgFixedSink).

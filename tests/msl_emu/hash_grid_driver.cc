@@ -5,6 +5,7 @@
 //       base_resolution= per_level_scale= grid_type=0|1|2 interpolation=0|1|2 n_active= [tg=64]
 //       [n_aggregate=0] (grad_params: levels below it sum runs of equal rows in the SIMD group)
 //       [d3f2=0] (every kernel: the D=3, F=2, linear one)
+//       [feature_major=0] (out and dy [L*F, N] instead of [N, L*F]; the host's G is then 1)
 //       in:positions:float32:N*D  in:params:DTYPE:ROWS*F  [in:dy:DTYPE:N*L*F]   scalar dims=D
 //       out:out=PATH  (encode: [N*L*F] DTYPE; grad_params: [ROWS*F] DTYPE; grad_positions: [N*D] float32)
 // Outputs are pre-filled with a poison value where the kernel must write every element.
@@ -25,6 +26,7 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
   args.interpolation = h.scalar<uint>("interpolation");
   args.n_active = h.scalar<uint>("n_active");
   args.n_aggregate = h.scalar<uint>("n_aggregate", 0);
+  args.feature_major = h.scalar<uint>("feature_major", 0) != 0 ? 1u : 0u;
   // The D=3, F=2, linear scatter kernel (the host launches it for that configuration).
   const bool d3f2 = h.scalar<int>("d3f2", 0) != 0;
   if (d3f2 && !(args.dims == 3 && args.n_features == 2 && args.interpolation == HG_INTERP_LINEAR))
@@ -47,6 +49,7 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
     for (auto& v : out) v = T(12345.0f);  // poison: every element must be written
     uint host_g = 8 / F > 0 ? 8 / F : 1;  // the host's EncodeLevelGroup
     while (host_g > 1 && host_g / 2 >= L) host_g /= 2;
+    if (args.feature_major) host_g = 1;
     args.level_group = h.scalar<uint>("level_group", host_g);
     const uint G = args.level_group;
     if (G == 0 || G > 32 || (G & (G - 1)) != 0) msl_emu::Harness::fail("level_group must be a power of two <= 32");
