@@ -43,6 +43,7 @@ CASES = [
     ("hash_grid", 0, {}),
     ("hash_grid_edges", 0, {}),
     ("hash_grid_second_order", 0, {}),
+    ("hash_grid_feature_major", 0, {}),
     ("volume_render", 0, {}),
     ("volume_render", 1, {"TF_METAL_OPS_SYNC": "1"}),
     ("distortion_loss", 0, {}),

@@ -341,6 +341,66 @@ def check_hash_grid_deterministic(seed):
     return f"{cases} configurations, non-finite dy; digest {digest.hexdigest()[:16]}"
 
 
+def check_hash_grid_feature_major(seed):
+    """feature_major=True ([L*F, N] encodings and gradients) on /GPU:0: the encode (the host's G = 1) bitwise the
+    transpose of the point-major GPU encode and equal to the CPU kernel's, first- and second-order gradients of a
+    transposed dy (float atomics and the deterministic fixed-point sums) against the CPU kernel, the _d3f2 kernels
+    and the general ones, both table dtypes, inactive levels."""
+    from tf_metal_ops._library import ops
+
+    rng = np.random.default_rng(seed)
+    cases = 0
+    for d, f, interpolation in ((3, 2, "linear"), (2, 4, "smoothstep"), (3, 1, "linear")):
+        for dtype in (np.float32, np.float16):
+            cfg = HashGridConfig(d, n_levels=5, n_features_per_level=f, log2_hashmap_size=8, base_resolution=4,
+                                 per_level_scale=1.7, interpolation=interpolation)
+            n, max_level = int(rng.choice([65, 300])), 4
+            x = random_positions(rng, n, d)
+            p = rng.uniform(-1, 1, cfg.params_shape).astype(dtype)
+            dy_t = rng.standard_normal((cfg.n_output_dims, n)).astype(dtype)
+            ddx = rng.standard_normal((n, d)).astype(np.float32)
+            suffix = "float16" if dtype == np.float16 else "float32"
+            d3f2 = "_d3f2" if (d, f, interpolation) == (3, 2, "linear") else ""
+            what = f"D={d} F={f} {interpolation} {suffix} N={n}"
+            res = {}
+            for device in (GPU, CPU):
+                with tf.device(device):
+                    xv, pv, dyv = tf.constant(x), tf.constant(p), tf.constant(dy_t)
+                    with Dispatches() as ran:
+                        with tf.GradientTape(persistent=True) as tape:
+                            tape.watch([xv, pv])
+                            y = t.hash_grid_encode(xv, pv, max_level=max_level, feature_major=True,
+                                                   **cfg.op_kwargs())
+                        gp, gx = tape.gradient(y, [pv, xv], output_gradients=dyv)
+                        so = ops().hash_grid_encode_grad_positions_grad(
+                            tf.constant(ddx), dyv, xv, pv, tf.constant(max_level), feature_major=True,
+                            **cfg.op_kwargs())
+                        det = hash_grid_encode_params_grad(xv, pv, dyv, max_level=max_level, feature_major=True,
+                                                           deterministic=True, **cfg.op_kwargs())
+                        y_pm = t.hash_grid_encode(xv, pv, max_level=max_level, **cfg.op_kwargs())
+                    if device == GPU:
+                        ran.require(f"hash_grid_encode{d3f2}_{suffix}", f"hash_grid_grad_params{d3f2}_{suffix}",
+                                    f"hash_grid_grad_positions{d3f2}_{suffix}", f"hash_grid_grad2_points{d3f2}_{suffix}",
+                                    f"hash_grid_grad_params_det{d3f2}_{suffix}")
+                        for v in (y, gp, gx, *so, det):
+                            on_gpu(v)
+                    res[device] = [np.asarray(v) for v in (y, gp, gx, *so, det)] + [np.asarray(y_pm)]
+            g, c = res[GPU], res[CPU]
+            assert g[0].shape == (cfg.n_output_dims, n), g[0].shape
+            assert np.array_equal(g[0], g[-1].T), f"feature-major encode is not the point-major one transposed: {what}"
+            assert not g[0][max_level * f:].any() and g[0][:max_level * f].any(), what
+            f16 = dtype == np.float16
+            for name, a, b, rtol in (("forward", g[0], c[0], 1e-5), ("d/dparams", g[1], c[1], 1e-4),
+                                     ("d/dpositions", g[2], c[2], 1e-5), ("second order d/d(dy)", g[3], c[3], 1e-5),
+                                     ("second order d/dparams", g[4], c[4], 1e-4),
+                                     ("second order d/dpositions", g[5], c[5], 1e-5),
+                                     ("deterministic d/dparams", g[6], c[6], 1e-4)):
+                scale = max(1.0, float(np.abs(np.asarray(b, np.float64)).max()))
+                close(a, b, 2e-3 if f16 else rtol, (2e-3 if f16 else rtol) * scale, f"feature-major {name} {what}")
+            cases += 1
+    return f"{cases} configurations"
+
+
 def check_hash_grid_without_float_atomics(seed):
     """On a GPU without atomic_float (the Metal backend on a device without Metal 3, TFMO_MOCK_METAL_NO_METAL3=1; the
     direct backend at MSL 2.4) both table gradients are fixed-point sums by default (csrc/gpu/hash_grid_gpu.cc

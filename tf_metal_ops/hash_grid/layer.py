@@ -52,7 +52,9 @@ class HashGridEncoding(keras.layers.Layer):
     """Multiresolution hash-grid encoding (Instant-NGP) with its trainable table.
 
     Input ``[..., D]`` positions in [0, 1] (D = 1..4, from the input's last dim at build time); output
-    ``[..., n_levels * n_features_per_level]``, level-major. The table ``[total_entries, F]`` is initialised
+    ``[..., n_levels * n_features_per_level]``, level-major, or with ``feature_major=True`` its transpose
+    ``[n_levels * n_features_per_level, ...]`` (tiny-cuda-nn's layout, the GPU encode's fastest: see
+    :func:`~tf_metal_ops.hash_grid.ops.hash_grid_encode`). The table ``[total_entries, F]`` is initialised
     uniform in ±1e-4. ``implementation``: "op" (the compiled kernels; no XLA inside the layer), "pure_tf" (plain
     TF ops, XLA-compatible) or "auto" (the op when the library loads, else pure TF with a warning).
     Call argument ``max_level`` (coarse-to-fine training): an int k keeps the first k levels, a float m keeps levels
@@ -64,6 +66,9 @@ class HashGridEncoding(keras.layers.Layer):
       >>> y = enc(tf.random.stateless_uniform([5, 3], seed=[1, 2]))
       >>> y.shape, enc.table.shape
       (TensorShape([5, 8]), TensorShape([4096, 2]))
+      >>> enc_t = tf_metal_ops.HashGridEncoding(n_levels=4, log2_hashmap_size=10, feature_major=True)
+      >>> enc_t(tf.zeros([5, 3])).shape
+      TensorShape([8, 5])
     """
 
     def __init__(
@@ -76,6 +81,7 @@ class HashGridEncoding(keras.layers.Layer):
         grid_type="hash",
         interpolation="linear",
         implementation="auto",
+        feature_major=False,
         **kwargs,
     ):
         kwargs.pop("autocast", None)
@@ -92,6 +98,9 @@ class HashGridEncoding(keras.layers.Layer):
             interpolation=interpolation,
         )
         HashGridConfig(1, **self._options)  # validate now (D is checked at build)
+        if not isinstance(feature_major, bool):
+            raise ValueError(f"HashGridEncoding: feature_major must be True or False, got {feature_major!r}")
+        self.feature_major = feature_major
         self.implementation = implementation
         self.resolved_implementation, self._encode = resolve_implementation(implementation)
         self.supports_jit = self.resolved_implementation == "pure_tf"  # keras' jit_compile="auto" reads this
@@ -120,15 +129,19 @@ class HashGridEncoding(keras.layers.Layer):
             lead = tf.shape(x)[:-1]
             x = tf.reshape(x, [-1, cfg.n_input_dims])
         params = tf.cast(self.table, self.compute_dtype) if self.table.dtype != self.compute_dtype else self.table
-        kwargs = dict(self._options)
+        kwargs = dict(self._options, feature_major=self.feature_major)
         if max_level is not None:
             kwargs["max_level"] = max_level
         y = self._encode(x, params, **kwargs)
-        return tf.reshape(y, tf.concat([lead, [cfg.n_output_dims]], axis=0)) if flat else y
+        if not flat:
+            return y
+        shape = [[cfg.n_output_dims], lead] if self.feature_major else [lead, [cfg.n_output_dims]]
+        return tf.reshape(y, tf.concat(shape, axis=0))
 
     def table_gradient(self, inputs, output_gradients, max_level=None):
         """The gradient of ``sum(self(inputs) * output_gradients)`` w.r.t. the table (``inputs [N, D]``,
-        ``output_gradients [N, n_levels * F]``), without the forward pass on the op implementation
+        ``output_gradients`` shaped like the output: ``[N, n_levels * F]``, or ``[n_levels * F, N]`` when
+        feature-major), without the forward pass on the op implementation
         (:func:`~tf_metal_ops.hash_grid.ops.hash_grid_encode_params_grad`; pure TF: a tape over the forward). For
         data-parallel training that all-gathers per-sample output gradients instead of all-reducing the table's.
 
@@ -145,21 +158,25 @@ class HashGridEncoding(keras.layers.Layer):
         params = tf.cast(self.table, self.compute_dtype) if self.table.dtype != self.compute_dtype else self.table
         dy = tf.cast(output_gradients, params.dtype)
         if self.resolved_implementation == "op":
-            g = hash_grid_encode_params_grad(x, params, dy, max_level=max_level, **self._options)
+            g = hash_grid_encode_params_grad(x, params, dy, max_level=max_level, feature_major=self.feature_major,
+                                             **self._options)
         else:
             params = tf.convert_to_tensor(params)
             with tf.GradientTape() as tape:
                 tape.watch(params)
-                y = self._encode(x, params, **self._options, **({} if max_level is None else dict(max_level=max_level)))
+                y = self._encode(x, params, feature_major=self.feature_major, **self._options,
+                                 **({} if max_level is None else dict(max_level=max_level)))
             g = tape.gradient(y, params, output_gradients=dy)
         return tf.cast(tf.convert_to_tensor(g), self.table.dtype)  # pure TF: IndexedSlices -> dense
 
     def compute_output_shape(self, input_shape):
-        return tuple(input_shape[:-1]) + (self._options["n_levels"] * self._options["n_features_per_level"],)
+        cols = (self._options["n_levels"] * self._options["n_features_per_level"],)
+        return cols + tuple(input_shape[:-1]) if self.feature_major else tuple(input_shape[:-1]) + cols
 
     def get_config(self):
         config = super().get_config()
         config.update(self._options)
         config["per_level_scale"] = float(self._options["per_level_scale"])
         config["implementation"] = self.implementation
+        config["feature_major"] = self.feature_major
         return config

@@ -47,6 +47,9 @@ from tf_metal_ops.hash_grid.config import HashGridConfig
 
 __all__ = ["hash_grid_encode", "hash_grid_encode_params_grad"]
 
+# Attrs the gradients copy from the forward op besides the config (_ATTRS).
+_CALL_ATTRS = ("deterministic", "feature_major")
+
 _ATTRS = (
     "n_levels",
     "n_features_per_level",
@@ -96,6 +99,18 @@ def _deterministic(fn, value):
     return value
 
 
+def _feature_major(fn, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"{fn}: feature_major must be True or False, got {value!r}")
+    return value
+
+
+def _encoded_shape(positions, cfg, feature_major):
+    """The static shape of the encoding (and of its gradient): [N, L*F], or [L*F, N] when feature-major."""
+    n = positions.shape[0] if positions.shape.rank == 2 else None
+    return [cfg.n_output_dims, n] if feature_major else [n, cfg.n_output_dims]
+
+
 def _checked_inputs(fn, positions, params, options):
     """(positions, params, HashGridConfig) after the static checks of ``fn``'s arguments (ValueError)."""
     positions = tf.convert_to_tensor(positions)
@@ -134,10 +149,14 @@ def hash_grid_encode(
     interpolation="linear",
     max_level=None,
     deterministic=None,
+    feature_major=False,
     name=None,
 ):
     """Encodes ``positions [N, D]`` (float32 in [0,1], D = 1..4) with the tables ``params [total_entries, F]``
-    (float32 or float16) into ``[N, n_levels * F]`` in params' dtype, level-major.
+    (float32 or float16) into ``[N, n_levels * F]`` in params' dtype, level-major (level l's features at columns
+    l*F .. l*F+F-1); with ``feature_major=True`` into its transpose ``[n_levels * F, N]`` (tiny-cuda-nn's layout:
+    the GPU kernel then writes whole rows and reads one level's table at a time, its fastest form; a following
+    dense layer takes it as ``tf.matmul(y, w, transpose_a=True)``). Gradients flow in the same layout.
 
     ``params`` must have ``hash_grid_table_layout(D, ...).params_shape``. Positions outside [0,1] are clamped
     (NaN -> 0) and get zero position gradient. ``max_level``: None = all levels; an int k = the first k levels
@@ -158,6 +177,10 @@ def hash_grid_encode(
       TensorShape([2, 8])
       >>> print(np.round(y.numpy()[1], 3))
       [0.571 0.714 0.714 0.857 0.857 0.    0.143 0.286]
+      >>> y_t = tf_metal_ops.hash_grid_encode([[0.1, 0.2, 0.3], [0.5, 0.5, 0.5]], params, feature_major=True,
+      ...                                     **cfg.op_kwargs())
+      >>> y_t.shape, bool(tf.reduce_all(y_t == tf.transpose(y)))
+      (TensorShape([8, 2]), True)
     """
     options = dict(
         n_levels=n_levels,
@@ -169,6 +192,7 @@ def hash_grid_encode(
         interpolation=interpolation,
     )
     det = _deterministic("hash_grid_encode", deterministic)
+    fm = _feature_major("hash_grid_encode", feature_major)
     with tf.name_scope(name or "hash_grid_encode"):
         positions, params, cfg = _checked_inputs("hash_grid_encode", positions, params, options)
         level = _max_level_tensor(max_level, cfg.n_levels)
@@ -177,24 +201,26 @@ def hash_grid_encode(
             params,
             level,
             deterministic=det,
+            feature_major=fm,
             **{k: getattr(cfg, k) for k in _ATTRS},
         )
-        out.set_shape([positions.shape[0] if positions.shape.rank == 2 else None, cfg.n_output_dims])
+        out.set_shape(_encoded_shape(positions, cfg, fm))
         return out
 
 
 _DEFAULT_OPTIONS = {k: inspect.signature(hash_grid_encode).parameters[k].default for k in _ATTRS}
 
 
-def hash_grid_encode_params_grad(positions, params, output_grad, *, max_level=None, deterministic=None, name=None,
-                                 **options):
+def hash_grid_encode_params_grad(positions, params, output_grad, *, max_level=None, deterministic=None,
+                                 feature_major=False, name=None, **options):
     """The gradient of ``sum(hash_grid_encode(positions, params, **options) * output_grad)`` w.r.t. ``params``,
     computed without the forward pass (the registered gradient's op, called directly): equal, bitwise on the CPU, to
     ``tape.gradient(hash_grid_encode(positions, params, ...), params, output_gradients=output_grad)``.
 
     For data-parallel training that exchanges the per-sample output gradients ``[N, n_levels * F]`` (and the
     positions) instead of the dense table gradient: each worker then computes the table gradient of the whole
-    batch itself. ``options``, ``deterministic``: those of :func:`hash_grid_encode` (the same defaults).
+    batch itself. ``options``, ``deterministic``, ``feature_major`` (``output_grad`` then ``[n_levels * F, N]``):
+    those of :func:`hash_grid_encode` (the same defaults).
 
     Example:
       >>> import tensorflow as tf
@@ -209,25 +235,27 @@ def hash_grid_encode_params_grad(positions, params, output_grad, *, max_level=No
     unknown = set(options) - set(_ATTRS)
     if unknown:
         raise ValueError(f"hash_grid_encode_params_grad: unknown options {sorted(unknown)}")
+    fm = _feature_major("hash_grid_encode_params_grad", feature_major)
     with tf.name_scope(name or "hash_grid_encode_params_grad"):
         positions, params, cfg = _checked_inputs("hash_grid_encode_params_grad", positions, params, options)
         dy = tf.convert_to_tensor(output_grad)
         if dy.dtype != params.dtype:
             raise ValueError(f"hash_grid_encode_params_grad: output_grad must have params' dtype {params.dtype.name}, "
                              f"got {dy.dtype.name}")
-        if dy.shape.rank is not None and dy.shape.rank == 2 and not dy.shape.is_compatible_with(
-                [positions.shape[0], cfg.n_output_dims]):
-            raise ValueError(f"hash_grid_encode_params_grad: output_grad must have shape [N, {cfg.n_output_dims}] "
+        want = _encoded_shape(positions, cfg, fm)
+        if dy.shape.rank is not None and not dy.shape.is_compatible_with(want):
+            layout = f"[{cfg.n_output_dims}, N] (feature_major)" if fm else f"[N, {cfg.n_output_dims}]"
+            raise ValueError(f"hash_grid_encode_params_grad: output_grad must have shape {layout} "
                              f"with N = positions' rows ({positions.shape[0]}), got {dy.shape}")
         level = _max_level_tensor(max_level, cfg.n_levels)
         return ops().hash_grid_encode_grad_params(
             dy, positions, params, level, deterministic=_deterministic("hash_grid_encode_params_grad", deterministic),
-            **{k: getattr(cfg, k) for k in _ATTRS})
+            feature_major=fm, **{k: getattr(cfg, k) for k in _ATTRS})
 
 
 def _attrs(op):
     out = {}
-    for k in _ATTRS + ("deterministic",):
+    for k in _ATTRS + _CALL_ATTRS:
         v = op.get_attr(k)
         out[k] = v.decode() if isinstance(v, bytes) else v
     return out

@@ -188,13 +188,24 @@ def hash_grid_encode(
     interpolation="linear",
     max_level=None,
     deterministic=None,
+    feature_major=False,
     name=None,
 ):
     """Pure-TF drop-in for ``tf_metal_ops.hash_grid_encode`` (same signature and semantics). ``deterministic`` is
     checked as there; the table gradient is TensorFlow's own scatter, whose determinism TF's op-determinism setting
-    governs."""
+    governs. ``feature_major``: the output transposed, ``[n_levels * F, N]``.
+
+    Example:
+      >>> import tensorflow as tf
+      >>> from tf_metal_ops.hash_grid import HashGridConfig, pure_tf
+      >>> cfg = HashGridConfig(2, n_levels=2, n_features_per_level=2, log2_hashmap_size=6)
+      >>> pure_tf.hash_grid_encode([[0.25, 0.5]], tf.ones(cfg.params_shape), feature_major=True, **cfg.op_kwargs()).shape
+      TensorShape([4, 1])
+    """
     if deterministic is not None and not isinstance(deterministic, bool):
         raise ValueError(f"hash_grid_encode: deterministic must be True, False or None, got {deterministic!r}")
+    if not isinstance(feature_major, bool):
+        raise ValueError(f"hash_grid_encode: feature_major must be True or False, got {feature_major!r}")
     x = tf.convert_to_tensor(positions)
     if x.shape.rank != 2 or x.shape[-1] is None:
         raise ValueError(f"hash_grid_encode: positions must be [N, D] with a static D, got shape {x.shape}")
@@ -209,4 +220,5 @@ def hash_grid_encode(
         interpolation=interpolation,
     )
     with tf.name_scope(name or "hash_grid_encode_pure_tf"):
-        return encode(x, params, cfg, max_level=max_level)
+        out = encode(x, params, cfg, max_level=max_level)
+        return tf.transpose(out) if feature_major else out
