@@ -27,7 +27,8 @@ import numpy as np
 HG_LEVEL = np.dtype([("offset", "<u4"), ("size", "<u4"), ("resolution", "<u4"), ("mode", "<u4"),
                      ("n_stride_dims", "<u4"), ("scale", "<f4"), ("stride", "<u4", (4,))])
 HG_ARGS = np.dtype([(n, "<u4") for n in ("n", "dims", "n_features", "n_levels", "n_active", "interpolation", "count",
-                                         "n_aggregate", "order", "slot", "level_group")])
+                                         "n_aggregate", "order", "slot", "level_group",
+                                         "feature_major")])
 VR_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4"), ("C", "<u4"), ("bg_mode", "<u4"), ("threshold", "<f4")])
 DL_PARAMS = np.dtype([("R", "<u4"), ("S", "<u4")])
 VRP_PARAMS = np.dtype([("R", "<u4"), ("N", "<u4"), ("C", "<u4"), ("bg_mode", "<u4"), ("threshold", "<f4")])
@@ -274,6 +275,7 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
     args = struct(HG_ARGS, n=n, dims=D, n_features=F, n_levels=n_levels, n_active=n_levels, interpolation=1,
                   count=rows * F)
     arrays = {"x": x, "params": params, "params16": params.astype(np.float16), "dy": dy, "dy16": dy.astype(np.float16),
+              "dy_fm": np.ascontiguousarray(dy.T),
               "ddx": ddx, "levels": levels, "args": args,
               "out": np.zeros((n, n_levels * F), np.float32), "out16": np.zeros((n, n_levels * F), np.float16),
               "out_fm": np.zeros((n_levels * F, n), np.float32), "out16_fm": np.zeros((n_levels * F, n), np.float16),
@@ -351,6 +353,19 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                                   arrays, lambda half=half, o=o: {o: first(ref(half)["out"], enc_tol(ref(half), half))},
                                   ("case", f"hg_gather_{bt} (bare, tcnn launch, tcnn layout)"),
                                   note="bound: tiny-cuda-nn's launch and output layout"))
+        # feature_major=True: out [L*F, N] (tiny-cuda-nn's layout), the host's G = 1 (EncodeLevelGroup).
+        arrays["args_enc_fm"] = struct(HG_ARGS, n=n, dims=D, n_features=F, n_levels=n_levels, n_active=n_levels,
+                                       interpolation=1, level_group=1, feature_major=1)
+        for kernel in ("d3f2", "general"):
+            name = "hash_grid_encode" + ("_d3f2" if kernel == "d3f2" else "") + f"_{t}"
+            cases.append(Case(f"{name}, feature-major, G=1" + (" (host)" if kernel == "d3f2" else ""), "hash_grid",
+                              [Launch("hash_grid", name,
+                                      [("buf", "x"), ("buf", p), ("buf", "levels"), ("buf", "args_enc_fm"),
+                                       ("buf", ofm)], ((n + 31) // 32 * n_levels * 32, 1, 1), enc_group)],
+                              arrays, lambda half=half, ofm=ofm: {ofm: (ref(half)["out"].T, enc_tol(ref(half), half).T,
+                                                                       (slice(None), slice(0, check_points)))},
+                              ("case", f"hg_gather_{bt} (bare, tcnn launch, tcnn layout)"),
+                              note="bound: tiny-cuda-nn's launch and output layout"))
 
 
     def gp_expect(half=False, second=False):
@@ -368,6 +383,11 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
 
     cases.append(scatter_case("f32", "dy"))
     cases.append(scatter_case("f16", "dy16"))
+    cases.append(Case("hg_scatter_f32 (bare, tcnn launch, float atomics, tcnn layout)", "hash_grid",
+                      [Launch("baselines", "hg_scatter_f32_F2_D3_feature_major",
+                              [("buf", "dy_fm"), ("buf", "x"), ("buf", "levels"), ("u32", n), ("u32", n_levels),
+                               ("buf", "acc")], blocks, (512, 1, 1), msl=False)],
+                      arrays, gp_expect, ("copy", nbytes(arrays, "x", "dy_fm", "acc")), setup=zero_acc))
     # Aggregation policies of the table-gradient scatters (HgArgs.n_aggregate: levels l < n_aggregate sum runs of
     # equal rows in the SIMD group before their atomics): none, and all levels (the host's choice).
     policies = (("plain atomics", 0), ("run sums", n_levels))
@@ -407,6 +427,16 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                                           [("buf", "dy"), ("buf", xname), ("buf", "levels"), ("buf", f"args_agg{k}"),
                                            ("buf", "acc")], grid2, tg)],
                                   arrays, expect, ("case", bare), setup=zero_acc))
+    # feature_major=True: dy [L*F, N], the host's kernel and policy (run sums).
+    arrays["args_agg_fm"] = struct(HG_ARGS, n=n, dims=D, n_features=F, n_levels=n_levels, n_active=n_levels,
+                                   interpolation=1, count=rows * F, n_aggregate=n_levels, feature_major=1)
+    cases.append(Case("hash_grid_grad_params_d3f2_float32, native float atomics (MSL 3.0), random points, run sums, "
+                      "feature-major", "hash_grid",
+                      [Launch("hash_grid", "hash_grid_grad_params_d3f2_float32",
+                              [("buf", "dy_fm"), ("buf", "x"), ("buf", "levels"), ("buf", "args_agg_fm"),
+                               ("buf", "acc")], grid2, tg)],
+                      arrays, gp_expect, ("case", "hg_scatter_f32 (bare, tcnn launch, float atomics, tcnn layout)"),
+                      setup=zero_acc))
     cases.append(Case("hash_grid_grad_params_d3f2_float16 (float32 accumulation), random points, run sums", "hash_grid",
                       [Launch("hash_grid", "hash_grid_grad_params_d3f2_float16",
                               [("buf", "dy16"), ("buf", "x"), ("buf", "levels"), ("buf", f"args_agg{n_levels}"),

@@ -40,10 +40,11 @@ using namespace metal;
 #include "hash_grid_math.h"
 
 // Offset of element (point i, column k = l*F + f) in the encoded-shaped buffers (out, dy, d/d(dy)): [N, L*F], or
-// [L*F, N] when args.feature_major (tiny-cuda-nn's layout).
+// [L*F, N] when args.feature_major (tiny-cuda-nn's layout); hg_col_stride: from column k to k + 1.
 TFMO_FN ulong hg_col(constant HgArgs& args, uint i, uint k) {
   return args.feature_major ? (ulong)k * args.n + i : (ulong)i * (args.n_levels * args.n_features) + k;
 }
+TFMO_FN uint hg_col_stride(constant HgArgs& args) { return args.feature_major ? args.n : 1u; }
 
 // Float atomic add on device memory.
 TFMO_FN void hg_atomic_add(device float* addr, float v) {
@@ -157,11 +158,11 @@ TFMO_FN void hg_encode_level(device const float* positions, device const T* para
 
 template <typename T, uint DIMS, uint FEAT, int INTERP>
 TFMO_FN void hg_encode_store(device const float* positions, device const T* params, constant HgLevel* levels,
-                            constant HgArgs& args, device T* out, uint i, uint l) {
+                            constant HgArgs& args, device T* o, uint fs, uint i, uint l) {
   float acc[HG_MAX_FEATURES];
   hg_encode_level<T, DIMS, FEAT, INTERP>(positions, params, levels, args, i, l, acc);
   const uint F = FEAT ? FEAT : args.n_features;
-  for (uint f = 0; f < F; ++f) out[hg_col(args, i, l * F + f)] = T(acc[f]);
+  for (uint f = 0; f < F; ++f) o[f * fs] = T(acc[f]);
 }
 
 // Output point i, columns l*F .. l*F + F - 1 (zeros for an inactive level). Linear (D, F) = (2, 2) and (3, 4) run
@@ -172,14 +173,16 @@ TFMO_FN void hg_encode(device const float* positions, device const T* params, co
                       constant HgArgs& args, device T* out, uint i, uint l) {
   if (i >= args.n || l >= args.n_levels) return;
   const uint F = args.n_features;
+  device T* o = out + hg_col(args, i, l * F);  // feature f at o[f * fs]
+  const uint fs = hg_col_stride(args);
   if (l >= args.n_active) {
-    for (uint f = 0; f < F; ++f) out[hg_col(args, i, l * F + f)] = T(0.0f);
+    for (uint f = 0; f < F; ++f) o[f * fs] = T(0.0f);
     return;
   }
   const bool linear = args.interpolation == HG_INTERP_LINEAR;
-  if (linear && args.dims == 2 && F == 2) hg_encode_store<T, 2, 2, HG_INTERP_LINEAR>(positions, params, levels, args, out, i, l);
-  else if (linear && args.dims == 3 && F == 4) hg_encode_store<T, 3, 4, HG_INTERP_LINEAR>(positions, params, levels, args, out, i, l);
-  else hg_encode_store<T, 0, 0, -1>(positions, params, levels, args, out, i, l);
+  if (linear && args.dims == 2 && F == 2) hg_encode_store<T, 2, 2, HG_INTERP_LINEAR>(positions, params, levels, args, o, fs, i, l);
+  else if (linear && args.dims == 3 && F == 4) hg_encode_store<T, 3, 4, HG_INTERP_LINEAR>(positions, params, levels, args, o, fs, i, l);
+  else hg_encode_store<T, 0, 0, -1>(positions, params, levels, args, o, fs, i, l);
 }
 
 // Two-element vectors of T.
@@ -193,17 +196,24 @@ template <typename T>
 TFMO_FN void hg_encode_d3f2(device const float* positions, device const T* params, constant HgLevel* levels,
                            constant HgArgs& args, device T* out, uint i, uint l) {
   if (i >= args.n || l >= args.n_levels) return;
-  float acc[HG_MAX_FEATURES] = {0.0f, 0.0f};
-  if (l < args.n_active) hg_encode_level<T, 3, 2, HG_INTERP_LINEAR>(positions, params, levels, args, i, l, acc);
-  if (args.feature_major) {  // two rows: each SIMD group's stores are contiguous runs of points
-    out[hg_col(args, i, 2u * l)] = T(acc[0]);
-    out[hg_col(args, i, 2u * l + 1u)] = T(acc[1]);
+  device T* o = out + hg_col(args, i, 2u * l);
+  const uint fs = hg_col_stride(args);
+  if (l >= args.n_active) {
+    o[0] = T(0.0f);
+    o[fs] = T(0.0f);
+    return;
+  }
+  float acc[HG_MAX_FEATURES];
+  hg_encode_level<T, 3, 2, HG_INTERP_LINEAR>(positions, params, levels, args, i, l, acc);
+  if (fs != 1u) {  // feature-major: two rows, each SIMD group's stores contiguous runs of points
+    o[0] = T(acc[0]);
+    o[fs] = T(acc[1]);
     return;
   }
   typename HgVec2<T>::type v;  // one two-element store (2-element aligned: the op allocates the output)
   v.x = T(acc[0]);
   v.y = T(acc[1]);
-  *(device typename HgVec2<T>::type*)(out + hg_col(args, i, 2u * l)) = v;
+  *(device typename HgVec2<T>::type*)o = v;
 }
 
 #define HG_NO_ROW 0xFFFFFFFFu
@@ -304,6 +314,7 @@ TFMO_FN void hg_grad_positions(device const T* dy, device const float* positions
   const uint udims = DIMS ? DIMS : args.dims;
   const int dims = (int)udims;
   const int interp = INTERP >= 0 ? INTERP : (int)args.interpolation;
+  const uint gs = hg_col_stride(args);
   float dx[HG_MAX_DIMS] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (interp != HG_INTERP_NEAREST) {  // nearest: piecewise constant, zero gradient
     float x[HG_MAX_DIMS];
@@ -313,13 +324,12 @@ TFMO_FN void hg_grad_positions(device const T* dy, device const float* positions
       const HgLevel lv = levels[l];
       HgPoint p;
       hg_point(x, dims, lv.scale, interp, &p);
-      float g[HG_MAX_FEATURES];
-      for (uint f = 0; f < F; ++f) g[f] = float(dy[hg_col(args, i, l * F + f)]);
+      device const T* g = dy + hg_col(args, i, l * F);
       float s[16];
       for (uint c = 0; c < nc; ++c) {
         device const T* v = params + (ulong)(lv.offset + hg_corner_index(lv, &p, c)) * F;
         float dot = 0.0f;
-        for (uint f = 0; f < F; ++f) dot += g[f] * float(v[f]);
+        for (uint f = 0; f < F; ++f) dot += float(g[f * gs]) * float(v[f]);
         s[c] = dot;
       }
       hg_accumulate_dx(&p, s, dims, dx);
@@ -338,6 +348,8 @@ TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, dev
   const int dims = (int)udims;
   const int interp = INTERP >= 0 ? INTERP : (int)args.interpolation;
   float dx[HG_MAX_DIMS] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint gs = hg_col_stride(args);
+  device T* o = ddy_out + hg_col(args, i, 0u);  // column k at o[k * gs]
   const bool nearest = interp == HG_INTERP_NEAREST;  // all second-order terms are zero
   float x[HG_MAX_DIMS];
   hg_load_point(positions, i, udims, x);
@@ -346,7 +358,7 @@ TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, dev
   const uint nc = 1u << udims;
   for (uint l = 0; l < args.n_levels; ++l) {
     if (nearest || l >= args.n_active) {
-      for (uint f = 0; f < F; ++f) ddy_out[hg_col(args, i, l * F + f)] = T(0.0f);
+      for (uint f = 0; f < F; ++f) o[(l * F + f) * gs] = T(0.0f);
       continue;
     }
     const HgLevel lv = levels[l];
@@ -356,8 +368,7 @@ TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, dev
     hg_point_d2(x, dims, lv.scale, interp, ddw);
     float v[16];
     hg_second_order_weights(&p, dd, dims, v);
-    float g[HG_MAX_FEATURES];
-    for (uint f = 0; f < F; ++f) g[f] = float(dy[hg_col(args, i, l * F + f)]);
+    device const T* g = dy + hg_col(args, i, l * F);
     float s[16];
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (uint c = 0; c < nc; ++c) {
@@ -365,12 +376,12 @@ TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, dev
       float dot = 0.0f;
       for (uint f = 0; f < F; ++f) {
         const float vf = float(val[f]);
-        dot += g[f] * vf;
+        dot += float(g[f * gs]) * vf;
         acc[f] += v[c] * vf;
       }
       s[c] = dot;
     }
-    for (uint f = 0; f < F; ++f) ddy_out[hg_col(args, i, l * F + f)] = T(acc[f]);
+    for (uint f = 0; f < F; ++f) o[(l * F + f) * gs] = T(acc[f]);
     hg_accumulate_d2x(&p, ddw, s, dd, dims, dx);
   }
   for (uint d = 0; d < udims; ++d) dx_out[(ulong)i * udims + d] = dx[d];

@@ -13,6 +13,7 @@
 //                                                   level fastest (grid ceil(n * n_levels / 512) blocks, 1-D)
 //   hg_scatter_T_F2_D3(dy, positions, levels, n, n_levels, acc)          dy [n, n_levels*F] T, acc float [rows*F]
 //                                                                        (float atomics: red.global.add.f32)
+//   hg_scatter_T_F2_D3_feature_major(dy, ...)                            dy [n_levels*F, n] (tcnn's layout)
 // Grid: (ceil(n / 512), n_levels), block (512, 1, 1).
 //   launch_floor()                                                       does nothing: k launches of it in a row
 //                                                                        are the least time k dependent passes
@@ -96,7 +97,7 @@ __device__ inline void gather(const float* __restrict__ positions, const T* __re
   }
 }
 
-template <class T, int F, int D>
+template <class T, int F, int D, bool kFeatureMajor>
 __device__ inline void scatter(const T* __restrict__ dy, const float* __restrict__ positions,
                                const Level* __restrict__ levels, unsigned n, unsigned n_levels, float* acc) {
   const unsigned i = gpu_proxy::sreg::ctaid_x() * kBlock + gpu_proxy::sreg::tid_x();
@@ -108,7 +109,8 @@ __device__ inline void scatter(const T* __restrict__ dy, const float* __restrict
   locate<D>(positions, lv, i, g, w);
   float gf[F];
 #pragma unroll
-  for (int f = 0; f < F; ++f) gf[f] = float(dy[(unsigned long)i * (n_levels * F) + l * F + f]);
+  for (int f = 0; f < F; ++f)
+    gf[f] = float(kFeatureMajor ? dy[(unsigned long)(l * F + f) * n + i] : dy[(unsigned long)i * (n_levels * F) + l * F + f]);
 #pragma unroll
   for (unsigned c = 0; c < (1u << D); ++c) {
     const float cw = corner_weight<D>(w, c);
@@ -135,7 +137,11 @@ __device__ inline void scatter(const T* __restrict__ dy, const float* __restrict
   }                                                                                                            \
   extern "C" __global__ void __launch_bounds__(kBlock) hg_scatter_##name##_F2_D3(                             \
       const T* dy, const float* positions, const Level* levels, unsigned n, unsigned n_levels, float* acc) {   \
-    scatter<T, 2, 3>(dy, positions, levels, n, n_levels, acc);                                                 \
+    scatter<T, 2, 3, false>(dy, positions, levels, n, n_levels, acc);                                          \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(kBlock) hg_scatter_##name##_F2_D3_feature_major(               \
+      const T* dy, const float* positions, const Level* levels, unsigned n, unsigned n_levels, float* acc) {   \
+    scatter<T, 2, 3, true>(dy, positions, levels, n, n_levels, acc);                                           \
   }
 GPU_PROXY_GATHER(float, f32)
 GPU_PROXY_GATHER(half, f16)
