@@ -2,11 +2,12 @@
 // kernels: csrc/shared/hash_grid_math.h). Host: csrc/gpu/hash_grid_gpu.cc. Buffers:
 //   positions [N*D] float, params [rows*F] T, levels [L] HgLevel (constant), args HgArgs (constant).
 // Kernels (T = float32 | float16; spelled out per dtype so the C++ emulation in csrc/msl_emu compiles them):
-//   hash_grid_encode_T, hash_grid_encode_d3f2_T
+//   hash_grid_encode_T, hash_grid_encode_d3f2_T, and hash_grid_encode_fm{,_d3f2}_T (feature-major)
 //                             1-D grid, one thread per (point, level): a SIMD group takes G levels of 32 / G points
-//                             (hg_encode_thread; G from the host).
-//                             Inactive levels (l >= n_active) write zeros. out [N, L*F] T, or [L*F, N] with
-//                             args.feature_major (hg_col; the host's G = 1 then).
+//                             (hg_encode_thread; G from the host, 1 for the _fm kernels).
+//                             Inactive levels (l >= n_active) write zeros. out [N, L*F] T, or [L*F, N] (_fm).
+//                             The gradient kernels read dy (and write d/d(dy)) in the layout args.feature_major
+//                             says (hg_col).
 //   hash_grid_grad_params_T   grid (N, n_active), threadgroups 1-D along the points (a SIMD group is one level):
 //                             scatters weight * dy into acc [rows*F] float32 with float atomics (atomic_float on
 //                             MSL >= 3.0, else a CAS loop on atomic_uint; never a plain +=). On levels
@@ -165,16 +166,18 @@ TFMO_FN void hg_encode_store(device const float* positions, device const T* para
   for (uint f = 0; f < F; ++f) o[f * fs] = T(acc[f]);
 }
 
-// Output point i, columns l*F .. l*F + F - 1 (zeros for an inactive level). Linear (D, F) = (2, 2) and (3, 4) run
-// with D, F and the interpolation known at compile time; every other configuration takes the general instance (same
-// arithmetic in the same order: identical results). D = 3, F = 2, linear has a kernel of its own (hg_encode_d3f2).
-template <typename T>
+// Output point i, columns l*F .. l*F + F - 1 (zeros for an inactive level), into [N, L*F], or [L*F, N] when FM
+// (feature-major: the _fm kernels; the layout is a compile-time choice, so the point-major kernels carry no
+// branch on it). Linear (D, F) = (2, 2) and (3, 4) run with D, F and the interpolation known at compile time; every
+// other configuration takes the general instance (same arithmetic in the same order: identical results). D = 3,
+// F = 2, linear has a kernel of its own (hg_encode_d3f2).
+template <typename T, bool FM>
 TFMO_FN void hg_encode(device const float* positions, device const T* params, constant HgLevel* levels,
                       constant HgArgs& args, device T* out, uint i, uint l) {
   if (i >= args.n || l >= args.n_levels) return;
   const uint F = args.n_features;
-  device T* o = out + hg_col(args, i, l * F);  // feature f at o[f * fs]
-  const uint fs = hg_col_stride(args);
+  const uint fs = FM ? args.n : 1u;  // feature f at o[f * fs]
+  device T* o = out + (FM ? (ulong)(l * F) * args.n + i : (ulong)i * (args.n_levels * F) + l * F);
   if (l >= args.n_active) {
     for (uint f = 0; f < F; ++f) o[f * fs] = T(0.0f);
     return;
@@ -191,13 +194,15 @@ template <> struct HgVec2<float> { typedef float2 type; };
 template <> struct HgVec2<half> { typedef half2 type; };
 
 // hg_encode for D = 3, F = 2, linear only: a kernel holding no other instance takes only its registers (on the GPU
-// proxy, bench/gpu_proxy.md: 32 / 40 for float32 / float16 tables, against the general kernel's 48).
-template <typename T>
+// proxy, bench/gpu_proxy.md: 32 / 40 for float32 / float16 tables, against the general kernel's 48). Point-major:
+// one two-element store per thread; feature-major (FM): one store into each of the level's two rows, so a SIMD
+// group of 32 consecutive points (the host's G = 1) writes two contiguous runs.
+template <typename T, bool FM>
 TFMO_FN void hg_encode_d3f2(device const float* positions, device const T* params, constant HgLevel* levels,
                            constant HgArgs& args, device T* out, uint i, uint l) {
   if (i >= args.n || l >= args.n_levels) return;
-  device T* o = out + hg_col(args, i, 2u * l);
-  const uint fs = hg_col_stride(args);
+  const uint fs = FM ? args.n : 1u;  // feature f at o[f * fs]
+  device T* o = out + (FM ? (ulong)(2u * l) * args.n + i : (ulong)i * (args.n_levels * 2u) + l * 2u);
   if (l >= args.n_active) {
     o[0] = T(0.0f);
     o[fs] = T(0.0f);
@@ -205,12 +210,12 @@ TFMO_FN void hg_encode_d3f2(device const float* positions, device const T* param
   }
   float acc[HG_MAX_FEATURES];
   hg_encode_level<T, 3, 2, HG_INTERP_LINEAR>(positions, params, levels, args, i, l, acc);
-  if (fs != 1u) {  // feature-major: two rows, each SIMD group's stores contiguous runs of points
+  if (FM) {
     o[0] = T(acc[0]);
     o[fs] = T(acc[1]);
     return;
   }
-  typename HgVec2<T>::type v;  // one two-element store (2-element aligned: the op allocates the output)
+  typename HgVec2<T>::type v;  // one two-element store (o is 2-element aligned: the op allocates the output)
   v.x = T(acc[0]);
   v.y = T(acc[1]);
   *(device typename HgVec2<T>::type*)o = v;
@@ -421,7 +426,7 @@ kernel void hash_grid_encode_float32(device const float* positions [[buffer(0)]]
                                      constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
                                      device float* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
   const uint2 pl = hg_encode_thread(args, gid);
-  hg_encode(positions, params, levels, args, out, pl.x, pl.y);
+  hg_encode<float, false>(positions, params, levels, args, out, pl.x, pl.y);
 }
 
 kernel void hash_grid_encode_float16(device const float* positions [[buffer(0)]],
@@ -429,7 +434,7 @@ kernel void hash_grid_encode_float16(device const float* positions [[buffer(0)]]
                                      constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
                                      device half* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
   const uint2 pl = hg_encode_thread(args, gid);
-  hg_encode(positions, params, levels, args, out, pl.x, pl.y);
+  hg_encode<half, false>(positions, params, levels, args, out, pl.x, pl.y);
 }
 
 kernel void hash_grid_encode_d3f2_float32(device const float* positions [[buffer(0)]],
@@ -437,7 +442,7 @@ kernel void hash_grid_encode_d3f2_float32(device const float* positions [[buffer
                                           constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
                                           device float* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
   const uint2 pl = hg_encode_thread(args, gid);
-  hg_encode_d3f2(positions, params, levels, args, out, pl.x, pl.y);
+  hg_encode_d3f2<float, false>(positions, params, levels, args, out, pl.x, pl.y);
 }
 
 kernel void hash_grid_encode_d3f2_float16(device const float* positions [[buffer(0)]],
@@ -445,7 +450,39 @@ kernel void hash_grid_encode_d3f2_float16(device const float* positions [[buffer
                                           constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
                                           device half* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
   const uint2 pl = hg_encode_thread(args, gid);
-  hg_encode_d3f2(positions, params, levels, args, out, pl.x, pl.y);
+  hg_encode_d3f2<half, false>(positions, params, levels, args, out, pl.x, pl.y);
+}
+
+kernel void hash_grid_encode_fm_float32(device const float* positions [[buffer(0)]],
+                                        device const float* params [[buffer(1)]],
+                                        constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                                        device float* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
+  const uint2 pl = hg_encode_thread(args, gid);
+  hg_encode<float, true>(positions, params, levels, args, out, pl.x, pl.y);
+}
+
+kernel void hash_grid_encode_fm_float16(device const float* positions [[buffer(0)]],
+                                        device const half* params [[buffer(1)]],
+                                        constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                                        device half* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
+  const uint2 pl = hg_encode_thread(args, gid);
+  hg_encode<half, true>(positions, params, levels, args, out, pl.x, pl.y);
+}
+
+kernel void hash_grid_encode_fm_d3f2_float32(device const float* positions [[buffer(0)]],
+                                             device const float* params [[buffer(1)]],
+                                             constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                                             device float* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
+  const uint2 pl = hg_encode_thread(args, gid);
+  hg_encode_d3f2<float, true>(positions, params, levels, args, out, pl.x, pl.y);
+}
+
+kernel void hash_grid_encode_fm_d3f2_float16(device const float* positions [[buffer(0)]],
+                                             device const half* params [[buffer(1)]],
+                                             constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                                             device half* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
+  const uint2 pl = hg_encode_thread(args, gid);
+  hg_encode_d3f2<half, true>(positions, params, levels, args, out, pl.x, pl.y);
 }
 
 kernel void hash_grid_grad_params_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],

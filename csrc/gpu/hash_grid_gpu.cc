@@ -5,7 +5,7 @@
 // Passes (empty work is skipped: Metal rejects empty grids and empty tensors have no buffer):
 //   encode:          1-D grid, one thread per (point, level), G levels of 32 / G points per SIMD group, the
 //                    level groups one after another (EncodeLevelGroup, hg_encode_thread), the kernel of the
-//                    configuration (ConfigKernel);
+//                    configuration (ConfigKernel; _fm for the feature-major layout);
 //   grad_params:     float32 accumulator zeroed, grid (N, n_active) scatter with float atomics (ConfigKernel:
 //                    the kernel of the configuration; SIMD-group run sums on every level), then (float16
 //                    tables) a conversion pass into the output; the float32 output is its own accumulator;
@@ -164,7 +164,7 @@ void EncodeGpu(void* state, TF_OpKernelContext* ctx) {
   const uint64_t threads = (static_cast<uint64_t>(call.n) * G + 31) / 32 * level_groups * 32;
   if (!tfmo::gpu::CheckGridSize(ctx, op, "the encode's threads", threads)) return;
   tfmo::gpu::Call gpu(ctx, op);
-  gpu.pass(ConfigKernel("hash_grid_encode", call).c_str())
+  gpu.pass(ConfigKernel(cfg.feature_major ? "hash_grid_encode_fm" : "hash_grid_encode", call).c_str())
       .buffer(0, call.positions)
       .buffer(1, call.params)
       .bytes(2, call.levels, LevelBytes(call))

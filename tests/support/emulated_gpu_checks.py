@@ -379,7 +379,7 @@ def check_hash_grid_feature_major(seed):
                                                            deterministic=True, **cfg.op_kwargs())
                         y_pm = t.hash_grid_encode(xv, pv, max_level=max_level, **cfg.op_kwargs())
                     if device == GPU:
-                        ran.require(f"hash_grid_encode{d3f2}_{suffix}", f"hash_grid_grad_params{d3f2}_{suffix}",
+                        ran.require(f"hash_grid_encode_fm{d3f2}_{suffix}", f"hash_grid_grad_params{d3f2}_{suffix}",
                                     f"hash_grid_grad_positions{d3f2}_{suffix}", f"hash_grid_grad2_points{d3f2}_{suffix}",
                                     f"hash_grid_grad_params_det{d3f2}_{suffix}")
                         for v in (y, gp, gx, *so, det):
