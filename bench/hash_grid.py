@@ -17,7 +17,8 @@ median of --repeats runs in this process after one warm-up run:
                      reads with tcnn indexing (same tiling and prefetching as the op), no interpolation, no output;
                      float16 converted with F16C where the CPU has it (as the op's AVX2 build);
 and the op at 1 and 2 threads (tf_metal_ops.num_threads; TF's own pools keep their size; pure TF always runs
-with TF's default threads).
+with TF's default threads). The op with feature_major=True ([L*F, N] output, the same loss on the transposed
+weights) at the largest thread count, against the default layout in the same run (no target: for information).
 Targets, per dtype, printed as PASS/FAIL at the largest thread count and, for information, at 1 thread:
   fwd+bwd: the faster pure-TF variant (plain or XLA) / op >= 3x;   fwd: op / gather loop (same threads) <= 1.6x.
 Also the scaling from the second thread. The machine may be shared: rerun when the spread (min..max) is wide.
@@ -113,20 +114,24 @@ def main(argv=None):
         dtype = tf.as_dtype(dtype_name)
         params = tf.Variable(tf.cast(rng.uniform(-1e-4, 1e-4, cfg.params_shape), dtype))
         w = tf.constant(weights, dtype)
+        w_t = tf.constant(np.ascontiguousarray(weights.T), dtype)
         kw = cfg.op_kwargs()
 
         raw_kinds = {}  # variant -> type of the tape's table gradient (recorded while tracing)
 
-        def make(encode, jit=False, label="op"):
+        def make(encode, jit=False, label="op", feature_major=False):
+            opts = dict(kw, feature_major=True) if feature_major else kw
+            wl = w_t if feature_major else w
+
             @tf.function(jit_compile=jit)
             def fwd():
-                return encode(x, params, **kw)
+                return encode(x, params, **opts)
 
             @tf.function(jit_compile=jit)
             def fwd_bwd():
                 with tf.GradientTape() as tape:
-                    y = encode(x, params, **kw)
-                    loss = 0.5 * tf.reduce_sum(tf.cast(w * y * y, tf.float32))  # dy = w*y needs y first
+                    y = encode(x, params, **opts)
+                    loss = 0.5 * tf.reduce_sum(tf.cast(wl * y * y, tf.float32))  # dy = w*y needs y first
                 g = tape.gradient(loss, params)
                 raw_kinds[label] = "IndexedSlices" if isinstance(g, tf.IndexedSlices) else "dense"
                 return tf.convert_to_tensor(g)  # dense table gradient in every variant (like with like)
@@ -142,6 +147,15 @@ def main(argv=None):
                 results[("op fwd+bwd", t)] = timed(op_fb, args.repeats)
             print(f"  op fwd         {t} thr: {fmt(results[('op fwd', t)])}")
             print(f"  op fwd+bwd     {t} thr: {fmt(results[('op fwd+bwd', t)])}")
+        fm_fwd, fm_fb = make(tf_metal_ops.hash_grid_encode, label="op feature-major", feature_major=True)
+        t = max(thread_counts)
+        with tf_metal_ops.num_threads(t):
+            results[("op fwd feature-major", t)] = timed(fm_fwd, args.repeats)
+            results[("op fwd+bwd feature-major", t)] = timed(fm_fb, args.repeats)
+        for mode in ("fwd", "fwd+bwd"):
+            k = f"op {mode} feature-major"
+            print(f"  {k:<25} {t} thr: {fmt(results[(k, t)])}  "
+                  f"({results[(k, t)][0] / results[(f'op {mode}', t)][0]:.2f}x the default layout)")
         if exe:
             for t in thread_counts:
                 results[("gather", t)] = gather_loop(exe, args.points, t, args.repeats, dtype == tf.float16)
