@@ -72,7 +72,7 @@ def test_old_compare_json_without_provenance_gets_its_file_date(tmp_path):
 def test_hash_grid_bench_compares_dense_table_gradients(tmp_path):
     """A tiny run of bench/hash_grid.py: every fwd+bwd variant is timed with a dense table gradient, and the JSON
     says which kind each tape returned before densifying (float32 pure-TF: IndexedSlices, so the densification was
-    needed there; float16 pure-TF: already dense; the op: dense)."""
+    needed there; float16 pure-TF: already dense; the op, in either layout: dense)."""
     out = tmp_path / "hg.json"
     run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "hash_grid.py"), "--points", "1024",
                           "--repeats", "1", "--threads", "1", "--json", str(out)], capture_output=True, text=True,
@@ -81,8 +81,10 @@ def test_hash_grid_bench_compares_dense_table_gradients(tmp_path):
     r = json.loads(out.read_text())
     assert r["table_gradient"].startswith("dense in every variant")
     assert r["raw_table_gradient"] == {
-        "float32": {"op": "dense", "pure-TF": "IndexedSlices", "pure-TF XLA": "IndexedSlices"},
-        "float16": {"op": "dense", "pure-TF": "dense", "pure-TF XLA": "dense"}}
+        "float32": {"op": "dense", "op feature-major": "dense", "pure-TF": "IndexedSlices",
+                    "pure-TF XLA": "IndexedSlices"},
+        "float16": {"op": "dense", "op feature-major": "dense", "pure-TF": "dense", "pure-TF XLA": "dense"}}
+    assert {"op fwd feature-major (1 thr)", "op fwd+bwd feature-major (1 thr)"} <= set(r["median_ms"]["float32"])
     assert run.stdout.count("table gradient: dense in every fwd+bwd variant") == 2
     md = run_all.markdown({"machine": MACHINE, "hash_grid": r})
     assert "fwd+bwd table gradient: dense in every variant" in md
