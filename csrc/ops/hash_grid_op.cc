@@ -55,10 +55,13 @@ const std::initializer_list<const char*> kAttrs = {
 void EncodeShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   if (!tfmo::InputsWithRanks(ctx, 0, {2, 2, 0}, status)) return;
   Shape out;
-  // Vector(size_t(-1)) is a vector of one unknown dimension (-1 is TF's unknown-dim marker).
-  TF_ShapeHandle* dim = TF_ShapeInferenceContextVectorFromSize(ctx, static_cast<size_t>(-1));
-  if (tfmo::Concatenate(ctx, dim, dim, &out, status)) tfmo::SetOutputs(ctx, {&out}, status);
-  TF_DeleteShapeHandle(dim);
+  // Vector(size_t(-1)) is a vector of one unknown dimension (-1 is TF's unknown-dim marker). Two calls: two distinct
+  // unknown dims (one handle twice tells Grappler that N == L*F: tests/test_documented_claims.py, the NeRF run).
+  TF_ShapeHandle* rows = TF_ShapeInferenceContextVectorFromSize(ctx, static_cast<size_t>(-1));
+  TF_ShapeHandle* cols = TF_ShapeInferenceContextVectorFromSize(ctx, static_cast<size_t>(-1));
+  if (tfmo::Concatenate(ctx, rows, cols, &out, status)) tfmo::SetOutputs(ctx, {&out}, status);
+  TF_DeleteShapeHandle(rows);
+  TF_DeleteShapeHandle(cols);
 }
 
 // First-order gradient ops: grad [N, L*F], positions, params, max_level; the output has the shape of input kLike.
