@@ -353,21 +353,18 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                                   arrays, lambda half=half, o=o: {o: first(ref(half)["out"], enc_tol(ref(half), half))},
                                   ("case", f"hg_gather_{bt} (bare, tcnn launch, tcnn layout)"),
                                   note="bound: tiny-cuda-nn's launch and output layout"))
-        # feature_major=True: out [L*F, N] (tiny-cuda-nn's layout), the host's G = 1 (EncodeLevelGroup) and
-        # threadgroup; the d3f2 kernel also at G = 2 and with threadgroups of 512 (tiny-cuda-nn's block).
-        for g in (1, 2):
-            arrays[f"args_enc_fm{g}"] = struct(HG_ARGS, n=n, dims=D, n_features=F, n_levels=n_levels,
-                                               n_active=n_levels, interpolation=1, level_group=g, feature_major=1)
-        for kernel, g, group in (("d3f2", 1, enc_group), ("d3f2", 1, (512, 1, 1)), ("d3f2", 2, enc_group),
-                                 ("general", 1, enc_group)):
+        # feature_major=True: out [L*F, N] (tiny-cuda-nn's layout), grid (N, L) (the host's) with the host's
+        # threadgroup (EncodeThreadgroup: 512 for float32, 256 for float16), and the d3f2 kernel at both sizes.
+        arrays["args_enc_fm"] = struct(HG_ARGS, n=n, dims=D, n_features=F, n_levels=n_levels, n_active=n_levels,
+                                       interpolation=1, feature_major=1)
+        host_tg = 256 if half else 512
+        for kernel, tgx in (("d3f2", 256), ("d3f2", 512), ("general", host_tg)):
             name = "hash_grid_encode_fm" + ("_d3f2" if kernel == "d3f2" else "") + f"_{t}"
-            host = kernel == "d3f2" and g == 1 and group == enc_group
-            label = f"{name}, G={g}" + (f", threadgroup {group[0]}" if group != enc_group else "")
-            threads = (n * g + 31) // 32 * ((n_levels + g - 1) // g) * 32
-            cases.append(Case(label + (" (host)" if host else ""), "hash_grid",
+            host = kernel == "d3f2" and tgx == host_tg
+            cases.append(Case(f"{name}, threadgroup {tgx}" + (" (host)" if host else ""), "hash_grid",
                               [Launch("hash_grid", name,
-                                      [("buf", "x"), ("buf", p), ("buf", "levels"), ("buf", f"args_enc_fm{g}"),
-                                       ("buf", ofm)], (threads, 1, 1), group)],
+                                      [("buf", "x"), ("buf", p), ("buf", "levels"), ("buf", "args_enc_fm"),
+                                       ("buf", ofm)], (n, n_levels, 1), (tgx, 1, 1))],
                               arrays, lambda half=half, ofm=ofm: {ofm: (ref(half)["out"].T, enc_tol(ref(half), half).T,
                                                                        (slice(None), slice(0, check_points)))},
                               ("case", f"hg_gather_{bt} (bare, tcnn launch, tcnn layout)"),

@@ -2,10 +2,13 @@
 // kernels: csrc/shared/hash_grid_math.h). Host: csrc/gpu/hash_grid_gpu.cc. Buffers:
 //   positions [N*D] float, params [rows*F] T, levels [L] HgLevel (constant), args HgArgs (constant).
 // Kernels (T = float32 | float16; spelled out per dtype so the C++ emulation in csrc/msl_emu compiles them):
-//   hash_grid_encode_T, hash_grid_encode_d3f2_T, and hash_grid_encode_fm{,_d3f2}_T (feature-major)
+//   hash_grid_encode_T, hash_grid_encode_d3f2_T
 //                             1-D grid, one thread per (point, level): a SIMD group takes G levels of 32 / G points
-//                             (hg_encode_thread; G from the host, 1 for the _fm kernels).
-//                             Inactive levels (l >= n_active) write zeros. out [N, L*F] T, or [L*F, N] (_fm).
+//                             (hg_encode_thread; G from the host). out [N, L*F] T.
+//   hash_grid_encode_fm_T, hash_grid_encode_fm_d3f2_T (feature-major)
+//                             grid (N, L), threadgroups 1-D along the points: a SIMD group is 32 consecutive points
+//                             of one level (tiny-cuda-nn's launch). out [L*F, N] T.
+//                             Inactive levels (l >= n_active) write zeros.
 //                             The gradient kernels read dy (and write d/d(dy)) in the layout args.feature_major
 //                             says (hg_col).
 //   hash_grid_grad_params_T   grid (N, n_active), threadgroups 1-D along the points (a SIMD group is one level):
@@ -456,33 +459,29 @@ kernel void hash_grid_encode_d3f2_float16(device const float* positions [[buffer
 kernel void hash_grid_encode_fm_float32(device const float* positions [[buffer(0)]],
                                         device const float* params [[buffer(1)]],
                                         constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                        device float* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
-  const uint2 pl = hg_encode_thread(args, gid);
-  hg_encode<float, true>(positions, params, levels, args, out, pl.x, pl.y);
+                                        device float* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]]) {
+  hg_encode<float, true>(positions, params, levels, args, out, gid.x, gid.y);
 }
 
 kernel void hash_grid_encode_fm_float16(device const float* positions [[buffer(0)]],
                                         device const half* params [[buffer(1)]],
                                         constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                        device half* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
-  const uint2 pl = hg_encode_thread(args, gid);
-  hg_encode<half, true>(positions, params, levels, args, out, pl.x, pl.y);
+                                        device half* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]]) {
+  hg_encode<half, true>(positions, params, levels, args, out, gid.x, gid.y);
 }
 
 kernel void hash_grid_encode_fm_d3f2_float32(device const float* positions [[buffer(0)]],
                                              device const float* params [[buffer(1)]],
                                              constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                             device float* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
-  const uint2 pl = hg_encode_thread(args, gid);
-  hg_encode_d3f2<float, true>(positions, params, levels, args, out, pl.x, pl.y);
+                                             device float* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]]) {
+  hg_encode_d3f2<float, true>(positions, params, levels, args, out, gid.x, gid.y);
 }
 
 kernel void hash_grid_encode_fm_d3f2_float16(device const float* positions [[buffer(0)]],
                                              device const half* params [[buffer(1)]],
                                              constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                             device half* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
-  const uint2 pl = hg_encode_thread(args, gid);
-  hg_encode_d3f2<half, true>(positions, params, levels, args, out, pl.x, pl.y);
+                                             device half* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]]) {
+  hg_encode_d3f2<half, true>(positions, params, levels, args, out, gid.x, gid.y);
 }
 
 kernel void hash_grid_grad_params_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],

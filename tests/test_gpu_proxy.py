@@ -76,8 +76,8 @@ def test_baselines_and_struct_sizes(built):
         assert entries[f"hg_scatter_{t}_F2_D3"] == [".u64"] * 3 + [".u32"] * 2 + [".u64"]
     # The compiler's sizeof of the shared structs: a launcher packs them with these sizes.
     sizes = gpu_proxy.ptx_sizeof(gpu_proxy.ptx_path(out, "hash_grid", "3.0").read_text())
-    assert sizes["hash_grid_encode_float32"][:5] == [4, 4, 40, 44, 4]  # float, float, HgLevel, HgArgs, float
-    assert sizes["hash_grid_encode_float16"][:5] == [4, 2, 40, 44, 2]
+    assert sizes["hash_grid_encode_float32"][:5] == [4, 4, 40, 48, 4]  # float, float, HgLevel, HgArgs, float
+    assert sizes["hash_grid_encode_float16"][:5] == [4, 2, 40, 48, 2]
 
 
 def test_barriers_threadgroup_memory_and_function_constants(built):

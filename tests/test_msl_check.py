@@ -70,7 +70,7 @@ def mutated_hash_grid():
     text = text.replace(second, "device const float* params [[buffer(0)]],", 1)
     lines = text.split("\n")
     n1 = next(i for i, ln in enumerate(lines, 1) if "hash_grid_encode_float32(const float* positions" in ln)
-    call = next(i for i, ln in enumerate(lines, 1) if i > n1 and "hg_encode(positions, params" in ln)
+    call = next(i for i, ln in enumerate(lines, 1) if i > n1 and "hg_encode<float, false>(positions, params" in ln)
     return path, text, {(n1, "pointer-address-space"), (n1 + 1, "buffer-index-duplicate"), (call, "compile")}
 
 

@@ -5,7 +5,7 @@
 // Passes (empty work is skipped: Metal rejects empty grids and empty tensors have no buffer):
 //   encode:          1-D grid, one thread per (point, level), G levels of 32 / G points per SIMD group, the
 //                    level groups one after another (EncodeLevelGroup, hg_encode_thread), the kernel of the
-//                    configuration (ConfigKernel; _fm for the feature-major layout);
+//                    configuration (ConfigKernel); feature-major: grid (N, L), the _fm kernels;
 //   grad_params:     float32 accumulator zeroed, grid (N, n_active) scatter with float atomics (ConfigKernel:
 //                    the kernel of the configuration; SIMD-group run sums on every level), then (float16
 //                    tables) a conversion pass into the output; the float32 output is its own accumulator;
@@ -58,16 +58,20 @@ HgArgs MakeArgs(const Call& call) {
 // does not exist). The level groups run one after another, so G also sets how many levels' tables are read at a
 // time. Measured on the GPU proxy (bench/gpu_proxy.md, F = 2, 16 levels of 2^19 rows): G = 4 is the fastest for
 // float32 tables (run 5, H200: 0.79 ms against 0.89 / 0.89 / 1.06 ms for G = 2 / 8 / 16; run 6, H100: 0.94 against
-// 1.07 / 1.07 / 1.21 ms) and within 2 % of the fastest for float16 ones (the fastest in run 6). Feature-major
-// output [L*F, N]: G = 1, a SIMD group is 32 consecutive points of one level, so each of its F stores is one
-// contiguous row segment and one level's table is read at a time (tiny-cuda-nn's launch).
+// 1.07 / 1.07 / 1.21 ms) and within 2 % of the fastest for float16 ones (the fastest in run 6). (The feature-major
+// encode needs none: a SIMD group of 32 consecutive points of one level writes contiguous row segments.)
 uint32_t EncodeLevelGroup(const Config& cfg) {
-  if (cfg.feature_major) return 1u;
   uint32_t g = 8u / static_cast<uint32_t>(cfg.n_features);
   if (g < 1u) g = 1u;
   while (g > 1u && g / 2u >= static_cast<uint32_t>(cfg.n_levels)) g /= 2u;
   return g;
 }
+
+// Threads per threadgroup of the encode: 256, or 512 (tiny-cuda-nn's block) for the feature-major encode of a
+// float32 table. Measured on the GPU proxy (bench/gpu_proxy.md, run 7, H100, F = 2, 2^20 points): feature-major
+// float32 0.86 ms at 512 against 0.89 / 0.92 ms at 256 (two calls); float16 0.59 ms at 256 against 0.64 at 512; the
+// point-major kernels at G = 4 were timed at 256. The backend clips it to the pipeline's maximum.
+uint32_t EncodeThreadgroup(const Config& cfg) { return cfg.feature_major && cfg.dtype == TF_FLOAT ? 512u : 256u; }
 
 // Level table bytes for setBytes (<= 32 levels * 40 bytes).
 size_t LevelBytes(const Call& call) { return sizeof(HgLevel) * static_cast<size_t>(call.cfg->n_levels); }
@@ -159,18 +163,31 @@ void EncodeGpu(void* state, TF_OpKernelContext* ctx) {
   if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, call.encoded_shape(), &out)) return;
   if (call.n == 0 || !CheckSizes(ctx, op, call)) return;
   HgArgs args = MakeArgs(call);
+  if (cfg.feature_major) {  // grid (N, L): a SIMD group is 32 consecutive points of one level
+    tfmo::gpu::Call gpu(ctx, op);
+    gpu.pass(ConfigKernel("hash_grid_encode_fm", call).c_str())
+        .buffer(0, call.positions)
+        .buffer(1, call.params)
+        .bytes(2, call.levels, LevelBytes(call))
+        .value(3, args)
+        .buffer(4, out)
+        .threads({static_cast<uint64_t>(call.n), static_cast<uint64_t>(cfg.n_levels), 1},
+                 {EncodeThreadgroup(cfg), 1, 1});
+    gpu.Run();
+    return;
+  }
   args.level_group = EncodeLevelGroup(cfg);
   const uint64_t G = args.level_group, level_groups = (static_cast<uint64_t>(cfg.n_levels) + G - 1) / G;
   const uint64_t threads = (static_cast<uint64_t>(call.n) * G + 31) / 32 * level_groups * 32;
   if (!tfmo::gpu::CheckGridSize(ctx, op, "the encode's threads", threads)) return;
   tfmo::gpu::Call gpu(ctx, op);
-  gpu.pass(ConfigKernel(cfg.feature_major ? "hash_grid_encode_fm" : "hash_grid_encode", call).c_str())
+  gpu.pass(ConfigKernel("hash_grid_encode", call).c_str())
       .buffer(0, call.positions)
       .buffer(1, call.params)
       .bytes(2, call.levels, LevelBytes(call))
       .value(3, args)
       .buffer(4, out)
-      .threads({threads, 1, 1}, {256, 1, 1});
+      .threads({threads, 1, 1}, {EncodeThreadgroup(cfg), 1, 1});
   gpu.Run();
 }
 

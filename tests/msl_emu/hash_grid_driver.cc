@@ -5,7 +5,7 @@
 //       base_resolution= per_level_scale= grid_type=0|1|2 interpolation=0|1|2 n_active= [tg=64]
 //       [n_aggregate=0] (grad_params: levels below it sum runs of equal rows in the SIMD group)
 //       [d3f2=0] (every kernel: the D=3, F=2, linear one)
-//       [feature_major=0] (out and dy [L*F, N] instead of [N, L*F]: the _fm encode kernels, the host's G = 1)
+//       [feature_major=0] (out and dy [L*F, N] instead of [N, L*F]: the _fm encode kernels on grid (N, L))
 //       in:positions:float32:N*D  in:params:DTYPE:ROWS*F  [in:dy:DTYPE:N*L*F]   scalar dims=D
 //       out:out=PATH  (encode: [N*L*F] DTYPE; grad_params: [ROWS*F] DTYPE; grad_positions: [N*D] float32)
 // Outputs are pre-filled with a poison value where the kernel must write every element.
@@ -49,32 +49,29 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
     for (auto& v : out) v = T(12345.0f);  // poison: every element must be written
     uint host_g = 8 / F > 0 ? 8 / F : 1;  // the host's EncodeLevelGroup
     while (host_g > 1 && host_g / 2 >= L) host_g /= 2;
-    if (args.feature_major) host_g = 1;
     args.level_group = h.scalar<uint>("level_group", host_g);
     const uint G = args.level_group;
     if (G == 0 || G > 32 || (G & (G - 1)) != 0) msl_emu::Harness::fail("level_group must be a power of two <= 32");
-    if (n > 0) {
+    if (n > 0 && args.feature_major) {  // the host's grid (N, L)
+      msl_emu::dispatch_threads(uint2{n, L}, uint2{tg, 1}, [&](const msl_emu::ThreadCtx& t) {
+        const uint2 gid = t.thread_position_in_grid.xy;
+        if constexpr (sizeof(T) == 4) {
+          if (d3f2) hash_grid_encode_fm_d3f2_float32(positions.data(), params.data(), levels.data(), args, out.data(), gid);
+          else hash_grid_encode_fm_float32(positions.data(), params.data(), levels.data(), args, out.data(), gid);
+        } else {
+          if (d3f2) hash_grid_encode_fm_d3f2_float16(positions.data(), params.data(), levels.data(), args, out.data(), gid);
+          else hash_grid_encode_fm_float16(positions.data(), params.data(), levels.data(), args, out.data(), gid);
+        }
+      });
+    } else if (n > 0) {
       msl_emu::dispatch_threads((n * G + 31) / 32 * ((L + G - 1) / G) * 32, tg, [&](const msl_emu::ThreadCtx& t) {
         const uint gid = t.thread_position_in_grid.x;
-        const auto* x = positions.data();
-        const auto* p = params.data();
-        auto* o = out.data();
         if constexpr (sizeof(T) == 4) {
-          if (args.feature_major) {
-            if (d3f2) hash_grid_encode_fm_d3f2_float32(x, p, levels.data(), args, o, gid);
-            else hash_grid_encode_fm_float32(x, p, levels.data(), args, o, gid);
-          } else {
-            if (d3f2) hash_grid_encode_d3f2_float32(x, p, levels.data(), args, o, gid);
-            else hash_grid_encode_float32(x, p, levels.data(), args, o, gid);
-          }
+          if (d3f2) hash_grid_encode_d3f2_float32(positions.data(), params.data(), levels.data(), args, out.data(), gid);
+          else hash_grid_encode_float32(positions.data(), params.data(), levels.data(), args, out.data(), gid);
         } else {
-          if (args.feature_major) {
-            if (d3f2) hash_grid_encode_fm_d3f2_float16(x, p, levels.data(), args, o, gid);
-            else hash_grid_encode_fm_float16(x, p, levels.data(), args, o, gid);
-          } else {
-            if (d3f2) hash_grid_encode_d3f2_float16(x, p, levels.data(), args, o, gid);
-            else hash_grid_encode_float16(x, p, levels.data(), args, o, gid);
-          }
+          if (d3f2) hash_grid_encode_d3f2_float16(positions.data(), params.data(), levels.data(), args, out.data(), gid);
+          else hash_grid_encode_float16(positions.data(), params.data(), levels.data(), args, out.data(), gid);
         }
       });
     }

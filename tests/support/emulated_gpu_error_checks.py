@@ -150,12 +150,16 @@ def check_hash_grid_errors(seed):
         for bad, msg in bad_attrs:  # kernel construction (CreateConfig of the GPU kernel) fails; op name fixed
             n += expect(InvalidArgument, f"{FWD}: {msg}", lambda: call(x, p, level, g, **bad))
     for op, call in hash_grid_ops()[1:]:
-        n += expect(InvalidArgument, f"{op}: grad must have shape [5, {cols}], got [4, {cols}]",
+        n += expect(InvalidArgument, f"{op}: grad must have shape [5, {cols}] ([N, L*F]), got [4, {cols}]",
                     lambda: call(x, p, level, g[:4], **attrs))
-        n += expect(InvalidArgument, f"{op}: grad must have shape [5, {cols}], got [5, {cols - 1}]",
+        n += expect(InvalidArgument, f"{op}: grad must have shape [5, {cols}] ([N, L*F]), got [5, {cols - 1}]",
                     lambda: call(x, p, level, g[:, 1:], **attrs))
-        n += expect(InvalidArgument, f"{op}: grad must have shape [5, {cols}], got [{5 * cols}]",
+        n += expect(InvalidArgument, f"{op}: grad must have shape [5, {cols}] ([N, L*F]), got [{5 * cols}]",
                     lambda: call(x, p, level, g.reshape(-1), **attrs))
+        # feature_major: grad [L*F, N]; the point-major shape is refused
+        n += expect(InvalidArgument,
+                    f"{op}: grad must have shape [{cols}, 5] ([L*F, N]: feature_major), got [5, {cols}]",
+                    lambda: call(x, p, level, g, feature_major=True, **attrs))
     return f"{n} errors"
 
 
