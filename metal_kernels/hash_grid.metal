@@ -44,11 +44,10 @@ using namespace metal;
 #include "hash_grid_math.h"
 
 // Offset of element (point i, column k = l*F + f) in the encoded-shaped buffers (out, dy, d/d(dy)): [N, L*F], or
-// [L*F, N] when args.feature_major (tiny-cuda-nn's layout); hg_col_stride: from column k to k + 1.
+// [L*F, N] when args.feature_major (tiny-cuda-nn's layout).
 TFMO_FN ulong hg_col(constant HgArgs& args, uint i, uint k) {
   return args.feature_major ? (ulong)k * args.n + i : (ulong)i * (args.n_levels * args.n_features) + k;
 }
-TFMO_FN uint hg_col_stride(constant HgArgs& args) { return args.feature_major ? args.n : 1u; }
 
 // Float atomic add on device memory.
 TFMO_FN void hg_atomic_add(device float* addr, float v) {
@@ -314,7 +313,7 @@ TFMO_FN void hg_scatter(device const float* ddx_in, device const T* dy, device c
 }
 
 // DIMS/FEAT/INTERP: see hg_encode_level (the _d3f2 kernels: 3, 2, linear).
-template <typename T, uint DIMS, uint FEAT, int INTERP>
+template <typename T, uint DIMS, uint FEAT, int INTERP, bool FM>
 TFMO_FN void hg_grad_positions(device const T* dy, device const float* positions, device const T* params,
                               constant HgLevel* levels, constant HgArgs& args, device float* dx_out, uint i) {
   if (i >= args.n) return;
@@ -322,7 +321,7 @@ TFMO_FN void hg_grad_positions(device const T* dy, device const float* positions
   const uint udims = DIMS ? DIMS : args.dims;
   const int dims = (int)udims;
   const int interp = INTERP >= 0 ? INTERP : (int)args.interpolation;
-  const uint gs = hg_col_stride(args);
+  const uint gs = FM ? args.n : 1u;  // from column k to k + 1 of dy (and d/d(dy))
   float dx[HG_MAX_DIMS] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (interp != HG_INTERP_NEAREST) {  // nearest: piecewise constant, zero gradient
     float x[HG_MAX_DIMS];
@@ -332,7 +331,7 @@ TFMO_FN void hg_grad_positions(device const T* dy, device const float* positions
       const HgLevel lv = levels[l];
       HgPoint p;
       hg_point(x, dims, lv.scale, interp, &p);
-      device const T* g = dy + hg_col(args, i, l * F);
+      device const T* g = dy + (FM ? (ulong)(l * F) * args.n + i : (ulong)i * (args.n_levels * F) + l * F);
       float s[16];
       for (uint c = 0; c < nc; ++c) {
         device const T* v = params + (ulong)(lv.offset + hg_corner_index(lv, &p, c)) * F;
@@ -346,7 +345,7 @@ TFMO_FN void hg_grad_positions(device const T* dy, device const float* positions
   for (uint d = 0; d < udims; ++d) dx_out[(ulong)i * udims + d] = dx[d];
 }
 
-template <typename T, uint DIMS, uint FEAT, int INTERP>
+template <typename T, uint DIMS, uint FEAT, int INTERP, bool FM>
 TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, device const float* positions,
                             device const T* params, constant HgLevel* levels, constant HgArgs& args,
                             device T* ddy_out, device float* dx_out, uint i) {
@@ -356,8 +355,8 @@ TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, dev
   const int dims = (int)udims;
   const int interp = INTERP >= 0 ? INTERP : (int)args.interpolation;
   float dx[HG_MAX_DIMS] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const uint gs = hg_col_stride(args);
-  device T* o = ddy_out + hg_col(args, i, 0u);  // column k at o[k * gs]
+  const uint gs = FM ? args.n : 1u;  // from column k to k + 1 of dy (and d/d(dy))
+  device T* o = ddy_out + (FM ? (ulong)i : (ulong)i * (args.n_levels * F));  // column k at o[k * gs]
   const bool nearest = interp == HG_INTERP_NEAREST;  // all second-order terms are zero
   float x[HG_MAX_DIMS];
   hg_load_point(positions, i, udims, x);
@@ -376,7 +375,7 @@ TFMO_FN void hg_grad2_points(device const float* ddx_in, device const T* dy, dev
     hg_point_d2(x, dims, lv.scale, interp, ddw);
     float v[16];
     hg_second_order_weights(&p, dd, dims, v);
-    device const T* g = dy + hg_col(args, i, l * F);
+    device const T* g = dy + (FM ? (ulong)(l * F) * args.n + i : (ulong)i * (args.n_levels * F) + l * F);
     float s[16];
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (uint c = 0; c < nc; ++c) {
@@ -518,7 +517,8 @@ kernel void hash_grid_grad_positions_float32(device const float* dy [[buffer(0)]
                                              constant HgLevel* levels [[buffer(3)]],
                                              constant HgArgs& args [[buffer(4)]], device float* dx [[buffer(5)]],
                                              uint gid [[thread_position_in_grid]]) {
-  hg_grad_positions<float, 0, 0, -1>(dy, positions, params, levels, args, dx, gid);
+  if (args.feature_major) hg_grad_positions<float, 0, 0, -1, true>(dy, positions, params, levels, args, dx, gid);
+  else hg_grad_positions<float, 0, 0, -1, false>(dy, positions, params, levels, args, dx, gid);
 }
 
 kernel void hash_grid_grad_positions_d3f2_float32(device const float* dy [[buffer(0)]],
@@ -527,7 +527,8 @@ kernel void hash_grid_grad_positions_d3f2_float32(device const float* dy [[buffe
                                                   constant HgLevel* levels [[buffer(3)]],
                                                   constant HgArgs& args [[buffer(4)]], device float* dx [[buffer(5)]],
                                                   uint gid [[thread_position_in_grid]]) {
-  hg_grad_positions<float, 3, 2, HG_INTERP_LINEAR>(dy, positions, params, levels, args, dx, gid);
+  if (args.feature_major) hg_grad_positions<float, 3, 2, HG_INTERP_LINEAR, true>(dy, positions, params, levels, args, dx, gid);
+  else hg_grad_positions<float, 3, 2, HG_INTERP_LINEAR, false>(dy, positions, params, levels, args, dx, gid);
 }
 
 kernel void hash_grid_grad_positions_float16(device const half* dy [[buffer(0)]],
@@ -536,7 +537,8 @@ kernel void hash_grid_grad_positions_float16(device const half* dy [[buffer(0)]]
                                              constant HgLevel* levels [[buffer(3)]],
                                              constant HgArgs& args [[buffer(4)]], device float* dx [[buffer(5)]],
                                              uint gid [[thread_position_in_grid]]) {
-  hg_grad_positions<half, 0, 0, -1>(dy, positions, params, levels, args, dx, gid);
+  if (args.feature_major) hg_grad_positions<half, 0, 0, -1, true>(dy, positions, params, levels, args, dx, gid);
+  else hg_grad_positions<half, 0, 0, -1, false>(dy, positions, params, levels, args, dx, gid);
 }
 
 kernel void hash_grid_grad_positions_d3f2_float16(device const half* dy [[buffer(0)]],
@@ -545,7 +547,8 @@ kernel void hash_grid_grad_positions_d3f2_float16(device const half* dy [[buffer
                                                   constant HgLevel* levels [[buffer(3)]],
                                                   constant HgArgs& args [[buffer(4)]], device float* dx [[buffer(5)]],
                                                   uint gid [[thread_position_in_grid]]) {
-  hg_grad_positions<half, 3, 2, HG_INTERP_LINEAR>(dy, positions, params, levels, args, dx, gid);
+  if (args.feature_major) hg_grad_positions<half, 3, 2, HG_INTERP_LINEAR, true>(dy, positions, params, levels, args, dx, gid);
+  else hg_grad_positions<half, 3, 2, HG_INTERP_LINEAR, false>(dy, positions, params, levels, args, dx, gid);
 }
 
 kernel void hash_grid_grad2_points_float32(device const float* ddx [[buffer(0)]],
@@ -555,7 +558,8 @@ kernel void hash_grid_grad2_points_float32(device const float* ddx [[buffer(0)]]
                                            constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
                                            device float* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
                                            uint gid [[thread_position_in_grid]]) {
-  hg_grad2_points<float, 0, 0, -1>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+  if (args.feature_major) hg_grad2_points<float, 0, 0, -1, true>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+  else hg_grad2_points<float, 0, 0, -1, false>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
 }
 
 kernel void hash_grid_grad2_points_d3f2_float32(device const float* ddx [[buffer(0)]],
@@ -565,7 +569,8 @@ kernel void hash_grid_grad2_points_d3f2_float32(device const float* ddx [[buffer
                                                 constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
                                                 device float* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
                                                 uint gid [[thread_position_in_grid]]) {
-  hg_grad2_points<float, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+  if (args.feature_major) hg_grad2_points<float, 3, 2, HG_INTERP_LINEAR, true>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+  else hg_grad2_points<float, 3, 2, HG_INTERP_LINEAR, false>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
 }
 
 kernel void hash_grid_grad2_points_float16(device const float* ddx [[buffer(0)]],
@@ -575,7 +580,8 @@ kernel void hash_grid_grad2_points_float16(device const float* ddx [[buffer(0)]]
                                            constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
                                            device half* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
                                            uint gid [[thread_position_in_grid]]) {
-  hg_grad2_points<half, 0, 0, -1>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+  if (args.feature_major) hg_grad2_points<half, 0, 0, -1, true>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+  else hg_grad2_points<half, 0, 0, -1, false>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
 }
 
 kernel void hash_grid_grad2_points_d3f2_float16(device const float* ddx [[buffer(0)]],
@@ -585,7 +591,8 @@ kernel void hash_grid_grad2_points_d3f2_float16(device const float* ddx [[buffer
                                                 constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
                                                 device half* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
                                                 uint gid [[thread_position_in_grid]]) {
-  hg_grad2_points<half, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+  if (args.feature_major) hg_grad2_points<half, 3, 2, HG_INTERP_LINEAR, true>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+  else hg_grad2_points<half, 3, 2, HG_INTERP_LINEAR, false>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
 }
 
 kernel void hash_grid_grad2_params_float32(device const float* ddx [[buffer(0)]], device const float* dy [[buffer(1)]],
