@@ -163,31 +163,28 @@ void EncodeGpu(void* state, TF_OpKernelContext* ctx) {
   if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, call.encoded_shape(), &out)) return;
   if (call.n == 0 || !CheckSizes(ctx, op, call)) return;
   HgArgs args = MakeArgs(call);
+  std::string kernel;
+  uint64_t grid[2];
   if (cfg.feature_major) {  // grid (N, L): a SIMD group is 32 consecutive points of one level
-    tfmo::gpu::Call gpu(ctx, op);
-    gpu.pass(ConfigKernel("hash_grid_encode_fm", call).c_str())
-        .buffer(0, call.positions)
-        .buffer(1, call.params)
-        .bytes(2, call.levels, LevelBytes(call))
-        .value(3, args)
-        .buffer(4, out)
-        .threads({static_cast<uint64_t>(call.n), static_cast<uint64_t>(cfg.n_levels), 1},
-                 {EncodeThreadgroup(cfg), 1, 1});
-    gpu.Run();
-    return;
+    kernel = ConfigKernel("hash_grid_encode_fm", call);
+    grid[0] = static_cast<uint64_t>(call.n);
+    grid[1] = static_cast<uint64_t>(cfg.n_levels);
+  } else {  // 1-D: G levels of 32 / G points per SIMD group, the level groups one after another
+    args.level_group = EncodeLevelGroup(cfg);
+    const uint64_t G = args.level_group, level_groups = (static_cast<uint64_t>(cfg.n_levels) + G - 1) / G;
+    grid[0] = (static_cast<uint64_t>(call.n) * G + 31) / 32 * level_groups * 32;
+    grid[1] = 1;
+    if (!tfmo::gpu::CheckGridSize(ctx, op, "the encode's threads", grid[0])) return;
+    kernel = ConfigKernel("hash_grid_encode", call);
   }
-  args.level_group = EncodeLevelGroup(cfg);
-  const uint64_t G = args.level_group, level_groups = (static_cast<uint64_t>(cfg.n_levels) + G - 1) / G;
-  const uint64_t threads = (static_cast<uint64_t>(call.n) * G + 31) / 32 * level_groups * 32;
-  if (!tfmo::gpu::CheckGridSize(ctx, op, "the encode's threads", threads)) return;
   tfmo::gpu::Call gpu(ctx, op);
-  gpu.pass(ConfigKernel("hash_grid_encode", call).c_str())
+  gpu.pass(kernel.c_str())
       .buffer(0, call.positions)
       .buffer(1, call.params)
       .bytes(2, call.levels, LevelBytes(call))
       .value(3, args)
       .buffer(4, out)
-      .threads({threads, 1, 1}, {EncodeThreadgroup(cfg), 1, 1});
+      .threads({grid[0], grid[1], 1}, {EncodeThreadgroup(cfg), 1, 1});
   gpu.Run();
 }
 
