@@ -10,7 +10,7 @@
 //                             of one level (tiny-cuda-nn's launch). out [L*F, N] T.
 //                             Inactive levels (l >= n_active) write zeros.
 //                             The gradient kernels read dy (and write d/d(dy)) in the layout args.feature_major
-//                             says (hg_col).
+//                             says: the scatters through hg_col, the per-point kernels as one instance per layout.
 //   hash_grid_grad_params_T   grid (N, n_active), threadgroups 1-D along the points (a SIMD group is one level):
 //                             scatters weight * dy into acc [rows*F] float32 with float atomics (atomic_float on
 //                             MSL >= 3.0, else a CAS loop on atomic_uint; never a plain +=). On levels
@@ -198,7 +198,7 @@ template <> struct HgVec2<half> { typedef half2 type; };
 // hg_encode for D = 3, F = 2, linear only: a kernel holding no other instance takes only its registers (on the GPU
 // proxy, bench/gpu_proxy.md: 32 / 40 for float32 / float16 tables, against the general kernel's 48). Point-major:
 // one two-element store per thread; feature-major (FM): one store into each of the level's two rows, so a SIMD
-// group of 32 consecutive points (the host's G = 1) writes two contiguous runs.
+// group of 32 consecutive points (the _fm kernels' grid (N, L)) writes two contiguous runs.
 template <typename T, bool FM>
 TFMO_FN void hg_encode_d3f2(device const float* positions, device const T* params, constant HgLevel* levels,
                            constant HgArgs& args, device T* out, uint i, uint l) {
