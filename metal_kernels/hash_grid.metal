@@ -6,8 +6,10 @@
 //                             1-D grid, one thread per (point, level): a SIMD group takes G levels of 32 / G points
 //                             (hg_encode_thread; G from the host). out [N, L*F] T.
 //   hash_grid_encode_fm_T, hash_grid_encode_fm_d3f2_T (feature-major)
-//                             grid (N, L), threadgroups 1-D along the points: a SIMD group is 32 consecutive points
-//                             of one level (tiny-cuda-nn's launch). out [L*F, N] T.
+//                             grid (N, L), threadgroups (T, 1, 1): a SIMD group is 32 consecutive points of one
+//                             level (tiny-cuda-nn's launch). The level is the threadgroup's y, so the compiler sees
+//                             it uniform across the threadgroup (as tcnn's blockIdx.y): the level's fields, and the
+//                             branches on its index mode, are uniform. out [L*F, N] T.
 //                             Inactive levels (l >= n_active) write zeros.
 //                             The gradient kernels read dy (and write d/d(dy)) in the layout args.feature_major
 //                             says: the scatters through hg_col, the per-point kernels as one instance per layout.
@@ -458,29 +460,33 @@ kernel void hash_grid_encode_d3f2_float16(device const float* positions [[buffer
 kernel void hash_grid_encode_fm_float32(device const float* positions [[buffer(0)]],
                                         device const float* params [[buffer(1)]],
                                         constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                        device float* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]]) {
-  hg_encode<float, true>(positions, params, levels, args, out, gid.x, gid.y);
+                                        device float* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
+                                        uint2 tg [[threadgroup_position_in_grid]]) {
+  hg_encode<float, true>(positions, params, levels, args, out, gid.x, tg.y);
 }
 
 kernel void hash_grid_encode_fm_float16(device const float* positions [[buffer(0)]],
                                         device const half* params [[buffer(1)]],
                                         constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                        device half* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]]) {
-  hg_encode<half, true>(positions, params, levels, args, out, gid.x, gid.y);
+                                        device half* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
+                                        uint2 tg [[threadgroup_position_in_grid]]) {
+  hg_encode<half, true>(positions, params, levels, args, out, gid.x, tg.y);
 }
 
 kernel void hash_grid_encode_fm_d3f2_float32(device const float* positions [[buffer(0)]],
                                              device const float* params [[buffer(1)]],
                                              constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                             device float* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]]) {
-  hg_encode_d3f2<float, true>(positions, params, levels, args, out, gid.x, gid.y);
+                                             device float* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
+                                             uint2 tg [[threadgroup_position_in_grid]]) {
+  hg_encode_d3f2<float, true>(positions, params, levels, args, out, gid.x, tg.y);
 }
 
 kernel void hash_grid_encode_fm_d3f2_float16(device const float* positions [[buffer(0)]],
                                              device const half* params [[buffer(1)]],
                                              constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                             device half* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]]) {
-  hg_encode_d3f2<half, true>(positions, params, levels, args, out, gid.x, gid.y);
+                                             device half* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
+                                             uint2 tg [[threadgroup_position_in_grid]]) {
+  hg_encode_d3f2<half, true>(positions, params, levels, args, out, gid.x, tg.y);
 }
 
 kernel void hash_grid_grad_params_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],

@@ -54,13 +54,13 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
     if (G == 0 || G > 32 || (G & (G - 1)) != 0) msl_emu::Harness::fail("level_group must be a power of two <= 32");
     if (n > 0 && args.feature_major) {  // the host's grid (N, L)
       msl_emu::dispatch_threads(uint2{n, L}, uint2{tg, 1}, [&](const msl_emu::ThreadCtx& t) {
-        const uint2 gid = t.thread_position_in_grid.xy;
+        const uint2 gid = t.thread_position_in_grid.xy, tgp = t.threadgroup_position_in_grid.xy;
         if constexpr (sizeof(T) == 4) {
-          if (d3f2) hash_grid_encode_fm_d3f2_float32(positions.data(), params.data(), levels.data(), args, out.data(), gid);
-          else hash_grid_encode_fm_float32(positions.data(), params.data(), levels.data(), args, out.data(), gid);
+          if (d3f2) hash_grid_encode_fm_d3f2_float32(positions.data(), params.data(), levels.data(), args, out.data(), gid, tgp);
+          else hash_grid_encode_fm_float32(positions.data(), params.data(), levels.data(), args, out.data(), gid, tgp);
         } else {
-          if (d3f2) hash_grid_encode_fm_d3f2_float16(positions.data(), params.data(), levels.data(), args, out.data(), gid);
-          else hash_grid_encode_fm_float16(positions.data(), params.data(), levels.data(), args, out.data(), gid);
+          if (d3f2) hash_grid_encode_fm_d3f2_float16(positions.data(), params.data(), levels.data(), args, out.data(), gid, tgp);
+          else hash_grid_encode_fm_float16(positions.data(), params.data(), levels.data(), args, out.data(), gid, tgp);
         }
       });
     } else if (n > 0) {
