@@ -159,8 +159,9 @@ TFMO_FN void hg_gather_corners(device const T* params, HgLevel lv, thread const 
 // compile-time configuration (0, 0, -1: read from args); a specialised instance keeps the point, its weights and the
 // accumulators in registers. HOIST: branch on the level's index mode once, before the corner loop (a loop without
 // branches, whose corner loads the compiler issues together), instead of once per corner. The _d3f2 kernels hoist
-// for float32 tables (GPU proxy, bench/gpu_proxy.md run 11: the encode 20 % faster in the default layout, 7 % in
-// the feature-major one) and not for float16 ones (4-6 % slower there); the choice never changes a result.
+// for float32 tables (GPU proxy, bench/gpu_proxy.md runs 10-11: 0.95 -> 0.76 ms in the default layout, 0.74 ->
+// 0.68 feature-major) and not for float16 ones (3-11 % slower there), nor does the general instance (4-8 %
+// slower); the choice never changes a result.
 template <typename T, uint DIMS, uint FEAT, int INTERP, bool HOIST = false>
 TFMO_FN void hg_encode_level(device const float* positions, device const T* params, constant HgLevel* levels,
                             constant HgArgs& args, uint i, uint l, thread float* acc) {
