@@ -65,8 +65,7 @@ int main(int argc, char** argv) {
       msl_emu::dispatch_threads(p.R * kVrpLanes, tg, [&](const msl_emu::ThreadCtx& c) {
         volume_render_backward(Bind(dens, t), Bind(cols, t), t.data(), Bind(bg, t), gc.data(), gd.data(), go.data(),
                                Bind(gw, t), BindOut(g_dens, scratch_out), BindOut(g_cols, scratch_out), g_t.data(),
-                               g_bg.data(), p, c.thread_position_in_grid.x,
-                              c.thread_index_in_simdgroup);
+                               g_bg.data(), p, c.thread_position_in_grid.x, c.thread_index_in_simdgroup);
       });
     }
     h.output("grad_densities", g_dens);
