@@ -53,6 +53,19 @@ typedef unsigned char uchar;
 TFMO_FN float tfmo_fma(float a, float b, float c) { return std::fma(a, b, c); }
 #endif
 
+// TFMO_UNROLL before a loop: unroll it completely where its trip count is a compile-time constant (e.g. over
+// HG_MAX_DIMS, with an early exit at the runtime dims). Nested loops over dims and corners exceed the compilers'
+// own unrolling limits; a loop left rolled indexes the thread arrays it touches at run time, which puts them in
+// memory (on a GPU, the thread's stack in device memory) instead of registers. No effect on results: the same
+// operations in the same order.
+#if defined(__METAL_VERSION__) || defined(__clang__)
+#define TFMO_UNROLL _Pragma("clang loop unroll(full)")
+#elif defined(__GNUC__)
+#define TFMO_UNROLL _Pragma("GCC unroll 16")
+#else
+#define TFMO_UNROLL
+#endif
+
 // The float overloads of the math library on either side (TFMO_MATH is metal:: or std::).
 TFMO_FN float tfmo_floor(float x) { return TFMO_MATH::floor(x); }
 TFMO_FN float tfmo_ceil(float x) { return TFMO_MATH::ceil(x); }

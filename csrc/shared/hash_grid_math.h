@@ -244,9 +244,11 @@ TFMO_FN void hg_second_order_weights(const TFMO_THREAD HgPoint* p, const TFMO_TH
 TFMO_FN void hg_accumulate_d2x(const TFMO_THREAD HgPoint* p, const TFMO_THREAD float* ddw,
                                const TFMO_THREAD float* s, const TFMO_THREAD float* ddx, int dims,
                                TFMO_THREAD float* dx) {
+  TFMO_UNROLL
   for (int k = 0; k < HG_MAX_DIMS; ++k) {
     if (k >= dims) break;
     const uint bk = 1u << k;
+    TFMO_UNROLL
     for (int j = 0; j < HG_MAX_DIMS; ++j) {
       if (j >= dims) break;
       const uint bj = 1u << j;
