@@ -287,26 +287,22 @@ TFMO_FN void hg_scatter_level(device const float* ddx_in, device const T* dy, de
   const HgLevel lv = levels[l];
   float gf[HG_MAX_FEATURES];
   HgPoint p;
-  float wc[16];
+  float dd[HG_MAX_DIMS] = {0.0f, 0.0f, 0.0f, 0.0f};  // SECOND: the point's ddx (each corner's weight from it)
   if (valid) {
     for (uint f = 0; f < F; ++f) gf[f] = float(dy[hg_col(args, i, l * F + f)]);
     float x[HG_MAX_DIMS];
     hg_load_point(positions, i, dims, x);
     hg_point(x, (int)dims, lv.scale, interp, &p);
-    if (SECOND) {
-      float dd[HG_MAX_DIMS];
-      hg_load_point(ddx_in, i, dims, dd);
-      hg_second_order_weights(&p, dd, (int)dims, wc);
-    }
+    if (SECOND) hg_load_point(ddx_in, i, dims, dd);
   } else {
     for (uint f = 0; f < F; ++f) gf[f] = 0.0f;
     for (uint d = 0; d < HG_MAX_DIMS; ++d) { p.grid[d] = 0u; p.w[d] = 0.0f; p.dw[d] = 0.0f; }
-    for (uint c = 0; c < 16u; ++c) wc[c] = 0.0f;
   }
   const uint nc = SECOND ? 1u << dims : hg_num_corners((int)dims, interp);
   for (uint c = 0; c < nc; ++c) {
     const uint row = valid ? lv.offset + hg_corner_index(lv, &p, c) : HG_NO_ROW;
-    const float w = SECOND ? wc[c] : (nc == 1u ? 1.0f : hg_corner_weight(&p, c, (int)dims));
+    const float w = SECOND ? hg_second_order_weight(&p, dd, (int)dims, c)
+                           : (nc == 1u ? 1.0f : hg_corner_weight(&p, c, (int)dims));
     float v[HG_MAX_FEATURES];
     for (uint f = 0; f < F; ++f) v[f] = w * gf[f];
     if (aggregate) {

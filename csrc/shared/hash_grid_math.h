@@ -221,20 +221,23 @@ TFMO_FN void hg_point_d2(const TFMO_THREAD float* x, int dims, float scale, int 
   for (int d = 0; d < HG_MAX_DIMS; ++d) ddw[d] = d < dims ? hg_coord_d2(x[d], scale, interp) : 0.0f;
 }
 
-// v[c] (see above) for every corner c < 2^dims: v[c] = sum_k ddx_k * sign_k(c) * dw_k * W_c^{-k}.
+// v[c] (see above) of corner c: sum_k ddx_k * sign_k(c) * dw_k * W_c^{-k}.
+TFMO_FN float hg_second_order_weight(const TFMO_THREAD HgPoint* p, const TFMO_THREAD float* ddx, int dims, uint c) {
+  float acc = 0.0f;
+  for (int k = 0; k < HG_MAX_DIMS; ++k) {
+    if (k >= dims) break;
+    float w = ddx[k] * p->dw[k];
+    for (int d = 0; d < HG_MAX_DIMS; ++d)
+      if (d < dims && d != k) w *= ((c >> d) & 1u) ? p->w[d] : 1.0f - p->w[d];
+    acc += ((c >> k) & 1u) ? w : -w;
+  }
+  return acc;
+}
+
+// v[c] for every corner c < 2^dims.
 TFMO_FN void hg_second_order_weights(const TFMO_THREAD HgPoint* p, const TFMO_THREAD float* ddx, int dims,
                                      TFMO_THREAD float* v) {
-  for (uint c = 0; c < (1u << dims); ++c) {
-    float acc = 0.0f;
-    for (int k = 0; k < HG_MAX_DIMS; ++k) {
-      if (k >= dims) break;
-      float w = ddx[k] * p->dw[k];
-      for (int d = 0; d < HG_MAX_DIMS; ++d)
-        if (d < dims && d != k) w *= ((c >> d) & 1u) ? p->w[d] : 1.0f - p->w[d];
-      acc += ((c >> k) & 1u) ? w : -w;
-    }
-    v[c] = acc;
-  }
+  for (uint c = 0; c < (1u << dims); ++c) v[c] = hg_second_order_weight(p, ddx, dims, c);
 }
 
 // Adds dPhi/dx_j = sum_k ddx_k * H_kj to dx[j], H the Hessian of sum_c W_c s[c] w.r.t. x (symmetric).
