@@ -154,12 +154,19 @@ def dry_run(ptx_dir: Path, cases) -> int:
 class Device:
     """CuPy launcher of the cases' launches (cupy imported here only)."""
 
-    def __init__(self, ptx_dir: Path):
+    def __init__(self, ptx_dir: Path, tcnn_lib: Path | None = None):
         import cupy as cp
 
         self.cp, self.dir, self.modules, self.buffers = cp, Path(ptx_dir), {}, {}
+        self.tcnn = None
+        if tcnn_lib:  # dev/gpu_proxy/tcnn_grid.cu: int f(pointers..., const uint32_t* offsets, u32 x3, float)
+            import ctypes
+
+            self.tcnn = ctypes.CDLL(str(tcnn_lib))
 
     def function(self, launch):
+        if launch.module == "tcnn":
+            return getattr(self.tcnn, launch.kernel)
         if launch.module not in self.modules:
             self.modules[launch.module] = self.cp.RawModule(path=str(self.dir / f"{launch.module}.ptx"))
         return self.modules[launch.module].get_function(launch.kernel)
@@ -175,6 +182,15 @@ class Device:
         return host.view(like.dtype).reshape(like.shape) if like is not None and like.size else host
 
     def launch(self, launch):
+        if launch.module == "tcnn":  # a host function launching tiny-cuda-nn's kernel on the legacy default stream
+            import ctypes
+
+            conv = {"buf": lambda v: ctypes.c_void_p(self.buffers[v].data.ptr), "u32": ctypes.c_uint32,
+                    "f32": ctypes.c_float, "host": lambda v: v.ctypes.data_as(ctypes.c_void_p)}
+            err = self.function(launch)(*[conv[kind](v) for kind, v in launch.args])
+            if err:
+                raise RuntimeError(f"{launch.kernel}: cudaError {err}")
+            return
         args = [self.buffers[v] if kind == "buf" else np.uint32(v) for kind, v in launch.args]
         if launch.msl:
             blocks = tuple((t + g - 1) // g for t, g in zip(launch.threads, launch.group))
@@ -308,15 +324,17 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true", help="small inputs (the tests' sizes)")
     ap.add_argument("--only", default="", help="run the cases whose name contains this (alternatives split by |)")
     ap.add_argument("--copy-mib", type=int, default=1024, help="buffer size of the copy-bandwidth measurement")
+    ap.add_argument("--tcnn", type=Path, default=None,
+                    help="also time tiny-cuda-nn's own kernels: the library dev/gpu_proxy.py tcnn builds")
     args = ap.parse_args(argv)
     if args.repeats < 20:
         ap.error("--repeats must be >= 20")
-    cases = [c for c in cases_mod.all_cases(small=args.small)]
+    cases = [c for c in cases_mod.all_cases(small=args.small, tcnn=args.tcnn is not None and not args.dry_run)]
     if args.dry_run:
         return dry_run(args.ptx, cases)
     cases = [c for c in cases if any(o in c.name for o in args.only.split("|"))]
     sig = Signatures(args.ptx)
-    dev = Device(args.ptx)
+    dev = Device(args.ptx, args.tcnn)
     cp = dev.cp
     bw = dev.copy_bandwidth(args.copy_mib)
     props = cp.cuda.runtime.getDeviceProperties(0)
@@ -352,7 +370,7 @@ def main(argv=None) -> int:
     tool = load_build_tool()
     ptxas, registers = tool.find_ptxas(), {}
     if ptxas:
-        for module in sorted({c.launches[0].module for c in cases}):
+        for module in sorted({c.launches[0].module for c in cases} - {"tcnn"}):
             for kernel, r in tool.register_report(ptxas, args.ptx / f"{module}.ptx").items():
                 registers[(module, kernel)] = r
     write_md(args.md, rows, env, registers)

@@ -68,11 +68,11 @@ def struct(dtype, **fields) -> np.ndarray:
 class Launch:
     module: str  # PTX module path relative to the build dir, without .ptx: "hash_grid", "msl2.4/hash_grid", "baselines"
     kernel: str
-    args: list  # ("buf", array name) | ("u32", value), entry order, without the grid
+    args: list  # ("buf", array name) | ("u32", value) | ("f32", value) | ("host", ndarray), entry order, without the grid
     threads: tuple  # MSL: threads per grid; baseline: blocks
     group: tuple  # threads per threadgroup / block
     shared: int = 0  # dynamic shared memory bytes (the rounded [[threadgroup(n)]] lengths)
-    msl: bool = True
+    msl: bool = True  # module "tcnn": a host function of the --tcnn library (dev/gpu_proxy/tcnn_grid.cu) instead
 
 
 @dataclasses.dataclass
@@ -261,10 +261,12 @@ def hg_reference(x, params, levels, dy, ddx, F, parts, n_points=None):
     return res
 
 
-def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_scale=1.3819, seed=0) -> list[Case]:
+def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_scale=1.3819, seed=0,
+                    tcnn=False) -> list[Case]:
     """Encode (float32/float16 tables), param gradient (native atomics, the MSL 2.4 CAS loop, float16 dy), position
     gradient and second order, each beside its bare CUDA bound (dev/gpu_proxy/baselines.cu), at REFERENCE §15's
-    configuration: 2^20 points, 16 levels, F = 2, D = 3, 2^19 rows per level, base 16, scale 1.3819."""
+    configuration: 2^20 points, 16 levels, F = 2, D = 3, 2^19 rows per level, base 16, scale 1.3819. tcnn: also
+    tiny-cuda-nn's own forward and backward kernels (tcnn_cases), from the --tcnn library."""
     rng = np.random.default_rng(seed)
     D = 3
     levels, rows = hg_level_table(D, n_levels, log2_T, base, per_level_scale)
@@ -522,6 +524,84 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
                                ("buf", "words"), ("buf", "meta")], grid2, tg), det_tail(2)],
                       arrays, lambda: gp_expect(second=True),
                       ("case", "hg_scatter_f32 (bare, tcnn launch, float atomics)"), setup=zero_det))
+    if tcnn:
+        cases += tcnn_cases(arrays, enc_tol, check_points, levels, rows, n, n_levels, F, per_level_scale, base,
+                            zero_acc)
+    return cases
+
+
+def tcnn_level_scales(levels, log2_b, base):
+    """The level table with tiny-cuda-nn's level scales as its kernels compute them (REFERENCE §10): exp2f on the
+    device (the hardware ex2.approx, within 1 ulp of the correctly rounded 2^x our table holds) of the float32
+    product level * log2(b), times the base, minus 1 (the product is exact for a power-of-two base, so fused or
+    not). Imports cupy: call it on the device only."""
+    import cupy as cp
+
+    x = np.arange(len(levels), dtype=np.float32) * np.float32(log2_b)
+    e = cp.ElementwiseKernel("float32 x", "float32 y", "y = exp2f(x)", "tfmo_tcnn_exp2f")(cp.asarray(x)).get()
+    t = levels.copy()
+    t["scale"] = e * np.float32(base) - np.float32(1.0)
+    assert np.array_equal(np.ceil(t["scale"]).astype(np.int64) + 1, levels["resolution"]), "a resolution changed"
+    print(f"tiny-cuda-nn's level scales: {int(np.sum(t['scale'] != levels['scale']))} of {len(levels)} differ from "
+          "the correctly rounded ones (by 1 ulp of 2^x)", flush=True)
+    return t
+
+
+def tcnn_cases(arrays, enc_tol, check_points, levels, rows, n, n_levels, F, per_level_scale, base, zero_acc):
+    """tiny-cuda-nn's kernel_grid and kernel_grid_backward (float32 and float16 tables), launched as tiny-cuda-nn
+    launches them (dev/gpu_proxy/tcnn_grid.cu), on the hash_grid cases' inputs in tiny-cuda-nn's layouts, each beside
+    the bare kernel of the same reads or atomics. Checked against the float64 reference computed with tiny-cuda-nn's
+    own level scales (tcnn_level_scales: a point near a cell boundary can fall in another cell than with ours). The
+    float16 backward accumulates in float16 (half2 atomics, as tiny-cuda-nn does for F = 2): its check is loose (10 %
+    of the sum of the terms' magnitudes, which still catches a term in a wrong row), the others' are the encode's
+    and the table gradient's."""
+    assert F == 2
+    log2_b = float(np.float32(np.log2(np.float64(np.float32(per_level_scale)))))  # std::log2(float), tcnn's host
+    offsets = np.append(levels["offset"], rows).astype(np.uint32)
+    cache = {}
+
+    def ref(half=False, part="out"):
+        if "levels" not in cache:
+            cache["levels"] = tcnn_level_scales(levels, log2_b, base)
+        key = (half, part)
+        if key not in cache:
+            cache[key] = hg_reference(arrays["x"], arrays["params16" if half else "params"], cache["levels"],
+                                      arrays["dy16" if half else "dy"], arrays["ddx"], F, (part,), check_points)
+        return cache[key]
+
+    arrays.update(dy16_fm=np.ascontiguousarray(arrays["dy16"].T), acc16=np.zeros(rows * F, np.float16),
+                  args_zero16=struct(HG_ARGS, count=rows * F // 2))
+    zero16 = [Launch("hash_grid", "hash_grid_fill_zero", [("buf", "acc16"), ("buf", "args_zero16")],
+                     (rows * F // 2, 1, 1), (256, 1, 1))]
+
+    def call(fn, *bufs):
+        return Launch("tcnn", fn, [("buf", b) for b in bufs] + [("host", offsets), ("u32", n), ("u32", n_levels),
+                                                                 ("u32", base), ("f32", log2_b)], (), (), msl=False)
+
+    def grad_expect(half):
+        r = ref(half, "grad_params")
+        tol = 0.1 * r["abs_grad_params"] + 1e-3 if half else 1e-4 * r["abs_grad_params"] + 1e-6
+        return {"acc16" if half else "acc": (r["grad_params"], tol)}
+
+    cases = []
+    for bt, half, p, ofm in (("f32", False, "params", "out_fm"), ("f16", True, "params16", "out16_fm")):
+        cases.append(Case(f"tiny-cuda-nn kernel_grid ({bt} table)", "hash_grid",
+                          [call(f"tfmo_tcnn_grid_forward_{bt}", p, "x", ofm)], arrays,
+                          lambda half=half, ofm=ofm: {ofm: (ref(half)["out"].T, enc_tol(ref(half), half).T,
+                                                           (slice(None), slice(0, check_points)))},
+                          ("case", f"hg_gather_{bt} (bare, tcnn launch, tcnn layout)"),
+                          note="tiny-cuda-nn's own kernel; bound: the bare gather of the same reads and layout"))
+    cases.append(Case("tiny-cuda-nn kernel_grid_backward (f32 table, float atomics)", "hash_grid",
+                      [call("tfmo_tcnn_grid_backward_f32", "acc", "x", "dy_fm")], arrays,
+                      lambda: grad_expect(False),
+                      ("case", "hg_scatter_f32 (bare, tcnn launch, float atomics, tcnn layout)"), setup=zero_acc,
+                      note="tiny-cuda-nn's own kernel; bound: the bare scatter of the same atomics and layout"))
+    cases.append(Case("tiny-cuda-nn kernel_grid_backward (f16 table, half2 atomics: float16 sums)", "hash_grid",
+                      [call("tfmo_tcnn_grid_backward_f16", "acc16", "x", "dy16_fm")], arrays,
+                      lambda: grad_expect(True),
+                      ("case", "hg_scatter_f16 (bare, tcnn launch, float atomics)"), setup=zero16,
+                      note="tiny-cuda-nn's own kernel; check loose (float16 sums); bound: the bare float16-dy "
+                           "scatter with float32 atomics"))
     return cases
 
 
@@ -882,8 +962,8 @@ def ray_march_fill_case(arrays, R, count: Launch, G) -> Case:
                                        "occupied cells)")
 
 
-def all_cases(small=False) -> list[Case]:
+def all_cases(small=False, tcnn=False) -> list[Case]:
     if small:
-        return (hash_grid_cases(n=2048, log2_T=12, n_levels=8) + render_cases(R=64, S=16) +
+        return (hash_grid_cases(n=2048, log2_T=12, n_levels=8, tcnn=tcnn) + render_cases(R=64, S=16) +
                 render_cases(R=64, S=16, packed=True) + ray_march_cases(R=512, G=32, max_samples=256))
-    return hash_grid_cases() + render_cases() + render_cases(packed=True) + ray_march_cases()
+    return hash_grid_cases(tcnn=tcnn) + render_cases() + render_cases(packed=True) + ray_march_cases()

@@ -3,6 +3,7 @@
 H200) with clang++-16 in CUDA mode, no CUDA installation needed. bench/gpu_proxy.py times the result on the device.
 
     python3 dev/gpu_proxy.py build --out DIR [--msl 3.0 --msl 2.4] [--jobs 2] [--no-report] [FILE.metal ...]
+    python3 dev/gpu_proxy.py tcnn --src TCNN_CHECKOUT --out DIR
 
 writes, for each .metal file NAME:
   DIR/NAME.ptx            MSL 3.0 (native float atomics);
@@ -27,6 +28,12 @@ How a .metal file becomes CUDA (development only; nothing here ships):
   - flags: -O3 -ffp-contract=off (as the metallibs: no a*b+c contraction; CUDA mode defaults to fast and then
     ignores `#pragma clang fp contract(off)`).
 Runs without TensorFlow: tf_metal_ops/msl_emu.py is loaded by path (it imports only the standard library).
+
+`tcnn` builds DIR/libtfmo_tcnn_grid.so from dev/gpu_proxy/tcnn_grid.cu: tiny-cuda-nn's own hash-grid kernels (its
+encodings/grid.h, unchanged, read from a checkout of NVlabs/tiny-cuda-nn with its fmt submodule, e.g. commit
+6ee3546 as in REFERENCE §15), for `bench/gpu_proxy.py --tcnn DIR/libtfmo_tcnn_grid.so`. Needs nvcc (CUDA >= 12; no
+GPU: the library links the CUDA runtime statically and needs nothing of the driver at link time). Nothing of
+tiny-cuda-nn is kept in this repository.
 """
 
 from __future__ import annotations
@@ -313,6 +320,24 @@ def print_register_report(out: Path, manifest: dict, log=print) -> None:
             log(f"  {name:<36} {v:>4} {r['registers']:>5} {r['stack']:>8} {r['spill_stores']:>7}/{r['spill_loads']:<6}")
 
 
+def build_tcnn(src: Path, out: Path, nvcc: str = "nvcc") -> Path:
+    """nvcc dev/gpu_proxy/tcnn_grid.cu against the tiny-cuda-nn checkout `src` into out/libtfmo_tcnn_grid.so."""
+    for need in ("include/tiny-cuda-nn/encodings/grid.h", "dependencies/fmt/include/fmt/format.h",
+                 "dependencies/pcg32/pcg32.h"):
+        if not (src / need).is_file():
+            raise BuildError(f"gpu_proxy tcnn: {src / need} missing (a tiny-cuda-nn checkout with submodules?)")
+    out.mkdir(parents=True, exist_ok=True)
+    lib = out / "libtfmo_tcnn_grid.so"
+    cmd = [nvcc, "-O3", "-std=c++17", f"-arch={ARCH}", "--expt-relaxed-constexpr", "--extended-lambda",
+           "-DTCNN_MIN_GPU_ARCH=90", "-DTCNN_HALF_PRECISION=1", "-DFMT_HEADER_ONLY", "-DNDEBUG", "-shared",
+           "-Xcompiler", "-fPIC", "-w", f"-I{src / 'include'}", f"-I{src / 'dependencies'}",
+           f"-I{src / 'dependencies' / 'fmt' / 'include'}", str(ROOT / "dev" / "gpu_proxy" / "tcnn_grid.cu"), "-o", str(lib)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise BuildError(f"gpu_proxy tcnn: nvcc failed:\n{r.stdout}{r.stderr}")
+    return lib
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -322,7 +347,18 @@ def main(argv=None) -> int:
     b.add_argument("--msl", action="append", choices=sorted(MSL_VERSIONS), help="MSL version (repeatable; default both)")
     b.add_argument("--jobs", type=int, default=2)
     b.add_argument("--no-report", action="store_true", help="skip the ptxas register/stack report")
+    t = sub.add_parser("tcnn", help="build tiny-cuda-nn's hash-grid kernels for bench/gpu_proxy.py --tcnn")
+    t.add_argument("--src", type=Path, required=True, help="a tiny-cuda-nn checkout (with its fmt submodule)")
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--nvcc", default=os.environ.get("NVCC", "nvcc"))
     args = ap.parse_args(argv)
+    if args.cmd == "tcnn":
+        try:
+            print(build_tcnn(args.src.resolve(), args.out, args.nvcc))
+        except BuildError as e:
+            print(e, file=sys.stderr)
+            return 1
+        return 0
     try:
         manifest = build(args.out, args.files or None, tuple(args.msl or ("3.0", "2.4")), args.jobs,
                          baselines=not args.files)

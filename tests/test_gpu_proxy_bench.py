@@ -288,3 +288,80 @@ def test_runner_plumbing_with_a_fake_cupy(tmp_path, monkeypatch):
     assert "commit abc123" in text and "GPU: fake GPU" in text
     n_scan = sum(1 for name in fake.launches if name == "ray_march_scan_block")
     assert n_scan == 2 * (1 + 5 + 25)  # one checked run, 5 warm-up runs, 25 timed runs; two block levels each
+
+
+class _Exp2Cupy:
+    """cupy as tcnn_level_scales uses it: asarray, and an ElementwiseKernel evaluating exp2f, here NumPy's 2^x
+    rounded to float32 and moved `ulps` float32 steps on the levels listed (the device's ex2.approx is within 1 ulp)."""
+
+    def __init__(self, ulps=None):
+        self.ulps = ulps or {}
+
+    def asarray(self, a):
+        return _Host(np.asarray(a))
+
+    def ElementwiseKernel(self, in_params, out_params, body, name):
+        assert "exp2f" in body and in_params == "float32 x" and out_params == "float32 y"
+
+        def run(x):
+            y = np.exp2(x.a.astype(np.float64)).astype(np.float32)
+            for level, k in self.ulps.items():
+                y[level] = np.float32(y[level]) if k == 0 else np.nextafter(y[level], np.float32(np.inf * k))
+            return _Host(y)
+        return run
+
+
+class _Host:
+    def __init__(self, a):
+        self.a = a
+
+    def get(self):
+        return self.a
+
+
+def test_tcnn_cases_pack_tcnns_layouts_and_check_with_its_level_scales(monkeypatch):
+    """bench/gpu_proxy.py --tcnn: tiny-cuda-nn's kernels read our inputs in its layouts, and are checked against the
+    float64 reference computed with the level scales its kernels compute (one ulp of 2^x apart from ours on some
+    levels: a point near a cell boundary then lands in the neighbouring cell)."""
+    kw = dict(n=2048, n_levels=8, F=2, log2_T=12, base=16, per_level_scale=1.3819)
+    ours = by_name(cases.hash_grid_cases(**kw))
+    monkeypatch.setitem(sys.modules, "cupy", _Exp2Cupy())
+    cs = by_name(cases.hash_grid_cases(tcnn=True, **kw))
+    tc = {k: v for k, v in cs.items() if k.startswith("tiny-cuda-nn")}
+    assert len(tc) == 4 and set(cs) - set(tc) == set(ours)
+    a = next(iter(tc.values())).arrays
+    levels, rows = a["levels"], a["params"].shape[0]
+    for case in tc.values():
+        (launch,) = case.launches
+        assert launch.module == "tcnn" and not launch.msl
+        kinds = [k for k, _ in launch.args]
+        assert kinds == ["buf", "buf", "buf", "host", "u32", "u32", "u32", "f32"]
+        offsets = launch.args[3][1]
+        assert offsets.dtype == np.uint32 and list(offsets) == list(levels["offset"]) + [rows]
+        assert launch.args[4:7] == [("u32", 2048), ("u32", 8), ("u32", 16)]
+        assert launch.args[7][1] == np.float32(np.log2(np.float64(np.float32(1.3819))))  # log2f(b), tcnn's host
+    # With scales equal to ours, the references are ours in tiny-cuda-nn's [L*F, N] layout.
+    fwd = tc["tiny-cuda-nn kernel_grid (f32 table)"].reference()["out_fm"]
+    mine = ours["hash_grid_encode_fm_d3f2_float32, threadgroup 512 (host)"].reference()["out_fm"]
+    np.testing.assert_array_equal(fwd[0], mine[0])
+    grad = tc["tiny-cuda-nn kernel_grid_backward (f32 table, float atomics)"].reference()["acc"]
+    mine = ours["hash_grid_grad_params_d3f2_float32, native float atomics (MSL 3.0), random points, run sums, "
+                "feature-major"].reference()["acc"]
+    np.testing.assert_array_equal(grad[0], mine[0])
+    # One level's 2^x one ulp up: that level's scale moves (16 ulps of 2^x, one rounding of scale - 1), no other,
+    # and only that level's outputs can change (the points at its cell boundaries).
+    monkeypatch.setitem(sys.modules, "cupy", _Exp2Cupy({5: 1}))
+    t = cases.tcnn_level_scales(levels, float(np.float32(np.log2(np.float64(np.float32(1.3819))))), 16)
+    assert list(np.nonzero(t["scale"] != levels["scale"])[0]) == [5] and t["scale"][5] > levels["scale"][5]
+    cs = by_name(cases.hash_grid_cases(tcnn=True, **kw))
+    moved = cs["tiny-cuda-nn kernel_grid (f32 table)"].reference()["out_fm"][0]
+    changed = np.nonzero(np.any(moved != fwd[0], axis=1))[0]
+    assert set(changed) <= {10, 11}  # level 5's two feature rows
+
+
+def test_tcnn_build_names_what_the_checkout_lacks(tmp_path):
+    import gpu_proxy as bench
+
+    tool = bench.load_build_tool()
+    with pytest.raises(tool.BuildError, match="grid.h missing"):
+        tool.build_tcnn(tmp_path, tmp_path / "out")
