@@ -133,3 +133,20 @@ def test_unsupported_construct_fails_with_a_clear_message(tmp_path):
     unparsable.write_text("#include <metal_stdlib>\nkernel void k(device float* x [[buffer(0)]], float y) {}\n")
     with pytest.raises(gpu_proxy.BuildError, match=r"unparsable.metal:2: kernel k: cannot classify parameter `float y`"):
         gpu_proxy.build(tmp_path / "out2", [unparsable], msl_versions=("3.0",), baselines=False, log=lambda *_: None)
+
+
+def test_half_vector_conversions_convert_the_values(tmp_path):
+    """float2(half2) and half2(float2) convert values, element by element, as scalar half conversions do (clang 16's
+    __builtin_convertvector on vectors of __fp16, the proxy's half, converts the raw 16-bit patterns as integers)."""
+    src = tmp_path / "half_vectors.metal"
+    src.write_text("#include <metal_stdlib>\nusing namespace metal;\n\n"
+                   "kernel void widen(device const half2* h [[buffer(0)]], device float2* f [[buffer(1)]],\n"
+                   "                  uint i [[thread_position_in_grid]]) {\n  f[i] = float2(h[i]);\n}\n"
+                   "kernel void narrow(device const float2* f [[buffer(0)]], device half2* h [[buffer(1)]],\n"
+                   "                   uint i [[thread_position_in_grid]]) {\n  h[i] = half2(f[i]);\n}\n")
+    gpu_proxy.build(tmp_path / "out", [src], msl_versions=("3.0",), baselines=False, log=lambda *_: None)
+    ptx = (tmp_path / "out" / "half_vectors.ptx").read_text()
+    widen = ptx[ptx.index(".entry widen"):ptx.index(".entry narrow")]
+    narrow = ptx[ptx.index(".entry narrow"):]
+    assert widen.count("cvt.f32.f16") == 2 and "cvt.rn.f32.u16" not in widen, widen
+    assert narrow.count("cvt.rn.f16.f32") == 2 and "cvt.rn.u16.f32" not in narrow, narrow

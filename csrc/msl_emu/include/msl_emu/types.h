@@ -95,7 +95,18 @@ constexpr V make_vec(const A&... a) {
   } else if constexpr (sizeof...(A) == 1 && !(is_vec_v<A> || ...)) {
     return V(E(a...));
   } else if constexpr (sizeof...(A) == 1 && ((count_v<A> == N) && ...)) {
-    return [](const auto& v) { return __builtin_convertvector(v, V); }(a...);
+    return [](const auto& v) {
+      using S = elem_t<decltype(v)>;
+      if constexpr (std::is_same_v<S, half> || std::is_same_v<E, half>) {
+        // Element by element, as scalar conversions: clang 16's __builtin_convertvector converts vectors of __fp16
+        // (the GPU proxy's half) as their raw 16-bit patterns, i.e. as integers.
+        V r{};
+        for (int i = 0; i < N; ++i) r[i] = E(v[i]);
+        return r;
+      } else {
+        return __builtin_convertvector(v, V);
+      }
+    }(a...);
   } else {
     static_assert((count_v<A> + ...) == N, "MSL vector constructor: component count does not match");
     V r{};
