@@ -35,6 +35,7 @@ The device run (tool `run`; the device has python3, cupy, numpy, nvcc and no Ten
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import importlib.util
 import json
@@ -158,11 +159,10 @@ class Device:
         import cupy as cp
 
         self.cp, self.dir, self.modules, self.buffers = cp, Path(ptx_dir), {}, {}
-        self.tcnn = None
-        if tcnn_lib:  # dev/gpu_proxy/tcnn_grid.cu: int f(pointers..., const uint32_t* offsets, u32 x3, float)
-            import ctypes
-
-            self.tcnn = ctypes.CDLL(str(tcnn_lib))
+        # dev/gpu_proxy/tcnn_grid.cu: int f(pointers..., const uint32_t* offsets, u32 x3, float); its arguments by kind
+        self.tcnn = ctypes.CDLL(str(tcnn_lib)) if tcnn_lib else None
+        self.tcnn_args = {"buf": lambda v: ctypes.c_void_p(self.buffers[v].data.ptr), "u32": ctypes.c_uint32,
+                          "f32": ctypes.c_float, "host": lambda v: v.ctypes.data_as(ctypes.c_void_p)}
 
     def function(self, launch):
         if launch.module == "tcnn":
@@ -183,11 +183,7 @@ class Device:
 
     def launch(self, launch):
         if launch.module == "tcnn":  # a host function launching tiny-cuda-nn's kernel on the legacy default stream
-            import ctypes
-
-            conv = {"buf": lambda v: ctypes.c_void_p(self.buffers[v].data.ptr), "u32": ctypes.c_uint32,
-                    "f32": ctypes.c_float, "host": lambda v: v.ctypes.data_as(ctypes.c_void_p)}
-            err = self.function(launch)(*[conv[kind](v) for kind, v in launch.args])
+            err = self.function(launch)(*[self.tcnn_args[kind](v) for kind, v in launch.args])
             if err:
                 raise RuntimeError(f"{launch.kernel}: cudaError {err}")
             return

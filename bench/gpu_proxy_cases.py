@@ -119,12 +119,17 @@ HG_PRIMES = np.array([1, 2654435761, 805459861, 3674653429], np.uint32)
 HG_MAX_BASE = {1: 0xFFFFFFFF, 2: 0xFFFF, 3: 0x659, 4: 0xFF}
 
 
+def hg_log2_scale(per_level_scale) -> np.float32:
+    """log2(b) rounded once to float32 (tiny-cuda-nn's host: std::log2 of the float b)."""
+    return np.float32(np.log2(np.float64(np.float32(per_level_scale))))
+
+
 def hg_level_table(dims, n_levels, log2_hashmap_size, base_resolution, per_level_scale):
     """(levels [L] HG_LEVEL, rows): csrc/shared/hash_grid_math.h hg_level_table for hash grids (tcnn's float32
     level scales, every step rounded to float32)."""
     k_max = 0xFFFFFFFF // 2
     levels, offset = np.zeros(n_levels, HG_LEVEL), 0
-    log2_b = np.float32(np.log2(np.float64(np.float32(per_level_scale))))
+    log2_b = hg_log2_scale(per_level_scale)
     for l in range(n_levels):
         x = np.float32(np.float64(l) * np.float64(log2_b))
         m = np.float32(np.float64(np.float32(np.exp2(np.float64(x)))) * base_resolution)
@@ -556,7 +561,7 @@ def tcnn_cases(arrays, enc_tol, check_points, levels, rows, n, n_levels, F, per_
     of the sum of the terms' magnitudes, which still catches a term in a wrong row), the others' are the encode's
     and the table gradient's."""
     assert F == 2
-    log2_b = float(np.float32(np.log2(np.float64(np.float32(per_level_scale)))))  # std::log2(float), tcnn's host
+    log2_b = float(hg_log2_scale(per_level_scale))
     offsets = np.append(levels["offset"], rows).astype(np.uint32)
     cache = {}
 
