@@ -1,4 +1,4 @@
-"""The GPU proxy's build (dev/gpu_proxy.py): every metal_kernels/*.metal compiles to PTX at MSL 3.0 and 2.4 with one
+"""The GPU proxy's build (dev/gpu_proxy/build.py): every metal_kernels/*.metal compiles to PTX at MSL 3.0 and 2.4 with one
 `.entry` per kernel that msl_emu's signature parse finds, each with the parameters of its launch contract; the MSL
 version selects native float atomics or the compare-and-swap loop; the MSL emulation's own fixtures (threadgroup
 storage and arguments, threadgroup atomics, function constants, ushort attributes, SIMD-group functions) compile
@@ -7,7 +7,6 @@ CUDA counterpart lacks fails with a message that names it. Needs clang++-16 (CI 
 
 The build of the module runs once (the `built` fixture)."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -16,17 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = [ROOT / "tests" / "msl_emu" / "emu_selftest.metal", ROOT / "tests" / "msl_emu" / "launch" / "launch_fixture.metal"]
 
+sys.path.insert(0, str(ROOT / "dev"))
+from gpu_proxy import build as gpu_proxy  # noqa: E402
+from gpu_proxy import run as bench  # noqa: E402
 
-def _load(name, path):
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-gpu_proxy = _load("tfmo_dev_gpu_proxy", ROOT / "dev" / "gpu_proxy.py")
 msl_emu = gpu_proxy.load_msl_emu()
 
 
@@ -104,9 +96,8 @@ def test_barriers_threadgroup_memory_and_function_constants(built):
 
 
 def test_bench_dry_run_matches_the_entry_signatures(built, capsys):
-    """bench/gpu_proxy.py's launches (small sizes) against this build: arguments, dtypes, struct sizes, shared memory."""
+    """dev/gpu_proxy/run.py's launches (small sizes) against this build: arguments, dtypes, struct sizes, shared memory."""
     out, _, _, _ = built
-    bench = _load("tfmo_bench_gpu_proxy", ROOT / "bench" / "gpu_proxy.py")
     assert bench.main(["--ptx", str(out), "--dry-run", "--small"]) == 0
     assert "all match" in capsys.readouterr().out
     cases = bench.cases_mod.all_cases(small=True)

@@ -1,4 +1,4 @@
-"""The GPU proxy benchmark (bench/gpu_proxy.py) without a GPU: its NumPy float64 references, which decide whether a
+"""The GPU proxy benchmark (dev/gpu_proxy/run.py) without a GPU: its NumPy float64 references, which decide whether a
 kernel's output on the device is right before it is timed, agree with the package's CPU ops on the benchmark's own
 inputs (small sizes); the packed layouts and level tables it builds are the ones the ops accept; a wrong output
 fails its check; and its runner (check before timing, warm-up, medians, the results file) works end to end over a
@@ -16,8 +16,9 @@ import tensorflow as tf
 import tf_metal_ops
 from tf_metal_ops.hash_grid import HashGridConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import gpu_proxy_cases as cases  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dev"))
+from gpu_proxy import cases  # noqa: E402
+from gpu_proxy import run as bench  # noqa: E402
 
 
 def by_name(case_list):
@@ -194,7 +195,7 @@ def test_ray_march_references_match_the_op():
 
 
 class _FakeCupy:
-    """Just enough of CuPy for bench/gpu_proxy.py's runner on the CPU: buffers are NumPy arrays, events count
+    """Just enough of CuPy for dev/gpu_proxy/run.py's runner on the CPU: buffers are NumPy arrays, events count
     launches, and the kernels are the NumPy functions in `kernels` (every other kernel does nothing, so its case
     fails its check). Tests the runner's plumbing, not a GPU."""
 
@@ -266,8 +267,6 @@ def _fake_scan_add(data, sums, sp, *grid):
 
 
 def test_runner_plumbing_with_a_fake_cupy(tmp_path, monkeypatch):
-    import gpu_proxy as bench
-
     fake = _FakeCupy({"ray_march_scan_block": _fake_scan_block, "ray_march_scan_add": _fake_scan_add})
     monkeypatch.setitem(sys.modules, "cupy", fake)
     ptx = tmp_path / "ptx"
@@ -320,7 +319,7 @@ class _Host:
 
 
 def test_tcnn_cases_pack_tcnns_layouts_and_check_with_its_level_scales(monkeypatch):
-    """bench/gpu_proxy.py --tcnn: tiny-cuda-nn's kernels read our inputs in its layouts, and are checked against the
+    """dev/gpu_proxy/run.py --tcnn: tiny-cuda-nn's kernels read our inputs in its layouts, and are checked against the
     float64 reference computed with the level scales its kernels compute (one ulp of 2^x apart from ours on some
     levels: a point near a cell boundary then lands in the neighbouring cell)."""
     kw = dict(n=2048, n_levels=8, F=2, log2_T=12, base=16, per_level_scale=1.3819)
@@ -360,8 +359,6 @@ def test_tcnn_cases_pack_tcnns_layouts_and_check_with_its_level_scales(monkeypat
 
 
 def test_tcnn_build_names_what_the_checkout_lacks(tmp_path):
-    import gpu_proxy as bench
-
     tool = bench.load_build_tool()
     with pytest.raises(tool.BuildError, match="grid.h missing"):
         tool.build_tcnn(tmp_path, tmp_path / "out")

@@ -1,5 +1,5 @@
 // Bare CUDA limits for the hash-grid kernels of metal_kernels/hash_grid.metal, timed beside them by
-// bench/gpu_proxy.py (dev/gpu_proxy.py compiles this file to baselines.ptx). Plain CUDA, launched the way
+// dev/gpu_proxy/run.py (dev/gpu_proxy/build.py compiles this file to baselines.ptx). Plain CUDA, launched the way
 // tiny-cuda-nn launches its forward (encodings/grid.h): one thread per (point, level), levels along the grid's y,
 // 512 threads per block, F and D compile-time constants. Each does the reads (and, for the scatter, the atomic adds)
 // that the kernel it bounds must do, and nothing else: the same level table (HgLevel layout of
@@ -17,7 +17,7 @@
 // Grid: (ceil(n / 512), n_levels), block (512, 1, 1).
 //   launch_floor()                                                       does nothing: k launches of it in a row
 //                                                                        are the least time k dependent passes
-//                                                                        can take (bench/gpu_proxy.py)
+//                                                                        can take (dev/gpu_proxy/run.py)
 #include "gpu_proxy/cuda.h"
 
 typedef __fp16 half;

@@ -1,6 +1,6 @@
 // tiny-cuda-nn's own hash-grid kernels (kernel_grid, kernel_grid_backward from encodings/grid.h, unchanged), launched
-// as GridEncodingTemplated launches them, for bench/gpu_proxy.py's side-by-side rows (`--tcnn`). Built on a CUDA
-// machine by `python3 dev/gpu_proxy.py tcnn --src <tiny-cuda-nn checkout> --out DIR`; tiny-cuda-nn's sources are
+// as GridEncodingTemplated launches them, for dev/gpu_proxy/run.py's side-by-side rows (`--tcnn`). Built on a CUDA
+// machine by `python3 dev/gpu_proxy/build.py tcnn --src <tiny-cuda-nn checkout> --out DIR`; tiny-cuda-nn's sources are
 // read from that checkout at build time and are not part of this repository.
 //
 // Configuration: D = 3, F = 2, linear interpolation, GridType::Hash, HashType::CoherentPrime, all levels

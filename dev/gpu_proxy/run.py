@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The GPU proxy benchmark: the unchanged metal_kernels/*.metal, compiled to PTX by dev/gpu_proxy.py, timed on an
+"""The GPU proxy benchmark: the unchanged metal_kernels/*.metal, compiled to PTX by dev/gpu_proxy/build.py, timed on an
 NVIDIA GPU (the lent H200) beside the limit of each kernel. A proxy: NVIDIA hardware, not an Apple GPU (REFERENCE
 §15) — good for comparing kernel variants and for gross inefficiency, not for Apple's absolute times.
 
 Results: bench/gpu_proxy.md (the lent H200; the run's date, driver and commit are in its header, the timings of
 the kernels before this package's proxy-driven changes at its end).
 
-Per case (bench/gpu_proxy_cases.py: hash grid encode with float32/float16 tables, param gradient with native atomics
+Per case (dev/gpu_proxy/cases.py: hash grid encode with float32/float16 tables, param gradient with native atomics
 and the MSL 2.4 CAS loop, position gradient, second order; volume rendering and distortion loss, dense and packed,
 forward and backward; ray marching count/scan/fill and the occupancy mip), at NeRF sizes; the table gradients also
 on ray-ordered points (samples in order along rays, as a NeRF batch has them), plain atomics vs SIMD-group run sums:
@@ -17,16 +17,16 @@ on ray-ordered points (samples in order along rays, as a NeRF batch has them), p
      bytes the kernel must move at the GPU's measured device-to-device copy bandwidth (the rest).
 
 Commands:
-    python3 dev/gpu_proxy.py build --out gpu_proxy_ptx          # here: clang-16, no GPU
-    python3 bench/gpu_proxy.py --ptx gpu_proxy_ptx --dry-run     # here: packing vs the PTX entry signatures
-    python3 bench/gpu_proxy.py --ptx gpu_proxy_ptx --md $OUT/gpu_proxy.md   # on the device: cupy, numpy
+    python3 dev/gpu_proxy/build.py build --out gpu_proxy_ptx          # here: clang-16, no GPU
+    python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx --dry-run     # here: packing vs the PTX entry signatures
+    python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx --md $OUT/gpu_proxy.md   # on the device: cupy, numpy
 
 The device run (tool `run`; the device has python3, cupy, numpy, nvcc and no TensorFlow, no clang, no network):
-  1. here: `python3 dev/gpu_proxy.py build --out gpu_proxy_ptx` (1.4 MB; the folder must be ignored to travel with
+  1. here: `python3 dev/gpu_proxy/build.py build --out gpu_proxy_ptx` (1.4 MB; the folder must be ignored to travel with
      `carry`: .gitignore lists gpu_proxy_ptx/; in a checkout without that line, `echo gpu_proxy_ptx/ >>
      .git/info/exclude`). The manifest records the commit the PTX was built from;
   2. run(kind="nvidia-h200", carry=["gpu_proxy_ptx"], timeout_s=600,
-         command="python3 bench/gpu_proxy.py --ptx gpu_proxy_ptx --md $OUT/gpu_proxy.md")
+         command="python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx --md $OUT/gpu_proxy.md")
   3. copy the returned gpu_proxy.md to bench/gpu_proxy.md and commit it.
   Cost measured on the device (2026-12-05): 72-150 s per call, most of it the NumPy references; a fresh machine
   takes 1-2 min more to start.
@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
-import importlib.util
 import json
 import os
 import statistics
@@ -47,20 +46,15 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-import gpu_proxy_cases as cases_mod  # noqa: E402
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE.parent))  # dev/: the folder gpu_proxy/ is imported from
+from gpu_proxy import build as build_tool  # noqa: E402
+from gpu_proxy import cases as cases_mod  # noqa: E402
 
 
 def load_build_tool():
-    """dev/gpu_proxy.py (PTX entry and sizeof parsers, ptxas report), by path; it imports only the standard library."""
-    name = "tfmo_dev_gpu_proxy"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "dev" / "gpu_proxy.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """dev/gpu_proxy/build.py (PTX entry and sizeof parsers, ptxas report); it imports only the standard library."""
+    return build_tool
 
 
 # The empty kernel whose launches in a row bound a case of tiny kernels (dev/gpu_proxy/baselines.cu).
@@ -78,7 +72,7 @@ class Signatures:
         self.dir = Path(ptx_dir)
         manifest = self.dir / "manifest.json"
         if not manifest.is_file():
-            raise SystemExit(f"{manifest} not found: build it with `python3 dev/gpu_proxy.py build --out {ptx_dir}`")
+            raise SystemExit(f"{manifest} not found: build it with `python3 dev/gpu_proxy/build.py build --out {ptx_dir}`")
         self.manifest = json.loads(manifest.read_text())
         self.entries, self.sizes = {}, {}
         for ptx in self.dir.rglob("*.ptx"):
@@ -279,14 +273,14 @@ def write_md(path: Path, rows, env: dict, registers: dict):
         "",
         f"- GPU: {env['gpu']}; driver {env['driver']}; CUDA runtime {env['runtime']}; cupy {env['cupy']}",
         f"- date: {env['date']}; commit {env['commit']} (of the PTX build); PTX: clang-16 CUDA mode, sm_90, -O3 "
-        "-ffp-contract=off (dev/gpu_proxy.py)",
+        "-ffp-contract=off (dev/gpu_proxy/build.py)",
         f"- copy bandwidth (device to device, read + write): {env['bw'] / 1e9:.0f} GB/s",
         "- bound of a kernel measured against bytes: those bytes at the copy bandwidth, or its launch floor when that "
         "is longer (k launches in a row of an empty kernel, k the case's launches, timed in the same run)",
         f"- each row: median of {env['repeats']} CUDA-event timings after {env['warmup']} warm-up runs, checked "
         "against a NumPy float64 reference (or the invariants named) before timing",
-        "- re-run (PTX built here with `python3 dev/gpu_proxy.py build --out gpu_proxy_ptx`, an ignored folder): "
-        "device `run(carry=[\"gpu_proxy_ptx\"], command=\"python3 bench/gpu_proxy.py --ptx gpu_proxy_ptx --md "
+        "- re-run (PTX built here with `python3 dev/gpu_proxy/build.py build --out gpu_proxy_ptx`, an ignored folder): "
+        "device `run(carry=[\"gpu_proxy_ptx\"], command=\"python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx --md "
         "$OUT/gpu_proxy.md\")`",
         "- a proxy: NVIDIA hardware, not an Apple GPU. It cannot say: Apple's absolute times (other bandwidth, "
         "clocks, caches, unified memory); how Apple's compiler allocates registers or spills (ptxas decides here); "
@@ -312,8 +306,8 @@ def write_md(path: Path, rows, env: dict, registers: dict):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ptx", type=Path, default=ROOT / "gpu_proxy_ptx", help="dev/gpu_proxy.py build output")
-    ap.add_argument("--md", type=Path, default=HERE / "gpu_proxy.md")
+    ap.add_argument("--ptx", type=Path, default=ROOT / "gpu_proxy_ptx", help="dev/gpu_proxy/build.py build output")
+    ap.add_argument("--md", type=Path, default=ROOT / "bench" / "gpu_proxy.md")
     ap.add_argument("--repeats", type=int, default=25)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--dry-run", action="store_true", help="check the packing against the PTX; no GPU")
@@ -321,7 +315,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="run the cases whose name contains this (alternatives split by |)")
     ap.add_argument("--copy-mib", type=int, default=1024, help="buffer size of the copy-bandwidth measurement")
     ap.add_argument("--tcnn", type=Path, default=None,
-                    help="also time tiny-cuda-nn's own kernels: the library dev/gpu_proxy.py tcnn builds")
+                    help="also time tiny-cuda-nn's own kernels: the library dev/gpu_proxy/build.py tcnn builds")
     args = ap.parse_args(argv)
     if args.repeats < 20:
         ap.error("--repeats must be >= 20")

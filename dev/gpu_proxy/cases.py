@@ -1,5 +1,5 @@
-"""The cases of the GPU proxy benchmark (bench/gpu_proxy.py): inputs at NeRF sizes, the kernels' argument packing
-(entry order of dev/gpu_proxy.py's launch contract), and NumPy float64 references. NumPy only: importable without a
+"""The cases of the GPU proxy benchmark (dev/gpu_proxy/run.py): inputs at NeRF sizes, the kernels' argument packing
+(entry order of dev/gpu_proxy/build.py's launch contract), and NumPy float64 references. NumPy only: importable without a
 GPU, CuPy or TensorFlow (tests/test_gpu_proxy_bench.py checks the references against the package's CPU ops and the
 packing against the PTX entry signatures).
 
@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-# ---- the shared structs (csrc/shared/*_math.h), as NumPy dtypes; dev/gpu_proxy.py's PTX carries their sizeof ----
+# ---- the shared structs (csrc/shared/*_math.h), as NumPy dtypes; dev/gpu_proxy/build.py's PTX carries their sizeof ----
 HG_LEVEL = np.dtype([("offset", "<u4"), ("size", "<u4"), ("resolution", "<u4"), ("mode", "<u4"),
                      ("n_stride_dims", "<u4"), ("scale", "<f4"), ("stride", "<u4", (4,))])
 HG_ARGS = np.dtype([(n, "<u4") for n in ("n", "dims", "n_features", "n_levels", "n_active", "interpolation", "count",
