@@ -48,7 +48,7 @@ def hash_grid(device, rng, out):
                 rows = t.hash_grid.HashGridConfig(n_levels=levels, n_features_per_level=f, log2_hashmap_size=log2,
                                                   base_resolution=4, per_level_scale=1.5, grid_type=grid,
                                                   n_input_dims=dims).n_params // f
-                p = (rng.standard_normal((rows * f,)) * 0.1).astype(dtype)
+                p = (rng.standard_normal((rows, f)) * 0.1).astype(dtype)
                 shape = (levels * f, n) if fm else (n, levels * f)
                 dy = rng.standard_normal(shape).astype(dtype)
                 ddx = rng.standard_normal((n, dims)).astype(np.float32)
@@ -75,7 +75,7 @@ def rendering(device, rng, out):
     r, s = 300, 37
     sigma = (rng.random((r, s)) * 3).astype(np.float32)
     rgb = rng.random((r, s, 3)).astype(np.float32)
-    tt = np.sort(rng.random((r, s)), axis=1).astype(np.float32)
+    tt = np.sort(rng.random((r, s + 1)), axis=1).astype(np.float32)
     bg = rng.random((r, 3)).astype(np.float32)
     with tf.device(device):
         args = list(map(tf.constant, (sigma, rgb, tt, bg)))
@@ -102,8 +102,8 @@ def rendering(device, rng, out):
     n = int(splits[-1])
     d = (rng.random(n) * 3).astype(np.float32)
     c = rng.random((n, 3)).astype(np.float32)
-    t0 = rng.random(n).astype(np.float32)
-    t1 = (t0 + rng.random(n).astype(np.float32) * 0.1).astype(np.float32)
+    edges = np.cumsum(rng.random(2 * n) * 0.05).astype(np.float32)  # sorted, non-overlapping samples
+    t0, t1 = edges[0::2].copy(), edges[1::2].copy()
     with tf.device(device):
         pa = list(map(tf.constant, (d, c, t0, t1)))
         sp = tf.constant(splits)
@@ -122,7 +122,7 @@ def rendering(device, rng, out):
 
 def ray_march(device, rng, out):
     for cascades in (1, 3):
-        grid = t.OccupancyGrid([-1, -1, -1, 1, 1, 1], resolution=32, cascades=cascades)
+        grid = t.OccupancyGrid(((-1, -1, -1), (1, 1, 1)), resolution=32, cascades=cascades)
         grid.bits.assign(grid._pack(tf.constant(rng.random(grid.num_cells) < 0.3)))
         o = (rng.random((500, 3)) * 2 - 1).astype(np.float32)
         dvec = rng.standard_normal((500, 3)).astype(np.float32)
