@@ -442,11 +442,11 @@ TFMO_FN uint2 hg_encode_thread(constant HgArgs& args, uint gid) {
 }
 
 // ---- Entry points: one kernel template per kernel, its instances named below it (MLX's form,
-// `template [[host_name("name")]] [[kernel]] decltype(f<A>) f<A>;`, through HG_KERNEL). The host finds them by
+// `template [[host_name("name")]] [[kernel]] decltype(f<A>) f<A>;`, through HG_KERNEL(...);). The host finds them by
 // these names. T: the table's element type (float32: float, float16: half). DIMS, FEAT, INTERP: the compile-time
 // configuration of the gradient kernels, (0, 0, -1) for the general instance (read from args) or (3, 2, linear),
 // the _d3f2 instance (see hg_encode_level). D3F2: the encode's instance for D = 3, F = 2, linear (hg_encode_d3f2).
-#define HG_KERNEL(name, ...) template [[host_name(name)]] [[kernel]] decltype(__VA_ARGS__) __VA_ARGS__;
+#define HG_KERNEL(name, ...) template [[host_name(name)]] [[kernel]] decltype(__VA_ARGS__) __VA_ARGS__
 #define HG_GENERAL 0, 0, -1
 #define HG_D3F2 3, 2, HG_INTERP_LINEAR
 
@@ -459,10 +459,10 @@ template <typename T, bool D3F2>
   if (D3F2) hg_encode_d3f2<T, false>(positions, params, levels, args, out, pl.x, pl.y);
   else hg_encode<T, false>(positions, params, levels, args, out, pl.x, pl.y);
 }
-HG_KERNEL("hash_grid_encode_float32", hash_grid_encode<float, false>)
-HG_KERNEL("hash_grid_encode_float16", hash_grid_encode<half, false>)
-HG_KERNEL("hash_grid_encode_d3f2_float32", hash_grid_encode<float, true>)
-HG_KERNEL("hash_grid_encode_d3f2_float16", hash_grid_encode<half, true>)
+HG_KERNEL("hash_grid_encode_float32", hash_grid_encode<float, false>);
+HG_KERNEL("hash_grid_encode_float16", hash_grid_encode<half, false>);
+HG_KERNEL("hash_grid_encode_d3f2_float32", hash_grid_encode<float, true>);
+HG_KERNEL("hash_grid_encode_d3f2_float16", hash_grid_encode<half, true>);
 
 // Feature-major: grid (N, L), threadgroups (T, 1, 1); the level is the threadgroup's y. out [L*F, N].
 template <typename T, bool D3F2>
@@ -473,10 +473,10 @@ template <typename T, bool D3F2>
   if (D3F2) hg_encode_d3f2<T, true>(positions, params, levels, args, out, gid.x, tg.y);
   else hg_encode<T, true>(positions, params, levels, args, out, gid.x, tg.y);
 }
-HG_KERNEL("hash_grid_encode_fm_float32", hash_grid_encode_fm<float, false>)
-HG_KERNEL("hash_grid_encode_fm_float16", hash_grid_encode_fm<half, false>)
-HG_KERNEL("hash_grid_encode_fm_d3f2_float32", hash_grid_encode_fm<float, true>)
-HG_KERNEL("hash_grid_encode_fm_d3f2_float16", hash_grid_encode_fm<half, true>)
+HG_KERNEL("hash_grid_encode_fm_float32", hash_grid_encode_fm<float, false>);
+HG_KERNEL("hash_grid_encode_fm_float16", hash_grid_encode_fm<half, false>);
+HG_KERNEL("hash_grid_encode_fm_d3f2_float32", hash_grid_encode_fm<float, true>);
+HG_KERNEL("hash_grid_encode_fm_d3f2_float16", hash_grid_encode_fm<half, true>);
 
 // Table gradient (grid (N, n_active)) into a float32 accumulator with float atomics.
 template <typename T, uint DIMS, uint FEAT, int INTERP>
@@ -486,10 +486,10 @@ template <typename T, uint DIMS, uint FEAT, int INTERP>
                                       uint lane [[thread_index_in_simdgroup]]) {
   hg_scatter<T, false, DIMS, FEAT, INTERP>(nullptr, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
 }
-HG_KERNEL("hash_grid_grad_params_float32", hash_grid_grad_params<float, HG_GENERAL>)
-HG_KERNEL("hash_grid_grad_params_d3f2_float32", hash_grid_grad_params<float, HG_D3F2>)
-HG_KERNEL("hash_grid_grad_params_float16", hash_grid_grad_params<half, HG_GENERAL>)
-HG_KERNEL("hash_grid_grad_params_d3f2_float16", hash_grid_grad_params<half, HG_D3F2>)
+HG_KERNEL("hash_grid_grad_params_float32", hash_grid_grad_params<float, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad_params_d3f2_float32", hash_grid_grad_params<float, HG_D3F2>);
+HG_KERNEL("hash_grid_grad_params_float16", hash_grid_grad_params<half, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad_params_d3f2_float16", hash_grid_grad_params<half, HG_D3F2>);
 
 // Position gradient, grid N; dy in the layout args.feature_major says (one instance per layout).
 template <typename T, uint DIMS, uint FEAT, int INTERP>
@@ -500,10 +500,10 @@ template <typename T, uint DIMS, uint FEAT, int INTERP>
   if (args.feature_major) hg_grad_positions<T, DIMS, FEAT, INTERP, true>(dy, positions, params, levels, args, dx, gid);
   else hg_grad_positions<T, DIMS, FEAT, INTERP, false>(dy, positions, params, levels, args, dx, gid);
 }
-HG_KERNEL("hash_grid_grad_positions_float32", hash_grid_grad_positions<float, HG_GENERAL>)
-HG_KERNEL("hash_grid_grad_positions_d3f2_float32", hash_grid_grad_positions<float, HG_D3F2>)
-HG_KERNEL("hash_grid_grad_positions_float16", hash_grid_grad_positions<half, HG_GENERAL>)
-HG_KERNEL("hash_grid_grad_positions_d3f2_float16", hash_grid_grad_positions<half, HG_D3F2>)
+HG_KERNEL("hash_grid_grad_positions_float32", hash_grid_grad_positions<float, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad_positions_d3f2_float32", hash_grid_grad_positions<float, HG_D3F2>);
+HG_KERNEL("hash_grid_grad_positions_float16", hash_grid_grad_positions<half, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad_positions_d3f2_float16", hash_grid_grad_positions<half, HG_D3F2>);
 
 // Second order per point, grid N: d/d(dy) (layout as dy) and d/dx.
 template <typename T, uint DIMS, uint FEAT, int INTERP>
@@ -516,10 +516,10 @@ template <typename T, uint DIMS, uint FEAT, int INTERP>
     hg_grad2_points<T, DIMS, FEAT, INTERP, true>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
   else hg_grad2_points<T, DIMS, FEAT, INTERP, false>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
 }
-HG_KERNEL("hash_grid_grad2_points_float32", hash_grid_grad2_points<float, HG_GENERAL>)
-HG_KERNEL("hash_grid_grad2_points_d3f2_float32", hash_grid_grad2_points<float, HG_D3F2>)
-HG_KERNEL("hash_grid_grad2_points_float16", hash_grid_grad2_points<half, HG_GENERAL>)
-HG_KERNEL("hash_grid_grad2_points_d3f2_float16", hash_grid_grad2_points<half, HG_D3F2>)
+HG_KERNEL("hash_grid_grad2_points_float32", hash_grid_grad2_points<float, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad2_points_d3f2_float32", hash_grid_grad2_points<float, HG_D3F2>);
+HG_KERNEL("hash_grid_grad2_points_float16", hash_grid_grad2_points<half, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad2_points_d3f2_float16", hash_grid_grad2_points<half, HG_D3F2>);
 
 // Second-order table gradient, grid (N, n_active), float atomics.
 template <typename T, uint DIMS, uint FEAT, int INTERP>
@@ -530,10 +530,10 @@ template <typename T, uint DIMS, uint FEAT, int INTERP>
                                        uint lane [[thread_index_in_simdgroup]]) {
   hg_scatter<T, true, DIMS, FEAT, INTERP>(ddx, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
 }
-HG_KERNEL("hash_grid_grad2_params_float32", hash_grid_grad2_params<float, HG_GENERAL>)
-HG_KERNEL("hash_grid_grad2_params_d3f2_float32", hash_grid_grad2_params<float, HG_D3F2>)
-HG_KERNEL("hash_grid_grad2_params_float16", hash_grid_grad2_params<half, HG_GENERAL>)
-HG_KERNEL("hash_grid_grad2_params_d3f2_float16", hash_grid_grad2_params<half, HG_D3F2>)
+HG_KERNEL("hash_grid_grad2_params_float32", hash_grid_grad2_params<float, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad2_params_d3f2_float32", hash_grid_grad2_params<float, HG_D3F2>);
+HG_KERNEL("hash_grid_grad2_params_float16", hash_grid_grad2_params<half, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad2_params_d3f2_float16", hash_grid_grad2_params<half, HG_D3F2>);
 
 // The deterministic table gradients: fixed-point sums into words (HgFixedSink).
 template <typename T, uint DIMS, uint FEAT, int INTERP>
@@ -545,10 +545,10 @@ template <typename T, uint DIMS, uint FEAT, int INTERP>
   hg_scatter<T, false, DIMS, FEAT, INTERP>(nullptr, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0},
                                            gid.x, gid.y, lane);
 }
-HG_KERNEL("hash_grid_grad_params_det_float32", hash_grid_grad_params_det<float, HG_GENERAL>)
-HG_KERNEL("hash_grid_grad_params_det_d3f2_float32", hash_grid_grad_params_det<float, HG_D3F2>)
-HG_KERNEL("hash_grid_grad_params_det_float16", hash_grid_grad_params_det<half, HG_GENERAL>)
-HG_KERNEL("hash_grid_grad_params_det_d3f2_float16", hash_grid_grad_params_det<half, HG_D3F2>)
+HG_KERNEL("hash_grid_grad_params_det_float32", hash_grid_grad_params_det<float, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad_params_det_d3f2_float32", hash_grid_grad_params_det<float, HG_D3F2>);
+HG_KERNEL("hash_grid_grad_params_det_float16", hash_grid_grad_params_det<half, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad_params_det_d3f2_float16", hash_grid_grad_params_det<half, HG_D3F2>);
 
 template <typename T, uint DIMS, uint FEAT, int INTERP>
 [[kernel]] void hash_grid_grad2_params_det(device const float* ddx [[buffer(0)]], device const T* dy [[buffer(1)]],
@@ -561,10 +561,10 @@ template <typename T, uint DIMS, uint FEAT, int INTERP>
   hg_scatter<T, true, DIMS, FEAT, INTERP>(ddx, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0},
                                           gid.x, gid.y, lane);
 }
-HG_KERNEL("hash_grid_grad2_params_det_float32", hash_grid_grad2_params_det<float, HG_GENERAL>)
-HG_KERNEL("hash_grid_grad2_params_det_d3f2_float32", hash_grid_grad2_params_det<float, HG_D3F2>)
-HG_KERNEL("hash_grid_grad2_params_det_float16", hash_grid_grad2_params_det<half, HG_GENERAL>)
-HG_KERNEL("hash_grid_grad2_params_det_d3f2_float16", hash_grid_grad2_params_det<half, HG_D3F2>)
+HG_KERNEL("hash_grid_grad2_params_det_float32", hash_grid_grad2_params_det<float, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad2_params_det_d3f2_float32", hash_grid_grad2_params_det<float, HG_D3F2>);
+HG_KERNEL("hash_grid_grad2_params_det_float16", hash_grid_grad2_params_det<half, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad2_params_det_d3f2_float16", hash_grid_grad2_params_det<half, HG_D3F2>);
 
 // x[i] = 0 for i < args.count.
 template <typename T>
@@ -572,8 +572,8 @@ template <typename T>
                                     uint gid [[thread_position_in_grid]]) {
   if (gid < args.count) x[gid] = T(0);
 }
-HG_KERNEL("hash_grid_fill_zero", hash_grid_fill_zero<float>)
-HG_KERNEL("hash_grid_fill_zero_uint", hash_grid_fill_zero<uint>)
+HG_KERNEL("hash_grid_fill_zero", hash_grid_fill_zero<float>);
+HG_KERNEL("hash_grid_fill_zero_uint", hash_grid_fill_zero<uint>);
 
 // The deterministic gradient's words for args.count values: each sum HG_FIXED_BIAS (low word), flags 0.
 kernel void hash_grid_fixed_init(device uint* words [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
@@ -593,8 +593,8 @@ template <typename T>
                                   uint threads [[threads_per_grid]]) {
   hg_abs_max(x, args, meta, gid, threads);
 }
-HG_KERNEL("hash_grid_abs_max_float32", hash_grid_abs_max<float>)
-HG_KERNEL("hash_grid_abs_max_float16", hash_grid_abs_max<half>)
+HG_KERNEL("hash_grid_abs_max_float32", hash_grid_abs_max<float>);
+HG_KERNEL("hash_grid_abs_max_float16", hash_grid_abs_max<half>);
 
 // meta[HG_FIXED_EXPONENTS + l] for l < n_levels: the exponent e_l of the fixed-point sums (see HgFixedSink).
 kernel void hash_grid_fixed_exponents(constant HgLevel* levels [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
@@ -639,5 +639,5 @@ template <typename T>
                                    device T* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
   hg_fixed_to(words, meta, levels, args, out, gid);
 }
-HG_KERNEL("hash_grid_fixed_to_float32", hash_grid_fixed_to<float>)
-HG_KERNEL("hash_grid_fixed_to_float16", hash_grid_fixed_to<half>)
+HG_KERNEL("hash_grid_fixed_to_float32", hash_grid_fixed_to<float>);
+HG_KERNEL("hash_grid_fixed_to_float16", hash_grid_fixed_to<half>);

@@ -399,7 +399,9 @@ def read_source(source: str, *, filename: str = "<source>", include_dirs: Sequen
     """The kernels and function constants of ``source`` (as if it were the file ``filename``: its directory is
     searched for quoted includes, and messages name it). Raises SignatureError when clang gives no AST (the
     message has clang's first error) or a signature cannot be classified."""
-    ctx, ast, findings = compile_ast(source, filename=filename, msl_version=msl_version, include_dirs=include_dirs,
+    # Another MSL emulation's headers (msl_emu's, the GPU proxy's) on the path would shadow msl_check's stub.
+    dirs = [d for d in include_dirs if not os.path.isfile(os.path.join(d, "metal_stdlib"))]
+    ctx, ast, findings = compile_ast(source, filename=filename, msl_version=msl_version, include_dirs=dirs,
                                      compiler=compiler)
     if ast is None:
         first = findings[0] if findings else None
