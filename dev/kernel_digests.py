@@ -32,6 +32,8 @@ HASH_GRID_CASES = [
 
 
 def digest(x) -> str:
+    if x is None or not np.issubdtype(np.asarray(x).dtype, np.number):
+        raise TypeError(f"not a numeric tensor: {x!r}")
     a = np.ascontiguousarray(np.asarray(x))
     return hashlib.sha256(str(a.dtype).encode() + str(a.shape).encode() + a.tobytes()).hexdigest()[:16]
 
@@ -62,6 +64,7 @@ def hash_grid(device, rng, out):
                         gx, gp = inner.gradient(y, [xv, pv], output_gradients=dyv)
                         s = tf.reduce_sum(gx * ddxv)
                     g2 = outer.gradient(s, [dyv, xv, pv]) if interp != "nearest" else [None] * 3
+                assert y.device.endswith(device.lstrip("/")), f"ran on {y.device}, not {device}"
                 key = f"hash_grid d{dims} f{f} {grid} {interp} {np.dtype(dtype).name} fm={int(fm)}"
                 out[key + " encode"] = digest(y)
                 out[key + " grad_positions"] = digest(gx)
@@ -112,7 +115,8 @@ def rendering(device, rng, out):
             res = t.volume_render_packed(*pa, sp)
             loss = sum(tf.reduce_sum(v * (i + 1)) for i, v in enumerate(res))
             dl = t.distortion_loss_packed(res[-1], pa[2], pa[3], sp)
-        grads = tape.gradient(loss + dl, pa)
+            total = loss + dl
+        grads = tape.gradient(total, pa)
     for i, v in enumerate(res):
         out[f"volume_render_packed out{i}"] = digest(v)
     out["distortion_loss_packed"] = digest(dl)
