@@ -127,28 +127,22 @@ def _runtime_object() -> Path:
 
 
 def _checked_copy(text: str, kernels) -> str:
-    """`text` with each kernel's pointer [[buffer(n)]] parameters as checked<T> (offsets kept: same lines)."""
-    glue = _msl_emu()
-    plain = glue._strip_comments(text)
-    edits = []  # (start, end, replacement)
-    for m in glue._KERNEL.finditer(plain):
-        depth, i = 1, m.end()
-        while i < len(plain) and depth:
-            depth += {"(": 1, ")": -1}.get(plain[i], 0)
-            i += 1
-        for ptext, off in glue._split_params(plain[m.end():i - 1], m.end()):
-            attrs = glue._ATTR.findall(ptext)
-            if not attrs or attrs[0][0] != "buffer":
+    """`text` (the source as written) with each kernel's pointer [[buffer(n)]] parameters as checked<T>: the
+    declaration before the attribute, read at the span clang gave (Param.span), rewritten; lines are kept. A kernel
+    template's instances share their pattern's parameters, rewritten once."""
+    edits = {}  # (start, end) -> replacement
+    for k in kernels:
+        for p in k.params:
+            if p.kind != "buffer" or not p.pointer or p.span is None:
                 continue
-            decl = glue._DECL.match(" ".join(glue._ATTR.sub(" ", ptext).split()))
-            if decl is None or decl["ref"] != "*":
-                continue
-            quals = decl["quals"].split() + decl["post"].split()
-            const = "const " if ("const" in quals or "constant" in quals) else ""
-            attr_at = ptext.lstrip().index("[[")  # `off` is where the stripped text starts
-            edits.append((off, off + attr_at, f"{_CHECKED}<{const}{decl['type']}> {decl['name']} "))
+            words = text[p.span[0]:p.span[1]].replace("*", " * ").split()
+            if len(words) < 3 or words[-2] != "*" or words[-1] != p.name:
+                continue  # not `[space] [const] T* name` (a macro, a qualifier): left as written, unchecked
+            written = [w for w in words[:-2] if w not in ("device", "constant", "const", "volatile")]
+            const = "const " if ("const" in words[:-2] or p.address_space == "constant") else ""
+            edits[p.span] = f"{_CHECKED}<{const}{' '.join(written)}> {p.name} "
     out = text
-    for start, end, rep in sorted(edits, reverse=True):
+    for (start, end), rep in sorted(edits.items(), reverse=True):
         out = out[:start] + rep + out[end:]
     return out
 
@@ -299,7 +293,8 @@ def compile(msl: str, *, checked: bool, fast_math: bool = False, msl_version: st
         stage_checked = None
         if checked:
             stage_checked = "kernel_checked.metal"
-            (unit.staged.parent / stage_checked).write_text(_checked_copy(unit.staged.read_text(), mf.kernels))
+            (unit.staged.parent / stage_checked).write_text(
+                f"#line 1 {glue._cstr(str(metal))}\n" + glue.rewrite_threadgroup_pointers(_checked_copy(msl, mf.kernels)))
         cc = work / "unit.cc"
         # unit.kernels: parsed with the include path, so a kernel's fiber use counts its headers' functions too
         cc.write_text(_unit(unit.source.read_text(), unit.kernels, stage_checked, checked))

@@ -74,6 +74,9 @@ class Param:
     type: str  # pointee type in MSL's spelling (attributes: the value type)
     attribute: str | None  # attributes: "thread_position_in_grid", ...
     line: int
+    # (start, end) offsets in the source of the declaration before its attribute, `device const T* x `, as written
+    # (a template's instances share their pattern's); None where clang gives none
+    span: tuple[int, int] | None = dataclasses.field(default=None, compare=False)
 
     @property
     def decl(self) -> str:
@@ -198,17 +201,19 @@ class _Reader:
 
     # -- parameters
     def param_attrs(self, p):
+        """(the MSL attributes after the parameter's name, the offset of the first one or None)."""
         off = _offset(p.get("loc"))
         if off is None:
-            return []
+            return [], None
         loc = _bare(p.get("loc"))
         pos = off + loc.get("tokLen", 0)
-        out = []
+        out, first = [], None
         for a in self.ctx.attrs:
             if a.start >= pos and not self.text[pos:a.start].strip():
                 out.extend(a.items)
+                first = a.start if first is None else first
                 pos = a.end
-        return out
+        return out, first
 
     def param(self, p, kernel: str) -> Param:
         name = p.get("name", "")
@@ -220,7 +225,9 @@ class _Reader:
         def fail(why: str) -> SignatureError:
             return self.error(line, f"kernel {kernel}: cannot classify parameter `{written} {name}`: {why}")
 
-        attrs = self.param_attrs(p)
+        attrs, attr_at = self.param_attrs(p)
+        begin = _offset(((p.get("range") or {}).get("begin")))
+        span = (begin, attr_at) if begin is not None and attr_at is not None else None
         if len(attrs) != 1:
             raise fail("expected exactly one attribute ([[buffer(n)]], [[threadgroup(n)]] or a thread-position "
                        "attribute)")
@@ -251,7 +258,7 @@ class _Reader:
                 raise fail("a [[threadgroup(n)]] parameter needs the threadgroup address space")
             if "const" in after.split():
                 raise fail("a const pointer (`T* const p`) is not supported; drop the second const")
-            return Param(name, attr, index, space, const, pointer, typ, None, line)
+            return Param(name, attr, index, space, const, pointer, typ, None, line, span)
         if attr in THREAD_ATTRIBUTES:
             if arg:
                 raise fail(f"[[{attr}]] takes no argument")
@@ -260,7 +267,7 @@ class _Reader:
             allowed = _VECTOR_ATTR_TYPES if THREAD_ATTRIBUTES[attr] else _SCALAR_ATTR_TYPES
             if typ not in allowed:
                 raise fail(f"[[{attr}]] must have type {', '.join(allowed)}")
-            return Param(name, "attribute", 0, None, "const" in words, False, typ, attr, line)
+            return Param(name, "attribute", 0, None, "const" in words, False, typ, attr, line, span)
         raise fail(f"unsupported attribute [[{attr}{'(' + arg + ')' if arg else ''}]]")
 
     def params(self, fn, kernel: str) -> tuple[Param, ...]:
