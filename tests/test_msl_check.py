@@ -57,21 +57,22 @@ def version_of(path):
 
 
 def mutated_hash_grid():
-    """hash_grid.metal with the address space of one kernel argument removed (so the call that passes it on to a
-    `device const float*` parameter does not compile either) and a buffer index duplicated."""
+    """hash_grid.metal with the address space of one kernel template's argument removed (so the calls that pass it on
+    to `device const float*` parameters do not compile either, in each instance) and a buffer index duplicated."""
     path = os.path.join(REPO_ROOT, "metal_kernels", "hash_grid.metal")
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    first = "kernel void hash_grid_encode_float32(device const float* positions [[buffer(0)]],"
+    first = ("[[kernel]] void hash_grid_encode(device const float* positions [[buffer(0)]], "
+             "device const T* params [[buffer(1)]],")
     assert first in text
-    text = text.replace(first, first.replace("device const float*", "const float*"), 1)
-    second = "device const float* params [[buffer(1)]],"
-    assert second in text
-    text = text.replace(second, "device const float* params [[buffer(0)]],", 1)
+    text = text.replace(first, first.replace("device const float*", "const float*").replace("[[buffer(1)]]",
+                                                                                         "[[buffer(0)]]"), 1)
     lines = text.split("\n")
-    n1 = next(i for i, ln in enumerate(lines, 1) if "hash_grid_encode_float32(const float* positions" in ln)
-    call = next(i for i, ln in enumerate(lines, 1) if i > n1 and "hg_encode<float, false>(positions, params" in ln)
-    return path, text, {(n1, "pointer-address-space"), (n1 + 1, "buffer-index-duplicate"), (call, "compile")}
+    n1 = next(i for i, ln in enumerate(lines, 1) if "hash_grid_encode(const float* positions" in ln)
+    calls = [next(i for i, ln in enumerate(lines, 1) if i > n1 and f"{fn}<T, false>(positions, params" in ln)
+             for fn in ("hg_encode_d3f2", "hg_encode")]
+    return path, text, {(n1, "pointer-address-space"), (n1, "buffer-index-duplicate"),
+                        *((c, "compile") for c in calls)}
 
 
 @pytest.fixture(scope="module")
