@@ -23,7 +23,7 @@ import numbers
 from typing import Any, Sequence
 
 from tf_metal_ops import _library
-from tf_metal_ops.inline_kernels import build
+from tf_metal_ops.inline_kernels import build, trust
 from tf_metal_ops.inline_kernels import source as gen
 
 _MAX_GROUP = 1024
@@ -244,6 +244,7 @@ class MetalKernel:
             src = gen.generate(self.name, self.input_names, self.output_names, self.source, self.header,
                                self.atomic_outputs, key[0], key[1], key[2], key[4], init)
             inst = _Instance(src, _attrs(src, key[2], key[3]))
+            trust.note_created(src.msl)
             self._instances[key] = inst
         return inst
 
