@@ -281,7 +281,6 @@ def compile(msl: str, *, checked: bool, fast_math: bool = False, msl_version: st
     flags = [*flags, *options]
     src_key = _builder.content_key([msl, *options], length=24)
     out = cache_dir() / f"{src_key}-{'checked' if checked else 'fast'}-{key[:12]}"
-    runtime = _runtime_object()
 
     def make(work: Path):
         from tf_metal_ops import msl_check  # imported where a kernel is built: `import tf_metal_ops` never loads it
@@ -318,6 +317,7 @@ def compile(msl: str, *, checked: bool, fast_math: bool = False, msl_version: st
         except KernelCompileError as e:
             raise KernelCompileError("tf_metal_ops.metal_kernel: the kernel does not compile:\n" +
                                      _compile_message(str(e).split("\n", 2)[-1])) from None
+        runtime = _runtime_object()
         _builder.run([compiler, "-shared", "-o", str(work / LIBRARY), str(obj), str(runtime), *_VECLIB[1], "-lpthread"],
                      "tf_metal_ops.metal_kernel: linking the kernel", KernelCompileError)
 
