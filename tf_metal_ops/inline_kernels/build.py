@@ -321,7 +321,9 @@ def compile(msl: str, *, checked: bool, fast_math: bool = False, msl_version: st
         _builder.run([compiler, "-shared", "-o", str(work / LIBRARY), str(obj), str(runtime), *_VECLIB[1], "-lpthread"],
                      "tf_metal_ops.metal_kernel: linking the kernel", KernelCompileError)
 
-    return _builder.cached_build(out, [LIBRARY], make, KernelCompileError) / LIBRARY
+    # The entry's name holds a prefix of the key; its manifest the whole key (source, options, toolchain).
+    full_key = f"{_builder.content_key([msl, *options], length=64)}-{'checked' if checked else 'fast'}-{key}"
+    return _builder.cached_build(out, [LIBRARY], make, KernelCompileError, key=full_key) / LIBRARY
 
 
 # ---- the op library's compiler callback ------------------------------------------------------------------------
