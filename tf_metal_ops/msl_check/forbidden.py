@@ -19,7 +19,8 @@ source links only against the functions a pipeline is given, MTLLinkedFunctions)
 - ``variadic``: a C variadic function (``...``) or ``va_arg``.
 
 (``goto``, ``new``/``delete``, exceptions, ``virtual``, ``thread_local``, static locals and program-scope variables
-outside the constant address space are rules.py's.) Every finding is at the user's line; nothing in the stub
+outside the constant address space are rules.py's, and so are the node kinds that are a finding by themselves:
+asm statements and labels, ``va_arg``.) Every finding is at the user's line; nothing in the stub
 headers is checked.
 """
 
@@ -27,16 +28,8 @@ from __future__ import annotations
 
 _FUNCTIONS = ("FunctionDecl", "CXXMethodDecl", "CXXConstructorDecl", "CXXDestructorDecl", "CXXConversionDecl")
 
-_SIMPLE = {
-    "GCCAsmStmt": ("asm", "inline assembly (asm) is not supported in MSL"),
-    "MSAsmStmt": ("asm", "inline assembly (asm) is not supported in MSL"),
-    "FileScopeAsmDecl": ("asm", "file-scope assembly (asm) is not supported in MSL"),
-    "AsmLabelAttr": ("asm", "an asm label (renaming a symbol) is not supported in MSL"),
-    "VAArgExpr": ("variadic", "va_arg is not supported in MSL (no variadic functions)"),
-}
-
 # Attributes (clang's Attr kinds) MSL does not define and that place code or data, keep or rename symbols, or run
-# code when a library loads or unloads: name in the message -> kinds.
+# code when a library loads or unloads: kind -> the name in the message.
 _ATTRIBUTES = {
     "ConstructorAttr": "constructor", "DestructorAttr": "destructor", "InitPriorityAttr": "init_priority",
     "InitSegAttr": "init_seg", "SectionAttr": "section", "CodeSegAttr": "code_seg", "AliasAttr": "alias",
@@ -109,10 +102,7 @@ class ForbiddenRules:
 
     def visit(self, node, kind) -> None:
         add, where = self.checker.add, self.checker.where
-        if kind in _SIMPLE:
-            rule, msg = _SIMPLE[kind]
-            add(node, rule, msg, loc=where(node, "range"))
-        elif kind in _ATTRIBUTES:
+        if kind in _ATTRIBUTES:
             self._attribute(node, where(node, "range"))
         elif kind == "LinkageSpecDecl":
             add(node, "linkage", f'extern "{node.get("language", "C")}" (a linkage specification) is not supported '

@@ -43,6 +43,12 @@ _SIMPLE_RULES = {
     "CXXTryStmt": ("exception", "exceptions (try) are not supported in MSL"),
     "CXXDynamicCastExpr": ("dynamic-cast", "dynamic_cast is not supported in MSL"),
     "CXXTypeidExpr": ("typeid", "typeid is not supported in MSL"),
+    # forbidden.py's rules: what is not Metal and reaches outside the kernel compiled as C++
+    "GCCAsmStmt": ("asm", "inline assembly (asm) is not supported in MSL"),
+    "MSAsmStmt": ("asm", "inline assembly (asm) is not supported in MSL"),
+    "FileScopeAsmDecl": ("asm", "file-scope assembly (asm) is not supported in MSL"),
+    "AsmLabelAttr": ("asm", "an asm label (renaming a symbol) is not supported in MSL"),
+    "VAArgExpr": ("variadic", "va_arg is not supported in MSL (no variadic functions)"),
 }
 _DOUBLE = re.compile(r"\bdouble\b")
 _ATOMIC_FLOAT = re.compile(r"\batomic_float\b|\batomic<float>")
