@@ -149,3 +149,36 @@ def test_kernels_this_process_created_need_no_consent_and_trust_kernel_takes_onl
     monkeypatch.setattr(trust, "_unsafe", [False])
     with pytest.raises(trust.KernelNotAllowed, match="kernels: other"):
         trust.check("kernel void other(device float* y [[buffer(0)]]) {}")
+
+
+def test_the_emulated_gpu_asks_for_the_same_consent(gpu_backend, tmp_path):
+    """Both GPU backends compile an inline kernel for the CPU (the direct backend, and the Apple doubles'
+    newLibraryWithSource: under the metal backend): a kernel from a SavedModel is refused there too, and runs once
+    trusted (the refusal is not remembered)."""
+    import tf_metal_ops
+
+    k = tf_metal_ops.metal_kernel("k_gpu", ["x"], ["y"], BODY.format(factor=6))
+    path = str(tmp_path / "model")
+    digest = hashlib.sha256(_save_model(path, k).encode()).hexdigest()
+    code = textwrap.dedent(f"""
+        import json, tensorflow as tf, tf_metal_ops
+        m = tf.saved_model.load({path!r})
+        x = tf.constant([1.0, 2.0, 3.0, 4.0])
+        out = []
+        for _ in range(2):
+            try:
+                with tf.device("/GPU:0"):
+                    y = m(x)
+                out.append(["ok", y.device, (y.numpy() / x.numpy()).tolist()])
+            except tf.errors.InvalidArgumentError as e:
+                out.append(["refused", e.message])
+            tf_metal_ops.trust_kernel({digest!r})
+        print("RESULT", json.dumps(out))
+    """)
+    env = dict(os.environ, **QUIET, **gpu_backend[1])  # the cache that holds the backends
+    env.pop("TF_METAL_OPS_UNSAFE_KERNEL_LOADING", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800, cwd=HERE)
+    assert r.returncode == 0, r.stderr[-4000:]
+    refused, ran = json.loads(r.stdout.split("RESULT ", 1)[1])
+    assert refused[0] == "refused" and digest in refused[1] and "trust_kernel" in refused[1], refused
+    assert ran[0] == "ok" and "GPU:0" in ran[1] and ran[2] == [6.0] * 4, ran
