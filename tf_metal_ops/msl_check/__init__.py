@@ -42,7 +42,7 @@ others, with the section of Apple's Metal Shading Language Specification ("MSL s
   declared but not defined that is not in the Metal standard library; compiler builtins other than pure ones;
   ``constructor``, ``section``, ``alias``, ``weak``, ``used``, ``visibility``, ``init_priority``, ... attributes;
   C variadic functions). MSL has no inline assembly, links a call outside the source only against the functions a
-  pipeline is given, defines its own attributes, and "Metal Restrictions" excludes variadic functions; the rules
+  pipeline is given, defines its own attributes, and has no ``va_list`` for C variadic functions; the rules
   and the attribute list are forbidden.py's. A program-scope variable that needs code to initialize or destroy it
   is a ``program-scope-variable`` finding too (MSL runs no code when a library loads).
 - kernel signatures ("Function and Variable Attributes"): ``buffer-index-duplicate`` (two ``[[buffer(n)]]`` with the

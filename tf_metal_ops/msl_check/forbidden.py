@@ -16,7 +16,7 @@ source links only against the functions a pipeline is given, MTLLinkedFunctions)
   ``retain``, ``visibility``, ``init_priority``, ``cleanup``, ``naked``, ... in every spelling (``__attribute__``,
   ``[[gnu::...]]``, ``[[clang::...]]``, ``#pragma clang attribute``; ``#pragma weak`` and
   ``#pragma redefine_extname`` apply to C names only, and ``linkage`` refuses those);
-- ``variadic``: a C variadic function (``...``) or ``va_arg``.
+- ``variadic``: a C variadic function (``...``) or ``va_arg`` (MSL has no ``va_list``).
 
 (``goto``, ``new``/``delete``, exceptions, ``virtual``, ``thread_local``, static locals and program-scope variables
 outside the constant address space are rules.py's, and so are the node kinds that are a finding by themselves:
