@@ -17,6 +17,7 @@ from tf_metal_ops.hash_grid.config import hash_grid_table_layout
 from tf_metal_ops.hash_grid.ops import hash_grid_encode
 from tf_metal_ops.inline_kernels import KernelCompileError, MetalKernel, ShaderLibrary, compile_shader, metal_kernel
 from tf_metal_ops.inline_kernels import build as _inline_build
+from tf_metal_ops.inline_kernels.trust import enable_unsafe_kernel_loading, trust_kernel
 from tf_metal_ops.occupancy import OccupancyGrid, RayMarchResult, ray_march, ray_march_tf
 from tf_metal_ops.render import (
     VolumeRenderResult,
@@ -53,6 +54,7 @@ __all__ = [
     "distortion_loss_packed",
     "distortion_loss_packed_tf",
     "distortion_loss_tf",
+    "enable_unsafe_kernel_loading",
     "get_num_threads",
     "hash_grid_encode",
     "hash_grid_table_layout",
@@ -62,6 +64,7 @@ __all__ = [
     "ray_march",
     "ray_march_tf",
     "set_num_threads",
+    "trust_kernel",
     "volume_render",
     "volume_render_packed",
     "volume_render_packed_tf",

@@ -6,7 +6,10 @@ libraries (``extension``) and inline Metal kernels (``inline_kernels``).
 Invariants:
   - a build's directory is named by a content key (``content_key``) that covers everything its outputs depend on:
     the compiler's identity, the flags, the TensorFlow and Python versions where they matter, and the bytes of every
-    input file; so a hit needs no check beyond the outputs' existence;
+    input file; its manifest (tfmo-build.json) names the key and each output's SHA-256, checked on every hit;
+  - the cache cannot be planted: directories are created 0700, and a directory or entry that another user owns,
+    that group or others may write, or that is a symbolic link is never loaded (a warning, once, and the build goes
+    to a private directory of the process instead);
   - a published directory is complete: outputs are made in a private work directory, copied into a sibling staging
     directory and renamed into place (atomic; a concurrent identical build in another process loses harmlessly);
   - within one process, one build per directory runs at a time: other threads wait for it and reuse its result;
@@ -22,15 +25,19 @@ rest of the package (dev/check_msl.py runs without TensorFlow).
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import functools
 import hashlib
+import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -121,6 +128,107 @@ def compile_all(compiler: str, jobs: Iterable[tuple[Path, Path, Sequence[str]]],
                    what.format(source=source, name=Path(source).name)) for source, obj, flags in jobs], error)
 
 
+# ---- the cache's safety -------------------------------------------------------------------------------------------
+# A cache directory (the root, the directories under it, an entry) is used only when this user owns it, it is not a
+# symbolic link and neither group nor others may write it; an entry's files likewise, and its manifest must name
+# the key it was built for with each file's SHA-256. Otherwise the package warns once and builds in a private
+# directory of this process instead, so a library another user planted is never loaded.
+MANIFEST = "tfmo-build.json"
+_warned: set[str] = set()
+_private: list[Path] = []
+_private_lock = threading.Lock()
+
+
+class UnsafeCacheWarning(UserWarning):
+    """A cache directory or entry another user could have written: it is not used."""
+
+
+def unsafe_reason(path: Path) -> str | None:
+    """Why `path` must not be trusted (a symbolic link, another user's, writable by group or others), else None."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if st.st_uid != os.getuid():
+        return f"is owned by another user (uid {st.st_uid}, not {os.getuid()})"
+    if st.st_mode & 0o022:
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _warn_once(path: Path, reason: str, instead: Path) -> None:
+    if str(path) in _warned:
+        return
+    _warned.add(str(path))
+    warnings.warn(f"tf_metal_ops: not using the build cache {path}: it {reason}; building in the private directory "
+                  f"{instead} instead (fix the owner and permissions, e.g. `chmod go-w`, or set {_env.CACHE})",
+                  UnsafeCacheWarning, stacklevel=4)
+
+
+def private_root() -> Path:
+    """A directory of this process only (0700), where builds go when the cache cannot be trusted."""
+    with _private_lock:
+        if not _private:
+            d = Path(tempfile.mkdtemp(prefix="tf-metal-ops-private-cache-"))
+            atexit.register(shutil.rmtree, d, True)
+            _private.append(d)
+        return _private[0]
+
+
+def _safe_parent(out_dir: Path) -> Path:
+    """`out_dir`, or where it goes in the private directory when a directory above it is not safe. Missing
+    directories are created 0700: from the cache root down when out_dir is under it, else out_dir's parent."""
+    root = _env.cache_root()
+    try:
+        rel = out_dir.relative_to(root)
+        chain = [root, *[root.joinpath(*rel.parts[:i]) for i in range(1, len(rel.parts))]]
+    except ValueError:
+        rel, chain = Path(out_dir.name), [out_dir.parent]
+    for d in chain:
+        try:
+            d.mkdir(mode=0o700, exist_ok=True)
+            reason = unsafe_reason(d)
+        except OSError as e:
+            reason = f"cannot be created or read ({e})"
+        if reason is not None:
+            instead = private_root() / rel
+            _warn_once(d, reason, instead.parent)
+            instead.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return instead
+    return out_dir
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _entry_state(out_dir: Path, outputs: Sequence[str], key: str) -> str | None:
+    """None when out_dir is a complete entry built for `key` that this user alone can write; "missing" when there is
+    no entry; else why it must not be loaded."""
+    if not os.path.lexists(out_dir):
+        return "missing"
+    reason = unsafe_reason(out_dir)
+    if reason is not None:
+        return reason
+    try:
+        manifest = json.loads((out_dir / MANIFEST).read_text())
+        files = manifest["files"]
+        if manifest.get("key") != key or not all(n in files for n in outputs):
+            return "stale"
+        for name, digest in files.items():
+            reason = unsafe_reason(out_dir / name)
+            if reason is not None:
+                return f"holds {name}, which {reason}"
+            if _file_digest(out_dir / name) != digest:
+                return f"holds {name}, which is not the file built for it"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return "stale"  # an incomplete entry, or one of a version that wrote no manifest
+    return None
+
+
 _locks_guard = threading.Lock()
 _locks: dict[Path, threading.Lock] = {}
 
@@ -131,31 +239,51 @@ def _lock_for(out_dir: Path) -> threading.Lock:
 
 
 def cached_build(out_dir: Path, outputs: Sequence[str], make: Callable[[Path], Iterable[str]],
-                 error: type[Exception]) -> Path:
-    """Returns `out_dir` holding `outputs`, building them first unless they are there.
+                 error: type[Exception], *, key: str | None = None) -> Path:
+    """Returns the entry directory holding `outputs` for `key` (default: out_dir's name), building them first unless
+    a safe entry built for that key is there. That is `out_dir`, or a directory of this process's private cache when
+    the cache cannot be trusted (see unsafe_reason; a warning says so once).
 
     ``make(work)`` produces the outputs in the empty directory `work` and returns the names of any further files
     to publish (e.g. an optional metallib). Raises `error` (from make, or when publishing fails)."""
-    out_dir = Path(out_dir)
-    if all((out_dir / n).is_file() for n in outputs):
+    out_dir = _safe_parent(Path(out_dir))
+    key = key or out_dir.name
+    state = _entry_state(out_dir, outputs, key)
+    if state is None:
         return out_dir
     with _lock_for(out_dir):
-        if all((out_dir / n).is_file() for n in outputs):
+        state = _entry_state(out_dir, outputs, key)
+        if state is None:
             return out_dir
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        if state == "stale":  # this user's own incomplete or older entry: replaced
+            trash = Path(tempfile.mkdtemp(prefix=f"{out_dir.name[:40]}.old-", dir=out_dir.parent))
+            try:
+                os.rename(out_dir, trash / "entry")
+            except OSError:
+                pass
+            shutil.rmtree(trash, ignore_errors=True)
+        elif state != "missing":  # another user's, or writable by others: never loaded, not touched
+            instead = private_root() / "entries" / out_dir.name
+            _warn_once(out_dir, state, instead.parent)
+            instead.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return cached_build(instead, outputs, make, error, key=key)
         work = Path(tempfile.mkdtemp(prefix=f"{out_dir.name[:40]}.build-", dir=out_dir.parent))
         try:
             extra = list(make(work) or ())
-            staged = Path(tempfile.mkdtemp(prefix=f"{out_dir.name[:40]}.stage-", dir=out_dir.parent))
+            staged = Path(tempfile.mkdtemp(prefix=f"{out_dir.name[:40]}.stage-", dir=out_dir.parent))  # 0700
+            files = {}
             for name in dict.fromkeys([*outputs, *extra]):
                 if not (work / name).is_file():
                     raise error(f"tf_metal_ops: the build in {work} did not produce {name}")
                 shutil.copy2(work / name, staged / name)
+                os.chmod(staged / name, stat.S_IMODE(os.stat(staged / name).st_mode) & ~0o022)
+                files[name] = _file_digest(staged / name)
+            (staged / MANIFEST).write_text(json.dumps({"key": key, "files": files}, indent=1))
             try:
                 os.rename(staged, out_dir)  # atomic; a concurrent identical result is as good as ours
             except OSError:
                 shutil.rmtree(staged, ignore_errors=True)
-                if not all((out_dir / n).is_file() for n in outputs):
+                if _entry_state(out_dir, outputs, key) is not None:
                     raise
         finally:
             shutil.rmtree(work, ignore_errors=True)

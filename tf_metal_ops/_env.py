@@ -37,6 +37,7 @@ EMULATED_GPU_MSL = "TF_METAL_OPS_EMULATED_GPU_MSL"  # =2.4: the direct backend c
 NO_GPU_KERNELS = "TF_METAL_OPS_NO_GPU_KERNELS"  # =1: the op library registers no GPU kernels (read by tfc.cc)
 CLANGXX = "TF_METAL_OPS_CLANGXX"  # the clang++ >= 16 to use (read by _builder.find_clangxx)
 CACHE = "TF_METAL_OPS_CACHE"  # root of the build cache
+UNSAFE_KERNEL_LOADING = "TF_METAL_OPS_UNSAFE_KERNEL_LOADING"  # =1: every inline-kernel source from a graph may run
 
 
 # Old names of the emulated GPU's variables, still read (with a DeprecationWarning) when the new one is unset.
@@ -54,6 +55,11 @@ def adopt_deprecated_names() -> None:
         if old in os.environ and new not in os.environ:
             warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
             os.environ[new] = os.environ[old]
+
+
+def unsafe_kernel_loading() -> bool:
+    """TF_METAL_OPS_UNSAFE_KERNEL_LOADING=1: inline kernels from graphs this process did not create may run."""
+    return os.environ.get(UNSAFE_KERNEL_LOADING, "") == "1"
 
 
 def library_override() -> str | None:

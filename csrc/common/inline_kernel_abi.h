@@ -61,7 +61,12 @@ typedef const TfmoInlineKernel* (*TfmoInlineKernelEntry)(const char* name);
 
 // Compiles `source` (complete MSL, every kernel in it) with `options` (TFMO_INLINE_*; the op library passes only
 // TFMO_INLINE_CHECKED) into a library and writes its path to path[0..path_len); registered by the Python side
-// (tf_metal_ops/inline_kernels/build.py) through tfmo_set_inline_compiler.
+// (tf_metal_ops/inline_kernels/build.py) through tfmo_set_inline_compiler. Returns 0, or TFMO_INLINE_FAILED (the
+// source does not compile: the same source fails the same way for the rest of the process, callers may remember
+// it), or TFMO_INLINE_REFUSED (the source is not allowed yet: the user has not consented to running it; callers
+// ask again on the next use, as consent may be given meanwhile).
+#define TFMO_INLINE_FAILED 1
+#define TFMO_INLINE_REFUSED 2
 typedef int (*TfmoInlineCompiler)(const char* source, int options, char* path, size_t path_len, char* error,
                                   size_t error_len);
 

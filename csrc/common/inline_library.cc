@@ -45,9 +45,12 @@ void Load(Entry* e, const std::string& source, bool checked) {
   }
   char path[4096] = {0};
   std::string message(8192, '\0');
-  if (compile(source.c_str(), checked ? TFMO_INLINE_CHECKED : 0, path, sizeof path, message.data(), message.size()) != 0) {
+  const int rc = compile(source.c_str(), checked ? TFMO_INLINE_CHECKED : 0, path, sizeof path, message.data(),
+                         message.size());
+  if (rc != 0) {
     message.resize(std::char_traits<char>::length(message.c_str()));
     e->error = message.empty() ? "compiling the kernel failed" : message;
+    if (rc == TFMO_INLINE_REFUSED) e->attempted = false;  // not remembered: consent may come later
     return;
   }
   void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);

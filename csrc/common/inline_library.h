@@ -6,6 +6,7 @@
 //  - Get() never holds a lock other than its entry's while compiling, so other kernels stay usable meanwhile; two
 //    threads asking for the same entry compile it once;
 //  - a failed compile is remembered for the process (the same source fails the same way) and reported on every call;
+//    a refused one (TFMO_INLINE_REFUSED: no consent to run the source yet) is not, so the next use asks again;
 //  - libraries are never unloaded: kernels may run on other threads until the process ends.
 #pragma once
 

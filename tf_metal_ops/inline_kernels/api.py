@@ -23,7 +23,7 @@ import numbers
 from typing import Any, Sequence
 
 from tf_metal_ops import _library
-from tf_metal_ops.inline_kernels import build
+from tf_metal_ops.inline_kernels import build, trust
 from tf_metal_ops.inline_kernels import source as gen
 
 _MAX_GROUP = 1024
@@ -244,6 +244,7 @@ class MetalKernel:
             src = gen.generate(self.name, self.input_names, self.output_names, self.source, self.header,
                                self.atomic_outputs, key[0], key[1], key[2], key[4], init)
             inst = _Instance(src, _attrs(src, key[2], key[3]))
+            trust.note_created(src.msl)
             self._instances[key] = inst
         return inst
 
@@ -252,9 +253,14 @@ class MetalKernel:
                  verbose: bool = False) -> list:
         tensor = _tf().Tensor
         inputs = [x if isinstance(x, tensor) else _as_tensor(x) for x in inputs]
-        signature = tuple((x.dtype, x.shape.rank) for x in inputs)
-        key = _call_key(signature, grid, threadgroup, output_shapes, output_dtypes, template, init_value)
-        prepared = self._calls.get(key) if key is not None else None
+        # The key holds dtypes as their enum values: hashing a tf.DType costs as much as the rest of the key.
+        key = (tuple((x.dtype._type_enum, x.shape.rank) for x in inputs), grid, threadgroup, tuple(output_shapes),
+               tuple(getattr(d, "_type_enum", d) for d in output_dtypes), tuple(template) if template else (),
+               init_value)
+        try:
+            prepared = self._calls.get(key)
+        except TypeError:  # an unhashable argument (a list, a tensor): a dynamic launch is rebuilt on every call
+            prepared, key = None, None
         if prepared is None:
             prepared = self._prepare(inputs, grid, threadgroup, output_shapes, output_dtypes, template, init_value)
             if key is not None and len(self._calls) < 4096:
@@ -288,18 +294,6 @@ class MetalKernel:
             attrs["init_value"] = [float(init_value)]
         attrs["launch"] = launch.static if launch.static is not None else []
         return _Instance(inst.source, attrs), launch
-
-
-def _call_key(signature, grid, threadgroup, output_shapes, output_dtypes, template, init_value):
-    """The call's arguments as a key for the per-kernel call cache, or None when one is unhashable (a list, a
-    tensor: a dynamic launch is rebuilt on every call)."""
-    key = (signature, grid, threadgroup, tuple(output_shapes), tuple(output_dtypes),
-           tuple(template) if template else (), init_value)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
 
 
 def _attrs(src: gen.KernelSource, output_dtypes: Sequence[str], output_ranks: Sequence[int]) -> dict:

@@ -18,14 +18,16 @@ One generated unit per source (build/unit.cc), compiled with clang++ >= 16 and l
   - a caller that passes MTLCompileOptions (a Metal host over test doubles) may ask for fast math (clang's
     -ffast-math: finite-math-only, reassociation, no signed zeros; Apple's default) and an MSL version other than
     3.0 (__METAL_VERSION__ and the strict check follow it); the op library asks for neither.
-Before a source is built it must pass the strict Metal-language check (tf_metal_ops.msl_check, MSL 3.0), run beside
-the C++ compile: what Apple's compiler would reject (a pointer without an address space, double, recursion, ...)
-fails here too, not only on a Mac.
+Before a source is compiled it must pass the strict Metal-language check (tf_metal_ops.msl_check, MSL 3.0): what
+Apple's compiler would reject (a pointer without an address space, double, recursion, inline assembly, a call to a
+function outside the source, code that runs when the library loads, ...) fails here too, not only on a Mac, and is
+never compiled as C++. The check's own files are part of the cache key, so a cached library passed today's check.
+A source the op library asks for must also be allowed by the user (trust.py: a source from a graph this process did
+not create needs consent); the refusal is TFMO_INLINE_REFUSED, which the op library does not remember.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import functools
 import platform
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tf_metal_ops import _builder, _env, _library
+from tf_metal_ops.inline_kernels import trust
 
 if TYPE_CHECKING:
     from tf_metal_ops import msl_emu
@@ -102,9 +105,18 @@ def _toolchain() -> tuple[str, Path, list[str], str]:
              "-fvisibility=hidden", "-Wno-unused-parameter", "-Wno-unused-variable", f"-I{root / 'csrc' / 'common'}"]
     files = [*_builder.tree_files(root, ("csrc/msl_emu",)), root / "csrc" / "common" / "inline_kernel_abi.h",
              glue.launch_source(root), root / "csrc" / "emulated_gpu" / "kernel_launch.h",
-             root / "csrc" / "emulated_gpu" / "kernel_table.h", Path(glue.__file__), Path(__file__)]
+             root / "csrc" / "emulated_gpu" / "kernel_table.h", Path(glue.__file__), Path(__file__),
+             *_strict_check_files()]
     key = _builder.content_key([_builder.compiler_identity(compiler), *flags, _cpu_flags(), sys.platform], files)
     return compiler, root, flags, key
+
+
+def _strict_check_files() -> list[Path]:
+    """The strict check's rules and stub headers: a cached library passed the check of these exact files."""
+    from tf_metal_ops import msl_check
+
+    here = Path(msl_check.__file__).parent
+    return [*sorted(here.glob("*.py")), *sorted(p for p in msl_check.include_dir().iterdir() if p.is_file())]
 
 
 def cache_dir() -> Path:
@@ -263,22 +275,18 @@ def compile(msl: str, *, checked: bool, fast_math: bool = False, msl_version: st
     flags = [*flags, *options]
     src_key = _builder.content_key([msl, *options], length=24)
     out = cache_dir() / f"{src_key}-{'checked' if checked else 'fast'}-{key[:12]}"
-    runtime = _runtime_object()
 
     def make(work: Path):
         from tf_metal_ops import msl_check  # imported where a kernel is built: `import tf_metal_ops` never loads it
 
         stats["compiled"] += 1
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            strict = pool.submit(msl_check.check_source, msl, filename="<source>", msl_version=msl_version,
-                                 compiler=compiler)
-            try:
-                _make(work)
-            finally:
-                findings = strict.result()
+        # The check comes first: a source that is not MSL (asm, external functions, load-time code, ...) is never
+        # compiled as C++.
+        findings = msl_check.check_source(msl, filename="<source>", msl_version=msl_version, compiler=compiler)
         if findings:
             raise KernelCompileError("tf_metal_ops.metal_kernel: Apple's Metal compiler would reject the kernel "
                                      f"(strict Metal-language check, MSL {msl_version}):\n" + "\n".join(map(str, findings)))
+        _make(work)
         return ()
 
     def _make(work: Path):
@@ -304,10 +312,13 @@ def compile(msl: str, *, checked: bool, fast_math: bool = False, msl_version: st
         except KernelCompileError as e:
             raise KernelCompileError("tf_metal_ops.metal_kernel: the kernel does not compile:\n" +
                                      _compile_message(str(e).split("\n", 2)[-1])) from None
+        runtime = _runtime_object()
         _builder.run([compiler, "-shared", "-o", str(work / LIBRARY), str(obj), str(runtime), *_VECLIB[1], "-lpthread"],
                      "tf_metal_ops.metal_kernel: linking the kernel", KernelCompileError)
 
-    return _builder.cached_build(out, [LIBRARY], make, KernelCompileError) / LIBRARY
+    # The entry's name holds a prefix of the key; its manifest the whole key (source, options, toolchain).
+    full_key = f"{_builder.content_key([msl, *options], length=64)}-{'checked' if checked else 'fast'}-{key}"
+    return _builder.cached_build(out, [LIBRARY], make, KernelCompileError, key=full_key) / LIBRARY
 
 
 # ---- the op library's compiler callback ------------------------------------------------------------------------
@@ -329,16 +340,25 @@ def _msl_version_option(options: int) -> str:
     return f"{v // 100}.{v % 100 // 10}" if v else "3.0"
 
 
+# TfmoInlineCompiler's results: a failure the op library remembers, and a refusal it asks about again next time.
+_FAILED, _REFUSED = 1, 2
+
+
 @_COMPILER_FN
 def _compile_callback(source, options, path, path_len, error, error_len):  # called by TF's threads (GIL taken)
     try:
-        _write(path, path_len, str(compile(source.decode(), checked=bool(options & _CHECKED_OPTION),
+        text = source.decode()
+        trust.check(text)  # consent first: nothing of a source from a graph is compiled without it
+        _write(path, path_len, str(compile(text, checked=bool(options & _CHECKED_OPTION),
                                            fast_math=bool(options & _FAST_MATH_OPTION),
                                            msl_version=_msl_version_option(options))))
         return 0
+    except trust.KernelNotAllowed as e:
+        _write(error, error_len, str(e))
+        return _REFUSED
     except Exception as e:  # every failure becomes the op's InvalidArgumentError
         _write(error, error_len, str(e).removeprefix("tf_metal_ops.metal_kernel: "))
-        return 1
+        return _FAILED
 
 
 _registered: set[str] = set()

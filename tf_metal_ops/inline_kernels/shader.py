@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Sequence
 
-from tf_metal_ops.inline_kernels import api, build
+from tf_metal_ops.inline_kernels import api, build, trust
 from tf_metal_ops.inline_kernels import source as gen
 
 if TYPE_CHECKING:
@@ -68,6 +68,7 @@ class ShaderKernel:
                 msl += "\n" + "\n".join(gen.init_kernels(self.name, self.output_dtypes)) + "\n"
             src = gen.KernelSource(msl, self.name, self._bindings, tuple(self.output_dtypes))
             inst = api._Instance(src, api._attrs(src, self.output_dtypes, ranks))
+            trust.note_created(msl)
             self._instances[(ranks, init)] = inst
         return inst
 

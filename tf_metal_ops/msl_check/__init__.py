@@ -37,6 +37,14 @@ others, with the section of Apple's Metal Shading Language Specification ("MSL s
 - ``implicit-vector-conversion``: an implicit conversion between vector types of different element types, e.g.
   ``half4``↔``float4`` or ``int4``↔``uint4`` ("Implicit Type Conversions": only explicit conversions between vector
   types). Scalar conversions such as ``half``→``float`` are implicit in MSL too and not findings.
+- ``asm``, ``linkage``, ``external-function``, ``builtin``, ``gnu-attribute``, ``variadic``: what is not Metal at
+  all and would reach outside the kernel compiled as C++ (inline assembly; ``extern "C"``; a call to a function
+  declared but not defined that is not in the Metal standard library; compiler builtins other than pure ones;
+  ``constructor``, ``section``, ``alias``, ``weak``, ``used``, ``visibility``, ``init_priority``, ... attributes;
+  C variadic functions). MSL has no inline assembly, links a call outside the source only against the functions a
+  pipeline is given, defines its own attributes, and has no ``va_list`` for C variadic functions; the rules
+  and the attribute list are forbidden.py's. A program-scope variable that needs code to initialize or destroy it
+  is a ``program-scope-variable`` finding too (MSL runs no code when a library loads).
 - kernel signatures ("Function and Variable Attributes"): ``buffer-index-duplicate`` (two ``[[buffer(n)]]`` with the
   same n in one kernel), ``buffer-index-range`` (n > 30: the buffer argument table has 31 entries),
   ``position-attribute-type`` (``thread_position_in_grid`` and the other position/size attributes must be
@@ -49,8 +57,9 @@ constant memory are rewritten in the checked source (same length: lines and colu
 headers it includes are compiled as they are (their ``[[...]]`` attributes are ignored by clang, except
 ``[[threadgroup(n)]]``, a syntax error there), so kernels should be in the checked source itself.
 
-The modules: ``api`` (check_source, check_file, include_dir), ``rewrite`` (the source rewrite), ``diagnostics``
-(clang's errors as findings), ``rules`` (the AST rules), ``type_strings`` (address spaces in clang's type strings),
+The modules: ``api`` (check_source, check_file, include_dir), ``clang_ast`` (the one clang run: its JSON AST and
+diagnostics), ``rewrite`` (the source rewrite), ``diagnostics`` (clang's errors as findings), ``rules`` (the AST
+rules), ``forbidden`` (the rules on what is not Metal at all), ``type_strings`` (address spaces in clang's type strings),
 ``context`` (the state of one check), ``findings`` (Finding, MSLCheckError, RULES). The compiler is
 ``_builder.find_clangxx`` (``find_compiler`` here).
 

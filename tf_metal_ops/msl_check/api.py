@@ -8,16 +8,14 @@ A source is never reported clean unless clang compiled it and gave an AST: a fai
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Sequence
 
 from tf_metal_ops import _env
 from tf_metal_ops._builder import find_clangxx
-from tf_metal_ops.msl_check import diagnostics
+from tf_metal_ops.msl_check import clang_ast, diagnostics
 from tf_metal_ops.msl_check.context import PRELUDE, Context
 from tf_metal_ops.msl_check.findings import Finding
 from tf_metal_ops.msl_check.rewrite import rewrite
@@ -73,32 +71,29 @@ def compile_ast(
     cxx = compiler or find_clangxx()
     stub = include_dir()
     rewritten, attrs = rewrite(source)
-    cmd = [
-        cxx, "-x", "c++", "-std=c++17" if version >= 400 else "-std=c++14", "-fsyntax-only", "-w",
-        "-fno-crash-diagnostics", "-ferror-limit=0", "-fno-color-diagnostics", "-fno-caret-diagnostics",
-        "-fno-diagnostics-fixit-info", "-fcxx-exceptions", "-nostdinc", "-nostdinc++",
-        "-isystem", str(stub), "-include", str(stub / PRELUDE), f"-D__METAL_VERSION__={version}",
+    args = [
+        "-x", "c++", "-std=c++17" if version >= 400 else "-std=c++14",
+        # Warnings are off, except those that are errors in MSL: a program-scope variable needs a constant
+        # initializer (no code runs when a Metal library loads).
+        "-Wno-everything", "-Werror=global-constructors", "-Werror=exit-time-destructors",
+        "-ferror-limit=0", "-fno-caret-diagnostics", "-fno-diagnostics-fixit-info", "-fcxx-exceptions",
+        "-nostdinc", "-nostdinc++", "-isystem", str(stub), "-include", str(stub / PRELUDE),
+        f"-D__METAL_VERSION__={version}",
     ]
     src_dir = os.path.dirname(os.path.abspath(filename)) if filename and not filename.startswith("<") else None
     if src_dir and os.path.isdir(src_dir):
-        cmd += ["-iquote", src_dir]
+        args += ["-iquote", src_dir]
     for d in include_dirs:
-        cmd += ["-I", os.fspath(d)]
-    cmd += ["-Xclang", "-ast-dump=json", "-"]
-    r = subprocess.run(cmd, input=rewritten.encode(), capture_output=True, check=False)
-    stderr = r.stderr.decode(errors="replace")
+        args += ["-I", os.fspath(d)]
+    returncode, ast, stderr = clang_ast.dump(rewritten, args, compiler=cxx)
     ctx = Context(filename, rewritten, attrs, str(stub), version)
     findings, errors = diagnostics.from_stderr(stderr, ctx)
-    if r.returncode not in (0, 1):
+    if returncode not in (0, 1):
         findings.append(Finding(filename, 1, 1, "compile",
-                                f"clang++ failed (exit status {r.returncode}); nothing was checked: {stderr[-500:]}"))
+                                f"clang++ failed (exit status {returncode}); nothing was checked: {stderr[-500:]}"))
         return ctx, None, findings
-    if r.returncode != 0 and not errors:
+    if returncode != 0 and not errors:
         findings.append(Finding(filename, 1, 1, "compile", f"clang++ failed without a diagnostic: {stderr[-500:]}"))
-    try:
-        ast = json.loads(r.stdout)
-    except ValueError:
-        ast = None
     if ast is None and not findings:  # never report a source as clean that was not checked
         findings.append(Finding(filename, 1, 1, "compile", "clang++ gave no AST; the source was not checked"))
     return ctx, ast, findings

@@ -1,7 +1,8 @@
 """clang's diagnostics as findings: each error (with its notes) becomes a finding at the first position in the
 user's source. Its rule is ``compile``, except for a stub's static_assert whose message starts with
 ``msl_check[RULE]:`` (rule RULE) and a conversion between vector types of different elements
-(``implicit-vector-conversion``). Errors that only show where C++ and MSL differ on purpose (struct copies across
+(``implicit-vector-conversion``), and a program-scope variable that needs code to initialize or destroy it
+(clang's -Wglobal-constructors / -Wexit-time-destructors, made errors: ``program-scope-variable``). Errors that only show where C++ and MSL differ on purpose (struct copies across
 address spaces) are not findings."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from tf_metal_ops.msl_check.findings import Finding
 
 _DIAG = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+): (?P<sev>fatal error|error|warning|note): (?P<msg>.*)$")
 _MARKER = re.compile(r"msl_check\[(?P<rule>[\w-]+)\]: (?P<msg>[^\"]*)")
+_GLOBAL_INIT = re.compile(r"declaration requires (a global constructor|an exit-time destructor)")
 _VECTOR = re.compile(r"\(vector of \d+ '([^']+)' values\)")
 _IMPLICIT_MEMBER = re.compile(r"candidate (?:constructor|function)(?: template)? \(the implicit (?:copy|move|default) ")
 
@@ -50,7 +52,11 @@ def from_stderr(stderr: str, ctx: Context):
         if msg.startswith("no viable overloaded '='") and any(_INTO_CONSTANT in nt.group("msg") for nt in notes):
             msg = "cannot assign to an object in constant memory (read-only): " + msg
         mk = _MARKER.search(msg)
-        if mk:
+        if _GLOBAL_INIT.search(msg):
+            rule = "program-scope-variable"
+            msg = ("a program-scope variable must be initialized by a constant expression (MSL runs no constructor, "
+                   "destructor or initializing function when a library loads)")
+        elif mk:
             rule, msg = mk.group("rule"), mk.group("msg").strip()
         else:
             # A call's only candidate refused for a vector conversion is that conversion too.

@@ -12,7 +12,8 @@ RULES = (
     "threadgroup-variable", "address-space-cast", "recursion", "lambda", "goto", "new-delete", "exception",
     "virtual-function", "dynamic-cast", "typeid", "thread-local", "double", "memory-order", "atomic-float",
     "as-type-size", "implicit-vector-conversion", "buffer-index-duplicate", "buffer-index-range",
-    "position-attribute-type", "kernel-return-type",
+    "position-attribute-type", "kernel-return-type", "asm", "linkage", "external-function", "builtin",
+    "gnu-attribute", "variadic",
 )
 
 

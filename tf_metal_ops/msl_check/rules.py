@@ -4,7 +4,9 @@
 ``AstChecker(ctx).run(ast)`` walks the AST once: declarations, casts, expressions and kernel signatures are checked
 as they are met, calls are recorded, and recursion is found at the end as the cycles of the call graph. Nothing in
 the stub headers is checked, and the rules on written types (address spaces, double) skip template instantiations:
-their pattern is checked. Some rules are the stub's instead (static_asserts, read by diagnostics.py).
+their pattern is checked. Some rules are the stub's instead (static_asserts, read by diagnostics.py); the rules on
+what is not Metal at all (asm, linkage, external functions, builtins, GNU attributes, variadic functions) are
+forbidden.py's, called on every node.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import re
 
 from tf_metal_ops.msl_check.context import PRELUDE, Context
 from tf_metal_ops.msl_check.findings import Finding
+from tf_metal_ops.msl_check.forbidden import ForbiddenRules
 from tf_metal_ops.msl_check.type_strings import object_space, pointee_space, return_type, sugar, type_of, types_of
 
 _POSITION_ATTRS = {"thread_position_in_grid", "thread_position_in_threadgroup", "threadgroup_position_in_grid",
@@ -40,6 +43,12 @@ _SIMPLE_RULES = {
     "CXXTryStmt": ("exception", "exceptions (try) are not supported in MSL"),
     "CXXDynamicCastExpr": ("dynamic-cast", "dynamic_cast is not supported in MSL"),
     "CXXTypeidExpr": ("typeid", "typeid is not supported in MSL"),
+    # forbidden.py's rules: what is not Metal and reaches outside the kernel compiled as C++
+    "GCCAsmStmt": ("asm", "inline assembly (asm) is not supported in MSL"),
+    "MSAsmStmt": ("asm", "inline assembly (asm) is not supported in MSL"),
+    "FileScopeAsmDecl": ("asm", "file-scope assembly (asm) is not supported in MSL"),
+    "AsmLabelAttr": ("asm", "an asm label (renaming a symbol) is not supported in MSL"),
+    "VAArgExpr": ("variadic", "va_arg is not supported in MSL (no variadic functions)"),
 }
 _DOUBLE = re.compile(r"\bdouble\b")
 _ATOMIC_FLOAT = re.compile(r"\batomic_float\b|\batomic<float>")
@@ -110,6 +119,7 @@ class AstChecker:
     # -- traversal
     def run(self, ast) -> list[Finding]:
         _annotate_locations(ast)
+        self.forbidden = ForbiddenRules(self, ast)
         self._find_stage_lines()
         try:
             self.visit(ast, fn=None, kernel=False, scope="program", inst=False)
@@ -141,6 +151,7 @@ class AstChecker:
         if loc is not None and self.ctx.is_stub(loc["_file"]):
             return
         children = node.get("inner", [])
+        self.forbidden.visit(node, kind)
 
         if kind in ("FunctionTemplateDecl", "ClassTemplateDecl"):
             first = True

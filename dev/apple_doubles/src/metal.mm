@@ -12,7 +12,9 @@
 //  - Libraries: the package's kernels exist precompiled (the msl_emu kernel table linked into this library). A
 //    "metallib" of this double is a text file "TFMO-MOCK-METALLIB 1" naming table kernels. newLibraryWithSource:
 //    binds a source identical to one of the package's embedded sources to the table; any other source is compiled
-//    at run time through msl_emu by the compiler registered with tfmo_set_inline_compiler (an inline kernel).
+//    at run time through msl_emu by the compiler registered with tfmo_set_inline_compiler (an inline kernel), which
+//    runs the strict Metal-language check first (what Apple's compiler rejects fails here too) and, as this double
+//    compiles for the CPU, asks for the user's consent to a source loaded from a graph.
 //    MTLCompileOptions are honoured (nil: Apple's defaults, fastMathEnabled YES and MSL 3.0): fast math compiles
 //    with clang's -ffast-math (finite-math-only, reassociation), so a kernel that relies on NaN/inf or evaluation
 //    order answers differently, as on a Mac; the language version sets __METAL_VERSION__ and the strict
@@ -733,6 +735,7 @@ std::vector<std::string> KernelsDefinedBy(const std::string& source) {
 struct CompiledSource {
   std::string error;
   TfmoInlineKernelEntry entry = nullptr;
+  bool retry = false;  // the compiler refused the source for want of the user's consent (TFMO_INLINE_REFUSED)
 };
 std::mutex g_sources_mu;
 std::map<std::string, CompiledSource>* g_sources = new std::map<std::string, CompiledSource>();  // never freed
@@ -834,8 +837,9 @@ std::map<std::string, CompiledSource>* g_sources = new std::map<std::string, Com
       cs.error = "no Metal compiler: tfmo_set_inline_compiler was not called";
     } else {
       char path[4096] = {0}, err[16384] = {0};
-      if (compiler(text.c_str(), compile_options, path, sizeof path, err, sizeof err) != 0) {
+      if (const int rc = compiler(text.c_str(), compile_options, path, sizeof path, err, sizeof err); rc != 0) {
         cs.error = err;
+        cs.retry = rc == TFMO_INLINE_REFUSED;
       } else if (void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL); h == nullptr) {
         cs.error = std::string("loading the compiled library failed: ") + dlerror();
       } else {
@@ -846,6 +850,7 @@ std::map<std::string, CompiledSource>* g_sources = new std::map<std::string, Com
   }
   if (cs.entry == nullptr) {
     if (error) *error = MakeError(MTLLibraryErrorDomain, MTLLibraryErrorCompileFailure, "Compilation failed: \n\n" + cs.error);
+    if (cs.retry) g_sources->erase(it);  // refused for want of consent: asked again next time
     return nil;
   }
   lib->_entry = cs.entry;
