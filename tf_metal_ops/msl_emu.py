@@ -24,7 +24,7 @@ Conventions:
   - a kernel "uses barriers" when its own body calls threadgroup_barrier, or when the file calls it outside every
     kernel body (in a helper or an included header: any kernel may reach it); a kernel cannot call another kernel,
     so that is conservative. Targets that launch whole threadgroups only where a barrier needs them use this
-    (dev/gpu_proxy.py);
+    (dev/gpu_proxy/build.py);
   - function constants (`constant T name [[function_constant(n)]];`, T = bool/int/uint/float, file scope) need
     -DMSL_EMU_FUNCTION_CONSTANTS, which is in the unit's flags only for files that declare them;
   - a parameter that cannot be classified, or a source whose signatures clang cannot read, is a GlueError naming
@@ -480,7 +480,7 @@ def _kernels_needing_fibers(kernels: list[str], sources: list[str], complete: bo
 def replace_function_constants(text: str, new) -> str:
     """`text` (a .metal file) with each function-constant declaration `constant T name [[function_constant(n)]];`
     replaced by new(FunctionConstant): a string of the same line count (comments are not searched). For targets that
-    declare function constants in their own way (dev/gpu_proxy.py)."""
+    declare function constants in their own way (dev/gpu_proxy/build.py)."""
     stripped, out, last = _strip_comments(text), [], 0
     for m in _FUNCTION_CONSTANT.finditer(stripped):
         c = FunctionConstant(m.group(2), int(m.group(3)), m.group(1), _line_of(stripped, m.start()))

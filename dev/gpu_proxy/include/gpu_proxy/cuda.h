@@ -5,7 +5,7 @@
 #pragma once
 
 #ifndef __CUDA__
-#error "gpu_proxy: compile as CUDA (clang++-16 -x cuda --cuda-device-only ...); see dev/gpu_proxy.py"
+#error "gpu_proxy: compile as CUDA (clang++-16 -x cuda --cuda-device-only ...); see dev/gpu_proxy/build.py"
 #endif
 
 // Spelled __x__ inside the attribute: <metal_stdlib> defines `device` and `constant` as macros.

@@ -1,4 +1,4 @@
-// What the generated CUDA entry points (dev/gpu_proxy.py) use to call an MSL kernel: the parameter types of the
+// What the generated CUDA entry points (dev/gpu_proxy/build.py) use to call an MSL kernel: the parameter types of the
 // kernel function, the MSL thread attributes computed from the CUDA launch, and dynamic shared memory for
 // [[threadgroup(n)]] arguments. Include it before <metal_stdlib> (whose keyword macros would break it).
 //
