@@ -34,7 +34,7 @@
 
 namespace {
 
-using tfmo::hash_grid::Call;
+using tfmo::hash_grid::Inputs;
 using tfmo::hash_grid::Config;
 
 using namespace tfmo::hash_grid::cpu;
@@ -75,7 +75,7 @@ class Scratch {
   T* ptr_ = nullptr;
 };
 
-// dy (T; element (i, l*F + f) at i * ps + (l*F + f) * cs: Call::point_stride, column_stride) -> level-major
+// dy (T; element (i, l*F + f) at i * ps + (l*F + f) * cs: Inputs::point_stride, column_stride) -> level-major
 // float32 [active][N][F] for the first `active` levels. [N, L*F] goes in blocks of kBlock source rows (a few KB,
 // cache-resident while every level's slice of them is copied), so each source line is read from memory once;
 // [L*F, N] (feature_major) is F contiguous rows per level.
@@ -376,7 +376,7 @@ TFMO_HG_BUILDS(Scatter2Level, Scatter2LevelBody)
 // stream instead of 8 bytes into every output row), then one pass interleaves them into [N, L*F], or
 // (feature_major) splits them into the F rows of [L*F, N] per level.
 template <int D, int F, typename T>
-void Encode(const Call& call, T* out) {
+void Encode(const Inputs& call, T* out) {
   const int L = call.cfg->n_levels;
   const int active = call.n_active;
   const int interp = call.cfg->interpolation;
@@ -422,12 +422,12 @@ void Encode(const Call& call, T* out) {
 // ---------------------------------------------------------------------------------------------------------
 // d/dparams into `acc`, float32 [rows, F] (every row written: each task zeroes its rows right before scattering
 // into them, so zeroing and first-touch page faults are spread over the threads; inactive levels are zeroed
-// at the end); dy in T (the encoded layout: Call::point_stride, column_stride).
+// at the end); dy in T (the encoded layout: Inputs::point_stride, column_stride).
 // The deterministic table-gradient driver shared by GradParams and the second order: zeroes acc [rows, F]
 // (each task its own rows, inactive levels at the start), converts dy to level-major float32 and runs
 // scatter(level, gl, lo, hi, split) once per (level, row range) task. Every row is summed by exactly one task.
 template <int F, typename T, class Scatter>
-void ParamTasks(const Call& call, const T* dy, float* acc, Scatter scatter) {
+void ParamTasks(const Inputs& call, const T* dy, float* acc, Scatter scatter) {
   const int active = call.n_active;
   const int64_t n = call.n;
   const int64_t rows_active = active > 0 ? (int64_t)call.levels[active - 1].offset + call.levels[active - 1].size : 0;
@@ -460,7 +460,7 @@ void ParamTasks(const Call& call, const T* dy, float* acc, Scatter scatter) {
 }
 
 template <int D, int F, typename T>
-void GradParams(const Call& call, const T* dy, float* acc) {
+void GradParams(const Inputs& call, const T* dy, float* acc) {
   const int interp = call.cfg->interpolation;
   const int nc = (int)hg_num_corners(D, interp);
   const float* pos = call.positions.data<float>();
@@ -473,7 +473,7 @@ void GradParams(const Call& call, const T* dy, float* acc) {
 // ---------------------------------------------------------------------------------------------------------
 // d/dpositions: out float32 [N, D] (written here).
 template <int D, int F, typename T>
-void GradPositions(const Call& call, const T* dy, float* out) {
+void GradPositions(const Inputs& call, const T* dy, float* out) {
   const int interp = call.cfg->interpolation;
   const float* pos = call.positions.data<float>();
   const T* table = call.params.data<T>();
@@ -497,7 +497,7 @@ void GradPositions(const Call& call, const T* dy, float* out) {
 // float32, d/dx into out_dx [N, D] float32; everything written here. Deterministic: per point the levels in
 // order; per table row the points in order (ParamTasks).
 template <int D, int F, typename T>
-void SecondOrder(const Call& call, const float* ddx, const T* dy, T* out_dy, float* acc, float* out_dx) {
+void SecondOrder(const Inputs& call, const float* ddx, const T* dy, T* out_dy, float* acc, float* out_dx) {
   const int L = call.cfg->n_levels;
   const int interp = call.cfg->interpolation;
   const float* pos = call.positions.data<float>();
@@ -530,7 +530,7 @@ void SecondOrder(const Call& call, const float* ddx, const T* dy, T* out_dy, flo
 // ---------------------------------------------------------------------------------------------------------
 // Dispatch on (D, F, T).
 template <template <int, int, typename> class K, typename... Args>
-void Dispatch(const Call& call, Args... args) {
+void Dispatch(const Inputs& call, Args... args) {
   const int F = call.cfg->n_features;
   const bool half = call.cfg->dtype == TF_HALF;
 #define TFMO_HG_CASE(DD, FF)                                             \
@@ -547,28 +547,28 @@ void Dispatch(const Call& call, Args... args) {
 
 template <int D, int F, typename T>
 struct EncodeK {
-  static void Run(const Call& c, void* out) { Encode<D, F, T>(c, static_cast<T*>(out)); }
+  static void Run(const Inputs& c, void* out) { Encode<D, F, T>(c, static_cast<T*>(out)); }
 };
 template <int D, int F, typename T>
 struct GradParamsK {
-  static void Run(const Call& c, const void* dy, float* acc) { GradParams<D, F, T>(c, static_cast<const T*>(dy), acc); }
+  static void Run(const Inputs& c, const void* dy, float* acc) { GradParams<D, F, T>(c, static_cast<const T*>(dy), acc); }
 };
 template <int D, int F, typename T>
 struct GradPositionsK {
-  static void Run(const Call& c, const void* dy, float* out) {
+  static void Run(const Inputs& c, const void* dy, float* out) {
     GradPositions<D, F, T>(c, static_cast<const T*>(dy), out);
   }
 };
 
 template <int D, int F, typename T>
 struct SecondOrderK {
-  static void Run(const Call& c, const float* ddx, const void* dy, void* out_dy, float* acc, float* out_dx) {
+  static void Run(const Inputs& c, const float* ddx, const void* dy, void* out_dy, float* acc, float* out_dx) {
     SecondOrder<D, F, T>(c, ddx, static_cast<const T*>(dy), static_cast<T*>(out_dy), acc, out_dx);
   }
 };
 
 void EncodeCompute(void* state, TF_OpKernelContext* ctx) {
-  Call call;
+  Inputs call;
   if (!tfmo::hash_grid::Prepare(ctx, state, false, "hash_grid_encode", &call)) return;
   const Config& cfg = *call.cfg;
   tfmo::TensorRef out;
@@ -582,7 +582,7 @@ void EncodeCompute(void* state, TF_OpKernelContext* ctx) {
 }
 
 void GradParamsCompute(void* state, TF_OpKernelContext* ctx) {
-  Call call;
+  Inputs call;
   if (!tfmo::hash_grid::Prepare(ctx, state, true, "hash_grid_encode (gradient w.r.t. params)", &call)) return;
   const Config& cfg = *call.cfg;
   tfmo::TensorRef out;
@@ -610,7 +610,7 @@ void GradParamsCompute(void* state, TF_OpKernelContext* ctx) {
 }
 
 void GradPositionsCompute(void* state, TF_OpKernelContext* ctx) {
-  Call call;
+  Inputs call;
   if (!tfmo::hash_grid::Prepare(ctx, state, true, "hash_grid_encode (gradient w.r.t. positions)", &call)) return;
   tfmo::TensorRef out;
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {call.n, (int64_t)call.dims}, &out)) return;
