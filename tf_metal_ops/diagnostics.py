@@ -1,5 +1,5 @@
-"""What this installation can run: ``backend_info()``. Also importable as ``tf_metal_ops.backend`` (the same
-module)."""
+"""What this installation can run: ``backend_info()``, and which CPU builds run: ``cpu_paths()``. Its former name
+``tf_metal_ops.backend`` still imports this module, with a DeprecationWarning."""
 
 from __future__ import annotations
 

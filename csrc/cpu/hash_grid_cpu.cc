@@ -275,12 +275,13 @@ TFMO_HG_INLINE void CornerDots(const T* table, const TileCorners<D>& tc, int i, 
   }
 }
 
-// d/dpositions contribution of one level for points [b, e), added to out [N][D].
-template <int D, int F, typename T, bool kAvx2>
-TFMO_HG_INLINE void GradPosRangeBody(const HgLevel* lvp, int interp, const float* pos, const T* table,
-                                     const float* gl, float* out, int64_t b, int64_t e) {
-  const HgLevel lv = *lvp;
-  const int nc = 1 << D;
+// For each point p of [b, e) on one level, in tiles: body(tc, i, p, val, sc) with the point's tile index i, its
+// corners' values val and their dots sc with the level's dy (CornerDots; gl: dy of the level, float32 [N][F]), the
+// table rows of the points kPrefetch ahead prefetched. Shared by the position gradient and the second order.
+template <int D, int F, typename T, bool kAvx2, typename Body>
+TFMO_HG_INLINE void ForEachPointCornerDots(const HgLevel& lv, int interp, const float* pos, const T* table,
+                                           const float* gl, int64_t b, int64_t e, Body body) {
+  constexpr int nc = 1 << D;
   TileCorners<D> tc;
   for (int64_t t = b; t < e; t += kTile) {
     const int count = (int)std::min<int64_t>(kTile, e - t);
@@ -288,15 +289,26 @@ TFMO_HG_INLINE void GradPosRangeBody(const HgLevel* lvp, int interp, const float
     for (int i = 0; i < count; ++i) {
       if (i + kPrefetch < count)
         for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
-      float val[(1 << D) * F], sc[1 << D];
+      float val[nc * F], sc[nc];
       CornerDots<D, F, T>(table, tc, i, gl + (t + i) * F, val, sc);
-      float dx[HG_MAX_DIMS] = {};
-      const HgPoint pt = tc.Point(i);
-      hg_accumulate_dx(&pt, sc, D, dx);
-      float* o = out + (t + i) * D;
-      for (int k = 0; k < D; ++k) o[k] += dx[k];
+      body(tc, i, t + i, val, sc);
     }
   }
+}
+
+// d/dpositions contribution of one level for points [b, e), added to out [N][D].
+template <int D, int F, typename T, bool kAvx2>
+TFMO_HG_INLINE void GradPosRangeBody(const HgLevel* lvp, int interp, const float* pos, const T* table,
+                                     const float* gl, float* out, int64_t b, int64_t e) {
+  ForEachPointCornerDots<D, F, T, kAvx2>(
+      *lvp, interp, pos, table, gl, b, e,
+      [&](const TileCorners<D>& tc, int i, int64_t p, const float*, const float* sc) TFMO_HG_LAMBDA {
+        float dx[HG_MAX_DIMS] = {};
+        const HgPoint pt = tc.Point(i);
+        hg_accumulate_dx(&pt, sc, D, dx);
+        float* o = out + p * D;
+        for (int k = 0; k < D; ++k) o[k] += dx[k];
+      });
 }
 TFMO_HG_BUILDS(GradPosRange, GradPosRangeBody)
 
@@ -309,33 +321,25 @@ TFMO_HG_INLINE void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int64_t
                                          float* out_dx, int64_t b, int64_t e) {
   const HgLevel lv = *lvp;
   constexpr int nc = 1 << D;
-  TileCorners<D> tc;
-  for (int64_t t = b; t < e; t += kTile) {
-    const int count = (int)std::min<int64_t>(kTile, e - t);
-    tc.template Compute<kAvx2>(pos, t, count, lv, interp, nc);
-    for (int i = 0; i < count; ++i) {
-      if (i + kPrefetch < count)
-        for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
-      const int64_t p = t + i;
-      float val[nc * F], sc[nc];
-      CornerDots<D, F, T>(table, tc, i, gl + p * F, val, sc);
-      const HgPoint pt = tc.Point(i);
-      float xi[HG_MAX_DIMS] = {}, dd[HG_MAX_DIMS] = {}, ddw[HG_MAX_DIMS];
-      for (int d = 0; d < D; ++d) { xi[d] = tc.x[d][i]; dd[d] = ddx[p * D + d]; }
-      hg_point_d2(xi, D, lv.scale, interp, ddw);
-      float v[nc];
-      hg_second_order_weights(&pt, dd, D, v);
-      float acc[F] = {};
-      for (int c = 0; c < nc; ++c)
-        for (int f = 0; f < F; ++f) acc[f] += v[c] * val[c * F + f];
-      T* o = out_dy + p * ps + (int64_t)l * F * cs;
-      for (int f = 0; f < F; ++f) o[f * cs] = Store<T>(acc[f]);
-      float dx[HG_MAX_DIMS] = {};
-      hg_accumulate_d2x(&pt, ddw, sc, dd, D, dx);
-      float* ox = out_dx + p * D;
-      for (int k = 0; k < D; ++k) ox[k] += dx[k];
-    }
-  }
+  ForEachPointCornerDots<D, F, T, kAvx2>(
+      lv, interp, pos, table, gl, b, e,
+      [&](const TileCorners<D>& tc, int i, int64_t p, const float* val, const float* sc) TFMO_HG_LAMBDA {
+        const HgPoint pt = tc.Point(i);
+        float xi[HG_MAX_DIMS] = {}, dd[HG_MAX_DIMS] = {}, ddw[HG_MAX_DIMS];
+        for (int d = 0; d < D; ++d) { xi[d] = tc.x[d][i]; dd[d] = ddx[p * D + d]; }
+        hg_point_d2(xi, D, lv.scale, interp, ddw);
+        float v[nc];
+        hg_second_order_weights(&pt, dd, D, v);
+        float acc[F] = {};
+        for (int c = 0; c < nc; ++c)
+          for (int f = 0; f < F; ++f) acc[f] += v[c] * val[c * F + f];
+        T* o = out_dy + p * ps + (int64_t)l * F * cs;
+        for (int f = 0; f < F; ++f) o[f * cs] = Store<T>(acc[f]);
+        float dx[HG_MAX_DIMS] = {};
+        hg_accumulate_d2x(&pt, ddw, sc, dd, D, dx);
+        float* ox = out_dx + p * D;
+        for (int k = 0; k < D; ++k) ox[k] += dx[k];
+      });
 }
 TFMO_HG_BUILDS(Grad2PointsRange, Grad2PointsRangeBody)
 
@@ -689,7 +693,7 @@ const IsaChoice& IsaSelection() { return ChosenIsa<kIsaBuilds>(); }
 
 }  // namespace tfmo::hash_grid::cpu
 
-// Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
+// Diagnostics (ctypes, tf_metal_ops.diagnostics.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
 // builds default, avx2; calls: hot-loop calls.
 TFMO_ISA_DIAGNOSTICS(tfmo_hash_grid_cpu_paths, tfmo::hash_grid::cpu::kIsaBuilds, tfmo::hash_grid::cpu::IsaSelection(),
                      tfmo::hash_grid::cpu::g_isa_calls)
