@@ -474,6 +474,21 @@ void GradParams(const Inputs& call, const T* dy, float* acc) {
   });
 }
 
+// dy's active levels as level-major float32 (ToLevelMajor, in scratch slot 1), then per level l, in parallel over
+// ranges [b, e) of the points: body(l, level, gl, b, e), gl being dy of the level [N][F].
+template <int F, typename T, typename Body>
+void ForEachActiveLevel(const Inputs& call, const T* dy, Body body) {
+  if (call.n_active == 0 || call.n == 0) return;
+  Scratch<float> g_buf((size_t)call.n_active * call.n * F, 1);
+  float* g = g_buf.get();
+  ToLevelMajor<F, T>(dy, call.n, call.point_stride, call.column_stride, call.n_active, g);
+  for (int l = 0; l < call.n_active; ++l) {
+    const float* gl = g + (size_t)l * call.n * F;
+    const HgLevel lv = call.levels[l];
+    tfmo::ParallelFor(call.n, 4 * kTile, [&](int64_t b, int64_t e) { body(l, lv, gl, b, e); });
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // d/dpositions: out float32 [N, D] (written here).
 template <int D, int F, typename T>
@@ -483,17 +498,10 @@ void GradPositions(const Inputs& call, const T* dy, float* out) {
   const T* table = call.params.data<T>();
   const int64_t n = call.n;
   tfmo::ParallelFor(n * D, 1 << 16, [&](int64_t b, int64_t e) { std::fill(out + b, out + e, 0.0f); });
-  if (interp == HG_INTERP_NEAREST || call.n_active == 0) return;  // nearest: piecewise constant in x
-  Scratch<float> g_buf((size_t)call.n_active * n * F, 1);
-  float* g = g_buf.get();
-  ToLevelMajor<F, T>(dy, n, call.point_stride, call.column_stride, call.n_active, g);
-  for (int l = 0; l < call.n_active; ++l) {
-    const float* gl = g + (size_t)l * n * F;
-    const HgLevel lv = call.levels[l];
-    tfmo::ParallelFor(n, 4 * kTile, [&](int64_t b, int64_t e) {
-      GradPosRange<D, F, T>(&lv, interp, pos, table, gl, out, b, e);
-    });
-  }
+  if (interp == HG_INTERP_NEAREST) return;  // nearest: piecewise constant in x
+  ForEachActiveLevel<F, T>(call, dy, [&](int, const HgLevel& lv, const float* gl, int64_t b, int64_t e) {
+    GradPosRange<D, F, T>(&lv, interp, pos, table, gl, out, b, e);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -517,18 +525,11 @@ void SecondOrder(const Inputs& call, const float* ddx, const T* dy, T* out_dy, f
   ParamTasks<F, T>(call, dy, acc, [&](const HgLevel& lv, const float* gl, uint lo, uint hi, bool split) {
     Scatter2Level<D, F, T>(&lv, interp, pos, gl, ddx, acc, n, lo, hi, split);
   });
-  if (call.n_active == 0 || n == 0) return;
-  Scratch<float> g_buf((size_t)call.n_active * n * F, 1);  // (ParamTasks' use of slot 1 has ended)
-  float* g = g_buf.get();
-  ToLevelMajor<F, T>(dy, n, call.point_stride, call.column_stride, call.n_active, g);
-  for (int l = 0; l < call.n_active; ++l) {
-    const float* gl = g + (size_t)l * n * F;
-    const HgLevel lv = call.levels[l];
-    tfmo::ParallelFor(n, 4 * kTile, [&](int64_t b, int64_t e) {
-      Grad2PointsRange<D, F, T>(&lv, interp, call.point_stride, call.column_stride, l, pos, table, gl, ddx, out_dy,
-                                 out_dx, b, e);
-    });
-  }
+  // (ParamTasks' use of scratch slot 1 has ended)
+  ForEachActiveLevel<F, T>(call, dy, [&](int l, const HgLevel& lv, const float* gl, int64_t b, int64_t e) {
+    Grad2PointsRange<D, F, T>(&lv, interp, call.point_stride, call.column_stride, l, pos, table, gl, ddx, out_dy,
+                               out_dx, b, e);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------
