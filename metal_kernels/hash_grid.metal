@@ -1,7 +1,7 @@
 // Metal kernels of the hash-grid ops (semantics: csrc/ops/hash_grid_op.cc; per-point math shared with the CPU
 // kernels: csrc/shared/hash_grid_math.h). Host: csrc/gpu/hash_grid_gpu.cc. Buffers:
 //   positions [N*D] float, params [rows*F] T, levels [L] HgLevel (constant), args HgArgs (constant).
-// Kernels (T = float32 | float16; spelled out per dtype so the C++ emulation in csrc/msl_emu compiles them):
+// Kernels (each a template, instantiated by name below it for T = float32 | float16 and the specialisations):
 //   hash_grid_encode_T, hash_grid_encode_d3f2_T
 //                             1-D grid, one thread per (point, level): a SIMD group takes G levels of 32 / G points
 //                             (hg_encode_thread; G from the host). out [N, L*F] T.
@@ -159,9 +159,9 @@ TFMO_FN void hg_gather_corners(device const T* params, HgLevel lv, thread const 
 // compile-time configuration (0, 0, -1: read from args); a specialised instance keeps the point, its weights and the
 // accumulators in registers. HOIST: branch on the level's index mode once, before the corner loop (a loop without
 // branches, whose corner loads the compiler issues together), instead of once per corner. The _d3f2 kernels hoist
-// for float32 tables (GPU proxy, bench/gpu_proxy.md runs 10-11: 0.95 -> 0.76 ms in the default layout, 0.74 ->
-// 0.68 feature-major) and not for float16 ones (3-11 % slower there), nor does the general instance (4-8 %
-// slower); the choice never changes a result.
+// for float32 tables and not for float16 ones, nor does the general instance: on the GPU proxy hoisting makes the
+// float32 _d3f2 encode faster and the others slower (bench/gpu_proxy.md, "Hash-grid encode"); the choice never
+// changes a result.
 template <typename T, uint DIMS, uint FEAT, int INTERP, bool HOIST = false>
 TFMO_FN void hg_encode_level(device const float* positions, device const T* params, constant HgLevel* levels,
                             constant HgArgs& args, uint i, uint l, thread float* acc) {
@@ -441,287 +441,139 @@ TFMO_FN uint2 hg_encode_thread(constant HgArgs& args, uint gid) {
   return uint2(point, level);
 }
 
-kernel void hash_grid_encode_float32(device const float* positions [[buffer(0)]],
-                                     device const float* params [[buffer(1)]],
-                                     constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                     device float* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
-  const uint2 pl = hg_encode_thread(args, gid);
-  hg_encode<float, false>(positions, params, levels, args, out, pl.x, pl.y);
-}
+// ---- Entry points: one kernel template per kernel, its instances named below it (MLX's form,
+// `template [[host_name("name")]] [[kernel]] decltype(f<A>) f<A>;`, through HG_KERNEL(...);). The host finds them by
+// these names. T: the table's element type (float32: float, float16: half). DIMS, FEAT, INTERP: the compile-time
+// configuration of the gradient kernels, (0, 0, -1) for the general instance (read from args) or (3, 2, linear),
+// the _d3f2 instance (see hg_encode_level). D3F2: the encode's instance for D = 3, F = 2, linear (hg_encode_d3f2).
+#define HG_KERNEL(name, ...) template [[host_name(name)]] [[kernel]] decltype(__VA_ARGS__) __VA_ARGS__
+#define HG_GENERAL 0, 0, -1
+#define HG_D3F2 3, 2, HG_INTERP_LINEAR
 
-kernel void hash_grid_encode_float16(device const float* positions [[buffer(0)]],
-                                     device const half* params [[buffer(1)]],
-                                     constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                     device half* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
+// 1-D grid, one thread per (point, level) (hg_encode_thread); out [N, L*F].
+template <typename T, bool D3F2>
+[[kernel]] void hash_grid_encode(device const float* positions [[buffer(0)]], device const T* params [[buffer(1)]],
+                                 constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                                 device T* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
   const uint2 pl = hg_encode_thread(args, gid);
-  hg_encode<half, false>(positions, params, levels, args, out, pl.x, pl.y);
+  if (D3F2) hg_encode_d3f2<T, false>(positions, params, levels, args, out, pl.x, pl.y);
+  else hg_encode<T, false>(positions, params, levels, args, out, pl.x, pl.y);
 }
+HG_KERNEL("hash_grid_encode_float32", hash_grid_encode<float, false>);
+HG_KERNEL("hash_grid_encode_float16", hash_grid_encode<half, false>);
+HG_KERNEL("hash_grid_encode_d3f2_float32", hash_grid_encode<float, true>);
+HG_KERNEL("hash_grid_encode_d3f2_float16", hash_grid_encode<half, true>);
 
-kernel void hash_grid_encode_d3f2_float32(device const float* positions [[buffer(0)]],
-                                          device const float* params [[buffer(1)]],
+// Feature-major: grid (N, L), threadgroups (T, 1, 1); the level is the threadgroup's y. out [L*F, N].
+template <typename T, bool D3F2>
+[[kernel]] void hash_grid_encode_fm(device const float* positions [[buffer(0)]], device const T* params [[buffer(1)]],
+                                    constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                                    device T* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
+                                    uint2 tg [[threadgroup_position_in_grid]]) {
+  if (D3F2) hg_encode_d3f2<T, true>(positions, params, levels, args, out, gid.x, tg.y);
+  else hg_encode<T, true>(positions, params, levels, args, out, gid.x, tg.y);
+}
+HG_KERNEL("hash_grid_encode_fm_float32", hash_grid_encode_fm<float, false>);
+HG_KERNEL("hash_grid_encode_fm_float16", hash_grid_encode_fm<half, false>);
+HG_KERNEL("hash_grid_encode_fm_d3f2_float32", hash_grid_encode_fm<float, true>);
+HG_KERNEL("hash_grid_encode_fm_d3f2_float16", hash_grid_encode_fm<half, true>);
+
+// Table gradient (grid (N, n_active)) into a float32 accumulator with float atomics.
+template <typename T, uint DIMS, uint FEAT, int INTERP>
+[[kernel]] void hash_grid_grad_params(device const T* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
+                                      constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                                      device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
+                                      uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<T, false, DIMS, FEAT, INTERP>(nullptr, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
+}
+HG_KERNEL("hash_grid_grad_params_float32", hash_grid_grad_params<float, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad_params_d3f2_float32", hash_grid_grad_params<float, HG_D3F2>);
+HG_KERNEL("hash_grid_grad_params_float16", hash_grid_grad_params<half, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad_params_d3f2_float16", hash_grid_grad_params<half, HG_D3F2>);
+
+// Position gradient, grid N; dy in the layout args.feature_major says (one instance per layout).
+template <typename T, uint DIMS, uint FEAT, int INTERP>
+[[kernel]] void hash_grid_grad_positions(device const T* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
+                                         device const T* params [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
+                                         constant HgArgs& args [[buffer(4)]], device float* dx [[buffer(5)]],
+                                         uint gid [[thread_position_in_grid]]) {
+  if (args.feature_major) hg_grad_positions<T, DIMS, FEAT, INTERP, true>(dy, positions, params, levels, args, dx, gid);
+  else hg_grad_positions<T, DIMS, FEAT, INTERP, false>(dy, positions, params, levels, args, dx, gid);
+}
+HG_KERNEL("hash_grid_grad_positions_float32", hash_grid_grad_positions<float, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad_positions_d3f2_float32", hash_grid_grad_positions<float, HG_D3F2>);
+HG_KERNEL("hash_grid_grad_positions_float16", hash_grid_grad_positions<half, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad_positions_d3f2_float16", hash_grid_grad_positions<half, HG_D3F2>);
+
+// Second order per point, grid N: d/d(dy) (layout as dy) and d/dx.
+template <typename T, uint DIMS, uint FEAT, int INTERP>
+[[kernel]] void hash_grid_grad2_points(device const float* ddx [[buffer(0)]], device const T* dy [[buffer(1)]],
+                                       device const float* positions [[buffer(2)]], device const T* params [[buffer(3)]],
+                                       constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
+                                       device T* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
+                                       uint gid [[thread_position_in_grid]]) {
+  if (args.feature_major)
+    hg_grad2_points<T, DIMS, FEAT, INTERP, true>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+  else hg_grad2_points<T, DIMS, FEAT, INTERP, false>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+}
+HG_KERNEL("hash_grid_grad2_points_float32", hash_grid_grad2_points<float, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad2_points_d3f2_float32", hash_grid_grad2_points<float, HG_D3F2>);
+HG_KERNEL("hash_grid_grad2_points_float16", hash_grid_grad2_points<half, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad2_points_d3f2_float16", hash_grid_grad2_points<half, HG_D3F2>);
+
+// Second-order table gradient, grid (N, n_active), float atomics.
+template <typename T, uint DIMS, uint FEAT, int INTERP>
+[[kernel]] void hash_grid_grad2_params(device const float* ddx [[buffer(0)]], device const T* dy [[buffer(1)]],
+                                       device const float* positions [[buffer(2)]],
+                                       constant HgLevel* levels [[buffer(3)]], constant HgArgs& args [[buffer(4)]],
+                                       device float* acc [[buffer(5)]], uint2 gid [[thread_position_in_grid]],
+                                       uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<T, true, DIMS, FEAT, INTERP>(ddx, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
+}
+HG_KERNEL("hash_grid_grad2_params_float32", hash_grid_grad2_params<float, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad2_params_d3f2_float32", hash_grid_grad2_params<float, HG_D3F2>);
+HG_KERNEL("hash_grid_grad2_params_float16", hash_grid_grad2_params<half, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad2_params_d3f2_float16", hash_grid_grad2_params<half, HG_D3F2>);
+
+// The deterministic table gradients: fixed-point sums into words (HgFixedSink).
+template <typename T, uint DIMS, uint FEAT, int INTERP>
+[[kernel]] void hash_grid_grad_params_det(device const T* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
                                           constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                          device float* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
-  const uint2 pl = hg_encode_thread(args, gid);
-  hg_encode_d3f2<float, false>(positions, params, levels, args, out, pl.x, pl.y);
+                                          device atomic_uint* words [[buffer(4)]], device const uint* meta [[buffer(5)]],
+                                          uint2 gid [[thread_position_in_grid]],
+                                          uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<T, false, DIMS, FEAT, INTERP>(nullptr, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0},
+                                           gid.x, gid.y, lane);
 }
+HG_KERNEL("hash_grid_grad_params_det_float32", hash_grid_grad_params_det<float, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad_params_det_d3f2_float32", hash_grid_grad_params_det<float, HG_D3F2>);
+HG_KERNEL("hash_grid_grad_params_det_float16", hash_grid_grad_params_det<half, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad_params_det_d3f2_float16", hash_grid_grad_params_det<half, HG_D3F2>);
 
-kernel void hash_grid_encode_d3f2_float16(device const float* positions [[buffer(0)]],
-                                          device const half* params [[buffer(1)]],
-                                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                          device half* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
-  const uint2 pl = hg_encode_thread(args, gid);
-  hg_encode_d3f2<half, false>(positions, params, levels, args, out, pl.x, pl.y);
-}
-
-kernel void hash_grid_encode_fm_float32(device const float* positions [[buffer(0)]],
-                                        device const float* params [[buffer(1)]],
-                                        constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                        device float* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
-                                        uint2 tg [[threadgroup_position_in_grid]]) {
-  hg_encode<float, true>(positions, params, levels, args, out, gid.x, tg.y);
-}
-
-kernel void hash_grid_encode_fm_float16(device const float* positions [[buffer(0)]],
-                                        device const half* params [[buffer(1)]],
-                                        constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                        device half* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
-                                        uint2 tg [[threadgroup_position_in_grid]]) {
-  hg_encode<half, true>(positions, params, levels, args, out, gid.x, tg.y);
-}
-
-kernel void hash_grid_encode_fm_d3f2_float32(device const float* positions [[buffer(0)]],
-                                             device const float* params [[buffer(1)]],
-                                             constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                             device float* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
-                                             uint2 tg [[threadgroup_position_in_grid]]) {
-  hg_encode_d3f2<float, true>(positions, params, levels, args, out, gid.x, tg.y);
-}
-
-kernel void hash_grid_encode_fm_d3f2_float16(device const float* positions [[buffer(0)]],
-                                             device const half* params [[buffer(1)]],
-                                             constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                             device half* out [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
-                                             uint2 tg [[threadgroup_position_in_grid]]) {
-  hg_encode_d3f2<half, true>(positions, params, levels, args, out, gid.x, tg.y);
-}
-
-kernel void hash_grid_grad_params_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
-                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                          device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
-                          uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<float, false, 0, 0, -1>(nullptr, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
-}
-
-kernel void hash_grid_grad_params_d3f2_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
-                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                          device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
-                          uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<float, false, 3, 2, HG_INTERP_LINEAR>(nullptr, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
-}
-
-kernel void hash_grid_grad_params_float16(device const half* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
-                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                          device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
-                          uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<half, false, 0, 0, -1>(nullptr, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
-}
-
-kernel void hash_grid_grad_params_d3f2_float16(device const half* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
-                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                          device float* acc [[buffer(4)]], uint2 gid [[thread_position_in_grid]],
-                          uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<half, false, 3, 2, HG_INTERP_LINEAR>(nullptr, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
-}
-
-kernel void hash_grid_grad_positions_float32(device const float* dy [[buffer(0)]],
-                                             device const float* positions [[buffer(1)]],
-                                             device const float* params [[buffer(2)]],
-                                             constant HgLevel* levels [[buffer(3)]],
-                                             constant HgArgs& args [[buffer(4)]], device float* dx [[buffer(5)]],
-                                             uint gid [[thread_position_in_grid]]) {
-  if (args.feature_major) hg_grad_positions<float, 0, 0, -1, true>(dy, positions, params, levels, args, dx, gid);
-  else hg_grad_positions<float, 0, 0, -1, false>(dy, positions, params, levels, args, dx, gid);
-}
-
-kernel void hash_grid_grad_positions_d3f2_float32(device const float* dy [[buffer(0)]],
-                                                  device const float* positions [[buffer(1)]],
-                                                  device const float* params [[buffer(2)]],
-                                                  constant HgLevel* levels [[buffer(3)]],
-                                                  constant HgArgs& args [[buffer(4)]], device float* dx [[buffer(5)]],
-                                                  uint gid [[thread_position_in_grid]]) {
-  if (args.feature_major) hg_grad_positions<float, 3, 2, HG_INTERP_LINEAR, true>(dy, positions, params, levels, args, dx, gid);
-  else hg_grad_positions<float, 3, 2, HG_INTERP_LINEAR, false>(dy, positions, params, levels, args, dx, gid);
-}
-
-kernel void hash_grid_grad_positions_float16(device const half* dy [[buffer(0)]],
-                                             device const float* positions [[buffer(1)]],
-                                             device const half* params [[buffer(2)]],
-                                             constant HgLevel* levels [[buffer(3)]],
-                                             constant HgArgs& args [[buffer(4)]], device float* dx [[buffer(5)]],
-                                             uint gid [[thread_position_in_grid]]) {
-  if (args.feature_major) hg_grad_positions<half, 0, 0, -1, true>(dy, positions, params, levels, args, dx, gid);
-  else hg_grad_positions<half, 0, 0, -1, false>(dy, positions, params, levels, args, dx, gid);
-}
-
-kernel void hash_grid_grad_positions_d3f2_float16(device const half* dy [[buffer(0)]],
-                                                  device const float* positions [[buffer(1)]],
-                                                  device const half* params [[buffer(2)]],
-                                                  constant HgLevel* levels [[buffer(3)]],
-                                                  constant HgArgs& args [[buffer(4)]], device float* dx [[buffer(5)]],
-                                                  uint gid [[thread_position_in_grid]]) {
-  if (args.feature_major) hg_grad_positions<half, 3, 2, HG_INTERP_LINEAR, true>(dy, positions, params, levels, args, dx, gid);
-  else hg_grad_positions<half, 3, 2, HG_INTERP_LINEAR, false>(dy, positions, params, levels, args, dx, gid);
-}
-
-kernel void hash_grid_grad2_points_float32(device const float* ddx [[buffer(0)]],
-                                           device const float* dy [[buffer(1)]],
+template <typename T, uint DIMS, uint FEAT, int INTERP>
+[[kernel]] void hash_grid_grad2_params_det(device const float* ddx [[buffer(0)]], device const T* dy [[buffer(1)]],
                                            device const float* positions [[buffer(2)]],
-                                           device const float* params [[buffer(3)]],
-                                           constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
-                                           device float* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
-                                           uint gid [[thread_position_in_grid]]) {
-  if (args.feature_major) hg_grad2_points<float, 0, 0, -1, true>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
-  else hg_grad2_points<float, 0, 0, -1, false>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+                                           constant HgLevel* levels [[buffer(3)]], constant HgArgs& args [[buffer(4)]],
+                                           device atomic_uint* words [[buffer(5)]],
+                                           device const uint* meta [[buffer(6)]],
+                                           uint2 gid [[thread_position_in_grid]],
+                                           uint lane [[thread_index_in_simdgroup]]) {
+  hg_scatter<T, true, DIMS, FEAT, INTERP>(ddx, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0},
+                                          gid.x, gid.y, lane);
 }
+HG_KERNEL("hash_grid_grad2_params_det_float32", hash_grid_grad2_params_det<float, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad2_params_det_d3f2_float32", hash_grid_grad2_params_det<float, HG_D3F2>);
+HG_KERNEL("hash_grid_grad2_params_det_float16", hash_grid_grad2_params_det<half, HG_GENERAL>);
+HG_KERNEL("hash_grid_grad2_params_det_d3f2_float16", hash_grid_grad2_params_det<half, HG_D3F2>);
 
-kernel void hash_grid_grad2_points_d3f2_float32(device const float* ddx [[buffer(0)]],
-                                                device const float* dy [[buffer(1)]],
-                                                device const float* positions [[buffer(2)]],
-                                                device const float* params [[buffer(3)]],
-                                                constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
-                                                device float* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
-                                                uint gid [[thread_position_in_grid]]) {
-  if (args.feature_major) hg_grad2_points<float, 3, 2, HG_INTERP_LINEAR, true>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
-  else hg_grad2_points<float, 3, 2, HG_INTERP_LINEAR, false>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
+// x[i] = 0 for i < args.count.
+template <typename T>
+[[kernel]] void hash_grid_fill_zero(device T* x [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
+                                    uint gid [[thread_position_in_grid]]) {
+  if (gid < args.count) x[gid] = T(0);
 }
-
-kernel void hash_grid_grad2_points_float16(device const float* ddx [[buffer(0)]],
-                                           device const half* dy [[buffer(1)]],
-                                           device const float* positions [[buffer(2)]],
-                                           device const half* params [[buffer(3)]],
-                                           constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
-                                           device half* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
-                                           uint gid [[thread_position_in_grid]]) {
-  if (args.feature_major) hg_grad2_points<half, 0, 0, -1, true>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
-  else hg_grad2_points<half, 0, 0, -1, false>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
-}
-
-kernel void hash_grid_grad2_points_d3f2_float16(device const float* ddx [[buffer(0)]],
-                                                device const half* dy [[buffer(1)]],
-                                                device const float* positions [[buffer(2)]],
-                                                device const half* params [[buffer(3)]],
-                                                constant HgLevel* levels [[buffer(4)]], constant HgArgs& args [[buffer(5)]],
-                                                device half* ddy [[buffer(6)]], device float* dx [[buffer(7)]],
-                                                uint gid [[thread_position_in_grid]]) {
-  if (args.feature_major) hg_grad2_points<half, 3, 2, HG_INTERP_LINEAR, true>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
-  else hg_grad2_points<half, 3, 2, HG_INTERP_LINEAR, false>(ddx, dy, positions, params, levels, args, ddy, dx, gid);
-}
-
-kernel void hash_grid_grad2_params_float32(device const float* ddx [[buffer(0)]], device const float* dy [[buffer(1)]],
-                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
-                          constant HgArgs& args [[buffer(4)]], device float* acc [[buffer(5)]],
-                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<float, true, 0, 0, -1>(ddx, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
-}
-
-kernel void hash_grid_grad2_params_d3f2_float32(device const float* ddx [[buffer(0)]], device const float* dy [[buffer(1)]],
-                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
-                          constant HgArgs& args [[buffer(4)]], device float* acc [[buffer(5)]],
-                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<float, true, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
-}
-
-kernel void hash_grid_grad2_params_float16(device const float* ddx [[buffer(0)]], device const half* dy [[buffer(1)]],
-                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
-                          constant HgArgs& args [[buffer(4)]], device float* acc [[buffer(5)]],
-                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<half, true, 0, 0, -1>(ddx, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
-}
-
-kernel void hash_grid_grad2_params_d3f2_float16(device const float* ddx [[buffer(0)]], device const half* dy [[buffer(1)]],
-                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
-                          constant HgArgs& args [[buffer(4)]], device float* acc [[buffer(5)]],
-                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<half, true, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, levels, args, HgFloatSink{acc}, gid.x, gid.y, lane);
-}
-
-kernel void hash_grid_grad_params_det_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
-                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                          device atomic_uint* words [[buffer(4)]], device const uint* meta [[buffer(5)]],
-                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<float, false, 0, 0, -1>(nullptr, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x,
-                                  gid.y, lane);
-}
-
-kernel void hash_grid_grad_params_det_d3f2_float32(device const float* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
-                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                          device atomic_uint* words [[buffer(4)]], device const uint* meta [[buffer(5)]],
-                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<float, false, 3, 2, HG_INTERP_LINEAR>(nullptr, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x,
-                                  gid.y, lane);
-}
-
-kernel void hash_grid_grad_params_det_float16(device const half* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
-                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                          device atomic_uint* words [[buffer(4)]], device const uint* meta [[buffer(5)]],
-                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<half, false, 0, 0, -1>(nullptr, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x,
-                                  gid.y, lane);
-}
-
-kernel void hash_grid_grad_params_det_d3f2_float16(device const half* dy [[buffer(0)]], device const float* positions [[buffer(1)]],
-                          constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                          device atomic_uint* words [[buffer(4)]], device const uint* meta [[buffer(5)]],
-                          uint2 gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<half, false, 3, 2, HG_INTERP_LINEAR>(nullptr, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x,
-                                  gid.y, lane);
-}
-
-kernel void hash_grid_grad2_params_det_float32(device const float* ddx [[buffer(0)]], device const float* dy [[buffer(1)]],
-                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
-                          constant HgArgs& args [[buffer(4)]], device atomic_uint* words [[buffer(5)]],
-                          device const uint* meta [[buffer(6)]], uint2 gid [[thread_position_in_grid]],
-                          uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<float, true, 0, 0, -1>(ddx, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x, gid.y,
-                                 lane);
-}
-
-kernel void hash_grid_grad2_params_det_d3f2_float32(device const float* ddx [[buffer(0)]], device const float* dy [[buffer(1)]],
-                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
-                          constant HgArgs& args [[buffer(4)]], device atomic_uint* words [[buffer(5)]],
-                          device const uint* meta [[buffer(6)]], uint2 gid [[thread_position_in_grid]],
-                          uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<float, true, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x, gid.y,
-                                 lane);
-}
-
-kernel void hash_grid_grad2_params_det_float16(device const float* ddx [[buffer(0)]], device const half* dy [[buffer(1)]],
-                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
-                          constant HgArgs& args [[buffer(4)]], device atomic_uint* words [[buffer(5)]],
-                          device const uint* meta [[buffer(6)]], uint2 gid [[thread_position_in_grid]],
-                          uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<half, true, 0, 0, -1>(ddx, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x, gid.y,
-                                 lane);
-}
-
-kernel void hash_grid_grad2_params_det_d3f2_float16(device const float* ddx [[buffer(0)]], device const half* dy [[buffer(1)]],
-                          device const float* positions [[buffer(2)]], constant HgLevel* levels [[buffer(3)]],
-                          constant HgArgs& args [[buffer(4)]], device atomic_uint* words [[buffer(5)]],
-                          device const uint* meta [[buffer(6)]], uint2 gid [[thread_position_in_grid]],
-                          uint lane [[thread_index_in_simdgroup]]) {
-  hg_scatter<half, true, 3, 2, HG_INTERP_LINEAR>(ddx, dy, positions, levels, args, HgFixedSink{words, meta, args.count, 0}, gid.x, gid.y,
-                                 lane);
-}
-
-kernel void hash_grid_fill_zero(device float* x [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
-                                uint gid [[thread_position_in_grid]]) {
-  if (gid < args.count) x[gid] = 0.0f;
-}
-
-kernel void hash_grid_fill_zero_uint(device uint* x [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
-                                     uint gid [[thread_position_in_grid]]) {
-  if (gid < args.count) x[gid] = 0u;
-}
+HG_KERNEL("hash_grid_fill_zero", hash_grid_fill_zero<float>);
+HG_KERNEL("hash_grid_fill_zero_uint", hash_grid_fill_zero<uint>);
 
 // The deterministic gradient's words for args.count values: each sum HG_FIXED_BIAS (low word), flags 0.
 kernel void hash_grid_fixed_init(device uint* words [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
@@ -734,17 +586,15 @@ kernel void hash_grid_float_to_half(device const float* x [[buffer(0)]], device 
   if (gid < args.count) y[gid] = half(x[gid]);
 }
 
-kernel void hash_grid_abs_max_float32(device const float* x [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
-                                      device atomic_uint* meta [[buffer(2)]], uint gid [[thread_position_in_grid]],
-                                      uint threads [[threads_per_grid]]) {
+// The largest finite |x[i]| into meta[args.slot] (hg_abs_max).
+template <typename T>
+[[kernel]] void hash_grid_abs_max(device const T* x [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
+                                  device atomic_uint* meta [[buffer(2)]], uint gid [[thread_position_in_grid]],
+                                  uint threads [[threads_per_grid]]) {
   hg_abs_max(x, args, meta, gid, threads);
 }
-
-kernel void hash_grid_abs_max_float16(device const half* x [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
-                                      device atomic_uint* meta [[buffer(2)]], uint gid [[thread_position_in_grid]],
-                                      uint threads [[threads_per_grid]]) {
-  hg_abs_max(x, args, meta, gid, threads);
-}
+HG_KERNEL("hash_grid_abs_max_float32", hash_grid_abs_max<float>);
+HG_KERNEL("hash_grid_abs_max_float16", hash_grid_abs_max<half>);
 
 // meta[HG_FIXED_EXPONENTS + l] for l < n_levels: the exponent e_l of the fixed-point sums (see HgFixedSink).
 kernel void hash_grid_fixed_exponents(constant HgLevel* levels [[buffer(0)]], constant HgArgs& args [[buffer(1)]],
@@ -783,14 +633,11 @@ TFMO_FN void hg_fixed_to(device const uint* words, device const uint* meta, cons
   out[e] = T(v);
 }
 
-kernel void hash_grid_fixed_to_float32(device const uint* words [[buffer(0)]], device const uint* meta [[buffer(1)]],
-                                       constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                       device float* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
+template <typename T>
+[[kernel]] void hash_grid_fixed_to(device const uint* words [[buffer(0)]], device const uint* meta [[buffer(1)]],
+                                   constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
+                                   device T* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
   hg_fixed_to(words, meta, levels, args, out, gid);
 }
-
-kernel void hash_grid_fixed_to_float16(device const uint* words [[buffer(0)]], device const uint* meta [[buffer(1)]],
-                                       constant HgLevel* levels [[buffer(2)]], constant HgArgs& args [[buffer(3)]],
-                                       device half* out [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
-  hg_fixed_to(words, meta, levels, args, out, gid);
-}
+HG_KERNEL("hash_grid_fixed_to_float32", hash_grid_fixed_to<float>);
+HG_KERNEL("hash_grid_fixed_to_float16", hash_grid_fixed_to<half>);

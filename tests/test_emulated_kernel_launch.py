@@ -290,7 +290,9 @@ def test_every_real_kernel_is_registered(launcher):
     _, units = launcher
     expected = set()
     for f in REAL_KERNEL_FILES:
-        names = re.findall(r"^\s*kernel\s+void\s+(\w+)", f.read_text(), re.M)
+        # plain kernels, and the host names of kernel templates' instantiations
+        names = re.findall(r"^\s*kernel\s+void\s+(\w+)", f.read_text(), re.M) + re.findall(
+            r'^\s*\w+\("(\w+)",', f.read_text(), re.M)
         assert names, f
         expected.update(names)
     s = Script(Path(tempfile.gettempdir())).cmd("names")
@@ -331,8 +333,9 @@ def test_fiber_use_of_the_real_kernels_is_per_kernel():
                  "hash_grid_grad2_points_float32", "hash_grid_grad2_points_d3f2_float32", "hash_grid_fill_zero",
                  "ray_march_scan_add", "render_packed_check_splits"):
         assert not by_name[fast].needs_fibers, fast
-    # Without the include path the hash grid's header is not found: the analysis cannot tell, every kernel gets fibers.
-    assert all(k.needs_fibers for k in glue.parse_metal(REPO / "metal_kernels" / "hash_grid.metal").kernels)
+    # Without the include path the hash grid's header is not found: its signatures cannot be read.
+    with pytest.raises(glue.GlueError, match=r"hash_grid\.metal:\d+: 'hash_grid_math\.h' file not found"):
+        glue.parse_metal(REPO / "metal_kernels" / "hash_grid.metal")
 
 
 def test_real_kernel_launch_zero_out(launcher, tmp_path):
@@ -422,7 +425,6 @@ FOLLOWED = {
                         "x[i] = total(v);", "x[i] = v;"),
 }
 UNDECIDED = {  # the analysis cannot follow the source: every kernel gets fibers
-    "missing_header": ('#include "not_there.h"\n', "x[i] = v;", "x[i] = v;"),
     "free_operator": ("struct V { float x; };\ninline V operator+(V l, V r) { return V{simd_sum(l.x) + r.x}; }\n",
                       "x[i] = (V{v} + V{v}).x;", "x[i] = v;"),
     "file_scope_lambda": ("constant auto red = [](float v) { return simd_sum(v); };\n", "x[i] = red(v);", "x[i] = v;"),
@@ -455,7 +457,38 @@ kernel void plain(device T* x [[buffer(0)]], uint i [[thread_position_in_grid]])
 template [[host_name("k_float")]] kernel decltype(k<float>) k<float>;
 template [[host_name("plain_float")]] kernel decltype(plain<float>) plain<float>;
 """
-    assert {k.name: k.needs_fibers for k in glue.parse_metal("s.metal", text=text).kernels} == {"k": True, "plain": False}
+    mf = glue.parse_metal("s.metal", text=text)
+    assert {k.name: k.needs_fibers for k in mf.kernels} == {"k_float": True, "plain_float": False}
+    assert [(k.call, k.function) for k in mf.kernels] == [("k<float>", "k"), ("plain<float>", "plain")]
+
+
+def test_parser_reports_a_missing_header(tmp_path):
+    f = tmp_path / "k.metal"
+    f.write_text('#include "not_there.h"\nkernel void k(device float* x [[buffer(0)]]) {}\n')
+    with pytest.raises(glue.GlueError, match=r"k\.metal:1: 'not_there\.h' file not found"):
+        glue.parse_metal(f)
+
+
+def test_parser_reads_instantiations_written_through_macros_and_in_namespaces():
+    text = """#include <metal_stdlib>
+using namespace metal;
+namespace ns {
+template <typename T, uint N, bool B>
+[[kernel]] void scale(device T* x [[buffer(0)]], constant float& s [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+  x[i] = B ? x[i] * T(s) : T(N);
+}
+}  // namespace ns
+#define INSTANTIATE(name, ...) template [[host_name(name)]] [[kernel]] decltype(__VA_ARGS__) __VA_ARGS__
+INSTANTIATE("scale_half", ns::scale<half, 2, true>);
+template [[host_name("scale_uint")]] [[kernel]] void ns::scale<uint, 3, false>(device uint*, constant float&, uint);
+"""
+    mf = glue.parse_metal("m.metal", text=text)
+    assert [(k.name, k.call, [p.decl for p in k.params]) for k in mf.kernels] == [
+        ("scale_half", "ns::scale<half, 2, true>", ["device half*", "constant float&", "uint"]),
+        ("scale_uint", "ns::scale<uint, 3, false>", ["device uint*", "constant float&", "uint"])]
+    with pytest.raises(glue.GlueError, match=r"m\.metal:11: an explicit instantiation of kernel template scale needs "
+                                             r"\[\[host_name"):
+        glue.parse_metal("m.metal", text=text.replace('[[host_name("scale_uint")]] ', ""))
 
 
 @pytest.mark.parametrize("call", ["simd_sum(v)", "metal::simd_shuffle_down(v, 1)", "quad_broadcast(v, 0)",

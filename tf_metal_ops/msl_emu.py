@@ -1,5 +1,5 @@
-"""Glue between Metal kernel files and the emulated GPU: parse `kernel void NAME(...)` signatures and function
-constants of a `.metal` file and generate one C++ translation unit per file that registers every kernel in the
+"""Glue between Metal kernel files and the emulated GPU: read the kernel signatures and function constants of a
+`.metal` file and generate one C++ translation unit per file that registers every kernel in the
 kernel table (csrc/emulated_gpu/kernel_table.h), so that csrc/emulated_gpu/kernel_launch.cc can run it by name.
 
     units = generate(["metal_kernels/hash_grid.metal"], out_dir)
@@ -7,12 +7,14 @@ kernel table (csrc/emulated_gpu/kernel_table.h), so that csrc/emulated_gpu/kerne
         clang++-16 -x c++ *base_flags() *u.flags -c u.source
 
 Conventions:
-  - kernels are written in the plain style of metal_kernels/*.metal: `kernel void name(params) {`, each parameter
-    `[address space] [const] Type [*|&] name [[attribute]]`, no templates, no macros in signatures; preprocessor
-    conditionals are not evaluated (a kernel inside `#if 0` is still parsed);
+  - kernel signatures and function constants come from clang's AST (tf_metal_ops.msl_check.signatures): plain
+    `kernel void name(params)` kernels, and kernel templates instantiated by name, `template [[host_name("name")]]
+    [[kernel]] decltype(f<A>) f<A>;` (MLX's form), written out or through macros. The file and the headers it
+    includes must compile against msl_check's <metal_stdlib>;
   - every .metal file is staged (copied with `#line 1 "<original>"`, `threadgroup` in pointer/reference types
-    rewritten to MSL_EMU_TGP, see rewrite_threadgroup_pointers) into out_dir/stage/, which comes first on the
-    include path, so a .metal file that includes another one gets the staged copy;
+    rewritten to MSL_EMU_TGP and an instantiation's attribute lists blanked, see rewrite_threadgroup_pointers)
+    into out_dir/stage/, which comes first on the include path, so a .metal file that includes another one gets
+    the staged copy;
   - a kernel "needs fibers" when it reaches threadgroup_barrier or a SIMD-group function (simd_*, quad_*,
     simdgroup_barrier): in its own body, or through the functions, types and macros it names, transitively, in
     the file and the headers it includes with `#include "..."` (found next to it or on the include path); see
@@ -25,7 +27,8 @@ Conventions:
     (dev/gpu_proxy.py);
   - function constants (`constant T name [[function_constant(n)]];`, T = bool/int/uint/float, file scope) need
     -DMSL_EMU_FUNCTION_CONSTANTS, which is in the unit's flags only for files that declare them;
-  - a parameter that cannot be classified is a GlueError naming file:line.
+  - a parameter that cannot be classified, or a source whose signatures clang cannot read, is a GlueError naming
+    file:line.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from tf_metal_ops.msl_check.signatures import (  # noqa: F401 (re-exported: msl_emu.Kernel, ...)
+    ADDRESS_SPACES, CONSTANT_TYPES, THREAD_ATTRIBUTES, FunctionConstant, Kernel, Param, SignatureError, read_source)
+
 # `threadgroup` followed by a type and then * or &: a pointer/reference to threadgroup memory.
 _TG_POINTER = re.compile(
     r"\bthreadgroup\b(?=(?:\s+(?:const|volatile)\b)*\s+[A-Za-z_][\w:]*(?:\s*<[^<>;{}()]*>)?"
@@ -44,85 +50,26 @@ _TG_POINTER = re.compile(
 )
 # The [[threadgroup(n)]] attribute: the macro would turn it into [[static thread_local(n)]].
 _TG_ATTRIBUTE = re.compile(r"\[\[(\s*)threadgroup(\s*\()")
+# The attribute lists of an explicit instantiation, `template [[host_name("k_float")]] [[kernel]] ...`: C++ allows
+# none there (MSL does).
+_INSTANTIATION_ATTRIBUTES = re.compile(r"(?<=\btemplate)(\s*\[\[.*?\]\])+(?=\s*[A-Za-z_])", re.S)
 
 
 def rewrite_threadgroup_pointers(text: str) -> str:
-    """`threadgroup T* p` / `threadgroup T& r` -> `MSL_EMU_TGP T* p` (storage declarations are left alone), and
-    the attribute `[[threadgroup(n)]]` -> `[[msl_emu_threadgroup(n)]]` (an unknown, ignored attribute).
+    """`threadgroup T* p` / `threadgroup T& r` -> `MSL_EMU_TGP T* p` (storage declarations are left alone),
+    the attribute `[[threadgroup(n)]]` -> `[[msl_emu_threadgroup(n)]]` (an unknown, ignored attribute), and the
+    attribute lists of an explicit instantiation (`template [[host_name("k_f")]] [[kernel]] ...`) blanked.
 
     msl_emu's <metal_stdlib> expands `threadgroup` to `static thread_local`, which is right for kernel-scope
     threadgroup variables and wrong (illegal or shared) for pointers/references to threadgroup memory and inside
     the attribute. Line structure is kept, so #line mappings stay exact.
     """
+    text = _INSTANTIATION_ATTRIBUTES.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
     return _TG_ATTRIBUTE.sub(r"[[\1msl_emu_threadgroup\2", _TG_POINTER.sub("MSL_EMU_TGP", text))
 
 
 class GlueError(ValueError):
     """A .metal file the glue cannot handle; the message starts with file:line."""
-
-
-# ThreadCtx fields (csrc/msl_emu/include/msl_emu/runtime.h): attribute -> is the field a uint3 (else uint).
-THREAD_ATTRIBUTES = {
-    "thread_position_in_grid": True,
-    "thread_position_in_threadgroup": True,
-    "threadgroup_position_in_grid": True,
-    "threads_per_threadgroup": True,
-    "dispatch_threads_per_threadgroup": True,
-    "threadgroups_per_grid": True,
-    "threads_per_grid": True,
-    "thread_index_in_threadgroup": False,
-    "threads_per_simdgroup": False,
-    "simdgroup_index_in_threadgroup": False,
-    "thread_index_in_simdgroup": False,
-    "thread_execution_width": False,
-    "simdgroups_per_threadgroup": False,
-    "dispatch_simdgroups_per_threadgroup": False,
-    "quadgroup_index_in_threadgroup": False,
-    "thread_index_in_quadgroup": False,
-    "quadgroups_per_threadgroup": False,
-    "dispatch_quadgroups_per_threadgroup": False,
-}
-_SCALAR_ATTR_TYPES = ("uint", "ushort")
-_VECTOR_ATTR_TYPES = ("uint", "uint2", "uint3", "ushort", "ushort2", "ushort3")
-CONSTANT_TYPES = {"bool": "b", "int": "i", "uint": "u", "float": "f"}  # -> ConstantValue::type
-ADDRESS_SPACES = ("device", "constant", "threadgroup")
-
-
-@dataclasses.dataclass(frozen=True)
-class Param:
-    name: str
-    kind: str  # "buffer" | "threadgroup" | "attribute"
-    index: int  # n of [[buffer(n)]] / [[threadgroup(n)]]; 0 for attributes
-    address_space: str | None  # "device" | "constant" | "threadgroup"; None for attributes
-    const: bool
-    pointer: bool  # T* (else T& for buffer/threadgroup, by value for attributes)
-    type: str  # pointee type as written (attributes: the value type)
-    attribute: str | None  # attributes: "thread_position_in_grid", ...
-    line: int
-
-    @property
-    def decl(self) -> str:
-        """MSL spelling used in messages: 'device const half*'."""
-        if self.kind == "attribute":
-            return self.type
-        return f"{self.address_space} {'const ' if self.const else ''}{self.type}{'*' if self.pointer else '&'}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Kernel:
-    name: str
-    params: tuple[Param, ...]
-    line: int
-    uses_barriers: bool = False  # see the module docstring
-    needs_fibers: bool = False  # runs as fibers on msl_emu (see the module docstring); False: the fast path
-
-
-@dataclasses.dataclass(frozen=True)
-class FunctionConstant:
-    name: str
-    index: int
-    type: str  # bool | int | uint | float
-    line: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,82 +163,12 @@ def _line_of(text: str, offset: int) -> int:
     return text.count("\n", 0, offset) + 1
 
 
-_KERNEL = re.compile(r"\bkernel\s+void\s+([A-Za-z_]\w*)\s*\(")
-_ATTR = re.compile(r"\[\[\s*([A-Za-z_]\w*)\s*(?:\(\s*([^()\]]*?)\s*\))?\s*\]\]")
 _FUNCTION_CONSTANT = re.compile(
     r"\bconstant\s+([A-Za-z_]\w*)\s+([A-Za-z_]\w*)\s*\[\[\s*function_constant\s*\(\s*(\d+)\s*\)\s*\]\]\s*;")
 # A call that needs the fibers of msl_emu's runtime: a barrier or a SIMD-group function.
 _BARRIER = re.compile(r"\bthreadgroup_barrier\s*\(")
 _FIBER_CALL = re.compile(r"\b(?:threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*(?:<[^<>;{}()]*>\s*)?\(")
 _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
-_DECL = re.compile(
-    r"^(?P<quals>(?:(?:device|constant|threadgroup|thread|const|volatile)\s+)*)"
-    r"(?P<type>(?:metal::)?[A-Za-z_]\w*)"
-    r"(?P<post>(?:\s+(?:const|volatile)\b)*)\s*(?P<ref>[*&]?)\s*"
-    r"(?P<cv2>(?:const\s+)?)(?P<name>[A-Za-z_]\w*)$")
-
-
-def _split_params(s: str, base: int) -> list[tuple[str, int]]:
-    """Top-level comma split of a parameter list; each item with its offset into the file."""
-    items, depth, start = [], 0, 0
-    for i, c in enumerate(s):
-        if c in "([<{":
-            depth += 1
-        elif c in ")]>}":
-            depth -= 1
-        elif c == "," and depth == 0:
-            items.append((s[start:i], base + start))
-            start = i + 1
-    items.append((s[start:], base + start))
-    return [(t, off + (len(t) - len(t.lstrip()))) for t, off in items if t.strip()]
-
-
-def _parse_param(text: str, where: str, kernel: str, line: int) -> Param:
-    def fail(why: str) -> GlueError:
-        return GlueError(f"{where}:{line}: kernel {kernel}: cannot classify parameter `{' '.join(text.split())}`: {why}")
-
-    attrs = _ATTR.findall(text)
-    decl = " ".join(_ATTR.sub(" ", text).split())
-    if len(attrs) != 1:
-        raise fail("expected exactly one attribute ([[buffer(n)]], [[threadgroup(n)]] or a thread-position attribute)")
-    attr, arg = attrs[0]
-    m = _DECL.match(decl)
-    if not m:
-        raise fail("not of the form `[address space] [const] Type [*|&] name`")
-    quals = m["quals"].split()
-    spaces = [q for q in quals if q in ADDRESS_SPACES or q == "thread"]
-    const = "const" in quals or "const" in m["post"].split()
-    pointer, ref = m["ref"] == "*", m["ref"] == "&"
-    typ = m["type"].removeprefix("metal::")
-    name = m["name"]
-    if len(spaces) > 1:
-        raise fail("more than one address space")
-    space = spaces[0] if spaces else None
-    if attr in ("buffer", "threadgroup"):
-        if not re.fullmatch(r"\d+", arg or ""):
-            raise fail(f"[[{attr}(n)]] needs a literal index")
-        index = int(arg)
-        if index > 30:
-            raise fail(f"[[{attr}({index})]]: indices are 0..30")
-        if not (pointer or ref):
-            raise fail(f"a [[{attr}(n)]] parameter must be a pointer or a reference")
-        if attr == "buffer" and space not in ("device", "constant"):
-            raise fail("a [[buffer(n)]] parameter needs the device or constant address space")
-        if attr == "threadgroup" and space != "threadgroup":
-            raise fail("a [[threadgroup(n)]] parameter needs the threadgroup address space")
-        if m["cv2"]:
-            raise fail("a const pointer (`T* const p`) is not supported; drop the second const")
-        return Param(name, attr, index, space, const, pointer, typ, None, line)
-    if attr in THREAD_ATTRIBUTES:
-        if arg:
-            raise fail(f"[[{attr}]] takes no argument")
-        if space is not None or pointer or ref:
-            raise fail(f"[[{attr}]] is passed by value, without address space")
-        allowed = _VECTOR_ATTR_TYPES if THREAD_ATTRIBUTES[attr] else _SCALAR_ATTR_TYPES
-        if typ not in allowed:
-            raise fail(f"[[{attr}]] must have type {', '.join(allowed)}")
-        return Param(name, "attribute", 0, None, const, False, typ, attr, line)
-    raise fail(f"unsupported attribute [[{attr}{'(' + arg + ')' if arg else ''}]]")
 
 
 def _file_calls(path: Path, search: list[Path], seen: set[Path], pattern: re.Pattern) -> bool:
@@ -327,63 +204,28 @@ def _headers_barrier(path: Path, raw: str, search: list[Path]) -> bool:
 
 def parse_metal(path: str | Path, search: Iterable[Path] | None = None, *, text: str | None = None) -> MetalFile:
     """Kernels, function constants and fiber use of one .metal file (see the module docstring); `text`: its
-    contents, when it is not read from `path` (which then only names it in messages)."""
+    contents, when it is not read from `path` (which then only names it in messages). Signatures come from clang's
+    AST (tf_metal_ops.msl_check.signatures): the file and the headers it includes must compile."""
     path = Path(path).resolve()
     from_file = text is None
     raw = path.read_text() if from_file else text
-    text = _strip_comments(raw)
-    kernels, names, bodies = [], set(), []
-    for m in _KERNEL.finditer(text):
-        name, line = m.group(1), _line_of(text, m.start())
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"(": 1, ")": -1}.get(text[i], 0)
-            i += 1
-        if depth:
-            raise GlueError(f"{path}:{line}: kernel {name}: unbalanced parentheses in the parameter list")
-        params, slots = [], {}
-        for ptext, off in _split_params(text[m.end():i - 1], m.end()):
-            p = _parse_param(ptext, str(path), name, _line_of(text, off))
-            key = (p.kind, p.index) if p.kind != "attribute" else None
-            if key is not None and key in slots:
-                raise GlueError(f"{path}:{p.line}: kernel {name}: parameters '{slots[key]}' and '{p.name}' both use "
-                                f"[[{p.kind}({p.index})]]")
-            if key is not None:
-                slots[key] = p.name
-            params.append(p)
-        if name in names:
-            raise GlueError(f"{path}:{line}: kernel {name} is defined twice")
-        names.add(name)
-        body = _body_span(text, i)
-        if body is None:
-            raise GlueError(f"{path}:{line}: kernel {name}: no balanced {{ ... }} body after the parameter list")
-        bodies.append(body)
-        kernels.append(Kernel(name, tuple(params), line, bool(_BARRIER.search(text, *body))))
-
-    constants, by_index = [], {}
-    for m in _FUNCTION_CONSTANT.finditer(text):
-        typ, name, index, line = m.group(1), m.group(2), int(m.group(3)), _line_of(text, m.start())
-        if typ not in CONSTANT_TYPES:
-            raise GlueError(f"{path}:{line}: function constant {name}: type {typ} is not supported "
-                            f"(use {', '.join(CONSTANT_TYPES)})")
-        if index in by_index:
-            raise GlueError(f"{path}:{line}: function constants {by_index[index]} and {name} share index {index}")
-        by_index[index] = name
-        constants.append(FunctionConstant(name, index, typ, line))
-    spans = [m.span() for m in _FUNCTION_CONSTANT.finditer(text)]
-    for m in re.finditer(r"\[\[\s*function_constant\b", text):
-        if not any(a <= m.start() < b for a, b in spans):
-            raise GlueError(f"{path}:{_line_of(text, m.start())}: function constant not of the supported form "
-                            "`constant T name [[function_constant(n)]];` at file scope (T = bool, int, uint, float)")
     search_dirs = list(search) if search is not None else []
+    try:
+        sigs = read_source(raw, filename=str(path), include_dirs=[str(d) for d in search_dirs])
+    except SignatureError as e:
+        raise GlueError(str(e)) from None
+    text = _strip_comments(raw)
+    spans = {name: (a, b) for name, a, b in sigs.bodies}
+    kernels = [dataclasses.replace(k, uses_barriers=k.function in spans and bool(_BARRIER.search(text, *spans[k.function])))
+               for k in sigs.kernels]
+    bodies = sorted(spans.values())
     outside = "".join(text[a:b] for a, b in zip([0] + [e for _, e in bodies], [s for s, _ in bodies] + [len(text)]))
     if _BARRIER.search(outside) or (from_file and _headers_barrier(path, raw, search_dirs)):
         kernels = [dataclasses.replace(k, uses_barriers=True) for k in kernels]  # a helper or a header has one
     sources, complete = _translation_unit(path, raw, search_dirs, from_file)
-    fibers = _kernels_needing_fibers([k.name for k in kernels], sources, complete)
-    kernels = [dataclasses.replace(k, needs_fibers=k.name in fibers) for k in kernels]
-    return MetalFile(path, tuple(kernels), tuple(sorted(constants, key=lambda c: c.index)),
-                     any(k.needs_fibers for k in kernels))
+    fibers = _kernels_needing_fibers(sorted({k.function for k in kernels}), sources, complete)
+    kernels = [dataclasses.replace(k, needs_fibers=k.function in fibers) for k in kernels]
+    return MetalFile(path, tuple(kernels), sigs.constants, any(k.needs_fibers for k in kernels))
 
 
 # ---- which kernels need fibers ---------------------------------------------------------------------------------
@@ -635,18 +477,6 @@ def _kernels_needing_fibers(kernels: list[str], sources: list[str], complete: bo
     return {k for k in kernels if k in needing or k not in texts}
 
 
-def _body_span(text: str, i: int) -> tuple[int, int] | None:
-    """(start, end) of the `{ ... }` that follows offset i (after a parameter list), braces balanced."""
-    m = re.compile(r"(?:\s|\[\[[^\]]*\]\])*\{").match(text, i)
-    if not m:
-        return None
-    depth, j = 1, m.end()
-    while j < len(text) and depth:
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        j += 1
-    return (m.end() - 1, j) if depth == 0 else None
-
-
 def replace_function_constants(text: str, new) -> str:
     """`text` (a .metal file) with each function-constant declaration `constant T name [[function_constant(n)]];`
     replaced by new(FunctionConstant): a string of the same line count (comments are not searched). For targets that
@@ -666,6 +496,11 @@ def _cstr(s: str) -> str:
 
 _SPACE_ENUM = {None: "kNone", "device": "kDevice", "constant": "kConstant", "threadgroup": "kThreadgroup"}
 _KIND_ENUM = {"buffer": "kBuffer", "threadgroup": "kThreadgroup", "attribute": "kAttribute"}
+
+
+def _ident(name: str) -> str:
+    """A C++ identifier for a kernel's generated names (a host_name may hold any character)."""
+    return re.sub(r"\W", "_", name) + ("_" + hashlib.sha256(name.encode()).hexdigest()[:8] if re.search(r"\W", name) else "")
 
 
 def _unit_source(mf: MetalFile, staged_name: str) -> str:
@@ -704,9 +539,11 @@ def _unit_source(mf: MetalFile, staged_name: str) -> str:
                f"&g_mutex, &SetConstant}};")
     out.append("")
     for k in mf.kernels:
-        fn = f"decltype(&::{k.name})"
-        out.append(f"// {k.name} ({mf.path.name}:{k.line})")
-        out.append(f"const {T}::ParamDesc kParams_{k.name}[] = {{")
+        ref = k.call if k.call.startswith("::") else "::" + k.call
+        fn = f"decltype(&{ref})"
+        kid = _ident(k.name)
+        out.append(f"// {k.name} ({mf.path.name}:{k.line}): {k.call}")
+        out.append(f"const {T}::ParamDesc kParams_{kid}[] = {{")
         for i, p in enumerate(k.params):
             pointee = f"{T}::PointeeT<{fn}, {i}>"
             if p.kind == "attribute":
@@ -720,7 +557,7 @@ def _unit_source(mf: MetalFile, staged_name: str) -> str:
         if not k.params:
             out.append("    {}")
         out.append("};")
-        out.append(f"void Thunk_{k.name}(void* const* slots, const ::msl_emu::ThreadCtx& t) {{")
+        out.append(f"void Thunk_{kid}(void* const* slots, const ::msl_emu::ThreadCtx& t) {{")
         args = []
         for i, p in enumerate(k.params):
             pt = f"{T}::ParamT<{fn}, {i}>"
@@ -734,15 +571,15 @@ def _unit_source(mf: MetalFile, staged_name: str) -> str:
             out.append("  (void)slots;")
         if not any(p.kind == "attribute" for p in k.params):
             out.append("  (void)t;")
-        out.append(f"  ::{k.name}(" + ",\n      ".join(args) + ");")
+        out.append(f"  {ref}(" + ",\n      ".join(args) + ");")
         out.append("}")
-        out.append(f"const {T}::KernelDesc kKernel_{k.name} = {{{_cstr(k.name)}, &kFile, kParams_{k.name}, "
-                   f"{len(k.params)}u, &Thunk_{k.name}, {'true' if k.needs_fibers else 'false'}}};")
+        out.append(f"const {T}::KernelDesc kKernel_{kid} = {{{_cstr(k.name)}, &kFile, kParams_{kid}, "
+                   f"{len(k.params)}u, &Thunk_{kid}, {'true' if k.needs_fibers else 'false'}}};")
         out.append("")
     out.append("struct Registrar {")
     out.append("  Registrar() {")
     for k in mf.kernels:
-        out.append(f"    {T}::Register(&kKernel_{k.name});")
+        out.append(f"    {T}::Register(&kKernel_{_ident(k.name)});")
     out.append("  }")
     out.append("} g_registrar;")
     out.append(f"}}  // namespace tfmo_glue_{ident}")

@@ -114,7 +114,7 @@ struct TileCorners {
   }
 
   template <int kMode>
-  TFMO_HG_INLINE void Rows(const HgLevel& lv, int count, int nc) {
+  TFMO_FN void Rows(const HgLevel& lv, int count, int nc) {
     for (int c = 0; c < nc; ++c) {
       const uint b0 = c & 1, b1 = (c >> 1) & 1, b2 = (c >> 2) & 1, b3 = (c >> 3) & 1;
       uint* r = row[c];
@@ -134,7 +134,7 @@ struct TileCorners {
 
   // Points [begin, begin+count) of positions [N, D].
   template <bool kAvx2>
-  TFMO_HG_INLINE void Compute(const float* pos, int64_t begin, int count, const HgLevel& lv, int interp, int nc) {
+  TFMO_FN void Compute(const float* pos, int64_t begin, int count, const HgLevel& lv, int interp, int nc) {
     for (int i = 0; i < count; ++i)
       for (int d = 0; d < D; ++d) x[d][i] = pos[(begin + i) * D + d];
 #ifdef TFMO_HG_HAVE_AVX2
@@ -176,7 +176,7 @@ struct TileCorners {
 // The F values of each of the nc corners of tile point i, as float32: val[c*F + f]. float16 tables gather the
 // raw bits first and convert them in one fixed-length loop the compiler vectorises.
 template <int D, int F, typename T>
-TFMO_HG_INLINE void GatherCorners(const T* table, const TileCorners<D>& tc, int i, int nc, float* val) {
+TFMO_FN void GatherCorners(const T* table, const TileCorners<D>& tc, int i, int nc, float* val) {
   constexpr int kN = (1 << D) * F;
   if (std::is_same<T, uint16_t>::value && nc == (1 << D)) {
     T raw[kN];
@@ -191,7 +191,7 @@ TFMO_HG_INLINE void GatherCorners(const T* table, const TileCorners<D>& tc, int 
 
 // Forward of points [b, e) of one level into o [N][F] (level-major).
 template <int D, int F, typename T, bool kAvx2>
-TFMO_HG_INLINE void EncodeRangeBody(const HgLevel* lvp, int interp, int nc, const float* pos, const T* table, T* o,
+TFMO_FN void EncodeRangeBody(const HgLevel* lvp, int interp, int nc, const float* pos, const T* table, T* o,
                                     int64_t b, int64_t e) {
   const HgLevel lv = *lvp;
   TileCorners<D> tc;
@@ -230,7 +230,7 @@ TFMO_HG_BUILDS(EncodeRange, EncodeRangeBody)
 
 // d/dparams of all points [0, n) of one level, for table rows [lo, hi) only when split.
 template <int D, int F, typename T, bool kAvx2>
-TFMO_HG_INLINE void ScatterLevelBody(const HgLevel* lvp, int interp, int nc, const float* pos, const float* gl,
+TFMO_FN void ScatterLevelBody(const HgLevel* lvp, int interp, int nc, const float* pos, const float* gl,
                                      float* acc, int64_t n, uint lo, uint hi, bool split) {
   const HgLevel lv = *lvp;
   TileCorners<D> tc;
@@ -265,7 +265,7 @@ TFMO_HG_BUILDS(ScatterLevel, ScatterLevelBody)
 // dy of the level: sc[c] = <dy, value of corner c> (features in order). Shared by the position gradient and the
 // second order.
 template <int D, int F, typename T>
-TFMO_HG_INLINE void CornerDots(const T* table, const TileCorners<D>& tc, int i, const float* dy, float* val,
+TFMO_FN void CornerDots(const T* table, const TileCorners<D>& tc, int i, const float* dy, float* val,
                                float* sc) {
   GatherCorners<D, F, T>(table, tc, i, 1 << D, val);
   for (int c = 0; c < (1 << D); ++c) {
@@ -279,8 +279,8 @@ TFMO_HG_INLINE void CornerDots(const T* table, const TileCorners<D>& tc, int i, 
 // corners' values val and their dots sc with the level's dy (CornerDots; gl: dy of the level, float32 [N][F]), the
 // table rows of the points kPrefetch ahead prefetched. Shared by the position gradient and the second order.
 template <int D, int F, typename T, bool kAvx2, typename Body>
-TFMO_HG_INLINE void ForEachPointCornerDots(const HgLevel& lv, int interp, const float* pos, const T* table,
-                                           const float* gl, int64_t b, int64_t e, Body body) {
+TFMO_FN void ForEachPointCornerDots(const HgLevel& lv, int interp, const float* pos, const T* table, const float* gl,
+                                    int64_t b, int64_t e, Body body) {
   constexpr int nc = 1 << D;
   TileCorners<D> tc;
   for (int64_t t = b; t < e; t += kTile) {
@@ -298,8 +298,8 @@ TFMO_HG_INLINE void ForEachPointCornerDots(const HgLevel& lv, int interp, const 
 
 // d/dpositions contribution of one level for points [b, e), added to out [N][D].
 template <int D, int F, typename T, bool kAvx2>
-TFMO_HG_INLINE void GradPosRangeBody(const HgLevel* lvp, int interp, const float* pos, const T* table,
-                                     const float* gl, float* out, int64_t b, int64_t e) {
+TFMO_FN void GradPosRangeBody(const HgLevel* lvp, int interp, const float* pos, const T* table, const float* gl,
+                              float* out, int64_t b, int64_t e) {
   ForEachPointCornerDots<D, F, T, kAvx2>(
       *lvp, interp, pos, table, gl, b, e,
       [&](const TileCorners<D>& tc, int i, int64_t p, const float*, const float* sc) TFMO_HG_LAMBDA {
@@ -316,7 +316,7 @@ TFMO_HG_BUILDS(GradPosRange, GradPosRangeBody)
 // (p, l*F + f) at p * ps + (l*F + f) * cs) and the level's d/dx contribution added to out_dx [N, D]. gl: dy of the
 // level, float32 [N][F].
 template <int D, int F, typename T, bool kAvx2>
-TFMO_HG_INLINE void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int64_t ps, int64_t cs, int l, const float* pos,
+TFMO_FN void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int64_t ps, int64_t cs, int l, const float* pos,
                                          const T* table, const float* gl, const float* ddx, T* out_dy,
                                          float* out_dx, int64_t b, int64_t e) {
   const HgLevel lv = *lvp;
@@ -346,7 +346,7 @@ TFMO_HG_BUILDS(Grad2PointsRange, Grad2PointsRangeBody)
 // Second order, d/dparams of all points [0, n) of one level (rows [lo, hi) only when split): scatters
 // v[c] * dy (hg_second_order_weights) in point order, like ScatterLevel.
 template <int D, int F, typename T, bool kAvx2>
-TFMO_HG_INLINE void Scatter2LevelBody(const HgLevel* lvp, int interp, const float* pos, const float* gl,
+TFMO_FN void Scatter2LevelBody(const HgLevel* lvp, int interp, const float* pos, const float* gl,
                                       const float* ddx, float* acc, int64_t n, uint lo, uint hi, bool split) {
   const HgLevel lv = *lvp;
   constexpr int nc = 1 << D;

@@ -55,7 +55,7 @@ inline uint CellLevel(const RmParams& p, const Occupancy& occ, const RmRay& s) {
 
 #ifdef TFMO_RM_AVX2
 
-#define TFMO_RM_V inline __attribute__((target("avx2"), always_inline))
+#define TFMO_RM_V TFMO_FN __attribute__((target("avx2")))
 
 // RmParams broadcast to every lane.
 struct RmConstsV {

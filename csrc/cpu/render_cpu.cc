@@ -29,7 +29,7 @@ int64_t RayGrain(int64_t S, int64_t C) { return std::max<int64_t>(1, 32768 / std
 // Lowest offending ray found by any thread (-1: none); reported after the parallel loop.
 using FirstBadRay = tfmo::FirstIndex;
 
-TFMO_INLINE bool RayInvalid(const float* sigma, const float* t, int64_t S) {
+TFMO_FN bool RayInvalid(const float* sigma, const float* t, int64_t S) {
   int bad = 0;  // an int, not a bool, so the loop vectorises
   for (int64_t i = 0; i < S; ++i) bad |= static_cast<int>(vr_sample_invalid(sigma[i], t[i + 1] - t[i]));
   return bad != 0;
@@ -70,7 +70,7 @@ struct RayScratch {
 // Breaks the add-latency chain (the serial part of a ray) about 4x. Sums of non-negative terms stay
 // non-decreasing along the array, so T = exp(-cum) stays non-increasing (early termination relies on it).
 // out[i] = sum_{j<i} x[j] for i <= n. out must not alias x.
-TFMO_INLINE void ExclusivePrefix(const float* x, float* out, int64_t n) {
+TFMO_FN void ExclusivePrefix(const float* x, float* out, int64_t n) {
   const int64_t q = n / 4;
   float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
   for (int64_t j = 0; j < q; ++j) {
@@ -90,7 +90,7 @@ TFMO_INLINE void ExclusivePrefix(const float* x, float* out, int64_t n) {
 }
 
 // out[i] = sum_{j>i} x[j] for i < n (the mirror image of ExclusivePrefix). out must not alias x.
-TFMO_INLINE void ExclusiveSuffix(const float* x, float* out, int64_t n) {
+TFMO_FN void ExclusiveSuffix(const float* x, float* out, int64_t n) {
   const int64_t q = n / 4;
   float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
   for (int64_t j = 1; j <= q; ++j) {
@@ -110,7 +110,7 @@ TFMO_INLINE void ExclusiveSuffix(const float* x, float* out, int64_t n) {
 
 // Fills tau[i], cum[i] = sum_{j<i} tau_j and T[i] = exp(-cum[i]) for i <= S, w[i] = T_i alpha_i (0 from the stop
 // on), and returns the number n of composited samples (the stop index). T[n] is T_final.
-TFMO_INLINE int64_t RayForward(const float* sg, const float* tt, int64_t S, float thr, RayScratch* sc, float* w) {
+TFMO_FN int64_t RayForward(const float* sg, const float* tt, int64_t S, float thr, RayScratch* sc, float* w) {
   float* tau = sc->tau.data();
   float* cum = sc->cum.data();
   float* T = sc->T.data();
@@ -144,7 +144,7 @@ VrIn MakeVrIn(const TensorRef& dens, const TensorRef& cols, const TensorRef& t, 
 struct VrRayIn {
   const float *sg, *tt, *cl;
 };
-TFMO_INLINE bool RayIn(const VrIn& in, int64_t r, VrRayIn* ray) {
+TFMO_FN bool RayIn(const VrIn& in, int64_t r, VrRayIn* ray) {
   const int64_t S = in.d.S;
   *ray = VrRayIn{in.sg_all + r * S, in.t_all + r * (S + 1), in.c_all + r * S * in.d.C};
   if (!RayInvalid(ray->sg, ray->tt, S)) return true;
@@ -157,7 +157,7 @@ struct VrFwdJob {
   float *color_out, *depth_out, *opac_out, *w_out;
 };
 
-TFMO_INLINE void VrForwardRaysBody(const VrFwdJob& j, int64_t r0, int64_t r1) {
+TFMO_FN void VrForwardRaysBody(const VrFwdJob& j, int64_t r0, int64_t r1) {
   const VrIn& in = j.in;
   const VrDims& d = in.d;
   const int64_t S = d.S, C = d.C;
@@ -199,7 +199,7 @@ struct VrGradJob {
   float *gs_out, *gcol_out, *gt_out, *gbg_out;
 };
 
-TFMO_INLINE void VrGradRaysBody(const VrGradJob& j, int64_t r0, int64_t r1) {
+TFMO_FN void VrGradRaysBody(const VrGradJob& j, int64_t r0, int64_t r1) {
   const VrIn& in = j.in;
   const VrDims& d = in.d;
   const int64_t S = d.S, C = d.C;

@@ -25,7 +25,6 @@
 #include "common/isa_choice.h"
 #include "shared/render_math.h"
 
-#define TFMO_INLINE inline __attribute__((always_inline))
 // Before a loop whose stores never alias its loads (lets the compiler vectorise without alias checks).
 #if defined(__clang__)
 #define TFMO_IVDEP _Pragma("clang loop vectorize(assume_safety)")
@@ -39,7 +38,7 @@ namespace tfmo::render::cpu {
 
 // exp(r) for |r| <= ln2/2: its degree-7 Taylor polynomial (Horner), on a float or a vector (the same operations).
 template <class V>
-TFMO_INLINE V ExpPoly(V r) {
+TFMO_FN V ExpPoly(V r) {
   V p = V{} + 1.0f / 5040.0f;
   p = p * r + 1.0f / 720.0f;
   p = p * r + 1.0f / 120.0f;
@@ -53,7 +52,7 @@ TFMO_INLINE V ExpPoly(V r) {
 // exp(x) for x <= 0 (x > 0 is clamped to 0), in a form the compiler vectorises: x = n ln2 + r with
 // |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (truncation error < 1e-8 relative), times 2^n from the
 // exponent bits. About 2 ulp; exp(x) = 0 below -87.3 (no denormals), NaN passes through.
-TFMO_INLINE float NegExp(float x) {
+TFMO_FN float NegExp(float x) {
   // NaN takes the clamped path too, so the int conversion and the shift below stay defined.
   const float xc = (x < -87.3f || x != x) ? -87.3f : (x > 0.0f ? 0.0f : x);
   const int n = static_cast<int>(xc * 1.44269504f - 0.5f);  // round to nearest for xc <= 0 (trunc toward 0)
@@ -73,9 +72,9 @@ typedef float VecF __attribute__((vector_size(TFMO_VEC_BYTES)));
 typedef int32_t VecI __attribute__((vector_size(TFMO_VEC_BYTES)));
 constexpr int64_t kLanes = TFMO_VEC_BYTES / 4;
 
-TFMO_INLINE VecF Select(VecI mask, VecF a, VecF b) { return (VecF)((mask & (VecI)a) | (~mask & (VecI)b)); }
+TFMO_FN VecF Select(VecI mask, VecF a, VecF b) { return (VecF)((mask & (VecI)a) | (~mask & (VecI)b)); }
 
-TFMO_INLINE VecF NegExpV(VecF x) {
+TFMO_FN VecF NegExpV(VecF x) {
   const VecI under = x < -87.3f;
   const VecI nan = x != x;
   VecF xc = Select(under | nan, VecF{} - 87.3f, x);  // NaN lanes too: conversion and shift stay defined
@@ -88,7 +87,7 @@ TFMO_INLINE VecF NegExpV(VecF x) {
 }
 
 // vr_alpha (shared header) on vectors: the same polynomial below 1/8, 1 - e above.
-TFMO_INLINE VecF AlphaV(VecF tau, VecF e) {
+TFMO_FN VecF AlphaV(VecF tau, VecF e) {
   const VecI small = tau < 0.125f;
   const VecF x = Select(small, tau, VecF{});  // keeps the unused polynomial lanes finite
   const VecF poly = x * (1.0f - x * 0.5f * (1.0f - x * (1.0f / 3.0f) *
@@ -96,22 +95,22 @@ TFMO_INLINE VecF AlphaV(VecF tau, VecF e) {
   return Select(small, poly, 1.0f - e);
 }
 
-TFMO_INLINE VecF Load(const float* p) {
+TFMO_FN VecF Load(const float* p) {
   VecF v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-TFMO_INLINE void Store(float* p, VecF v) { std::memcpy(p, &v, sizeof(v)); }
+TFMO_FN void Store(float* p, VecF v) { std::memcpy(p, &v, sizeof(v)); }
 
 // out[i] = exp(-x[i]) for i < n (x >= 0; out may alias x).
-TFMO_INLINE void ExpNegArray(const float* x, float* out, int64_t n) {
+TFMO_FN void ExpNegArray(const float* x, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) Store(out + i, NegExpV(-Load(x + i)));
   for (; i < n; ++i) out[i] = NegExp(-x[i]);
 }
 
 // w[i] = T[i] * alpha(tau[i]) for i < n.
-TFMO_INLINE void WeightsArray(float* w, const float* T, const float* tau, int64_t n) {
+TFMO_FN void WeightsArray(float* w, const float* T, const float* tau, int64_t n) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     const VecF tv = Load(tau + i);

@@ -44,7 +44,7 @@ struct PackedSamples {
 
 // Samples [a, b) of a ray: invalid when a density is negative (sg given), a sample ends before it starts, or
 // overlaps its predecessor. Notes the first offending sample in *bad. NaN passes (it propagates).
-TFMO_INLINE bool RaySamplesInvalid(const PackedSamples& p, int64_t a, int64_t b, tfmo::FirstIndex* bad) {
+TFMO_FN bool RaySamplesInvalid(const PackedSamples& p, int64_t a, int64_t b, tfmo::FirstIndex* bad) {
   for (int64_t k = a; k < b; ++k) {
     const float delta = p.t1[k] - p.t0[k];
     const bool invalid = (p.sg != nullptr ? vr_sample_invalid(p.sg[k], delta) : delta < 0.0f) ||
@@ -60,7 +60,7 @@ TFMO_INLINE bool RaySamplesInvalid(const PackedSamples& p, int64_t a, int64_t b,
 // The samples of rays [r0, r1): true when all are valid, else notes the range's lowest offending sample in *bad.
 // A flat vectorised pass over all of them first (the overlap test runs across ray boundaries too, and the ray
 // starts, which have no predecessor, are taken back out), the per-ray scan only when it found something.
-TFMO_INLINE bool RangeValid(const PackedSamples& p, int64_t r0, int64_t r1, tfmo::FirstIndex* bad) {
+TFMO_FN bool RangeValid(const PackedSamples& p, int64_t r0, int64_t r1, tfmo::FirstIndex* bad) {
   const int64_t A = p.splits[r0], B = p.splits[r1];
   int flags = 0;  // ints, not bools, so that the loops vectorise
   if (p.sg != nullptr) {
@@ -112,14 +112,14 @@ void FailBadSample(TF_OpKernelContext* ctx, const char* op, const PackedSamples&
 constexpr int64_t kChunkSamples = 2048;
 
 // The end of the chunk of rays that starts at ray ra (< r1).
-TFMO_INLINE int64_t ChunkEnd(const int32_t* splits, int64_t ra, int64_t r1) {
+TFMO_FN int64_t ChunkEnd(const int32_t* splits, int64_t ra, int64_t r1) {
   int64_t rb = ra + 1;
   while (rb < r1 && rb - ra < kChunkSamples && splits[rb + 1] - splits[ra] <= kChunkSamples) ++rb;
   return rb;
 }
 
 // 0 when z, else x, without a branch (segment starts are as unpredictable as ray lengths).
-TFMO_INLINE float ZeroIf(bool z, float x) {
+TFMO_FN float ZeroIf(bool z, float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, sizeof(bits));
   bits &= static_cast<uint32_t>(z) - 1u;
@@ -132,7 +132,7 @@ TFMO_INLINE float ZeroIf(bool z, float x) {
 // part sees its samples in order, and every ray lies in one part, so a sum restarted at each ray's first sample is
 // bitwise that of a serial scan of the ray alone (whatever the chunk boundaries).
 template <class Step>
-TFMO_INLINE void Interleave4(const int32_t* starts, int64_t n, Step&& step) {
+TFMO_FN void Interleave4(const int32_t* starts, int64_t n, Step&& step) {
   int64_t p[5] = {0, 0, 0, 0, n};
   for (int j = 1; j < 4; ++j) {
     int64_t i = std::max(p[j - 1], j * n / 4);
@@ -175,7 +175,7 @@ struct ChunkScratch {
 // Fit(B - A)) and w[k - A] = T_k alpha_k, 0 from the ray's stop on (the first sample with T < thr). Forward and
 // gradient kernels share it, so both see bitwise the same T, w and stop. Only the running sums are serial (along
 // each ray: Interleave4).
-TFMO_INLINE void ChunkForward(const PackedSamples& p, int64_t ra, int64_t rb, float thr, ChunkScratch* sc,
+TFMO_FN void ChunkForward(const PackedSamples& p, int64_t ra, int64_t rb, float thr, ChunkScratch* sc,
                               float* w) {
   const int32_t* splits = p.splits;
   const int64_t A = splits[ra], n = splits[rb] - A, nr = rb - ra;
@@ -225,7 +225,7 @@ struct VrpJob {
 // Checks the samples of rays [r0, r1) and runs each chunk's forward scan (weights into w_all, or the scratch when
 // nullptr), then chunk(ra, rb, sc, w) with w the chunk's weights.
 template <class Chunk>
-TFMO_INLINE void ForEachChunk(const VrpJob& j, int64_t r0, int64_t r1, float* w_all, Chunk&& chunk) {
+TFMO_FN void ForEachChunk(const VrpJob& j, int64_t r0, int64_t r1, float* w_all, Chunk&& chunk) {
   if (!RangeValid(j.p, r0, r1, j.bad)) return;
   ChunkScratch sc;
   for (int64_t ra = r0, rb; ra < r1; ra = rb) {
@@ -242,7 +242,7 @@ struct VrpFwdJob : VrpJob {
   float *col_all, *dep_all, *opa_all, *w_all;
 };
 
-TFMO_INLINE void VrpForwardRaysBody(const VrpFwdJob& j, int64_t r0, int64_t r1) {
+TFMO_FN void VrpForwardRaysBody(const VrpFwdJob& j, int64_t r0, int64_t r1) {
   const int32_t* splits = j.p.splits;
   const int64_t C = j.d.C;
   ForEachChunk(j, r0, r1, j.w_all, [&](int64_t ra, int64_t rb, ChunkScratch& sc, const float* w)
@@ -286,7 +286,7 @@ struct VrpGradJob : VrpJob {
   float *gs_all, *gcol_all, *gt0_all, *gt1_all, *gbg_all;
 };
 
-TFMO_INLINE void VrpGradRaysBody(const VrpGradJob& j, int64_t r0, int64_t r1) {
+TFMO_FN void VrpGradRaysBody(const VrpGradJob& j, int64_t r0, int64_t r1) {
   const int32_t* splits = j.p.splits;
   const int64_t C = j.d.C;
   ForEachChunk(j, r0, r1, nullptr, [&](int64_t ra, int64_t rb, ChunkScratch& sc, const float* w)

@@ -1,6 +1,10 @@
 // Lets one header of per-element math compile as C++ (CPU kernels, g++/clang) and as Metal Shading
 // Language (metal_kernels/*.metal, and the MSL emulation in csrc/msl_emu which defines __METAL_VERSION__).
 //
+// TFMO_FN is the package's one always-inline marker, in shared headers, Metal kernels and CPU kernels alike: a call
+// would pass a thread's arrays through memory (on a GPU, the thread's stack), and the CPU kernels' ISA builds
+// (isa_choice.h) compile an always-inline body once per target.
+//
 // Rules for shared headers (csrc/shared/*.h):
 //  - functions are `TFMO_FN` and take scalars, small structs, or pointers qualified with TFMO_THREAD
 //    (thread-private arrays) or, for read-only lookups, `TFMO_DEVICE const` (device buffers); a kernel's parameter
@@ -41,7 +45,7 @@ typedef uint32_t uint;
 typedef uint64_t ulong;
 typedef unsigned char uchar;
 #define TFMO_MATH std
-#define TFMO_FN inline
+#define TFMO_FN inline __attribute__((always_inline))
 #define TFMO_THREAD
 #define TFMO_DEVICE
 #define TFMO_CONSTANT constexpr

@@ -47,6 +47,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -67,14 +68,14 @@ class BuildError(RuntimeError):
 
 
 def load_msl_emu():
-    """tf_metal_ops/msl_emu.py of this checkout, by path (the package's __init__ imports TensorFlow)."""
-    name = "tfmo_msl_emu_for_gpu_proxy"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tf_metal_ops" / "msl_emu.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """tf_metal_ops.msl_emu of this checkout, without the package's __init__ (which imports TensorFlow): where no
+    tf_metal_ops is imported yet, the package is entered as a bare module whose path is this checkout's
+    tf_metal_ops/ (msl_emu and the msl_check it reads signatures with import nothing else of it)."""
+    if "tf_metal_ops" not in sys.modules:
+        pkg = types.ModuleType("tf_metal_ops")
+        pkg.__path__ = [str(ROOT / "tf_metal_ops")]
+        sys.modules["tf_metal_ops"] = pkg
+    return importlib.import_module("tf_metal_ops.msl_emu")
 
 
 def find_clang() -> str:
@@ -115,7 +116,8 @@ def entry_params(kernel) -> list[dict]:
 
 
 def _entry_source(k, file_name: str) -> str:
-    fn = f"decltype(&::{k.name})"
+    ref = k.call if k.call.startswith("::") else "::" + k.call
+    fn = f"decltype(&{ref})"
     pos = {p.name: i for i, p in enumerate(k.params)}
     decls, sizes = [], []
     for e in entry_params(k):
@@ -155,7 +157,7 @@ def _entry_source(k, file_name: str) -> str:
     return (f"// {k.name} ({file_name}:{k.line}){' uses barriers' if k.uses_barriers else ''}\n"
             f"extern \"C\" __global__ void gpu_proxy_entry_{k.name}(\n    {sig}) __asm__(\"{k.name}\");\n"
             f"extern \"C\" __global__ void gpu_proxy_entry_{k.name}(\n    {sig}) {{\n" + "\n".join(body) + "\n"
-            f"  ::{k.name}(\n      {call});\n}}\n"
+            f"  {ref}(\n      {call});\n}}\n"
             f"extern \"C\" __device__ const unsigned gpu_proxy_sizeof_{k.name}[] = {{{', '.join(sizes)}}};\n")
 
 

@@ -1,5 +1,6 @@
 """The entry points: ``check_source`` and ``check_file`` (one clang run each: rewrite, compile with the AST dump,
-read the diagnostics, run the AST rules) and ``include_dir``, where the stub headers are.
+read the diagnostics, run the AST rules), ``compile_ast`` (that clang run alone, for the kernel signatures) and
+``include_dir``, where the stub headers are.
 
 A source is never reported clean unless clang compiled it and gave an AST: a failed or empty clang run is a
 ``compile`` finding.
@@ -50,6 +51,24 @@ def check_source(
 ) -> list[Finding]:
     """What Apple's compiler would reject in ``source`` (compiled as if it were the file ``filename``), at MSL
     ``msl_version`` ("2.4", "3.0", ...); empty when clean. One clang run."""
+    ctx, ast, findings = compile_ast(source, filename=filename, msl_version=msl_version, include_dirs=include_dirs,
+                                     compiler=compiler)
+    if ast is not None:
+        findings += AstChecker(ctx).run(ast)
+    return _sorted(findings)
+
+
+def compile_ast(
+    source: str,
+    *,
+    filename: str = "<source>",
+    msl_version: str = "3.0",
+    include_dirs: Sequence[str] = (),
+    compiler: str | None = None,
+):
+    """(Context, clang's JSON AST or None, clang's errors as findings) of ``source``: the one clang run behind the
+    check and the kernel signatures (signatures.py). The AST is None when clang gave none; then the findings say
+    why."""
     version = _metal_version(msl_version)
     cxx = compiler or find_clangxx()
     stub = include_dir()
@@ -73,19 +92,16 @@ def check_source(
     if r.returncode not in (0, 1):
         findings.append(Finding(filename, 1, 1, "compile",
                                 f"clang++ failed (exit status {r.returncode}); nothing was checked: {stderr[-500:]}"))
-        return _sorted(findings)
+        return ctx, None, findings
     if r.returncode != 0 and not errors:
         findings.append(Finding(filename, 1, 1, "compile", f"clang++ failed without a diagnostic: {stderr[-500:]}"))
     try:
         ast = json.loads(r.stdout)
     except ValueError:
         ast = None
-    if ast is None:
-        if not findings:  # never report a source as clean that was not checked
-            findings.append(Finding(filename, 1, 1, "compile", "clang++ gave no AST; the source was not checked"))
-    else:
-        findings += AstChecker(ctx).run(ast)
-    return _sorted(findings)
+    if ast is None and not findings:  # never report a source as clean that was not checked
+        findings.append(Finding(filename, 1, 1, "compile", "clang++ gave no AST; the source was not checked"))
+    return ctx, ast, findings
 
 
 def check_file(path, *, msl_version: str = "3.0", include_dirs: Sequence[str] = (), compiler: str | None = None

@@ -2,7 +2,8 @@
 the rewritten text is the original's.
 
 - ``[[kernel]]`` (and ``[[vertex]]``/``[[fragment]]``) becomes the word, which the prelude defines as an annotate
-  attribute;
+  attribute; ``[[host_name("k")]]`` becomes ``host_name("k")``, likewise (C++ allows a GNU attribute, and no
+  ``[[...]]`` list, on an explicit instantiation);
 - every other MSL attribute (``[[buffer(0)]]``, ``[[thread_position_in_grid]]``, ...) is blanked and returned as an
   ``Attr`` (the rules read kernel signatures from them); C++'s own attributes stay;
 - ``threadgroup``/``constant`` starting a variable definition (no pointer, reference or function) becomes
@@ -117,6 +118,9 @@ def rewrite(src: str):
                 if len(names) == 1 and names[0] in _STAGE_WORDS and items[0][1] is None:
                     blank(i, k + 1)
                     out[i:i + len(names[0])] = list(names[0])
+                elif len(names) == 1 and names[0] == "host_name" and items[0][1] is not None:
+                    for q in (i, i + 1, k - 1, k):  # the brackets only: the prelude's host_name() macro remains
+                        out[q] = " "
                 else:
                     blank(i, k + 1)
                     ln, col = linecol(i)

@@ -12,7 +12,7 @@
 //  - `kernel`/`vertex`/`fragment` are annotate attributes; msl_check (rules.py) identifies which by the spelling
 //    location of the attribute, i.e. by the line of the macro below.
 //  - msl_check (rewrite.py) rewrites the checked source (same length, so lines and columns hold) before compiling it:
-//    `[[kernel]]` -> `kernel`; MSL attributes `[[buffer(0)]]`, `[[thread_position_in_grid]]`, ... are blanked and
+//    `[[kernel]]` -> `kernel`; `[[host_name(n)]]` -> `host_name(n)`; MSL attributes `[[buffer(0)]]`, `[[thread_position_in_grid]]`, ... are blanked and
 //    read from the text instead; `threadgroup`/`constant` starting a variable definition (no pointer or reference)
 //    become _MSL_TG_VAR / _MSL_CV_ / _MSL_FC_, because C++ forbids automatic variables in an address space.
 //  - __METAL_VERSION__ comes from the command line (240 = MSL 2.4, 300 = MSL 3.0).
@@ -32,6 +32,10 @@
 #define kernel __attribute__((annotate("msl_kernel")))
 #define vertex __attribute__((annotate("msl_vertex")))
 #define fragment __attribute__((annotate("msl_fragment")))
+// `[[host_name("k_float")]]` (the rewrite leaves `host_name("k_float")`): the entry point's name, on a kernel or on an
+// explicit instantiation of a kernel template (where C++ allows a GNU attribute, and no [[...]] list).
+// msl_check (signatures.py) reads the name from this annotation's argument, found by the line of the macro.
+#define host_name(name) __attribute__((annotate("msl_host_name", name)))
 
 // Variable definitions in threadgroup / constant memory (see above): static storage in that address space.
 #define _MSL_TG_VAR static __attribute__((address_space(3)))
