@@ -27,12 +27,9 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
-from bench_util import cpu_model  # noqa: E402
+from bench_util import (cpu_model, emulated_workers, markdown_table, require_emulated_gpu,  # noqa: E402
+                        run_emulated_worker, seconds_cell, time_emulated_call, write_json)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HASH_CONFIG = dict(n_levels=16, n_features_per_level=2, log2_hashmap_size=19, base_resolution=16, per_level_scale=1.5)
@@ -49,11 +46,9 @@ def worker(sizes: dict, repeats: int) -> dict:
     import tensorflow as tf
 
     import tf_metal_ops as t
-    from tf_metal_ops import emulated_gpu
     from tf_metal_ops.hash_grid import HashGridConfig
 
-    if not emulated_gpu.enabled():
-        raise SystemExit("the emulated GPU is not enabled (TF_METAL_OPS_EMULATED_GPU=1 must be set before TF starts)")
+    emulated_gpu = require_emulated_gpu()
     rng = np.random.default_rng(0)
     cfg = HashGridConfig(3, **dict(HASH_CONFIG, log2_hashmap_size=sizes["log2_hashmap_size"]))
     n, r, s = sizes["points"], sizes["rays"], sizes["samples"]
@@ -108,51 +103,31 @@ def worker(sizes: dict, repeats: int) -> dict:
             "volume_render fwd+bwd": (f"R={r}, S={s}, C=3", vr_fwd_bwd, "volume_render_backward"),
         }
 
-    def timed(d, fn):
-        def once():
-            with tf.device(d):
-                out = fn()
-            emulated_gpu.synchronize()  # the GPU ops return before their kernels ran
-            for x in tf.nest.flatten(out):
-                x.numpy()  # (CPU: the results; GPU: the copy back is part of a call's cost in practice)
-            return out
-
-        out = once()  # warm-up: tracing, pipelines, scratch
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            once()
-            times.append(time.perf_counter() - t0)
-        return out, {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
-
     gpu_cases, cpu_cases = cases("/GPU:0"), cases("/CPU:0")
     rows = []
     for name in gpu_cases:
         size, fn, kernel = gpu_cases[name]
         before = emulated_gpu.dispatch_counts().get(kernel, 0)
-        g_out, g = timed("/GPU:0", fn)
+        g_out, g = time_emulated_call("/GPU:0", fn, repeats)
         ran = emulated_gpu.dispatch_counts().get(kernel, 0) - before
         assert ran >= repeats + 1, f"{name}: {kernel} ran {ran} times on the emulated GPU, want {repeats + 1}"
         for x in tf.nest.flatten(g_out):
             assert x.device.endswith("GPU:0"), f"{name}: result on {x.device}"
-        c_out, c = timed("/CPU:0", cpu_cases[name][1])
+        c_out, c = time_emulated_call("/CPU:0", cpu_cases[name][1], repeats)
         for a, b in zip(tf.nest.flatten(g_out), tf.nest.flatten(c_out)):  # same op, same answer
             np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
         rows.append({"op": name, "size": size, "emulated_gpu": g, "cpu": c, "ratio": g["median_s"] / c["median_s"]})
         print(f"  {name}: emulated {g['median_s']:.4f} s, CPU {c['median_s']:.4f} s", file=sys.stderr, flush=True)
     return {"rows": rows, "tensorflow": tf.__version__, "op_threads": t.get_num_threads(),
-            "emu_workers": os.environ.get("TF_METAL_OPS_EMULATED_GPU_WORKERS") or os.environ.get("MSL_EMU_WORKERS") or "default"}
+            "emu_workers": emulated_workers("default")}
 
 
 # ---- parent --------------------------------------------------------------------------------------------------
 def table(report: dict) -> str:
-    lines = ["| op | size | emulated /GPU:0 (s/call) | CPU kernels /CPU:0 (s/call) | emulated / CPU |",
-             "|---|---|---|---|---|"]
-    for row in report["rows"]:
-        g, c = row["emulated_gpu"], row["cpu"]
-        lines.append(f"| {row['op']} | {row['size']} | {g['median_s']:.4f} ({g['min_s']:.4f}..{g['max_s']:.4f}) | "
-                     f"{c['median_s']:.4f} ({c['min_s']:.4f}..{c['max_s']:.4f}) | {row['ratio']:.1f}x |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["op", "size", "emulated /GPU:0 (s/call)", "CPU kernels /CPU:0 (s/call)", "emulated / CPU"],
+        [[r["op"], r["size"], seconds_cell(r["emulated_gpu"]), seconds_cell(r["cpu"]), f"{r['ratio']:.1f}x"]
+         for r in report["rows"]])
 
 
 def main(argv=None) -> int:
@@ -177,30 +152,22 @@ def main(argv=None) -> int:
     print(f"emulated GPU vs CPU kernels: {report['cpu']} ({report['cores']} cores), {report['platform']}; "
           f"medians of {args.repeats} runs after a warm-up, both devices in one subprocess"
           + (" [--quick sizes]" if args.quick else ""), flush=True)
-    with tempfile.TemporaryDirectory(prefix="tfmo-bench-emu-") as tmp:
-        out = os.path.join(tmp, "worker.json")
-        env = dict(os.environ, TF_METAL_OPS_EMULATED_GPU="1")
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", out, "--repeats", str(args.repeats)]
-        res = subprocess.run(cmd + (["--quick"] if args.quick else []), env=env, cwd=tmp, capture_output=True,
-                             text=True)
-        if res.returncode == 0:
-            with open(out) as f:
-                report.update(json.load(f))
-        elif "EmulatedGPUError" in res.stderr:  # no clang++ >= 16, or a TF with a real GPU: say so, do not fail
-            report["skipped"] = res.stderr.strip().splitlines()[-1]
-        else:
-            sys.stderr.write(res.stdout + res.stderr[-6000:])
-            raise SystemExit(f"the emulated-GPU worker failed (exit {res.returncode})")
+    result, res = run_emulated_worker(__file__, ["--repeats", str(args.repeats)] + (["--quick"] if args.quick else []),
+                                      "tfmo-bench-emu-")
+    if result is not None:
+        report.update(result)
+    elif "EmulatedGPUError" in res.stderr:  # no clang++ >= 16, or a TF with a real GPU: say so, do not fail
+        report["skipped"] = res.stderr.strip().splitlines()[-1]
+    else:
+        sys.stderr.write(res.stdout + res.stderr[-6000:])
+        raise SystemExit(f"the emulated-GPU worker failed (exit {res.returncode})")
     if "skipped" in report:
         print(f"skipped: {report['skipped']}")
     else:
         print(f"TensorFlow {report['tensorflow']}, {report['op_threads']} op threads (CPU kernels), emulated GPU "
               f"workers: {report['emu_workers']}\n")
         print(table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    write_json(args.json, report)
     return 0
 
 

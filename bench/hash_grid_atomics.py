@@ -1,5 +1,5 @@
 """Global atomic operations per hash-grid backward, per level, counted on the emulated GPU: the figure that stands for
-the table gradient's scatter cost until a Mac times it (issue 35, "count what matters").
+the table gradient's scatter cost until a Mac times it (GPU times on NVIDIA hardware: bench/gpu_proxy.md).
 
     python bench/hash_grid_atomics.py                      # writes bench/hash_grid_atomics.md and .json
     python bench/hash_grid_atomics.py --quick --md '' --json ''   # smoke run (2^14 points), nothing written

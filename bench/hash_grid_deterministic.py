@@ -1,6 +1,6 @@
 """The deterministic hash-grid table gradient (attr ``deterministic``: fixed-point sums with integer atomics) against
 the float-atomic one, on the emulated GPU: global atomics per backward (per level for the deterministic one) and
-emulation seconds. GPU times of the same kernels: bench/gpu_proxy.md (the lent H200).
+emulation seconds. GPU times of the same kernels: bench/gpu_proxy.md (an NVIDIA GPU).
 
     python bench/hash_grid_deterministic.py                 # writes bench/hash_grid_deterministic.md
     python bench/hash_grid_deterministic.py --log2-points 14 --md ''   # smoke run, nothing written
@@ -130,7 +130,7 @@ def main():
              "python bench/hash_grid_deterministic.py", "```", "",
              f"HashNeRF default config, float32 table; {1 << args.log2_points:,} points. The script's docstring defines "
              "the columns. Seconds are emulation time on this CPU (median of "
-             f"{args.repeats}), not GPU time: bench/gpu_proxy.md has the H200's.", ""]
+             f"{args.repeats}), not GPU time: bench/gpu_proxy.md has an NVIDIA GPU's.", ""]
     for pass_name in ("grad_params", "grad2_params"):
         lines += [f"## {pass_name}", "", "| points | mode | global atomics (per kernel) | seconds |", "|---|---|---|---|"]
         for points in ("uniform", "rays"):

@@ -40,10 +40,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench_util import cpu_model
+from bench_util import (cpu_model, emulated_workers, markdown_table, require_emulated_gpu, run_emulated_worker,
+                        seconds_cell, time_emulated_call, write_json)
 
 CONFIG = dict(n_levels=16, n_features_per_level=2, log2_hashmap_size=19, base_resolution=16, per_level_scale=1.5)
 
@@ -54,13 +54,10 @@ def worker(points: int, repeats: int) -> dict:
     import tensorflow as tf
 
     import tf_metal_ops as t
-    from tf_metal_ops import emulated_gpu
     from tf_metal_ops.hash_grid import HashGridConfig
 
-    if not emulated_gpu.enabled():
-        raise SystemExit("the emulated GPU is not enabled (TF_METAL_OPS_EMULATED_GPU=1 must be set before TF starts)")
+    emulated_gpu = require_emulated_gpu()
     cfg = HashGridConfig(3, **CONFIG)
-    kw = cfg.op_kwargs()
     rng = np.random.default_rng(0)
     host = {"x": rng.random((points, 3), dtype=np.float32),
             "p": rng.uniform(-1e-4, 1e-4, cfg.params_shape).astype(np.float32),
@@ -71,56 +68,30 @@ def worker(points: int, repeats: int) -> dict:
             v = {k: tf.constant(a) for k, a in host.items()}
             v["p16"] = tf.cast(v["p"], tf.float16)
 
-        @tf.function
-        def encode32():
-            return t.hash_grid_encode(v["x"], v["p"], **kw)
+        def encode(params):
+            return tf.function(lambda: t.hash_grid_encode(v["x"], v[params], config=cfg))
 
-        @tf.function
-        def encode16():
-            return t.hash_grid_encode(v["x"], v["p16"], **kw)
+        def gradient(wrt):  # d/d(wrt) of the float32-table encoding, the other input not watched
+            @tf.function
+            def grad():
+                with tf.GradientTape() as tape:
+                    tape.watch(v[wrt])
+                    y = t.hash_grid_encode(v["x"], v["p"], config=cfg)
+                return tape.gradient(y, v[wrt], output_gradients=v["dy"])
 
-        @tf.function
-        def grad_positions():
-            with tf.GradientTape() as tape:
-                tape.watch(v["x"])
-                y = t.hash_grid_encode(v["x"], v["p"], **kw)
-            return tape.gradient(y, v["x"], output_gradients=v["dy"])
+            return grad
 
-        @tf.function
-        def grad_params():
-            with tf.GradientTape() as tape:
-                tape.watch(v["p"])
-                y = t.hash_grid_encode(v["x"], v["p"], **kw)
-            return tape.gradient(y, v["p"], output_gradients=v["dy"])
-
-        return {"encode f32": encode32, "encode f16": encode16, "grad positions": grad_positions,
-                "grad params": grad_params}
-
-    def timed(d, fn):
-        def once():
-            with tf.device(d):
-                out = fn()
-            emulated_gpu.synchronize()
-            for x in tf.nest.flatten(out):
-                x.numpy()
-            return out
-
-        out = once()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            once()
-            times.append(time.perf_counter() - t0)
-        return out, {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
+        return {"encode f32": encode("p"), "encode f16": encode("p16"), "grad positions": gradient("x"),
+                "grad params": gradient("p")}
 
     gpu, cpu = cases("/GPU:0"), cases("/CPU:0")
     rows = []
     for name, fn in gpu.items():
         before = emulated_gpu.dispatch_counts()
-        g_out, g = timed("/GPU:0", fn)
+        g_out, g = time_emulated_call("/GPU:0", fn, repeats)
         after = emulated_gpu.dispatch_counts()
         kernels = sorted(k for k in after if after[k] - before.get(k, 0) > 0)
-        c_out, c = timed("/CPU:0", cpu[name])
+        c_out, c = time_emulated_call("/CPU:0", cpu[name], repeats)
         for a, b in zip(tf.nest.flatten(g_out), tf.nest.flatten(c_out)):  # same op, same answer
             np.testing.assert_allclose(np.asarray(a.numpy(), np.float32), np.asarray(b.numpy(), np.float32),
                                        rtol=2e-3, atol=2e-3, err_msg=name)
@@ -128,8 +99,7 @@ def worker(points: int, repeats: int) -> dict:
         print(f"  {name}: emulated {g['median_s']:.4f} s, CPU {c['median_s']:.4f} s ({', '.join(kernels)})",
               file=sys.stderr, flush=True)
     return {"rows": rows, "tensorflow": tf.__version__,
-            "emu_workers": os.environ.get("TF_METAL_OPS_EMULATED_GPU_WORKERS") or os.environ.get("MSL_EMU_WORKERS")
-            or "default (all CPUs)"}
+            "emu_workers": emulated_workers("default (all CPUs)")}
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,13 +149,10 @@ def runtime_table(part: dict) -> str:
 
 
 def table(report: dict) -> str:
-    lines = ["| case | kernels dispatched | emulated /GPU:0 s/call, median (min..max) | CPU /CPU:0 s/call (control) |",
-             "|---|---|---|---|"]
-    for r in report["rows"]:
-        g, c = r["emulated_gpu"], r["cpu"]
-        lines.append(f"| {r['case']} | {', '.join(r['kernels'])} | {g['median_s']:.4f} ({g['min_s']:.4f}..{g['max_s']:.4f}) "
-                     f"| {c['median_s']:.4f} ({c['min_s']:.4f}..{c['max_s']:.4f}) |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["case", "kernels dispatched", "emulated /GPU:0 s/call, median (min..max)", "CPU /CPU:0 s/call (control)"],
+        [[r["case"], ", ".join(r["kernels"]), seconds_cell(r["emulated_gpu"]), seconds_cell(r["cpu"])]
+         for r in report["rows"]])
 
 
 def main(argv=None) -> int:
@@ -215,25 +182,16 @@ def main(argv=None) -> int:
               f"{os.getloadavg()[0]:.2f}):\n")
         print(runtime_table(report["runtime"]))
     if "emulated" in parts:
-        with tempfile.TemporaryDirectory(prefix="tfmo-bench-fiber-") as tmp:
-            out = os.path.join(tmp, "worker.json")
-            env = dict(os.environ, TF_METAL_OPS_EMULATED_GPU="1")
-            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", out, "--repeats", str(args.repeats),
-                   "--points", str(args.points)]
-            res = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
-            if res.returncode != 0:
-                sys.stderr.write(res.stdout + res.stderr[-6000:])
-                raise SystemExit(f"the emulated-GPU worker failed (exit {res.returncode})")
-            with open(out) as f:
-                report["emulated"] = json.load(f)
+        report["emulated"], res = run_emulated_worker(
+            __file__, ["--repeats", str(args.repeats), "--points", str(args.points)], "tfmo-bench-fiber-")
+        if report["emulated"] is None:
+            sys.stderr.write(res.stdout + res.stderr[-6000:])
+            raise SystemExit(f"the emulated-GPU worker failed (exit {res.returncode})")
         print(f"\nemulated GPU, TensorFlow {report['emulated']['tensorflow']}, workers: "
               f"{report['emulated']['emu_workers']}; load average {os.getloadavg()[0]:.2f}:\n")
         print(table(report["emulated"]))
     report["loadavg_after"] = os.getloadavg()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    write_json(args.json, report)
     return 0
 
 

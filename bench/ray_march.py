@@ -24,7 +24,7 @@ import tensorflow as tf  # noqa: E402
 
 import tf_metal_ops as tfmo  # noqa: E402
 from tf_metal_ops import occupancy  # noqa: E402
-from bench_util import cpu_model, median_ms  # noqa: E402
+from bench_util import cpu_model, median_ms, rays_toward  # noqa: E402
 
 
 
@@ -47,9 +47,7 @@ def make_rays(R, seed=0):
     v = rng.normal(size=(R, 3))
     o = 2.5 * v / np.linalg.norm(v, axis=1, keepdims=True)
     target = rng.uniform(-0.7, 0.7, (R, 3))
-    d = target - o
-    d /= np.linalg.norm(d, axis=1, keepdims=True)
-    return tf.constant(o, tf.float32), tf.constant(d, tf.float32)
+    return rays_toward(o, target)
 
 
 def main():

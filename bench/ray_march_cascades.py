@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_metal_ops as tfmo  # noqa: E402
-from bench_util import cpu_model, median_ms  # noqa: E402
+from bench_util import cpu_model, median_ms, rays_toward  # noqa: E402
 
 
 def scene_density(x):
@@ -39,9 +39,7 @@ def make_rays(R, seed=0):
     a = rng.uniform(0, 2 * np.pi, R)
     o = np.stack([2.0 * np.cos(a), rng.uniform(-0.5, 0.5, R), 2.0 * np.sin(a)], axis=1)
     target = rng.uniform(-3.0, 3.0, (R, 3))
-    d = target - o
-    d /= np.linalg.norm(d, axis=1, keepdims=True)
-    return tf.constant(o, tf.float32), tf.constant(d, tf.float32)
+    return rays_toward(o, target)
 
 
 def main():

@@ -144,7 +144,7 @@ def run_nerf(args):
     dense_in = dense_inputs(dense_R, dense_S, 3)
     print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs)")
     print(f"TensorFlow {tf.__version__}, tf_metal_ops {tfmo.__version__}, op threads {tfmo.get_num_threads()}, "
-          f"volume-render CPU build {tfmo.backend.volume_render_cpu_paths()['selected']}")
+          f"volume-render CPU build {tfmo.diagnostics.volume_render_cpu_paths()['selected']}")
     print(f"packed: N={N} samples on R={R} rays (1..30 per ray, mean {N / R:.2f}, median {np.median(counts):.0f}), "
           f"C=3; dense: {dense_R} x {dense_S} = {dense_R * dense_S} samples; median (min) of {args.repeats} runs")
     rows = []

@@ -80,7 +80,8 @@ def _version(v: int) -> str:
     return f"{major}.{minor}" + (f".{patch}" if patch else "")
 
 
-def _uleb(data: bytes, pos: int):
+def _leb128(data: bytes, pos: int, signed: bool = False):
+    """(value, next position) of the LEB128 number at `pos` (signed: sign-extended from its last byte's bit 6)."""
     result = shift = 0
     while True:
         b = data[pos]
@@ -88,20 +89,17 @@ def _uleb(data: bytes, pos: int):
         result |= (b & 0x7F) << shift
         shift += 7
         if b < 0x80:
+            if signed and b & 0x40:
+                result -= 1 << shift
             return result, pos
+
+
+def _uleb(data: bytes, pos: int):
+    return _leb128(data, pos)
 
 
 def _sleb(data: bytes, pos: int):
-    result = shift = 0
-    while True:
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        shift += 7
-        if b < 0x80:
-            if b & 0x40:
-                result -= 1 << shift
-            return result, pos
+    return _leb128(data, pos, signed=True)
 
 
 def _cstring(data: bytes, pos: int):

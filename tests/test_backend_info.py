@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tf_metal_ops
-from tf_metal_ops import _env, backend
+from tf_metal_ops import _env, diagnostics
 
 GPU = "/job:localhost/replica:0/task:0/device:GPU:0"
 CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
@@ -55,7 +55,7 @@ def _like_tf_eager(x):
 
 def test_probe_uses_float_data_large_enough_for_the_gpu():
     fake = FakeTF(placed=_like_tf_eager)
-    ok, reason = backend.probe_gpu(fake, fake.zero_out)
+    ok, reason = diagnostics.probe_gpu(fake, fake.zero_out)
     assert ok, reason
     (x,) = fake.seen
     assert x.dtype == np.float32 and x.size >= 4096
@@ -64,26 +64,26 @@ def test_probe_uses_float_data_large_enough_for_the_gpu():
 
 def test_probe_reports_an_op_that_ran_on_the_cpu():
     fake = FakeTF(placed=lambda x: CPU)
-    ok, reason = backend.probe_gpu(fake, fake.zero_out)
+    ok, reason = diagnostics.probe_gpu(fake, fake.zero_out)
     assert not ok and "ran on " + CPU in reason and "not the GPU" in reason
 
 
 def test_probe_reports_wrong_values_and_errors():
     fake = FakeTF()
-    ok, reason = backend.probe_gpu(fake, lambda x: FakeTensor(np.ones_like(x), GPU))
+    ok, reason = diagnostics.probe_gpu(fake, lambda x: FakeTensor(np.ones_like(x), GPU))
     assert not ok and "wrong values" in reason
 
     def boom(x):
         raise RuntimeError("stream does not answer -queue")
 
-    ok, reason = backend.probe_gpu(fake, boom)
+    ok, reason = diagnostics.probe_gpu(fake, boom)
     assert not ok and "failed: stream does not answer -queue" in reason
 
 
 def test_real_probe_on_a_cpu_only_tensorflow_says_where_it_ran():
     if tf.config.list_logical_devices("GPU"):
         pytest.skip("this TensorFlow has a GPU")
-    ok, reason = backend.probe_gpu(tf, tf_metal_ops.zero_out)
+    ok, reason = diagnostics.probe_gpu(tf, tf_metal_ops.zero_out)
     assert not ok and "device:CPU:0" in reason
 
 
@@ -99,52 +99,52 @@ def mac(monkeypatch):
 
 def test_metal_status_usable_on_a_working_mac(mac):
     versions, fake = mac
-    ok, reason = backend._metal_status(fake, {"metal": True}, system="darwin")
+    ok, reason = diagnostics._metal_status(fake, {"metal": True}, system="darwin")
     assert ok, reason
     assert "Metal kernels run on /physical_device:GPU:0" in reason
 
 
 def test_metal_status_reasons(mac):
     versions, fake = mac
-    assert backend._metal_status(fake, {"metal": False}, system="darwin") == (
+    assert diagnostics._metal_status(fake, {"metal": False}, system="darwin") == (
         False, "the op library was built without Metal kernels (build it on macOS with `pip install .`)")
     fake.__version__ = "2.20.0"
-    ok, reason = backend._metal_status(fake, {"metal": True}, system="darwin")
+    ok, reason = diagnostics._metal_status(fake, {"metal": True}, system="darwin")
     assert not ok and "supports TensorFlow 2.18-2.19, this is 2.20.0" in reason
     fake.__version__ = "2.19.0"
     del versions["tensorflow-metal"]
-    ok, reason = backend._metal_status(fake, {"metal": True}, system="darwin")
+    ok, reason = diagnostics._metal_status(fake, {"metal": True}, system="darwin")
     assert not ok and "tensorflow-metal is not installed" in reason
 
 
 def test_metal_status_gpu_probe_that_ran_on_the_cpu_is_unusable(mac):
     versions, fake = mac
     fake.placed = lambda x: CPU
-    ok, reason = backend._metal_status(fake, {"metal": True}, system="darwin")
+    ok, reason = diagnostics._metal_status(fake, {"metal": True}, system="darwin")
     assert not ok and "not the GPU" in reason
 
 
-@pytest.mark.parametrize("dist", backend.COMMUNITY_METAL_PLUGINS)
+@pytest.mark.parametrize("dist", diagnostics.COMMUNITY_METAL_PLUGINS)
 def test_community_plugin_keeps_the_ops_on_the_cpu_and_says_why(mac, dist):
     versions, fake = mac
     del versions["tensorflow-metal"]
     versions[dist] = "0.4.1"
     fake.__version__ = "2.21.0"
-    assert backend.community_metal_plugin() == (dist, "0.4.1")
-    ok, reason = backend._metal_status(fake, {"metal": True}, system="darwin")
+    assert diagnostics.community_metal_plugin() == (dist, "0.4.1")
+    ok, reason = diagnostics._metal_status(fake, {"metal": True}, system="darwin")
     assert not ok
     assert f"{dist} 0.4.1 is installed" in reason and "stream protocol" in reason and "CPU kernels" in reason
     assert fake.seen == []  # the probe never ran: nothing is sent to that plugin's stream
 
 
 def test_metal_is_unusable_off_macos():
-    ok, reason = backend._metal_status(tf, {"metal": False}, system="linux")
+    ok, reason = diagnostics._metal_status(tf, {"metal": False}, system="linux")
     assert not ok and reason.startswith("unusable: Metal needs macOS")
 
 
 def test_op_types_are_camel_case_from_snake_case_functions():
     module = type("m", (), {"_dispatcher_for_hash_grid_encode_grad_params": 1, "_dispatcher_for_zero_out": 1})
-    assert backend.op_types(module) == ["HashGridEncodeGradParams", "ZeroOut"]
+    assert diagnostics.op_types(module) == ["HashGridEncodeGradParams", "ZeroOut"]
 
 
 def test_backend_info_on_this_machine():
@@ -201,3 +201,18 @@ print(json.dumps(sorted({k.device_type for k in kernels.get_registered_kernels_f
                            cwd=os.path.dirname(os.path.abspath(__file__)))  # not the checkout: the installed package
         assert r.returncode == 0, r.stderr[-3000:]
         assert r.stdout.strip().splitlines()[-1] == want, (switch, r.stdout)
+
+
+def test_the_former_module_name_still_works_with_a_deprecation_warning(monkeypatch):
+    import importlib
+
+    if "backend" in vars(tf_metal_ops):  # bound by an earlier import of tf_metal_ops.backend: as in a fresh process
+        monkeypatch.delattr(tf_metal_ops, "backend")
+    monkeypatch.delitem(sys.modules, "tf_metal_ops.backend", raising=False)
+    with pytest.warns(DeprecationWarning, match="tf_metal_ops.diagnostics"):
+        assert tf_metal_ops.backend is diagnostics
+    with pytest.warns(DeprecationWarning, match="tf_metal_ops.diagnostics"):
+        assert importlib.import_module("tf_metal_ops.backend") is diagnostics
+    from tf_metal_ops.backend import cpu_paths  # the names of the module, through the old name
+
+    assert cpu_paths is diagnostics.cpu_paths

@@ -45,7 +45,7 @@ def _env(**kw):
 THREADS_SCRIPT = r'''
 import json, sys, numpy as np, tensorflow as tf
 import tf_metal_ops as t
-from tf_metal_ops.backend import backend_info, volume_render_cpu_paths
+from tf_metal_ops.diagnostics import backend_info, volume_render_cpu_paths
 rng = np.random.default_rng(0)
 R, S, C = 8192, 64, 3          # 8192 rays in ranges of >= 102 (the kernel's grain for S=64, C=3): 81 ranges at most
 d = rng.uniform(0, 3, (R, S)).astype(np.float32)

@@ -38,21 +38,12 @@ def run(args, env=None, timeout=900, cwd=None):
 
 
 # Under both backends: every op check (the host code, the backend's encoding and its stream).
-CASES = [
-    ("zero_out", 0, {}),
-    ("hash_grid", 0, {}),
-    ("hash_grid_edges", 0, {}),
-    ("hash_grid_second_order", 0, {}),
-    ("hash_grid_feature_major", 0, {}),
-    ("volume_render", 0, {}),
+# (check, seed, environment); every check once with seed 0 and the default environment.
+CASES = [(check, 0, {}) for check in (
+    "zero_out", "hash_grid", "hash_grid_edges", "hash_grid_second_order", "hash_grid_feature_major", "volume_render",
+    "distortion_loss", "render_packed", "render_packed_nan_policy", "ray_march", "ray_march_cascades",
+    "layer_and_savedmodel", "threads")] + [
     ("volume_render", 1, {"TF_METAL_OPS_SYNC": "1"}),
-    ("distortion_loss", 0, {}),
-    ("render_packed", 0, {}),
-    ("render_packed_nan_policy", 0, {}),
-    ("ray_march", 0, {}),
-    ("ray_march_cascades", 0, {}),
-    ("layer_and_savedmodel", 0, {}),
-    ("threads", 0, {}),
 ]
 # Under the direct backend: the kernel launcher's thread orders and worker counts (msl_emu runs the metal backend's
 # kernels in its own order), and NeRF training steps.

@@ -154,22 +154,17 @@ def test_render_references_match_the_cpu_ops(packed):
     g = tape.gradient(y, [sigma, colors, *tvars])
     assert_within(g[0].numpy(), *back["g_sigma"], f"{prefix}backward densities")
     assert_within(g[1].numpy(), *back["g_colors"], f"{prefix}backward colors")
-    if packed:
-        assert_within(g[2].numpy(), *back["g_ts"], "packed backward t_starts")
-        assert_within(g[3].numpy(), *back["g_te"], "packed backward t_ends")
-    else:
-        assert_within(g[2].numpy(), *back["g_t"], "backward t")
+    t_grads = ("g_ts", "g_te") if packed else ("g_t",)  # the gradients of tvars: t_starts, t_ends, or t
+    for got, name in zip(g[2:], t_grads):
+        assert_within(got.numpy(), *back[name], f"{prefix}backward {name}")
     gbg = tape.gradient(y, bg).numpy()
     assert_within(gbg, back["g_bg"][0].sum(axis=0), np.abs(back["g_bg"][0]).sum(axis=0) * 1e-4 + 1e-6, "background")
     assert_within(loss.numpy(), *cs[2].reference()["loss"], f"{prefix}distortion loss")
     dl = cs[3].reference()
     gd = tape.gradient(z, [w_in, *tvars])
     assert_within(gd[0].numpy(), *dl["g_w"], f"{prefix}distortion grad weights")
-    if packed:
-        assert_within(gd[1].numpy(), *dl["g_ts"], "packed distortion grad t_starts")
-        assert_within(gd[2].numpy(), *dl["g_te"], "packed distortion grad t_ends")
-    else:
-        assert_within(gd[1].numpy(), *dl["g_t"], "distortion grad t")
+    for got, name in zip(gd[1:], t_grads):
+        assert_within(got.numpy(), *dl[name], f"{prefix}distortion grad {name}")
 
 
 def test_ray_march_references_match_the_op():

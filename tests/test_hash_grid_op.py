@@ -527,7 +527,7 @@ def test_errors_in_graph_mode_come_from_the_kernel():
 def test_baseline_and_avx2_paths_agree_bitwise(tmp_path):
     """The CPU kernels have a baseline and an AVX2+FMA build of the same loops (chosen at run time); a subprocess
     with TF_METAL_OPS_NO_AVX2=1 must produce bit-identical forward and gradients. Each subprocess also reports,
-    through tf_metal_ops.backend.cpu_paths("hash_grid"), how many loop calls ran each build: the baseline side
+    through tf_metal_ops.diagnostics.cpu_paths("hash_grid"), how many loop calls ran each build: the baseline side
     must have run only the baseline build, the other side only the AVX2 build (so the two sides cannot silently
     run the same path). Also the second-order op (HashGridEncodeGradPositionsGrad). Cases: every grid type and interpolation, both dtypes, tiled levels finer than the tile
     and beyond MAX_BASE (index 0), fine levels where the fused position matters."""
@@ -540,7 +540,7 @@ def test_baseline_and_avx2_paths_agree_bitwise(tmp_path):
 import json, sys, numpy as np, tensorflow as tf
 import tf_metal_ops
 from tf_metal_ops._library import ops
-from tf_metal_ops.backend import cpu_paths
+from tf_metal_ops.diagnostics import cpu_paths
 from tf_metal_ops.hash_grid import HashGridConfig
 out = {}
 cases = [(3, "float32", "hash", "linear", 1.7, 3), (2, "float16", "tiled", "smoothstep", 1.7, 3),
@@ -691,3 +691,30 @@ def test_deterministic_default_follows_tf_op_determinism(tmp_path):
                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})  # the installed package, not the tree's
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "[True]"
+
+
+# ---- config=HashGridConfig instead of the keyword options ---------------------------------------------------------
+@pytest.mark.parametrize("encode", [tf_metal_ops.hash_grid_encode, tf_metal_ops.hash_grid.pure_tf.hash_grid_encode],
+                         ids=["op", "pure_tf"])
+def test_config_gives_the_keyword_options_result_and_conflicts_are_errors(encode):
+    cfg = HashGridConfig(3, n_levels=4, log2_hashmap_size=8, per_level_scale=1.7, interpolation="smoothstep")
+    x = np.random.default_rng(3).random((9, 3), dtype=np.float32)
+    p = np.random.default_rng(4).uniform(-1, 1, cfg.params_shape).astype(np.float32)
+    want = encode(x, p, **cfg.op_kwargs()).numpy()
+    np.testing.assert_array_equal(encode(x, p, config=cfg).numpy(), want)
+    with pytest.raises(ValueError, match="either config or the options"):
+        encode(x, p, config=cfg, n_levels=4)
+    with pytest.raises(ValueError, match="positions have 2 columns, config has n_input_dims=3"):
+        encode(x[:, :2], p, config=cfg)
+    with pytest.raises(ValueError, match="config must be a HashGridConfig"):
+        encode(x, p, config=cfg.op_kwargs())
+    with pytest.raises(ValueError, match=r"unknown options \['n_level'\]"):
+        encode(x, p, n_level=4)
+
+
+def test_params_grad_takes_the_config_too():
+    cfg = HashGridConfig(2, n_levels=2, log2_hashmap_size=6)
+    x, p, dy = [[0.25, 0.5]], np.ones(cfg.params_shape, np.float32), np.ones([1, 4], np.float32)
+    got = tf_metal_ops.hash_grid.hash_grid_encode_params_grad(x, p, dy, config=cfg).numpy()
+    np.testing.assert_array_equal(got, tf_metal_ops.hash_grid.hash_grid_encode_params_grad(
+        x, p, dy, **cfg.op_kwargs()).numpy())

@@ -312,22 +312,15 @@ def test_third_derivative_and_param_gradient_gradient_are_explicit_errors():
     cfg = HashGridConfig(2, n_levels=2, log2_hashmap_size=6)
     x = tf.constant([[0.3, 0.4]])
     p = tf.constant(np.ones(cfg.params_shape, np.float32))
+
+    def repeated_gradient(wrt, order):
+        """The order-th gradient of the encoding w.r.t. `wrt` (x or p), by `order` nested tapes."""
+        with tf.GradientTape() as tape:
+            tape.watch(wrt)
+            y = tf_metal_ops.hash_grid_encode(x, p, config=cfg) if order == 1 else repeated_gradient(wrt, order - 1)
+        return tape.gradient(y, wrt)
+
     with pytest.raises(LookupError, match="HashGridEncodeGradParams"):
-        with tf.GradientTape() as outer:
-            outer.watch(p)
-            with tf.GradientTape() as inner:
-                inner.watch(p)
-                y = tf_metal_ops.hash_grid_encode(x, p, **cfg.op_kwargs())
-            g = inner.gradient(y, p)
-        outer.gradient(g, p)
+        repeated_gradient(p, 2)
     with pytest.raises(LookupError, match="HashGridEncodeGradPositionsGrad"):
-        with tf.GradientTape() as t3:
-            t3.watch(x)
-            with tf.GradientTape() as t2:
-                t2.watch(x)
-                with tf.GradientTape() as t1:
-                    t1.watch(x)
-                    y = tf_metal_ops.hash_grid_encode(x, p, **cfg.op_kwargs())
-                g1 = t1.gradient(y, x)
-            g2 = t2.gradient(g1, x)
-        t3.gradient(g2, x)
+        repeated_gradient(x, 3)

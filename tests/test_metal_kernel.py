@@ -139,38 +139,28 @@ def test_compile_errors_quote_the_users_lines():
     np.testing.assert_allclose(y.numpy(), np.e, rtol=2e-6)
 
 
-def test_what_apples_compiler_rejects_fails_here_too():
+# (name, body, what the message must hold): sources msl_emu alone would run (valid C++), which Apple's compiler
+# rejects: MSL has no double; the SIMD-group and/or/xor take integers only.
+STRICT_REJECTS = [
+    ("strict", "double d = x[i];\n        y[i] = float(d);",
+     ["strict Metal-language check", "strict:source:2:", "[double]"]),
+    ("simd_types", "float v = x[i];\n        y[i] = simd_and(v);",
+     ["simd_types:source:3:", "no matching function for call to 'simd_and'"]),
+]
+
+
+@pytest.mark.parametrize("name,body,expected", STRICT_REJECTS, ids=[c[0] for c in STRICT_REJECTS])
+def test_what_apples_compiler_rejects_fails_here_too(name, body, expected):
     import tensorflow as tf
 
     import tf_metal_ops as t
 
-    k = t.metal_kernel("strict", ["x"], ["y"], """
-        uint i = thread_position_in_grid.x;
-        double d = x[i];
-        y[i] = float(d);
-    """)  # valid C++, so msl_emu alone would run it; MSL has no double
+    k = t.metal_kernel(name, ["x"], ["y"], "uint i = thread_position_in_grid.x;\n        " + body)
     with pytest.raises(tf.errors.InvalidArgumentError) as e:
         k(inputs=[tf.ones([4])], grid=(4, 1, 1), threadgroup=(4, 1, 1), output_shapes=[(4,)],
           output_dtypes=[tf.float32])
-    assert "strict Metal-language check" in e.value.message and "strict:source:3:" in e.value.message, e.value.message
-    assert "[double]" in e.value.message, e.value.message
-
-
-def test_simd_group_functions_reject_types_msl_does_not_allow():
-    import tensorflow as tf
-
-    import tf_metal_ops as t
-
-    k = t.metal_kernel("simd_types", ["x"], ["y"], """
-        uint i = thread_position_in_grid.x;
-        float v = x[i];
-        y[i] = simd_and(v);
-    """)  # and/or/xor take integers only
-    with pytest.raises(tf.errors.InvalidArgumentError) as e:
-        k(inputs=[tf.ones([4])], grid=(4, 1, 1), threadgroup=(4, 1, 1), output_shapes=[(4,)],
-          output_dtypes=[tf.float32])
-    msg = e.value.message
-    assert "simd_types:source:4:" in msg and "no matching function for call to 'simd_and'" in msg, msg
+    for needle in expected:
+        assert needle in e.value.message, e.value.message
 
 
 def test_divergent_simd_group_calls_end_the_process_naming_kernel_and_thread():

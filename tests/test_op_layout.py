@@ -206,8 +206,7 @@ PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w.*{},/-]*[\w*}])" % "|".join(TOP))
 CSRC_RELATIVE = re.compile(r"(?<![\w./-])((?:common|ops|cpu|gpu|shared|metal|emulated_gpu)/[\w.*{},-]*\.(?:h|cc|mm))\b")
 SCANNED = (".py", ".h", ".cc", ".mm", ".metal", ".md", ".in", ".toml", ".cfg", ".sh", ".txt")
 # Paths that exist only after a build or a run, and the docs' placeholders.
-GENERATED = ("tf_metal_ops/_sources", "tf_metal_ops/include", "tf_metal_ops/libtf_metal_ops.so", "bench/out",
-             "bench/gpu_proxy.md")  # bench/gpu_proxy.md: written by a run on a lent GPU (dev/gpu_proxy/run.py)
+GENERATED = ("tf_metal_ops/_sources", "tf_metal_ops/include", "tf_metal_ops/libtf_metal_ops.so", "bench/out")
 
 
 def repo_files():

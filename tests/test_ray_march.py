@@ -8,6 +8,8 @@ import tf_metal_ops as tfmo
 from tf_metal_ops._library import ops
 from tf_metal_ops.ray_march import reference as ref
 
+from support.ray_march_cases import assert_plain_tf_matches_op
+
 AABB = np.array([[-1.1, -0.9, -1.3], [0.9, 1.2, 0.7]], np.float32)  # not a cube, faces not on round numbers
 
 
@@ -259,14 +261,7 @@ def test_plain_tf_version_matches_op(grid):
     G, make = (16, lambda: ref.random_bits(16, 0.35, seed=4)) if grid == "random16" else SPARSE[grid]
     o, d = ref.make_rays(200, seed=8, aabb=AABB)
     grid = Grid(make(), G)
-    for kw in CASES:
-        a = tfmo.ray_march(o, d, grid, near=0.1, **kw)
-        b = tfmo.ray_march_tf(o, d, grid, near=0.1, **kw)
-        np.testing.assert_array_equal(a.row_splits.numpy(), b.row_splits.numpy())
-        np.testing.assert_array_equal(a.ray_indices.numpy(), b.ray_indices.numpy())
-        np.testing.assert_allclose(a.t_starts.numpy(), b.t_starts.numpy(), rtol=0, atol=1e-6)
-        np.testing.assert_allclose(a.t_ends.numpy(), b.t_ends.numpy(), rtol=0, atol=1e-6)
-        np.testing.assert_allclose(a.positions.numpy(), b.positions.numpy(), rtol=0, atol=1e-6)
+    for b in assert_plain_tf_matches_op(o, d, grid, CASES):
         check_positions(b, o, d)
 
 

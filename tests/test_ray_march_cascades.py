@@ -11,6 +11,8 @@ import tf_metal_ops as tfmo
 from tf_metal_ops._library import ops
 from tf_metal_ops.ray_march import reference as ref
 
+from support.ray_march_cases import assert_plain_tf_matches_op
+
 AABB = np.array([[-1.1, -0.9, -1.3], [0.9, 1.2, 0.7]], np.float32)  # not a cube, faces not on round numbers
 
 
@@ -120,14 +122,7 @@ def test_matches_numpy_reference(case, G, K, p):
 def test_plain_tf_version_matches_op(G, K):
     o, d = scene_rays(200, seed=8, K=K)
     grid = Grid(cascade_bits(G, K, (0.3, 0.15, 0.1), seed=4), G, K)
-    for kw in CASES:
-        a = tfmo.ray_march(o, d, grid, near=0.1, **kw)
-        b = tfmo.ray_march_tf(o, d, grid, near=0.1, **kw)
-        np.testing.assert_array_equal(a.row_splits.numpy(), b.row_splits.numpy())
-        np.testing.assert_array_equal(a.ray_indices.numpy(), b.ray_indices.numpy())
-        np.testing.assert_allclose(a.t_starts.numpy(), b.t_starts.numpy(), rtol=0, atol=1e-6)
-        np.testing.assert_allclose(a.t_ends.numpy(), b.t_ends.numpy(), rtol=0, atol=1e-6)
-        np.testing.assert_allclose(a.positions.numpy(), b.positions.numpy(), rtol=0, atol=1e-6)
+    assert_plain_tf_matches_op(o, d, grid, CASES)
 
 
 def test_every_midpoint_is_in_an_occupied_cell_of_its_finest_cascade():

@@ -12,6 +12,8 @@ import tf_metal_ops as tfmo
 from tf_metal_ops._library import ops
 from tf_metal_ops.render.reference import np_distortion_naive, np_volume_render
 
+from support.render_packed_cases import random_background
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -21,13 +23,7 @@ def make_inputs(R, S, C, seed=0, dens_scale=3.0, bg="shared"):
     c = rng.uniform(0.0, 1.0, (R, S, C)).astype(np.float32)
     # well-separated sorted edges (so finite differences never unsort them)
     t = (2.0 + np.cumsum(rng.uniform(0.05, 0.3, (R, S + 1)), axis=1)).astype(np.float32)
-    if bg == "shared":
-        b = rng.uniform(size=C).astype(np.float32)
-    elif bg == "per_ray":
-        b = rng.uniform(size=(R, C)).astype(np.float32)
-    else:
-        b = None
-    return d, c, t, b
+    return d, c, t, random_background(rng, bg, R, C)
 
 
 def assert_outputs_close(got, want, rtol=2e-5, atol=2e-6):

@@ -1,7 +1,7 @@
 """The volume-render CPU ray loops (VolumeRender and VolumeRenderPacked, forward and gradient) are built for
 x86-64-v4 (AVX-512), x86-64-v3 (AVX2) and the baseline ISA, one chosen per process; TF_METAL_OPS_VOLUME_RENDER_ISA
 selects one. Each available build runs in its own subprocess, its ray-range counters
-(tf_metal_ops.backend.volume_render_cpu_paths) prove it was the only one that ran, and the forward outputs and
+(tf_metal_ops.diagnostics.volume_render_cpu_paths) prove it was the only one that ran, and the forward outputs and
 gradients of all builds must agree bit for bit (same source, -ffp-contract=off, no reassociation: the same float
 operations in every lane). DistortionLoss and DistortionLossPacked have a single build (no ISA clones)."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from support.isa_subprocess import only_ran, run_each_build, run_with_isa
-from tf_metal_ops.backend import VOLUME_RENDER_ISAS
+from tf_metal_ops.diagnostics import VOLUME_RENDER_ISAS
 
 # Runs forward + gradient of VolumeRender over cases chosen to reach every branch of the loops: S below, at and
 # above the vector width and not a multiple of it (scalar tails), C == 3 (unrolled) and other C, no / shared /
@@ -18,7 +18,7 @@ from tf_metal_ops.backend import VOLUME_RENDER_ISAS
 SCRIPT = r'''
 import json, sys, numpy as np, tensorflow as tf
 import tf_metal_ops as tfmo
-from tf_metal_ops.backend import volume_render_cpu_paths
+from tf_metal_ops.diagnostics import volume_render_cpu_paths
 out = {}
 cases = [(1, 3, "none", 0.0), (5, 1, "shared", 0.0), (7, 3, "per_ray", 0.01), (8, 4, "shared", 0.0),
          (33, 3, "shared", 0.02), (64, 5, "none", 0.0), (129, 3, "per_ray", 0.0), (257, 2, "shared", 1e-4)]

@@ -4,8 +4,6 @@ The op library is compiled at install time (``pip install .``) against TensorFlo
 loads in every TensorFlow >= 2.16. ``library_path()`` gives its path for ``tf.load_op_library``.
 """
 
-import sys as _sys
-
 from tf_metal_ops import _env, diagnostics
 from tf_metal_ops._library import OpLibraryError, library_path
 from tf_metal_ops._library import ops as _ops
@@ -72,11 +70,6 @@ __all__ = [
     "zero_out",
 ]
 
-# tf_metal_ops.backend: the documented name of the diagnostics module, bound to the same module object (so
-# `from tf_metal_ops.backend import ...` and attribute patches on either name see one module).
-backend = diagnostics
-_sys.modules[__name__ + ".backend"] = diagnostics
-
 # Load the op library now when it is installed, so `import tf_metal_ops` is all a process needs before
 # tf.saved_model.load of a graph containing the ops (their gradients are registered by the imports above).
 # Without the library the package still imports (the Keras layer then falls back to pure TF).
@@ -108,4 +101,12 @@ def __getattr__(name):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")
+    if name == "backend":
+        # The former name of the diagnostics module ("backend" names the GPU backends, metal and direct): the same
+        # module object, with a DeprecationWarning (tf_metal_ops/backend.py does the same for `import ...backend`).
+        import warnings
+
+        warnings.warn("tf_metal_ops.backend is deprecated: use tf_metal_ops.diagnostics (the same module)",
+                      DeprecationWarning, stacklevel=2)
+        return diagnostics
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

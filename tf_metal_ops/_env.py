@@ -7,7 +7,7 @@ The package's layers, each importing only earlier ones (tests/test_import_graph.
   2. ``_library``: finds and loads the op library;
   3. the op modules (``zero_out``, ``render``, ``hash_grid``, ...), ``emulated_gpu``, ``inline_kernels``,
      ``extension``;
-  4. ``diagnostics`` (``backend_info``; also importable as ``tf_metal_ops.backend``), the package's ``__init__``,
+  4. ``diagnostics`` (``backend_info``; ``tf_metal_ops.backend`` is its deprecated name), the package's ``__init__``,
      ``doctor``.
 
 ``import tf_metal_ops`` imports neither the emulated GPU nor the Metal-language check nor msl_emu: they load when a

@@ -55,12 +55,8 @@ def native():
     lib.tfmo_get_num_threads.restype = ctypes.c_int
     lib.tfmo_set_num_threads.argtypes = [ctypes.c_int]
     lib.tfmo_build_info.restype = ctypes.c_char_p
-    p_ll, p_int = ctypes.POINTER(ctypes.c_longlong), ctypes.POINTER(ctypes.c_int)
+    p_ll = ctypes.POINTER(ctypes.c_longlong)
     lib.tfmo_parallel_for_stats.argtypes, lib.tfmo_parallel_for_stats.restype = [p_ll, p_ll], None
-    for family in ("hash_grid", "volume_render", "ray_march"):  # per-ISA CPU builds (backend.cpu_paths)
-        fn = getattr(lib, f"tfmo_{family}_cpu_paths", None)
-        if fn is not None:
-            fn.argtypes, fn.restype = [p_ll, p_int, p_int, p_int, p_int, p_int], None
     if hasattr(lib, "tfmo_metal_info"):  # only in macOS builds
         lib.tfmo_metal_info.restype = ctypes.c_char_p
     return lib

@@ -1,5 +1,5 @@
-"""What this installation can run: ``backend_info()``. Also importable as ``tf_metal_ops.backend`` (the same
-module)."""
+"""What this installation can run: ``backend_info()``, and which CPU builds run: ``cpu_paths()``. Its former name
+``tf_metal_ops.backend`` still imports this module, with a DeprecationWarning."""
 
 from __future__ import annotations
 
@@ -146,10 +146,13 @@ def cpu_paths(family: str | None = None) -> dict:
     if family is None:
         return {f: cpu_paths(f) for f in CPU_ISA_FAMILIES if hasattr(_library.native(), CPU_ISA_FAMILIES[f][0])}
     symbol, variable, names = CPU_ISA_FAMILIES[family]
+    fn = getattr(_library.native(), symbol)  # TFMO_ISA_DIAGNOSTICS (csrc/common/isa_choice.h)
+    p_int = ctypes.POINTER(ctypes.c_int)
+    fn.argtypes, fn.restype = [ctypes.POINTER(ctypes.c_longlong), p_int, p_int, p_int, p_int, p_int], None
     calls = (ctypes.c_longlong * len(names))()
     built, supported, selected, requested, fell_back = (ctypes.c_int() for _ in range(5))
-    getattr(_library.native(), symbol)(calls, ctypes.byref(built), ctypes.byref(supported), ctypes.byref(selected),
-                                       ctypes.byref(requested), ctypes.byref(fell_back))
+    fn(calls, ctypes.byref(built), ctypes.byref(supported), ctypes.byref(selected), ctypes.byref(requested),
+       ctypes.byref(fell_back))
     req = requested.value
     return {"built": [n for i, n in enumerate(names) if built.value >> i & 1],
             "supported": [n for i, n in enumerate(names) if supported.value >> i & 1],

@@ -11,7 +11,7 @@
 //   csrc/cpu/<family>_cpu.cc     the kernels, and at its end the choice (kIsaBuilds, the variable
 //                                TF_METAL_OPS_<FAMILY>_ISA: auto, default or a build name) and the diagnostics
 //                                tfmo_<family>_cpu_paths (TFMO_ISA_DIAGNOSTICS below; Python:
-//                                tf_metal_ops.backend.cpu_paths).
+//                                tf_metal_ops.diagnostics.cpu_paths).
 //   hash_grid  TF_METAL_OPS_HASH_GRID_ISA  default, avx2          (alias: TF_METAL_OPS_NO_AVX2 = default)
 //   render     TF_METAL_OPS_RENDER_ISA     default, avx2, avx512  (alias: TF_METAL_OPS_VOLUME_RENDER_ISA; the
 //                                                                  render_packed kernels run these builds too)
@@ -73,7 +73,7 @@ void ReportIsa(const IsaBuilds& b, const IsaChoice& c, const std::atomic<long lo
 }  // namespace tfmo
 
 // Defines the family's diagnostics, extern "C" NAME(calls, built, supported, selected, requested, fell_back) (read
-// with ctypes by tf_metal_ops.backend.cpu_paths): ReportIsa of the builds BUILDS, the choice CHOICE and the call
+// with ctypes by tf_metal_ops.diagnostics.cpu_paths): ReportIsa of the builds BUILDS, the choice CHOICE and the call
 // counters COUNTS.
 #define TFMO_ISA_DIAGNOSTICS(NAME, BUILDS, CHOICE, COUNTS)                                                      \
   extern "C" __attribute__((visibility("default"))) void NAME(long long* calls, int* built, int* supported,     \

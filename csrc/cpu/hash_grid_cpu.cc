@@ -34,7 +34,7 @@
 
 namespace {
 
-using tfmo::hash_grid::Call;
+using tfmo::hash_grid::Inputs;
 using tfmo::hash_grid::Config;
 
 using namespace tfmo::hash_grid::cpu;
@@ -75,7 +75,7 @@ class Scratch {
   T* ptr_ = nullptr;
 };
 
-// dy (T; element (i, l*F + f) at i * ps + (l*F + f) * cs: Call::point_stride, column_stride) -> level-major
+// dy (T; element (i, l*F + f) at i * ps + (l*F + f) * cs: Inputs::point_stride, column_stride) -> level-major
 // float32 [active][N][F] for the first `active` levels. [N, L*F] goes in blocks of kBlock source rows (a few KB,
 // cache-resident while every level's slice of them is copied), so each source line is read from memory once;
 // [L*F, N] (feature_major) is F contiguous rows per level.
@@ -275,12 +275,13 @@ TFMO_FN void CornerDots(const T* table, const TileCorners<D>& tc, int i, const f
   }
 }
 
-// d/dpositions contribution of one level for points [b, e), added to out [N][D].
-template <int D, int F, typename T, bool kAvx2>
-TFMO_FN void GradPosRangeBody(const HgLevel* lvp, int interp, const float* pos, const T* table,
-                                     const float* gl, float* out, int64_t b, int64_t e) {
-  const HgLevel lv = *lvp;
-  const int nc = 1 << D;
+// For each point p of [b, e) on one level, in tiles: body(tc, i, p, val, sc) with the point's tile index i, its
+// corners' values val and their dots sc with the level's dy (CornerDots; gl: dy of the level, float32 [N][F]), the
+// table rows of the points kPrefetch ahead prefetched. Shared by the position gradient and the second order.
+template <int D, int F, typename T, bool kAvx2, typename Body>
+TFMO_FN void ForEachPointCornerDots(const HgLevel& lv, int interp, const float* pos, const T* table, const float* gl,
+                                    int64_t b, int64_t e, Body body) {
+  constexpr int nc = 1 << D;
   TileCorners<D> tc;
   for (int64_t t = b; t < e; t += kTile) {
     const int count = (int)std::min<int64_t>(kTile, e - t);
@@ -288,15 +289,26 @@ TFMO_FN void GradPosRangeBody(const HgLevel* lvp, int interp, const float* pos, 
     for (int i = 0; i < count; ++i) {
       if (i + kPrefetch < count)
         for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
-      float val[(1 << D) * F], sc[1 << D];
+      float val[nc * F], sc[nc];
       CornerDots<D, F, T>(table, tc, i, gl + (t + i) * F, val, sc);
-      float dx[HG_MAX_DIMS] = {};
-      const HgPoint pt = tc.Point(i);
-      hg_accumulate_dx(&pt, sc, D, dx);
-      float* o = out + (t + i) * D;
-      for (int k = 0; k < D; ++k) o[k] += dx[k];
+      body(tc, i, t + i, val, sc);
     }
   }
+}
+
+// d/dpositions contribution of one level for points [b, e), added to out [N][D].
+template <int D, int F, typename T, bool kAvx2>
+TFMO_FN void GradPosRangeBody(const HgLevel* lvp, int interp, const float* pos, const T* table, const float* gl,
+                              float* out, int64_t b, int64_t e) {
+  ForEachPointCornerDots<D, F, T, kAvx2>(
+      *lvp, interp, pos, table, gl, b, e,
+      [&](const TileCorners<D>& tc, int i, int64_t p, const float*, const float* sc) TFMO_HG_LAMBDA {
+        float dx[HG_MAX_DIMS] = {};
+        const HgPoint pt = tc.Point(i);
+        hg_accumulate_dx(&pt, sc, D, dx);
+        float* o = out + p * D;
+        for (int k = 0; k < D; ++k) o[k] += dx[k];
+      });
 }
 TFMO_HG_BUILDS(GradPosRange, GradPosRangeBody)
 
@@ -309,33 +321,25 @@ TFMO_FN void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int64_t ps, in
                                          float* out_dx, int64_t b, int64_t e) {
   const HgLevel lv = *lvp;
   constexpr int nc = 1 << D;
-  TileCorners<D> tc;
-  for (int64_t t = b; t < e; t += kTile) {
-    const int count = (int)std::min<int64_t>(kTile, e - t);
-    tc.template Compute<kAvx2>(pos, t, count, lv, interp, nc);
-    for (int i = 0; i < count; ++i) {
-      if (i + kPrefetch < count)
-        for (int c = 0; c < nc; ++c) __builtin_prefetch(table + (int64_t)tc.row[c][i + kPrefetch] * F, 0);
-      const int64_t p = t + i;
-      float val[nc * F], sc[nc];
-      CornerDots<D, F, T>(table, tc, i, gl + p * F, val, sc);
-      const HgPoint pt = tc.Point(i);
-      float xi[HG_MAX_DIMS] = {}, dd[HG_MAX_DIMS] = {}, ddw[HG_MAX_DIMS];
-      for (int d = 0; d < D; ++d) { xi[d] = tc.x[d][i]; dd[d] = ddx[p * D + d]; }
-      hg_point_d2(xi, D, lv.scale, interp, ddw);
-      float v[nc];
-      hg_second_order_weights(&pt, dd, D, v);
-      float acc[F] = {};
-      for (int c = 0; c < nc; ++c)
-        for (int f = 0; f < F; ++f) acc[f] += v[c] * val[c * F + f];
-      T* o = out_dy + p * ps + (int64_t)l * F * cs;
-      for (int f = 0; f < F; ++f) o[f * cs] = Store<T>(acc[f]);
-      float dx[HG_MAX_DIMS] = {};
-      hg_accumulate_d2x(&pt, ddw, sc, dd, D, dx);
-      float* ox = out_dx + p * D;
-      for (int k = 0; k < D; ++k) ox[k] += dx[k];
-    }
-  }
+  ForEachPointCornerDots<D, F, T, kAvx2>(
+      lv, interp, pos, table, gl, b, e,
+      [&](const TileCorners<D>& tc, int i, int64_t p, const float* val, const float* sc) TFMO_HG_LAMBDA {
+        const HgPoint pt = tc.Point(i);
+        float xi[HG_MAX_DIMS] = {}, dd[HG_MAX_DIMS] = {}, ddw[HG_MAX_DIMS];
+        for (int d = 0; d < D; ++d) { xi[d] = tc.x[d][i]; dd[d] = ddx[p * D + d]; }
+        hg_point_d2(xi, D, lv.scale, interp, ddw);
+        float v[nc];
+        hg_second_order_weights(&pt, dd, D, v);
+        float acc[F] = {};
+        for (int c = 0; c < nc; ++c)
+          for (int f = 0; f < F; ++f) acc[f] += v[c] * val[c * F + f];
+        T* o = out_dy + p * ps + (int64_t)l * F * cs;
+        for (int f = 0; f < F; ++f) o[f * cs] = Store<T>(acc[f]);
+        float dx[HG_MAX_DIMS] = {};
+        hg_accumulate_d2x(&pt, ddw, sc, dd, D, dx);
+        float* ox = out_dx + p * D;
+        for (int k = 0; k < D; ++k) ox[k] += dx[k];
+      });
 }
 TFMO_HG_BUILDS(Grad2PointsRange, Grad2PointsRangeBody)
 
@@ -376,7 +380,7 @@ TFMO_HG_BUILDS(Scatter2Level, Scatter2LevelBody)
 // stream instead of 8 bytes into every output row), then one pass interleaves them into [N, L*F], or
 // (feature_major) splits them into the F rows of [L*F, N] per level.
 template <int D, int F, typename T>
-void Encode(const Call& call, T* out) {
+void Encode(const Inputs& call, T* out) {
   const int L = call.cfg->n_levels;
   const int active = call.n_active;
   const int interp = call.cfg->interpolation;
@@ -422,12 +426,12 @@ void Encode(const Call& call, T* out) {
 // ---------------------------------------------------------------------------------------------------------
 // d/dparams into `acc`, float32 [rows, F] (every row written: each task zeroes its rows right before scattering
 // into them, so zeroing and first-touch page faults are spread over the threads; inactive levels are zeroed
-// at the end); dy in T (the encoded layout: Call::point_stride, column_stride).
+// at the end); dy in T (the encoded layout: Inputs::point_stride, column_stride).
 // The deterministic table-gradient driver shared by GradParams and the second order: zeroes acc [rows, F]
 // (each task its own rows, inactive levels at the start), converts dy to level-major float32 and runs
 // scatter(level, gl, lo, hi, split) once per (level, row range) task. Every row is summed by exactly one task.
 template <int F, typename T, class Scatter>
-void ParamTasks(const Call& call, const T* dy, float* acc, Scatter scatter) {
+void ParamTasks(const Inputs& call, const T* dy, float* acc, Scatter scatter) {
   const int active = call.n_active;
   const int64_t n = call.n;
   const int64_t rows_active = active > 0 ? (int64_t)call.levels[active - 1].offset + call.levels[active - 1].size : 0;
@@ -460,7 +464,7 @@ void ParamTasks(const Call& call, const T* dy, float* acc, Scatter scatter) {
 }
 
 template <int D, int F, typename T>
-void GradParams(const Call& call, const T* dy, float* acc) {
+void GradParams(const Inputs& call, const T* dy, float* acc) {
   const int interp = call.cfg->interpolation;
   const int nc = (int)hg_num_corners(D, interp);
   const float* pos = call.positions.data<float>();
@@ -470,26 +474,34 @@ void GradParams(const Call& call, const T* dy, float* acc) {
   });
 }
 
+// dy's active levels as level-major float32 (ToLevelMajor, in scratch slot 1), then per level l, in parallel over
+// ranges [b, e) of the points: body(l, level, gl, b, e), gl being dy of the level [N][F].
+template <int F, typename T, typename Body>
+void ForEachActiveLevel(const Inputs& call, const T* dy, Body body) {
+  if (call.n_active == 0 || call.n == 0) return;
+  Scratch<float> g_buf((size_t)call.n_active * call.n * F, 1);
+  float* g = g_buf.get();
+  ToLevelMajor<F, T>(dy, call.n, call.point_stride, call.column_stride, call.n_active, g);
+  for (int l = 0; l < call.n_active; ++l) {
+    const float* gl = g + (size_t)l * call.n * F;
+    const HgLevel lv = call.levels[l];
+    tfmo::ParallelFor(call.n, 4 * kTile, [&](int64_t b, int64_t e) { body(l, lv, gl, b, e); });
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // d/dpositions: out float32 [N, D] (written here).
 template <int D, int F, typename T>
-void GradPositions(const Call& call, const T* dy, float* out) {
+void GradPositions(const Inputs& call, const T* dy, float* out) {
   const int interp = call.cfg->interpolation;
   const float* pos = call.positions.data<float>();
   const T* table = call.params.data<T>();
   const int64_t n = call.n;
   tfmo::ParallelFor(n * D, 1 << 16, [&](int64_t b, int64_t e) { std::fill(out + b, out + e, 0.0f); });
-  if (interp == HG_INTERP_NEAREST || call.n_active == 0) return;  // nearest: piecewise constant in x
-  Scratch<float> g_buf((size_t)call.n_active * n * F, 1);
-  float* g = g_buf.get();
-  ToLevelMajor<F, T>(dy, n, call.point_stride, call.column_stride, call.n_active, g);
-  for (int l = 0; l < call.n_active; ++l) {
-    const float* gl = g + (size_t)l * n * F;
-    const HgLevel lv = call.levels[l];
-    tfmo::ParallelFor(n, 4 * kTile, [&](int64_t b, int64_t e) {
-      GradPosRange<D, F, T>(&lv, interp, pos, table, gl, out, b, e);
-    });
-  }
+  if (interp == HG_INTERP_NEAREST) return;  // nearest: piecewise constant in x
+  ForEachActiveLevel<F, T>(call, dy, [&](int, const HgLevel& lv, const float* gl, int64_t b, int64_t e) {
+    GradPosRange<D, F, T>(&lv, interp, pos, table, gl, out, b, e);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -497,7 +509,7 @@ void GradPositions(const Call& call, const T* dy, float* out) {
 // float32, d/dx into out_dx [N, D] float32; everything written here. Deterministic: per point the levels in
 // order; per table row the points in order (ParamTasks).
 template <int D, int F, typename T>
-void SecondOrder(const Call& call, const float* ddx, const T* dy, T* out_dy, float* acc, float* out_dx) {
+void SecondOrder(const Inputs& call, const float* ddx, const T* dy, T* out_dy, float* acc, float* out_dx) {
   const int L = call.cfg->n_levels;
   const int interp = call.cfg->interpolation;
   const float* pos = call.positions.data<float>();
@@ -513,24 +525,17 @@ void SecondOrder(const Call& call, const float* ddx, const T* dy, T* out_dy, flo
   ParamTasks<F, T>(call, dy, acc, [&](const HgLevel& lv, const float* gl, uint lo, uint hi, bool split) {
     Scatter2Level<D, F, T>(&lv, interp, pos, gl, ddx, acc, n, lo, hi, split);
   });
-  if (call.n_active == 0 || n == 0) return;
-  Scratch<float> g_buf((size_t)call.n_active * n * F, 1);  // (ParamTasks' use of slot 1 has ended)
-  float* g = g_buf.get();
-  ToLevelMajor<F, T>(dy, n, call.point_stride, call.column_stride, call.n_active, g);
-  for (int l = 0; l < call.n_active; ++l) {
-    const float* gl = g + (size_t)l * n * F;
-    const HgLevel lv = call.levels[l];
-    tfmo::ParallelFor(n, 4 * kTile, [&](int64_t b, int64_t e) {
-      Grad2PointsRange<D, F, T>(&lv, interp, call.point_stride, call.column_stride, l, pos, table, gl, ddx, out_dy,
-                                 out_dx, b, e);
-    });
-  }
+  // (ParamTasks' use of scratch slot 1 has ended)
+  ForEachActiveLevel<F, T>(call, dy, [&](int l, const HgLevel& lv, const float* gl, int64_t b, int64_t e) {
+    Grad2PointsRange<D, F, T>(&lv, interp, call.point_stride, call.column_stride, l, pos, table, gl, ddx, out_dy,
+                               out_dx, b, e);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // Dispatch on (D, F, T).
 template <template <int, int, typename> class K, typename... Args>
-void Dispatch(const Call& call, Args... args) {
+void Dispatch(const Inputs& call, Args... args) {
   const int F = call.cfg->n_features;
   const bool half = call.cfg->dtype == TF_HALF;
 #define TFMO_HG_CASE(DD, FF)                                             \
@@ -547,28 +552,28 @@ void Dispatch(const Call& call, Args... args) {
 
 template <int D, int F, typename T>
 struct EncodeK {
-  static void Run(const Call& c, void* out) { Encode<D, F, T>(c, static_cast<T*>(out)); }
+  static void Run(const Inputs& c, void* out) { Encode<D, F, T>(c, static_cast<T*>(out)); }
 };
 template <int D, int F, typename T>
 struct GradParamsK {
-  static void Run(const Call& c, const void* dy, float* acc) { GradParams<D, F, T>(c, static_cast<const T*>(dy), acc); }
+  static void Run(const Inputs& c, const void* dy, float* acc) { GradParams<D, F, T>(c, static_cast<const T*>(dy), acc); }
 };
 template <int D, int F, typename T>
 struct GradPositionsK {
-  static void Run(const Call& c, const void* dy, float* out) {
+  static void Run(const Inputs& c, const void* dy, float* out) {
     GradPositions<D, F, T>(c, static_cast<const T*>(dy), out);
   }
 };
 
 template <int D, int F, typename T>
 struct SecondOrderK {
-  static void Run(const Call& c, const float* ddx, const void* dy, void* out_dy, float* acc, float* out_dx) {
+  static void Run(const Inputs& c, const float* ddx, const void* dy, void* out_dy, float* acc, float* out_dx) {
     SecondOrder<D, F, T>(c, ddx, static_cast<const T*>(dy), static_cast<T*>(out_dy), acc, out_dx);
   }
 };
 
 void EncodeCompute(void* state, TF_OpKernelContext* ctx) {
-  Call call;
+  Inputs call;
   if (!tfmo::hash_grid::Prepare(ctx, state, false, "hash_grid_encode", &call)) return;
   const Config& cfg = *call.cfg;
   tfmo::TensorRef out;
@@ -582,7 +587,7 @@ void EncodeCompute(void* state, TF_OpKernelContext* ctx) {
 }
 
 void GradParamsCompute(void* state, TF_OpKernelContext* ctx) {
-  Call call;
+  Inputs call;
   if (!tfmo::hash_grid::Prepare(ctx, state, true, "hash_grid_encode (gradient w.r.t. params)", &call)) return;
   const Config& cfg = *call.cfg;
   tfmo::TensorRef out;
@@ -610,7 +615,7 @@ void GradParamsCompute(void* state, TF_OpKernelContext* ctx) {
 }
 
 void GradPositionsCompute(void* state, TF_OpKernelContext* ctx) {
-  Call call;
+  Inputs call;
   if (!tfmo::hash_grid::Prepare(ctx, state, true, "hash_grid_encode (gradient w.r.t. positions)", &call)) return;
   tfmo::TensorRef out;
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {call.n, (int64_t)call.dims}, &out)) return;
@@ -689,7 +694,7 @@ const IsaChoice& IsaSelection() { return ChosenIsa<kIsaBuilds>(); }
 
 }  // namespace tfmo::hash_grid::cpu
 
-// Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
+// Diagnostics (ctypes, tf_metal_ops.diagnostics.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
 // builds default, avx2; calls: hot-loop calls.
 TFMO_ISA_DIAGNOSTICS(tfmo_hash_grid_cpu_paths, tfmo::hash_grid::cpu::kIsaBuilds, tfmo::hash_grid::cpu::IsaSelection(),
                      tfmo::hash_grid::cpu::g_isa_calls)

@@ -18,6 +18,8 @@
 // tcnn) is explicit (tfmo_fma: the vfmadd instruction in the AVX2 variant, glibc's correctly rounded fmaf in the
 // baseline: the same bits), and the compiler fuses nothing else (setup.py builds with -ffp-contract=off; GCC's
 // default in GNU mode would contract a*b + c only in the FMA-capable variant).
+// A lambda called from a TFMO_FN body: always inlined too, so it is compiled for that body's ISA build.
+#define TFMO_HG_LAMBDA __attribute__((always_inline))
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TFMO_HG_HAVE_AVX2 1
 #define TFMO_HG_AVX2 __attribute__((target("avx2,fma,f16c,bmi,bmi2"), noinline))

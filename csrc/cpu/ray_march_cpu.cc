@@ -361,7 +361,7 @@ const IsaChoice& IsaSelection() { return ChosenIsa<kIsaBuilds>(); }
 
 }  // namespace tfmo::ray_march::cpu
 
-// Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths; tests/test_ray_march_isa.py): the arguments as
+// Diagnostics (ctypes, tf_metal_ops.diagnostics.cpu_paths; tests/test_ray_march_isa.py): the arguments as
 // tfmo::ReportIsa (common/isa_choice.h), builds default, avx2; calls: chunk marches.
 TFMO_ISA_DIAGNOSTICS(tfmo_ray_march_cpu_paths, tfmo::ray_march::cpu::kIsaBuilds, tfmo::ray_march::cpu::IsaSelection(),
                      tfmo::ray_march::cpu::g_isa_calls)

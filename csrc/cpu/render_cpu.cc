@@ -135,6 +135,11 @@ struct VrIn {
   FirstBadRay* bad;
 };
 
+VrIn MakeVrIn(const TensorRef& dens, const TensorRef& cols, const TensorRef& t, const TensorRef& bg, const VrDims& d,
+              float thr, FirstBadRay* bad) {
+  return VrIn{dens.data<float>(), cols.data<float>(), t.data<float>(), bg.data<float>(), d, thr, bad};
+}
+
 // Ray r's rows of the forward inputs; false, after noting r as bad, when they are invalid.
 struct VrRayIn {
   const float *sg, *tt, *cl;
@@ -287,19 +292,11 @@ void VrCompute(void* p, TF_OpKernelContext* ctx) {
       !tfmo::AllocateOutput(ctx, 3, TF_FLOAT, {R, S}, &weights))
     return;
   if (R == 0) return;
-  const float* sg_all = dens.data<float>();
-  const float* c_all = cols.data<float>();
-  const float* t_all = t.data<float>();
-  const float* bg_all = bg.data<float>();
-  float* color_out = color.data<float>();
-  float* depth_out = depth.data<float>();
-  float* opac_out = opacity.data<float>();
-  float* w_out = weights.data<float>();
   FirstBadRay bad;
-
-  const VrFwdJob job{{sg_all, c_all, t_all, bg_all, d, thr, &bad}, color_out, depth_out, opac_out, w_out};
+  const VrFwdJob job{MakeVrIn(dens, cols, t, bg, d, thr, &bad), color.data<float>(), depth.data<float>(),
+                     opacity.data<float>(), weights.data<float>()};
   tfmo::ParallelFor(R, RayGrain(S, C), [&](int64_t r0, int64_t r1) { VrForwardRays(job, r0, r1); });
-  if (bad.get() >= 0) FailBadRay(ctx, op, sg_all, t_all, bad.get(), S);
+  if (bad.get() >= 0) FailBadRay(ctx, op, job.in.sg_all, job.in.t_all, bad.get(), S);
 }
 
 void VrGradCompute(void* p, TF_OpKernelContext* ctx) {
@@ -321,24 +318,12 @@ void VrGradCompute(void* p, TF_OpKernelContext* ctx) {
       !tfmo::AllocateOutput(ctx, 3, TF_FLOAT, {R, C}, &g_bg))
     return;
   if (R == 0) return;
-  const float* sg_all = dens.data<float>();
-  const float* c_all = cols.data<float>();
-  const float* t_all = t.data<float>();
-  const float* bg_all = bg.data<float>();
-  const float* gc_all = gc.data<float>();
-  const float* gd_all = gd.data<float>();
-  const float* go_all = go.data<float>();
-  const float* gw_all = gw.data<float>();
-  float* gs_out = g_dens.data<float>();
-  float* gcol_out = g_cols.data<float>();
-  float* gt_out = g_t.data<float>();
-  float* gbg_out = g_bg.data<float>();
   FirstBadRay bad;
-
-  const VrGradJob job{{sg_all, c_all, t_all, bg_all, d, thr, &bad}, gc_all, gd_all, go_all, gw_all,
-                      gs_out, gcol_out, gt_out, gbg_out};
+  const VrGradJob job{MakeVrIn(dens, cols, t, bg, d, thr, &bad), gc.data<float>(), gd.data<float>(),
+                      go.data<float>(), gw.data<float>(), g_dens.data<float>(), g_cols.data<float>(),
+                      g_t.data<float>(), g_bg.data<float>()};
   tfmo::ParallelFor(R, RayGrain(S, C), [&](int64_t r0, int64_t r1) { VrGradRays(job, r0, r1); });
-  if (bad.get() >= 0) FailBadRay(ctx, op, sg_all, t_all, bad.get(), S);
+  if (bad.get() >= 0) FailBadRay(ctx, op, job.in.sg_all, job.in.t_all, bad.get(), S);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -481,7 +466,7 @@ const IsaChoice& IsaSelection() { return ChosenIsa<kIsaBuilds>(); }
 
 }  // namespace tfmo::render::cpu
 
-// Diagnostics (ctypes, tf_metal_ops.backend.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
+// Diagnostics (ctypes, tf_metal_ops.diagnostics.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
 // builds default, avx2, avx512; calls: ray-range calls.
 TFMO_ISA_DIAGNOSTICS(tfmo_render_cpu_paths, tfmo::render::cpu::kIsaBuilds, tfmo::render::cpu::IsaSelection(),
                      tfmo::render::cpu::g_isa_calls)

@@ -143,17 +143,17 @@ void ApiQueueSync(TfmoEmuStream* s, void (*fn)(void* arg), void* arg) {
   tls_queue_sync_stream = s;
   {
     std::lock_guard<std::mutex> l(s->mu);
-    s->session_gate = gate;
+    s->queue_sync_gate = gate;
   }
   fn(arg);
   tls_queue_sync_stream = saved;
   {
     // Buffers committed during fn go first, in commit order, right behind the gate (nothing ran in between).
     std::lock_guard<std::mutex> l(s->mu);
-    s->session_gate.reset();
+    s->queue_sync_gate.reset();
     ++s->stats.queue_syncs;
     std::vector<TfmoEmuCommandBuffer*> commits;
-    commits.swap(s->session_commits);
+    commits.swap(s->queue_sync_commits);
     for (size_t i = commits.size(); i-- > 0;) {
       s->fifo.push_front(CommandBufferItem(s, commits[i]));
       ++s->enqueued;
@@ -213,7 +213,7 @@ void ApiCommit(TfmoEmuStream* s) {
       return;
     }
     if (tls_queue_sync_stream == s) {  // the FIFO is parked behind this thread's gate: keep commit order
-      s->session_commits.push_back(cb);
+      s->queue_sync_commits.push_back(cb);
       return;
     }
   }
@@ -239,7 +239,7 @@ int ApiCommitAndWait(TfmoEmuStream* s, char* error, size_t error_len) {
       std::vector<TfmoEmuCommandBuffer*> earlier;
       {
         std::lock_guard<std::mutex> l(s->mu);
-        earlier.swap(s->session_commits);
+        earlier.swap(s->queue_sync_commits);
       }
       for (TfmoEmuCommandBuffer* e : earlier) {  // committed earlier in this queue_sync: they run first
         std::string e_err = RunInline(s, e);
@@ -250,7 +250,7 @@ int ApiCommitAndWait(TfmoEmuStream* s, char* error, size_t error_len) {
     std::shared_ptr<TfmoEmuSyncGate> gate;
     if (tls_queue_sync_stream == s) {
       std::lock_guard<std::mutex> l(s->mu);
-      gate = s->session_gate;
+      gate = s->queue_sync_gate;
     }
     if (gate != nullptr && tls_running_stream != s) {
       gate->RunOnWorker(run);  // on the stream's own thread, parked at this queue_sync's gate

@@ -68,8 +68,8 @@ struct __attribute__((visibility("hidden"))) TfmoEmuStream {
   std::vector<std::unique_ptr<TfmoEmuCommandBuffer>> cb_owned;
   // Buffers committed inside the current queue_sync (the worker is parked at its gate): they run first when the
   // gate opens, or inline, before the buffer of a commit_and_wait inside the same queue_sync.
-  std::vector<TfmoEmuCommandBuffer*> session_commits;
-  std::shared_ptr<TfmoEmuSyncGate> session_gate;  // the gate of the current queue_sync (its owner's use only)
+  std::vector<TfmoEmuCommandBuffer*> queue_sync_commits;
+  std::shared_ptr<TfmoEmuSyncGate> queue_sync_gate;  // the gate of the current queue_sync (its owner's use only)
   bool failed = false;
   std::string error;
   tfmo_emu::StreamStats stats;

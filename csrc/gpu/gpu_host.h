@@ -189,9 +189,9 @@ bool CheckGridSize(TF_OpKernelContext* ctx, const char* op, const char* what, ui
 
 // Implemented by the build's backend: whether the device holding tensor `t` adds floats atomically in hardware as the
 // package's kernels are compiled for it (atomic_float, MSL >= 3.0). Where false, a float atomic add is a
-// compare-and-swap loop (MSL 2.4) several times slower under contention (bench/gpu_proxy.md): an op whose scatter
-// has an integer-atomic form runs that instead. Returns false after recording an error in `call` (Run() reports it)
-// when t's device cannot be told.
+// compare-and-swap loop (MSL 2.4) several times slower under contention (bench/gpu_proxy.md, latest-run table: the
+// "CAS loop" rows): an op whose scatter has an integer-atomic form runs that instead. Returns false after recording
+// an error in `call` (Run() reports it) when t's device cannot be told.
 bool NativeFloatAtomics(Call& call, const TensorRef& t);
 
 // Implemented by the build's backend: executes call.passes() on the device of call.ctx() (the passes are already

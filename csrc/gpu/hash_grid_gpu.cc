@@ -23,7 +23,7 @@
 
 namespace {
 
-using tfmo::hash_grid::Call;
+using tfmo::hash_grid::Inputs;
 using tfmo::hash_grid::Config;
 
 std::string Suffixed(const char* base, TF_DataType dtype) {
@@ -32,13 +32,13 @@ std::string Suffixed(const char* base, TF_DataType dtype) {
 
 // The kernel `base` for this configuration: D = 3, F = 2, linear has kernels of its own (_d3f2: every per-point and
 // scatter kernel); the scatters' fixed-point sums are _det.
-std::string ConfigKernel(const char* base, const Call& call, bool fixed_point = false) {
+std::string ConfigKernel(const char* base, const Inputs& call, bool fixed_point = false) {
   const bool d3f2 = call.dims == 3 && call.cfg->n_features == 2 && call.cfg->interpolation == HG_INTERP_LINEAR;
   const std::string name = std::string(base) + (fixed_point ? "_det" : "") + (d3f2 ? "_d3f2" : "");
   return Suffixed(name.c_str(), call.cfg->dtype);
 }
 
-HgArgs MakeArgs(const Call& call) {
+HgArgs MakeArgs(const Inputs& call) {
   HgArgs a{};
   a.n = static_cast<uint32_t>(call.n);
   a.dims = static_cast<uint32_t>(call.dims);
@@ -47,8 +47,9 @@ HgArgs MakeArgs(const Call& call) {
   a.n_active = static_cast<uint32_t>(call.n_active);
   a.interpolation = static_cast<uint32_t>(call.cfg->interpolation);
   a.feature_major = call.cfg->feature_major ? 1u : 0u;
-  // The table-gradient scatters sum runs of equal rows in the SIMD group on every level (bench/gpu_proxy.md: as
-  // fast as plain atomics on uncorrelated points, 2-5x faster on ray-ordered ones, native atomics and CAS loop).
+  // The table-gradient scatters sum runs of equal rows in the SIMD group on every level: as fast as plain atomics
+  // on uncorrelated points, several times faster on ray-ordered ones, with native atomics and with the CAS loop
+  // (bench/gpu_proxy.md, latest-run table: the hash_grid_grad_params rows, "plain atomics" against "run sums").
   a.n_aggregate = a.n_levels;
   return a;
 }
@@ -56,9 +57,8 @@ HgArgs MakeArgs(const Call& call) {
 // The encode's levels per SIMD group (hg_encode_thread). Point-major output [N, L*F]: G = 8 / F (a point's G levels
 // are 8 values, 32 bytes of float32), at least 1, at most the power of two >= L (no idle lanes for a level that
 // does not exist). The level groups run one after another, so G also sets how many levels' tables are read at a
-// time. Measured on the GPU proxy (bench/gpu_proxy.md, F = 2, 16 levels of 2^19 rows): G = 4 is the fastest for
-// float32 tables (run 5, H200: 0.79 ms against 0.89 / 0.89 / 1.06 ms for G = 2 / 8 / 16; run 6, H100: 0.94 against
-// 1.07 / 1.07 / 1.21 ms) and within 2 % of the fastest for float16 ones (the fastest in run 6). (The feature-major
+// time. For F = 2 this G = 4 is the fastest for float32 tables and within a few percent of the fastest for float16
+// ones (bench/gpu_proxy.md, latest-run table: the hash_grid_encode_d3f2_* rows at G = 1 to 16). (The feature-major
 // encode needs none: a SIMD group of 32 consecutive points of one level writes contiguous row segments.)
 uint32_t EncodeLevelGroup(const Config& cfg) {
   uint32_t g = 8u / static_cast<uint32_t>(cfg.n_features);
@@ -68,13 +68,13 @@ uint32_t EncodeLevelGroup(const Config& cfg) {
 }
 
 // Threads per threadgroup of the encode: 256, or 512 (tiny-cuda-nn's block) for the feature-major encode of a
-// float32 table. Measured on the GPU proxy (bench/gpu_proxy.md, run 7, H100, F = 2, 2^20 points): feature-major
-// float32 0.86 ms at 512 against 0.89 / 0.92 ms at 256 (two calls); float16 0.59 ms at 256 against 0.64 at 512; the
-// point-major kernels at G = 4 were timed at 256. The backend clips it to the pipeline's maximum.
+// float32 table, where 512 is at least as fast as 256; for float16 tables 256 is the faster (bench/gpu_proxy.md,
+// latest-run table: the hash_grid_encode_fm_d3f2_* rows, threadgroup 256 and 512). The backend clips it to the
+// pipeline's maximum.
 uint32_t EncodeThreadgroup(const Config& cfg) { return cfg.feature_major && cfg.dtype == TF_FLOAT ? 512u : 256u; }
 
 // Level table bytes for setBytes (<= 32 levels * 40 bytes).
-size_t LevelBytes(const Call& call) { return sizeof(HgLevel) * static_cast<size_t>(call.cfg->n_levels); }
+size_t LevelBytes(const Inputs& call) { return sizeof(HgLevel) * static_cast<size_t>(call.cfg->n_levels); }
 
 // Threads of a grid-stride pass over `count` values: whole threadgroups, at most 256 of them.
 uint64_t StrideThreads(uint64_t count) { return count < 65536 ? (count + 255) / 256 * 256 : 65536; }
@@ -84,7 +84,7 @@ uint64_t StrideThreads(uint64_t count) { return count < 65536 ? (count + 255) / 
 // initialised and header zeroed, the bounds (max |dy|; max |ddx|), the exponents per level, the scatter, the conversion.
 // Returns false after failing ctx (the table is too large); else Run() executes the passes or reports an error.
 // `terms`: false when every term is zero (second order, nearest): only the zeros are converted.
-bool FixedPointPasses(tfmo::gpu::Call& gpu, const char* scatter_base, const Call& call, HgArgs args,
+bool FixedPointPasses(tfmo::gpu::Call& gpu, const char* scatter_base, const Inputs& call, HgArgs args,
                       const tfmo::TensorRef* ddx, const tfmo::TensorRef& out, int64_t elems, bool terms = true) {
   const Config& cfg = *call.cfg;
   const uint64_t word_count = 3 * static_cast<uint64_t>(elems);
@@ -139,14 +139,15 @@ bool FixedPointPasses(tfmo::gpu::Call& gpu, const char* scatter_base, const Call
 }
 
 // Whether the table gradients run as fixed-point sums: asked for (the attr deterministic), or on a device whose float
-// atomics are compare-and-swap loops (MSL 2.4). There the integer sums are also the faster path: on the GPU proxy
-// (bench/gpu_proxy.md, run 3, 2^20 points) 6.04 ms random / 4.33 ms ray-ordered against the CAS loop's 14.7 / 41.3
-// ms (native float atomics: 3.28 / 2.06 ms), and their result does not depend on the order of the adds.
+// atomics are compare-and-swap loops (MSL 2.4). There the integer sums are also the faster path, several times
+// faster than the CAS loop on random and on ray-ordered points (bench/gpu_proxy.md, latest-run table: the
+// hash_grid_grad_params_det rows against the "CAS loop (MSL 2.4)" ones), and their result does not depend on the
+// order of the adds.
 bool FixedPoint(tfmo::gpu::Call& gpu, const Config& cfg, const tfmo::TensorRef& out) {
   return cfg.deterministic || !tfmo::gpu::NativeFloatAtomics(gpu, out);
 }
 
-bool CheckSizes(TF_OpKernelContext* ctx, const char* op, const Call& call) {
+bool CheckSizes(TF_OpKernelContext* ctx, const char* op, const Inputs& call) {
   const uint64_t n = static_cast<uint64_t>(call.n);
   const uint64_t cols = static_cast<uint64_t>(call.cfg->n_levels) * call.cfg->n_features;
   return tfmo::gpu::CheckGridSize(ctx, op, "the number of points", n) &&
@@ -156,7 +157,7 @@ bool CheckSizes(TF_OpKernelContext* ctx, const char* op, const Call& call) {
 
 void EncodeGpu(void* state, TF_OpKernelContext* ctx) {
   const char* op = "hash_grid_encode";
-  Call call;
+  Inputs call;
   if (!tfmo::hash_grid::Prepare(ctx, state, false, op, &call)) return;
   const Config& cfg = *call.cfg;
   tfmo::TensorRef out;
@@ -190,7 +191,7 @@ void EncodeGpu(void* state, TF_OpKernelContext* ctx) {
 
 void GradParamsGpu(void* state, TF_OpKernelContext* ctx) {
   const char* op = "hash_grid_encode (gradient w.r.t. params)";
-  Call call;
+  Inputs call;
   if (!tfmo::hash_grid::Prepare(ctx, state, true, op, &call)) return;
   const Config& cfg = *call.cfg;
   tfmo::TensorRef out;
@@ -226,7 +227,7 @@ void GradParamsGpu(void* state, TF_OpKernelContext* ctx) {
 
 void GradPositionsGpu(void* state, TF_OpKernelContext* ctx) {
   const char* op = "hash_grid_encode (gradient w.r.t. positions)";
-  Call call;
+  Inputs call;
   if (!tfmo::hash_grid::Prepare(ctx, state, true, op, &call)) return;
   tfmo::TensorRef out;
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {call.n, static_cast<int64_t>(call.dims)}, &out)) return;

@@ -109,22 +109,25 @@ void VrGradGpu(void* attrs, TF_OpKernelContext* ctx) {
   call.Run();
 }
 
+// The distortion-loss kernels' pass: slots 0-1 weights and t, the last slot (`params_slot`) their DlParams.
+tfmo::gpu::Pass& DlPass(tfmo::gpu::Call& call, const char* kernel, const TensorRef& w, const TensorRef& t,
+                        int64_t R, int64_t S, uint32_t params_slot) {
+  tfmo::gpu::Pass& p = call.pass(kernel);
+  BindOr(p, 0, w, t);
+  p.buffer(1, t);
+  p.value(params_slot, DlParams{static_cast<uint32_t>(R), static_cast<uint32_t>(S)});
+  RayThreads(p, R);
+  return p;
+}
+
 void DlGpu(void*, TF_OpKernelContext* ctx) {
   const char* op = "distortion_loss";
   TensorRef w, t, loss;
   int64_t R = 0, S = 0;
   if (!tfmo::render::PrepareDistortionLoss(ctx, op, &w, &t, &loss, &R, &S)) return;
   if (R == 0 || !CheckDims(ctx, op, R, S, 1)) return;
-  DlParams params;
-  params.R = static_cast<uint32_t>(R);
-  params.S = static_cast<uint32_t>(S);
   tfmo::gpu::Call call(ctx, op);
-  tfmo::gpu::Pass& p = call.pass("distortion_loss_forward");
-  BindOr(p, 0, w, t);
-  p.buffer(1, t);
-  p.buffer(2, loss);
-  p.value(3, params);
-  RayThreads(p, R);
+  DlPass(call, "distortion_loss_forward", w, t, R, S, 3).buffer(2, loss);
   call.Run();
 }
 
@@ -134,18 +137,11 @@ void DlGradGpu(void*, TF_OpKernelContext* ctx) {
   int64_t R = 0, S = 0;
   if (!tfmo::render::PrepareDistortionLossGrad(ctx, op, &w, &t, &g, &gw, &gt, &R, &S)) return;
   if (R == 0 || !CheckDims(ctx, op, R, S, 1)) return;
-  DlParams params;
-  params.R = static_cast<uint32_t>(R);
-  params.S = static_cast<uint32_t>(S);
   tfmo::gpu::Call call(ctx, op);
-  tfmo::gpu::Pass& p = call.pass("distortion_loss_backward");
-  BindOr(p, 0, w, t);
-  p.buffer(1, t);
+  tfmo::gpu::Pass& p = DlPass(call, "distortion_loss_backward", w, t, R, S, 5);
   p.buffer(2, g);
   BindOr(p, 3, gw, gt);
   p.buffer(4, gt);
-  p.value(5, params);
-  RayThreads(p, R);
   call.Run();
 }
 

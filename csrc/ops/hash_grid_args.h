@@ -77,7 +77,7 @@ inline void* CreateConfig(TF_OpKernelConstruction* c) {
 inline void DeleteConfig(void* p) { delete static_cast<Config*>(p); }
 
 // One call's validated inputs.
-struct Call {
+struct Inputs {
   const Config* cfg = nullptr;
   TensorRef grad, positions, params, max_level;  // grad only for the gradient ops
   int64_t n = 0;        // points
@@ -118,7 +118,7 @@ inline bool ActiveLevels(TF_OpKernelContext* ctx, const char* op, const TensorRe
 
 // Reads and validates the inputs. Input order: [grad,] positions, params, max_level.
 // `first` = index of the first of these inputs (1 for the second-order op, whose input 0 is ddx).
-inline bool Prepare(TF_OpKernelContext* ctx, void* state, bool has_grad, const char* op, Call* call, int first = 0) {
+inline bool Prepare(TF_OpKernelContext* ctx, void* state, bool has_grad, const char* op, Inputs* call, int first = 0) {
   const Config& cfg = *static_cast<const Config*>(state);
   call->cfg = &cfg;
   const int base = first + (has_grad ? 1 : 0);
@@ -182,7 +182,7 @@ inline bool Prepare(TF_OpKernelContext* ctx, void* state, bool has_grad, const c
 
 // The second-order op (HashGridEncodeGradPositionsGrad): input 0 is ddx [N, D] float32 (the incoming gradient of
 // grad_positions), then grad, positions, params, max_level as for the first-order gradient ops.
-inline bool ReadSecondOrder(TF_OpKernelContext* ctx, void* state, const char* op, Call* call, TensorRef* ddx) {
+inline bool ReadSecondOrder(TF_OpKernelContext* ctx, void* state, const char* op, Inputs* call, TensorRef* ddx) {
   if (!GetInput(ctx, 0, ddx)) return false;
   if (!Prepare(ctx, state, true, op, call, 1)) return false;
   if (ddx->dtype() != TF_FLOAT)
@@ -194,14 +194,14 @@ inline bool ReadSecondOrder(TF_OpKernelContext* ctx, void* state, const char* op
   return true;
 }
 
-// One call of the second-order op: its inputs (Call, ddx) and outputs grad_grad (grad's shape) T, grad_params [E, F] T,
+// One call of the second-order op: its inputs (Inputs, ddx) and outputs grad_grad (grad's shape) T, grad_params [E, F] T,
 // grad_positions [N, D] float32; param_elems = E * F.
 struct SecondOrderOutputs {
   TensorRef dy, params, dx;
 };
 struct SecondOrderCall {
   const char* op = "hash_grid_encode (second derivative: gradient of the position gradient)";
-  Call call;
+  Inputs call;
   TensorRef ddx;
   SecondOrderOutputs out;
   int64_t param_elems = 0;
@@ -209,7 +209,7 @@ struct SecondOrderCall {
 
 // ReadSecondOrder, then allocates the outputs. Returns false after failing ctx.
 inline bool PrepareSecondOrder(TF_OpKernelContext* ctx, void* state, SecondOrderCall* so) {
-  Call* call = &so->call;
+  Inputs* call = &so->call;
   if (!ReadSecondOrder(ctx, state, so->op, call, &so->ddx)) return false;
   const Config& cfg = *call->cfg;
   so->param_elems = call->rows * cfg.n_features;

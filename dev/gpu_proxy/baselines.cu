@@ -122,28 +122,21 @@ __device__ inline void scatter(const T* __restrict__ dy, const float* __restrict
 
 }  // namespace
 
-#define GPU_PROXY_GATHER(T, name)                                                                              \
-  extern "C" __global__ void __launch_bounds__(kBlock) hg_gather_##name##_F2_D3(                              \
-      const float* positions, const T* params, const Level* levels, unsigned n, unsigned n_levels, T* out) {   \
-    gather<T, 2, 3, false>(positions, params, levels, n, n_levels, out);                                       \
-  }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(kBlock) hg_gather_##name##_F2_D3_feature_major(                \
-      const float* positions, const T* params, const Level* levels, unsigned n, unsigned n_levels, T* out) {   \
-    gather<T, 2, 3, true>(positions, params, levels, n, n_levels, out);                                        \
-  }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(kBlock) hg_gather_##name##_F2_D3_level_fastest(                 \
-      const float* positions, const T* params, const Level* levels, unsigned n, unsigned n_levels, T* out) {   \
-    gather<T, 2, 3, false, true>(positions, params, levels, n, n_levels, out);                                 \
-  }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(kBlock) hg_scatter_##name##_F2_D3(                             \
-      const T* dy, const float* positions, const Level* levels, unsigned n, unsigned n_levels, float* acc) {   \
-    scatter<T, 2, 3, false>(dy, positions, levels, n, n_levels, acc);                                          \
-  }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(kBlock) hg_scatter_##name##_F2_D3_feature_major(               \
-      const T* dy, const float* positions, const Level* levels, unsigned n, unsigned n_levels, float* acc) {   \
-    scatter<T, 2, 3, true>(dy, positions, levels, n, n_levels, acc);                                           \
+// One extern "C" entry point: kernel(a, b, levels, n, n_levels, out) calls body (a parenthesised specialization of
+// gather or scatter) with the same arguments.
+#define GPU_PROXY_ENTRY(kernel, body, A, B, OUT)                                                               \
+  extern "C" __global__ void __launch_bounds__(kBlock) kernel(const A* a, const B* b, const Level* levels,      \
+                                                               unsigned n, unsigned n_levels, OUT* out) {       \
+    body(a, b, levels, n, n_levels, out);                                                                       \
   }
-GPU_PROXY_GATHER(float, f32)
-GPU_PROXY_GATHER(half, f16)
+// Per table type T: the gathers (positions, params -> out) and scatters (dy, positions -> acc) the runner launches.
+#define GPU_PROXY_KERNELS(T, name)                                                                             \
+  GPU_PROXY_ENTRY(hg_gather_##name##_F2_D3, (gather<T, 2, 3, false>), float, T, T)                             \
+  GPU_PROXY_ENTRY(hg_gather_##name##_F2_D3_feature_major, (gather<T, 2, 3, true>), float, T, T)                \
+  GPU_PROXY_ENTRY(hg_gather_##name##_F2_D3_level_fastest, (gather<T, 2, 3, false, true>), float, T, T)         \
+  GPU_PROXY_ENTRY(hg_scatter_##name##_F2_D3, (scatter<T, 2, 3, false>), T, float, float)                       \
+  GPU_PROXY_ENTRY(hg_scatter_##name##_F2_D3_feature_major, (scatter<T, 2, 3, true>), T, float, float)
+GPU_PROXY_KERNELS(float, f32)
+GPU_PROXY_KERNELS(half, f16)
 
 extern "C" __global__ void launch_floor() {}

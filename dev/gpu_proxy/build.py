@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The GPU proxy's build: every metal_kernels/*.metal, unchanged, compiled to PTX for an NVIDIA sm_90 GPU (the lent
-H200) with clang++-16 in CUDA mode, no CUDA installation needed. dev/gpu_proxy/run.py times the result on the device.
+"""The GPU proxy's build: every metal_kernels/*.metal, unchanged, compiled to PTX for an NVIDIA sm_90 GPU (H100,
+H200) with clang++-16 in CUDA mode, no CUDA installation needed. dev/gpu_proxy/run.py times the result on the GPU.
 
     python3 dev/gpu_proxy/build.py build --out DIR [--msl 3.0 --msl 2.4] [--jobs 2] [--no-report] [FILE.metal ...]
     python3 dev/gpu_proxy/build.py tcnn --src TCNN_CHECKOUT --out DIR
@@ -30,8 +30,8 @@ How a .metal file becomes CUDA (development only; nothing here ships):
 Runs without TensorFlow: tf_metal_ops/msl_emu.py is loaded by path (it imports only the standard library).
 
 `tcnn` builds DIR/libtfmo_tcnn_grid.so from dev/gpu_proxy/tcnn_grid.cu: tiny-cuda-nn's own hash-grid kernels (its
-encodings/grid.h, unchanged, read from a checkout of NVlabs/tiny-cuda-nn with its fmt submodule, e.g. commit
-6ee3546 as in REFERENCE §15), for `dev/gpu_proxy/run.py --tcnn DIR/libtfmo_tcnn_grid.so`. Needs nvcc (CUDA >= 12; no
+encodings/grid.h, unchanged, read from a checkout of NVlabs/tiny-cuda-nn with its fmt submodule; commit
+6ee3546 is the one bench/gpu_proxy.md names), for `dev/gpu_proxy/run.py --tcnn DIR/libtfmo_tcnn_grid.so`. Needs nvcc (CUDA >= 12; no
 GPU: the library links the CUDA runtime statically and needs nothing of the driver at link time). Nothing of
 tiny-cuda-nn is kept in this repository.
 """

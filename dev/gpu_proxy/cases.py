@@ -269,9 +269,9 @@ def hg_reference(x, params, levels, dy, ddx, F, parts, n_points=None):
 def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_scale=1.3819, seed=0,
                     tcnn=False) -> list[Case]:
     """Encode (float32/float16 tables), param gradient (native atomics, the MSL 2.4 CAS loop, float16 dy), position
-    gradient and second order, each beside its bare CUDA bound (dev/gpu_proxy/baselines.cu), at REFERENCE §15's
-    configuration: 2^20 points, 16 levels, F = 2, D = 3, 2^19 rows per level, base 16, scale 1.3819. tcnn: also
-    tiny-cuda-nn's own forward and backward kernels (tcnn_cases), from the --tcnn library."""
+    gradient and second order, each beside its bare CUDA bound (dev/gpu_proxy/baselines.cu), at
+    Instant-NGP's NeRF configuration: 2^20 points, 16 levels, F = 2, D = 3, 2^19 rows per level, base 16, scale
+    1.3819. tcnn: also tiny-cuda-nn's own forward and backward kernels (tcnn_cases), from the --tcnn library."""
     rng = np.random.default_rng(seed)
     D = 3
     levels, rows = hg_level_table(D, n_levels, log2_T, base, per_level_scale)
@@ -536,7 +536,7 @@ def hash_grid_cases(n=1 << 20, n_levels=16, F=2, log2_T=19, base=16, per_level_s
 
 
 def tcnn_level_scales(levels, log2_b, base):
-    """The level table with tiny-cuda-nn's level scales as its kernels compute them (REFERENCE §10): exp2f on the
+    """The level table with tiny-cuda-nn's level scales as its kernels compute them: exp2f on the
     device (the hardware ex2.approx, within 1 ulp of the correctly rounded 2^x our table holds) of the float32
     product level * log2(b), times the base, minus 1 (the product is exact for a power-of-two base, so fused or
     not). Imports cupy: call it on the device only."""

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""The GPU proxy benchmark: the unchanged metal_kernels/*.metal, compiled to PTX by dev/gpu_proxy/build.py, timed on an
-NVIDIA GPU (the lent H200) beside the limit of each kernel. A proxy: NVIDIA hardware, not an Apple GPU (REFERENCE
-§15) — good for comparing kernel variants and for gross inefficiency, not for Apple's absolute times.
+"""The GPU proxy benchmark: the unchanged metal_kernels/*.metal, compiled to PTX by dev/gpu_proxy/build.py, timed on
+an NVIDIA GPU beside the limit of each kernel. A proxy: NVIDIA hardware, not an Apple GPU; good for comparing kernel
+variants and for gross inefficiency, not for Apple's absolute times (bench/gpu_proxy.md says what it can and cannot
+tell).
 
-Results: bench/gpu_proxy.md (the lent H200; the run's date, driver and commit are in its header, the timings of
-the kernels before this package's proxy-driven changes at its end).
+Results: bench/gpu_proxy.md, whose section between the marks LATEST_BEGIN and LATEST_END below this runner rewrites
+(the GPU, driver, date and the commit of the PTX in its header); the rest of that document is prose.
 
 Per case (dev/gpu_proxy/cases.py: hash grid encode with float32/float16 tables, param gradient with native atomics
 and the MSL 2.4 CAS loop, position gradient, second order; volume rendering and distortion loss, dense and packed,
@@ -17,19 +18,13 @@ on ray-ordered points (samples in order along rays, as a NeRF batch has them), p
      bytes the kernel must move at the GPU's measured device-to-device copy bandwidth (the rest).
 
 Commands:
-    python3 dev/gpu_proxy/build.py build --out gpu_proxy_ptx          # here: clang-16, no GPU
-    python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx --dry-run     # here: packing vs the PTX entry signatures
-    python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx --md $OUT/gpu_proxy.md   # on the device: cupy, numpy
-
-The device run (tool `run`; the device has python3, cupy, numpy, nvcc and no TensorFlow, no clang, no network):
-  1. here: `python3 dev/gpu_proxy/build.py build --out gpu_proxy_ptx` (1.4 MB; the folder must be ignored to travel with
-     `carry`: .gitignore lists gpu_proxy_ptx/; in a checkout without that line, `echo gpu_proxy_ptx/ >>
-     .git/info/exclude`). The manifest records the commit the PTX was built from;
-  2. run(kind="nvidia-h200", carry=["gpu_proxy_ptx"], timeout_s=600,
-         command="python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx --md $OUT/gpu_proxy.md")
-  3. copy the returned gpu_proxy.md to bench/gpu_proxy.md and commit it.
-  Cost measured on the device (2026-12-05): 72-150 s per call, most of it the NumPy references; a fresh machine
-  takes 1-2 min more to start.
+    python3 dev/gpu_proxy/build.py build --out gpu_proxy_ptx          # clang-16, no GPU, no CUDA
+    python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx --dry-run         # no GPU: packing vs the PTX entry signatures
+    python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx                   # on the GPU machine: cupy, numpy
+    python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx --tcnn gpu_proxy_tcnn/libtfmo_tcnn_grid.so   # + tiny-cuda-nn
+The GPU machine needs python3, numpy and cupy, no TensorFlow and no clang; the PTX (1.4 MB) is built elsewhere and
+copied with the tree. The manifest records the commit the PTX was built from. A full run takes a few minutes, most
+of it the NumPy references.
 """
 
 from __future__ import annotations
@@ -267,26 +262,22 @@ def git_commit(manifest: dict) -> str:
     return manifest.get("commit", "unknown")
 
 
-def write_md(path: Path, rows, env: dict, registers: dict):
+LATEST_BEGIN = "<!-- latest run: begin (written by dev/gpu_proxy/run.py, which replaces everything up to the end mark) -->"
+LATEST_END = "<!-- latest run: end -->"
+
+
+def latest_run_section(rows, env: dict, registers: dict) -> str:
+    """The results document's latest-run section: the run's GPU, driver, date, commit and one table."""
     lines = [
-        "# GPU proxy: the Metal kernels as CUDA on an NVIDIA GPU",
+        LATEST_BEGIN,
+        "## Latest run",
         "",
         f"- GPU: {env['gpu']}; driver {env['driver']}; CUDA runtime {env['runtime']}; cupy {env['cupy']}",
         f"- date: {env['date']}; commit {env['commit']} (of the PTX build); PTX: clang-16 CUDA mode, sm_90, -O3 "
         "-ffp-contract=off (dev/gpu_proxy/build.py)",
         f"- copy bandwidth (device to device, read + write): {env['bw'] / 1e9:.0f} GB/s",
-        "- bound of a kernel measured against bytes: those bytes at the copy bandwidth, or its launch floor when that "
-        "is longer (k launches in a row of an empty kernel, k the case's launches, timed in the same run)",
         f"- each row: median of {env['repeats']} CUDA-event timings after {env['warmup']} warm-up runs, checked "
         "against a NumPy float64 reference (or the invariants named) before timing",
-        "- re-run (PTX built here with `python3 dev/gpu_proxy/build.py build --out gpu_proxy_ptx`, an ignored folder): "
-        "device `run(carry=[\"gpu_proxy_ptx\"], command=\"python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx --md "
-        "$OUT/gpu_proxy.md\")`",
-        "- a proxy: NVIDIA hardware, not an Apple GPU. It cannot say: Apple's absolute times (other bandwidth, "
-        "clocks, caches, unified memory); how Apple's compiler allocates registers or spills (ptxas decides here); "
-        "what an M1's float atomics cost (the CAS loop runs here on NVIDIA's atomic units); Apple's fast-math "
-        "rounding; threadgroup-memory and occupancy limits of Apple GPUs. It can compare variants of one kernel and "
-        "show gross inefficiencies (uncoalesced access, local-memory arrays, contended atomics, divergence).",
         "",
         "| kernel | ms | bound | bound ms | ratio | regs / stack B | check |",
         "|---|---|---|---|---|---|---|",
@@ -301,7 +292,21 @@ def write_md(path: Path, rows, env: dict, registers: dict):
         bound_ms = f"{r['bound_ms']:.3f}" if r.get("bound_ms") else "—"
         lines.append(f"| {r['name']} | {r['ms']:.3f} | {r['bound']} | {bound_ms} | {ratio} | {regs} | "
                      f"ok (max err/tol {r['worst']:.2g}){'; ' + r['note'] if r['note'] else ''} |")
-    path.write_text("\n".join(lines) + "\n")
+    lines.append(LATEST_END)
+    return "\n".join(lines)
+
+
+def write_md(path: Path, rows, env: dict, registers: dict):
+    """Replaces the latest-run section of the results document at `path` (the text between LATEST_BEGIN and
+    LATEST_END); a file without that section is written as a document holding the section alone."""
+    section = latest_run_section(rows, env, registers)
+    text = path.read_text() if path.is_file() else ""
+    if LATEST_BEGIN in text and LATEST_END in text:
+        head, rest = text.split(LATEST_BEGIN, 1)
+        text = head + section + rest.split(LATEST_END, 1)[1]
+    else:
+        text = "# GPU proxy: the Metal kernels timed on an NVIDIA GPU\n\n" + section + "\n"
+    path.write_text(text)
 
 
 def main(argv=None) -> int:

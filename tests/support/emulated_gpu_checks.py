@@ -831,6 +831,30 @@ def same_march(a, b, what):
         assert np.array_equal(x, y), f"{what}: {name}: {np.sum(x != y)} of {x.size} differ"
 
 
+def march_configs(rng, cone_angle, last):
+    """ray_march keyword sets: a coarse step with jitter, a fine one with `cone_angle` and a random seed, and `last`."""
+    return [dict(step_size=0.0371, cone_angle=0.0, max_samples=1000, jitter=True, seed=3),
+            dict(step_size=0.0123, cone_angle=cone_angle, max_samples=1000, jitter=True, seed=int(rng.integers(1 << 40))),
+            last]
+
+
+def march_on_both(o, d, grid, finest_bits, what, **kw):
+    """ray_march on the GPU and the CPU, bitwise equal, the GPU's outputs on the GPU, one mip pass per level of the
+    occupancy `finest_bits` (every cascade in each pass); returns the CPU's."""
+    from tf_metal_ops.ray_march import reference as ref
+
+    with Dispatches() as disp:
+        a, b = ray_march_both(o, d, grid, **kw)
+    disp.require(*RM_KERNELS)
+    g = grid.resolution
+    levels = len(ref.mip_levels(ref.unpack(finest_bits, g), g))
+    assert disp.delta.get("ray_march_mip", 0) == levels, (g, disp.delta)
+    for x in a:
+        on_gpu(x)
+    same_march(a, b, what)
+    return b
+
+
 def check_ray_march(seed):
     """GPU == CPU bitwise (the same float32 expressions of ray_march_math.h in the same order), incl. R large enough
     for three scan levels (R > 256^2), R = 0, N = 0, cone angle, the per-ray cap, jitter seeds, NaN rays (no samples
@@ -838,24 +862,13 @@ def check_ray_march(seed):
     from tf_metal_ops.ray_march import reference as ref
 
     rng = np.random.default_rng(seed)
-    configs = [
-        dict(step_size=0.0371, cone_angle=0.0, max_samples=1000, jitter=True, seed=3),
-        dict(step_size=0.0123, cone_angle=0.04, max_samples=1000, jitter=True, seed=int(rng.integers(1 << 40))),
-        dict(step_size=0.0371, cone_angle=0.0, max_samples=5, jitter=False, seed=0),
-    ]
+    configs = march_configs(rng, 0.04, dict(step_size=0.0371, cone_angle=0.0, max_samples=5, jitter=False, seed=0))
     total = 0
     for g, p in ((16, 0.3), (7, 0.7), (1, 1.0), (13, 0.03)):
         bits = ref.random_bits(g, p, seed=g)
         o, d = ref.make_rays(500, seed=g, aabb=RM_AABB)
         for kw in configs:
-            with Dispatches() as disp:
-                a, b = ray_march_both(o, d, RmGrid(bits, g), near=0.05, **kw)
-            disp.require(*RM_KERNELS)
-            levels = len(ref.mip_levels(ref.unpack(bits, g), g))  # one pass per occupancy-mip level
-            assert disp.delta.get("ray_march_mip", 0) == levels, (g, disp.delta)
-            for x in a:
-                on_gpu(x)
-            same_march(a, b, f"G={g} p={p} {kw}")
+            b = march_on_both(o, d, RmGrid(bits, g), bits, f"G={g} p={p} {kw}", near=0.05, **kw)
             total += int(b.row_splits[-1])
     assert total > 20000, total
     # many rays: 66000 > 256^2, so the counts need three scan levels (258 blocks -> 2 -> 1)
@@ -949,11 +962,7 @@ def check_ray_march_cascades(seed):
     from tf_metal_ops.ray_march import reference as ref
 
     rng = np.random.default_rng(seed)
-    configs = [
-        dict(step_size=0.0371, cone_angle=0.0, max_samples=1000, jitter=True, seed=3),
-        dict(step_size=0.0123, cone_angle=0.05, max_samples=1000, jitter=True, seed=int(rng.integers(1 << 40))),
-        dict(step_size=0.0123, cone_angle=0.5, max_samples=6, jitter=False, seed=0),
-    ]
+    configs = march_configs(rng, 0.05, dict(step_size=0.0123, cone_angle=0.5, max_samples=6, jitter=False, seed=0))
     total = 0
     for g, k in ((16, 3), (7, 2), (12, 4), (1, 2)):
         bits = np.stack([ref.random_bits(g, p, seed=g + c) for c, p in enumerate((0.3, 0.1, 0.05, 0.2)[:k])])
@@ -965,14 +974,7 @@ def check_ray_march_cascades(seed):
         near = rng.uniform(0.0, 0.5, 700).astype(np.float32)
         far = (near + rng.uniform(0.0, 8.0, 700)).astype(np.float32)
         for kw in configs:
-            with Dispatches() as disp:
-                a, b = ray_march_both(o, d, RmCascadeGrid(bits, g, k), near=near, far=far, **kw)
-            disp.require(*RM_KERNELS)
-            levels = len(ref.mip_levels(ref.unpack(bits[0], g), g))  # one pass per level, all cascades in it
-            assert disp.delta.get("ray_march_mip", 0) == levels, (g, disp.delta)
-            for x in a:
-                on_gpu(x)
-            same_march(a, b, f"G={g} K={k} {kw}")
+            b = march_on_both(o, d, RmCascadeGrid(bits, g, k), bits[0], f"G={g} K={k} {kw}", near=near, far=far, **kw)
             total += int(b.row_splits[-1])
     assert total > 20000, total
     occ = t.OccupancyGrid(aabb=RM_AABB, resolution=16, cascades=3, warmup_steps=1)

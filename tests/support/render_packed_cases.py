@@ -1,5 +1,5 @@
-"""Shared inputs of the packed rendering ops' tests (tests/test_render_packed.py and the emulated GPU checks), and
-their NumPy float64 references (tf_metal_ops.render_packed.reference)."""
+"""Shared inputs of the rendering ops' tests (tests/test_render_packed.py, tests/test_render_ops.py and the emulated
+GPU checks), and the packed ops' NumPy float64 references (tf_metal_ops.render_packed.reference)."""
 
 import numpy as np
 
@@ -32,13 +32,16 @@ def make_packed(counts, C=3, seed=0, dens_scale=3.0, bg="shared", gaps=True, min
         te[a:b] = np.maximum(te[a:b], ts[a:b])  # float32 rounding
         if not gaps and n > 1:
             te[a:b - 1] = ts[a + 1:b]
+    return d, c, ts, te, rs, random_background(rng, bg, R, C)
+
+
+def random_background(rng, bg, R, C):
+    """The background of R rays with C channels: "shared" [C], "per_ray" [R, C], else None (float32 in [0, 1))."""
     if bg == "shared":
-        b_ = rng.uniform(size=C).astype(np.float32)
-    elif bg == "per_ray":
-        b_ = rng.uniform(size=(R, C)).astype(np.float32)
-    else:
-        b_ = None
-    return d, c, ts, te, rs, b_
+        return rng.uniform(size=C).astype(np.float32)
+    if bg == "per_ray":
+        return rng.uniform(size=(R, C)).astype(np.float32)
+    return None
 
 
 def random_counts(rng, R, lo=0, hi=12):

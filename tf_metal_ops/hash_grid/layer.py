@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tf_metal_ops import _library
 from tf_metal_ops.hash_grid import pure_tf
+from tf_metal_ops.hash_grid._args import check_flag
 from tf_metal_ops.hash_grid.config import HashGridConfig
 from tf_metal_ops.hash_grid.ops import hash_grid_encode, hash_grid_encode_params_grad
 
@@ -98,9 +99,7 @@ class HashGridEncoding(keras.layers.Layer):
             interpolation=interpolation,
         )
         HashGridConfig(1, **self._options)  # validate now (D is checked at build)
-        if not isinstance(feature_major, bool):
-            raise ValueError(f"HashGridEncoding: feature_major must be True or False, got {feature_major!r}")
-        self.feature_major = feature_major
+        self.feature_major = check_flag("HashGridEncoding", "feature_major", feature_major)
         self.implementation = implementation
         self.resolved_implementation, self._encode = resolve_implementation(implementation)
         self.supports_jit = self.resolved_implementation == "pure_tf"  # keras' jit_compile="auto" reads this
@@ -129,10 +128,7 @@ class HashGridEncoding(keras.layers.Layer):
             lead = tf.shape(x)[:-1]
             x = tf.reshape(x, [-1, cfg.n_input_dims])
         params = tf.cast(self.table, self.compute_dtype) if self.table.dtype != self.compute_dtype else self.table
-        kwargs = dict(self._options, feature_major=self.feature_major)
-        if max_level is not None:
-            kwargs["max_level"] = max_level
-        y = self._encode(x, params, **kwargs)
+        y = self._encode(x, params, config=cfg, max_level=max_level, feature_major=self.feature_major)
         if not flat:
             return y
         shape = [[cfg.n_output_dims], lead] if self.feature_major else [lead, [cfg.n_output_dims]]
@@ -158,14 +154,13 @@ class HashGridEncoding(keras.layers.Layer):
         params = tf.cast(self.table, self.compute_dtype) if self.table.dtype != self.compute_dtype else self.table
         dy = tf.cast(output_gradients, params.dtype)
         if self.resolved_implementation == "op":
-            g = hash_grid_encode_params_grad(x, params, dy, max_level=max_level, feature_major=self.feature_major,
-                                             **self._options)
+            g = hash_grid_encode_params_grad(x, params, dy, config=cfg, max_level=max_level,
+                                             feature_major=self.feature_major)
         else:
             params = tf.convert_to_tensor(params)
             with tf.GradientTape() as tape:
                 tape.watch(params)
-                y = self._encode(x, params, feature_major=self.feature_major, **self._options,
-                                 **({} if max_level is None else dict(max_level=max_level)))
+                y = self._encode(x, params, config=cfg, max_level=max_level, feature_major=self.feature_major)
             g = tape.gradient(y, params, output_gradients=dy)
         return tf.cast(tf.convert_to_tensor(g), self.table.dtype)  # pure TF: IndexedSlices -> dense
 

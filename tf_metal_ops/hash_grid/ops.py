@@ -36,29 +36,20 @@ returning a wrong value.
 
 from __future__ import annotations
 
-import inspect
 import numbers
 import os
 
 import tensorflow as tf
 
 from tf_metal_ops._library import ops
-from tf_metal_ops.hash_grid.config import HashGridConfig
+from tf_metal_ops.hash_grid._args import OPTION_NAMES, call_config, check_flag
 
 __all__ = ["hash_grid_encode", "hash_grid_encode_params_grad"]
 
 # Attrs the gradients copy from the forward op besides the config (_ATTRS).
 _CALL_ATTRS = ("deterministic", "feature_major")
 
-_ATTRS = (
-    "n_levels",
-    "n_features_per_level",
-    "log2_hashmap_size",
-    "base_resolution",
-    "per_level_scale",
-    "grid_type",
-    "interpolation",
-)
+_ATTRS = OPTION_NAMES  # the config attrs of every hash-grid op
 
 
 def _max_level_tensor(max_level, n_levels):
@@ -92,16 +83,8 @@ def _op_determinism_enabled():
 
 def _deterministic(fn, value):
     """The op's ``deterministic`` attr: ``value``, or TensorFlow's op-determinism setting when None."""
-    if value is None:
+    if check_flag(fn, "deterministic", value, allow_none=True) is None:
         return _op_determinism_enabled()
-    if not isinstance(value, bool):
-        raise ValueError(f"{fn}: deterministic must be True, False or None, got {value!r}")
-    return value
-
-
-def _feature_major(fn, value):
-    if not isinstance(value, bool):
-        raise ValueError(f"{fn}: feature_major must be True or False, got {value!r}")
     return value
 
 
@@ -111,8 +94,9 @@ def _encoded_shape(positions, cfg, feature_major):
     return [cfg.n_output_dims, n] if feature_major else [n, cfg.n_output_dims]
 
 
-def _checked_inputs(fn, positions, params, options):
-    """(positions, params, HashGridConfig) after the static checks of ``fn``'s arguments (ValueError)."""
+def _checked_inputs(fn, positions, params, config, options):
+    """(positions, params, HashGridConfig) after the static checks of ``fn``'s arguments (ValueError): the config is
+    ``config`` or the one ``options`` give."""
     positions = tf.convert_to_tensor(positions)
     if positions.dtype != tf.float32:
         raise ValueError(f"{fn}: positions must be float32, got {positions.dtype.name}")
@@ -126,38 +110,28 @@ def _checked_inputs(fn, positions, params, options):
     d = positions.shape[-1] if positions.shape.rank == 2 else None
     if d is not None and not 1 <= d <= 4:
         raise ValueError(f"{fn}: positions must have 1 to 4 columns (D), got shape {positions.shape}")
-    # Validates the options (ValueError); with a static D also the params shape.
-    cfg = HashGridConfig(d if d is not None else 1, **options)
-    if d is not None and params.shape.rank == 2 and not params.shape.is_compatible_with(cfg.params_shape):
+    # Validates the options (ValueError); with a known D also the params shape.
+    cfg = call_config(fn, d, config, options)
+    if (d is not None or config is not None) and params.shape.rank == 2 and not params.shape.is_compatible_with(
+            cfg.params_shape):
         raise ValueError(
             f"{fn}: params must have shape {list(cfg.params_shape)} for this config "
-            f"(D={d}, {', '.join(f'{k}={v!r}' for k, v in options.items())}), got {params.shape}"
+            f"(D={cfg.n_input_dims}, {', '.join(f'{k}={v!r}' for k, v in cfg.op_kwargs().items())}), got {params.shape}"
         )
     return positions, params, cfg
 
 
-def hash_grid_encode(
-    positions,
-    params,
-    *,
-    n_levels=16,
-    n_features_per_level=2,
-    log2_hashmap_size=19,
-    base_resolution=16,
-    per_level_scale=2.0,
-    grid_type="hash",
-    interpolation="linear",
-    max_level=None,
-    deterministic=None,
-    feature_major=False,
-    name=None,
-):
+def hash_grid_encode(positions, params, *, config=None, max_level=None, deterministic=None, feature_major=False,
+                     name=None, **options):
     """Encodes ``positions [N, D]`` (float32 in [0,1], D = 1..4) with the tables ``params [total_entries, F]``
     (float32 or float16) into ``[N, n_levels * F]`` in params' dtype, level-major (level l's features at columns
     l*F .. l*F+F-1); with ``feature_major=True`` into its transpose ``[n_levels * F, N]`` (tiny-cuda-nn's layout:
     the GPU kernel then writes whole rows and reads one level's table at a time, its fastest form; a following
     dense layer takes it as ``tf.matmul(y, w, transpose_a=True)``). Gradients flow in the same layout.
 
+    The encoding's options: ``config``, a :class:`HashGridConfig` (its ``n_input_dims`` must be D), or its fields as
+    keywords (``n_levels=16, n_features_per_level=2, log2_hashmap_size=19, base_resolution=16,
+    per_level_scale=2.0, grid_type="hash", interpolation="linear"``; the defaults for those left out), not both.
     ``params`` must have ``hash_grid_table_layout(D, ...).params_shape``. Positions outside [0,1] are clamped
     (NaN -> 0) and get zero position gradient. ``max_level``: None = all levels; an int k = the first k levels
     (clipped to 0..n_levels); a float m = tcnn's fraction, levels l < m*n_levels + 1e-3; a scalar tensor of
@@ -172,29 +146,20 @@ def hash_grid_encode(
       >>> cfg.params_shape
       (4096, 2)
       >>> params = tf.reshape(tf.range(8192, dtype=tf.float32) % 7 / 7, cfg.params_shape)
-      >>> y = tf_metal_ops.hash_grid_encode([[0.1, 0.2, 0.3], [0.5, 0.5, 0.5]], params, **cfg.op_kwargs())
+      >>> y = tf_metal_ops.hash_grid_encode([[0.1, 0.2, 0.3], [0.5, 0.5, 0.5]], params, config=cfg)
       >>> y.shape
       TensorShape([2, 8])
       >>> print(np.round(y.numpy()[1], 3))
       [0.571 0.714 0.714 0.857 0.857 0.    0.143 0.286]
-      >>> y_t = tf_metal_ops.hash_grid_encode([[0.1, 0.2, 0.3], [0.5, 0.5, 0.5]], params, feature_major=True,
-      ...                                     **cfg.op_kwargs())
+      >>> y_t = tf_metal_ops.hash_grid_encode([[0.1, 0.2, 0.3], [0.5, 0.5, 0.5]], params, config=cfg,
+      ...                                     feature_major=True)
       >>> y_t.shape, bool(tf.reduce_all(y_t == tf.transpose(y)))
       (TensorShape([8, 2]), True)
     """
-    options = dict(
-        n_levels=n_levels,
-        n_features_per_level=n_features_per_level,
-        log2_hashmap_size=log2_hashmap_size,
-        base_resolution=base_resolution,
-        per_level_scale=per_level_scale,
-        grid_type=grid_type,
-        interpolation=interpolation,
-    )
     det = _deterministic("hash_grid_encode", deterministic)
-    fm = _feature_major("hash_grid_encode", feature_major)
+    fm = check_flag("hash_grid_encode", "feature_major", feature_major)
     with tf.name_scope(name or "hash_grid_encode"):
-        positions, params, cfg = _checked_inputs("hash_grid_encode", positions, params, options)
+        positions, params, cfg = _checked_inputs("hash_grid_encode", positions, params, config, options)
         level = _max_level_tensor(max_level, cfg.n_levels)
         out = ops().hash_grid_encode(
             positions,
@@ -208,10 +173,7 @@ def hash_grid_encode(
         return out
 
 
-_DEFAULT_OPTIONS = {k: inspect.signature(hash_grid_encode).parameters[k].default for k in _ATTRS}
-
-
-def hash_grid_encode_params_grad(positions, params, output_grad, *, max_level=None, deterministic=None,
+def hash_grid_encode_params_grad(positions, params, output_grad, *, config=None, max_level=None, deterministic=None,
                                  feature_major=False, name=None, **options):
     """The gradient of ``sum(hash_grid_encode(positions, params, **options) * output_grad)`` w.r.t. ``params``,
     computed without the forward pass (the registered gradient's op, called directly): equal, bitwise on the CPU, to
@@ -219,7 +181,7 @@ def hash_grid_encode_params_grad(positions, params, output_grad, *, max_level=No
 
     For data-parallel training that exchanges the per-sample output gradients ``[N, n_levels * F]`` (and the
     positions) instead of the dense table gradient: each worker then computes the table gradient of the whole
-    batch itself. ``options``, ``deterministic``, ``feature_major`` (``output_grad`` then ``[n_levels * F, N]``):
+    batch itself. ``config`` or ``options``, ``deterministic``, ``feature_major`` (``output_grad`` then ``[n_levels * F, N]``):
     those of :func:`hash_grid_encode` (the same defaults).
 
     Example:
@@ -227,17 +189,13 @@ def hash_grid_encode_params_grad(positions, params, output_grad, *, max_level=No
       >>> from tf_metal_ops.hash_grid import HashGridConfig, hash_grid_encode_params_grad
       >>> cfg = HashGridConfig(2, n_levels=2, n_features_per_level=2, log2_hashmap_size=6)
       >>> params = tf.zeros(cfg.params_shape)
-      >>> g = hash_grid_encode_params_grad([[0.25, 0.5]], params, tf.ones([1, 4]), **cfg.op_kwargs())
+      >>> g = hash_grid_encode_params_grad([[0.25, 0.5]], params, tf.ones([1, 4]), config=cfg)
       >>> float(tf.reduce_sum(g))  # each level's corner weights sum to 1, times F = 2 features
       4.0
     """
-    options = {**_DEFAULT_OPTIONS, **options}
-    unknown = set(options) - set(_ATTRS)
-    if unknown:
-        raise ValueError(f"hash_grid_encode_params_grad: unknown options {sorted(unknown)}")
-    fm = _feature_major("hash_grid_encode_params_grad", feature_major)
+    fm = check_flag("hash_grid_encode_params_grad", "feature_major", feature_major)
     with tf.name_scope(name or "hash_grid_encode_params_grad"):
-        positions, params, cfg = _checked_inputs("hash_grid_encode_params_grad", positions, params, options)
+        positions, params, cfg = _checked_inputs("hash_grid_encode_params_grad", positions, params, config, options)
         dy = tf.convert_to_tensor(output_grad)
         if dy.dtype != params.dtype:
             raise ValueError(f"hash_grid_encode_params_grad: output_grad must have params' dtype {params.dtype.name}, "

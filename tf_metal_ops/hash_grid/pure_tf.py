@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tf_metal_ops.hash_grid._args import call_config, check_flag
 from tf_metal_ops.hash_grid.config import HASH_PRIMES, HashGridConfig
 from tf_metal_ops.hash_grid.reference import n_active_levels
 
@@ -175,50 +176,26 @@ def encode(positions, params, config: HashGridConfig, max_level=None):
     return tf.cast(out, params.dtype) if out.dtype != params.dtype else out
 
 
-def hash_grid_encode(
-    positions,
-    params,
-    *,
-    n_levels=16,
-    n_features_per_level=2,
-    log2_hashmap_size=19,
-    base_resolution=16,
-    per_level_scale=2.0,
-    grid_type="hash",
-    interpolation="linear",
-    max_level=None,
-    deterministic=None,
-    feature_major=False,
-    name=None,
-):
-    """Pure-TF drop-in for ``tf_metal_ops.hash_grid_encode`` (same signature and semantics). ``deterministic`` is
-    checked as there; the table gradient is TensorFlow's own scatter, whose determinism TF's op-determinism setting
-    governs. ``feature_major``: the output transposed, ``[n_levels * F, N]``.
+def hash_grid_encode(positions, params, *, config=None, max_level=None, deterministic=None, feature_major=False,
+                     name=None, **options):
+    """Pure-TF drop-in for ``tf_metal_ops.hash_grid_encode`` (same arguments and semantics: ``config`` or the
+    options as keywords). ``deterministic`` is checked as there; the table gradient is TensorFlow's own scatter,
+    whose determinism TF's op-determinism setting governs. ``feature_major``: the output transposed,
+    ``[n_levels * F, N]``.
 
     Example:
       >>> import tensorflow as tf
       >>> from tf_metal_ops.hash_grid import HashGridConfig, pure_tf
       >>> cfg = HashGridConfig(2, n_levels=2, n_features_per_level=2, log2_hashmap_size=6)
-      >>> pure_tf.hash_grid_encode([[0.25, 0.5]], tf.ones(cfg.params_shape), feature_major=True, **cfg.op_kwargs()).shape
+      >>> pure_tf.hash_grid_encode([[0.25, 0.5]], tf.ones(cfg.params_shape), config=cfg, feature_major=True).shape
       TensorShape([4, 1])
     """
-    if deterministic is not None and not isinstance(deterministic, bool):
-        raise ValueError(f"hash_grid_encode: deterministic must be True, False or None, got {deterministic!r}")
-    if not isinstance(feature_major, bool):
-        raise ValueError(f"hash_grid_encode: feature_major must be True or False, got {feature_major!r}")
+    check_flag("hash_grid_encode", "deterministic", deterministic, allow_none=True)
+    check_flag("hash_grid_encode", "feature_major", feature_major)
     x = tf.convert_to_tensor(positions)
     if x.shape.rank != 2 or x.shape[-1] is None:
         raise ValueError(f"hash_grid_encode: positions must be [N, D] with a static D, got shape {x.shape}")
-    cfg = HashGridConfig(
-        x.shape[-1],
-        n_levels=n_levels,
-        n_features_per_level=n_features_per_level,
-        log2_hashmap_size=log2_hashmap_size,
-        base_resolution=base_resolution,
-        per_level_scale=per_level_scale,
-        grid_type=grid_type,
-        interpolation=interpolation,
-    )
+    cfg = call_config("hash_grid_encode", x.shape[-1], config, options)
     with tf.name_scope(name or "hash_grid_encode_pure_tf"):
         out = encode(x, params, cfg, max_level=max_level)
         return tf.transpose(out) if feature_major else out

@@ -31,13 +31,16 @@ def volume_render_packed_tf(densities, colors, t_starts, t_ends, row_splits, bac
                             termination_threshold=0.0):
     """``volume_render_packed`` in plain TF ops; autodiff gives the gradients.
 
-    Example:
+    Example (the op's inputs and results; float64 inputs compute in float64):
       >>> import numpy as np, tf_metal_ops
-      >>> row_splits = [0, 2, 3]  # ray 0 has samples 0 and 1, ray 1 has sample 2
-      >>> t_starts, t_ends = [0.0, 0.5, 0.2], [0.5, 1.0, 0.7]
-      >>> out = tf_metal_ops.volume_render_packed_tf([1.0, 2.0, 0.5], [[0.2, 0.4, 0.6]] * 3, t_starts, t_ends, row_splits)
-      >>> print(np.round(out.weights.numpy(), 4), np.round(out.opacity.numpy(), 4))
-      [0.3935 0.3834 0.2212] [0.7769 0.2212]
+      >>> samples = ([1.0, 2.0, 0.5], [[0.2, 0.4, 0.6]] * 3, [0.0, 0.5, 0.2], [0.5, 1.0, 0.7])  # sigma, rgb, t0, t1
+      >>> out = tf_metal_ops.volume_render_packed_tf(*samples, row_splits=[0, 2, 3])
+      >>> op = tf_metal_ops.volume_render_packed(*samples, row_splits=[0, 2, 3])
+      >>> bool(np.allclose(out.weights.numpy(), op.weights.numpy(), atol=1e-6))
+      True
+      >>> sigma64 = np.asarray(samples[0], np.float64)
+      >>> tf_metal_ops.volume_render_packed_tf(sigma64, *samples[1:], row_splits=[0, 2, 3]).opacity.dtype
+      tf.float64
     """
     densities = tf.convert_to_tensor(densities)
     dt = densities.dtype
