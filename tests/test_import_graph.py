@@ -54,13 +54,21 @@ def _targets(node, module: str, is_package: bool, modules) -> list[str]:
     return out
 
 
+def _is_type_checking(test) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def _imports(tree, in_functions: bool):
-    """The import statements of a module's syntax tree; those in function bodies only when `in_functions`."""
+    """The import statements of a module's syntax tree; those in function bodies (and under `if TYPE_CHECKING:`)
+    only when `in_functions`."""
     stack = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
+        elif not in_functions and isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)  # `if TYPE_CHECKING:` imports for annotations never run
         elif in_functions or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             stack.extend(ast.iter_child_nodes(node))
 

@@ -38,10 +38,24 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-from tf_metal_ops.msl_check.signatures import (  # noqa: F401 (re-exported: msl_emu.Kernel, ...)
-    ADDRESS_SPACES, CONSTANT_TYPES, THREAD_ATTRIBUTES, FunctionConstant, Kernel, Param, SignatureError, read_source)
+if TYPE_CHECKING:
+    from tf_metal_ops.msl_check.signatures import FunctionConstant, Kernel
+
+# The signature types (msl_check.signatures: Kernel, Param, FunctionConstant, ...), re-exported on first use: msl_emu
+# loads msl_check only when it reads a file, so that loading msl_emu (the emulated GPU does, where it is asked for)
+# stays cheap.
+_SIGNATURE_NAMES = ("ADDRESS_SPACES", "CONSTANT_TYPES", "THREAD_ATTRIBUTES", "FunctionConstant", "Kernel", "Param",
+                    "SignatureError")
+
+
+def __getattr__(name: str):
+    if name in _SIGNATURE_NAMES:
+        from tf_metal_ops.msl_check import signatures
+
+        return getattr(signatures, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # `threadgroup` followed by a type and then * or &: a pointer/reference to threadgroup memory.
 _TG_POINTER = re.compile(
@@ -206,6 +220,8 @@ def parse_metal(path: str | Path, search: Iterable[Path] | None = None, *, text:
     """Kernels, function constants and fiber use of one .metal file (see the module docstring); `text`: its
     contents, when it is not read from `path` (which then only names it in messages). Signatures come from clang's
     AST (tf_metal_ops.msl_check.signatures): the file and the headers it includes must compile."""
+    from tf_metal_ops.msl_check.signatures import SignatureError, read_source
+
     path = Path(path).resolve()
     from_file = text is None
     raw = path.read_text() if from_file else text
@@ -483,7 +499,7 @@ def replace_function_constants(text: str, new) -> str:
     declare function constants in their own way (dev/gpu_proxy/build.py)."""
     stripped, out, last = _strip_comments(text), [], 0
     for m in _FUNCTION_CONSTANT.finditer(stripped):
-        c = FunctionConstant(m.group(2), int(m.group(3)), m.group(1), _line_of(stripped, m.start()))
+        c = _signatures().FunctionConstant(m.group(2), int(m.group(3)), m.group(1), _line_of(stripped, m.start()))
         out += [text[last:m.start()], new(c) + "\n" * text.count("\n", m.start(), m.end())]
         last = m.end()
     return "".join(out) + text[last:]
@@ -496,6 +512,12 @@ def _cstr(s: str) -> str:
 
 _SPACE_ENUM = {None: "kNone", "device": "kDevice", "constant": "kConstant", "threadgroup": "kThreadgroup"}
 _KIND_ENUM = {"buffer": "kBuffer", "threadgroup": "kThreadgroup", "attribute": "kAttribute"}
+
+
+def _signatures():
+    from tf_metal_ops.msl_check import signatures
+
+    return signatures
 
 
 def _ident(name: str) -> str:
@@ -519,7 +541,7 @@ def _unit_source(mf: MetalFile, staged_name: str) -> str:
     # function constants
     out.append(f"const {T}::ConstantDesc kConstants[] = {{")
     for c in mf.constants:
-        out.append(f"    {{{c.index}u, '{CONSTANT_TYPES[c.type]}', {_cstr(c.name)}}},")
+        out.append(f"    {{{c.index}u, '{_signatures().CONSTANT_TYPES[c.type]}', {_cstr(c.name)}}},")
     if not mf.constants:
         out.append("    {0u, 'u', nullptr},  // none (num_constants = 0)")
     out.append("};")
