@@ -159,8 +159,8 @@ TFMO_FN void hg_gather_corners(device const T* params, HgLevel lv, thread const 
 // compile-time configuration (0, 0, -1: read from args); a specialised instance keeps the point, its weights and the
 // accumulators in registers. HOIST: branch on the level's index mode once, before the corner loop (a loop without
 // branches, whose corner loads the compiler issues together), instead of once per corner. The _d3f2 kernels hoist
-// for float32 tables and not for float16 ones, nor does the general instance: on the GPU proxy hoisting makes the
-// float32 _d3f2 encode faster and the others slower (bench/gpu_proxy.md, "Hash-grid encode"); the choice never
+// for float32 tables and not for float16 ones, nor does the general instance: each choice is the faster one on the
+// GPU proxy (bench/gpu_proxy.md, the encode rows of the latest-run table hold the kept variants); the choice never
 // changes a result.
 template <typename T, uint DIMS, uint FEAT, int INTERP, bool HOIST = false>
 TFMO_FN void hg_encode_level(device const float* positions, device const T* params, constant HgLevel* levels,
