@@ -41,14 +41,17 @@ def write_json_atomic(path, obj):
 
 
 def render_test_views(model, ds, n_views):
-    """The first ``n_views`` test views (None: all) rendered by ``model`` -> (mean PSNR, renders)."""
+    """The first ``n_views`` test views (None: all) rendered by ``model`` -> (mean PSNR over each view's valid
+    pixels: with a ray and not masked out, see ``Dataset.valid_pixels``, renders)."""
     test = ds.test
     n = len(test) if n_views is None else min(n_views, len(test))
     preds, psnrs = [], []
     for k in range(n):
         rgb, _, _ = render_rays(model, *ds.rays("test", k))
         preds.append(rgb)
-        psnrs.append(psnr(np.mean((rgb - test.images[k]) ** 2)))
+        err = (rgb - test.image(k)) ** 2
+        valid = ds.valid_pixels("test", k)
+        psnrs.append(psnr(np.mean(err if valid is None else err[valid])))
     return float(np.mean(psnrs)), preds
 
 
@@ -178,10 +181,10 @@ class RunMetrics:
             rec["occupied_per_cascade"] = [round(float(v), 5) for v in
                                            tr.model.grid.occupied_fraction(per_cascade=True).numpy()]
         self.doc["evals"].append(rec)
-        iio.imwrite(os.path.join(renders, f"step_{step:06d}.png"), side_by_side(ds.test.images[0], preds[0]))
+        iio.imwrite(os.path.join(renders, f"step_{step:06d}.png"), side_by_side(ds.test.image(0), preds[0]))
         if final:
             for k, pr in enumerate(preds):
-                iio.imwrite(os.path.join(renders, f"test_{k:03d}.png"), side_by_side(ds.test.images[k], pr))
+                iio.imwrite(os.path.join(renders, f"test_{k:03d}.png"), side_by_side(ds.test.image(k), pr))
         msg = (f"step {step} epoch {rec['epoch']:.2f} train {train_s:.0f}s: loss {tl:.5f} (train PSNR "
                f"{rec['train_psnr']:.2f}) test PSNR {test_psnr:.2f} dB on {len(preds)} views; "
                f"{rec['samples_per_ray']:.1f} samples/ray, {rec['rays_per_step']:.0f} rays/step"

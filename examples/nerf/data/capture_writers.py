@@ -14,6 +14,7 @@ import zlib
 
 import numpy as np
 
+from nerf.data.cameras import param_names
 from nerf.data.unbounded_scene import GEN_TO_DATA, Capture, camera_params
 
 # nerfstudio's ns-process-data writes its poses in this frame (COLMAP's axes permuted) and records it
@@ -105,9 +106,14 @@ def write_transforms(root: str, capture: Capture, views=None, shared: bool = Fal
 
     def intrinsics(k):
         cam = sub.camera(k)
-        k1, k2, _k3, p1, p2 = cam.distortion
-        return dict(fl_x=cam.fx, fl_y=cam.fy, cx=cam.cx, cy=cam.cy, w=cam.width, h=cam.height, k1=k1, k2=k2,
-                    p1=p1, p2=p2)
+        p = dict(zip(param_names(cam.model), cam.params))
+        out = dict(fl_x=cam.fx, fl_y=cam.fy, cx=cam.cx, cy=cam.cy, w=cam.width, h=cam.height,
+                   k1=p.get("k1", p.get("k", 0.0)), k2=p.get("k2", 0.0))
+        if cam.model == "OPENCV_FISHEYE":
+            out.update(k3=p["k3"], k4=p["k4"], **({"is_fisheye": True} if instant_ngp else {}))
+        else:
+            out.update(p1=p.get("p1", 0.0), p2=p.get("p2", 0.0))
+        return out
 
     frames = []
     for name, k, c2w in zip(names, sub.camera_index, data_c2w(sub)):
@@ -115,7 +121,11 @@ def write_transforms(root: str, capture: Capture, views=None, shared: bool = Fal
         if not shared:
             fr.update(intrinsics(int(k)))
         frames.append(fr)
-    doc = {"camera_model": "OPENCV", "frames": frames}
+    fisheye = {sub.camera(int(k)).model == "OPENCV_FISHEYE" for k in sub.camera_index}
+    if len(fisheye) > 1:
+        raise ValueError("a transforms.json holds one camera model: fisheye and other views cannot be mixed")
+    doc = {"frames": frames} if instant_ngp else {
+        "camera_model": "OPENCV_FISHEYE" if fisheye.pop() else "OPENCV", "frames": frames}
     if shared:
         ks = set(sub.camera_index.tolist())
         if len(ks) != 1:
