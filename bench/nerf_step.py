@@ -222,8 +222,7 @@ def main(argv=None):
     # rays for the budget: the prefix of a permutation whose samples (with the step's jitter seed) come closest to
     # it. A ray's samples depend only on the ray and its index, so one march of a long prefix gives every count.
     perm = rng.permutation(tr_o.n_rays)[:min(tr_o.n_rays, args.budget)]
-    rows = tr_o.ray_rows(perm)
-    o, d = tf.constant(rows[:, 0:3]), tf.constant(rows[:, 3:6])
+    o, d = tr_o.batch(tf.constant(tr_o.ray_rows(perm)))[:2]
     m = tr_o.model.march(o, d, True, step_seed(tr_o))
     if early > 0:
         m = tr_o.model._prune(o, d, m)

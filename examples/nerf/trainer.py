@@ -33,8 +33,9 @@ from nerf.config import MIN_CONE_ANGLE, TrainConfig
 
 # Occupancy sampler: rays per step stay in [MIN_RAYS, sample_budget // 2], multiples of RAY_GRANULARITY.
 MIN_RAYS, RAY_GRANULARITY = 64, 16
-# A batch reaches the step as one float32 row per ray: origin, direction, colour, training view (exact up to 2^24)
-RAY_COLUMNS = 10
+# A batch reaches the step as one float32 row per ray: direction in its camera's frame, colour, training view (exact
+# up to 2^24); the step turns it into a world ray with the view's pose
+RAY_COLUMNS = 7
 
 
 def make_strategy(cfg: TrainConfig):
@@ -143,6 +144,7 @@ class Trainer:
 
         self.pixel_rays = PixelRays(dataset.train, dataset.focal)
         self.n_rays = self.pixel_rays.n
+        self.poses = tf.constant(dataset.train.poses[:, :3, :4], tf.float32)  # [N, 3, 4] camera-to-world
         self.appearance_ids = self.args.appearance_dim > 0
 
     def _build_model(self, kw):
@@ -340,10 +342,13 @@ class Trainer:
         return self.strategy.experimental_local_results(per)[0]
 
     def batch(self, rows):
-        """Ray rows of the step (see ``RAY_COLUMNS``) -> origins, directions, colours, view-direction SH (None: the
-        model computes it), training-image indices (int32; None without an appearance embedding)."""
-        ids = tf.cast(rows[:, 9], tf.int32) if self.appearance_ids else None
-        return rows[:, 0:3], rows[:, 3:6], rows[:, 6:9], None, ids
+        """Ray rows of the step (see ``RAY_COLUMNS``) -> origins, unit directions, colours, view-direction SH (None:
+        the model computes it), training-image indices (int32; None without an appearance embedding)."""
+        view = tf.cast(rows[:, 6], tf.int32)
+        pose = tf.gather(self.poses, view)  # [M, 3, 4]
+        d = tf.linalg.matvec(pose[:, :, :3], rows[:, 0:3])
+        d = d * tf.math.rsqrt(tf.reduce_sum(tf.square(d), axis=1, keepdims=True))
+        return pose[:, :, 3], d, rows[:, 3:6], None, (view if self.appearance_ids else None)
 
     # ---- the step (eager) -----------------------------------------------------------------------------------
     def step(self, step_no, ctrl=0.0):
@@ -375,8 +380,8 @@ class Trainer:
     def ray_rows(self, idx):
         """Global ray (pixel) indices -> ``[M, RAY_COLUMNS]`` float32 rows of those with a ray and not masked out,
         ``M`` cut to a multiple of the replica count (equal shards)."""
-        o, d, rgb, view = self.pixel_rays.rays(idx)
-        rows = np.concatenate([o, d, rgb, view[:, None].astype(np.float32)], axis=1)
+        local, rgb, view = self.pixel_rays.local_rays(idx)
+        rows = np.concatenate([local, rgb, view[:, None].astype(np.float32)], axis=1)
         n_rep = self.strategy.num_replicas_in_sync
         return rows[:len(rows) // n_rep * n_rep]
 

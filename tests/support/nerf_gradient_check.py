@@ -49,8 +49,8 @@ for step_no in range(int(os.environ.get("GRAD_CHECK_STEPS", "3"))):
     g1 = one.gradients(idx, step_no)
     flat1 = np.concatenate([g.ravel() for g in g1]).astype(np.float64)
     half = len(idx) // 2
-    rows = one.ray_rows(idx)
-    m = [one.model.march(rows[i * half:(i + 1) * half, 0:3], rows[i * half:(i + 1) * half, 3:6]) for i in range(2)]
+    o, d = one.batch(tf.constant(one.ray_rows(idx)))[:2]
+    m = [one.model.march(o[i * half:(i + 1) * half], d[i * half:(i + 1) * half]) for i in range(2)]
     entry = dict(rays=len(idx), samples_per_replica=[int(x.t_starts.shape[0]) for x in m],
                  max_abs=[float(np.abs(a).max()) for a in g1], modes={})
     for mode, t in two.items():

@@ -82,24 +82,33 @@ class PixelRays:
         self.camera_of_view = np.array([index[c] for c in cams], np.int64)
         self.masks = None if views.masks is None else views.masks.reshape(-1)
 
-    def rays(self, idx) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Rays ``idx`` (int array) → origins, unit directions and colours (``[M, 3]`` float32 each) and views
-        (``[M]`` int32) of those that have a ray and are not masked out (``M`` ≤ ``len(idx)``, in ``idx``'s order)."""
+    def local_rays(self, idx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rays ``idx`` (int array) → unit directions in their camera's frame (OpenGL axes, ``[M, 3]`` float32),
+        colours (``[M, 3]`` float32) and views (``[M]`` int32) of those that have a ray and are not masked out (``M`` ≤
+        ``len(idx)``, in ``idx``'s order). The world ray is the view's pose applied to it (:meth:`rays`)."""
         idx = np.asarray(idx, np.int64)
         if self.masks is not None:
             idx = idx[self.masks[idx]]
         view, pix = np.divmod(idx, self.H * self.W)
         row, col = np.divmod(pix, self.W)
-        local = np.empty((len(idx), 3), np.float64)
-        ok = np.ones(len(idx), bool)
-        cam = self.camera_of_view[view]
-        for c in np.unique(cam):
-            sel = np.flatnonzero(cam == c)
-            local[sel], ok[sel] = self.cameras[c].directions(col[sel] + 0.5, row[sel] + 0.5)
+        if len(self.cameras) == 1:
+            local, ok = self.cameras[0].directions(col + 0.5, row + 0.5)
+        else:
+            local = np.empty((len(idx), 3), np.float64)
+            ok = np.ones(len(idx), bool)
+            cam = self.camera_of_view[view]
+            for c in np.unique(cam):
+                sel = np.flatnonzero(cam == c)
+                local[sel], ok[sel] = self.cameras[c].directions(col[sel] + 0.5, row[sel] + 0.5)
         if not ok.all():
             idx, view, local = idx[ok], view[ok], local[ok]
+        return local.astype(np.float32), to_float(self._pixels[idx]), view.astype(np.int32)
+
+    def rays(self, idx) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Rays ``idx`` → world origins, unit directions and colours (``[M, 3]`` float32 each) and views (``[M]``
+        int32), as :meth:`local_rays` keeps them."""
+        local, rgb, view = self.local_rays(idx)
         R = self.poses[view, :3, :3]
-        d = np.einsum("nij,nj->ni", R, local)
+        d = np.einsum("nij,nj->ni", R, local.astype(np.float64))
         d /= np.linalg.norm(d, axis=-1, keepdims=True)
-        o = self.poses[view, :3, 3]
-        return (o.astype(np.float32), d.astype(np.float32), to_float(self._pixels[idx]), view.astype(np.int32))
+        return self.poses[view, :3, 3].astype(np.float32), d.astype(np.float32), rgb, view

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nerf.data.cameras import Camera, colmap_camera
+from nerf.data.cameras import Camera, colmap_camera, param_names
 from nerf.data.rays import look_at
 from nerf.data.synthetic import Box, Sphere, trace
 
@@ -48,12 +48,17 @@ PIXEL_PARAMS = {"SIMPLE_PINHOLE": 3, "PINHOLE": 4, "SIMPLE_RADIAL": 3, "RADIAL":
 BASE_SIZE = (64, 48)
 
 
-def camera_params(k: int, scale: int = 1):
-    """(model, width, height, parameters) of camera ``k`` of :data:`CAMERAS` for images ``scale`` times 64×48."""
+def camera_params(k: int, scale: int = 1, size: tuple | None = None):
+    """(model, width, height, parameters) of camera ``k`` of :data:`CAMERAS` for images ``scale`` times 64×48, or
+    of ``size`` (width, height: the pixel parameters scale by width / 64 and height / 48, a model with one focal
+    length by the width's factor)."""
     model, params = CAMERAS[k]
     n = PIXEL_PARAMS[model]
-    return (model, BASE_SIZE[0] * scale, BASE_SIZE[1] * scale,
-            tuple(p * scale for p in params[:n]) + tuple(params[n:]))
+    W, H = (BASE_SIZE[0] * scale, BASE_SIZE[1] * scale) if size is None else (int(size[0]), int(size[1]))
+    sx, sy = W / BASE_SIZE[0], H / BASE_SIZE[1]
+    names = param_names(model)
+    pixel = tuple(p * (sy if name in ("fy", "cy") else sx) for name, p in zip(names[:n], params[:n]))
+    return (model, W, H, pixel + tuple(params[n:]))
 
 
 def _similarity(angle_axis, scale, translation) -> np.ndarray:
@@ -140,9 +145,10 @@ class Capture:
     points: np.ndarray
     colors: np.ndarray
     scale: int = 1  # the images are scale × 64×48
+    size: tuple | None = None  # or of this (width, height)
 
     def camera(self, k: int) -> Camera:
-        return colmap_camera(*camera_params(k, self.scale))
+        return colmap_camera(*camera_params(k, self.scale, self.size))
 
 
 def camera_poses(n: int) -> np.ndarray:
