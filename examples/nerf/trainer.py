@@ -109,6 +109,33 @@ def spaced_intervals(spacing, t0, t1):
     return s0, tf.maximum(s1, s0)
 
 
+def mark_unseen_cells(grid, dataset):
+    """Marks the occupancy cells no training camera sees as never occupied (``OccupancyGrid.mark_unseen``): each
+    view's pinhole part, widened by the margin its distortion needs (the pinhole projection of its border pixels'
+    rays). Cameras whose border rays look sideways or backwards (wide fisheyes, panoramas) leave every cell seen."""
+    from nerf.data.cameras import Camera
+
+    views = dataset.train
+    H, W = dataset.H, dataset.W
+    cams = views.cameras if views.cameras is not None else [Camera.pinhole(W, H, dataset.focal, dataset.focal,
+                                                                           W / 2, H / 2)] * len(views)
+    margin = 0.0
+    for cam in set(cams):
+        if cam.is_pinhole:
+            continue
+        u = np.concatenate([np.arange(W) + 0.5, np.full(H, 0.5), np.arange(W) + 0.5, np.full(H, W - 0.5)])
+        v = np.concatenate([np.full(W, 0.5), np.arange(H) + 0.5, np.full(W, H - 0.5), np.arange(H) + 0.5])
+        d, ok = cam.directions(u, v)
+        d = d[ok]
+        if len(d) == 0 or np.any(-d[:, 2] < 0.2):  # beyond ~78° off axis: a pinhole frustum does not bound it
+            return None
+        pu = cam.cx + cam.fx * d[:, 0] / -d[:, 2]
+        pv = cam.cy - cam.fy * d[:, 1] / -d[:, 2]
+        margin = max(margin, float(np.max(np.maximum(-pu, pu - W))) / W, float(np.max(np.maximum(-pv, pv - H))) / H)
+    intr = np.array([c.intrinsics for c in cams])
+    return grid.mark_unseen(views.poses, intr, W, H, margin=max(margin, 0.0) + 0.02)
+
+
 class Trainer:
     """The model, its optimisers and training state, and one synchronous training step at a time (:meth:`step`).
 
@@ -126,6 +153,8 @@ class Trainer:
         self.occupancy = args.sampler == "occupancy"
         self._load_rays(dataset)
         self._build_model(model_config(args, dataset))
+        if self.occupancy:
+            mark_unseen_cells(self.model.grid, dataset)
         self._make_state()
         self.grid_log = []  # occupancy sampler: per grid update, its step, seconds and (optionally) a digest
         self.last_rays, self.last_samples = args.batch_rays, args.batch_rays * args.samples
