@@ -33,9 +33,12 @@ from nerf.config import MIN_CONE_ANGLE, TrainConfig
 
 # Occupancy sampler: rays per step stay in [MIN_RAYS, sample_budget // 2], multiples of RAY_GRANULARITY.
 MIN_RAYS, RAY_GRANULARITY = 64, 16
-# A batch reaches the step as one float32 row per ray: direction in its camera's frame, colour, training view (exact
-# up to 2^24); the step turns it into a world ray with the view's pose
-RAY_COLUMNS = 7
+# A batch reaches the step as one float32 row per ray, made on the host: origin, unit direction, colour, for the hash
+# model the view-direction encoding (16 values), then the training view (exact up to 2^24). Everything a ray's
+# samples depend on is computed outside the step function, so the step's result does not depend on which trace runs
+# it (a trace for the first batch's static shape rounds some element-wise arithmetic differently from the general
+# trace, and a resumed run starts with such a trace at another step).
+RAY_COLUMNS, SH_COLUMNS = 10, 16
 
 
 def make_strategy(cfg: TrainConfig):
@@ -173,7 +176,8 @@ class Trainer:
 
         self.pixel_rays = PixelRays(dataset.train, dataset.focal)
         self.n_rays = self.pixel_rays.n
-        self.poses = tf.constant(dataset.train.poses[:, :3, :4], tf.float32)  # [N, 3, 4] camera-to-world
+        self.ray_sh = self.args.model == "hash"
+        self.ray_columns = RAY_COLUMNS + (SH_COLUMNS if self.ray_sh else 0)
         self.appearance_ids = self.args.appearance_dim > 0
 
     def _build_model(self, kw):
@@ -264,7 +268,7 @@ class Trainer:
     def _make_step_functions(self):
         if self.strategy.num_replicas_in_sync == 1:
             # one trace for every batch size (the occupancy sampler's ray count changes from step to step)
-            sig = [tf.TensorSpec([None, RAY_COLUMNS], tf.float32), tf.TensorSpec([], tf.int64),
+            sig = [tf.TensorSpec([None, self.ray_columns], tf.float32), tf.TensorSpec([], tf.int64),
                    tf.TensorSpec([1], tf.float32), tf.TensorSpec([], tf.float32)]
             self._step_fn = tf.function(self._global_step, input_signature=sig, jit_compile=self.jit)
         else:
@@ -371,13 +375,11 @@ class Trainer:
         return self.strategy.experimental_local_results(per)[0]
 
     def batch(self, rows):
-        """Ray rows of the step (see ``RAY_COLUMNS``) -> origins, unit directions, colours, view-direction SH (None:
-        the model computes it), training-image indices (int32; None without an appearance embedding)."""
-        view = tf.cast(rows[:, 6], tf.int32)
-        pose = tf.gather(self.poses, view)  # [M, 3, 4]
-        d = tf.linalg.matvec(pose[:, :, :3], rows[:, 0:3])
-        d = d * tf.math.rsqrt(tf.reduce_sum(tf.square(d), axis=1, keepdims=True))
-        return pose[:, :, 3], d, rows[:, 3:6], None, (view if self.appearance_ids else None)
+        """Ray rows of the step (:meth:`ray_rows`) -> origins, unit directions, colours, view-direction SH (None for
+        the MLP model), training-image indices (int32; None without an appearance embedding)."""
+        sh = rows[:, 9:9 + SH_COLUMNS] if self.ray_sh else None
+        ids = tf.cast(rows[:, -1], tf.int32) if self.appearance_ids else None
+        return rows[:, 0:3], rows[:, 3:6], rows[:, 6:9], sh, ids
 
     # ---- the step (eager) -----------------------------------------------------------------------------------
     def step(self, step_no, ctrl=0.0):
@@ -407,10 +409,13 @@ class Trainer:
         return [x.numpy() for x in g]
 
     def ray_rows(self, idx):
-        """Global ray (pixel) indices -> ``[M, RAY_COLUMNS]`` float32 rows of those with a ray and not masked out,
-        ``M`` cut to a multiple of the replica count (equal shards)."""
-        local, rgb, view = self.pixel_rays.local_rays(idx)
-        rows = np.concatenate([local, rgb, view[:, None].astype(np.float32)], axis=1)
+        """Global ray (pixel) indices -> ``[M, ray_columns]`` float32 rows (see ``RAY_COLUMNS``) of those with a ray
+        and not masked out, ``M`` cut to a multiple of the replica count (equal shards)."""
+        o, d, rgb, view = self.pixel_rays.rays(idx)
+        cols = [o, d, rgb]
+        if self.ray_sh:  # eagerly, outside the step function
+            cols.append(models.sh_encoding_deg4(tf.constant(d)).numpy())
+        rows = np.concatenate(cols + [view[:, None].astype(np.float32)], axis=1)
         n_rep = self.strategy.num_replicas_in_sync
         return rows[:len(rows) // n_rep * n_rep]
 
