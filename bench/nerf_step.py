@@ -36,7 +36,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from bench_util import cpu_model, median_ms  # noqa: E402
-from nerf import fused_adam  # noqa: E402
+from nerf import fused_adam, models  # noqa: E402
 
 
 def make_trainer(train, run_dir, sampler, budget, extra=()):
@@ -73,7 +73,8 @@ def breakdown(tr, rays, repeats):
     import tf_metal_ops
 
     model = tr.model
-    o, d, _, view_sh, _ = tr.batch(tf.constant(np.asarray(rays, np.int64)))
+    o, d, _, _, _ = tr.batch(tf.constant(tr.ray_rows(np.asarray(rays, np.int64))))
+    view_sh = models.sh_encoding_deg4(d)
     seed = step_seed(tr)  # every piece and the whole step see the same samples
     occ = model.cfg["sampler"] == "occupancy"
     bg = tf.constant(model.cfg["background"])
@@ -163,7 +164,7 @@ def breakdown(tr, rays, repeats):
     if occ:
         step_no = tf.constant(10 ** 6, tf.int64)  # after warm-up: G^3/4 random + G^3/4 occupied cells
         ms["grid"] = median_ms(lambda: tr._grid_fn(step_no), max(3, repeats // 2))[0] / tr.args.grid_every
-    idx = tf.constant(np.asarray(rays, np.int64))
+    idx = tf.constant(tr.ray_rows(np.asarray(rays, np.int64)))
     ctrl = tf.constant([0.0])
 
     n_rays = tf.constant(float(len(rays)), tf.float32)
@@ -221,7 +222,7 @@ def main(argv=None):
     # rays for the budget: the prefix of a permutation whose samples (with the step's jitter seed) come closest to
     # it. A ray's samples depend only on the ray and its index, so one march of a long prefix gives every count.
     perm = rng.permutation(tr_o.n_rays)[:min(tr_o.n_rays, args.budget)]
-    o, d = tf.gather(tr_o.rays_o, perm), tf.gather(tr_o.rays_d, perm)
+    o, d = tr_o.batch(tf.constant(tr_o.ray_rows(perm)))[:2]
     m = tr_o.model.march(o, d, True, step_seed(tr_o))
     if early > 0:
         m = tr_o.model._prune(o, d, m)

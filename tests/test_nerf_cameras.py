@@ -1,78 +1,124 @@
-"""Camera models of the NeRF example's capture loaders (examples/nerf/data/cameras.py): the per-pixel inversion of
-the OpenCV distortion against the forward model in NumPy and against pycolmap's own unprojection."""
+"""Camera models of the NeRF example's capture loaders (examples/nerf/data/cameras.py): every COLMAP camera model's
+pixel directions against pycolmap's projection, the OpenCV model against its formula in NumPy float64, and the
+pixels without a ray masked instead of refused."""
 
 import numpy as np
 import pycolmap
 import pytest
 
-from nerf.data.cameras import (COLMAP_MODELS, Camera, CameraModelError, camera_directions, colmap_camera, distort,
-                               undistort)
+from nerf.data.cameras import (Camera, CameraModelError, camera_directions, colmap_camera, model_names,
+                               param_names, valid_fraction)
 from nerf.data.unbounded_scene import CAMERAS
 
 pytestmark = pytest.mark.nerf  # the NeRF example's tests: `pytest tests -m nerf` (README)
 
-# (k1, k2, k3, p1, p2): the test capture's models and stronger ones (a wide-angle lens, tangential skew)
-DISTORTIONS = [(-0.08, 0, 0, 0, 0), (-0.12, 0.03, 0, 0, 0), (-0.1, 0.02, 0, 0.003, -0.002),
-               (-0.3, 0.1, -0.01, 0.001, 0.001), (0.15, -0.05, 0.01, -0.004, 0.002)]
+W, H = 64, 48
+# parameters of every COLMAP model for a 64×48 image (pixels: focal lengths, principal point; the rest unitless)
+PARAMS = {
+    "SIMPLE_PINHOLE": (50.0, 32.0, 24.0),
+    "PINHOLE": (52.0, 49.0, 31.5, 24.5),
+    "SIMPLE_RADIAL": (48.0, 32.5, 23.5, -0.08),
+    "RADIAL": (51.0, 31.0, 24.0, -0.12, 0.03),
+    "OPENCV": (50.0, 52.0, 32.5, 24.5, -0.1, 0.02, 0.003, -0.002),
+    "OPENCV_FISHEYE": (34.0, 34.0, 32.0, 24.0, 0.05, -0.01, 0.002, -0.001),
+    "FULL_OPENCV": (50.0, 51.0, 32.0, 24.0, -0.1, 0.02, 0.001, -0.001, 0.005, 0.01, 0.0, 0.0),
+    "FOV": (40.0, 40.0, 32.0, 24.0, 0.8),
+    "SIMPLE_RADIAL_FISHEYE": (34.0, 32.0, 24.0, 0.03),
+    "RADIAL_FISHEYE": (34.0, 32.0, 24.0, 0.03, -0.005),
+    "THIN_PRISM_FISHEYE": (34.0, 35.0, 32.0, 24.0, 0.03, -0.005, 0.001, 0.001, 0.0, 0.0, 0.0005, 0.0005),
+    "RAD_TAN_THIN_PRISM_FISHEYE": (34.0, 35.0, 32.0, 24.0, 0.03, -0.005, 0.0, 0.0, 0.0, 0.0, 0.001, 0.001, 0.0,
+                                   0.0, 0.0005, 0.0005),
+    "SIMPLE_DIVISION": (50.0, 32.0, 24.0, -0.05),
+    "DIVISION": (50.0, 51.0, 32.0, 24.0, -0.05),
+    "SIMPLE_FISHEYE": (34.0, 32.0, 24.0),
+    "FISHEYE": (34.0, 35.0, 32.0, 24.0),
+    "EUCM": (40.0, 40.0, 32.0, 24.0, 0.5, 1.0),
+    "EQUIRECTANGULAR": (64.0, 48.0),
+}
 
 
-@pytest.mark.parametrize("dist", DISTORTIONS)
-def test_undistort_inverts_the_forward_model(dist):
-    rng = np.random.default_rng(0)
-    x, y = rng.uniform(-0.7, 0.7, (2, 5000))  # normalised coordinates of a ~70° field of view
-    xd, yd = distort(x, y, dist)
-    assert np.max(np.hypot(xd - x, yd - y)) > 1e-3  # the distortion does move the points
-    ux, uy, residual = undistort(xd, yd, dist)
-    np.testing.assert_allclose(ux, x, atol=1e-10)
-    np.testing.assert_allclose(uy, y, atol=1e-10)
-    assert residual < 1e-12
-    # and the other way round: distorting the undistorted pixel grid gives the grid back
-    gx, gy = np.meshgrid(np.linspace(-0.6, 0.6, 41), np.linspace(-0.45, 0.45, 31))
-    ux, uy, _ = undistort(gx, gy, dist)
-    dx, dy = distort(ux, uy, dist)
-    np.testing.assert_allclose(dx, gx, atol=1e-10)
-    np.testing.assert_allclose(dy, gy, atol=1e-10)
+def test_every_model_of_pycolmap_is_covered():
+    assert set(PARAMS) == set(model_names())
+    for name, params in PARAMS.items():
+        assert len(params) == len(param_names(name)), name
 
 
-def test_jacobian_of_newton_matches_finite_differences():
-    from nerf.data.cameras import _jacobian
+@pytest.mark.parametrize("model", sorted(PARAMS))
+def test_pixel_directions_project_back_through_pycolmap(model):
+    """Each COLMAP model: every pixel centre's direction is a unit vector that pycolmap's forward projection of the
+    model puts back on the pixel centre (1e-6 px)."""
+    cam = colmap_camera(model, W, H, PARAMS[model])
+    d = camera_directions(cam).reshape(-1, 3)
+    assert np.all(np.isfinite(d)), f"{model}: {np.mean(~np.isfinite(d[:, 0])):.2%} pixels without a ray"
+    np.testing.assert_allclose(np.linalg.norm(d, axis=-1), 1.0, atol=1e-12)
+    u, v = np.meshgrid(np.arange(W) + 0.5, np.arange(H) + 0.5, indexing="xy")
+    ref = pycolmap.Camera(model=model, width=W, height=H, params=list(PARAMS[model]))
+    cv = d * np.array([1.0, -1.0, -1.0])  # OpenGL → OpenCV camera axes
+    back = ref.img_from_cam(cv)
+    np.testing.assert_allclose(back, np.stack([u.ravel(), v.ravel()], -1), atol=1e-6)
 
-    rng = np.random.default_rng(1)
-    x, y = rng.uniform(-0.6, 0.6, (2, 100))
-    for dist in DISTORTIONS:
-        h = 1e-6
-        num = [(np.array(distort(x + h, y, dist)) - np.array(distort(x - h, y, dist))) / (2 * h),
-               (np.array(distort(x, y + h, dist)) - np.array(distort(x, y - h, dist))) / (2 * h)]
-        a, b, c, d = _jacobian(x, y, dist)
-        np.testing.assert_allclose(np.stack([a, c]), num[0], atol=1e-6)
-        np.testing.assert_allclose(np.stack([b, d]), num[1], atol=1e-6)
+
+def test_opencv_directions_against_the_formula_in_numpy():
+    """OPENCV: the direction's normalised coordinates, distorted by the model's formula in float64, land on the
+    pixel centre (a check that does not go through pycolmap)."""
+    fx, fy, cx, cy, k1, k2, p1, p2 = PARAMS["OPENCV"]
+    d = camera_directions(colmap_camera("OPENCV", W, H, PARAMS["OPENCV"])).reshape(-1, 3)
+    x, y = d[:, 0] / -d[:, 2], -d[:, 1] / -d[:, 2]
+    r2 = x * x + y * y
+    radial = k1 * r2 + k2 * r2 * r2
+    xd = x + x * radial + 2 * p1 * x * y + p2 * (r2 + 2 * x * x)
+    yd = y + y * radial + p1 * (r2 + 2 * y * y) + 2 * p2 * x * y
+    u, v = np.meshgrid(np.arange(W) + 0.5, np.arange(H) + 0.5, indexing="xy")
+    np.testing.assert_allclose(fx * xd + cx, u.ravel(), atol=1e-7)
+    np.testing.assert_allclose(fy * yd + cy, v.ravel(), atol=1e-7)
 
 
-@pytest.mark.parametrize("model, params", CAMERAS + (("OPENCV", (40.0, 41.0, 30.0, 25.0, -0.3, 0.1, 0.001, 0.001)),))
-def test_pixel_directions_match_pycolmap(model, params):
-    """Each COLMAP model: the directions through the pixel centres are pycolmap's unprojection of those pixels."""
-    cam = colmap_camera(model, 64, 48, params)
+def test_equirectangular_looks_backwards_and_a_too_wide_fisheye_is_masked():
+    """A 360° panorama: the rays of the left and right edges point behind the camera (+z in the OpenGL frame). A
+    fisheye whose corners lie beyond the angle pycolmap's model inverts: those pixels have no ray, and every pixel
+    with one projects back onto itself."""
+    d = camera_directions(colmap_camera("EQUIRECTANGULAR", 64, 32, (64.0, 32.0)))
+    assert np.all(np.isfinite(d)) and d[16, 0, 2] > 0.99 and d[16, 32, 2] < -0.99
+    cam = colmap_camera("OPENCV_FISHEYE", 100, 100, (16.0, 16.0, 50.0, 50.0, 0, 0, 0, 0))
+    d = camera_directions(cam).reshape(-1, 3)
+    ok = np.isfinite(d[:, 0])
+    assert 0.05 < ok.mean() < 0.95 and ok[50 * 100 + 50]
+    u, v = np.meshgrid(np.arange(100) + 0.5, np.arange(100) + 0.5, indexing="xy")
+    back = cam.colmap.img_from_cam(d[ok] * np.array([1.0, -1.0, -1.0]))
+    np.testing.assert_allclose(back, np.stack([u.ravel(), v.ravel()], -1)[ok], atol=1e-2)
+
+
+def test_pixels_without_an_inverse_are_masked_not_refused():
+    """Strong barrel distortion: the radial map folds over near the corners; those pixels have no ray (NaN) and
+    the centre keeps its rays."""
+    cam = colmap_camera("SIMPLE_RADIAL", W, H, (20.0, 32.0, 24.0, -0.9))
     d = camera_directions(cam)
-    ref = pycolmap.Camera(model=model, width=64, height=48, params=list(params))
-    u, v = np.meshgrid(np.arange(64) + 0.5, np.arange(48) + 0.5, indexing="xy")
-    xy = ref.cam_from_img(np.stack([u.ravel(), v.ravel()], -1))
-    want = np.concatenate([xy[:, :1], -xy[:, 1:], -np.ones((len(xy), 1))], -1)  # OpenCV → OpenGL axes
-    want /= np.linalg.norm(want, axis=-1, keepdims=True)
-    np.testing.assert_allclose(d.reshape(-1, 3), want, atol=1e-7)
-    # the principal point's pixel looks (almost) straight ahead; a pinhole's corners are where fx, fy put them
-    if model in ("PINHOLE", "SIMPLE_PINHOLE"):
-        np.testing.assert_allclose(d[0, 0, 0] / -d[0, 0, 2], (0.5 - cam.cx) / cam.fx, rtol=1e-12)
-        np.testing.assert_allclose(d[0, 0, 1] / -d[0, 0, 2], -(0.5 - cam.cy) / cam.fy, rtol=1e-12)
+    ok = np.all(np.isfinite(d), -1)
+    assert ok[24, 32] and not ok[0, 0] and 0 < ok.mean() < 1
+    assert 0 < valid_fraction(cam) < 1
+    dirs, valid = cam.directions(np.array([0.5, 32.0]), np.array([0.5, 24.0]))
+    assert valid.tolist() == [False, True] and np.isnan(dirs[0]).all()
+
+
+def test_scaled_camera_is_the_downscaled_image_camera():
+    cam = colmap_camera("OPENCV", W, H, PARAMS["OPENCV"])
+    half = cam.scaled(0.5, W // 2, H // 2)
+    assert half.params[:4] == tuple(p * 0.5 for p in PARAMS["OPENCV"][:4])
+    assert half.params[4:] == PARAMS["OPENCV"][4:]
+    # the half-size pixel (i, j) averages full pixels (2i, 2j) .. (2i+1, 2j+1): its centre is their shared corner
+    d_half, _ = half.directions(np.array([3.5]), np.array([2.5]))
+    d_full, _ = cam.directions(np.array([7.0]), np.array([5.0]))
+    np.testing.assert_allclose(d_half, d_full, atol=1e-12)
 
 
 def test_camera_model_errors():
-    with pytest.raises(CameraModelError, match=r"unknown camera model 'OPENCV_FISHEYE'"):
-        colmap_camera("OPENCV_FISHEYE", 64, 48, [50, 50, 32, 24, 0, 0, 0, 0])
+    with pytest.raises(CameraModelError, match=r"unknown camera model 'NOT_A_MODEL'"):
+        colmap_camera("NOT_A_MODEL", W, H, [50, 50, 32, 24])
     with pytest.raises(CameraModelError, match=r"RADIAL takes 5 parameters .*got 4"):
-        colmap_camera("RADIAL", 64, 48, [50, 32, 24, 0.1])
+        colmap_camera("RADIAL", W, H, [50, 32, 24, 0.1])
     with pytest.raises(CameraModelError, match=r"must be positive"):
-        colmap_camera("PINHOLE", 64, 48, [50, -1, 32, 24])
-    # a distortion whose inverse does not exist over the image (the radial map folds over)
-    with pytest.raises(CameraModelError, match=r"cannot be inverted"):
-        camera_directions(Camera(64, 48, 20.0, 20.0, 32.0, 24.0, (-0.9, 0.0, 0.0, 0.0, 0.0)))
-    assert set(n for n, _ in COLMAP_MODELS.values()) == {m for m, _ in CAMERAS}  # the capture uses every model
+        colmap_camera("PINHOLE", W, H, [50, -1, 32, 24])
+    with pytest.raises(CameraModelError, match=r"must be finite"):
+        colmap_camera("PINHOLE", W, H, [50, float("nan"), 32, 24])
+    assert {m for m, _ in CAMERAS} <= set(PARAMS)
+    assert Camera.pinhole(W, H, 50, 50, 32, 24) == colmap_camera("PINHOLE", W, H, (50, 50, 32, 24))

@@ -199,3 +199,38 @@ def test_resume_restores_grid_and_ray_stream(tmp_path):
     assert saved["rays_per_step"][3:] == full["rays_per_step"][3:] and len(saved["rays_per_step"]) == 6
     assert len(set(full["rays_per_step"])) > 1
     np.testing.assert_allclose(resumed["train_losses"][3:], full["train_losses"][3:], rtol=1e-5)
+
+
+def test_unseen_cells_never_occupied_and_each_cascade_has_its_threshold():
+    """mark_unseen: one camera at z = 0.5 looking down -z with a 90° field of view: the cells behind it and outside
+    its frustum are unseen (checked against the projection of each cell's corners in NumPy float64), and stay empty
+    whatever density the update samples there; the threshold of each cascade is its own visible cells' mean."""
+    import tf_metal_ops
+
+    g = 16
+    grid = tf_metal_ops.OccupancyGrid(resolution=g, cascades=2, warmup_steps=0, threshold=10.0)
+    c2w = np.eye(4)
+    c2w[2, 3] = 0.5
+    seen = grid.mark_unseen(c2w[None], [[4.0, 4.0, 4.0, 4.0]], 8, 8)
+    for c in range(2):
+        lo, hi = grid.cascade_aabb(c).astype(np.float64)
+        size = (hi - lo) / g
+        idx = np.arange(g ** 3)
+        ijk = np.stack([idx % g, idx // g % g, idx // (g * g)], 1)
+        want = np.zeros(g ** 3, bool)
+        for corner in np.stack(np.meshgrid([0, 1], [0, 1], [0, 1]), -1).reshape(-1, 3):
+            p = lo + (ijk + corner) * size
+            depth = 0.5 - p[:, 2]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                inside = (np.abs(p[:, 0] / depth) <= 1 + 1e-6) & (np.abs(p[:, 1] / depth) <= 1 + 1e-6)
+            want |= (depth > 1e-6) & inside
+        near = np.all(np.abs(lo + (ijk + 0.5) * size - [0, 0, 0.5]) < (4 + 1) * size, axis=1)  # the camera's cells
+        assert np.array_equal(seen[c] & ~near, want & ~near), c
+        assert 0.2 < seen[c].mean() < 0.9
+    # a density of 1 in the inner cascade and 100 in the outer one: a global mean would leave the inner one empty
+    grid.update(lambda x: tf.where(tf.reduce_max(tf.abs(x), -1) <= 1.0, 1.0, 100.0) *
+                (1.0 + 0.01 * x[:, 0]), seed=1)
+    occ = grid.occupied().numpy()
+    assert not np.any(occ & ~seen)
+    assert 0.3 < occ[0][seen[0]].mean() < 0.7  # the inner cascade's cells above its own mean (~1)
+    assert occ[1].any()

@@ -108,6 +108,25 @@ def _cases(tf, tfmo):
     def inline_ref(x):
         return [tf.exp(x), 2 * tf.exp(x) ** 2]
 
+    # the occupancy sampler: rays through a random grid (one box; three cascades with cone stepping), no jitter
+    class Grid:  # what ray_march reads of an OccupancyGrid, with the bits as the case's input
+        def __init__(self, bits, resolution, cascades):
+            self.bits, self.resolution, self.cascades = bits, resolution, cascades
+            self.aabb = np.float32([[-1, -1, -1], [1, 1, 1]])
+
+    g = 16
+    bits1 = np.packbits(rng.random(g**3) < 0.3, bitorder="little")
+    bits3 = np.stack([np.packbits(rng.random(g**3) < f, bitorder="little") for f in (0.3, 0.2, 0.1)])
+    m_o = rng.uniform(-0.5, 0.5, (512, 3)).astype(np.float32)
+    m_d = rng.normal(size=(512, 3)).astype(np.float32)
+    m_d /= np.linalg.norm(m_d, axis=1, keepdims=True)
+
+    def march(op, cascades, **kw):
+        def fn(o, d, bits):
+            m = op(o, d, Grid(bits, g, cascades), near=0.05, jitter=False, max_samples=256, **kw)
+            return [m.t_starts, m.t_ends, m.ray_indices, m.row_splits]
+        return fn
+
     return {
         "ZeroOut": ([np.arange(1, 4097, dtype=np.float32)], lambda x: [tfmo.zero_out(x)], zero_out_ref, 0, 0),
         INLINE_CASE: ([rng.uniform(-2, 2, 1000).astype(np.float32)], inline, inline_ref, 1e-5, 1e-6),
@@ -120,6 +139,11 @@ def _cases(tf, tfmo):
         "VolumeRenderPacked (+ gradient)": ([p_sigma, p_rgb, edges[0::2], edges[1::2], rs, bg],
                                             render_packed(tfmo.volume_render_packed),
                                             render_packed(tfmo.volume_render_packed_tf), 1e-4, 1e-5),
+        "RayMarch (occupancy grid)": ([m_o, m_d, bits1], march(tfmo.ray_march, 1, step_size=0.01),
+                                      march(tfmo.ray_march_tf, 1, step_size=0.01), 1e-5, 1e-6),
+        "RayMarch (3 cascades, cone)": ([m_o, m_d, bits3],
+                                        march(tfmo.ray_march, 3, step_size=0.01, cone_angle=1 / 64),
+                                        march(tfmo.ray_march_tf, 3, step_size=0.01, cone_angle=1 / 64), 1e-5, 1e-6),
         "DistortionLossPacked (+ gradient)": ([p_w, edges[0::2], edges[1::2], rs],
                                               distortion_packed(tfmo.distortion_loss_packed),
                                               distortion_packed(tfmo.distortion_loss_packed_tf), 1e-4, 1e-5),

@@ -86,6 +86,8 @@ class OccupancyGrid(tf.Module):
             self.density = tf.Variable(tf.zeros(self._shape(), tf.float32), trainable=False, name="density")
             self.bits = tf.Variable(self._pack(tf.ones([n], tf.bool)), trainable=False, name="bits")
             self.step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="step")
+            # cells some camera sees (mark_unseen); the others never count as occupied
+            self.visible = tf.Variable(tf.ones(self._shape(), tf.bool), trainable=False, name="visible")
             self._rng = tf.random.Generator.from_seed(0x0CC0)
 
     @property
@@ -124,6 +126,70 @@ class OccupancyGrid(tf.Module):
             return pack_bits(occupied_flat)
         per = tf.reshape(occupied_flat, [self._cascades, -1])
         return tf.stack([pack_bits(per[c]) for c in range(self._cascades)])
+
+    def mark_unseen(self, c2w, intrinsics, width, height, margin=0.0):
+        """Marks the cells no camera sees as never occupied (Instant-NGP's untrained cells), from now on.
+
+        A cell is seen when one of its corners projects into a camera's image (widened by ``margin`` times its
+        size on every side) in front of the camera, or when it lies within two cell diagonals of a camera centre
+        (a cell that fills the whole view). Cameras: camera-to-world ``c2w`` [N, 4, 4] (or [N, 3, 4]) looking down
+        their -z axis, +y up (the NeRF / OpenGL convention), pinhole ``intrinsics`` [N, 4] (fx, fy, cx, cy) in pixels
+        of a ``width`` x ``height`` image (a distorted camera: its pinhole part and a margin). Sets and returns
+        ``visible`` as a NumPy bool array of the density's shape.
+
+        Example:
+          >>> import numpy as np, tf_metal_ops
+          >>> grid = tf_metal_ops.OccupancyGrid(resolution=32, warmup_steps=0, cascades=2)
+          >>> c2w = np.eye(4); c2w[2, 3] = 0.5  # at z = 0.5 looking down -z, a 90-degree field of view
+          >>> seen = grid.mark_unseen(c2w[None], [[4.0, 4.0, 4.0, 4.0]], 8, 8)
+          >>> bool(0.0 < seen.mean() < 1.0), bool(seen[0, 0]), bool(seen[1, -1])  # the far corner is behind it
+          (True, True, False)
+        """
+        fn = "OccupancyGrid.mark_unseen"
+        c2w = np.asarray(c2w, np.float64)
+        K = np.asarray(intrinsics, np.float64)
+        if c2w.ndim != 3 or c2w.shape[1:] not in ((4, 4), (3, 4)) or K.shape != (len(c2w), 4):
+            raise ValueError(f"{fn}: c2w must be [N, 4, 4] and intrinsics [N, 4], got {list(c2w.shape)} and "
+                             f"{list(K.shape)}")
+        if not (np.all(np.isfinite(c2w)) and np.all(np.isfinite(K)) and np.all(K[:, :2] > 0)):
+            raise ValueError(f"{fn}: cameras must be finite with positive focal lengths")
+        w, h = _check_int(fn, "width", width, 1), _check_int(fn, "height", height, 1)
+        m = _check_real(fn, "margin", margin, 0.0, strict=False)
+        g = self._resolution
+        seen = []
+        reach = 4  # cells: two cell diagonals (2 sqrt(3) < 4) around a camera centre
+        for c in range(self._cascades):
+            lo, hi = (np.float64(v) for v in self.cascade_aabb(c))
+            ax = [np.linspace(lo[i], hi[i], g + 1, dtype=np.float32) for i in range(3)]
+            z, y, x = np.meshgrid(ax[2], ax[1], ax[0], indexing="ij")
+            corners = np.stack([x.ravel(), y.ravel(), z.ravel()], -1)  # x fastest, as the cells
+            hit = np.zeros(len(corners), bool)
+            cell = (hi - lo) / g
+            cells = np.zeros((g, g, g), bool)  # [z, y, x]
+            for p, (fx, fy, cx, cy) in zip(c2w, K):
+                R, t = p[:3, :3].astype(np.float32), p[:3, 3]
+                q = (corners - t.astype(np.float32)) @ R  # camera frame: x right, y up, looking down -z
+                depth = -q[:, 2]
+                front = depth > 1e-6
+                inv = np.float32(1.0) / np.where(front, depth, np.float32(1.0))
+                u = np.float32(cx) + np.float32(fx) * q[:, 0] * inv
+                v = np.float32(cy) - np.float32(fy) * q[:, 1] * inv
+                hit |= front & (u >= -m * w) & (u <= w * (1 + m)) & (v >= -m * h) & (v <= h * (1 + m))
+                i = np.floor((t - lo) / cell).astype(np.int64)
+                a, b = np.clip(i - reach, 0, g), np.clip(i + reach + 1, 0, g)
+                cells[a[2]:b[2], a[1]:b[1], a[0]:b[0]] = True
+            hit = hit.reshape(g + 1, g + 1, g + 1)
+            for dz in (0, 1):
+                for dy in (0, 1):
+                    for dx in (0, 1):
+                        cells |= hit[dz:dz + g, dy:dy + g, dx:dx + g]
+            seen.append(cells.ravel())
+        seen = np.stack(seen) if self._cascades > 1 else seen[0]
+        with tf.device("/CPU:0"):
+            self.visible.assign(seen)
+            occupied = tf.logical_and(tf.reshape(self.occupied(), [-1]), tf.reshape(seen, [-1]))
+            self.bits.assign(self._pack(occupied))
+        return seen
 
     def _cell_points(self, idx, u):
         """Jittered points (u in [0, 1)^3) of cells idx in [0, K * G^3) (cascade idx // G^3)."""
@@ -182,7 +248,9 @@ class OccupancyGrid(tf.Module):
         each sampled at a point of its own box), evaluates
         ``density_fn(points [M, 3] float32) -> [M] or [M, 1]`` at a uniformly jittered point of each, sets
         density = max(density * decay, sampled) (negative samples count as 0; unsampled cells only decay), then
-        bits = density > min(mean(density), threshold) (the mean over all cascades), or all ones during warm-up.
+        bits = visible and density > min(mean(density), threshold), the mean over the visible cells of the cell's own
+        cascade (a distant cascade's statistics are its own), or bits = visible during warm-up (:meth:`mark_unseen`
+        sets ``visible``; all cells by default).
         Sets ``step`` to step + 1.
 
         Args:
@@ -229,8 +297,11 @@ class OccupancyGrid(tf.Module):
             fresh = tf.maximum(tf.math.unsorted_segment_max(tf.maximum(sampled, 0.0), idx, n), 0.0)
             density = tf.maximum(tf.reshape(self.density, [-1]) * self._decay, fresh)
             self.density.assign(tf.reshape(density, self._shape()))
-            thr = tf.minimum(tf.reduce_mean(density), self._threshold)
-            occupied = tf.logical_or(warm, density > thr)
+            vis = tf.reshape(self.visible, [self._cascades, -1])
+            per = tf.reshape(density, [self._cascades, -1]) * tf.cast(vis, tf.float32)
+            mean = tf.reduce_sum(per, 1) / tf.maximum(tf.reduce_sum(tf.cast(vis, tf.float32), 1), 1.0)
+            thr = tf.reshape(tf.minimum(mean, self._threshold)[:, None] + tf.zeros_like(per), [-1])
+            occupied = tf.logical_and(tf.logical_or(warm, density > thr), tf.reshape(vis, [-1]))
             self.bits.assign(self._pack(occupied))
             self.step.assign(step_t + 1)
             return tf.reduce_mean(tf.cast(occupied, tf.float32))

@@ -132,10 +132,15 @@ class Checkpoints:
         models.save_model(model, model_dir, world_to_scene=ds.world_to_scene)
         reloaded = models.load_model(model_dir)
         novel = spherical_pose(float(np.linalg.norm(ds.test.poses[0][:3, 3])), 0.123, math.radians(42.0))
-        rgb_a, _, _ = models.render_image(model, ds.H, ds.W, ds.focal, novel)
-        rgb_b, _, _ = models.render_image(reloaded, ds.H, ds.W, ds.focal, novel)
+        f = 1.0 if self.cfg.final_views != 0 else min(1.0, NOVEL_THUMBNAIL / max(ds.H, ds.W))
+        H, W = max(1, round(ds.H * f)), max(1, round(ds.W * f))
+        rgb_a, _, _ = models.render_image(model, H, W, ds.focal * f, novel)
+        rgb_b, _, _ = models.render_image(reloaded, H, W, ds.focal * f, novel)
         iio.imwrite(os.path.join(out, "renders", "novel_view.png"), (rgb_b * 255).round().astype(np.uint8))
         return float(np.max(np.abs(rgb_a - rgb_b)))
+
+
+NOVEL_THUMBNAIL = 64  # --final-views 0: the novel view's longer side (pixels)
 
 
 def _savez_atomic(path, *arrays, **named):

@@ -197,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     # evaluation
     p.add_argument("--eval-every", type=float, default=None, help="seconds of training between evaluations")
     p.add_argument("--eval-views", type=int, default=4, help="test views used by the periodic evaluations")
-    p.add_argument("--final-views", type=int, default=None, help="test views of the final evaluation (default all)")
+    p.add_argument("--final-views", type=int, default=None,
+                   help="test views of the final evaluation (default all; 0: none, and the novel-view check renders "
+                        "a thumbnail)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs one line per evaluation)")
     return p
 
@@ -220,7 +222,7 @@ def _fill_defaults(args):
         if args.minutes is None and args.epochs is None and args.steps is None:
             args.minutes = 2.5
         args.eval_views = min(args.eval_views, 2)
-        args.final_views = args.final_views or 8
+        args.final_views = 8 if args.final_views is None else args.final_views
     if args.minutes is None and args.epochs is None and args.steps is None:
         args.minutes = 10.0
     if args.samples is None:

@@ -25,6 +25,10 @@ def psnr(mse):
     return -10.0 * math.log10(max(float(mse), 1e-10))
 
 
+def _db(value):
+    return "n/a (--final-views 0)" if value is None else f"{value:.2f} dB"
+
+
 def side_by_side(gt, pred):
     gap = np.ones((gt.shape[0], 2, 3), np.float32)
     return (np.clip(np.concatenate([gt, gap, pred], axis=1), 0, 1) * 255).round().astype(np.uint8)
@@ -41,14 +45,17 @@ def write_json_atomic(path, obj):
 
 
 def render_test_views(model, ds, n_views):
-    """The first ``n_views`` test views (None: all) rendered by ``model`` -> (mean PSNR, renders)."""
+    """The first ``n_views`` test views (None: all) rendered by ``model`` -> (mean PSNR over each view's valid
+    pixels: with a ray and not masked out, see ``Dataset.valid_pixels``, renders)."""
     test = ds.test
     n = len(test) if n_views is None else min(n_views, len(test))
     preds, psnrs = [], []
     for k in range(n):
         rgb, _, _ = render_rays(model, *ds.rays("test", k))
         preds.append(rgb)
-        psnrs.append(psnr(np.mean((rgb - test.images[k]) ** 2)))
+        err = (rgb - test.image(k)) ** 2
+        valid = ds.valid_pixels("test", k)
+        psnrs.append(psnr(np.mean(err if valid is None else err[valid])))
     return float(np.mean(psnrs)), preds
 
 
@@ -162,7 +169,7 @@ class RunMetrics:
         renders = os.path.join(self.cfg.out, "renders")
         n_views = self.cfg.final_views if final else self.cfg.eval_views
         t = time.perf_counter()
-        test_psnr, preds = render_test_views(tr.model, ds, n_views)
+        test_psnr, preds = render_test_views(tr.model, ds, n_views) if n_views != 0 else (None, [])
         eval_s = time.perf_counter() - t
         tl = h.recent_loss()
         since = max(steps_since, 1)
@@ -178,12 +185,13 @@ class RunMetrics:
             rec["occupied_per_cascade"] = [round(float(v), 5) for v in
                                            tr.model.grid.occupied_fraction(per_cascade=True).numpy()]
         self.doc["evals"].append(rec)
-        iio.imwrite(os.path.join(renders, f"step_{step:06d}.png"), side_by_side(ds.test.images[0], preds[0]))
+        if preds:
+            iio.imwrite(os.path.join(renders, f"step_{step:06d}.png"), side_by_side(ds.test.image(0), preds[0]))
         if final:
             for k, pr in enumerate(preds):
-                iio.imwrite(os.path.join(renders, f"test_{k:03d}.png"), side_by_side(ds.test.images[k], pr))
+                iio.imwrite(os.path.join(renders, f"test_{k:03d}.png"), side_by_side(ds.test.image(k), pr))
         msg = (f"step {step} epoch {rec['epoch']:.2f} train {train_s:.0f}s: loss {tl:.5f} (train PSNR "
-               f"{rec['train_psnr']:.2f}) test PSNR {test_psnr:.2f} dB on {len(preds)} views; "
+               f"{rec['train_psnr']:.2f}) test PSNR {_db(test_psnr)} on {len(preds)} views; "
                f"{rec['samples_per_ray']:.1f} samples/ray, {rec['rays_per_step']:.0f} rays/step"
                + (f", occupied {100 * rec['occupied_fraction']:.1f} %" if tr.occupancy else ""))
         return rec, msg
@@ -207,7 +215,7 @@ class RunMetrics:
                                      samples_per_ray_last_100=float(np.mean(h.spr[-100:])))
         write_json_atomic(self.path, self.doc)
         fm = self.doc["final"]
-        return (f"done: test PSNR {fm['test_psnr']:.2f} dB ({fm['eval_views']} views) after {fm['steps']} steps = "
+        return (f"done: test PSNR {_db(fm['test_psnr'])} ({fm['eval_views']} views) after {fm['steps']} steps = "
                 f"{fm['epochs']:.2f} epochs in {train_s:.0f} s of training ({fm['seconds_per_epoch']:.1f} s/epoch, "
                 f"{1000 * fm['seconds_per_step']:.0f} ms/step); total {fm['total_seconds']:.0f} s; reloaded model "
                 f"renders the novel view within {reload_diff:.1e}; outputs in {self.cfg.out}")
@@ -224,7 +232,7 @@ def plot_psnr(doc, cfg: TrainConfig, ds_name, occupancy, path):
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6, 6), sharex=True, gridspec_kw=dict(height_ratios=(2, 1)))
     ev = doc["evals"]
     minutes = [e["train_seconds"] / 60 for e in ev]
-    ax.plot(minutes, [e["test_psnr"] for e in ev], "o-", label="test PSNR")
+    ax.plot(minutes, [math.nan if e["test_psnr"] is None else e["test_psnr"] for e in ev], "o-", label="test PSNR")
     ax.plot(minutes, [e["train_psnr"] for e in ev], "--", alpha=0.6, label="train PSNR")
     ax.set(ylabel="PSNR (dB)", title=f"NeRF {cfg.model} ({cfg.sampler} sampler) on {ds_name}")
     ax.grid(alpha=0.3)

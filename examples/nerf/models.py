@@ -167,6 +167,9 @@ class MLPNeRF(keras.Model):
 # ------------------------------------------------------------------------------------------------- hash model
 
 
+GRID_CHUNK = 2 ** 17  # points per density evaluation of a grid update
+
+
 @keras.saving.register_keras_serializable(package="nerf_example")
 def make_occupancy_grid(bound, grid_resolution=64, grid_warmup_steps=64, cascades=1):
     """The occupancy grid of a HashNeRF: ``grid_resolution``^3 cells over [-bound, bound]^3 (``cascades`` > 1: that
@@ -354,6 +357,16 @@ class HashNeRF(keras.Model):
             out.build(h.shape)
         return trunc_exp(tf.matmul(h, out.kernel[:, :1])[:, 0] + out.bias[0])
 
+    def chunked_density(self, points, chunk: int = GRID_CHUNK):
+        """:meth:`density` at ``points`` [M, 3], ``chunk`` points at a time (a grid update's working set stays
+        bounded whatever the number of cells)."""
+        m = tf.shape(points)[0]
+        pad = (-m) % chunk
+        x = tf.reshape(tf.pad(points, [[0, pad], [0, 0]]), [-1, chunk, 3])
+        out = tf.map_fn(lambda p: tf.reshape(self.density(p), [-1]), x, fn_output_signature=tf.float32,
+                        parallel_iterations=1)
+        return tf.reshape(out, [-1])[:m]
+
     def update_grid(self, step, seed, n_cells=None, evaluate=None):
         """One occupancy-grid update (tf.function-compatible). The grid stores the optical thickness of a step of
         the box diagonal / 1024 (Instant-NGP's: its minimal step), so its threshold 0.01 means density > ~3 for the
@@ -366,12 +379,12 @@ class HashNeRF(keras.Model):
         K = self.grid.cascades
         n = K * G ** 3 // 4 if n_cells is None else n_cells
         if K == 1:
-            thickness = lambda p: self.density(p) * dt  # noqa: E731
+            thickness = lambda p: self.chunked_density(p) * dt  # noqa: E731
         else:  # Instant-NGP: the minimal step of cascade c is 2^c times the finest (p's cascade: its box's level)
             def thickness(p):
                 m = tf.reduce_max(tf.abs(p), axis=-1) / self.cfg["bound"]
                 c = tf.clip_by_value(tf.math.ceil(tf.math.log(tf.maximum(m, 1.0)) / math.log(2.0)), 0.0, K - 1.0)
-                return self.density(p) * dt * tf.pow(2.0, c)
+                return self.chunked_density(p) * dt * tf.pow(2.0, c)
         fn = thickness if evaluate is None else (lambda p: evaluate(thickness, p))
         return self.grid.update(fn, step=step, n_cells=n, seed=seed)
 

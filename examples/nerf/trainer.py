@@ -5,8 +5,10 @@ rays of each step (fixed batches, or the occupancy sampler's ray budget), the st
 Conventions:
 
 * Steps are numbered from 0. The rays of step ``s`` are a pure function of the seed and the training state, the
-  same on every worker and after a resume: epoch ``e`` is a permutation of the training rays seeded by
-  ``(seed, e)``, cut into batches in order (a remainder that does not fill a batch is dropped).
+  same on every worker and after a resume: epoch ``e`` is a permutation of the training pixels seeded by
+  ``(seed, e)`` (evaluated per batch, never stored), cut into batches in order (a remainder that does not fill a
+  batch is dropped). A batch's rays are made from its pixels on the host (:mod:`nerf.data.pixel_rays`); pixels
+  without a ray or masked out leave the batch, whose size may then be smaller.
 * A global batch of ``n`` rays is split into equal slices, replica ``r`` takes the ``r``-th. Each replica's loss is
   a sum over its rays divided by ``n``, so the all-reduced (summed) gradient is the single-process gradient of the
   global batch, whatever the replicas' sample counts.
@@ -31,6 +33,12 @@ from nerf.config import MIN_CONE_ANGLE, TrainConfig
 
 # Occupancy sampler: rays per step stay in [MIN_RAYS, sample_budget // 2], multiples of RAY_GRANULARITY.
 MIN_RAYS, RAY_GRANULARITY = 64, 16
+# A batch reaches the step as one float32 row per ray, made on the host: origin, unit direction, colour, for the hash
+# model the view-direction encoding (16 values), then the training view (exact up to 2^24). Everything a ray's
+# samples depend on is computed outside the step function, so the step's result does not depend on which trace runs
+# it (a trace for the first batch's static shape rounds some element-wise arithmetic differently from the general
+# trace, and a resumed run starts with such a trace at another step).
+RAY_COLUMNS, SH_COLUMNS = 10, 16
 
 
 def make_strategy(cfg: TrainConfig):
@@ -104,6 +112,33 @@ def spaced_intervals(spacing, t0, t1):
     return s0, tf.maximum(s1, s0)
 
 
+def mark_unseen_cells(grid, dataset):
+    """Marks the occupancy cells no training camera sees as never occupied (``OccupancyGrid.mark_unseen``): each
+    view's pinhole part, widened by the margin its distortion needs (the pinhole projection of its border pixels'
+    rays). Cameras whose border rays look sideways or backwards (wide fisheyes, panoramas) leave every cell seen."""
+    from nerf.data.cameras import Camera
+
+    views = dataset.train
+    H, W = dataset.H, dataset.W
+    cams = views.cameras if views.cameras is not None else [Camera.pinhole(W, H, dataset.focal, dataset.focal,
+                                                                           W / 2, H / 2)] * len(views)
+    margin = 0.0
+    for cam in set(cams):
+        if cam.is_pinhole:
+            continue
+        u = np.concatenate([np.arange(W) + 0.5, np.full(H, 0.5), np.arange(W) + 0.5, np.full(H, W - 0.5)])
+        v = np.concatenate([np.full(W, 0.5), np.arange(H) + 0.5, np.full(W, H - 0.5), np.arange(H) + 0.5])
+        d, ok = cam.directions(u, v)
+        d = d[ok]
+        if len(d) == 0 or np.any(-d[:, 2] < 0.2):  # beyond ~78° off axis: a pinhole frustum does not bound it
+            return None
+        pu = cam.cx + cam.fx * d[:, 0] / -d[:, 2]
+        pv = cam.cy - cam.fy * d[:, 1] / -d[:, 2]
+        margin = max(margin, float(np.max(np.maximum(-pu, pu - W))) / W, float(np.max(np.maximum(-pv, pv - H))) / H)
+    intr = np.array([c.intrinsics for c in cams])
+    return grid.mark_unseen(views.poses, intr, W, H, margin=max(margin, 0.0) + 0.02)
+
+
 class Trainer:
     """The model, its optimisers and training state, and one synchronous training step at a time (:meth:`step`).
 
@@ -121,11 +156,12 @@ class Trainer:
         self.occupancy = args.sampler == "occupancy"
         self._load_rays(dataset)
         self._build_model(model_config(args, dataset))
+        if self.occupancy:
+            mark_unseen_cells(self.model.grid, dataset)
         self._make_state()
         self.grid_log = []  # occupancy sampler: per grid update, its step, seconds and (optionally) a digest
         self.last_rays, self.last_samples = args.batch_rays, args.batch_rays * args.samples
         self.last_marched = self.last_samples
-        self._perm_epoch, self._perm = None, None
         self.lr_start = [(self.opt, args.lr)] + ([(self.opt_table, args.lr_table)] if self.opt_table else [])
         uses_custom_ops = args.model == "hash" and args.impl == "op"
         if self.occupancy and args.jit == "on":
@@ -135,21 +171,14 @@ class Trainer:
 
     # ---- construction ---------------------------------------------------------------------------------------
     def _load_rays(self, dataset):
-        o, d = dataset.rays("train")  # each view's own camera (distortion, principal point) where it has one
-        self.rays_o = tf.constant(o.reshape(-1, 3))
-        self.rays_d = tf.constant(d.reshape(-1, 3))
-        self.rgb = tf.constant(dataset.train.images.reshape(-1, 3).astype(np.float32))
-        self.n_rays = int(self.rgb.shape[0])
-        # One row per training ray for the step's batch (one gather instead of one per tensor): origin, direction,
-        # colour and, for the hash model, the view-direction encoding (computed once: the directions never change).
-        cols = [self.rays_o, self.rays_d, self.rgb]
-        if self.args.model == "hash":
-            cols.append(models.sh_encoding_deg4(self.rays_d))
+        """The training rays, made per batch from the training images' pixels (:mod:`nerf.data.pixel_rays`)."""
+        from nerf.data.pixel_rays import PixelRays
+
+        self.pixel_rays = PixelRays(dataset.train, dataset.focal)
+        self.n_rays = self.pixel_rays.n
+        self.ray_sh = self.args.model == "hash"
+        self.ray_columns = RAY_COLUMNS + (SH_COLUMNS if self.ray_sh else 0)
         self.appearance_ids = self.args.appearance_dim > 0
-        if self.appearance_ids:  # each ray's training image (exact in float32 up to 2^24 images)
-            n_img, H, W = dataset.train.images.shape[:3]
-            cols.append(tf.constant(np.repeat(np.arange(n_img, dtype=np.float32), H * W)[:, None]))
-        self.ray_table = tf.concat(cols, axis=1)
 
     def _build_model(self, kw):
         args = self.args
@@ -239,8 +268,8 @@ class Trainer:
     def _make_step_functions(self):
         if self.strategy.num_replicas_in_sync == 1:
             # one trace for every batch size (the occupancy sampler's ray count changes from step to step)
-            sig = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64), tf.TensorSpec([1], tf.float32),
-                   tf.TensorSpec([], tf.float32)]
+            sig = [tf.TensorSpec([None, self.ray_columns], tf.float32), tf.TensorSpec([], tf.int64),
+                   tf.TensorSpec([1], tf.float32), tf.TensorSpec([], tf.float32)]
             self._step_fn = tf.function(self._global_step, input_signature=sig, jit_compile=self.jit)
         else:
             # per-replica batches of a varying size: after the first sizes, one trace with unknown sizes
@@ -345,12 +374,11 @@ class Trainer:
         per = self.strategy.run(lambda s: self._grid_update(s, evaluate=gather_evaluations), args=(step_no,))
         return self.strategy.experimental_local_results(per)[0]
 
-    def batch(self, idx):
-        """Rays ``idx`` of the training set -> origins, directions, colours, view-direction SH (None for the MLP
-        model), training-image indices (int32; None without an appearance embedding)."""
-        rows = tf.gather(self.ray_table, idx)
-        sh = rows[:, 9:25] if self.ray_table.shape[1] > 9 else None
-        ids = tf.cast(rows[:, 25], tf.int32) if self.appearance_ids else None
+    def batch(self, rows):
+        """Ray rows of the step (:meth:`ray_rows`) -> origins, unit directions, colours, view-direction SH (None for
+        the MLP model), training-image indices (int32; None without an appearance embedding)."""
+        sh = rows[:, 9:9 + SH_COLUMNS] if self.ray_sh else None
+        ids = tf.cast(rows[:, -1], tf.int32) if self.appearance_ids else None
         return rows[:, 0:3], rows[:, 3:6], rows[:, 6:9], sh, ids
 
     # ---- the step (eager) -----------------------------------------------------------------------------------
@@ -362,9 +390,10 @@ class Trainer:
             idx = self.next_rays()
         else:
             idx = self.batch_indices(step_no)
-        n_rays = len(idx)
-        out = self._step_fn(self.distribute_rays(idx), tf.constant(step_no, tf.int64), tf.constant([ctrl], tf.float32),
-                            tf.constant(n_rays, tf.float32)).numpy()
+        rows = self.ray_rows(idx)
+        n_rays = len(rows)
+        out = self._step_fn(self.distribute_rays(rows), tf.constant(step_no, tf.int64),
+                            tf.constant([ctrl], tf.float32), tf.constant(n_rays, tf.float32)).numpy()
         self.last_rays, self.last_samples, self.last_marched = n_rays, float(out[2]), float(out[3])
         if self.occupancy:  # Instant-NGP: scale the ray count by budget / measured samples
             self.state_rays.assign(self.clamp_rays(
@@ -374,18 +403,30 @@ class Trainer:
     def gradients(self, idx, step_no):
         """The all-reduced gradient (MLP variables, then the table) of the global batch ``idx`` at step
         ``step_no``, without applying it (for checking the loss normalisation against one process)."""
-        g = self._grad_fn(self.distribute_rays(idx), tf.constant(step_no, tf.int64),
-                          tf.constant(len(idx), tf.float32))
+        rows = self.ray_rows(idx)
+        g = self._grad_fn(self.distribute_rays(rows), tf.constant(step_no, tf.int64),
+                          tf.constant(len(rows), tf.float32))
         return [x.numpy() for x in g]
 
-    def distribute_rays(self, idx):
-        """Global ray indices -> the step functions' argument: replica r of n takes the r-th of n equal slices."""
+    def ray_rows(self, idx):
+        """Global ray (pixel) indices -> ``[M, ray_columns]`` float32 rows (see ``RAY_COLUMNS``) of those with a ray
+        and not masked out, ``M`` cut to a multiple of the replica count (equal shards)."""
+        o, d, rgb, view = self.pixel_rays.rays(idx)
+        cols = [o, d, rgb]
+        if self.ray_sh:  # eagerly, outside the step function
+            cols.append(models.sh_encoding_deg4(tf.constant(d)).numpy())
+        rows = np.concatenate(cols + [view[:, None].astype(np.float32)], axis=1)
+        n_rep = self.strategy.num_replicas_in_sync
+        return rows[:len(rows) // n_rep * n_rep]
+
+    def distribute_rays(self, rows):
+        """Ray rows -> the step functions' argument: replica r of n takes the r-th of n equal slices."""
         n_rep = self.strategy.num_replicas_in_sync
         if n_rep == 1:
-            return tf.constant(idx, tf.int64)
-        per = len(idx) // n_rep
+            return tf.constant(rows)
+        per = len(rows) // n_rep
         return self.strategy.experimental_distribute_values_from_function(
-            lambda ctx: tf.constant(idx[ctx.replica_id_in_sync_group * per:(ctx.replica_id_in_sync_group + 1) * per]))
+            lambda ctx: tf.constant(rows[ctx.replica_id_in_sync_group * per:(ctx.replica_id_in_sync_group + 1) * per]))
 
     def update_grid(self, step_no):
         """The occupancy-grid update of step ``step_no``, identical on every worker: each worker computes it from
@@ -415,18 +456,17 @@ class Trainer:
             opt.learning_rate = lr * factor
 
     # ---- rays per step ----------------------------------------------------------------------------------------
-    def _epoch_permutation(self, epoch):
-        """The training rays in the order of epoch ``epoch`` (seeded by (data seed, epoch); the last one cached)."""
-        if epoch != self._perm_epoch:
-            self._perm = np.random.default_rng([int(self.state_seed.numpy()), epoch]).permutation(self.n_rays)
-            self._perm_epoch = epoch
-        return self._perm
+    def _epoch_rays(self, epoch, start, count):
+        """Rays ``start .. start + count`` of epoch ``epoch``'s order (a permutation seeded by (data seed, epoch))."""
+        from nerf.data.pixel_rays import shuffled
+
+        return shuffled(np.arange(start, start + count), self.n_rays, [int(self.state_seed.numpy()), epoch])
 
     def batch_indices(self, step_no):
         """Uniform sampler: ray indices of global batch ``step_no`` (``batch_rays`` rays, see the conventions)."""
         b = self.args.batch_rays
         epoch, k = divmod(int(step_no), self.n_rays // b)
-        return self._epoch_permutation(epoch)[k * b:(k + 1) * b]
+        return self._epoch_rays(epoch, k * b, b)
 
     def next_rays(self):
         """Occupancy sampler: the next ``rays_per_step`` rays of the stream of epochs (the position in it is
@@ -435,9 +475,8 @@ class Trainer:
         epoch, k = divmod(int(self.state_rays_pos.numpy()), self.n_rays)
         if k + r > self.n_rays:
             epoch, k = epoch + 1, 0
-        perm = self._epoch_permutation(epoch)
         self.state_rays_pos.assign(epoch * self.n_rays + k + r)
-        return perm[k:k + r]
+        return self._epoch_rays(epoch, k, r)
 
     def clamp_rays(self, r):
         """Rays per step for ``r`` wanted: a multiple of RAY_GRANULARITY and of the replica count (equal shards), in

@@ -49,8 +49,8 @@ for step_no in range(int(os.environ.get("GRAD_CHECK_STEPS", "3"))):
     g1 = one.gradients(idx, step_no)
     flat1 = np.concatenate([g.ravel() for g in g1]).astype(np.float64)
     half = len(idx) // 2
-    m = [one.model.march(*[tf.gather(t, idx[i * half:(i + 1) * half]) for t in (one.rays_o, one.rays_d)])
-         for i in range(2)]
+    o, d = one.batch(tf.constant(one.ray_rows(idx)))[:2]
+    m = [one.model.march(o[i * half:(i + 1) * half], d[i * half:(i + 1) * half]) for i in range(2)]
     entry = dict(rays=len(idx), samples_per_replica=[int(x.t_starts.shape[0]) for x in m],
                  max_abs=[float(np.abs(a).max()) for a in g1], modes={})
     for mode, t in two.items():
@@ -61,7 +61,7 @@ for step_no in range(int(os.environ.get("GRAD_CHECK_STEPS", "3"))):
     result["steps"].append(entry)
     # train the single process one step on that batch (its own step), so the next check starts from trained
     # weights (copied: the comparison is of one step's gradients, not of accumulated rounding)
-    one._step_fn(one.distribute_rays(idx), tf.constant(step_no, tf.int64), tf.constant([0.0]),
+    one._step_fn(one.distribute_rays(one.ray_rows(idx)), tf.constant(step_no, tf.int64), tf.constant([0.0]),
                  tf.constant(len(idx), tf.float32))
     for t in two.values():
         for v2, v1 in zip(t.model.weights, one.model.weights):

@@ -14,7 +14,8 @@ import zlib
 
 import numpy as np
 
-from nerf.data.unbounded_scene import GEN_TO_DATA, Capture, camera_params
+from nerf.data.cameras import param_names
+from nerf.data.unbounded_scene import GEN_TO_DATA, Capture
 
 # nerfstudio's ns-process-data writes its poses in this frame (COLMAP's axes permuted) and records it
 NERFSTUDIO_APPLIED_TRANSFORM = np.array([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0]])
@@ -72,9 +73,9 @@ def write_colmap(root: str, capture: Capture, binary: bool = True, ext: str = "p
     names = write_images(os.path.join(root, "images"), capture, ext, pyramid=pyramid)
     rec = pycolmap.Reconstruction()
     for k in sorted(set(capture.camera_index.tolist())):
-        model, W, H, params = camera_params(k, capture.scale)
-        rec.add_camera_with_trivial_rig(pycolmap.Camera(camera_id=k + 1, model=model, width=W, height=H,
-                                                        params=list(params)))
+        cam = capture.camera(k)
+        rec.add_camera_with_trivial_rig(pycolmap.Camera(camera_id=k + 1, model=cam.model, width=cam.width,
+                                                        height=cam.height, params=list(cam.params)))
     for i, (name, c2w) in enumerate(zip(names, data_c2w(capture))):
         R_cv = c2w[:3, :3] @ np.diag([1.0, -1.0, -1.0])  # OpenGL → OpenCV camera axes
         cam_from_world = pycolmap.Rigid3d(pycolmap.Rotation3d(R_cv.T), -R_cv.T @ c2w[:3, 3])
@@ -99,15 +100,20 @@ def write_transforms(root: str, capture: Capture, views=None, shared: bool = Fal
     fields (``camera_angle_x``, ``aabb_scale``, no ``applied_transform``: poses in the data world)."""
     views = list(range(len(capture.names))) if views is None else list(views)
     sub = Capture(capture.images[views], [capture.names[i] for i in views], capture.camera_index[views],
-                  capture.c2w[views], capture.points, capture.colors, capture.scale)
+                  capture.c2w[views], capture.points, capture.colors, capture.scale, capture.size)
     names = write_images(os.path.join(root, "images"), sub, "png", bits)
     applied = np.eye(4) if instant_ngp else np.vstack([NERFSTUDIO_APPLIED_TRANSFORM, [0, 0, 0, 1.0]])
 
     def intrinsics(k):
         cam = sub.camera(k)
-        k1, k2, _k3, p1, p2 = cam.distortion
-        return dict(fl_x=cam.fx, fl_y=cam.fy, cx=cam.cx, cy=cam.cy, w=cam.width, h=cam.height, k1=k1, k2=k2,
-                    p1=p1, p2=p2)
+        p = dict(zip(param_names(cam.model), cam.params))
+        out = dict(fl_x=cam.fx, fl_y=cam.fy, cx=cam.cx, cy=cam.cy, w=cam.width, h=cam.height,
+                   k1=p.get("k1", p.get("k", 0.0)), k2=p.get("k2", 0.0))
+        if cam.model == "OPENCV_FISHEYE":
+            out.update(k3=p["k3"], k4=p["k4"], **({"is_fisheye": True} if instant_ngp else {}))
+        else:
+            out.update(p1=p.get("p1", 0.0), p2=p.get("p2", 0.0))
+        return out
 
     frames = []
     for name, k, c2w in zip(names, sub.camera_index, data_c2w(sub)):
@@ -115,7 +121,11 @@ def write_transforms(root: str, capture: Capture, views=None, shared: bool = Fal
         if not shared:
             fr.update(intrinsics(int(k)))
         frames.append(fr)
-    doc = {"camera_model": "OPENCV", "frames": frames}
+    fisheye = {sub.camera(int(k)).model == "OPENCV_FISHEYE" for k in sub.camera_index}
+    if len(fisheye) > 1:
+        raise ValueError("a transforms.json holds one camera model: fisheye and other views cannot be mixed")
+    doc = {"frames": frames} if instant_ngp else {
+        "camera_model": "OPENCV_FISHEYE" if fisheye.pop() else "OPENCV", "frames": frames}
     if shared:
         ks = set(sub.camera_index.tolist())
         if len(ks) != 1:

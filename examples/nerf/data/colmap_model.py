@@ -13,15 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nerf.data.cameras import COLMAP_MODELS, Camera, CameraModelError, colmap_camera
+from nerf.data.cameras import Camera, CameraModelError, colmap_camera, model_name, model_names, param_names
 from nerf.data.dataset import DatasetError
-
-# every model id COLMAP has, for messages naming the model this example does not read
-COLMAP_MODEL_NAMES = {0: "SIMPLE_PINHOLE", 1: "PINHOLE", 2: "SIMPLE_RADIAL", 3: "RADIAL", 4: "OPENCV",
-                      5: "OPENCV_FISHEYE", 6: "FULL_OPENCV", 7: "FOV", 8: "SIMPLE_RADIAL_FISHEYE",
-                      9: "RADIAL_FISHEYE", 10: "THIN_PRISM_FISHEYE", 11: "RAD_TAN_THIN_PRISM_FISHEYE",
-                      12: "SIMPLE_DIVISION", 13: "DIVISION", 14: "SIMPLE_FISHEYE", 15: "FISHEYE", 16: "EUCM",
-                      17: "EQUIRECTANGULAR"}
 
 
 @dataclass(frozen=True)
@@ -36,7 +29,7 @@ class ColmapImage:
     name: str
 
     def rotation(self) -> np.ndarray:
-        w, x, y, z = self.qvec / np.linalg.norm(self.qvec)
+        w, x, y, z = self.qvec / np.linalg.norm(self.qvec)  # checked finite and non-zero (checked_pose)
         return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
                          [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
                          [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
@@ -62,8 +55,10 @@ class ColmapModel:
 
 
 def find_model(root: str) -> str | None:
-    """The folder of the sparse model under ``root``: ``root/sparse/0``, ``root/sparse`` or ``root`` itself."""
-    for d in (os.path.join(root, "sparse", "0"), os.path.join(root, "sparse"), root):
+    """The folder of the sparse model under ``root``: ``root/sparse/0``, ``root/sparse``, ``root/colmap/sparse/0``
+    (nerfstudio's ``ns-process-data``) or ``root`` itself."""
+    for d in (os.path.join(root, "sparse", "0"), os.path.join(root, "sparse"), os.path.join(root, "colmap", "sparse", "0"),
+              root):
         if any(os.path.isfile(os.path.join(d, f"cameras.{e}")) for e in ("bin", "txt")):
             return d
     return None
@@ -93,6 +88,16 @@ def read_model(path: str) -> ColmapModel:
     return ColmapModel(cameras, models, sorted(images, key=lambda im: im.image_id), points, colors, path, ext)
 
 
+def checked_pose(path: str, image_id: int, q, t) -> None:
+    """A pose entry's quaternion is finite and non-zero and its translation finite (else the one-line error)."""
+    if not np.all(np.isfinite(q)) or np.linalg.norm(q) < 1e-12:
+        raise DatasetError(f"{path}: image {image_id}: the quaternion (QW QX QY QZ) must be finite and non-zero, "
+                           f"got {np.asarray(q).tolist()}")
+    if not np.all(np.isfinite(t)):
+        raise DatasetError(f"{path}: image {image_id}: the translation (TX TY TZ) must be finite, got "
+                           f"{np.asarray(t).tolist()}")
+
+
 def _camera(path, camera_id, model, width, height, params) -> Camera:
     try:
         return colmap_camera(model, width, height, params)
@@ -111,11 +116,11 @@ class _Binary:
         buf, cams, models = _Buffer(_Binary._open(path), path), {}, {}
         for _ in range(buf.unpack("<Q")[0]):
             camera_id, model_id, width, height = buf.unpack("<iiQQ")
-            name = COLMAP_MODEL_NAMES.get(model_id, f"model id {model_id}")
-            if model_id not in COLMAP_MODELS:
-                raise DatasetError(f"{path}: camera {camera_id}: unknown camera model {name} (supported: "
-                                   f"{', '.join(n for n, _ in COLMAP_MODELS.values())})")
-            params = buf.unpack(f"<{len(COLMAP_MODELS[model_id][1])}d")
+            name = model_name(model_id)
+            if name is None:
+                raise DatasetError(f"{path}: camera {camera_id}: unknown camera model id {model_id} (COLMAP's "
+                                   f"models: {', '.join(model_names())})")
+            params = buf.unpack(f"<{len(param_names(name))}d")
             cams[camera_id] = _camera(path, camera_id, name, width, height, params)
             models[camera_id] = name
         return cams, models
@@ -126,6 +131,7 @@ class _Binary:
         for _ in range(buf.unpack("<Q")[0]):
             image_id, qw, qx, qy, qz, tx, ty, tz, camera_id = buf.unpack("<idddddddi")
             name = buf.cstring()
+            checked_pose(path, image_id, (qw, qx, qy, qz), (tx, ty, tz))
             n2d = buf.unpack("<Q")[0]
             buf.skip(24 * n2d)  # x, y (double), point3D id (int64) per 2-D point
             images.append(ColmapImage(image_id, np.array([qw, qx, qy, qz]), np.array([tx, ty, tz]), camera_id, name))
@@ -135,8 +141,10 @@ class _Binary:
     def points(path):
         buf, xyz, rgb = _Buffer(_Binary._open(path), path), [], []
         for _ in range(buf.unpack("<Q")[0]):
-            _pid, x, y, z, r, g, b, _err, track = buf.unpack("<QdddBBBdQ")
+            pid, x, y, z, r, g, b, _err, track = buf.unpack("<QdddBBBdQ")
             buf.skip(8 * track)  # image id, point2D index (int32 each) per observation
+            if not np.all(np.isfinite((x, y, z))):
+                raise DatasetError(f"{path}: point {pid} has a non-finite position {[x, y, z]}")
             xyz.append((x, y, z))
             rgb.append((r, g, b))
         return np.array(xyz, np.float64).reshape(-1, 3), np.array(rgb, np.uint8).reshape(-1, 3)
@@ -183,6 +191,8 @@ class _Text:
             if not f:
                 continue
             try:
+                if len(f) < 4:
+                    raise IndexError
                 camera_id, model, width, height = int(f[0]), f[1], int(f[2]), int(f[3])
                 params = [float(v) for v in f[4:]]
             except (ValueError, IndexError):
@@ -203,15 +213,22 @@ class _Text:
             if not ln.strip():  # stray blank line between entries
                 i += 1
                 continue
-            f = ln.split(maxsplit=9)
+            f = ln.split()
             try:
+                if len(f) != 10:  # COLMAP's image names hold no spaces
+                    raise ValueError
                 image_id = int(f[0])
                 q = np.array([float(v) for v in f[1:5]])
                 t = np.array([float(v) for v in f[5:8]])
-                camera_id, name = int(f[8]), f[9].strip()
-            except (ValueError, IndexError):
-                raise DatasetError(f"{path}:{k}: expected 'IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME', "
-                                   f"got {ln!r}") from None
+                camera_id, name = int(f[8]), f[9]
+            except ValueError:
+                raise DatasetError(f"{path}:{k}: expected 'IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME' (10 "
+                                   f"fields), got {len(f)}: {ln[:120]!r}") from None
+            checked_pose(f"{path}:{k}", image_id, q, t)
+            if i + 1 < len(lines) and len(lines[i + 1][1].split()) % 3:
+                k2, ln2 = lines[i + 1]
+                raise DatasetError(f"{path}:{k2}: expected the 2-D points of image {image_id} as 'X Y POINT3D_ID' "
+                                   f"triples, got {len(ln2.split())} fields")
             images.append(ColmapImage(image_id, q, t, camera_id, name))
             i += 2  # the next line holds the image's 2-D points (possibly empty)
         return images
@@ -224,9 +241,18 @@ class _Text:
             if not f:
                 continue
             try:
-                xyz.append([float(v) for v in f[1:4]])
-                rgb.append([int(v) for v in f[4:7]])
+                if len(f) < 8 or len(f) % 2:  # the track is (IMAGE_ID, POINT2D_IDX) pairs
+                    raise ValueError
+                p = [float(v) for v in f[1:4]]
+                c = [int(v) for v in f[4:7]]
+                float(f[7])
             except ValueError:
-                raise DatasetError(f"{path}:{k}: expected 'POINT3D_ID X Y Z R G B ERROR TRACK...', "
-                                   f"got {ln!r}") from None
+                raise DatasetError(f"{path}:{k}: expected 'POINT3D_ID X Y Z R G B ERROR' and (IMAGE_ID, "
+                                   f"POINT2D_IDX) pairs, got {len(f)} fields: {ln[:120]!r}") from None
+            if not np.all(np.isfinite(p)):
+                raise DatasetError(f"{path}:{k}: point {f[0]} has a non-finite position {p}")
+            if not all(0 <= v <= 255 for v in c):
+                raise DatasetError(f"{path}:{k}: point {f[0]} has colour {c}, outside 0..255")
+            xyz.append(p)
+            rgb.append(c)
         return np.array(xyz, np.float64).reshape(-1, 3), np.array(rgb, np.uint8).reshape(-1, 3)

@@ -13,21 +13,35 @@ class DatasetError(ValueError):
 
 @dataclass
 class Views:
-    """Images of one split: ``images`` [N,H,W,3] float32 in [0,1] (already composited on the dataset background),
-    ``poses`` [N,4,4] float32 camera-to-world (see :mod:`nerf.data.rays`), optional ``alphas`` [N,H,W].
+    """Images of one split: ``images`` [N,H,W,3], float32 in [0,1] or uint8 (real captures: 8-bit, the colour is
+    ``value / 255``), already composited on the dataset background; ``poses`` [N,4,4] float32 camera-to-world (see
+    :mod:`nerf.data.rays`), optional ``alphas`` [N,H,W].
 
     Real captures also carry ``cameras``, one :class:`nerf.data.cameras.Camera` per view (intrinsics and
-    distortion at the dataset's resolution), and the images' file ``names``; without ``cameras`` every view is the
-    dataset's pinhole camera (``focal``, principal point at the image centre)."""
+    distortion at the dataset's resolution), the images' file ``names`` and optional ``masks`` [N,H,W] bool (False:
+    the pixel leaves the loss and the metrics); without ``cameras`` every view is the dataset's pinhole camera
+    (``focal``, principal point at the image centre)."""
 
     images: np.ndarray
     poses: np.ndarray
     alphas: np.ndarray | None = None
     cameras: list | None = None
     names: list | None = None
+    masks: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
+
+    def image(self, k: int) -> np.ndarray:
+        """View ``k``'s image as float32 ``[H, W, 3]`` in [0, 1]."""
+        return to_float(self.images[k])
+
+
+def to_float(pixels: np.ndarray) -> np.ndarray:
+    """Pixels of :attr:`Views.images` (uint8 or float) → float32 in [0, 1]."""
+    if pixels.dtype == np.uint8:
+        return pixels.astype(np.float32) * np.float32(1.0 / 255.0)
+    return np.asarray(pixels, np.float32)
 
 
 @dataclass
@@ -65,6 +79,21 @@ class Dataset:
         if not out:
             return np.zeros((0, self.H, self.W, 3), np.float32), np.zeros((0, self.H, self.W, 3), np.float32)
         return np.stack([o for o, _ in out]), np.stack([d for _, d in out])
+
+    def valid_pixels(self, split: str, index: int) -> np.ndarray | None:
+        """``[H, W]`` bool: the pixels of view ``index`` that count in the metrics (a ray, and not masked out), or
+        None when all do."""
+        views = self.split(name=split)
+        valid = None
+        if views.cameras is not None:
+            from nerf.data.cameras import camera_directions
+
+            d = camera_directions(views.cameras[index])
+            if not np.all(np.isfinite(d)):
+                valid = np.all(np.isfinite(d), -1)
+        if views.masks is not None:
+            valid = views.masks[index] if valid is None else valid & views.masks[index]
+        return valid
 
     def summary(self) -> str:
         return (f"{self.name}: {len(self.train)} train / {len(self.val)} val / {len(self.test)} test views of "

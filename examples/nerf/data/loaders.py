@@ -180,8 +180,9 @@ def _read_json(path: str) -> dict:
     return meta
 
 
-def read_image(path: str, where: str, noun: str = "image", **imread_kwargs) -> np.ndarray:
-    """An image file → float32 ``[H, W, 3 or 4]`` in [0, 1]; a missing one is "``where``: ``noun`` PATH not found"."""
+def read_image(path: str, where: str, noun: str = "image", channels: str = "rgb", **imread_kwargs) -> np.ndarray:
+    """An image file → float32 ``[H, W, 3 or 4]`` in [0, 1] (``channels="any"``: also ``[H, W]`` and ``[H, W, 2]``, as
+    stored); a missing one is "``where``: ``noun`` PATH not found"."""
     import imageio.v3 as iio
 
     if not os.path.isfile(path):
@@ -190,6 +191,8 @@ def read_image(path: str, where: str, noun: str = "image", **imread_kwargs) -> n
         img = iio.imread(path, **imread_kwargs)
     except Exception as e:
         raise DatasetError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
+    if channels == "any" and (img.ndim == 2 or (img.ndim == 3 and img.shape[-1] in (1, 2, 3, 4))):
+        return _to_unit_float(img, path)
     if img.ndim == 2:
         img = img[..., None].repeat(3, -1)
     if img.ndim != 3 or img.shape[-1] not in (3, 4):

@@ -42,12 +42,15 @@ def get_rays(H: int, W: int, focal: float, c2w) -> tuple[np.ndarray, np.ndarray]
 
 
 def camera_rays(camera, c2w) -> tuple[np.ndarray, np.ndarray]:
-    """Rays through the pixel centres of a :class:`nerf.data.cameras.Camera` (pinhole + distortion, own principal
-    point) posed at ``c2w`` [4,4]: origins and unit directions, each ``[H, W, 3]`` float32."""
+    """Rays through the pixel centres of a :class:`nerf.data.cameras.Camera` (any COLMAP model) posed at ``c2w``
+    [4,4]: origins and unit directions, each ``[H, W, 3]`` float32. A pixel without a ray (see
+    :meth:`nerf.data.Dataset.valid_pixels`) gets the optical axis."""
     from nerf.data.cameras import camera_directions
 
     c2w = np.asarray(c2w, dtype=np.float64)
-    dirs = camera_directions(camera) @ c2w[:3, :3].T
+    local = camera_directions(camera)
+    local = np.where(np.isfinite(local), local, np.array([0.0, 0.0, -1.0]))
+    dirs = local @ c2w[:3, :3].T
     dirs /= np.linalg.norm(dirs, axis=-1, keepdims=True)
     return np.broadcast_to(c2w[:3, 3], dirs.shape).astype(np.float32), dirs.astype(np.float32)
 
@@ -57,7 +60,7 @@ def pinhole_rays(H: int, W: int, intrinsics, c2w) -> tuple[np.ndarray, np.ndarra
     from nerf.data.cameras import Camera
 
     fx, fy, cx, cy = (float(v) for v in intrinsics)
-    return camera_rays(Camera(int(W), int(H), fx, fy, cx, cy), c2w)
+    return camera_rays(Camera.pinhole(W, H, fx, fy, cx, cy), c2w)
 
 
 def project(points, H: int, W: int, focal: float, c2w) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ cluster around the origin (spheres and boxes of the built-in scene's textures).
 Cameras orbit the cluster, looking at it from a little above; camera ``k`` of :data:`CAMERAS` takes the views
 ``i`` with ``i % len(CAMERAS) == k``. A pixel's colour is the mean over ``ss × ss`` sub-pixel rays, and each ray
 goes through the *undistorted* position of its sub-pixel as pycolmap's ``Camera.cam_from_img`` computes it (an
-implementation independent of :func:`nerf.data.cameras.undistort`), so the images are what those cameras see.
+implementation independent of the loaders' use of ``cam_ray_from_img``), so the images are what those cameras see.
 
 The capture is stored in a *data world* frame that is not the generator's: ``x_data = G x_gen`` with the
 similarity :data:`GEN_TO_DATA` (rotated, scaled and moved, as a structure-from-motion frame is), so the loaders'
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nerf.data.cameras import Camera, colmap_camera
+from nerf.data.cameras import Camera, colmap_camera, param_names
 from nerf.data.rays import look_at
 from nerf.data.synthetic import Box, Sphere, trace
 
@@ -36,21 +36,29 @@ CAMERAS = (
     ("SIMPLE_RADIAL", (48.0, 32.5, 23.5, -0.08)),
     ("RADIAL", (51.0, 31.0, 24.0, -0.12, 0.03)),
     ("OPENCV", (50.0, 52.0, 32.5, 24.5, -0.1, 0.02, 0.003, -0.002)),
+    ("OPENCV_FISHEYE", (34.0, 34.0, 32.0, 24.0, 0.05, -0.01, 0.002, -0.001)),
 )
+# the cameras of a default capture (the fisheye is asked for by index)
+DEFAULT_CAMERAS = (0, 1, 2, 3, 4)
 
 
 # COLMAP parameters in pixels (focal lengths, principal point) at the head of each model's list; the rest (distortion)
 # are in normalised image coordinates and do not change with the image size
-PIXEL_PARAMS = {"SIMPLE_PINHOLE": 3, "PINHOLE": 4, "SIMPLE_RADIAL": 3, "RADIAL": 3, "OPENCV": 4}
+PIXEL_PARAMS = {"SIMPLE_PINHOLE": 3, "PINHOLE": 4, "SIMPLE_RADIAL": 3, "RADIAL": 3, "OPENCV": 4, "OPENCV_FISHEYE": 4}
 BASE_SIZE = (64, 48)
 
 
-def camera_params(k: int, scale: int = 1):
-    """(model, width, height, parameters) of camera ``k`` of :data:`CAMERAS` for images ``scale`` times 64×48."""
+def camera_params(k: int, scale: int = 1, size: tuple | None = None):
+    """(model, width, height, parameters) of camera ``k`` of :data:`CAMERAS` for images ``scale`` times 64×48, or
+    of ``size`` (width, height: the pixel parameters scale by width / 64 and height / 48, a model with one focal
+    length by the width's factor)."""
     model, params = CAMERAS[k]
     n = PIXEL_PARAMS[model]
-    return (model, BASE_SIZE[0] * scale, BASE_SIZE[1] * scale,
-            tuple(p * scale for p in params[:n]) + tuple(params[n:]))
+    W, H = (BASE_SIZE[0] * scale, BASE_SIZE[1] * scale) if size is None else (int(size[0]), int(size[1]))
+    sx, sy = W / BASE_SIZE[0], H / BASE_SIZE[1]
+    names = param_names(model)
+    pixel = tuple(p * (sy if name in ("fy", "cy") else sx) for name, p in zip(names[:n], params[:n]))
+    return (model, W, H, pixel + tuple(params[n:]))
 
 
 def _similarity(angle_axis, scale, translation) -> np.ndarray:
@@ -137,9 +145,10 @@ class Capture:
     points: np.ndarray
     colors: np.ndarray
     scale: int = 1  # the images are scale × 64×48
+    size: tuple | None = None  # or of this (width, height)
 
     def camera(self, k: int) -> Camera:
-        return colmap_camera(*camera_params(k, self.scale))
+        return colmap_camera(*camera_params(k, self.scale, self.size))
 
 
 def camera_poses(n: int) -> np.ndarray:
@@ -170,10 +179,11 @@ def pixel_rays(model: str, params, c2w: np.ndarray, ss: int = 1, width: int = 64
 def render(n_views: int = 16, ss: int = 2, n_points: int = 400, seed: int = 0, scale: int = 1,
            cameras=None) -> Capture:
     """The capture: ``n_views`` images of ``scale`` × 64×48, each the mean of ``ss × ss`` rays per pixel; view
-    ``i`` is seen by camera ``cameras[i % len(cameras)]`` (indices into :data:`CAMERAS`, default all of them)."""
+    ``i`` is seen by camera ``cameras[i % len(cameras)]`` (indices into :data:`CAMERAS`, default
+    :data:`DEFAULT_CAMERAS`)."""
     poses = camera_poses(n_views)
     rng = np.random.default_rng(seed)
-    cameras = list(range(len(CAMERAS))) if cameras is None else list(cameras)
+    cameras = list(DEFAULT_CAMERAS) if cameras is None else list(cameras)
     images, cams, pts, cols = [], [], [], []
     for i, c2w in enumerate(poses):
         k = cameras[i % len(cameras)]
