@@ -8,7 +8,7 @@ the same global sample budget, on the built-in scene (examples/nerf/train.py def
 Each pair runs the single process, then the workers (back to back; --reverse swaps the order). Prints the CPU model,
 the load average before each run, per run the median and mean step time (every timed step of the chief; grid
 updates included), steps/s, the test PSNR at each evaluation against training time and the final PSNR on all test
-views, the ratio of the median step times and the issue-25 targets: workers' step time <= 2x the single
+views, the ratio of the median step times and the targets: workers' step time <= 2x the single
 process's, and the workers' final PSNR >= the single process's. Outputs under --out (default bench/out/nerf_distributed).
 """
 
