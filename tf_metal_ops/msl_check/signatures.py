@@ -9,9 +9,12 @@ kernels and the GPU proxy all take their signatures from here.
 Conventions:
   - an entry point is a function marked ``kernel`` (or ``[[kernel]]``) that is not a template, named by its name; or
     an explicit instantiation of a kernel template, ``template [[host_name("NAME")]] [[kernel]] decltype(f<A>)
-    f<A>;`` (MLX's form; ``... void f<A>(params);`` too), named NAME and called as ``f<A>`` (``Kernel.call``). A
-    kernel template without instantiations is no entry point; an instantiation without ``host_name`` is an error
-    (Apple's compiler would name it by its mangled name);
+    f<A>;`` (MLX's form; ``... void f<A>(params);`` too), written out or through macros, at file scope or in a
+    namespace, named NAME and called as ``f<A>`` (``Kernel.call``, spelled from the AST's template arguments). The
+    name is read from the AST too: the rewrite leaves ``host_name("NAME")``, which the prelude makes an annotate
+    attribute (C++ allows a GNU attribute, and no ``[[...]]`` list, on an explicit instantiation). A kernel template
+    without instantiations is no entry point; an instantiation without ``host_name`` is an error (Apple's compiler
+    would name it by its mangled name);
   - parameter types come from the AST (template arguments substituted), spelled as MSL spells them (``half``,
     ``uint``, ``float4``, ``atomic_uint``); their MSL attributes (``[[buffer(n)]]``, ``[[threadgroup(n)]]``, a
     thread-position attribute) from the source text right after the parameter's name, where the rewrite read them;
