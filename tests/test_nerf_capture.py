@@ -1,7 +1,7 @@
 """The NeRF example's loaders of real captures (colmap_model.py, colmap_loader.py, nerfstudio_loader.py, capture.py and
 normalise.py in examples/nerf/data/) on a capture of the unbounded test scene (nerf.data.unbounded_scene: 16 views
 of 64x48, five COLMAP camera models) written by the formats' own writers: pycolmap for COLMAP's .bin and .txt, JSON for
-nerfstudio's and instant-ngp's transforms.json. The capture is rendered once per session."""
+nerfstudio's and instant-ngp's transforms.json. The capture is rendered once per pytest run."""
 
 import json
 import os

@@ -1,6 +1,6 @@
 """Multi-worker NeRF training (examples/nerf/train.py --strategy multiworker, launch_local.py): loopback only.
 
-Every process is started in its own session and killed (process group) when its test ends, whatever happens;
+Every process is started as the leader of a new process group and killed (the whole group) when its test ends, whatever happens;
 every wait is bounded. The runs are tiny (24×24 scene, 256 rays/step, 2^12 table) to fit 2 CPU cores.
 """
 
@@ -40,7 +40,7 @@ def env(tmp_path_factory):
 
 
 class Procs:
-    """Started processes, each in its own session; killed (whole group) at teardown."""
+    """Started processes, each leading a new process group; killed (whole group) at teardown."""
 
     def __init__(self):
         self.procs = []
