@@ -290,9 +290,10 @@ def test_every_real_kernel_is_registered(launcher):
     _, units = launcher
     expected = set()
     for f in REAL_KERNEL_FILES:
-        # plain kernels, and the host names of kernel templates' instantiations
-        names = re.findall(r"^\s*kernel\s+void\s+(\w+)", f.read_text(), re.M) + re.findall(
-            r'^\s*\w+\("(\w+)",', f.read_text(), re.M)
+        text = f.read_text()
+        names = (re.findall(r"^\s*kernel\s+void\s+(\w+)", text, re.M)  # plain kernels
+                 + re.findall(r'\[\[host_name\("(\w+)"\)\]\]', text)  # instantiations written out
+                 + re.findall(r'^\s*\w+\("(\w+)",', text, re.M))  # instantiations through a macro
         assert names, f
         expected.update(names)
     s = Script(Path(tempfile.gettempdir())).cmd("names")
