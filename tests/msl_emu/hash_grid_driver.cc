@@ -56,22 +56,22 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
       msl_emu::dispatch_threads(uint2{n, L}, uint2{tg, 1}, [&](const msl_emu::ThreadCtx& t) {
         const uint2 gid = t.thread_position_in_grid.xy, tgp = t.threadgroup_position_in_grid.xy;
         if constexpr (sizeof(T) == 4) {
-          if (d3f2) hash_grid_encode_fm_d3f2_float32(positions.data(), params.data(), levels.data(), args, out.data(), gid, tgp);
-          else hash_grid_encode_fm_float32(positions.data(), params.data(), levels.data(), args, out.data(), gid, tgp);
+          if (d3f2) hash_grid_encode_fm<float, true>(positions.data(), params.data(), levels.data(), args, out.data(), gid, tgp);
+          else hash_grid_encode_fm<float, false>(positions.data(), params.data(), levels.data(), args, out.data(), gid, tgp);
         } else {
-          if (d3f2) hash_grid_encode_fm_d3f2_float16(positions.data(), params.data(), levels.data(), args, out.data(), gid, tgp);
-          else hash_grid_encode_fm_float16(positions.data(), params.data(), levels.data(), args, out.data(), gid, tgp);
+          if (d3f2) hash_grid_encode_fm<half, true>(positions.data(), params.data(), levels.data(), args, out.data(), gid, tgp);
+          else hash_grid_encode_fm<half, false>(positions.data(), params.data(), levels.data(), args, out.data(), gid, tgp);
         }
       });
     } else if (n > 0) {
       msl_emu::dispatch_threads((n * G + 31) / 32 * ((L + G - 1) / G) * 32, tg, [&](const msl_emu::ThreadCtx& t) {
         const uint gid = t.thread_position_in_grid.x;
         if constexpr (sizeof(T) == 4) {
-          if (d3f2) hash_grid_encode_d3f2_float32(positions.data(), params.data(), levels.data(), args, out.data(), gid);
-          else hash_grid_encode_float32(positions.data(), params.data(), levels.data(), args, out.data(), gid);
+          if (d3f2) hash_grid_encode<float, true>(positions.data(), params.data(), levels.data(), args, out.data(), gid);
+          else hash_grid_encode<float, false>(positions.data(), params.data(), levels.data(), args, out.data(), gid);
         } else {
-          if (d3f2) hash_grid_encode_d3f2_float16(positions.data(), params.data(), levels.data(), args, out.data(), gid);
-          else hash_grid_encode_float16(positions.data(), params.data(), levels.data(), args, out.data(), gid);
+          if (d3f2) hash_grid_encode<half, true>(positions.data(), params.data(), levels.data(), args, out.data(), gid);
+          else hash_grid_encode<half, false>(positions.data(), params.data(), levels.data(), args, out.data(), gid);
         }
       });
     }
@@ -83,18 +83,18 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
     fill.count = (uint)acc.size();
     if (!acc.empty())
       msl_emu::dispatch_threads(fill.count, tg, [&](const msl_emu::ThreadCtx& t) {
-        hash_grid_fill_zero(acc.data(), fill, t.thread_position_in_grid.x);
+        hash_grid_fill_zero<float>(acc.data(), fill, t.thread_position_in_grid.x);
       });
     if (n > 0 && args.n_active > 0) {
       msl_emu::dispatch_threads(uint2{n, args.n_active}, uint2{tg, 1}, [&](const msl_emu::ThreadCtx& t) {
         const uint2 gid = t.thread_position_in_grid.xy;
         const uint lane = t.thread_index_in_simdgroup;
         if constexpr (sizeof(T) == 4) {
-          if (d3f2) hash_grid_grad_params_d3f2_float32(dy.data(), positions.data(), levels.data(), args, acc.data(), gid, lane);
-          else hash_grid_grad_params_float32(dy.data(), positions.data(), levels.data(), args, acc.data(), gid, lane);
+          if (d3f2) hash_grid_grad_params<float, 3, 2, HG_INTERP_LINEAR>(dy.data(), positions.data(), levels.data(), args, acc.data(), gid, lane);
+          else hash_grid_grad_params<float, 0, 0, -1>(dy.data(), positions.data(), levels.data(), args, acc.data(), gid, lane);
         } else {
-          if (d3f2) hash_grid_grad_params_d3f2_float16(dy.data(), positions.data(), levels.data(), args, acc.data(), gid, lane);
-          else hash_grid_grad_params_float16(dy.data(), positions.data(), levels.data(), args, acc.data(), gid, lane);
+          if (d3f2) hash_grid_grad_params<half, 3, 2, HG_INTERP_LINEAR>(dy.data(), positions.data(), levels.data(), args, acc.data(), gid, lane);
+          else hash_grid_grad_params<half, 0, 0, -1>(dy.data(), positions.data(), levels.data(), args, acc.data(), gid, lane);
         }
       });
     }
@@ -115,11 +115,11 @@ static void run(msl_emu::Harness& h, const std::string& which, uint tg) {
       msl_emu::dispatch_threads(n, tg, [&](const msl_emu::ThreadCtx& t) {
         const uint gid = t.thread_position_in_grid.x;
         if constexpr (sizeof(T) == 4) {
-          if (d3f2) hash_grid_grad_positions_d3f2_float32(dy.data(), positions.data(), params.data(), levels.data(), args, dx.data(), gid);
-          else hash_grid_grad_positions_float32(dy.data(), positions.data(), params.data(), levels.data(), args, dx.data(), gid);
+          if (d3f2) hash_grid_grad_positions<float, 3, 2, HG_INTERP_LINEAR>(dy.data(), positions.data(), params.data(), levels.data(), args, dx.data(), gid);
+          else hash_grid_grad_positions<float, 0, 0, -1>(dy.data(), positions.data(), params.data(), levels.data(), args, dx.data(), gid);
         } else {
-          if (d3f2) hash_grid_grad_positions_d3f2_float16(dy.data(), positions.data(), params.data(), levels.data(), args, dx.data(), gid);
-          else hash_grid_grad_positions_float16(dy.data(), positions.data(), params.data(), levels.data(), args, dx.data(), gid);
+          if (d3f2) hash_grid_grad_positions<half, 3, 2, HG_INTERP_LINEAR>(dy.data(), positions.data(), params.data(), levels.data(), args, dx.data(), gid);
+          else hash_grid_grad_positions<half, 0, 0, -1>(dy.data(), positions.data(), params.data(), levels.data(), args, dx.data(), gid);
         }
       });
     }
