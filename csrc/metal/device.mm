@@ -31,10 +31,14 @@ bool ForceSource() {
 }
 
 // The embedded source file that defines kernel `function` ("void <function>(" in its text), or null.
+// The embedded source that defines kernel `function`: a plain kernel's `void function(`, or the string literal
+// "function", the [[host_name("function")]] of a kernel template's instantiation (written out, or an instantiation
+// macro's argument).
 const EmbeddedSource* SourceDefining(const char* function) {
-  const std::string needle = std::string("void ") + function + "(";
+  const std::string plain = std::string("void ") + function + "(";
+  const std::string named = std::string("\"") + function + "\"";
   for (const EmbeddedSource* e = kEmbeddedMetalSources; e->source != nullptr; ++e)
-    if (std::strstr(e->source, needle.c_str()) != nullptr) return e;
+    if (std::strstr(e->source, plain.c_str()) != nullptr || std::strstr(e->source, named.c_str()) != nullptr) return e;
   return nullptr;
 }
 

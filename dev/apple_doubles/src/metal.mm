@@ -724,11 +724,15 @@ namespace {
 
 std::vector<std::string> TableKernels() { return tfmo::emu::KernelNames(); }
 
+// The functions a source defines: plain kernels (`kernel void name(`) and the instances of kernel templates named
+// by [[host_name("name")]] (MSL: the function name of an explicit instantiation).
 std::vector<std::string> KernelsDefinedBy(const std::string& source) {
   static const std::regex re(R"((?:\bkernel|\[\[\s*kernel\s*\]\])\s+void\s+([A-Za-z_][A-Za-z0-9_]*)\s*\()");
+  static const std::regex host(R"re(\[\[\s*host_name\s*\(\s*"([^"]+)"\s*\)\s*\]\])re");
   std::vector<std::string> out;
-  for (auto it = std::sregex_iterator(source.begin(), source.end(), re); it != std::sregex_iterator(); ++it)
-    out.push_back((*it)[1].str());
+  for (const std::regex* r : {&re, &host})
+    for (auto it = std::sregex_iterator(source.begin(), source.end(), *r); it != std::sregex_iterator(); ++it)
+      out.push_back((*it)[1].str());
   return out;
 }
 
@@ -818,6 +822,10 @@ std::map<std::string, CompiledSource>* g_sources = new std::map<std::string, Com
       fflush(stderr);
       abort();
     }
+    // Its instances named through an instantiation macro (hash_grid.metal's HG_KERNEL("name", ...)): every kernel of
+    // the table that the source names as a string literal, as the host finds the source (SourceDefining).
+    for (const std::string& k : TableKernels())
+      if (text.find("\"" + k + "\"") != std::string::npos && ![lib has:k]) lib->_names.push_back(k);
     return lib;  // precompiled: the package's own source
   }
   TfmoInlineCompiler compiler;
