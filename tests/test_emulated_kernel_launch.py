@@ -463,6 +463,17 @@ template [[host_name("plain_float")]] kernel decltype(plain<float>) plain<float>
     assert [(k.call, k.function) for k in mf.kernels] == [("k<float>", "k"), ("plain<float>", "plain")]
 
 
+def test_parser_reads_a_source_with_non_ascii_text():
+    # clang counts UTF-8 bytes; the attributes after each parameter are found by string index all the same.
+    text = ("// Kernels — “sums” in µs\n#include <metal_stdlib>\nusing namespace metal;\n"
+            "kernel void k(device const float* x [[buffer(0)]], /* ½ */ device float* y [[buffer(1)]],\n"
+            "              uint i [[thread_position_in_grid]]) { y[i] = x[i]; }  // ∑\n"
+            "kernel void k2(constant uint& n [[buffer(3)]]) {}\n")
+    mf = glue.parse_metal("u.metal", text=text)
+    assert [(k.name, [(p.name, p.kind, p.index) for p in k.params]) for k in mf.kernels] == [
+        ("k", [("x", "buffer", 0), ("y", "buffer", 1), ("i", "attribute", 0)]), ("k2", [("n", "buffer", 3)])]
+
+
 def test_parser_reports_a_missing_header(tmp_path):
     f = tmp_path / "k.metal"
     f.write_text('#include "not_there.h"\nkernel void k(device float* x [[buffer(0)]]) {}\n')

@@ -55,25 +55,6 @@ _ATOMIC_FLOAT = re.compile(r"\batomic_float\b|\batomic<float>")
 
 
 # ---- the JSON AST ----------------------------------------------------------------------------------------------------
-def _annotate_locations(ast):
-    """clang's JSON writes a location's file and line only when they change from the previous location written:
-    walk the dump in its order and store the full (file, line) in each location as "_file" / "_line"."""
-    file, line = "", 0
-    stack = [ast]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if "offset" in node and "col" in node:
-                if "file" in node:
-                    file = node["file"]
-                if "line" in node:
-                    line = node["line"]
-                node["_file"], node["_line"] = file, line
-            stack.extend(reversed(list(node.values())))
-        elif isinstance(node, list):
-            stack.extend(reversed(node))
-
-
 def _bare(loc):
     if not loc:
         return None
@@ -118,7 +99,6 @@ class AstChecker:
 
     # -- traversal
     def run(self, ast) -> list[Finding]:
-        _annotate_locations(ast)
         self.forbidden = ForbiddenRules(self, ast)
         self._find_stage_lines()
         try:

@@ -32,7 +32,7 @@ from typing import Sequence
 
 from tf_metal_ops.msl_check.api import compile_ast
 from tf_metal_ops.msl_check.context import PRELUDE
-from tf_metal_ops.msl_check.rules import _annotate_locations, _bare
+from tf_metal_ops.msl_check.rules import _bare
 from tf_metal_ops.msl_check.type_strings import normalise
 
 # ThreadCtx fields (csrc/msl_emu/include/msl_emu/runtime.h): attribute -> is the field a uint3 (else uint).
@@ -420,5 +420,4 @@ def read_source(source: str, *, filename: str = "<source>", include_dirs: Sequen
     fatal = [f for f in findings if "file not found" in f.message]
     if fatal:
         raise SignatureError(f"{fatal[0].file}:{fatal[0].line}: {fatal[0].message}")
-    _annotate_locations(ast)
     return _Reader(ctx, filename).read(ast)
