@@ -118,6 +118,44 @@ def test_dynamic_launch_errors_come_from_the_kernel():
     np.testing.assert_allclose(f(x, tf.constant(4, tf.int64), tf.constant(4, tf.int64)).numpy(), np.e, rtol=2e-6)
 
 
+def test_eager_calls_run_a_registered_call_and_graphs_hold_the_full_op():
+    """An eager call with a static launch runs TfmoMetalKernelCall (its attrs registered once in this process); a
+    tf.function's graph (what a SavedModel stores) holds TfmoMetalKernel with every attr."""
+    import tensorflow as tf
+
+    k, x = _exp(), tf.ones([4])
+    (y,) = _call(k, x)
+    np.testing.assert_allclose(y.numpy(), np.e, rtol=2e-6)
+    (inst, _), = k._calls.values()
+    token = inst.call_attrs[-1]
+    assert inst.tin == ("float32",) and token > 0
+    _call(k, 2 * x)
+    assert inst.call_attrs[-1] == token and len(k._calls) == 1  # the same registered call
+    graph = tf.function(lambda v: _call(k, v)[0]).get_concrete_function(tf.TensorSpec([4])).graph
+    types = {op.type for op in graph.get_operations()}
+    assert "TfmoMetalKernel" in types and "TfmoMetalKernelCall" not in types, types
+
+
+def test_a_call_not_registered_in_this_process_is_refused():
+    """TfmoMetalKernelCall names its attrs by a random token of this process: any other token (a graph written
+    elsewhere, a guess) is an InvalidArgumentError, and so are dtypes other than those registered."""
+    import tensorflow as tf
+
+    from tf_metal_ops import _library
+
+    raw, x = _library.ops(), tf.ones([4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="call 12345 is not registered in this process"):
+        raw.tfmo_metal_kernel_call(inputs=[x], Tout=[tf.float32], call=12345)
+    k = _exp()
+    _call(k, x)
+    (inst, _), = k._calls.values()
+    token = inst.call_attrs[-1]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="other dtypes than Tin / Tout"):
+        raw.tfmo_metal_kernel_call(inputs=[tf.ones([4], tf.int32)], Tout=[tf.float32], call=token)
+    (y,) = raw.tfmo_metal_kernel_call(inputs=[x], Tout=[tf.float32], call=token)
+    np.testing.assert_allclose(y.numpy(), np.e, rtol=2e-6)
+
+
 def test_compile_errors_quote_the_users_lines():
     import tensorflow as tf
 

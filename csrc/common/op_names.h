@@ -45,3 +45,4 @@
 
 // family: metal_kernel
 #define TFMO_OP_METAL_KERNEL "TfmoMetalKernel"  // generic: prefixed (see the rule above)
+#define TFMO_OP_METAL_KERNEL_CALL "TfmoMetalKernelCall"  // its eager calls (csrc/ops/metal_kernel_op.cc)

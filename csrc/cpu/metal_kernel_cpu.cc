@@ -28,7 +28,7 @@ bool BoundsCheckRequested() {
 }
 
 struct State {
-  std::unique_ptr<Attrs> attrs;
+  std::shared_ptr<const Attrs> attrs;
   bool checked = false;
   std::atomic<const TfmoInlineKernel*> kernel{nullptr};  // resolved on first use
   void Init() { checked = BoundsCheckRequested(); }

@@ -20,7 +20,7 @@ using tfmo::metal_kernel::Launch;
 using tfmo::metal_kernel::Slot;
 
 struct State {
-  std::unique_ptr<Attrs> attrs;
+  std::shared_ptr<const Attrs> attrs;
   tfmo::gpu::KernelSource source;
   std::vector<std::string> init_kernels;  // by output
   void Init() {

@@ -2,6 +2,8 @@
 // (semantics: csrc/ops/metal_kernel_op.cc). Every check fails the op with InvalidArgument naming the kernel.
 #pragma once
 
+#include <dlfcn.h>
+
 #include <cinttypes>
 #include <cstdint>
 #include <cstring>
@@ -104,99 +106,117 @@ inline bool ParseSlot(const std::string& text, Slot* slot) {
   return text.empty();  // "": nothing bound at this slot
 }
 
-// Reads and checks the attributes (kernel construction); null after failing c.
-inline std::unique_ptr<Attrs> ReadAttrs(TF_OpKernelConstruction* c) {
-  auto a = std::make_unique<Attrs>();
+// The attributes as the graph (or a registered eager call) gives them, before any check.
+struct Fields {
+  std::string source, kernel;
+  std::vector<TF_DataType> tin, tout;
   std::vector<std::string> bindings;
-  std::vector<int64_t> nl;
+  std::vector<int64_t> output_ranks, launch;
   int64_t n_launch = 0;
-  std::vector<float> init(2, 0.0f);
-  if (!GetAttr(c, "source", &a->source) || !GetAttr(c, "kernel", &a->kernel) || !ReadTypes(c, "Tin", &a->tin) ||
-      !ReadTypes(c, "Tout", &a->tout) || !ReadStrings(c, "bindings", &bindings) ||
-      !ReadList(c, "output_ranks", &a->output_ranks) || !ReadList(c, "launch", &a->launch) ||
-      !GetAttr(c, "NL", &n_launch))
+  std::vector<float> init_value;  // empty, or the one value
+};
+
+// Checks `f` and parses it; null after setting `status` (InvalidArgument naming the kernel).
+inline std::unique_ptr<Attrs> Build(Fields f, TF_Status* status) {
+  auto fail = [status](const char* fmt, auto... args) -> std::unique_ptr<Attrs> {
+    SetStatus(status, TF_INVALID_ARGUMENT, fmt, args...);
     return nullptr;
-  {
-    Status s;
-    int32_t n = 0, total = 0;
-    TF_OpKernelConstruction_GetAttrSize(c, "init_value", &n, &total, s);
-    if (s.ok() && n > 1) {
-      ConstructionFail(c, TF_INVALID_ARGUMENT, "metal_kernel %s: init_value has %d values (0 or 1)", a->kernel.c_str(), n);
-      return nullptr;
-    }
-    if (s.ok() && n == 1) TF_OpKernelConstruction_GetAttrFloatList(c, "init_value", init.data(), 1, s);
-    if (!s.ok()) {
-      TF_OpKernelConstruction_Failure(c, s);
-      return nullptr;
-    }
-    a->has_init = n == 1;
-    a->init_value = init[0];
-  }
+  };
+  auto a = std::make_unique<Attrs>();
+  a->source = std::move(f.source);
+  a->kernel = std::move(f.kernel);
+  a->tin = std::move(f.tin);
+  a->tout = std::move(f.tout);
+  a->output_ranks = std::move(f.output_ranks);
+  a->launch = std::move(f.launch);
   const char* k = a->kernel.c_str();
-  if (a->kernel.empty() || a->source.empty()) {
-    ConstructionFail(c, TF_INVALID_ARGUMENT, "metal_kernel: empty kernel name or source");
-    return nullptr;
-  }
-  if (bindings.size() > kMaxSlots) {
-    ConstructionFail(c, TF_INVALID_ARGUMENT, "metal_kernel %s: %zu buffers, more than Metal's %u ([[buffer(0..30)]])", k,
-                     bindings.size(), kMaxSlots);
-    return nullptr;
-  }
+  if (f.init_value.size() > 1)
+    return fail("metal_kernel %s: init_value has %zu values (0 or 1)", k, f.init_value.size());
+  a->has_init = f.init_value.size() == 1;
+  a->init_value = a->has_init ? f.init_value[0] : 0.0f;
+  if (a->kernel.empty() || a->source.empty()) return fail("metal_kernel: empty kernel name or source");
+  if (a->tout.empty()) return fail("metal_kernel %s: no outputs", k);
+  const std::vector<std::string>& bindings = f.bindings;
+  if (bindings.size() > kMaxSlots)
+    return fail("metal_kernel %s: %zu buffers, more than Metal's %u ([[buffer(0..30)]])", k, bindings.size(),
+                kMaxSlots);
   std::vector<int> out_bound(a->tout.size(), 0), in_bound(a->tin.size(), 0);
   for (size_t n = 0; n < bindings.size(); ++n) {
     Slot s;
-    if (!ParseSlot(bindings[n], &s)) {
-      ConstructionFail(c, TF_INVALID_ARGUMENT, "metal_kernel %s: binding %zu '%s' is not in:i, out:j, shape:i, strides:i "
-                       "or ndim:i", k, n, bindings[n].c_str());
-      return nullptr;
-    }
+    if (!ParseSlot(bindings[n], &s))
+      return fail("metal_kernel %s: binding %zu '%s' is not in:i, out:j, shape:i, strides:i or ndim:i", k, n,
+                  bindings[n].c_str());
     const size_t limit = s.kind == Slot::Kind::kOutput ? a->tout.size() : a->tin.size();
-    if (s.kind != Slot::Kind::kNone && static_cast<size_t>(s.index) >= limit) {
-      ConstructionFail(c, TF_INVALID_ARGUMENT, "metal_kernel %s: binding %zu '%s' names a %s that does not exist "
-                       "(%zu of them)", k, n, bindings[n].c_str(), s.kind == Slot::Kind::kOutput ? "output" : "input",
-                       limit);
-      return nullptr;
-    }
+    if (s.kind != Slot::Kind::kNone && static_cast<size_t>(s.index) >= limit)
+      return fail("metal_kernel %s: binding %zu '%s' names a %s that does not exist (%zu of them)", k, n,
+                  bindings[n].c_str(), s.kind == Slot::Kind::kOutput ? "output" : "input", limit);
     if (s.kind == Slot::Kind::kOutput) ++out_bound[s.index];
     if (s.kind == Slot::Kind::kInput) ++in_bound[s.index];
     a->slots.push_back(s);
   }
   for (size_t j = 0; j < out_bound.size(); ++j)
-    if (out_bound[j] != 1) {
-      ConstructionFail(c, TF_INVALID_ARGUMENT, "metal_kernel %s: output %zu is bound %d times (exactly once)", k, j,
-                       out_bound[j]);
-      return nullptr;
-    }
+    if (out_bound[j] != 1)
+      return fail("metal_kernel %s: output %zu is bound %d times (exactly once)", k, j, out_bound[j]);
   for (size_t i = 0; i < in_bound.size(); ++i)
-    if (in_bound[i] > 1) {
-      ConstructionFail(c, TF_INVALID_ARGUMENT, "metal_kernel %s: input %zu is bound %d times (at most once)", k, i,
-                       in_bound[i]);
-      return nullptr;
-    }
-  if (a->output_ranks.size() != a->tout.size()) {
-    ConstructionFail(c, TF_INVALID_ARGUMENT, "metal_kernel %s: %zu output ranks for %zu outputs", k,
-                     a->output_ranks.size(), a->tout.size());
-    return nullptr;
-  }
+    if (in_bound[i] > 1) return fail("metal_kernel %s: input %zu is bound %d times (at most once)", k, i, in_bound[i]);
+  if (a->output_ranks.size() != a->tout.size())
+    return fail("metal_kernel %s: %zu output ranks for %zu outputs", k, a->output_ranks.size(), a->tout.size());
   size_t expected = 6;
   for (int64_t r : a->output_ranks) {
-    if (r < 0 || r > 8) {
-      ConstructionFail(c, TF_INVALID_ARGUMENT, "metal_kernel %s: output rank %" PRId64 " is not in 0..8", k, r);
-      return nullptr;
-    }
+    if (r < 0 || r > 8) return fail("metal_kernel %s: output rank %" PRId64 " is not in 0..8", k, r);
     expected += static_cast<size_t>(r);
   }
-  a->dynamic = n_launch == 1;
-  if (n_launch > 1) {
-    ConstructionFail(c, TF_INVALID_ARGUMENT, "metal_kernel %s: NL = %" PRId64 " (0 or 1)", k, n_launch);
-    return nullptr;
-  }
-  if (!a->dynamic && a->launch.size() != expected) {
-    ConstructionFail(c, TF_INVALID_ARGUMENT, "metal_kernel %s: the launch attr has %zu values, expected %zu (grid, "
-                     "threadgroup, output dims)", k, a->launch.size(), expected);
-    return nullptr;
-  }
+  if (f.n_launch < 0 || f.n_launch > 1) return fail("metal_kernel %s: NL = %" PRId64 " (0 or 1)", k, f.n_launch);
+  a->dynamic = f.n_launch == 1;
+  if (!a->dynamic && a->launch.size() != expected)
+    return fail("metal_kernel %s: the launch attr has %zu values, expected %zu (grid, threadgroup, output dims)", k,
+                a->launch.size(), expected);
   return a;
+}
+
+// Reads and checks the attributes (kernel construction of TfmoMetalKernel); null after failing c.
+inline std::unique_ptr<Attrs> ReadAttrs(TF_OpKernelConstruction* c) {
+  Fields f;
+  if (!GetAttr(c, "source", &f.source) || !GetAttr(c, "kernel", &f.kernel) || !ReadTypes(c, "Tin", &f.tin) ||
+      !ReadTypes(c, "Tout", &f.tout) || !ReadStrings(c, "bindings", &f.bindings) ||
+      !ReadList(c, "output_ranks", &f.output_ranks) || !ReadList(c, "launch", &f.launch) ||
+      !GetAttr(c, "NL", &f.n_launch))
+    return nullptr;
+  Status s;
+  int32_t n = 0, total = 0;
+  TF_OpKernelConstruction_GetAttrSize(c, "init_value", &n, &total, s);
+  if (s.ok() && n > 0) {
+    f.init_value.assign(static_cast<size_t>(n), 0.0f);
+    TF_OpKernelConstruction_GetAttrFloatList(c, "init_value", f.init_value.data(), n, s);
+  }
+  std::unique_ptr<Attrs> a = s.ok() ? Build(std::move(f), s) : nullptr;
+  if (!a) TF_OpKernelConstruction_Failure(c, s);
+  return a;
+}
+
+// The registered eager call that TfmoMetalKernelCall's `call` attr names, checked against its Tin / Tout; null after
+// failing c. The calls live in the op library (csrc/ops/metal_kernel_op.cc); a kernel library built apart from it
+// (the emulated GPU's) finds them through its extern "C" tfmo_metal_kernel_find_call, looked up in the process.
+inline std::shared_ptr<const Attrs> ReadCall(TF_OpKernelConstruction* c) {
+  int64_t id = 0;
+  std::vector<TF_DataType> tin, tout;
+  if (!GetAttr(c, "call", &id) || !ReadTypes(c, "Tin", &tin) || !ReadTypes(c, "Tout", &tout)) return nullptr;
+  using Find = const void* (*)(int64_t);
+  const auto find = reinterpret_cast<Find>(dlsym(RTLD_DEFAULT, "tfmo_metal_kernel_find_call"));
+  const Attrs* a = find != nullptr ? static_cast<const Attrs*>(find(id)) : nullptr;
+  if (a == nullptr) {
+    ConstructionFail(c, TF_INVALID_ARGUMENT, "metal_kernel: call %" PRId64 " is not registered in this process "
+                     "(TfmoMetalKernelCall runs eager calls of tf_metal_ops.metal_kernel; graphs hold TfmoMetalKernel)",
+                     id);
+    return nullptr;
+  }
+  if (tin != a->tin || tout != a->tout) {
+    ConstructionFail(c, TF_INVALID_ARGUMENT, "metal_kernel %s: call %" PRId64 " was registered with %zu inputs and "
+                     "%zu outputs of other dtypes than Tin / Tout", a->kernel.c_str(), id, a->tin.size(),
+                     a->tout.size());
+    return nullptr;
+  }
+  return std::shared_ptr<const Attrs>(a, [](const Attrs*) {});  // registered calls live for the process
 }
 
 // The launch description of this call (from the attr, or the launch_values input), checked; false after failing ctx.
@@ -253,16 +273,25 @@ inline bool ReadLaunch(TF_OpKernelContext* ctx, const Attrs& a, Launch* out) {
   return true;
 }
 
-// The per-device kernels' state: the attributes, parsed once when TF creates the kernel, and what each device adds
-// (State::Init). CreateState/DeleteState are the kernel's create/destroy functions.
+// The per-device kernels' state: the attributes, parsed once when TF creates the kernel (TfmoMetalKernel: from its
+// attrs; TfmoMetalKernelCall: the registered call's), and what each device adds (State::Init). CreateState /
+// CreateCallState / DeleteState are the kernels' create/destroy functions.
 template <class State>
-void* CreateState(TF_OpKernelConstruction* c) {
-  std::unique_ptr<Attrs> a = ReadAttrs(c);
-  if (!a) return nullptr;
+void* StateWith(std::shared_ptr<const Attrs> a) {
   auto* s = new State;
   s->attrs = std::move(a);
   s->Init();
   return s;
+}
+template <class State>
+void* CreateState(TF_OpKernelConstruction* c) {
+  std::unique_ptr<Attrs> a = ReadAttrs(c);
+  return a ? StateWith<State>(std::move(a)) : nullptr;
+}
+template <class State>
+void* CreateCallState(TF_OpKernelConstruction* c) {
+  std::shared_ptr<const Attrs> a = ReadCall(c);
+  return a ? StateWith<State>(std::move(a)) : nullptr;
 }
 template <class State>
 void DeleteState(void* s) {
@@ -308,8 +337,8 @@ inline bool ShapeValues(TF_OpKernelContext* ctx, const Attrs& a, const TensorRef
   return true;
 }
 
-// Registers TfmoMetalKernel's kernel on `device` ("CPU" or "GPU", where launch_values stays in host memory), with
-// kernel state State (CreateState / DeleteState).
+// Registers the kernels of TfmoMetalKernel and TfmoMetalKernelCall on `device` ("CPU" or "GPU", where
+// launch_values stays in host memory), with kernel state State (CreateState / CreateCallState / DeleteState).
 template <class State>
 void RegisterKernels(const char* device, void (*compute)(void*, TF_OpKernelContext*)) {
   KernelSpec spec = KernelSpecFor(device);
@@ -319,6 +348,12 @@ void RegisterKernels(const char* device, void (*compute)(void*, TF_OpKernelConte
   spec.destroy = &DeleteState<State>;
   if (std::strcmp(device, "GPU") == 0) spec.host_memory = {"launch_values"};
   RegisterKernel(spec);
+  KernelSpec call = KernelSpecFor(device);
+  call.op = TFMO_OP_METAL_KERNEL_CALL;
+  call.create = &CreateCallState<State>;
+  call.compute = compute;
+  call.destroy = &DeleteState<State>;
+  RegisterKernel(call);
 }
 
 }  // namespace tfmo::metal_kernel

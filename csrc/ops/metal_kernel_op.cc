@@ -9,12 +9,75 @@
 //           [grid x, y, z (threads), threadgroup x, y, z, output 0's dims..., output 1's dims..., ...], with output
 //           j's rank output_ranks[j]. A grid with a zero dimension dispatches nothing.
 //   init_value: empty, or one value every output element is set to before the kernel runs.
+//
+// TfmoMetalKernelCall(inputs: Tin) -> outputs: Tout, attr call: int
+//   The same kernel with a static launch, for eager calls: `call` names a description (every attr above but Tin/Tout,
+//   and Tin/Tout themselves) registered in this process by tfmo_metal_kernel_register_call, so an eager call passes
+//   three attrs instead of nine. A call is a random 63-bit token: a graph from elsewhere names none that exists here,
+//   and is refused (InvalidArgument). tf_metal_ops.metal_kernel uses it only when executing eagerly; graphs and
+//   SavedModels always hold TfmoMetalKernel.
 // Kernels: CPU (csrc/cpu/metal_kernel_cpu.cc) and GPU (csrc/gpu/metal_kernel_gpu.cc); validation in
 // csrc/ops/metal_kernel_args.h. No gradient: tf_metal_ops.metal_kernel pairs kernels with tf.custom_gradient.
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <unordered_map>
+
 #include "common/op_names.h"
 #include "common/shape_fns.h"
 #include "common/tfc.h"
 #include "ops/metal_kernel_args.h"
+
+namespace tfmo::metal_kernel {
+namespace {
+
+std::mutex g_calls_mu;
+std::unordered_map<int64_t, std::shared_ptr<const Attrs>>& Calls() {
+  static auto* calls = new std::unordered_map<int64_t, std::shared_ptr<const Attrs>>;  // lives for the process
+  return *calls;
+}
+
+}  // namespace
+
+}  // namespace tfmo::metal_kernel
+
+// The registered call with token `id` (an Attrs that lives for the process), or null.
+extern "C" __attribute__((visibility("default"))) const void* tfmo_metal_kernel_find_call(int64_t id) {
+  std::lock_guard<std::mutex> lock(tfmo::metal_kernel::g_calls_mu);
+  auto it = tfmo::metal_kernel::Calls().find(id);
+  return it != tfmo::metal_kernel::Calls().end() ? it->second.get() : nullptr;
+}
+
+// Registers an eager call (the attrs of TfmoMetalKernel, checked as its kernels check them; dtypes as TF_DataType
+// values; bindings as n_bindings NUL-terminated strings; no init value when has_init is 0). Returns the call's
+// token (> 0), or 0 after writing the reason into error[0 .. error_len).
+extern "C" __attribute__((visibility("default"))) int64_t tfmo_metal_kernel_register_call(
+    const char* source, const char* kernel, const int* tin, int n_tin, const int* tout, int n_tout,
+    const char* const* bindings, int n_bindings, const int64_t* output_ranks, int n_ranks, const int64_t* launch,
+    int n_launch, int has_init, float init_value, char* error, int error_len) {
+  using namespace tfmo::metal_kernel;
+  Fields f;
+  f.source = source != nullptr ? source : "";
+  f.kernel = kernel != nullptr ? kernel : "";
+  for (int i = 0; i < n_tin; ++i) f.tin.push_back(static_cast<TF_DataType>(tin[i]));
+  for (int j = 0; j < n_tout; ++j) f.tout.push_back(static_cast<TF_DataType>(tout[j]));
+  for (int n = 0; n < n_bindings; ++n) f.bindings.emplace_back(bindings[n] != nullptr ? bindings[n] : "");
+  f.output_ranks.assign(output_ranks, output_ranks + (n_ranks > 0 ? n_ranks : 0));
+  f.launch.assign(launch, launch + (n_launch > 0 ? n_launch : 0));
+  if (has_init) f.init_value.push_back(init_value);
+  tfmo::Status s;
+  std::shared_ptr<const Attrs> a = Build(std::move(f), s);
+  if (!a) {
+    if (error != nullptr && error_len > 0) std::snprintf(error, static_cast<size_t>(error_len), "%s", s.message());
+    return 0;
+  }
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard<std::mutex> lock(g_calls_mu);
+  int64_t id = 0;
+  while (id <= 0 || Calls().count(id)) id = static_cast<int64_t>(rng() >> 1);
+  Calls().emplace(id, std::move(a));
+  return id;
+}
 
 namespace {
 
@@ -30,6 +93,8 @@ static const tfmo::OnLoad kRegister([] {
                   "bindings: list(string)", "output_ranks: list(int)", "launch: list(int) = []",
                   "init_value: list(float) = []"},
                  {"inputs: Tin", "launch_values: NL * int64"}, {"outputs: Tout"}, &MetalKernelShape);
+  tfmo::DefineOp(TFMO_OP_METAL_KERNEL_CALL, {tin.c_str(), tout.c_str(), "call: int"}, {"inputs: Tin"},
+                 {"outputs: Tout"}, &MetalKernelShape);
 });
 
 }  // namespace

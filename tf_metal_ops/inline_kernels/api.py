@@ -17,6 +17,7 @@ then converts its launch description and runs the op.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import numbers
@@ -177,25 +178,70 @@ class _Instance:
 
     source: gen.KernelSource
     attrs: dict
+    tin: tuple | None = None  # the input dtypes of a call kept for reuse (MetalKernel's); None: not registered
 
     @functools.cached_property
     def flat_attrs(self) -> tuple:
         """The attrs as TFE_Py_FastPathExecute takes them: name, value, name, value, ..."""
         return tuple(v for item in self.attrs.items() for v in item)
 
+    @functools.cached_property
+    def call_attrs(self) -> tuple:
+        """TfmoMetalKernelCall's attrs (Tout and the registered call) for a static launch, registered on first use."""
+        return ("Tout", self.attrs["Tout"], "call", _register_call(self.attrs, self.tin))
+
 
 _OP = "TfmoMetalKernel"  # csrc/common/op_names.h
+_CALL_OP = "TfmoMetalKernelCall"
+
+
+@functools.cache
+def _register_call_fn():
+    """The op library's tfmo_metal_kernel_register_call (csrc/ops/metal_kernel_op.cc), typed once."""
+    fn = _library.native().tfmo_metal_kernel_register_call
+    c_int_p, c_ll_p = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_longlong)
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, c_int_p, ctypes.c_int, c_int_p, ctypes.c_int,
+                   ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, c_ll_p, ctypes.c_int, c_ll_p, ctypes.c_int,
+                   ctypes.c_int, ctypes.c_float, ctypes.c_char_p, ctypes.c_int]
+    fn.restype = ctypes.c_longlong
+    return fn
+
+
+def _register_call(attrs: dict, tin: Sequence[str]) -> int:
+    """Registers a static launch of TfmoMetalKernel as an eager call in the op library; returns its token."""
+    fn = _register_call_fn()
+
+    def ints(values, ctype):
+        return (ctype * max(1, len(values)))(*values), len(values)
+
+    tout, n_tout = ints([d.as_datatype_enum for d in attrs["Tout"]], ctypes.c_int)
+    tin, n_tin = ints([_tf().as_dtype(d).as_datatype_enum for d in tin], ctypes.c_int)
+    bindings = [b.encode() for b in attrs["bindings"]]
+    c_bindings = (ctypes.c_char_p * max(1, len(bindings)))(*bindings)
+    ranks, n_ranks = ints(attrs["output_ranks"], ctypes.c_longlong)
+    launch, n_launch = ints(attrs["launch"], ctypes.c_longlong)
+    init = attrs.get("init_value") or []
+    error = ctypes.create_string_buffer(1024)
+    token = fn(attrs["source"].encode(), attrs["kernel"].encode(), tin, n_tin, tout, n_tout, c_bindings,
+               len(bindings), ranks, n_ranks, launch, n_launch, 1 if init else 0, float(init[0]) if init else 0.0,
+               error, len(error))
+    if token <= 0:
+        raise ValueError(f"tf_metal_ops.metal_kernel: {error.value.decode(errors='replace')}")
+    return int(token)
 
 
 def _run(inst: _Instance, inputs: list, launch: _Launch):
-    """Runs the op. Eagerly with a static launch, through TFE_Py_FastPathExecute with the instance's prepared attrs
-    (what TF's generated op wrappers do, minus converting the attrs on every call); else the generated wrapper."""
+    """Runs the op. Eagerly with a static launch: TfmoMetalKernelCall through TFE_Py_FastPathExecute, with the
+    instance's call registered once (three attrs a call instead of nine); else the generated wrapper of
+    TfmoMetalKernel, which graphs and SavedModels hold."""
     tf = _tf()
     build.ensure_registered()
     ctx = _tf.context.context()
     if launch.dynamic is None and ctx.executing_eagerly():
         try:
-            return list(_tf.pywrap_tfe.TFE_Py_FastPathExecute(ctx, _OP, None, inputs, [], *inst.flat_attrs))
+            if inst.tin is None:
+                return list(_tf.pywrap_tfe.TFE_Py_FastPathExecute(ctx, _OP, None, inputs, [], *inst.flat_attrs))
+            return list(_tf.pywrap_tfe.TFE_Py_FastPathExecute(ctx, _CALL_OP, None, inputs, *inst.call_attrs))
         except _tf.core._NotOkStatusException as e:
             _tf.ops.raise_from_not_ok_status(e, None)
         except _tf.core._FallbackException:
@@ -262,16 +308,20 @@ class MetalKernel:
         except TypeError:  # an unhashable argument (a list, a tensor): a dynamic launch is rebuilt on every call
             prepared, key = None, None
         if prepared is None:
-            prepared = self._prepare(inputs, grid, threadgroup, output_shapes, output_dtypes, template, init_value)
-            if key is not None and len(self._calls) < 4096:
+            keep = key is not None and len(self._calls) < 4096
+            prepared = self._prepare(inputs, grid, threadgroup, output_shapes, output_dtypes, template, init_value,
+                                     keep)
+            if keep:
                 self._calls[key] = prepared
         inst, launch = prepared
         if verbose:
             print(inst.source.msl)
         return _run(inst, inputs, launch)
 
-    def _prepare(self, inputs, grid, threadgroup, output_shapes, output_dtypes, template, init_value):
-        """Checks one call and builds its instance and launch description (kept when they are all static)."""
+    def _prepare(self, inputs, grid, threadgroup, output_shapes, output_dtypes, template, init_value, keep):
+        """Checks one call and builds its instance and launch description. A call kept for reuse (`keep`) with a
+        static launch runs eagerly as a registered call (`_Instance.tin` set): one registration, then every call
+        passes three attrs. The registry holds one entry per kept call, as TF's kernel cache holds one kernel."""
         if len(inputs) != len(self.input_names):
             raise ValueError(f"tf_metal_ops.metal_kernel {self.name}: {len(inputs)} inputs given for the "
                              f"{len(self.input_names)} input names {list(self.input_names)}")
@@ -293,7 +343,8 @@ class MetalKernel:
         if init_value is not None:
             attrs["init_value"] = [float(init_value)]
         attrs["launch"] = launch.static if launch.static is not None else []
-        return _Instance(inst.source, attrs), launch
+        registered = keep and launch.static is not None
+        return _Instance(inst.source, attrs, tuple(in_dtypes) if registered else None), launch
 
 
 def _attrs(src: gen.KernelSource, output_dtypes: Sequence[str], output_ranks: Sequence[int]) -> dict:

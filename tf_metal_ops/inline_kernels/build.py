@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
 import platform
 import re
 import sys
@@ -54,8 +55,13 @@ def _msl_emu():
 
 
 def _emulated_gpu():
-    """The emulated GPU module when this process imported it (enabling it imports it), else None."""
-    return sys.modules.get("tf_metal_ops.emulated_gpu")
+    """The emulated GPU module when this process imported it (enabling it imports it), else None. While another
+    thread is importing it (its first kernel build asks it for the compiler), this waits for that import to finish:
+    a partially initialised module has none of its functions yet."""
+    module = sys.modules.get("tf_metal_ops.emulated_gpu")
+    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False):
+        module = importlib.import_module("tf_metal_ops.emulated_gpu")  # takes the module's import lock
+    return module
 
 
 class KernelCompileError(ValueError):
