@@ -305,6 +305,7 @@ def capture_camera_psnr(run: str, capture, test: list, all_names: list, model_di
     import pycolmap
 
     from nerf import models
+    from nerf.data.cameras import Camera
 
     model = models.load_model(os.path.join(run, "model"))
     rec = pycolmap.Reconstruction(model_dir)
@@ -316,7 +317,7 @@ def capture_camera_psnr(run: str, capture, test: list, all_names: list, model_di
         f, cx, cy = (float(v) / SFM_SCALE for v in cam.params[:3])  # SIMPLE_PINHOLE: f, cx, cy
         H, W = cam.height // SFM_SCALE, cam.width // SFM_SCALE
         w2c = im.cam_from_world() if callable(im.cam_from_world) else im.cam_from_world
-        rgb, _, _ = models.render_image(model, H, W, (f, f, cx, cy), opengl_c2w(w2c))
+        rgb, _, _ = models.render_image(model, Camera.pinhole(W, H, f, f, cx, cy), opengl_c2w(w2c), frame="data")
         i = all_names.index(name)
         gt = capture.images[i].astype(np.float64).reshape(H, SFM_SCALE, W, SFM_SCALE, 3).mean(axis=(1, 3)) / 255
         psnrs[name] = float(-10 * np.log10(np.mean((rgb - gt) ** 2)))
@@ -340,7 +341,7 @@ def true_camera_psnr(run: str, capture, test: list, all_names: list, true_c2w, s
     psnrs = {}
     for name in test:
         i = all_names.index(name)
-        rgb, _, _ = models.render_image(model, H, W, (cam.fx, cam.fy, cam.cx, cam.cy), normalise.apply(S, true_c2w[i]))
+        rgb, _, _ = models.render_image(model, cam, normalise.apply(S, true_c2w[i]), frame="data")
         gt = capture.images[i].astype(np.float64).reshape(H, SFM_SCALE, W, SFM_SCALE, 3).mean(axis=(1, 3)) / 255
         psnrs[name] = float(-10 * np.log10(np.mean((rgb - gt) ** 2)))
     return dict(per_view=psnrs, mean=float(np.mean(list(psnrs.values()))))

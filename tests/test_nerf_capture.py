@@ -18,7 +18,7 @@ import pytest
 from nerf.data import DatasetError, load_dataset
 from nerf.data import capture_writers as writers
 from nerf.data import unbounded_scene as scene
-from nerf.data.cameras import model_name, param_names
+from nerf.data.cameras import Camera, model_name, param_names
 from nerf.data.colmap_model import read_model
 from nerf.data.loaders import detect_format
 from support.paths import EXAMPLES
@@ -130,7 +130,6 @@ def test_loaded_rays_are_the_renderers_rays(capture, loaded, kind):
 
 def test_renderer_rays_check_would_catch_a_pinhole_loader(capture, loaded):
     """Negative control: the distorted views' rays are not the rays of their pinhole part."""
-    from nerf.data.cameras import Camera
     from nerf.data.rays import camera_rays
 
     ds = loaded["colmap-bin"]
@@ -339,12 +338,13 @@ def test_train_on_a_capture_and_render_in_its_own_frame(folders, tmp_path):
     T_inv = np.linalg.inv(ds.world_to_scene)
     c2w_data = normalise.apply(T_inv, ds.test.poses[0])
     intr = (40.0, 41.0, 15.0, 13.0)
-    rgb, depth, _ = models.render_image(model, 24, 32, intr, c2w_data)
+    rgb, depth, _ = models.render_image(model, Camera.pinhole(32, 24, *intr), c2w_data, frame="data")
     want, _, _ = models.render_rays(model, *pinhole_rays(24, 32, intr, ds.test.poses[0]))
     np.testing.assert_allclose(rgb, want, atol=1e-5)
     unmapped, _, _ = models.render_rays(model, *pinhole_rays(24, 32, intr, c2w_data))
     assert np.max(np.abs(unmapped - want)) > 1e-3
-    # the focal-only call keeps today's meaning: a pose in the model's (scene) frame
-    a, _, _ = models.render_image(model, 24, 32, 40.0, ds.test.poses[0])
+    # frame="scene": a pose in the model's (scene) frame
+    a, _, _ = models.render_image(model, Camera.pinhole(32, 24, 40.0, 40.0, 16.0, 12.0), ds.test.poses[0],
+                                  frame="scene")
     b, _, _ = models.render_rays(model, *pinhole_rays(24, 32, (40.0, 40.0, 16.0, 12.0), ds.test.poses[0]))
     np.testing.assert_allclose(a, b, atol=1e-5)

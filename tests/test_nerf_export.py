@@ -214,6 +214,23 @@ def test_export_of_the_mlp_model(tmp_path):
     assert e.value.code == 2
 
 
+def test_unbounded_model_exports_beyond_its_unit_region(tmp_path):
+    """An unbounded (contracted) model's field is defined everywhere: --bound 2 meshes [-2, 2]^3, and the surface
+    reaches beyond the unit region."""
+    from nerf import models
+
+    m = models.build_model("hash", n_levels=4, log2_hashmap_size=12, finest_resolution=64, sampler="occupancy",
+                           grid_resolution=16, grid_warmup_steps=0, unbounded=True, cascades=2)
+    models.save_model(m, str(tmp_path / "model"))
+    big = ((-2.0,) * 3, (2.0,) * 3)
+    threshold = float(np.median(mesh.sample_density(export.model_fields(m)[0], *big, 8)))
+    s = export.main([str(tmp_path / "model"), "--out", str(tmp_path / "out"), "--bound", "2.0", "--resolution", "12",
+                     "--threshold", f"{threshold:.6g}"])
+    verts = mesh.read_ply(str(tmp_path / "out" / "mesh.ply")).vertices
+    assert s["box"] == [[-2.0] * 3, [2.0] * 3] and len(verts) == s["vertices"] > 0
+    assert np.abs(verts).max() > 1.0 + 2.0 / 12
+
+
 def run_export(argv):
     """export.main in a subprocess (a clean interpreter: whether TensorFlow was imported is meaningful)."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from nerf import export\n"
@@ -234,7 +251,7 @@ def test_bad_input_is_a_clear_error_before_tensorflow(tmp_path):
              ([model_dir, "--out", out, "--resolution", "1"], "--resolution must be at least 2"),
              ([model_dir, "--out", out, "--threshold", "0"], "--threshold must be a positive density"),
              ([model_dir, "--out", out, "--chunk", "0"], "--chunk must be at least 1"),
-             ([model_dir, "--out", out, "--bound", "2"], "larger than the model's box"),
+             ([model_dir, "--out", out, "--bound", "2"], "larger than the model's box [-1, 1]^3: the model is bounded"),
              ([model_dir, "--out", out, "--color-depth", "-1"], "--color-depth must be >= 0"),
              ([model_dir, "--out", str(tmp_path / "model" / "model.json")], "exists and is not a directory")]
     for argv, message in cases:

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from nerf import models
 from nerf.data import synthetic
+from nerf.data.cameras import Camera
 
 import tf_metal_ops
 from support.paths import EXAMPLES
@@ -73,7 +74,8 @@ def test_models_shapes_and_save_reload(tmp_path, kind, cfg):
     m2 = models.load_model(str(tmp_path / "m"))
     np.testing.assert_array_equal(m2(o, d)["color"].numpy(), out["color"].numpy())
     c2w = synthetic.camera_poses(synthetic.SceneParams(n_train=1, n_val=0, n_test=1))["test"][0]
-    img, depth, acc = models.render_image(m2, 6, 5, 7.0, c2w, chunk=8)
+    cam = Camera.pinhole(5, 6, 7.0, 7.0, 2.5, 3.0)  # 5 wide, 6 high
+    img, depth, acc = models.render_image(m2, cam, c2w, frame="scene", chunk=8)
     assert img.shape == (6, 5, 3) and depth.shape == acc.shape == (6, 5)
 
 

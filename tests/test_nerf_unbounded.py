@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from nerf import models
+from nerf.data.cameras import Camera
 
 pytestmark = pytest.mark.nerf  # the NeRF example's tests: `pytest tests -m nerf` (README)
 
@@ -202,7 +203,7 @@ def test_unbounded_full_path(capture_dirs, kind, tmp_path):
     cam = cap.camera(int(cap.camera_index[1]))
     intr = (cam.fx, cam.fy, cam.cx, cam.cy)
     c2w_data = writers.data_c2w(cap)[1]
-    rgb, depth, _ = models.render_image(model, 48, 64, intr, c2w_data)
+    rgb, depth, _ = models.render_image(model, Camera.pinhole(64, 48, *intr), c2w_data, frame="data")
     want, _, _ = models.render_rays(model, *pinhole_rays(48, 64, intr, normalise.apply(ds.world_to_scene, c2w_data)))
     assert np.isfinite(depth).all()
     np.testing.assert_allclose(rgb, want, atol=1e-5)

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from nerf import models
 from nerf.collectives import make_broadcast
+from nerf.data.cameras import Camera
 from nerf.data.rays import spherical_pose
 from nerf.metrics import write_json_atomic
 from nerf.trainer import Trainer
@@ -134,8 +135,9 @@ class Checkpoints:
         novel = spherical_pose(float(np.linalg.norm(ds.test.poses[0][:3, 3])), 0.123, math.radians(42.0))
         f = 1.0 if self.cfg.final_views != 0 else min(1.0, NOVEL_THUMBNAIL / max(ds.H, ds.W))
         H, W = max(1, round(ds.H * f)), max(1, round(ds.W * f))
-        rgb_a, _, _ = models.render_image(model, H, W, ds.focal * f, novel)
-        rgb_b, _, _ = models.render_image(reloaded, H, W, ds.focal * f, novel)
+        cam = Camera.pinhole(W, H, ds.focal * f, ds.focal * f, W / 2, H / 2)
+        rgb_a, _, _ = models.render_image(model, cam, novel, frame="scene")
+        rgb_b, _, _ = models.render_image(reloaded, cam, novel, frame="scene")
         iio.imwrite(os.path.join(out, "renders", "novel_view.png"), (rgb_b * 255).round().astype(np.uint8))
         return float(np.max(np.abs(rgb_a - rgb_b)))
 

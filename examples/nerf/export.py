@@ -6,7 +6,8 @@
 
 * ``DIR/mesh.ply``: marching cubes (scikit-image) on the model's density sampled at the corners of
   ``--resolution``^3 cells over its bounded region (the hash model's box ``[-bound, bound]^3``; ``--bound`` for the
-  MLP model, which has none), the surface where the density crosses ``--threshold``. Vertices ``x y z``, outward
+  MLP model, which has none, and beyond the unit region for an unbounded hash model, whose contracted field is
+  defined everywhere; a bounded hash model's field ends at its box, so a larger ``--bound`` is refused), the surface where the density crosses ``--threshold``. Vertices ``x y z``, outward
   normals ``nx ny nz`` and colours ``red green blue`` (uint8): what a ray meeting the surface head-on (along the
   opposite of the vertex normal) renders, volume-rendered with the model's density and colour fields over
   ``--color-depth`` either side of the vertex (16 samples; default bound / 20: 0.05 for the built-in scene;
@@ -61,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"points per model evaluation (default {DEFAULT_CHUNK}; lower it to save memory)")
     p.add_argument("--bound", type=float, default=None,
                    help="half size of the box to mesh, [-bound, bound]^3 in the model's frame (default: the hash "
-                        "model's bound; 1.0 for the MLP model)")
+                        "model's bound; 1.0 for the MLP model); at most the box of a bounded hash model, any size "
+                        "for an unbounded (contracted) one")
     p.add_argument("--color-depth", type=float, default=None,
                    help="vertex colours: volume-render a ray through the vertex from this far outside to this far "
                         "inside (model frame units; default bound / 20; 0: the colour field at the vertex)")
@@ -119,9 +121,11 @@ def check_args(p: argparse.ArgumentParser, args) -> dict:
     except ValueError as e:
         p.error(str(e))
     b = meta["config"].get("bound")
-    if meta["kind"] == "hash" and args.bound is not None and b is not None and args.bound > b:
-        p.error(f"--bound {args.bound:g} is larger than the model's box [-{b:g}, {b:g}]^3 (its field is defined there "
-                "only)")
+    unbounded = bool(meta["config"].get("unbounded"))  # contracted: the field is defined in all of space
+    if meta["kind"] == "hash" and not unbounded and args.bound is not None and b is not None and args.bound > b:
+        p.error(f"--bound {args.bound:g} is larger than the model's box [-{b:g}, {b:g}]^3: the model is bounded, its "
+                "field is defined inside that box only (an unbounded model, trained with the contraction, takes any "
+                "--bound)")
     if args.grid_mask and meta["config"].get("sampler") != "occupancy":
         p.error("--grid-mask needs a model with an occupancy grid (the hash model's occupancy sampler)")
     return meta

@@ -510,7 +510,7 @@ def save_model(model: keras.Model, directory: str, world_to_scene=None) -> str:
     """``directory/model.json`` (kind + config + the data's ``world_to_scene``), ``directory/model.weights.h5`` and,
     for the occupancy sampler, ``directory/occupancy_grid.npz`` (the grid's density estimate, bitfield and update
     count). ``world_to_scene`` (4×4, default the model's own or the identity) maps the data's world frame to the
-    frame the model was trained in; :func:`render_image` applies it to cameras given with intrinsics."""
+    frame the model was trained in; :func:`render_image` applies it to poses given in the data's frame."""
     os.makedirs(directory, exist_ok=True)
     kind = {v: k for k, v in MODELS.items()}[type(model)]
     cfg = {k: v for k, v in model.get_config().items() if k in model.cfg}
@@ -542,29 +542,137 @@ def load_model(directory: str) -> keras.Model:
     return model
 
 
-def render_image(model, H, W, camera, c2w, chunk: int = 4096, max_chunk_samples: int = 2 ** 18):
-    """Render a full view with a trained model → (rgb [H,W,3], depth [H,W], opacity [H,W]) numpy arrays.
+FRAMES = ("data", "scene")  # render_image's frames of c2w
 
-    ``camera`` is either
 
-    * a focal length in pixels (principal point at the image centre) with ``c2w`` [4,4] in the frame the model was
-      trained in (the scene frame of :mod:`nerf.data.normalise`; the built-in scene's world), or
-    * a pinhole ``(fx, fy, cx, cy)`` in pixels with ``c2w`` in **the data's own world frame** (e.g. COLMAP's),
-      mapped into the model's frame through ``model.world_to_scene`` (saved with the model; identity if none).
+def render_image(model, camera, c2w, frame: str = "data", *legacy, chunk: int = 4096,
+                 max_chunk_samples: int = 2 ** 18):
+    """Render the view of ``camera`` posed at ``c2w`` with a trained model → (rgb [H,W,3], depth [H,W], opacity
+    [H,W]) numpy arrays, ``H×W`` the camera's ``height×width``.
 
-    ``c2w`` is camera-to-world in the example's OpenGL convention (looking down −z, +y up; :mod:`nerf.data.rays`).
-    ``depth`` is in the model's frame units. See :func:`render_rays` for ``chunk`` and ``max_chunk_samples``."""
+    ``camera`` is a :class:`nerf.data.cameras.Camera` (any COLMAP model, distortion included: each pixel centre's
+    ray is the camera's unprojection, :func:`nerf.data.cameras.camera_directions`). ``c2w`` ([4,4] or [3,4]) is
+    camera-to-world in the example's OpenGL convention (looking down −z, +y up; :mod:`nerf.data.rays`) in the frame
+    ``frame`` names:
+
+    * ``"data"``: the data's own world frame (e.g. COLMAP's), mapped into the model's frame through
+      ``model.world_to_scene`` (saved with the model; the identity if none);
+    * ``"scene"``: the frame the model was trained in (the scene frame of :mod:`nerf.data.normalise`; the built-in
+      scene's world).
+
+    A pixel without a ray (its direction NaN: no inverse of the distortion there) is not rendered: rgb, depth and
+    opacity 0. ``depth`` is in the model's frame units. See :func:`render_rays` for ``chunk`` and
+    ``max_chunk_samples``.
+
+    The form ``render_image(model, H, W, focal_or_intrinsics, c2w)`` still works and warns (DeprecationWarning):
+    a focal length is ``Camera.pinhole(W, H, focal, focal, W / 2, H / 2)`` with ``frame="scene"``, a tuple
+    ``(fx, fy, cx, cy)`` is ``Camera.pinhole(W, H, fx, fy, cx, cy)`` with ``frame="data"``.
+
+    Example:
+      >>> import numpy as np
+      >>> from nerf import models
+      >>> from nerf.data.cameras import Camera
+      >>> model = models.build_model("mlp", n_samples=4, width=8, depth=1, skip=1)
+      >>> cam = Camera(8, 6, "OPENCV", (6.0, 6.0, 4.0, 3.0, -0.1, 0.0, 0.0, 0.0))  # 8x6 pixels, k1 = -0.1
+      >>> c2w = np.eye(4); c2w[2, 3] = 4.0  # 4 units out on +z, looking at the origin
+      >>> rgb, depth, opacity = models.render_image(model, cam, c2w, frame="scene")
+      >>> rgb.shape, depth.shape, opacity.shape
+      ((6, 8, 3), (6, 8), (6, 8))
+    """
+    if not _is_camera(camera):
+        if np.ndim(camera) == 0 and legacy:
+            return _render_image_legacy(model, camera, c2w, frame, *legacy, chunk=chunk,
+                                        max_chunk_samples=max_chunk_samples)
+        raise ValueError(f"camera must be a nerf.data.cameras.Camera, got {type(camera).__name__} {camera!r}")
+    if legacy:
+        raise ValueError(f"render_image(model, camera, c2w, frame) takes no further positional arguments, got "
+                         f"{len(legacy)} more (chunk and max_chunk_samples are keyword arguments)")
+    o, d, valid = camera_rays_in_scene(model, camera, c2w, frame)
+    H, W = camera.height, camera.width
+    rgb, depth, acc = np.zeros((H * W, 3), np.float32), np.zeros(H * W, np.float32), np.zeros(H * W, np.float32)
+    if valid.any():
+        rgb[valid], depth[valid], acc[valid] = _render_flat(model, o, d, chunk, max_chunk_samples)
+    return rgb.reshape(H, W, 3), depth.reshape(H, W), acc.reshape(H, W)
+
+
+def _is_camera(camera) -> bool:
+    from nerf.data.cameras import Camera
+
+    return isinstance(camera, Camera)
+
+
+def scene_pose(model, c2w, frame: str = "data") -> np.ndarray:
+    """Camera-to-world ``c2w`` ([4,4] or [3,4]) in ``frame`` ("data": the data's world, "scene": the model's frame;
+    see :func:`render_image`) → the 4×4 pose in the model's (scene) frame, float64. ValueError on a bad frame or
+    pose.
+
+    >>> import numpy as np
+    >>> class M: world_to_scene = np.diag([0.5, 0.5, 0.5, 1.0])
+    >>> c2w = np.eye(4); c2w[:3, 3] = [2.0, 0.0, 4.0]
+    >>> scene_pose(M(), c2w)[:3, 3].tolist(), scene_pose(M(), c2w, "scene")[:3, 3].tolist()
+    ([1.0, 0.0, 2.0], [2.0, 0.0, 4.0])
+    """
     from nerf.data.normalise import apply
-    from nerf.data.rays import get_rays, pinhole_rays
 
+    if frame not in FRAMES:
+        raise ValueError(f"frame must be 'data' (c2w in the data's own world frame) or 'scene' (the frame the model "
+                         f"was trained in), got {frame!r}")
+    m = np.asarray(c2w, np.float64)
+    if m.shape not in ((4, 4), (3, 4)) or not np.all(np.isfinite(m)):
+        raise ValueError(f"c2w must be a finite 4x4 (or 3x4) camera-to-world matrix, got shape {m.shape}")
+    pose = np.eye(4)
+    pose[:3] = m[:3]
+    if frame == "scene":
+        return pose
+    T = getattr(model, "world_to_scene", None)
+    return apply(np.eye(4) if T is None else T, pose)
+
+
+def camera_rays_in_scene(model, camera, c2w, frame: str = "data"):
+    """The rays :func:`render_image` renders: origins and unit directions ``[M, 3]`` (float32, the model's frame)
+    of the ``M`` pixels of ``camera`` that have a ray, in row-major pixel order, and the ``[H * W]`` bool mask of
+    those pixels. ``camera`` is checked (:class:`nerf.data.cameras.CameraModelError`, a ValueError)."""
+    from nerf.data.cameras import camera_directions, colmap_camera
+
+    pose = scene_pose(model, c2w, frame)
+    cam = colmap_camera(camera.model, camera.width, camera.height, camera.params)  # checked, hashable params
+    local = camera_directions(cam).reshape(-1, 3)
+    valid = np.all(np.isfinite(local), -1)
+    d = local[valid] @ pose[:3, :3].T
+    d /= np.linalg.norm(d, axis=-1, keepdims=True)
+    o = np.broadcast_to(pose[:3, 3], d.shape)
+    return o.astype(np.float32), d.astype(np.float32), valid
+
+
+def _render_image_legacy(model, H, W, camera, c2w, *positional, chunk=4096, max_chunk_samples=2 ** 18):
+    """``render_image(model, H, W, focal_or_intrinsics, c2w[, chunk[, max_chunk_samples]])``, with a
+    DeprecationWarning naming the call to write instead."""
+    import warnings
+
+    from nerf.data.cameras import Camera
+
+    if len(positional) > 2:
+        raise ValueError(f"render_image(model, H, W, camera, c2w, chunk, max_chunk_samples) takes at most 7 "
+                         f"positional arguments, got {5 + len(positional)}")
+    chunk, max_chunk_samples = (tuple(positional) + (chunk, max_chunk_samples)[len(positional):])[:2]
+    H, W = int(H), int(W)
     if np.ndim(camera) == 0:
-        o, d = get_rays(H, W, float(camera), c2w)
+        f = float(camera)
+        cam, frame = Camera.pinhole(W, H, f, f, W / 2, H / 2), "scene"
+        new = f"Camera.pinhole({W}, {H}, {f!r}, {f!r}, {W / 2!r}, {H / 2!r}), c2w, frame=\"scene\""
+        old = "(model, H, W, focal, c2w)"
+    elif np.shape(camera) == (4,):
+        fx, fy, cx, cy = (float(v) for v in camera)
+        cam, frame = Camera.pinhole(W, H, fx, fy, cx, cy), "data"
+        new = f"Camera.pinhole({W}, {H}, {fx!r}, {fy!r}, {cx!r}, {cy!r}), c2w, frame=\"data\""
+        old = "(model, H, W, (fx, fy, cx, cy), c2w)"
     else:
-        if np.shape(camera) != (4,):
-            raise ValueError(f"camera must be a focal length or (fx, fy, cx, cy), got {camera!r}")
-        T = getattr(model, "world_to_scene", None)
-        o, d = pinhole_rays(H, W, camera, apply(np.eye(4) if T is None else T, c2w))
-    return render_rays(model, o, d, chunk, max_chunk_samples)
+        raise ValueError(f"camera must be a nerf.data.cameras.Camera (or, deprecated, a focal length or "
+                         f"(fx, fy, cx, cy)), got {camera!r}")
+    warnings.warn(f"render_image{old} is deprecated: write render_image(model, {new}) with "
+                  f"nerf.data.cameras.Camera; the image size comes from the Camera", DeprecationWarning,
+                  stacklevel=3)
+    return render_image(model, cam, c2w, frame, chunk=chunk, max_chunk_samples=max_chunk_samples)
 
 
 def render_rays(model, rays_o, rays_d, chunk: int = 4096, max_chunk_samples: int = 2 ** 18):
@@ -575,6 +683,12 @@ def render_rays(model, rays_o, rays_d, chunk: int = 4096, max_chunk_samples: int
     marched alone to count their samples, and a call takes as many consecutive rays (up to 16 × ``chunk``) as
     fit in ``max_chunk_samples`` samples."""
     H, W = rays_o.shape[:2]
+    rgb, depth, acc = _render_flat(model, rays_o, rays_d, chunk, max_chunk_samples)
+    return rgb.reshape(H, W, 3), depth.reshape(H, W), acc.reshape(H, W)
+
+
+def _render_flat(model, rays_o, rays_d, chunk: int, max_chunk_samples: int):
+    """Rays ``[..., 3]`` → flat (rgb [R,3] clipped to [0, 1], depth [R], opacity [R]); see :func:`render_rays`."""
     o = np.asarray(rays_o, np.float32).reshape(-1, 3)
     d = np.asarray(rays_d, np.float32).reshape(-1, 3)
     fn = _eval_fn(model)
@@ -590,9 +704,9 @@ def render_rays(model, rays_o, rays_d, chunk: int = 4096, max_chunk_samples: int
             start = min(max(end, start + 1), start + 16 * chunk, len(o))
             bounds.append(start)
     outs = [fn(tf.constant(o[a:b]), tf.constant(d[a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
-    rgb = np.concatenate([x[0].numpy() for x in outs]).reshape(H, W, 3)
-    depth = np.concatenate([x[1].numpy() for x in outs]).reshape(H, W)
-    acc = np.concatenate([x[2].numpy() for x in outs]).reshape(H, W)
+    rgb = np.concatenate([x[0].numpy() for x in outs]).reshape(-1, 3)
+    depth = np.concatenate([x[1].numpy() for x in outs]).reshape(-1)
+    acc = np.concatenate([x[2].numpy() for x in outs]).reshape(-1)
     return np.clip(rgb, 0, 1), depth, acc
 
 
