@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <cinttypes>
+#include <cstdarg>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -116,12 +117,18 @@ struct Fields {
   std::vector<float> init_value;  // empty, or the one value
 };
 
+// Sets `status` to InvalidArgument with a printf-style message; returns null (Build's failure).
+inline std::nullptr_t Invalid(TF_Status* status, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+inline std::nullptr_t Invalid(TF_Status* status, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  SetStatusV(status, TF_INVALID_ARGUMENT, fmt, ap);
+  va_end(ap);
+  return nullptr;
+}
+
 // Checks `f` and parses it; null after setting `status` (InvalidArgument naming the kernel).
 inline std::unique_ptr<Attrs> Build(Fields f, TF_Status* status) {
-  auto fail = [status](const char* fmt, auto... args) -> std::unique_ptr<Attrs> {
-    SetStatus(status, TF_INVALID_ARGUMENT, fmt, args...);
-    return nullptr;
-  };
   auto a = std::make_unique<Attrs>();
   a->source = std::move(f.source);
   a->kernel = std::move(f.kernel);
@@ -131,24 +138,24 @@ inline std::unique_ptr<Attrs> Build(Fields f, TF_Status* status) {
   a->launch = std::move(f.launch);
   const char* k = a->kernel.c_str();
   if (f.init_value.size() > 1)
-    return fail("metal_kernel %s: init_value has %zu values (0 or 1)", k, f.init_value.size());
+    return Invalid(status, "metal_kernel %s: init_value has %zu values (0 or 1)", k, f.init_value.size());
   a->has_init = f.init_value.size() == 1;
   a->init_value = a->has_init ? f.init_value[0] : 0.0f;
-  if (a->kernel.empty() || a->source.empty()) return fail("metal_kernel: empty kernel name or source");
-  if (a->tout.empty()) return fail("metal_kernel %s: no outputs", k);
+  if (a->kernel.empty() || a->source.empty()) return Invalid(status, "metal_kernel: empty kernel name or source");
+  if (a->tout.empty()) return Invalid(status, "metal_kernel %s: no outputs", k);
   const std::vector<std::string>& bindings = f.bindings;
   if (bindings.size() > kMaxSlots)
-    return fail("metal_kernel %s: %zu buffers, more than Metal's %u ([[buffer(0..30)]])", k, bindings.size(),
+    return Invalid(status, "metal_kernel %s: %zu buffers, more than Metal's %u ([[buffer(0..30)]])", k, bindings.size(),
                 kMaxSlots);
   std::vector<int> out_bound(a->tout.size(), 0), in_bound(a->tin.size(), 0);
   for (size_t n = 0; n < bindings.size(); ++n) {
     Slot s;
     if (!ParseSlot(bindings[n], &s))
-      return fail("metal_kernel %s: binding %zu '%s' is not in:i, out:j, shape:i, strides:i or ndim:i", k, n,
+      return Invalid(status, "metal_kernel %s: binding %zu '%s' is not in:i, out:j, shape:i, strides:i or ndim:i", k, n,
                   bindings[n].c_str());
     const size_t limit = s.kind == Slot::Kind::kOutput ? a->tout.size() : a->tin.size();
     if (s.kind != Slot::Kind::kNone && static_cast<size_t>(s.index) >= limit)
-      return fail("metal_kernel %s: binding %zu '%s' names a %s that does not exist (%zu of them)", k, n,
+      return Invalid(status, "metal_kernel %s: binding %zu '%s' names a %s that does not exist (%zu of them)", k, n,
                   bindings[n].c_str(), s.kind == Slot::Kind::kOutput ? "output" : "input", limit);
     if (s.kind == Slot::Kind::kOutput) ++out_bound[s.index];
     if (s.kind == Slot::Kind::kInput) ++in_bound[s.index];
@@ -156,20 +163,20 @@ inline std::unique_ptr<Attrs> Build(Fields f, TF_Status* status) {
   }
   for (size_t j = 0; j < out_bound.size(); ++j)
     if (out_bound[j] != 1)
-      return fail("metal_kernel %s: output %zu is bound %d times (exactly once)", k, j, out_bound[j]);
+      return Invalid(status, "metal_kernel %s: output %zu is bound %d times (exactly once)", k, j, out_bound[j]);
   for (size_t i = 0; i < in_bound.size(); ++i)
-    if (in_bound[i] > 1) return fail("metal_kernel %s: input %zu is bound %d times (at most once)", k, i, in_bound[i]);
+    if (in_bound[i] > 1) return Invalid(status, "metal_kernel %s: input %zu is bound %d times (at most once)", k, i, in_bound[i]);
   if (a->output_ranks.size() != a->tout.size())
-    return fail("metal_kernel %s: %zu output ranks for %zu outputs", k, a->output_ranks.size(), a->tout.size());
+    return Invalid(status, "metal_kernel %s: %zu output ranks for %zu outputs", k, a->output_ranks.size(), a->tout.size());
   size_t expected = 6;
   for (int64_t r : a->output_ranks) {
-    if (r < 0 || r > 8) return fail("metal_kernel %s: output rank %" PRId64 " is not in 0..8", k, r);
+    if (r < 0 || r > 8) return Invalid(status, "metal_kernel %s: output rank %" PRId64 " is not in 0..8", k, r);
     expected += static_cast<size_t>(r);
   }
-  if (f.n_launch < 0 || f.n_launch > 1) return fail("metal_kernel %s: NL = %" PRId64 " (0 or 1)", k, f.n_launch);
+  if (f.n_launch < 0 || f.n_launch > 1) return Invalid(status, "metal_kernel %s: NL = %" PRId64 " (0 or 1)", k, f.n_launch);
   a->dynamic = f.n_launch == 1;
   if (!a->dynamic && a->launch.size() != expected)
-    return fail("metal_kernel %s: the launch attr has %zu values, expected %zu (grid, threadgroup, output dims)", k,
+    return Invalid(status, "metal_kernel %s: the launch attr has %zu values, expected %zu (grid, threadgroup, output dims)", k,
                 a->launch.size(), expected);
   return a;
 }
