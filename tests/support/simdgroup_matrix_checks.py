@@ -55,23 +55,23 @@ void gemm_tiles(const device T* a, const device T* b, const device Acc* c, devic
 kernel void gemm_f32(const device float* a [[buffer(0)]], const device float* b [[buffer(1)]],
                      const device float* c [[buffer(2)]], const device uint* p [[buffer(3)]],
                       device float* d [[buffer(5)]],
-                     uint sg [[simdgroup_index_in_threadgroup]], uint sgs [[dispatch_simdgroups_per_threadgroup]],
+                     uint sg [[simdgroup_index_in_threadgroup]], uint3 tpt [[dispatch_threads_per_threadgroup]],
                      uint3 tg [[threadgroup_position_in_grid]]) {
-  gemm_tiles<float, float>(a, b, c, d, p, tg.x * sgs + sg);
+  gemm_tiles<float, float>(a, b, c, d, p, tg.x * (tpt.x / 32) + sg);
 }
 kernel void gemm_f16(const device half* a [[buffer(0)]], const device half* b [[buffer(1)]],
                      const device half* c [[buffer(2)]], const device uint* p [[buffer(3)]],
                       device half* d [[buffer(5)]],
-                     uint sg [[simdgroup_index_in_threadgroup]], uint sgs [[dispatch_simdgroups_per_threadgroup]],
+                     uint sg [[simdgroup_index_in_threadgroup]], uint3 tpt [[dispatch_threads_per_threadgroup]],
                      uint3 tg [[threadgroup_position_in_grid]]) {
-  gemm_tiles<half, half>(a, b, c, d, p, tg.x * sgs + sg);
+  gemm_tiles<half, half>(a, b, c, d, p, tg.x * (tpt.x / 32) + sg);
 }
 kernel void gemm_f16_f32(const device half* a [[buffer(0)]], const device half* b [[buffer(1)]],
                          const device float* c [[buffer(2)]], const device uint* p [[buffer(3)]],
                           device float* d [[buffer(5)]],
-                         uint sg [[simdgroup_index_in_threadgroup]], uint sgs [[dispatch_simdgroups_per_threadgroup]],
+                         uint sg [[simdgroup_index_in_threadgroup]], uint3 tpt [[dispatch_threads_per_threadgroup]],
                          uint3 tg [[threadgroup_position_in_grid]]) {
-  gemm_tiles<half, float>(a, b, c, d, p, tg.x * sgs + sg);
+  gemm_tiles<half, float>(a, b, c, d, p, tg.x * (tpt.x / 32) + sg);
 }
 
 // The same product through threadgroup memory: each SIMD group copies its A and B tiles into threadgroup memory
