@@ -414,7 +414,8 @@ def _is_prototype(text: str) -> bool:
 
 def _kernels_needing_fibers(kernels: list[str], sources: list[str], complete: bool) -> set[str]:
     """The kernels of `sources` (a file and its headers, comments blanked: _translation_unit) that reach
-    threadgroup_barrier or a SIMD-group function.
+    threadgroup_barrier or a SIMD-group function (a SIMD-group matrix type or function named anywhere counts as a call:
+    _SIMDGROUP_MATRIX).
 
     The analysis works on names, so it errs only towards fibers. Each function definition, struct/class/union (with
     its member functions, constructors and operators) and macro is a node under its name (definitions sharing a name,
