@@ -16,7 +16,8 @@ Conventions:
     into out_dir/stage/, which comes first on the include path, so a .metal file that includes another one gets
     the staged copy;
   - a kernel "needs fibers" when it reaches threadgroup_barrier or a SIMD-group function (simd_*, quad_*,
-    simdgroup_barrier): in its own body, or through the functions, types and macros it names, transitively, in
+    simdgroup_barrier, and the SIMD-group matrices: simdgroup_matrix and its typedefs, simdgroup_load/store/
+    multiply(_accumulate), make_filled_simdgroup_matrix, named anywhere): in its own body, or through the functions, types and macros it names, transitively, in
     the file and the headers it includes with `#include "..."` (found next to it or on the include path); see
     _kernels_needing_fibers for what the analysis follows and where it gives up (then every kernel of the file
     needs fibers). Other kernels run on msl_emu's fiber-free fast path, where a barrier or a SIMD-group call is a
@@ -181,7 +182,11 @@ _FUNCTION_CONSTANT = re.compile(
     r"\bconstant\s+([A-Za-z_]\w*)\s+([A-Za-z_]\w*)\s*\[\[\s*function_constant\s*\(\s*(\d+)\s*\)\s*\]\]\s*;")
 # A call that needs the fibers of msl_emu's runtime: a barrier or a SIMD-group function.
 _BARRIER = re.compile(r"\bthreadgroup_barrier\s*\(")
-_FIBER_CALL = re.compile(r"\b(?:threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*(?:<[^<>;{}()]*>\s*)?\(")
+# SIMD-group matrices: every use of their types or functions counts (their constructors are SIMD-group functions).
+_SIMDGROUP_MATRIX = (r"simdgroup_(?:matrix|load|store|multiply|multiply_accumulate|float8x8|half8x8|bfloat8x8)\b|"
+                     r"make_filled_simdgroup_matrix\b")
+_FIBER_CALL = re.compile(r"\b(?:(?:threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*(?:<[^<>;{}()]*>\s*)?\(|"
+                         + _SIMDGROUP_MATRIX + ")")
 _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 
 
@@ -247,7 +252,7 @@ def parse_metal(path: str | Path, search: Iterable[Path] | None = None, *, text:
 # ---- which kernels need fibers ---------------------------------------------------------------------------------
 # A name that needs fibers when a macro's replacement text holds it (the call's parentheses may come from the
 # place the macro is used).
-_FIBER_NAME = re.compile(r"\b(?:threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\b")
+_FIBER_NAME = re.compile(r"\b(?:threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\b|\b(?:" + _SIMDGROUP_MATRIX + ")")
 # Text that a name pasted together with ## needs to contain to become one of those names.
 _PASTE_FRAGMENT = re.compile(r"simd|quad|barrier")
 _IDENT = re.compile(r"[A-Za-z_]\w*")
@@ -409,7 +414,8 @@ def _is_prototype(text: str) -> bool:
 
 def _kernels_needing_fibers(kernels: list[str], sources: list[str], complete: bool) -> set[str]:
     """The kernels of `sources` (a file and its headers, comments blanked: _translation_unit) that reach
-    threadgroup_barrier or a SIMD-group function.
+    threadgroup_barrier or a SIMD-group function (a SIMD-group matrix type or function named anywhere counts as a call:
+    _SIMDGROUP_MATRIX).
 
     The analysis works on names, so it errs only towards fibers. Each function definition, struct/class/union (with
     its member functions, constructors and operators) and macro is a node under its name (definitions sharing a name,

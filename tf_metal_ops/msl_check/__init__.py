@@ -33,6 +33,9 @@ others, with the section of Apple's Metal Shading Language Specification ("MSL s
 - ``memory-order``: a memory order other than ``memory_order_relaxed`` ("Atomic Functions": the only one in MSL 2.4
   and 3.0).
 - ``atomic-float``: ``atomic_float`` / ``atomic<float>`` below MSL 3.0 ("Atomic Data Types").
+- ``simdgroup-matrix``: a ``simdgroup_matrix`` (``simdgroup_float8x8``, ...) or a SIMD-group matrix function
+  (``simdgroup_load``, ``simdgroup_store``, ``simdgroup_multiply(_accumulate)``, ``make_filled_simdgroup_matrix``)
+  below MSL 2.3 ("SIMD-Group Matrix Data Types", "SIMD-Group Matrix Functions": MSL 2.3 and later).
 - ``as-type-size``: ``as_type<T>(x)`` with ``sizeof(T) != sizeof(x)`` ("Reinterpreting Data").
 - ``implicit-vector-conversion``: an implicit conversion between vector types of different element types, e.g.
   ``half4``↔``float4`` or ``int4``↔``uint4`` ("Implicit Type Conversions": only explicit conversions between vector

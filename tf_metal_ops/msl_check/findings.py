@@ -10,7 +10,7 @@ from typing import Sequence
 RULES = (
     "compile", "pointer-address-space", "kernel-argument-address-space", "program-scope-variable",
     "threadgroup-variable", "address-space-cast", "recursion", "lambda", "goto", "new-delete", "exception",
-    "virtual-function", "dynamic-cast", "typeid", "thread-local", "double", "memory-order", "atomic-float",
+    "virtual-function", "dynamic-cast", "typeid", "thread-local", "double", "memory-order", "atomic-float", "simdgroup-matrix",
     "as-type-size", "implicit-vector-conversion", "buffer-index-duplicate", "buffer-index-range",
     "position-attribute-type", "kernel-return-type", "asm", "linkage", "external-function", "builtin",
     "gnu-attribute", "variadic",

@@ -52,6 +52,7 @@ _SIMPLE_RULES = {
 }
 _DOUBLE = re.compile(r"\bdouble\b")
 _ATOMIC_FLOAT = re.compile(r"\batomic_float\b|\batomic<float>")
+_SIMDGROUP_MATRIX = re.compile(r"\bsimdgroup_(?:matrix|float8x8|half8x8|bfloat8x8)\b")
 
 
 # ---- the JSON AST ----------------------------------------------------------------------------------------------------
@@ -203,6 +204,12 @@ class AstChecker:
         if self.ctx.version < 300 and not kind.endswith("Attr"):
             if any(_ATOMIC_FLOAT.search(t) for t in types_of(node)):
                 self.add(node, "atomic-float", "atomic_float needs MSL 3.0 or later",
+                         loc=self.where(node, "range") if "Expr" in kind else None)
+        if self.ctx.version < 230 and not kind.endswith("Attr"):
+            if any(_SIMDGROUP_MATRIX.search(t) for t in types_of(node)):
+                self.add(node, "simdgroup-matrix",
+                         "simdgroup_matrix and the SIMD-group matrix functions (simdgroup_load, simdgroup_store, "
+                         "simdgroup_multiply, ...) need MSL 2.3 or later",
                          loc=self.where(node, "range") if "Expr" in kind else None)
 
         for c in children:

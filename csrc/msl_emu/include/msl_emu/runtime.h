@@ -11,8 +11,8 @@
 //    or threads waiting at different barrier call sites, is reported as an error (UB in MSL);
 //  - errors print "msl_emu: error: ..." on stderr and end the process with exit status 70;
 //  - SIMD groups: threads [32 k, 32 k + 32) of a group in thread_index_in_threadgroup order (the last one partial
-//    when the group size is not a multiple of 32). A SIMD-group function (simd_*, quad_*, simdgroup_barrier in
-//    <metal_stdlib>) parks the calling fiber with its argument (SimdCall); once every fiber of the group is parked
+//    when the group size is not a multiple of 32). A SIMD-group function (simd_*, quad_*, simdgroup_barrier, the
+//    SIMD-group matrix functions in <metal_stdlib>) parks the calling fiber with its argument (SimdCall); once every fiber of the group is parked
 //    or done, each SIMD group with parked callers is resolved: its ACTIVE threads are the ones that have not
 //    returned, and all of them must wait in the same function at the same call site, else the run ends with
 //    "divergent SIMD-group function" (a thread of that SIMD group waiting at a threadgroup_barrier or at another
