@@ -80,7 +80,8 @@ def test_a_divergent_matrix_call_ends_the_process_naming_kernel_and_threads():
                  output_dtypes=[tf.float32])
         print(y.numpy())
         print("not reached")
-    """)], capture_output=True, text=True, env={**os.environ, **QUIET}, timeout=600)
+    """)], capture_output=True, text=True, env={**os.environ, **QUIET}, timeout=600,
+        cwd=Path(__file__).resolve().parent)  # not the repository root: its tf_metal_ops/ is the unbuilt source
     assert r.returncode == 70 and "not reached" not in r.stdout, (r.returncode, r.stderr[-3000:])
     assert re.search(r"kernel custom_kernel_mat_split: divergent SIMD-group function: in threadgroup \(0,0,0\), SIMD "
                      r"group 0, thread 0 \(index in group\) is in make_filled_simdgroup_matrix at "
