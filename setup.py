@@ -69,6 +69,30 @@ def strict_mac_linker(cmd):
     return out + ["-dynamiclib"]
 
 
+def _parallel_compile(compiler, jobs):
+    """compiler.compile over `jobs` compiler processes: setuptools compiles one extension's sources one after the
+    other (its `parallel` option spreads whole extensions, and this library is one). The largest sources start first,
+    so the longest compile is not the last to begin; the objects come back in the sources' order, as compile's do."""
+    import concurrent.futures
+
+    def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=False, extra_preargs=None,
+                extra_postargs=None, depends=None):
+        macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs)
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+        def one(obj):
+            src, ext = build[obj]
+            compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+        order = sorted(objects, key=lambda obj: -os.path.getsize(build[obj][0]) if obj in build else 0)
+        with concurrent.futures.ThreadPoolExecutor(max(1, int(jobs or 1))) as pool:
+            list(pool.map(one, [obj for obj in order if obj in build]))
+        return objects
+
+    return compile
+
+
 class BuildOpLibrary(build_ext):
     """Builds a plain shared library (not a Python extension module) with per-language flags."""
 
@@ -91,6 +115,7 @@ class BuildOpLibrary(build_ext):
             return original_compile(obj, src, ext, cc_args, extra, pp_opts)
 
         self.compiler._compile = compile_one
+        self.compiler.compile = _parallel_compile(self.compiler, self.parallel)
         # Python's own CFLAGS may carry C-only flags; the library is C++.
         for attr in ("compiler_so", "compiler"):
             cmd = getattr(self.compiler, attr, None)
