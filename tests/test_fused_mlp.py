@@ -11,6 +11,11 @@ largest reference value of the compared tensor, `close` below):
   output activation's derivative, and dparams is rounded to float16).
 """
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -189,6 +194,49 @@ def test_bitwise_reproducible_across_thread_counts(dtype):
     for got in results[1:]:
         for a, b in zip(results[0], got):
             assert a.tobytes() == b.tobytes()
+
+
+ISA_SCRIPT = textwrap.dedent(
+    """
+    import sys, numpy as np, tensorflow as tf
+    from tf_metal_ops import diagnostics
+    from tf_metal_ops.fused_mlp import fused_mlp
+    d = np.load(sys.argv[1])
+    x, p, dy = (tf.constant(d[k]) for k in ("x", "p", "dy"))
+    with tf.GradientTape() as tape:
+        tape.watch([x, p])
+        y = fused_mlp(x, p, n_hidden_layers=2, width=128, n_output=5, activation="softplus", use_bias=True)
+    gx, gp = tape.gradient(y, [x, p], output_gradients=dy)
+    paths = diagnostics.cpu_paths("fused_mlp")
+    np.savez(sys.argv[2], y=y.numpy(), gx=gx.numpy(), gp=gp.numpy(), selected=paths["selected"],
+             calls=paths["calls"][paths["selected"]])
+    """
+)
+
+
+def test_isa_builds_give_the_same_bits(tmp_path):
+    """Every build of the products (TF_METAL_OPS_FUSED_MLP_ISA) gives bitwise the same results."""
+    from tf_metal_ops import diagnostics
+
+    builds = diagnostics.cpu_paths("fused_mlp")["supported"]
+    if len(builds) < 2:
+        pytest.skip(f"only the {builds} build runs on this machine")
+    x, p, _ = make_case(12, 333, 40, 5, 128, 2, True)
+    np.savez(tmp_path / "in.npz", x=x, p=p, dy=np.random.default_rng(4).standard_normal((333, 5)).astype(np.float32))
+    (tmp_path / "run.py").write_text(ISA_SCRIPT)
+    results = {}
+    for build in builds:
+        out = tmp_path / f"{build}.npz"
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_METAL_OPS_FUSED_MLP_ISA=build)
+        proc = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "in.npz"), str(out)],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[build] = np.load(out)
+        assert str(results[build]["selected"]) == build and int(results[build]["calls"]) > 0
+    first = results[builds[0]]
+    for build in builds[1:]:
+        for k in ("y", "gx", "gp"):
+            assert first[k].tobytes() == results[build][k].tobytes(), (build, k)
 
 
 # ---- errors -------------------------------------------------------------------------------------------------

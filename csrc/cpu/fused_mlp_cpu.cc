@@ -7,9 +7,9 @@
 //    hidden (training) and dy cross memory; blocks split among the project pool's threads;
 //  - the parameters are converted to float32 once per call (and, for the forward, every matrix transposed to
 //    [inputs, outputs] so that the inner loops run over consecutive outputs);
-//  - every product is Dense: out[b][o] = bias[o] + sum_i in[b][i] M[i][o], the sum in order of i (register tiles
-//    of kRowTile rows by kColTile outputs; no template per width, no fused multiply-add: the same bits from every
-//    build);
+//  - every product is Dense: out[b][o] = bias[o] + sum_i in[b][i] M[i][o], the sum in order of i (register tiles;
+//    no template per width or activation; built for the baseline ISA and AVX2, which give the same bits:
+//    csrc/cpu/fused_mlp_cpu_isa.h);
 //  - backward per block, last matrix first: g = dL/d(pre-activation) of the layer's outputs, then
 //    dW += g^T h_prev, db += column sums of g, dh_prev = g W, g_prev = dh_prev * f'(h_prev) (the activation
 //    derivatives from the kept post-activation values, fused into the same pass);
@@ -28,6 +28,7 @@
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "common/thread_pool.h"
+#include "cpu/fused_mlp_cpu_isa.h"
 #include "ops/fused_mlp_args.h"
 #include "shared/fused_mlp_math.h"
 
@@ -37,8 +38,10 @@ using tfmo::fused_mlp::Call;
 using tfmo::fused_mlp::Config;
 using tfmo::fused_mlp::Layout;
 
-constexpr int kRowTile = 2;   // rows per register tile of Dense (block row counts are multiples of it)
-constexpr int kColTile = 16;  // outputs per register tile (every layer's output count is a multiple of 16)
+using tfmo::fused_mlp::cpu::AccumulateOuter;
+using tfmo::fused_mlp::cpu::Dense;
+using tfmo::fused_mlp::cpu::kRowPad;
+
 constexpr int64_t kMaxParts = 64;
 
 // Rows per block: about 32 KB of float32 activations per layer buffer.
@@ -53,49 +56,6 @@ template <> inline float Load<uint16_t>(const uint16_t* p) { return tfmo::HalfTo
 template <typename T> inline T Store(float v);
 template <> inline float Store<float>(float v) { return v; }
 template <> inline uint16_t Store<uint16_t>(float v) { return tfmo::FloatToHalf(v); }
-
-// out[b][o] = (bias ? bias[o] : 0) + sum_{i < cols} in[b][i] * m[i][o] for b < rows (a multiple of kRowTile),
-// o < r (a multiple of kColTile); in is [rows][cols], m [cols][r], out [rows][r], all row-major.
-void Dense(const float* in, int cols, const float* m, int r, const float* bias, float* out, int rows) {
-  for (int b0 = 0; b0 < rows; b0 += kRowTile) {
-    const float* a = in + static_cast<int64_t>(b0) * cols;
-    for (int o0 = 0; o0 < r; o0 += kColTile) {
-      float acc[kRowTile][kColTile];
-      for (int t = 0; t < kRowTile; ++t)
-        for (int j = 0; j < kColTile; ++j) acc[t][j] = bias ? bias[o0 + j] : 0.0f;
-      for (int i = 0; i < cols; ++i) {
-        const float* w = m + static_cast<int64_t>(i) * r + o0;
-        for (int t = 0; t < kRowTile; ++t) {
-          const float av = a[t * cols + i];
-          for (int j = 0; j < kColTile; ++j) acc[t][j] += av * w[j];
-        }
-      }
-      for (int t = 0; t < kRowTile; ++t)
-        for (int j = 0; j < kColTile; ++j) out[static_cast<int64_t>(b0 + t) * r + o0 + j] = acc[t][j];
-    }
-  }
-}
-
-// dw[o][i] += sum_{b < n, in order} g[b][o] * prev[b][i]; g is [n][rows] (rows a multiple of kRowTile), prev rows
-// have stride ld, dw is row-major [rows][cols] (cols a multiple of kColTile).
-void AccumulateOuter(const float* g, int rows, const float* prev, int64_t ld, int cols, int n, float* dw) {
-  for (int o0 = 0; o0 < rows; o0 += kRowTile) {
-    for (int i0 = 0; i0 < cols; i0 += kColTile) {
-      float acc[kRowTile][kColTile];
-      for (int t = 0; t < kRowTile; ++t)
-        for (int j = 0; j < kColTile; ++j) acc[t][j] = dw[static_cast<int64_t>(o0 + t) * cols + i0 + j];
-      for (int b = 0; b < n; ++b) {
-        const float* p = prev + b * ld + i0;
-        for (int t = 0; t < kRowTile; ++t) {
-          const float gv = g[static_cast<int64_t>(b) * rows + o0 + t];
-          for (int j = 0; j < kColTile; ++j) acc[t][j] += gv * p[j];
-        }
-      }
-      for (int t = 0; t < kRowTile; ++t)
-        for (int j = 0; j < kColTile; ++j) dw[static_cast<int64_t>(o0 + t) * cols + i0 + j] = acc[t][j];
-    }
-  }
-}
 
 // v[i] = fm_activate(kAct, v[i]) for i < count (the activation a compile-time constant inside the loop).
 template <int kAct>
@@ -181,7 +141,7 @@ void Forward(const Call& call, T* y, float* hidden) {
     for (int64_t blk = chunk * blocks / chunks; blk < (chunk + 1) * blocks / chunks; ++blk) {
       const int64_t r0 = blk * rows_per_block;
       const int n = static_cast<int>(std::min<int64_t>(rows_per_block, N - r0));
-      const int rows_pad = (n + kRowTile - 1) / kRowTile * kRowTile;
+      const int rows_pad = (n + kRowPad - 1) / kRowPad * kRowPad;
       LoadRows(call.x.data<T>(), r0, n, l, rows_pad, a);
       for (int m = 0; m < M; ++m) {
         const int cols = static_cast<int>(l.cols[m]), r = static_cast<int>(l.rows[m]);
@@ -244,7 +204,7 @@ void Backward(const Call& call, T* dx, float* grad) {
     for (int64_t blk = part * blocks / parts; blk < (part + 1) * blocks / parts; ++blk) {
       const int64_t r0 = blk * rows_per_block;
       const int n = static_cast<int>(std::min<int64_t>(rows_per_block, N - r0));
-      const int rows_pad = (n + kRowTile - 1) / kRowTile * kRowTile;
+      const int rows_pad = (n + kRowPad - 1) / kRowPad * kRowPad;
       LoadRows(call.x.data<T>(), r0, n, l, rows_pad, xb);
       // g = dy * f_out'(y) [rows_pad][out_pad], zero outside the real rows and outputs.
       std::fill(g, g + static_cast<int64_t>(rows_pad) * l.out_pad, 0.0f);
@@ -319,3 +279,39 @@ void GradCompute(void* state, TF_OpKernelContext* ctx) {
 const tfmo::OnLoad kRegister([] { tfmo::fused_mlp::RegisterKernels("CPU", &ForwardCompute, &GradCompute); });
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// The ISA builds of the products (csrc/cpu/fused_mlp_cpu_isa.h) and the choice between them, once per process
+// (common/isa_choice.h).
+
+namespace tfmo::fused_mlp::cpu {
+
+namespace {
+
+const char* const kIsaNames[kIsaCount] = {"default", "avx2"};
+
+#ifdef TFMO_FM_HAVE_AVX2
+constexpr int kIsaBuilt = kIsaCount;
+bool CpuRuns(int) { return __builtin_cpu_supports("avx2"); }
+#else
+constexpr int kIsaBuilt = 1;
+bool CpuRuns(int) { return false; }
+#endif
+
+constexpr IsaBuilds kIsaBuilds{
+    "TF_METAL_OPS_FUSED_MLP_ISA", "the fused-MLP CPU kernels use", kIsaNames, kIsaCount, kIsaBuilt, &CpuRuns,
+    "that build is not compiled into this library (x86-64 GCC only)", [](int) { return "this CPU lacks AVX2"; }};
+
+}  // namespace
+
+std::atomic<long long> g_isa_calls[kIsaCount];
+
+// TF_METAL_OPS_FUSED_MLP_ISA, read once (the first fused-MLP call or diagnostics query of the process).
+const IsaChoice& IsaSelection() { return ChosenIsa<kIsaBuilds>(); }
+
+}  // namespace tfmo::fused_mlp::cpu
+
+// Diagnostics (ctypes, tf_metal_ops.diagnostics.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
+// builds default, avx2; calls: product calls.
+TFMO_ISA_DIAGNOSTICS(tfmo_fused_mlp_cpu_paths, tfmo::fused_mlp::cpu::kIsaBuilds, tfmo::fused_mlp::cpu::IsaSelection(),
+                     tfmo::fused_mlp::cpu::g_isa_calls)

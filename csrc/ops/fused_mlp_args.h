@@ -166,7 +166,8 @@ inline bool PrepareGrad(TF_OpKernelContext* ctx, void* state, Call* call) {
       !GetInput(ctx, 3, &call->y) || !GetInput(ctx, 4, &call->hidden) || !CheckXAndParams(ctx, op, call))
     return false;
   const long long n = static_cast<long long>(call->n);
-  for (const auto& [name, t] : {std::pair<const char*, const TensorRef*>{"dy", &call->dy}, {"y", &call->y}}) {
+  const std::pair<const char*, const TensorRef*> per_output[] = {{"dy", &call->dy}, {"y", &call->y}};
+  for (const auto& [name, t] : per_output) {
     if (!CheckDtype(ctx, op, name, *t, cfg.dtype)) return false;
     if (t->rank() != 2 || t->dim(0) != call->n || t->dim(1) != cfg.n_output)
       return Fail(ctx, TF_INVALID_ARGUMENT, "%s: %s must have shape [%lld, %d] (N, n_output), got %s", op, name, n,

@@ -30,7 +30,8 @@ using tfmo::Shape;
 // [?]: a vector of one unknown dimension (-1 is TF's unknown-dim marker), distinct from every other one.
 struct UnknownVector {
   TF_ShapeHandle* h;
-  explicit UnknownVector(TF_ShapeInferenceContext* ctx) : h(TF_ShapeInferenceContextVectorFromSize(ctx, static_cast<size_t>(-1))) {}
+  explicit UnknownVector(TF_ShapeInferenceContext* ctx)
+      : h(TF_ShapeInferenceContextVectorFromSize(ctx, static_cast<size_t>(-1))) {}
   ~UnknownVector() { TF_DeleteShapeHandle(h); }
   UnknownVector(const UnknownVector&) = delete;
   UnknownVector& operator=(const UnknownVector&) = delete;

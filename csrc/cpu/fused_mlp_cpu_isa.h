@@ -1,0 +1,117 @@
+// The ISA builds of the fused-MLP CPU kernels' products (csrc/cpu/fused_mlp_cpu.cc; the choice between them is at
+// its end): Dense and AccumulateOuter, each an always-inline body compiled for the baseline ISA and, on x86-64 with
+// GCC, with target("avx2"). Both builds compute every output element with the same float operations in the same
+// order (a sum in order of its index; the register tiles differ, which changes no element's sum; the library is
+// built with -ffp-contract=off and no build has FMA enabled), so they give bitwise identical results.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "common/isa_choice.h"
+#include "shared/device_compat.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TFMO_FM_HAVE_AVX2 1
+#define TFMO_FM_AVX2 __attribute__((target("avx2"), noinline))
+#endif
+
+namespace tfmo::fused_mlp::cpu {
+
+// The builds and the choice between them (defined at the end of fused_mlp_cpu.cc; one choice per process):
+// TF_METAL_OPS_FUSED_MLP_ISA = avx2 | default | auto (automatically AVX2 when the CPU has it).
+enum Isa : int { kIsaDefault = 0, kIsaAvx2 = 1, kIsaCount = 2 };
+
+const IsaChoice& IsaSelection();
+
+// How many product calls ran each build, for tfmo_fused_mlp_cpu_paths (a test can prove which build ran).
+extern std::atomic<long long> g_isa_calls[kIsaCount];
+
+constexpr int kRowPad = 4;    // block row counts are padded to a multiple of this (every build's row tile divides it)
+constexpr int kColTile = 16;  // outputs per register tile (every layer's output count is a multiple of 16)
+
+// out[b][o] = (bias ? bias[o] : 0) + sum_{i < cols, in order} in[b][i] * m[i][o] for b < rows (a multiple of
+// kRowPad), o < r (a multiple of kColTile); in is [rows][cols], m [cols][r], out [rows][r], all row-major.
+template <int kRowTile>
+TFMO_FN void DenseBody(const float* in, int cols, const float* m, int r, const float* bias, float* out, int rows) {
+  for (int b0 = 0; b0 < rows; b0 += kRowTile) {
+    const float* a = in + static_cast<int64_t>(b0) * cols;
+    for (int o0 = 0; o0 < r; o0 += kColTile) {
+      float acc[kRowTile][kColTile];
+      for (int t = 0; t < kRowTile; ++t)
+        for (int j = 0; j < kColTile; ++j) acc[t][j] = bias ? bias[o0 + j] : 0.0f;
+      for (int i = 0; i < cols; ++i) {
+        const float* w = m + static_cast<int64_t>(i) * r + o0;
+        for (int t = 0; t < kRowTile; ++t) {
+          const float av = a[t * cols + i];
+          for (int j = 0; j < kColTile; ++j) acc[t][j] += av * w[j];
+        }
+      }
+      for (int t = 0; t < kRowTile; ++t)
+        for (int j = 0; j < kColTile; ++j) out[static_cast<int64_t>(b0 + t) * r + o0 + j] = acc[t][j];
+    }
+  }
+}
+
+// dw[o][i] += sum_{b < n, in order} g[b][o] * prev[b][i]; g is [n][rows] (rows a multiple of 16), prev rows have
+// stride ld, dw is row-major [rows][cols] (cols a multiple of kColTile).
+template <int kRowTile>
+TFMO_FN void OuterBody(const float* g, int rows, const float* prev, int64_t ld, int cols, int n, float* dw) {
+  for (int o0 = 0; o0 < rows; o0 += kRowTile) {
+    for (int i0 = 0; i0 < cols; i0 += kColTile) {
+      float acc[kRowTile][kColTile];
+      for (int t = 0; t < kRowTile; ++t)
+        for (int j = 0; j < kColTile; ++j) acc[t][j] = dw[static_cast<int64_t>(o0 + t) * cols + i0 + j];
+      for (int b = 0; b < n; ++b) {
+        const float* p = prev + b * ld + i0;
+        for (int t = 0; t < kRowTile; ++t) {
+          const float gv = g[static_cast<int64_t>(b) * rows + o0 + t];
+          for (int j = 0; j < kColTile; ++j) acc[t][j] += gv * p[j];
+        }
+      }
+      for (int t = 0; t < kRowTile; ++t)
+        for (int j = 0; j < kColTile; ++j) dw[static_cast<int64_t>(o0 + t) * cols + i0 + j] = acc[t][j];
+    }
+  }
+}
+
+// The baseline build: 2-row tiles (2 x 16 float accumulators: 8 SSE registers); the AVX2 build: 4-row tiles (8
+// of its 16 registers).
+__attribute__((noinline)) inline void DenseDefault(const float* in, int cols, const float* m, int r,
+                                                   const float* bias, float* out, int rows) {
+  DenseBody<2>(in, cols, m, r, bias, out, rows);
+}
+__attribute__((noinline)) inline void OuterDefault(const float* g, int rows, const float* prev, int64_t ld, int cols,
+                                                   int n, float* dw) {
+  OuterBody<2>(g, rows, prev, ld, cols, n, dw);
+}
+#ifdef TFMO_FM_HAVE_AVX2
+TFMO_FM_AVX2 inline void DenseAvx2(const float* in, int cols, const float* m, int r, const float* bias, float* out,
+                                   int rows) {
+  DenseBody<4>(in, cols, m, r, bias, out, rows);
+}
+TFMO_FM_AVX2 inline void OuterAvx2(const float* g, int rows, const float* prev, int64_t ld, int cols, int n,
+                                   float* dw) {
+  OuterBody<4>(g, rows, prev, ld, cols, n, dw);
+}
+#endif
+
+// The selected build of DenseBody / OuterBody (the call counted in g_isa_calls).
+inline void Dense(const float* in, int cols, const float* m, int r, const float* bias, float* out, int rows) {
+  const int isa = tfmo::CountIsaCall(tfmo::fused_mlp::cpu::IsaSelection(), g_isa_calls);
+#ifdef TFMO_FM_HAVE_AVX2
+  if (isa == kIsaAvx2) return DenseAvx2(in, cols, m, r, bias, out, rows);
+#endif
+  (void)isa;
+  DenseDefault(in, cols, m, r, bias, out, rows);
+}
+inline void AccumulateOuter(const float* g, int rows, const float* prev, int64_t ld, int cols, int n, float* dw) {
+  const int isa = tfmo::CountIsaCall(tfmo::fused_mlp::cpu::IsaSelection(), g_isa_calls);
+#ifdef TFMO_FM_HAVE_AVX2
+  if (isa == kIsaAvx2) return OuterAvx2(g, rows, prev, ld, cols, n, dw);
+#endif
+  (void)isa;
+  OuterDefault(g, rows, prev, ld, cols, n, dw);
+}
+
+}  // namespace tfmo::fused_mlp::cpu
