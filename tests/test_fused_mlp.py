@@ -33,15 +33,20 @@ def close(got, want, rel):
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=rel, atol=rel * scale)
 
 
-def make_case(seed, n, n_in, n_out, width, layers, use_bias, dtype="float32"):
+def make_case(seed, n, n_in, n_out, width, layers, use_bias, dtype="float32", gain=1.0):
     rng = np.random.default_rng(seed)
     lay = fused_mlp_layout(n_in, n_out, width=width, n_hidden_layers=layers, use_bias=use_bias)
-    params = lay.init_params(seed=seed).astype(np.float64)
+    params = lay.init_params(seed=seed).astype(np.float64) * gain
     for o, length in lay.biases:
         params[o:o + length] = rng.uniform(-0.5, 0.5, length)
     x = rng.standard_normal((n, n_in))
     opts = dict(n_hidden_layers=layers, width=width, n_output=n_out, use_bias=use_bias)
     return x.astype(dtype), params.astype(dtype), opts
+
+
+def gain(activation):
+    """Weights scaled down for exponential hidden layers, whose values otherwise grow layer by layer past float32."""
+    return 0.3 if activation == "exponential" else 1.0
 
 
 def widths_for(width, layers):
@@ -57,7 +62,7 @@ def widths_for(width, layers):
 def test_forward_matches_reference(activation, width, layers, use_bias):
     out_act = ACTIVATIONS[(ACTIVATIONS.index(activation) + 1) % len(ACTIVATIONS)]
     n_in, n_out = widths_for(width, layers)
-    x, p, opts = make_case(width + layers, 150, n_in, n_out, width, layers, use_bias)
+    x, p, opts = make_case(width + layers, 150, n_in, n_out, width, layers, use_bias, gain=gain(activation))
     y = fused_mlp(x, p, activation=activation, output_activation=out_act, **opts)
     assert y.shape == (150, n_out) and y.dtype == tf.float32
     want, _, _ = reference.forward(x, p, activation=activation, output_activation=out_act, **opts)
@@ -75,7 +80,7 @@ def test_every_output_activation(output_activation):
 @pytest.mark.parametrize("width", [16, 64])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_forward_float16(activation, width):
-    x, p, opts = make_case(3, 100, 13, 7, width, 2, True, "float16")
+    x, p, opts = make_case(3, 100, 13, 7, width, 2, True, "float16", gain=gain(activation))
     y = fused_mlp(x, p, activation=activation, output_activation="sigmoid", **opts)
     assert y.dtype == tf.float16
     want, _, _ = reference.forward(x, p, activation=activation, output_activation="sigmoid", **opts)
@@ -112,7 +117,7 @@ def op_grads(x, p, dy, **kwargs):
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_gradients_match_reference(activation, width, use_bias):
     out_act = ACTIVATIONS[(ACTIVATIONS.index(activation) + 2) % len(ACTIVATIONS)]
-    x, p, opts = make_case(11 + width, 150, 21, 5, width, 3, use_bias)
+    x, p, opts = make_case(11 + width, 150, 21, 5, width, 3, use_bias, gain=gain(activation))
     dy = np.random.default_rng(5).standard_normal((150, 5)).astype(np.float32)
     _, gx, gp = op_grads(x, p, dy, activation=activation, output_activation=out_act, **opts)
     want_x, want_p = reference.backward(dy, x, p, activation=activation, output_activation=out_act, **opts)
@@ -125,7 +130,7 @@ def test_gradients_match_reference(activation, width, use_bias):
 
 @pytest.mark.parametrize("activation", ["sigmoid", "softplus", "exponential", "none"])
 def test_gradients_float16(activation):
-    x, p, opts = make_case(2, 80, 9, 4, 32, 2, True, "float16")
+    x, p, opts = make_case(2, 80, 9, 4, 32, 2, True, "float16", gain=gain(activation))
     dy = np.random.default_rng(6).standard_normal((80, 4)).astype(np.float16)
     _, gx, gp = op_grads(x, p, dy, activation=activation, output_activation="sigmoid", **opts)
     assert gx.dtype == np.float16 and gp.dtype == np.float16
@@ -331,7 +336,8 @@ def test_layer_save_reload(implementation, tmp_path):
     export_dir = str(tmp_path / "exported")
     model.export(export_dir, verbose=False)
     reloaded = tf.saved_model.load(export_dir)
-    np.testing.assert_array_equal(reloaded.serve(x).numpy(), expected)
+    # The exported graph may fuse TF's own ops differently (pure_tf); the op's kernel gives the same bits.
+    close(reloaded.serve(x).numpy(), expected, 0.0 if implementation == "op" else 1e-6)
 
 
 def test_layer_trains_with_fit():
