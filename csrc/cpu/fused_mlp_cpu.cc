@@ -7,9 +7,9 @@
 //    hidden (training) and dy cross memory; blocks split among the project pool's threads;
 //  - the parameters are converted to float32 once per call (and, for the forward, every matrix transposed to
 //    [inputs, outputs] so that the inner loops run over consecutive outputs);
-//  - every product is Dense: out[b][o] = bias[o] + sum_i in[b][i] M[i][o], the sum in order of i (register tiles;
-//    no template per width or activation; built for the baseline ISA and AVX2, which give the same bits:
-//    csrc/cpu/fused_mlp_cpu_isa.h);
+//  - every product is Dense: out[b][o] = bias[o] + sum_i in[b][i] M[i][o], a chain of fused multiply-adds in order
+//    of i (register tiles; no template per width or activation; built for the baseline ISA and AVX2+FMA, which give
+//    the same bits: csrc/cpu/fused_mlp_cpu_isa.h);
 //  - backward per block, last matrix first: g = dL/d(pre-activation) of the layer's outputs, then
 //    dW += g^T h_prev, db += column sums of g, dh_prev = g W, g_prev = dh_prev * f'(h_prev) (the activation
 //    derivatives from the kept post-activation values, fused into the same pass);
@@ -292,7 +292,7 @@ const char* const kIsaNames[kIsaCount] = {"default", "avx2"};
 
 #ifdef TFMO_FM_HAVE_AVX2
 constexpr int kIsaBuilt = kIsaCount;
-bool CpuRuns(int) { return __builtin_cpu_supports("avx2"); }
+bool CpuRuns(int) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #else
 constexpr int kIsaBuilt = 1;
 bool CpuRuns(int) { return false; }
@@ -300,7 +300,7 @@ bool CpuRuns(int) { return false; }
 
 constexpr IsaBuilds kIsaBuilds{
     "TF_METAL_OPS_FUSED_MLP_ISA", "the fused-MLP CPU kernels use", kIsaNames, kIsaCount, kIsaBuilt, &CpuRuns,
-    "that build is not compiled into this library (x86-64 GCC only)", [](int) { return "this CPU lacks AVX2"; }};
+    "that build is not compiled into this library (x86-64 GCC only)", [](int) { return "this CPU lacks AVX2 or FMA"; }};
 
 }  // namespace
 

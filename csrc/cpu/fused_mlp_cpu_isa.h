@@ -1,8 +1,10 @@
 // The ISA builds of the fused-MLP CPU kernels' products (csrc/cpu/fused_mlp_cpu.cc; the choice between them is at
 // its end): Dense and AccumulateOuter, each an always-inline body compiled for the baseline ISA and, on x86-64 with
-// GCC, with target("avx2"). Both builds compute every output element with the same float operations in the same
-// order (a sum in order of its index; the register tiles differ, which changes no element's sum; the library is
-// built with -ffp-contract=off and no build has FMA enabled), so they give bitwise identical results.
+// GCC, with target("avx2,fma"). Both builds compute every output element with the same operations in the same
+// order: a chain of fused multiply-adds in order of the summed index, each through tfmo_fma (one rounding: the
+// vfmadd instruction in the AVX2 build, the FMA instructions of ARM, glibc's correctly rounded fmaf in the x86-64
+// baseline build, which is slow and runs only on CPUs without AVX2); the register tiles differ, which changes no
+// element's chain. So every build gives bitwise identical results.
 #pragma once
 
 #include <atomic>
@@ -13,13 +15,13 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TFMO_FM_HAVE_AVX2 1
-#define TFMO_FM_AVX2 __attribute__((target("avx2"), noinline))
+#define TFMO_FM_AVX2 __attribute__((target("avx2,fma"), noinline))
 #endif
 
 namespace tfmo::fused_mlp::cpu {
 
 // The builds and the choice between them (defined at the end of fused_mlp_cpu.cc; one choice per process):
-// TF_METAL_OPS_FUSED_MLP_ISA = avx2 | default | auto (automatically AVX2 when the CPU has it).
+// TF_METAL_OPS_FUSED_MLP_ISA = avx2 | default | auto (automatically AVX2 when the CPU has AVX2 and FMA).
 enum Isa : int { kIsaDefault = 0, kIsaAvx2 = 1, kIsaCount = 2 };
 
 const IsaChoice& IsaSelection();
@@ -30,7 +32,8 @@ extern std::atomic<long long> g_isa_calls[kIsaCount];
 constexpr int kRowPad = 4;    // block row counts are padded to a multiple of this (every build's row tile divides it)
 constexpr int kColTile = 16;  // outputs per register tile (every layer's output count is a multiple of 16)
 
-// out[b][o] = (bias ? bias[o] : 0) + sum_{i < cols, in order} in[b][i] * m[i][o] for b < rows (a multiple of
+// out[b][o] = (bias ? bias[o] : 0) + sum_{i < cols, in order} in[b][i] * m[i][o] (acc = fma(in, m, acc) for
+// i = 0, 1, ...) for b < rows (a multiple of
 // kRowPad), o < r (a multiple of kColTile); in is [rows][cols], m [cols][r], out [rows][r], all row-major.
 template <int kRowTile>
 TFMO_FN void DenseBody(const float* in, int cols, const float* m, int r, const float* bias, float* out, int rows) {
@@ -44,7 +47,7 @@ TFMO_FN void DenseBody(const float* in, int cols, const float* m, int r, const f
         const float* w = m + static_cast<int64_t>(i) * r + o0;
         for (int t = 0; t < kRowTile; ++t) {
           const float av = a[t * cols + i];
-          for (int j = 0; j < kColTile; ++j) acc[t][j] += av * w[j];
+          for (int j = 0; j < kColTile; ++j) acc[t][j] = tfmo_fma(av, w[j], acc[t][j]);
         }
       }
       for (int t = 0; t < kRowTile; ++t)
@@ -53,7 +56,8 @@ TFMO_FN void DenseBody(const float* in, int cols, const float* m, int r, const f
   }
 }
 
-// dw[o][i] += sum_{b < n, in order} g[b][o] * prev[b][i]; g is [n][rows] (rows a multiple of 16), prev rows have
+// dw[o][i] += sum_{b < n, in order} g[b][o] * prev[b][i] (dw = fma(g, prev, dw) for b = 0, 1, ...); g is [n][rows]
+// (rows a multiple of 16), prev rows have
 // stride ld, dw is row-major [rows][cols] (cols a multiple of kColTile).
 template <int kRowTile>
 TFMO_FN void OuterBody(const float* g, int rows, const float* prev, int64_t ld, int cols, int n, float* dw) {
@@ -66,7 +70,7 @@ TFMO_FN void OuterBody(const float* g, int rows, const float* prev, int64_t ld, 
         const float* p = prev + b * ld + i0;
         for (int t = 0; t < kRowTile; ++t) {
           const float gv = g[static_cast<int64_t>(b) * rows + o0 + t];
-          for (int j = 0; j < kColTile; ++j) acc[t][j] += gv * p[j];
+          for (int j = 0; j < kColTile; ++j) acc[t][j] = tfmo_fma(gv, p[j], acc[t][j]);
         }
       }
       for (int t = 0; t < kRowTile; ++t)
@@ -76,7 +80,7 @@ TFMO_FN void OuterBody(const float* g, int rows, const float* prev, int64_t ld, 
 }
 
 // The baseline build: 2-row tiles (2 x 16 float accumulators: 8 SSE registers); the AVX2 build: 4-row tiles (8
-// of its 16 registers).
+// of its 16 registers: enough independent chains to cover the FMA latency).
 __attribute__((noinline)) inline void DenseDefault(const float* in, int cols, const float* m, int r,
                                                    const float* bias, float* out, int rows) {
   DenseBody<2>(in, cols, m, r, bias, out, rows);
