@@ -104,8 +104,8 @@ def fused_mlp_layout(n_input, n_output, *, width, n_hidden_layers, use_bias=Fals
       >>> fused_mlp_layout(3, 1, width=16, n_hidden_layers=1, use_bias=True).biases
       ((512, 16), (528, 1))
       >>> params = lay.init_params(seed=0)
-      >>> params.shape, float(abs(params).max()) <= (6 / (64 + 64)) ** 0.5
-      ((7168,), True)
+      >>> params.shape, params.dtype, float(abs(params[2048:6144]).max()) <= (6 / (64 + 64)) ** 0.5
+      ((7168,), dtype('float32'), True)
     """
     fn = "fused_mlp_layout"
     cfg = check_config(fn, width, n_hidden_layers, n_output, "none", "none", use_bias)
