@@ -322,7 +322,8 @@ def test_layer_save_reload(implementation, tmp_path):
     model = make_model(implementation)
     layer = model.get_layer("mlp")
     assert layer.params.shape == (fused_mlp_layout(7, 3, width=32, n_hidden_layers=2, use_bias=True).n_params,)
-    layer.params.assign(layer.params + np.random.default_rng(0).uniform(-0.1, 0.1, layer.params.shape))
+    jitter = np.random.default_rng(0).uniform(-0.1, 0.1, layer.params.shape).astype(np.float32)
+    layer.params.assign(layer.params.numpy() + jitter)
     x = np.random.default_rng(1).standard_normal((33, 7)).astype(np.float32)
     expected = model(x).numpy()
     want, _, _ = reference.forward(x, layer.params.numpy(), width=32, n_hidden_layers=2, n_output=3,
