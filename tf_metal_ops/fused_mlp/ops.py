@@ -19,13 +19,21 @@ __all__ = ["fused_mlp"]
 _CONFIG_ATTRS = ("n_hidden_layers", "width", "n_output", "activation", "output_activation", "use_bias")
 
 
+def _as_tensor(value, hint):
+    """A tensor of ``value``: its own dtype when it has one (tensors, variables, NumPy arrays), else ``hint``
+    (Python numbers and lists)."""
+    if hasattr(value, "dtype"):
+        return tf.convert_to_tensor(value)
+    return tf.convert_to_tensor(value, dtype_hint=hint)
+
+
 def checked_args(fn, x, params, n_hidden_layers, width, n_output, activation, output_activation, use_bias):
     """(x, params, config dict) after the static checks of ``fn``'s arguments (ValueError naming ``fn``)."""
     cfg = check_config(fn, width, n_hidden_layers, n_output, activation, output_activation, use_bias)
-    x = tf.convert_to_tensor(x, dtype_hint=tf.float32)
+    x = _as_tensor(x, tf.float32)
     if x.dtype not in (tf.float32, tf.float16):
         raise ValueError(f"{fn}: x must be float32 or float16, got {x.dtype.name}")
-    params = tf.convert_to_tensor(params, dtype_hint=x.dtype)
+    params = _as_tensor(params, x.dtype)
     if params.dtype != x.dtype:
         raise ValueError(f"{fn}: params must have x's dtype {x.dtype.name}, got {params.dtype.name}")
     if x.shape.rank is not None and x.shape.rank != 2:
