@@ -2,14 +2,15 @@
 // csrc/ops/fused_mlp_args.h; activations: csrc/shared/fused_mlp_math.h).
 //
 // Structure:
-//  - rows in blocks of BlockRows(width) (a few KB of float32 activations per layer): a block goes through every
+//  - rows in blocks of BlockRows(width) (16 KB of float32 activations per layer): a block goes through every
 //    layer, forward or backward, before the next block starts, so its activations stay in L1/L2 and only x, y,
 //    hidden (training) and dy cross memory; blocks split among the project pool's threads;
 //  - the parameters are converted to float32 once per call (and, for the forward, every matrix transposed to
 //    [inputs, outputs] so that the inner loops run over consecutive outputs);
 //  - every product is Dense: out[b][o] = bias[o] + sum_i in[b][i] M[i][o], a chain of fused multiply-adds in order
-//    of i (register tiles; no template per width or activation; built for the baseline ISA and AVX2+FMA, which give
-//    the same bits: csrc/cpu/fused_mlp_cpu_isa.h);
+//    of i (register tiles; the widths are run-time values, so one build of each product serves every width; built
+//    for the baseline ISA and AVX2+FMA, which give the same bits: csrc/cpu/fused_mlp_cpu_isa.h); the activations
+//    and their derivatives are loops instantiated once per activation;
 //  - backward per block, last matrix first: g = dL/d(pre-activation) of the layer's outputs, then
 //    dW += g^T h_prev, db += column sums of g, dh_prev = g W, g_prev = dh_prev * f'(h_prev) (the activation
 //    derivatives from the kept post-activation values, fused into the same pass);
@@ -44,7 +45,7 @@ using tfmo::fused_mlp::cpu::kRowPad;
 
 constexpr int64_t kMaxParts = 64;
 
-// Rows per block: about 32 KB of float32 activations per layer buffer.
+// Rows per block: 16 KB of float32 activations per layer buffer (8 KB at width 16).
 int BlockRows(int width) { return width <= 32 ? 128 : (width == 64 ? 64 : 32); }
 
 // Parts of the fixed-order weight-gradient sum for `blocks` row blocks (independent of the thread count).

@@ -1,10 +1,10 @@
 // The ISA builds of the fused-MLP CPU kernels' products (csrc/cpu/fused_mlp_cpu.cc; the choice between them is at
-// its end): Dense and AccumulateOuter, each an always-inline body compiled for the baseline ISA and, on x86-64 with
-// GCC, with target("avx2,fma"). Both builds compute every output element with the same operations in the same
-// order: a chain of fused multiply-adds in order of the summed index, each through tfmo_fma (one rounding: the
-// vfmadd instruction in the AVX2 build, the FMA instructions of ARM, glibc's correctly rounded fmaf in the x86-64
-// baseline build, which is slow and runs only on CPUs without AVX2); the register tiles differ, which changes no
-// element's chain. So every build gives bitwise identical results.
+// its end): Dense and AccumulateOuter, each a portable body (the baseline build) and, on x86-64 with GCC, an
+// AVX2+FMA version written with intrinsics. Both compute every output element with the same operations in the same
+// order: a chain of fused multiply-adds in order of the summed index, each rounded once (the baseline body through
+// tfmo_fma: the FMA instructions of ARM, glibc's correctly rounded fmaf on x86-64, which is slow and runs only on
+// CPUs without AVX2 and FMA; the AVX2 version with vfmadd). The register tiles differ, which changes no element's
+// chain. So every build gives bitwise identical results.
 #pragma once
 
 #include <atomic>
