@@ -173,6 +173,28 @@ def test_gradient_without_kept_activations_and_in_tf_function():
     np.testing.assert_array_equal(gp, gp3.numpy())
 
 
+def test_training_follows_the_tape():
+    """training=None keeps the hidden activations exactly when a tape records the inputs: one FusedMlp op either
+    way (with them, the gradient reads them instead of rerunning the forward)."""
+    x, p, opts = make_case(13, 20, 6, 2, 16, 2, False)
+
+    def traced(with_tape):
+        @tf.function
+        def f(xt, pt):
+            if not with_tape:
+                return fused_mlp(xt, pt, **opts)
+            with tf.GradientTape() as tape:
+                tape.watch(pt)
+                y = fused_mlp(xt, pt, **opts)
+            return tape.gradient(y, pt)
+
+        graph = f.get_concrete_function(tf.constant(x), tf.constant(p)).graph
+        return [op.get_attr("training") for op in graph.get_operations() if op.type == "FusedMlp"]
+
+    assert traced(False) == [False]
+    assert traced(True) == [True]
+
+
 def test_matches_pure_tf():
     x, p, opts = make_case(9, 70, 12, 6, 32, 3, True)
     kwargs = dict(opts, activation="softplus", output_activation="sigmoid")
