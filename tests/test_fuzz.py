@@ -1,6 +1,6 @@
 """Hypothesis fuzzing of every public op (zero_out, hash_grid_encode, volume_render, distortion_loss, their packed
-forms, ray_march and inline metal_kernel launches), 1000 generated calls per op, each op in its own subprocess so a
-hard crash (segfault, abort) fails the test instead of killing the test run.
+forms, ray_march, fused_mlp and inline metal_kernel launches), 1000 generated calls per op, each op in its own
+subprocess so a hard crash (segfault, abort) fails the test instead of killing the test run.
 
 The fuzzer fails its run when a call known to be valid is rejected; its last output line holds the outcome counts,
 asserted here (not just the example count that was asked for): every call returned a checked result or was
@@ -37,7 +37,7 @@ def test_every_public_op_has_a_fuzzer():
     import tf_metal_ops
 
     covered = {"zero_out", "hash_grid_encode", "volume_render", "distortion_loss", "volume_render_packed",
-               "distortion_loss_packed", "ray_march", "metal_kernel"}
+               "distortion_loss_packed", "ray_march", "metal_kernel", "fused_mlp"}
     assert covered <= set(tf_metal_ops.__all__)
     assert {"hash_grid" if n == "hash_grid_encode" else n for n in covered} == set(FUZZERS)
     # what has no fuzzer: the pure-TF versions (the same checks as the ops, in TF), classes and diagnostics, the
@@ -49,7 +49,8 @@ def test_every_public_op_has_a_fuzzer():
 
 
 SKIPPED = {"backend_info", "compile_shader", "contract", "contract_to_unit", "enable_unsafe_kernel_loading",
-           "get_num_threads", "hash_grid_table_layout", "library_path", "num_threads", "set_num_threads", "trust_kernel"}
+           "fused_mlp_layout", "get_num_threads", "hash_grid_table_layout", "library_path", "num_threads",
+           "set_num_threads", "trust_kernel"}
 
 
 @pytest.mark.parametrize("op", sorted(FUZZERS))

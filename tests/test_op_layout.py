@@ -11,6 +11,8 @@ A family's files (docs/writing_ops.md, "The shape of the package's own ops"), al
   csrc/gpu/<f>_gpu.cc       GPU host code
   metal_kernels/<f>.metal   Metal kernels, unless its GPU host binds a kernel source that the op receives
                             (`call.pass(name, spec, &source)`: metal_kernel)
+                            A family marked `// kernels: CPU only` in op_names.h (the line right under its family
+                            line) has neither, and no GPU kernel registration.
   csrc/shared/<f>_math.h    per-element math shared by the CPU and Metal kernels, where it has some; a family named
                             <g>_<variant> after another family <g> (render_packed) may use <g>'s instead
   tf_metal_ops/<f>/ or tf_metal_ops/<f>.py, or else the module that defines its public function `def <f>(`
@@ -58,6 +60,20 @@ def families_in_op_names():
 FAMILIES = list(families_in_op_names())
 
 
+def cpu_only_families():
+    """The families whose `// family: NAME` line is followed by `// kernels: CPU only` (no GPU kernels yet)."""
+    lines = open(OP_NAMES, encoding="utf-8").read().splitlines()
+    out = set()
+    for line, following in zip(lines, lines[1:] + [""]):
+        m = re.match(r"//\s*family:\s*(\w+)\s*$", line)
+        if m and re.match(r"//\s*kernels:\s*CPU only\s*$", following):
+            out.add(m.group(1))
+    return out
+
+
+CPU_ONLY = cpu_only_families()
+
+
 def read(rel):
     return open(os.path.join(ROOT, rel), encoding="utf-8").read()
 
@@ -88,9 +104,11 @@ def python_files(family):
 def family_files(family):
     """{kind: [repository path, ...]} of the files the family must have (derived from its name only)."""
     files = {"op": [f"csrc/ops/{family}_op.cc"], "args": [f"csrc/ops/{family}_args.h"],
-             "cpu": [f"csrc/cpu/{family}_cpu.cc"], "gpu": [f"csrc/gpu/{family}_gpu.cc"]}
-    if not binds_op_source(family):
-        files["metal"] = [f"metal_kernels/{family}.metal"]
+             "cpu": [f"csrc/cpu/{family}_cpu.cc"]}
+    if family not in CPU_ONLY:
+        files["gpu"] = [f"csrc/gpu/{family}_gpu.cc"]
+        if not binds_op_source(family):
+            files["metal"] = [f"metal_kernels/{family}.metal"]
     files["python"] = python_files(family)
     return files
 
@@ -105,6 +123,18 @@ def test_every_op_belongs_to_a_family_with_all_its_files():
                 missing.append(f"{family} {kind}: nothing found")
             missing += [f"{family} {kind}: {p}" for p in paths if not os.path.exists(os.path.join(ROOT, p))]
     assert not missing, missing
+
+
+def test_cpu_only_families_have_no_gpu_files():
+    """The `// kernels: CPU only` marker is true: no GPU host code, no Metal kernel, no GPU kernel registration; and
+    the family's doc says so."""
+    assert CPU_ONLY <= set(FAMILIES) and "fused_mlp" in CPU_ONLY, CPU_ONLY
+    for family in CPU_ONLY:
+        present = [p for p in (f"csrc/gpu/{family}_gpu.cc", f"metal_kernels/{family}.metal", f"metal_kernels/{family}.h")
+                   if isfile(p)]
+        assert not present, (family, present)
+        assert not re.search(r'RegisterKernels(<\w+>)?\("GPU"', read(f"csrc/cpu/{family}_cpu.cc")), family
+        assert "Metal kernel" in read(f"docs/{family}.md") and "not written yet" in read(f"docs/{family}.md"), family
 
 
 def test_every_file_of_the_kernel_folders_is_a_family_s_by_its_name():
@@ -153,10 +183,13 @@ def test_named_namespaces_are_family_names():
 
 def test_kernels_are_registered_in_the_family_args_header():
     """Every family registers its kernels through RegisterKernels(device, ...) of csrc/ops/<f>_args.h, called once
-    from its CPU kernels and once from its GPU host code."""
+    from its CPU kernels and once from its GPU host code (CPU-only families: from the CPU kernels only)."""
     for family in FAMILIES:
         assert re.search(r"void RegisterKernels\(const char\* device", read(f"csrc/ops/{family}_args.h")), family
-        for rel, device in ((f"csrc/cpu/{family}_cpu.cc", "CPU"), (f"csrc/gpu/{family}_gpu.cc", "GPU")):
+        devices = [(f"csrc/cpu/{family}_cpu.cc", "CPU")]
+        if family not in CPU_ONLY:
+            devices.append((f"csrc/gpu/{family}_gpu.cc", "GPU"))
+        for rel, device in devices:
             text = read(rel)
             assert re.search(rf'tfmo::{family}::RegisterKernels(<\w+>)?\("{device}"', text), rel
             assert "RegisterKernelPair" not in text and "RegisterKernel(" not in text, rel

@@ -10,6 +10,7 @@ from tf_metal_ops._library import ops as _ops
 from tf_metal_ops._version import __version__
 from tf_metal_ops.contraction import contract, contract_to_unit
 from tf_metal_ops.diagnostics import backend_info
+from tf_metal_ops.fused_mlp import FusedMLP, fused_mlp, fused_mlp_layout, fused_mlp_tf
 from tf_metal_ops.hash_grid import HashGridConfig, HashGridEncoding
 from tf_metal_ops.hash_grid.config import hash_grid_table_layout
 from tf_metal_ops.hash_grid.ops import hash_grid_encode
@@ -34,6 +35,7 @@ from tf_metal_ops.threads import get_num_threads, num_threads, set_num_threads
 from tf_metal_ops.zero_out import zero_out
 
 __all__ = [
+    "FusedMLP",
     "HashGridConfig",
     "HashGridEncoding",
     "KernelCompileError",
@@ -53,6 +55,9 @@ __all__ = [
     "distortion_loss_packed_tf",
     "distortion_loss_tf",
     "enable_unsafe_kernel_loading",
+    "fused_mlp",
+    "fused_mlp_layout",
+    "fused_mlp_tf",
     "get_num_threads",
     "hash_grid_encode",
     "hash_grid_table_layout",

@@ -16,6 +16,7 @@
 //   render     TF_METAL_OPS_RENDER_ISA     default, avx2, avx512  (alias: TF_METAL_OPS_VOLUME_RENDER_ISA; the
 //                                                                  render_packed kernels run these builds too)
 //   ray_march  TF_METAL_OPS_RAY_MARCH_ISA  default, avx2
+//   fused_mlp  TF_METAL_OPS_FUSED_MLP_ISA  default, avx2
 #pragma once
 
 #include <atomic>

@@ -16,7 +16,8 @@
 // defined in csrc/ops/<family>_op.cc (through common/shape_fns.h), its host-side argument checks are in
 // csrc/ops/<family>_args.h, its kernels in csrc/cpu/*_cpu.cc, csrc/gpu/<family>_gpu.cc and metal_kernels/*.metal,
 // its per-element math in csrc/shared/*_math.h, and its Python in tf_metal_ops/ (the files of each family:
-// tests/test_op_layout.py).
+// tests/test_op_layout.py). A family whose kernels exist for the CPU only has the line `// kernels: CPU only` right
+// under its family line: it has no csrc/gpu/ or metal_kernels/ files, and TensorFlow places its ops on the CPU.
 #pragma once
 
 // family: zero_out
@@ -46,3 +47,8 @@
 // family: metal_kernel
 #define TFMO_OP_METAL_KERNEL "TfmoMetalKernel"  // generic: prefixed (see the rule above)
 #define TFMO_OP_METAL_KERNEL_CALL "TfmoMetalKernelCall"  // its eager calls (csrc/ops/metal_kernel_op.cc)
+
+// family: fused_mlp
+// kernels: CPU only
+#define TFMO_OP_FUSED_MLP "FusedMlp"
+#define TFMO_OP_FUSED_MLP_GRAD "FusedMlpGrad"

@@ -23,6 +23,7 @@
 //   Dl  / dl_   distortion loss (DistortionLoss)                             csrc/shared/render_math.h
 //   Dlp         distortion loss of packed rays (DistortionLossPacked)        csrc/shared/render_math.h
 //   Rm  / rm_   occupancy-grid ray marching (RayMarch)                       csrc/shared/ray_march_math.h
+//   Fm  / fm_   fully fused MLP (FusedMlp, FusedMlpGrad)                     csrc/shared/fused_mlp_math.h
 // e.g. HgLevel, VrpParams, rm_jitter; CPU-only helpers live in the namespaces tfmo::<family>::cpu.
 #pragma once
 

@@ -547,6 +547,94 @@ def fuzz_ray_march(examples, seed_value):
     run()
 
 
+MLP_ARGS = ["x", "params", "width", "n_hidden_layers", "n_output", "activation", "output_activation", "use_bias"]
+
+
+@st.composite
+def fused_mlp_call(draw):
+    """A valid fused-MLP configuration and inputs with at most one fault (most calls none): an invalid option, an
+    input width out of range, a parameter count that does not match, a wrong dtype or rank. Inputs include NaN and
+    inf sometimes (they propagate: a valid input)."""
+    from tf_metal_ops.fused_mlp import ACTIVATIONS, fused_mlp_layout
+
+    width = draw(st.sampled_from([16, 32, 64, 128]))
+    opts = dict(n_hidden_layers=draw(st.integers(1, 8)), width=width, n_output=draw(st.integers(1, width)),
+                activation=draw(st.sampled_from(ACTIVATIONS)), output_activation=draw(st.sampled_from(ACTIVATIONS)),
+                use_bias=draw(st.booleans()))
+    n_in = draw(st.integers(1, width))
+    n = draw(st.sampled_from([0, 1, 7, 64, 130]))
+    x_dtype = params_dtype = draw(st.sampled_from(["float32", "float16"]))
+    params_delta, x_rank_wrong = 0, False
+    fault = draw(st.sampled_from([None] * 9 + ["option", "n_input", "params_size", "x_dtype", "params_dtype",
+                                              "rank"]))
+    if fault == "option":
+        key, bad = draw(st.sampled_from([
+            ("width", 24), ("width", 256), ("n_hidden_layers", 0), ("n_hidden_layers", 9), ("n_output", 0),
+            ("n_output", 129), ("activation", "tanh"), ("output_activation", "sine"), ("use_bias", 1)]))
+        opts[key] = bad
+    elif fault == "n_input":
+        n_in = draw(st.sampled_from([0, width + 1]))
+    elif fault == "params_size":
+        params_delta = draw(st.sampled_from([-1, 1, 16]))
+    elif fault == "x_dtype":
+        x_dtype = draw(st.sampled_from(["float64", "int32"]))
+    elif fault == "params_dtype":
+        params_dtype = draw(st.sampled_from(["float64", "int32", "float16" if x_dtype == "float32" else "float32"]))
+    elif fault == "rank":
+        x_rank_wrong = True
+    try:
+        n_params = fused_mlp_layout(n_in, opts["n_output"], width=opts["width"],
+                                    n_hidden_layers=opts["n_hidden_layers"], use_bias=opts["use_bias"]).n_params
+    except (ValueError, TypeError):
+        n_params = 300
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    scale = draw(st.sampled_from([1.0, 1.0, 1e3]))
+    x = rng.standard_normal((n, n_in)) * scale
+    if x.size and draw(st.booleans()):
+        x.reshape(-1)[rng.integers(0, x.size)] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    x = x.astype(x_dtype) if x_dtype != "int32" else np.nan_to_num(x).astype(np.int32)
+    if x_rank_wrong:
+        x = x.reshape(-1)
+    params = (rng.uniform(-1, 1, max(n_params + params_delta, 0)) / np.sqrt(opts["width"] if fault != "option" else 16))
+    params = params.astype(params_dtype)
+    return x, params, opts, fault
+
+
+def fuzz_fused_mlp(examples, seed_value):
+    from tf_metal_ops.fused_mlp import reference
+
+    @seed(seed_value)
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(call=fused_mlp_call())
+    def run(call):
+        x, params, opts, fault = call
+        start_call(fault is None, faulty=fault is not None)
+        try:
+            with tf.GradientTape() as tape:
+                xt, pt = tf.constant(x), tf.constant(params)
+                tape.watch([xt, pt])
+                y = tf_metal_ops.fused_mlp(xt, pt, **opts)
+                loss = tf.reduce_sum(tf.cast(y, tf.float32))
+            gx, gp = tape.gradient(loss, [xt, pt])
+        except Exception as e:
+            expect_clean_error(e, MLP_ARGS, fault is None, f"x {x.shape} {x.dtype}, params {params.shape} "
+                                                          f"{params.dtype}, {opts}")
+            return
+        assert y.shape == (x.shape[0], opts["n_output"]) and y.dtype == x.dtype
+        assert gx.shape == x.shape and gx.dtype == x.dtype and gp.shape == params.shape and gp.dtype == params.dtype
+        # Moderate values (inputs of unit scale, 1-Lipschitz activations, weights of 1/sqrt(width)): the op agrees with
+        # the float64 reference on the finite rows (float16: one rounding of the float32 result).
+        moderate = "exponential" not in (opts["activation"], opts["output_activation"])
+        rows = np.isfinite(x).all(axis=1) & (np.abs(x).max(axis=1, initial=0) <= 10) if x.size else np.zeros(0, bool)
+        if moderate and rows.any():
+            want, _, _ = reference.forward(x[rows], params, **opts)
+            tol = (2e-2 if x.dtype == np.float16 else 1e-3) * max(1.0, float(np.abs(want).max()))
+            np.testing.assert_allclose(y.numpy().astype(np.float64)[rows], want, rtol=0, atol=tol)
+        returned()
+
+    run()
+
+
 METAL_KERNEL_ARGS = ["input", "output", "grid", "threadgroup", "template", "dtype", "dimension", "out-of-bounds",
                      "buffer"]
 _KERNELS = {}
@@ -616,6 +704,7 @@ FUZZERS = {
     "distortion_loss_packed": fuzz_distortion_loss_packed,
     "ray_march": fuzz_ray_march,
     "metal_kernel": fuzz_metal_kernel,
+    "fused_mlp": fuzz_fused_mlp,
 }
 
 if __name__ == "__main__":
@@ -633,7 +722,7 @@ if __name__ == "__main__":
             raise ValueError("injected rejection (zero_out: x, positions, densities)")
 
         for name in ("zero_out", "hash_grid_encode", "volume_render", "distortion_loss", "volume_render_packed",
-                     "distortion_loss_packed", "ray_march", "metal_kernel"):
+                     "distortion_loss_packed", "ray_march", "metal_kernel", "fused_mlp"):
             setattr(tf_metal_ops, name, reject)
     FUZZERS[a.op](a.examples, a.seed)
     assert OUTCOMES["returned"] + OUTCOMES["rejected"] == OUTCOMES["calls"], OUTCOMES

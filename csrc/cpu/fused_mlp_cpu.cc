@@ -1,0 +1,318 @@
+// CPU kernels of FusedMlp and FusedMlpGrad (semantics: csrc/ops/fused_mlp_op.cc; parameter layout:
+// csrc/ops/fused_mlp_args.h; activations: csrc/shared/fused_mlp_math.h).
+//
+// Structure:
+//  - rows in blocks of BlockRows(width) (16 KB of float32 activations per layer): a block goes through every
+//    layer, forward or backward, before the next block starts, so its activations stay in L1/L2 and only x, y,
+//    hidden (training) and dy cross memory; blocks split among the project pool's threads;
+//  - the parameters are converted to float32 once per call (and, for the forward, every matrix transposed to
+//    [inputs, outputs] so that the inner loops run over consecutive outputs);
+//  - every product is Dense: out[b][o] = bias[o] + sum_i in[b][i] M[i][o], a chain of fused multiply-adds in order
+//    of i (register tiles; the widths are run-time values, so one build of each product serves every width; built
+//    for the baseline ISA and AVX2+FMA, which give the same bits: csrc/cpu/fused_mlp_cpu_isa.h); the activations
+//    and their derivatives are loops instantiated once per activation;
+//  - backward per block, last matrix first: g = dL/d(pre-activation) of the layer's outputs, then
+//    dW += g^T h_prev, db += column sums of g, dh_prev = g W, g_prev = dh_prev * f'(h_prev) (the activation
+//    derivatives from the kept post-activation values, fused into the same pass);
+//  - weight and bias gradients: sums over rows in a fixed order whatever the thread count. The blocks are cut into
+//    Parts(blocks) contiguous parts (a function of N and width only); each part sums its blocks in row order into
+//    its own float32 buffer of P values, and the parts are added in part order. The per-row outputs (y, hidden, dx)
+//    depend on their own row only.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <utility>
+#include <vector>
+
+#include "common/half.h"
+#include "common/op_names.h"
+#include "common/tfc.h"
+#include "common/thread_pool.h"
+#include "cpu/fused_mlp_cpu_isa.h"
+#include "ops/fused_mlp_args.h"
+#include "shared/fused_mlp_math.h"
+
+namespace {
+
+using tfmo::fused_mlp::Call;
+using tfmo::fused_mlp::Config;
+using tfmo::fused_mlp::Layout;
+
+using tfmo::fused_mlp::cpu::AccumulateOuter;
+using tfmo::fused_mlp::cpu::Dense;
+using tfmo::fused_mlp::cpu::kRowPad;
+
+constexpr int64_t kMaxParts = 64;
+
+// Rows per block: 16 KB of float32 activations per layer buffer (8 KB at width 16).
+int BlockRows(int width) { return width <= 32 ? 128 : (width == 64 ? 64 : 32); }
+
+// Parts of the fixed-order weight-gradient sum for `blocks` row blocks (independent of the thread count).
+int64_t Parts(int64_t blocks) { return std::min(blocks, kMaxParts); }
+
+template <typename T> inline float Load(const T* p);
+template <> inline float Load<float>(const float* p) { return *p; }
+template <> inline float Load<uint16_t>(const uint16_t* p) { return tfmo::HalfToFloat(*p); }
+template <typename T> inline T Store(float v);
+template <> inline float Store<float>(float v) { return v; }
+template <> inline uint16_t Store<uint16_t>(float v) { return tfmo::FloatToHalf(v); }
+
+// v[i] = fm_activate(kAct, v[i]) for i < count (the activation a compile-time constant inside the loop).
+template <int kAct>
+void ActivateLoop(float* v, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) v[i] = fm_activate(kAct, v[i]);
+}
+void Activate(int act, float* v, int64_t count) {
+  switch (act) {
+    case FM_ACT_RELU: return ActivateLoop<FM_ACT_RELU>(v, count);
+    case FM_ACT_LEAKY_RELU: return ActivateLoop<FM_ACT_LEAKY_RELU>(v, count);
+    case FM_ACT_SIGMOID: return ActivateLoop<FM_ACT_SIGMOID>(v, count);
+    case FM_ACT_EXPONENTIAL: return ActivateLoop<FM_ACT_EXPONENTIAL>(v, count);
+    case FM_ACT_SOFTPLUS: return ActivateLoop<FM_ACT_SOFTPLUS>(v, count);
+    default: return;
+  }
+}
+
+// dh[b][i] *= f'(h[b][i]) for b < n, i < width (h rows of stride ld); rows n .. rows_pad of dh are zeroed.
+template <int kAct>
+void ChainLoop(float* dh, const float* h, int64_t ld, int width, int n, int rows_pad) {
+  for (int b = 0; b < n; ++b)
+    for (int i = 0; i < width; ++i)
+      dh[static_cast<int64_t>(b) * width + i] *= fm_activation_derivative(kAct, h[b * ld + i]);
+  std::fill(dh + static_cast<int64_t>(n) * width, dh + static_cast<int64_t>(rows_pad) * width, 0.0f);
+}
+void Chain(int act, float* dh, const float* h, int64_t ld, int width, int n, int rows_pad) {
+  switch (act) {
+    case FM_ACT_RELU: return ChainLoop<FM_ACT_RELU>(dh, h, ld, width, n, rows_pad);
+    case FM_ACT_LEAKY_RELU: return ChainLoop<FM_ACT_LEAKY_RELU>(dh, h, ld, width, n, rows_pad);
+    case FM_ACT_SIGMOID: return ChainLoop<FM_ACT_SIGMOID>(dh, h, ld, width, n, rows_pad);
+    case FM_ACT_EXPONENTIAL: return ChainLoop<FM_ACT_EXPONENTIAL>(dh, h, ld, width, n, rows_pad);
+    case FM_ACT_SOFTPLUS: return ChainLoop<FM_ACT_SOFTPLUS>(dh, h, ld, width, n, rows_pad);
+    default: return ChainLoop<FM_ACT_NONE>(dh, h, ld, width, n, rows_pad);
+  }
+}
+
+// Rows [r0, r0 + n) of x [N, n_input] as float32 [rows_pad][in_pad], zero-padded (columns and rows).
+template <typename T>
+void LoadRows(const T* x, int64_t r0, int n, const Layout& l, int rows_pad, float* out) {
+  std::fill(out, out + static_cast<int64_t>(rows_pad) * l.in_pad, 0.0f);
+  for (int b = 0; b < n; ++b)
+    for (int i = 0; i < l.n_input; ++i) out[b * l.in_pad + i] = Load(x + (r0 + b) * l.n_input + i);
+}
+
+// The parameters as float32, in their layout.
+template <typename T>
+std::vector<float> ParamsAsFloat(const T* p, int64_t count) {
+  std::vector<float> out(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) out[k] = Load(p + k);
+  return out;
+}
+
+// ---- forward ------------------------------------------------------------------------------------------------
+
+template <typename T>
+void Forward(const Call& call, T* y, float* hidden) {
+  const Config& cfg = *call.cfg;
+  const Layout& l = call.layout;
+  const int64_t N = call.n;
+  const int W = l.width, M = l.n_matrices;
+  const std::vector<float> pf = ParamsAsFloat(call.params.data<T>(), l.total);
+  // Matrix m transposed to [cols][rows] at the same offset; biases padded to the matrix's rows (zeros without bias).
+  std::vector<float> wt(static_cast<size_t>(l.weight_offset[M - 1] + l.rows[M - 1] * l.cols[M - 1]));
+  std::vector<float> bias(static_cast<size_t>(M) * W, 0.0f);
+  for (int m = 0; m < M; ++m) {
+    const float* w = pf.data() + l.weight_offset[m];
+    float* t = wt.data() + l.weight_offset[m];
+    for (int64_t o = 0; o < l.rows[m]; ++o)
+      for (int64_t i = 0; i < l.cols[m]; ++i) t[i * l.rows[m] + o] = w[o * l.cols[m] + i];
+    const int64_t real = m == M - 1 ? l.n_output : W;
+    if (l.use_bias) std::copy_n(pf.data() + l.bias_offset[m], real, bias.data() + static_cast<int64_t>(m) * W);
+  }
+  const int rows_per_block = BlockRows(W);
+  const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
+  // Contiguous runs of blocks, a few per thread; their scratch is allocated here, before any parallel work (an
+  // allocation failure then surfaces on this thread).
+  const int64_t chunks = std::min<int64_t>(blocks, 4 * static_cast<int64_t>(tfmo::NumThreads()));
+  const size_t buf = static_cast<size_t>(rows_per_block) * W;
+  std::vector<float> scratch(static_cast<size_t>(chunks) * 2 * buf);
+  tfmo::ParallelParts(chunks, [&](int64_t chunk) {
+    float* a = scratch.data() + chunk * 2 * buf;
+    float* c = a + buf;
+    for (int64_t blk = chunk * blocks / chunks; blk < (chunk + 1) * blocks / chunks; ++blk) {
+      const int64_t r0 = blk * rows_per_block;
+      const int n = static_cast<int>(std::min<int64_t>(rows_per_block, N - r0));
+      const int rows_pad = (n + kRowPad - 1) / kRowPad * kRowPad;
+      LoadRows(call.x.data<T>(), r0, n, l, rows_pad, a);
+      for (int m = 0; m < M; ++m) {
+        const int cols = static_cast<int>(l.cols[m]), r = static_cast<int>(l.rows[m]);
+        Dense(a, cols, wt.data() + l.weight_offset[m], r, bias.data() + static_cast<int64_t>(m) * W, c, rows_pad);
+        Activate(m == M - 1 ? cfg.output_activation : cfg.activation, c, static_cast<int64_t>(n) * r);
+        if (hidden && m < M - 1)
+          std::memcpy(hidden + (static_cast<int64_t>(m) * N + r0) * W, c, sizeof(float) * n * W);
+        std::swap(a, c);
+      }
+      for (int b = 0; b < n; ++b)
+        for (int o = 0; o < l.n_output; ++o) y[(r0 + b) * l.n_output + o] = Store<T>(a[b * l.out_pad + o]);
+    }
+  });
+}
+
+void ForwardCompute(void* state, TF_OpKernelContext* ctx) {
+  Call call;
+  if (!tfmo::fused_mlp::PrepareForward(ctx, state, &call)) return;
+  const Config& cfg = *call.cfg;
+  tfmo::TensorRef y, hidden;
+  const int64_t kept = cfg.training ? cfg.n_hidden_layers : 0;
+  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, static_cast<int64_t>(cfg.n_output)}, &y) ||
+      !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {kept, call.n, static_cast<int64_t>(cfg.width)}, &hidden))
+    return;
+  if (call.n == 0) return;
+  float* h = cfg.training ? hidden.data<float>() : nullptr;
+  try {
+    if (cfg.dtype == TF_HALF) Forward<uint16_t>(call, y.data<uint16_t>(), h);
+    else Forward<float>(call, y.data<float>(), h);
+  } catch (const std::bad_alloc&) {
+    tfmo::Fail(ctx, TF_RESOURCE_EXHAUSTED, "fused_mlp: out of memory for %lld rows", static_cast<long long>(call.n));
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------------------------------
+
+// dy, y, x, hidden -> dx and the float32 parameter gradient `grad` [P].
+template <typename T>
+void Backward(const Call& call, T* dx, float* grad) {
+  const Config& cfg = *call.cfg;
+  const Layout& l = call.layout;
+  const int64_t N = call.n, P = l.total;
+  const int W = l.width, M = l.n_matrices;
+  const std::vector<float> pf = ParamsAsFloat(call.params.data<T>(), P);
+  const T* dy = call.dy.data<T>();
+  const T* y = call.y.data<T>();
+  const float* hidden = call.hidden.data<float>();
+  const int rows_per_block = BlockRows(W);
+  const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
+  const int64_t parts = Parts(blocks);
+  // Per part: its P partial sums and three block buffers (x, g, dh), allocated before any parallel work.
+  const size_t buf = static_cast<size_t>(rows_per_block) * W;
+  std::vector<float> partial(static_cast<size_t>(parts) * P), scratch(static_cast<size_t>(parts) * 3 * buf);
+  tfmo::ParallelParts(parts, [&](int64_t part) {
+    float* acc = partial.data() + part * P;
+    std::fill(acc, acc + P, 0.0f);
+    float* xb = scratch.data() + part * 3 * buf;
+    float* g = xb + buf;
+    float* dh = g + buf;
+    for (int64_t blk = part * blocks / parts; blk < (part + 1) * blocks / parts; ++blk) {
+      const int64_t r0 = blk * rows_per_block;
+      const int n = static_cast<int>(std::min<int64_t>(rows_per_block, N - r0));
+      const int rows_pad = (n + kRowPad - 1) / kRowPad * kRowPad;
+      LoadRows(call.x.data<T>(), r0, n, l, rows_pad, xb);
+      // g = dy * f_out'(y) [rows_pad][out_pad], zero outside the real rows and outputs.
+      std::fill(g, g + static_cast<int64_t>(rows_pad) * l.out_pad, 0.0f);
+      for (int b = 0; b < n; ++b)
+        for (int o = 0; o < l.n_output; ++o) {
+          const int64_t k = (r0 + b) * l.n_output + o;
+          g[b * l.out_pad + o] = Load(dy + k) * fm_activation_derivative(cfg.output_activation, Load(y + k));
+        }
+      for (int m = M - 1; m >= 0; --m) {
+        const int r = static_cast<int>(l.rows[m]), cols = static_cast<int>(l.cols[m]);
+        const float* prev = m > 0 ? hidden + (static_cast<int64_t>(m - 1) * N + r0) * W : xb;
+        const int64_t ld = m > 0 ? W : l.in_pad;
+        AccumulateOuter(g, r, prev, ld, cols, n, acc + l.weight_offset[m]);
+        if (l.use_bias) {
+          float* db = acc + l.bias_offset[m];
+          const int real = m == M - 1 ? l.n_output : W;
+          for (int b = 0; b < n; ++b)
+            for (int o = 0; o < real; ++o) db[o] += g[b * r + o];
+        }
+        // dh = g W_m: Dense with W_m [r][cols] read as [inputs = r][outputs = cols].
+        Dense(g, r, pf.data() + l.weight_offset[m], cols, nullptr, dh, rows_pad);
+        if (m > 0) {
+          Chain(cfg.activation, dh, prev, ld, W, n, rows_pad);
+          std::swap(g, dh);
+        } else {
+          for (int b = 0; b < n; ++b)
+            for (int i = 0; i < l.n_input; ++i) dx[(r0 + b) * l.n_input + i] = Store<T>(dh[b * l.in_pad + i]);
+        }
+      }
+    }
+  });
+  // The parts in part order, for every parameter.
+  tfmo::ParallelFor(P, 4096, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      float s = partial[k];
+      for (int64_t part = 1; part < parts; ++part) s += partial[part * P + k];
+      grad[k] = s;
+    }
+  });
+}
+
+void GradCompute(void* state, TF_OpKernelContext* ctx) {
+  Call call;
+  if (!tfmo::fused_mlp::PrepareGrad(ctx, state, &call)) return;
+  const Config& cfg = *call.cfg;
+  const int64_t P = call.layout.total;
+  tfmo::TensorRef dx, dparams;
+  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, static_cast<int64_t>(call.layout.n_input)}, &dx) ||
+      !tfmo::AllocateOutput(ctx, 1, cfg.dtype, {P}, &dparams))
+    return;
+  const bool half = cfg.dtype == TF_HALF;
+  try {
+    std::vector<float> tmp(half ? static_cast<size_t>(P) : 0);
+    float* grad = half ? tmp.data() : dparams.data<float>();
+    if (call.n == 0) {
+      std::fill(grad, grad + P, 0.0f);
+    } else if (half) {
+      Backward<uint16_t>(call, dx.data<uint16_t>(), grad);
+    } else {
+      Backward<float>(call, dx.data<float>(), grad);
+    }
+    if (half) {
+      uint16_t* o = dparams.data<uint16_t>();
+      for (int64_t k = 0; k < P; ++k) o[k] = tfmo::FloatToHalf(grad[k]);
+    }
+  } catch (const std::bad_alloc&) {
+    tfmo::Fail(ctx, TF_RESOURCE_EXHAUSTED, "fused_mlp (gradient): out of memory for %lld rows",
+               static_cast<long long>(call.n));
+  }
+}
+
+const tfmo::OnLoad kRegister([] { tfmo::fused_mlp::RegisterKernels("CPU", &ForwardCompute, &GradCompute); });
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// The ISA builds of the products (csrc/cpu/fused_mlp_cpu_isa.h) and the choice between them, once per process
+// (common/isa_choice.h).
+
+namespace tfmo::fused_mlp::cpu {
+
+namespace {
+
+const char* const kIsaNames[kIsaCount] = {"default", "avx2"};
+
+#ifdef TFMO_FM_HAVE_AVX2
+constexpr int kIsaBuilt = kIsaCount;
+bool CpuRuns(int) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+#else
+constexpr int kIsaBuilt = 1;
+bool CpuRuns(int) { return false; }
+#endif
+
+constexpr IsaBuilds kIsaBuilds{
+    "TF_METAL_OPS_FUSED_MLP_ISA", "the fused-MLP CPU kernels use", kIsaNames, kIsaCount, kIsaBuilt, &CpuRuns,
+    "that build is not compiled into this library (x86-64 GCC only)", [](int) { return "this CPU lacks AVX2 or FMA"; }};
+
+}  // namespace
+
+std::atomic<long long> g_isa_calls[kIsaCount];
+
+// TF_METAL_OPS_FUSED_MLP_ISA, read once (the first fused-MLP call or diagnostics query of the process).
+const IsaChoice& IsaSelection() { return ChosenIsa<kIsaBuilds>(); }
+
+}  // namespace tfmo::fused_mlp::cpu
+
+// Diagnostics (ctypes, tf_metal_ops.diagnostics.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
+// builds default, avx2; calls: product calls.
+TFMO_ISA_DIAGNOSTICS(tfmo_fused_mlp_cpu_paths, tfmo::fused_mlp::cpu::kIsaBuilds, tfmo::fused_mlp::cpu::IsaSelection(),
+                     tfmo::fused_mlp::cpu::g_isa_calls)

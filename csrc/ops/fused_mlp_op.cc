@@ -1,0 +1,69 @@
+// Op definitions of the fully fused MLP (tiny-cuda-nn's FullyFusedMLP). Activations: csrc/shared/fused_mlp_math.h;
+// parameter layout and argument checks: csrc/ops/fused_mlp_args.h; kernels: csrc/cpu/fused_mlp_cpu.cc (CPU only).
+//
+// FusedMlp(x [N, n_input] T, params [P] T) -> (y [N, n_output] T, hidden [n_hidden_layers, N, width] float32)
+//   y = f_out(W_L h_{L-1} + b_L), h_l = f(W_l h_{l-1} + b_l) for l = 1 .. n_hidden_layers, h_0 = x (row by row);
+//   L = n_hidden_layers + 1 weight matrices (tiny-cuda-nn counts the hidden layers the same way).
+//   attrs: n_hidden_layers in 1..8, width in {16, 32, 64, 128}, n_output in 1..width, activation and
+//   output_activation in {"none", "relu", "leaky_relu", "sigmoid", "exponential", "softplus"}, use_bias,
+//   training. n_input = x.shape[1] in 1..width. T in {float, half}: float16 x and params are read as float32, every
+//   sum accumulates in float32, y is rounded to T once.
+//   hidden: the post-activation values h_1 .. h_{n_hidden_layers} in float32 when training, what FusedMlpGrad
+//   reads; [0, N, width] (no values) when not training.
+//
+// FusedMlpGrad(dy [N, n_output] T, x, params, y, hidden) -> (dx [N, n_input] T, dparams [P] T)
+//   The gradients of sum(dy * y) w.r.t. x and params, y and hidden being FusedMlp's outputs for (x, params) with
+//   training. dparams sums over rows in a fixed order (row blocks, then the blocks' partial sums in block order):
+//   bitwise the same for every thread count. Padding entries of params (csrc/ops/fused_mlp_args.h) get 0.
+//
+// Shape functions (graph mode only) check ranks: y [N, ?], hidden [?, N, ?] (the attrs are not readable from the C
+// API's shape context; the Python wrapper sets the static shapes), dx like x, dparams like params. The kernels check
+// everything.
+#include "common/op_names.h"
+#include "common/shape_fns.h"
+#include "common/tfc.h"
+
+namespace {
+
+using tfmo::Shape;
+
+// [?]: a vector of one unknown dimension (-1 is TF's unknown-dim marker), distinct from every other one.
+struct UnknownVector {
+  TF_ShapeHandle* h;
+  explicit UnknownVector(TF_ShapeInferenceContext* ctx)
+      : h(TF_ShapeInferenceContextVectorFromSize(ctx, static_cast<size_t>(-1))) {}
+  ~UnknownVector() { TF_DeleteShapeHandle(h); }
+  UnknownVector(const UnknownVector&) = delete;
+  UnknownVector& operator=(const UnknownVector&) = delete;
+};
+
+void ForwardShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  Shape x;
+  if (!tfmo::InputWithRank(ctx, 0, 2, &x, status) || !tfmo::InputsWithRanks(ctx, 1, {1}, status)) return;
+  UnknownVector cols(ctx), layers(ctx), width(ctx);
+  Shape n, y, hidden_head, hidden;
+  if (tfmo::Subshape(ctx, x, 0, 1, &n, status) && tfmo::Concatenate(ctx, n.h, cols.h, &y, status) &&
+      tfmo::Concatenate(ctx, layers.h, n.h, &hidden_head, status) &&
+      tfmo::Concatenate(ctx, hidden_head.h, width.h, &hidden, status))
+    tfmo::SetOutputs(ctx, {&y, &hidden}, status);
+}
+
+// dy, x, params, y, hidden -> dx like x, dparams like params.
+void GradShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  if (tfmo::InputsWithRanks(ctx, 0, {2, 2, 1, 2, 3}, status)) tfmo::OutputsLikeInputs(ctx, {1, 2}, status);
+}
+
+const std::initializer_list<const char*> kConfigAttrs = {
+    "n_hidden_layers: int", "width: int", "n_output: int", "activation: string", "output_activation: string",
+    "use_bias: bool", "T: {float, half}"};
+
+static const tfmo::OnLoad kRegister([] {
+  tfmo::DefineOp(TFMO_OP_FUSED_MLP,
+                 {"n_hidden_layers: int", "width: int", "n_output: int", "activation: string",
+                  "output_activation: string", "use_bias: bool", "T: {float, half}", "training: bool = false"},
+                 {"x: T", "params: T"}, {"y: T", "hidden: float"}, &ForwardShape);
+  tfmo::DefineOp(TFMO_OP_FUSED_MLP_GRAD, kConfigAttrs, {"dy: T", "x: T", "params: T", "y: T", "hidden: float"},
+                 {"dx: T", "dparams: T"}, &GradShape);
+});
+
+}  // namespace

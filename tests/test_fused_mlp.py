@@ -1,0 +1,377 @@
+"""The compiled FusedMlp op (CPU kernels) and its gradient against the NumPy float64 reference, TF's numerical
+Jacobian and the pure-TF form; bitwise reproducible parameter gradients across thread counts; argument errors; the
+Keras layer's save/reload.
+
+Tolerances (params tiny-cuda-nn-initialised (Xavier), biases U(-0.5, 0.5), x standard normal; relative to the
+largest reference value of the compared tensor, `close` below):
+  float32: 2e-5 forward, 1e-4 gradients (float32 sums of at most 128 products per value; the weight gradients sum
+  over every row);
+  float16 (x and params rounded to float16, the reference run on those values): 2e-3 forward (one rounding of
+  a float32 result, 2^-11, plus float32 sums), 1e-2 gradients (the backward reads the float16-rounded y for the
+  output activation's derivative, and dparams is rounded to float16).
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_metal_ops
+from tf_metal_ops._library import ops
+from tf_metal_ops.fused_mlp import ACTIVATIONS, FusedMLP, fused_mlp, fused_mlp_layout, fused_mlp_tf, reference
+
+WIDTHS = [16, 32, 64, 128]
+
+
+def close(got, want, rel):
+    want = np.asarray(want, np.float64)
+    scale = max(1.0, float(np.abs(want).max())) if want.size else 1.0
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=rel, atol=rel * scale)
+
+
+def make_case(seed, n, n_in, n_out, width, layers, use_bias, dtype="float32", gain=1.0):
+    rng = np.random.default_rng(seed)
+    lay = fused_mlp_layout(n_in, n_out, width=width, n_hidden_layers=layers, use_bias=use_bias)
+    params = lay.init_params(seed=seed).astype(np.float64) * gain
+    for o, length in lay.biases:
+        params[o:o + length] = rng.uniform(-0.5, 0.5, length)
+    x = rng.standard_normal((n, n_in))
+    opts = dict(n_hidden_layers=layers, width=width, n_output=n_out, use_bias=use_bias)
+    return x.astype(dtype), params.astype(dtype), opts
+
+
+def gain(activation):
+    """Weights scaled down for exponential hidden layers, whose values otherwise grow layer by layer past float32."""
+    return 0.3 if activation == "exponential" else 1.0
+
+
+def widths_for(width, layers):
+    """(n_input, n_output): the full width with one hidden layer, smaller (and not multiples of 16) otherwise."""
+    return (width, width) if layers == 1 else (max(1, width // 2 - 3), max(1, width // 4 + 1))
+
+
+# ---- forward ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("use_bias", [False, True])
+@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_forward_matches_reference(activation, width, layers, use_bias):
+    out_act = ACTIVATIONS[(ACTIVATIONS.index(activation) + 1) % len(ACTIVATIONS)]
+    n_in, n_out = widths_for(width, layers)
+    x, p, opts = make_case(width + layers, 150, n_in, n_out, width, layers, use_bias, gain=gain(activation))
+    y = fused_mlp(x, p, activation=activation, output_activation=out_act, **opts)
+    assert y.shape == (150, n_out) and y.dtype == tf.float32
+    want, _, _ = reference.forward(x, p, activation=activation, output_activation=out_act, **opts)
+    close(y.numpy(), want, 2e-5)
+
+
+@pytest.mark.parametrize("output_activation", ACTIVATIONS)
+def test_every_output_activation(output_activation):
+    x, p, opts = make_case(7, 40, 5, 3, 32, 2, True)
+    y = fused_mlp(x, p, activation="softplus", output_activation=output_activation, **opts)
+    want, _, _ = reference.forward(x, p, activation="softplus", output_activation=output_activation, **opts)
+    close(y.numpy(), want, 2e-5)
+
+
+@pytest.mark.parametrize("width", [16, 64])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_forward_float16(activation, width):
+    x, p, opts = make_case(3, 100, 13, 7, width, 2, True, "float16", gain=gain(activation))
+    y = fused_mlp(x, p, activation=activation, output_activation="sigmoid", **opts)
+    assert y.dtype == tf.float16
+    want, _, _ = reference.forward(x, p, activation=activation, output_activation="sigmoid", **opts)
+    close(y.numpy(), want, 2e-3)
+
+
+def test_hidden_output_and_empty_batch():
+    x, p, opts = make_case(1, 9, 4, 2, 16, 3, False)
+    attrs = dict(opts, activation="sigmoid", output_activation="none")
+    y, hidden = ops().fused_mlp(x, p, training=True, **attrs)
+    _, pre, _ = reference.forward(x, p, **attrs)
+    assert hidden.shape == (3, 9, 16) and hidden.dtype == tf.float32
+    for layer in range(3):  # the post-activation values of the hidden layers
+        close(hidden[layer].numpy(), reference.activate("sigmoid", pre[layer]), 2e-5)
+    y2, none_kept = ops().fused_mlp(x, p, training=False, **attrs)
+    assert none_kept.shape == (0, 9, 16)
+    np.testing.assert_array_equal(y.numpy(), y2.numpy())
+    empty = fused_mlp(np.zeros((0, 4), np.float32), p, **attrs)
+    assert empty.shape == (0, 2)
+
+
+# ---- gradients ----------------------------------------------------------------------------------------------
+def op_grads(x, p, dy, **kwargs):
+    x, p = tf.constant(x), tf.constant(p)
+    with tf.GradientTape() as tape:
+        tape.watch([x, p])
+        y = fused_mlp(x, p, **kwargs)
+    gx, gp = tape.gradient(y, [x, p], output_gradients=tf.constant(dy))
+    return y.numpy(), gx.numpy(), gp.numpy()
+
+
+@pytest.mark.parametrize("use_bias", [False, True])
+@pytest.mark.parametrize("width", [16, 128])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_gradients_match_reference(activation, width, use_bias):
+    out_act = ACTIVATIONS[(ACTIVATIONS.index(activation) + 2) % len(ACTIVATIONS)]
+    n_in = 13 if width == 16 else 21  # not a multiple of 16: W_1 has padding columns
+    x, p, opts = make_case(11 + width, 150, n_in, 5, width, 3, use_bias, gain=gain(activation))
+    dy = np.random.default_rng(5).standard_normal((150, 5)).astype(np.float32)
+    _, gx, gp = op_grads(x, p, dy, activation=activation, output_activation=out_act, **opts)
+    want_x, want_p = reference.backward(dy, x, p, activation=activation, output_activation=out_act, **opts)
+    close(gx, want_x, 1e-4)
+    close(gp, want_p, 1e-4)
+    weights, _ = fused_mlp_layout(n_in, 5, width=width, n_hidden_layers=3, use_bias=use_bias).unpack(gp)
+    assert not weights[0][:, n_in:].any() and not weights[-1][5:].any()  # padding gets exactly 0
+    assert weights[0][:, :n_in].any() and weights[-1][:5].any()
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "softplus", "exponential", "none"])
+def test_gradients_float16(activation):
+    x, p, opts = make_case(2, 80, 9, 4, 32, 2, True, "float16", gain=gain(activation))
+    dy = np.random.default_rng(6).standard_normal((80, 4)).astype(np.float16)
+    _, gx, gp = op_grads(x, p, dy, activation=activation, output_activation="sigmoid", **opts)
+    assert gx.dtype == np.float16 and gp.dtype == np.float16
+    want_x, want_p = reference.backward(dy, x, p, activation=activation, output_activation="sigmoid", **opts)
+    close(gx, want_x, 1e-2)
+    close(gp, want_p, 1e-2)
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "softplus", "exponential", "none"])
+def test_numerical_jacobian(activation):
+    x, p, opts = make_case(4, 3, 3, 2, 16, 2, True)
+    kwargs = dict(opts, activation=activation, output_activation="softplus")
+    theoretical, numerical = tf.test.compute_gradient(lambda a, b: fused_mlp(a, b, **kwargs),
+                                                      [tf.constant(x), tf.constant(p)], delta=1e-2)
+    for t, n in zip(theoretical, numerical):
+        np.testing.assert_allclose(t, n, rtol=2e-2, atol=2e-2 * max(1.0, np.abs(n).max()))
+
+
+def test_gradient_without_kept_activations_and_in_tf_function():
+    """training=False inside a tape: the gradient reruns the forward for the activations, with the same bits; a
+    tf.function gives the same bits as eager."""
+    x, p, opts = make_case(8, 300, 10, 3, 64, 2, True)
+    dy = np.random.default_rng(1).standard_normal((300, 3)).astype(np.float32)
+    kwargs = dict(opts, activation="leaky_relu", output_activation="exponential")
+    _, gx, gp = op_grads(x, p, dy, **kwargs)
+    _, gx2, gp2 = op_grads(x, p, dy, training=False, **kwargs)
+    np.testing.assert_array_equal(gx, gx2)
+    np.testing.assert_array_equal(gp, gp2)
+
+    @tf.function
+    def step(xt, pt):
+        with tf.GradientTape() as tape:
+            tape.watch([xt, pt])
+            y = fused_mlp(xt, pt, **kwargs)
+        return tape.gradient(y, [xt, pt], output_gradients=tf.constant(dy))
+
+    gx3, gp3 = step(tf.constant(x), tf.constant(p))
+    np.testing.assert_array_equal(gx, gx3.numpy())
+    np.testing.assert_array_equal(gp, gp3.numpy())
+
+
+def test_training_follows_the_tape():
+    """training=None keeps the hidden activations exactly when a tape records the inputs: one FusedMlp op either
+    way (with them, the gradient reads them instead of rerunning the forward)."""
+    x, p, opts = make_case(13, 20, 6, 2, 16, 2, False)
+
+    def traced(with_tape):
+        @tf.function
+        def f(xt, pt):
+            if not with_tape:
+                return fused_mlp(xt, pt, **opts)
+            with tf.GradientTape() as tape:
+                tape.watch(pt)
+                y = fused_mlp(xt, pt, **opts)
+            return tape.gradient(y, pt)
+
+        graph = f.get_concrete_function(tf.constant(x), tf.constant(p)).graph
+        return [op.get_attr("training") for op in graph.get_operations() if op.type == "FusedMlp"]
+
+    assert traced(False) == [False]
+    assert traced(True) == [True]
+
+
+def test_matches_pure_tf():
+    x, p, opts = make_case(9, 70, 12, 6, 32, 3, True)
+    kwargs = dict(opts, activation="softplus", output_activation="sigmoid")
+    dy = np.random.default_rng(2).standard_normal((70, 6)).astype(np.float32)
+    y, gx, gp = op_grads(x, p, dy, **kwargs)
+    xt, pt = tf.constant(x), tf.constant(p)
+    with tf.GradientTape() as tape:
+        tape.watch([xt, pt])
+        y_tf = fused_mlp_tf(xt, pt, **kwargs)
+    gx_tf, gp_tf = tape.gradient(y_tf, [xt, pt], output_gradients=tf.constant(dy))
+    close(y, y_tf.numpy(), 2e-5)
+    close(gx, gx_tf.numpy(), 1e-4)
+    close(gp, tf.convert_to_tensor(gp_tf).numpy(), 1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_bitwise_reproducible_across_thread_counts(dtype):
+    x, p, opts = make_case(10, 5000, 27, 4, 64, 3, True, dtype)
+    dy = np.random.default_rng(3).standard_normal((5000, 4)).astype(dtype)
+    kwargs = dict(opts, activation="relu", output_activation="none")
+    results = []
+    for threads in (1, 2, 3, 8):
+        with tf_metal_ops.num_threads(threads):
+            results.append(op_grads(x, p, dy, **kwargs))
+    for got in results[1:]:
+        for a, b in zip(results[0], got):
+            assert a.tobytes() == b.tobytes()
+
+
+ISA_SCRIPT = textwrap.dedent(
+    """
+    import sys, numpy as np, tensorflow as tf
+    from tf_metal_ops import diagnostics
+    from tf_metal_ops.fused_mlp import fused_mlp
+    d = np.load(sys.argv[1])
+    x, p, dy = (tf.constant(d[k]) for k in ("x", "p", "dy"))
+    with tf.GradientTape() as tape:
+        tape.watch([x, p])
+        y = fused_mlp(x, p, n_hidden_layers=2, width=128, n_output=5, activation="softplus", use_bias=True)
+    gx, gp = tape.gradient(y, [x, p], output_gradients=dy)
+    paths = diagnostics.cpu_paths("fused_mlp")
+    np.savez(sys.argv[2], y=y.numpy(), gx=gx.numpy(), gp=gp.numpy(), selected=paths["selected"],
+             calls=paths["calls"][paths["selected"]])
+    """
+)
+
+
+def test_isa_builds_give_the_same_bits(tmp_path):
+    """Every build of the products (TF_METAL_OPS_FUSED_MLP_ISA) gives bitwise the same results."""
+    from tf_metal_ops import diagnostics
+
+    builds = diagnostics.cpu_paths("fused_mlp")["supported"]
+    if len(builds) < 2:
+        pytest.skip(f"only the {builds} build runs on this machine")
+    x, p, _ = make_case(12, 333, 40, 5, 128, 2, True)
+    np.savez(tmp_path / "in.npz", x=x, p=p, dy=np.random.default_rng(4).standard_normal((333, 5)).astype(np.float32))
+    (tmp_path / "run.py").write_text(ISA_SCRIPT)
+    results = {}
+    for build in builds:
+        out = tmp_path / f"{build}.npz"
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_METAL_OPS_FUSED_MLP_ISA=build)
+        proc = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "in.npz"), str(out)],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[build] = np.load(out)
+        assert str(results[build]["selected"]) == build and int(results[build]["calls"]) > 0
+    first = results[builds[0]]
+    for build in builds[1:]:
+        for k in ("y", "gx", "gp"):
+            assert first[k].tobytes() == results[build][k].tobytes(), (build, k)
+
+
+# ---- errors -------------------------------------------------------------------------------------------------
+GOOD = dict(n_hidden_layers=2, width=16, n_output=2, activation="relu", output_activation="none", use_bias=False)
+
+
+@pytest.mark.parametrize("change, x_shape, n_params, message", [
+    ({"width": 24}, (5, 3), 768, "width must be 16, 32, 64 or 128"),
+    ({"n_hidden_layers": 0}, (5, 3), 768, "n_hidden_layers must be in 1..8"),
+    ({"n_hidden_layers": 9}, (5, 3), 768, "n_hidden_layers must be in 1..8"),
+    ({"n_output": 17}, (5, 3), 768, "n_output must be in 1..width"),
+    ({"activation": "tanh"}, (5, 3), 768, "activation must be"),
+    ({"output_activation": "sine"}, (5, 3), 768, "output_activation must be"),
+    ({}, (5, 3), 767, r"params must have shape \[768\]"),
+    ({}, (5, 17), 768, "x must have shape"),
+    ({}, (5, 3, 1), 768, "x must have shape"),
+    ({}, (5, 0), 768, "x must have shape"),
+])
+def test_raw_op_rejects_bad_arguments(change, x_shape, n_params, message):
+    attrs = {**GOOD, **change}
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"fused_mlp: .*{message}"):
+        ops().fused_mlp(tf.zeros(x_shape), tf.zeros([n_params]), **attrs)
+    y = fused_mlp(tf.ones([2, 3]), tf.ones([768]), **GOOD)  # the process goes on
+    assert y.shape == (2, 2)
+
+
+def test_raw_grad_op_rejects_bad_arguments():
+    x, p = tf.ones([5, 3]), tf.ones([768])
+    y, hidden = ops().fused_mlp(x, p, training=True, **GOOD)
+    _, not_kept = ops().fused_mlp(x, p, training=False, **GOOD)
+    dy = tf.ones_like(y)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"fused_mlp \(gradient\): hidden must have shape"):
+        ops().fused_mlp_grad(dy, x, p, y, not_kept, **GOOD)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"fused_mlp \(gradient\): dy must have shape"):
+        ops().fused_mlp_grad(tf.ones([4, 2]), x, p, y, hidden, **GOOD)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"fused_mlp \(gradient\): y must have shape"):
+        ops().fused_mlp_grad(dy, x, p, tf.ones([5, 3]), hidden, **GOOD)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"fused_mlp \(gradient\): params must have shape"):
+        ops().fused_mlp_grad(dy, x, tf.ones([769]), y, hidden, **GOOD)
+    dx, dp = ops().fused_mlp_grad(dy, x, p, y, hidden, **GOOD)
+    assert dx.shape == (5, 3) and dp.shape == (768,)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"width": 48}, "width must be one of"),
+    ({"n_hidden_layers": 9}, "n_hidden_layers must be an integer in"),
+    ({"n_output": 0}, "n_output must be an integer in"),
+    ({"activation": "tanh"}, "activation must be one of"),
+    ({"use_bias": 1}, "use_bias must be True or False"),
+    ({"training": "yes"}, "training must be True, False or None"),
+    ({"x": np.zeros((5, 17), np.float32)}, "x must have 1 to width"),
+    ({"x": np.zeros((5,), np.float32)}, "x must have rank 2"),
+    ({"x": np.zeros((5, 3), np.float64)}, "x must be float32 or float16"),
+    ({"params": np.zeros(768, np.float16)}, "params must have x's dtype"),
+    ({"params": np.zeros(700, np.float32)}, "params must have 768 values"),
+])
+def test_wrapper_raises_value_error(kwargs, message):
+    args = {"x": np.zeros((5, 3), np.float32), "params": np.zeros(768, np.float32), **GOOD, **kwargs}
+    with pytest.raises(ValueError, match=f"fused_mlp: {message}"):
+        fused_mlp(args.pop("x"), args.pop("params"), **args)
+
+
+# ---- Keras layer --------------------------------------------------------------------------------------------
+def make_model(implementation):
+    import keras
+
+    inputs = keras.Input((7,))
+    h = FusedMLP(n_output=3, width=32, n_hidden_layers=2, activation="softplus", use_bias=True,
+                 implementation=implementation, name="mlp")(inputs)
+    return keras.Model(inputs, h)
+
+
+@pytest.mark.parametrize("implementation", ["op", "pure_tf"])
+def test_layer_save_reload(implementation, tmp_path):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = make_model(implementation)
+    layer = model.get_layer("mlp")
+    assert layer.params.shape == (fused_mlp_layout(7, 3, width=32, n_hidden_layers=2, use_bias=True).n_params,)
+    jitter = np.random.default_rng(0).uniform(-0.1, 0.1, layer.params.shape).astype(np.float32)
+    layer.params.assign(layer.params.numpy() + jitter)
+    x = np.random.default_rng(1).standard_normal((33, 7)).astype(np.float32)
+    expected = model(x).numpy()
+    want, _, _ = reference.forward(x, layer.params.numpy(), width=32, n_hidden_layers=2, n_output=3,
+                                   activation="softplus", output_activation="none", use_bias=True)
+    close(expected, want, 2e-5)
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded.get_layer("mlp"), FusedMLP)
+    np.testing.assert_array_equal(loaded(x).numpy(), expected)
+    export_dir = str(tmp_path / "exported")
+    model.export(export_dir, verbose=False)
+    reloaded = tf.saved_model.load(export_dir)
+    # The exported graph may fuse TF's own ops differently (pure_tf); the op's kernel gives the same bits.
+    close(reloaded.serve(x).numpy(), expected, 0.0 if implementation == "op" else 1e-6)
+
+
+def test_layer_trains_with_fit():
+    import keras
+
+    keras.utils.set_random_seed(1)
+    x = np.random.default_rng(2).uniform(-1, 1, (512, 7)).astype(np.float32)
+    y = np.stack([np.sin(3 * x[:, 0]), x[:, 1] * x[:, 2], np.cos(2 * x[:, 3])], axis=1).astype(np.float32)
+    model = make_model("op")
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    first = model.evaluate(x, y, verbose=0)
+    model.fit(x, y, epochs=15, batch_size=64, verbose=0)
+    assert model.evaluate(x, y, verbose=0) < 0.5 * first
