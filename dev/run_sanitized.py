@@ -59,7 +59,8 @@ def main(extra):
     # tests' negative controls check the fuzz harness, not the kernels, and ran in the main suite; everything else
     # runs. Test paths given as arguments may be relative to the caller's directory.
     extra = [os.path.abspath(a) if os.path.exists(a) else a for a in extra]
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+    # One pytest-xdist worker per core, as the main suite runs (each worker loads the sanitized library).
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "auto", "-k",
             "not memory_growth and not more_than_int32_samples and not rejected_valid_call",
             *[os.path.join(ROOT, t) for t in TESTS if os.path.exists(os.path.join(ROOT, t))], *extra]
     return subprocess.run(args, env=env, cwd=out_dir).returncode
