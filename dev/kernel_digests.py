@@ -145,13 +145,36 @@ def zero_out(device, rng, out):
             out[f"zero_out {np.dtype(dtype).name}"] = digest(t.zero_out(tf.constant(x)))
 
 
+def fused_mlp(device, rng, out):
+    # (n_input, n_output, width, hidden layers, activation, output activation, bias): NeRF's density and colour
+    # networks, and every width with the other activations (rows not a multiple of a block, so padding is exercised).
+    cases = [(32, 16, 64, 1, "relu", "none", False), (32, 3, 64, 2, "relu", "sigmoid", False),
+             (5, 7, 16, 3, "leaky_relu", "exponential", True), (20, 32, 32, 2, "softplus", "relu", True),
+             (100, 1, 128, 1, "sigmoid", "softplus", False)]
+    for n_in, n_out, width, layers, act, out_act, bias in cases:
+        lay = t.fused_mlp_layout(n_in, n_out, width=width, n_hidden_layers=layers, use_bias=bias)
+        for dtype in (np.float32, np.float16):
+            x = tf.constant(rng.uniform(-1, 1, (1000, n_in)).astype(dtype))
+            params = tf.constant((rng.standard_normal(lay.n_params) / np.sqrt(width)).astype(dtype))
+            key = f"fused_mlp {n_in}->{layers}x{width}->{n_out} {act}/{out_act} bias={bias} {np.dtype(dtype).name}"
+            with tf.device(device), tf.GradientTape() as tape:
+                tape.watch([x, params])
+                y = t.fused_mlp(x, params, n_hidden_layers=layers, width=width, n_output=n_out, activation=act,
+                                output_activation=out_act, use_bias=bias)
+                loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.cast(tf.range(n_out) + 1, tf.float32))
+            gx, gp = tape.gradient(loss, [x, params])
+            out[key] = digest(y)
+            out[key + " grad_x"] = digest(gx)
+            out[key + " grad_params"] = digest(gp)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("CPU", "GPU"), default="CPU")
     args = ap.parse_args()
     device = f"/{args.device}:0"
     out = {}
-    for fn in (hash_grid, rendering, ray_march, zero_out):
+    for fn in (hash_grid, rendering, ray_march, fused_mlp, zero_out):
         fn(device, np.random.default_rng(0), out)
     for k, v in out.items():
         print(f"{v}  {k}")

@@ -7,8 +7,6 @@ surface point the test cameras see → nearest of dense samples on the mesh; tol
 
 import doctest
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +14,7 @@ from scipy.spatial import cKDTree
 
 from nerf import export, mesh, mesh_accuracy
 from nerf.data import synthetic
-from support.paths import EXAMPLES
+from support import scripts
 
 pytestmark = pytest.mark.nerf  # the NeRF example's tests: `pytest tests -m nerf` (README)
 
@@ -231,16 +229,6 @@ def test_unbounded_model_exports_beyond_its_unit_region(tmp_path):
     assert np.abs(verts).max() > 1.0 + 2.0 / 12
 
 
-def run_export(argv):
-    """export.main in a subprocess (a clean interpreter: whether TensorFlow was imported is meaningful)."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from nerf import export\n"
-            "try:\n    export.main(sys.argv[2:])\n"
-            "finally:\n    print('tensorflow imported:', 'tensorflow' in sys.modules)\n")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, "-c", code, EXAMPLES, *argv], capture_output=True, text=True, env=env,
-                          timeout=120)
-
-
 def test_bad_input_is_a_clear_error_before_tensorflow(tmp_path):
     (tmp_path / "empty").mkdir()
     small_model(tmp_path)
@@ -255,7 +243,7 @@ def test_bad_input_is_a_clear_error_before_tensorflow(tmp_path):
              ([model_dir, "--out", out, "--color-depth", "-1"], "--color-depth must be >= 0"),
              ([model_dir, "--out", str(tmp_path / "model" / "model.json")], "exists and is not a directory")]
     for argv, message in cases:
-        p = run_export(argv)
+        p = scripts.run_nerf_main("export", argv)
         assert p.returncode == 2, (argv, p.stderr)
         assert message in p.stderr and "Traceback" not in p.stderr, (argv, p.stderr)
         assert "tensorflow imported: False" in p.stdout, argv

@@ -7,8 +7,6 @@ exactly which rays ``render_image`` renders."""
 
 import doctest
 import os
-import subprocess
-import sys
 
 import imageio.v2 as iio2
 import imageio.v3 as iio
@@ -19,7 +17,7 @@ import tensorflow as tf
 from nerf import models, render
 from nerf.data import normalise
 from nerf.data.cameras import Camera, camera_directions
-from support.paths import EXAMPLES
+from support import scripts
 
 pytestmark = pytest.mark.nerf  # the NeRF example's tests: `pytest tests -m nerf` (README)
 
@@ -207,16 +205,6 @@ def test_test_views_render_from_their_own_cameras_in_the_data_frame(capture_and_
     assert [iio.imread(p).shape for p in doc["pngs"]] == [(48, 64, 3)] * 2
 
 
-def run_render(argv):
-    """render.main in a subprocess (a clean interpreter: whether TensorFlow was imported is meaningful)."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from nerf import render\n"
-            "try:\n    render.main(sys.argv[2:])\n"
-            "finally:\n    print('tensorflow imported:', 'tensorflow' in sys.modules)\n")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, "-c", code, EXAMPLES, *argv], capture_output=True, text=True, env=env,
-                          timeout=120)
-
-
 def test_bad_arguments_are_one_line_errors_before_tensorflow(capture_and_model, tmp_path):
     capture, model_dir, _ = capture_and_model
     out = str(tmp_path / "out")
@@ -240,7 +228,7 @@ def test_bad_arguments_are_one_line_errors_before_tensorflow(capture_and_model, 
               "--views renders each view's own camera"),
              ([model_dir, "--out", os.path.join(model_dir, "model.json"), *orbit], "exists and is not a directory")]
     for argv, message in cases:
-        p = run_render(argv)
+        p = scripts.run_nerf_main("render", argv)
         assert p.returncode == 2, (argv, p.stderr)
         last = p.stderr.strip().splitlines()[-1]  # argparse: the usage, then one line with the error
         assert "error: " in last and message in last and "Traceback" not in p.stderr, (argv, p.stderr)

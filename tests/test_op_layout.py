@@ -206,9 +206,11 @@ def test_each_op_is_defined_in_its_family_op_file_through_define_op():
 
 def test_cpu_isa_families_share_one_choice_and_one_diagnostic():
     """Every family with ISA builds of its CPU loops has them in csrc/cpu/<f>_cpu_isa.h (namespace tfmo::<f>::cpu:
-    enum Isa, IsaSelection, g_isa_calls, dispatch through tfmo::CountIsaCall), and at the end of <f>_cpu.cc the choice
-    through common/isa_choice.h, read from TF_METAL_OPS_<F>_ISA, and the diagnostics tfmo_<f>_cpu_paths, which
-    tf_metal_ops.diagnostics.cpu_paths lists. Another family runs them only when named after it (render_packed)."""
+    TFMO_ISA_FAMILY_BUILDS, dispatch through tfmo::CountIsaCall), and at the end of <f>_cpu.cc the
+    choice through common/isa_choice.h's TFMO_ISA_FAMILY, read from TF_METAL_OPS_<F>_ISA, and the diagnostics
+    tfmo_<f>_cpu_paths, which tf_metal_ops.diagnostics.cpu_paths lists. Another family runs them only when named after
+    it (render_packed). A function is compiled for a build by the one marker TFMO_ISA(build): no family writes its own
+    target attribute or its own test of the compiler and the architecture."""
     backend = read("tf_metal_ops/diagnostics.py")
     isa_families = [f for f in FAMILIES if isfile(f"csrc/cpu/{f}_cpu_isa.h")]
     listed = re.findall(r'"tfmo_(\w+)_cpu_paths"', backend)
@@ -220,12 +222,13 @@ def test_cpu_isa_families_share_one_choice_and_one_diagnostic():
                  if f'"{variable}"' in open(p, encoding="utf-8").read()]
         assert [os.path.basename(p) for p in users] == [f"{family}_cpu.cc"], (variable, users)
         text = read(f"csrc/cpu/{family}_cpu.cc")
-        assert "ChosenIsa<kIsaBuilds>" in text and f"TFMO_ISA_DIAGNOSTICS(tfmo_{family}_cpu_paths," in text, family
+        assert re.search(rf'TFMO_ISA_FAMILY\(tfmo::{family}::cpu, tfmo_{family}_cpu_paths, "{variable}",', text), family
         header = read(f"csrc/cpu/{family}_cpu_isa.h")
-        for needle in (f"namespace tfmo::{family}::cpu {{", "enum Isa : int { kIsaDefault = 0, kIsaAvx2 = 1",
-                       "const IsaChoice& IsaSelection();", "extern std::atomic<long long> g_isa_calls[kIsaCount];"):
-            assert needle in header, (family, needle)
-        assert f"tfmo::CountIsaCall(tfmo::{family}::cpu::IsaSelection()" in header + text, family
+        assert re.search(rf"namespace tfmo::{family}::cpu {{\n(.*\n)*TFMO_ISA_FAMILY_BUILDS\([23]\);", header), family
+        assert re.search(r"CountIsaCall\((tfmo::\w+::cpu::)?IsaSelection\(\)", header + text), family
+    for path in glob.glob(os.path.join(ROOT, "csrc", "cpu", "*")):
+        text = open(path, encoding="utf-8").read()
+        assert "target(" not in text and "__x86_64__" not in text, path
     for path in glob.glob(os.path.join(ROOT, "csrc", "cpu", "*.cc")):
         name = os.path.basename(path)
         for used in re.findall(r'#include "cpu/(\w+)_cpu_isa\.h"', open(path, encoding="utf-8").read()):

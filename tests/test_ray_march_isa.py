@@ -1,5 +1,5 @@
 """The RayMarch CPU kernel has two marches of the candidate loop: the scalar one (csrc/cpu/ray_march_cpu.cc, the
-reference and the non-x86 path) and an AVX2 one (csrc/cpu/ray_march_cpu_isa.h, x86-64 GCC/clang builds), one chosen per
+reference and the non-x86 path) and an AVX2 one (csrc/cpu/ray_march_cpu_isa.h, x86-64 GCC builds), one chosen per
 process; TF_METAL_OPS_RAY_MARCH_ISA=avx2|default|auto selects one. Each path runs in its own subprocess, its chunk
 counters (tfmo_ray_march_cpu_paths) prove it was the only one that ran, and all outputs (t_starts, t_ends,
 row_splits, ray_indices, positions) must agree bit for bit over cases that reach every branch: sparse shells (mip skips),

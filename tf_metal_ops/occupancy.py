@@ -10,14 +10,8 @@ import tensorflow as tf
 
 from tf_metal_ops._args import _check_int, _check_real
 # The march (tf_metal_ops.ray_march), also importable from here.
-from tf_metal_ops.ray_march.ops import (  # noqa: F401
-    MAX_CASCADES,
-    MAX_RESOLUTION,
-    RayMarchResult,
-    pack_bits,
-    ray_march,
-    unpack_bits,
-)
+from tf_metal_ops.ray_march.ops import MAX_CASCADES, MAX_RESOLUTION, RayMarchResult  # noqa: F401
+from tf_metal_ops.ray_march.ops import pack_bits, ray_march, unpack_bits  # noqa: F401
 from tf_metal_ops.ray_march.pure_tf import (  # noqa: F401
     cascade_boxes_tf,
     cascade_of_tf,

@@ -42,4 +42,12 @@ inline uint16_t FloatToHalf(float f) {
   return (uint16_t)(sign | (normal & ~(is_sub | is_special)) | (sub & is_sub) | (special & is_special));
 }
 
+// An element of a float32 (float) or float16 (uint16_t bits) tensor, read as and written from float32.
+template <typename T> inline float Load(const T* p);
+template <> inline float Load<float>(const float* p) { return *p; }
+template <> inline float Load<uint16_t>(const uint16_t* p) { return HalfToFloat(*p); }
+template <typename T> inline T Store(float v);
+template <> inline float Store<float>(float v) { return v; }
+template <> inline uint16_t Store<uint16_t>(float v) { return FloatToHalf(v); }
+
 }  // namespace tfmo

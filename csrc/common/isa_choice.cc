@@ -7,6 +7,21 @@
 
 namespace tfmo {
 
+bool X86BuildRuns(int isa) {
+#ifdef TFMO_ISA_X86_BUILDS
+  __builtin_cpu_init();
+  return isa == kIsaAvx512 ? __builtin_cpu_supports("x86-64-v4") : __builtin_cpu_supports("x86-64-v3");
+#else
+  (void)isa;
+  return false;
+#endif
+}
+
+const char* X86BuildLacks(int isa) {
+  return isa == kIsaAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
+                           : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)";
+}
+
 bool IsaBuilt(const IsaBuilds& b, int isa) { return isa >= 0 && isa < b.built && isa < b.count; }
 
 bool IsaSupported(const IsaBuilds& b, int isa) { return IsaBuilt(b, isa) && (isa == 0 || b.cpu_runs(isa)); }

@@ -3,13 +3,22 @@
 // preferred. A request that cannot be honoured (an unknown name, a build not compiled in or that this CPU cannot run)
 // falls back to the best runnable build below it, with a message on stderr saying why.
 //
+// The builds are the same for every family: default (the baseline ISA), avx2 (x86-64-v3: AVX2, FMA, F16C, BMI1/2,
+// MOVBE) and avx512 (x86-64-v4); a family has the first kIsaCount of them. The x86-64 builds are compiled by GCC on
+// x86-64 (TFMO_ISA_X86_BUILDS); other compilers and targets compile the default build only. A function compiled for
+// a build is marked TFMO_ISA(avx2) or TFMO_ISA(avx512), the one ISA-variant marker:
+//   - a build's entry point is TFMO_ISA(build) __attribute__((noinline)) (GCC inlines a function only into a
+//     caller whose ISA includes the callee's), or the RunIsaBuild below, which compiles an always-inline body
+//     once per build;
+//   - its helpers are TFMO_FN TFMO_ISA(build), so that they inline into the entry point.
+// The library is built with -ffp-contract=off, and every build of a kernel does the same float operations in the
+// same order, so the builds give bitwise identical results (each family's tests run every build and compare).
+//
 // Every op family whose CPU kernels are built for several ISAs has the same two pieces:
-//   csrc/cpu/<family>_cpu_isa.h  its builds (namespace tfmo::<family>::cpu: enum Isa {kIsaDefault, kIsaAvx2, ...,
-//                                kIsaCount}, IsaSelection(), g_isa_calls), the code that differs per build (vector
-//                                helpers, intrinsic paths) and TFMO_<PREFIX>_BUILDS, which compiles an always-inline
-//                                loop body once per build and dispatches on IsaSelection() (CountIsaCall below);
-//   csrc/cpu/<family>_cpu.cc     the kernels, and at its end the choice (kIsaBuilds, the variable
-//                                TF_METAL_OPS_<FAMILY>_ISA: auto, default or a build name) and the diagnostics
+//   csrc/cpu/<family>_cpu_isa.h  its builds (namespace tfmo::<family>::cpu: kIsaCount, IsaSelection(),
+//                                g_isa_calls) and the code that differs per build (vector helpers, intrinsic paths);
+//   csrc/cpu/<family>_cpu.cc     the kernels, and at its end the choice (kIsaBuilds = FamilyIsaBuilds(the variable
+//                                TF_METAL_OPS_<FAMILY>_ISA: auto, default or a build name, ...)) and the diagnostics
 //                                tfmo_<family>_cpu_paths (TFMO_ISA_DIAGNOSTICS below; Python:
 //                                tf_metal_ops.diagnostics.cpu_paths).
 //   hash_grid  TF_METAL_OPS_HASH_GRID_ISA  default, avx2          (alias: TF_METAL_OPS_NO_AVX2 = default)
@@ -20,8 +29,23 @@
 #pragma once
 
 #include <atomic>
+#include <type_traits>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TFMO_ISA_X86_BUILDS 1
+#endif
+#define TFMO_ISA(build) TFMO_ISA_##build
+#define TFMO_ISA_avx2 __attribute__((target("arch=x86-64-v3")))
+#define TFMO_ISA_avx512 __attribute__((target("arch=x86-64-v4")))
 
 namespace tfmo {
+
+enum IsaBuild : int { kIsaDefault = 0, kIsaAvx2 = 1, kIsaAvx512 = 2 };
+inline constexpr const char* kIsaBuildNames[] = {"default", "avx2", "avx512"};
+
+// Whether this CPU (and OS) can run build isa >= 1, and why not (messages).
+bool X86BuildRuns(int isa);
+const char* X86BuildLacks(int isa);
 
 struct IsaChoice {
   int selected;    // the build that runs
@@ -47,6 +71,19 @@ struct IsaBuilds {
 
 IsaChoice ChooseIsa(const IsaBuilds& b);
 
+// The builds [0, count) of a family: env, kernels, alias and alias_request as in IsaBuilds.
+constexpr IsaBuilds FamilyIsaBuilds(const char* env, const char* kernels, int count, const char* alias = nullptr,
+                                    const char* alias_request = nullptr) {
+#ifdef TFMO_ISA_X86_BUILDS
+  const int built = count;
+#else
+  const int built = 1;
+#endif
+  return IsaBuilds{env, kernels, kIsaBuildNames, count, built, &X86BuildRuns,
+                   "that build is not compiled into this library (x86-64 GCC only)", &X86BuildLacks, alias,
+                   alias_request};
+}
+
 // The choice for the builds B, made once per process (at the first call).
 template <const IsaBuilds& B>
 const IsaChoice& ChosenIsa() {
@@ -58,6 +95,38 @@ const IsaChoice& ChosenIsa() {
 inline int CountIsaCall(const IsaChoice& c, std::atomic<long long>* calls) {
   calls[c.selected].fetch_add(1, std::memory_order_relaxed);
   return c.selected;
+}
+
+// Runs f(std::integral_constant<int, isa>{}) compiled for build isa (< kCount): f is a generic lambda marked
+// TFMO_ISA_LAMBDA that calls an always-inline body, which is thereby compiled once per build. Each build's instance is
+// a function of its own, never inlined into the caller.
+#define TFMO_ISA_LAMBDA __attribute__((always_inline))
+template <class F>
+__attribute__((noinline)) void RunIsaDefault(const F& f) {
+  f(std::integral_constant<int, kIsaDefault>{});
+}
+#ifdef TFMO_ISA_X86_BUILDS
+template <class F>
+TFMO_ISA(avx2) __attribute__((noinline)) void RunIsaAvx2(const F& f) {
+  f(std::integral_constant<int, kIsaAvx2>{});
+}
+template <class F>
+TFMO_ISA(avx512) __attribute__((noinline)) void RunIsaAvx512(const F& f) {
+  f(std::integral_constant<int, kIsaAvx512>{});
+}
+#endif
+template <int kCount, class F>
+void RunIsaBuild(int isa, const F& f) {
+#ifdef TFMO_ISA_X86_BUILDS
+  if constexpr (kCount > kIsaAvx512) {
+    if (isa == kIsaAvx512) return RunIsaAvx512(f);
+  }
+  if constexpr (kCount > kIsaAvx2) {
+    if (isa == kIsaAvx2) return RunIsaAvx2(f);
+  }
+#endif
+  (void)isa;
+  RunIsaDefault(f);
 }
 
 // Build isa is compiled in / compiled in and runnable on this CPU (build 0 always is).
@@ -81,3 +150,24 @@ void ReportIsa(const IsaBuilds& b, const IsaChoice& c, const std::atomic<long lo
                                                               int* selected, int* requested, int* fell_back) { \
     tfmo::ReportIsa(BUILDS, CHOICE, COUNTS, calls, built, supported, selected, requested, fell_back);          \
   }
+
+// Declares, in a family's namespace (csrc/cpu/<family>_cpu_isa.h), its builds [0, COUNT), the choice IsaSelection()
+// and the call counters g_isa_calls (one relaxed increment per dispatched call, reported by the family's diagnostics:
+// lets a test prove which build ran), all three defined by TFMO_ISA_FAMILY.
+#define TFMO_ISA_FAMILY_BUILDS(COUNT)        \
+  constexpr int kIsaCount = COUNT;           \
+  const ::tfmo::IsaChoice& IsaSelection();   \
+  extern std::atomic<long long> g_isa_calls[kIsaCount]
+
+// A family's choice of build, at the end of its csrc/cpu/<family>_cpu.cc: in namespace NS (which declares kIsaCount,
+// IsaSelection() and g_isa_calls, csrc/cpu/<family>_cpu_isa.h) the builds FamilyIsaBuilds(...), the call counters
+// and IsaSelection() (the choice, made at the first call of the process); and its diagnostics DIAG.
+#define TFMO_ISA_FAMILY(NS, DIAG, ...)                                                          \
+  namespace NS {                                                                                \
+  namespace {                                                                                   \
+  constexpr ::tfmo::IsaBuilds kIsaBuilds = ::tfmo::FamilyIsaBuilds(__VA_ARGS__);                \
+  }                                                                                             \
+  std::atomic<long long> g_isa_calls[kIsaCount];                                                \
+  const ::tfmo::IsaChoice& IsaSelection() { return ::tfmo::ChosenIsa<kIsaBuilds>(); }          \
+  }                                                                                             \
+  TFMO_ISA_DIAGNOSTICS(DIAG, NS::kIsaBuilds, NS::IsaSelection(), NS::g_isa_calls)

@@ -51,12 +51,19 @@ int BlockRows(int width) { return width <= 32 ? 128 : (width == 64 ? 64 : 32); }
 // Parts of the fixed-order weight-gradient sum for `blocks` row blocks (independent of the thread count).
 int64_t Parts(int64_t blocks) { return std::min(blocks, kMaxParts); }
 
-template <typename T> inline float Load(const T* p);
-template <> inline float Load<float>(const float* p) { return *p; }
-template <> inline float Load<uint16_t>(const uint16_t* p) { return tfmo::HalfToFloat(*p); }
-template <typename T> inline T Store(float v);
-template <> inline float Store<float>(float v) { return v; }
-template <> inline uint16_t Store<uint16_t>(float v) { return tfmo::FloatToHalf(v); }
+// f(r0, n, rows_pad) for the row blocks of part `part` of `parts` (blocks of rows_per_block of the N rows, in
+// order): the block's first row, its rows and its rows padded to a multiple of kRowPad.
+template <class F>
+void ForPartBlocks(int64_t part, int64_t parts, int64_t blocks, int64_t rows_per_block, int64_t N, const F& f) {
+  for (int64_t blk = part * blocks / parts; blk < (part + 1) * blocks / parts; ++blk) {
+    const int64_t r0 = blk * rows_per_block;
+    const int n = static_cast<int>(std::min<int64_t>(rows_per_block, N - r0));
+    f(r0, n, (n + kRowPad - 1) / kRowPad * kRowPad);
+  }
+}
+
+using tfmo::Load;
+using tfmo::Store;
 
 // v[i] = fm_activate(kAct, v[i]) for i < count (the activation a compile-time constant inside the loop).
 template <int kAct>
@@ -139,10 +146,7 @@ void Forward(const Call& call, T* y, float* hidden) {
   tfmo::ParallelParts(chunks, [&](int64_t chunk) {
     float* a = scratch.data() + chunk * 2 * buf;
     float* c = a + buf;
-    for (int64_t blk = chunk * blocks / chunks; blk < (chunk + 1) * blocks / chunks; ++blk) {
-      const int64_t r0 = blk * rows_per_block;
-      const int n = static_cast<int>(std::min<int64_t>(rows_per_block, N - r0));
-      const int rows_pad = (n + kRowPad - 1) / kRowPad * kRowPad;
+    ForPartBlocks(chunk, chunks, blocks, rows_per_block, N, [&](int64_t r0, int n, int rows_pad) {
       LoadRows(call.x.data<T>(), r0, n, l, rows_pad, a);
       for (int m = 0; m < M; ++m) {
         const int cols = static_cast<int>(l.cols[m]), r = static_cast<int>(l.rows[m]);
@@ -154,7 +158,7 @@ void Forward(const Call& call, T* y, float* hidden) {
       }
       for (int b = 0; b < n; ++b)
         for (int o = 0; o < l.n_output; ++o) y[(r0 + b) * l.n_output + o] = Store<T>(a[b * l.out_pad + o]);
-    }
+    });
   });
 }
 
@@ -202,10 +206,7 @@ void Backward(const Call& call, T* dx, float* grad) {
     float* xb = scratch.data() + part * 3 * buf;
     float* g = xb + buf;
     float* dh = g + buf;
-    for (int64_t blk = part * blocks / parts; blk < (part + 1) * blocks / parts; ++blk) {
-      const int64_t r0 = blk * rows_per_block;
-      const int n = static_cast<int>(std::min<int64_t>(rows_per_block, N - r0));
-      const int rows_pad = (n + kRowPad - 1) / kRowPad * kRowPad;
+    ForPartBlocks(part, parts, blocks, rows_per_block, N, [&](int64_t r0, int n, int rows_pad) {
       LoadRows(call.x.data<T>(), r0, n, l, rows_pad, xb);
       // g = dy * f_out'(y) [rows_pad][out_pad], zero outside the real rows and outputs.
       std::fill(g, g + static_cast<int64_t>(rows_pad) * l.out_pad, 0.0f);
@@ -235,7 +236,7 @@ void Backward(const Call& call, T* dx, float* grad) {
             for (int i = 0; i < l.n_input; ++i) dx[(r0 + b) * l.n_input + i] = Store<T>(dh[b * l.in_pad + i]);
         }
       }
-    }
+    });
   });
   // The parts in part order, for every parameter.
   tfmo::ParallelFor(P, 4096, [&](int64_t k0, int64_t k1) {
@@ -282,37 +283,7 @@ const tfmo::OnLoad kRegister([] { tfmo::fused_mlp::RegisterKernels("CPU", &Forwa
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------
-// The ISA builds of the products (csrc/cpu/fused_mlp_cpu_isa.h) and the choice between them, once per process
-// (common/isa_choice.h).
-
-namespace tfmo::fused_mlp::cpu {
-
-namespace {
-
-const char* const kIsaNames[kIsaCount] = {"default", "avx2"};
-
-#ifdef TFMO_FM_HAVE_AVX2
-constexpr int kIsaBuilt = kIsaCount;
-bool CpuRuns(int) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-#else
-constexpr int kIsaBuilt = 1;
-bool CpuRuns(int) { return false; }
-#endif
-
-constexpr IsaBuilds kIsaBuilds{
-    "TF_METAL_OPS_FUSED_MLP_ISA", "the fused-MLP CPU kernels use", kIsaNames, kIsaCount, kIsaBuilt, &CpuRuns,
-    "that build is not compiled into this library (x86-64 GCC only)", [](int) { return "this CPU lacks AVX2 or FMA"; }};
-
-}  // namespace
-
-std::atomic<long long> g_isa_calls[kIsaCount];
-
-// TF_METAL_OPS_FUSED_MLP_ISA, read once (the first fused-MLP call or diagnostics query of the process).
-const IsaChoice& IsaSelection() { return ChosenIsa<kIsaBuilds>(); }
-
-}  // namespace tfmo::fused_mlp::cpu
-
-// Diagnostics (ctypes, tf_metal_ops.diagnostics.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
-// builds default, avx2; calls: product calls.
-TFMO_ISA_DIAGNOSTICS(tfmo_fused_mlp_cpu_paths, tfmo::fused_mlp::cpu::kIsaBuilds, tfmo::fused_mlp::cpu::IsaSelection(),
-                     tfmo::fused_mlp::cpu::g_isa_calls)
+// The builds (csrc/cpu/fused_mlp_cpu_isa.h) and the choice between them, once per process, by TF_METAL_OPS_FUSED_MLP_ISA
+// (common/isa_choice.h); diagnostics (tf_metal_ops.diagnostics.cpu_paths) count product calls.
+TFMO_ISA_FAMILY(tfmo::fused_mlp::cpu, tfmo_fused_mlp_cpu_paths, "TF_METAL_OPS_FUSED_MLP_ISA",
+                "the fused-MLP CPU kernels use", kIsaCount)

@@ -13,22 +13,14 @@
 #include "common/isa_choice.h"
 #include "shared/device_compat.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TFMO_FM_HAVE_AVX2 1
-#define TFMO_FM_AVX2 __attribute__((target("avx2,fma"), noinline))
+#ifdef TFMO_ISA_X86_BUILDS
 #include <immintrin.h>
 #endif
 
 namespace tfmo::fused_mlp::cpu {
 
-// The builds and the choice between them (defined at the end of fused_mlp_cpu.cc; one choice per process):
-// TF_METAL_OPS_FUSED_MLP_ISA = avx2 | default | auto (automatically AVX2 when the CPU has AVX2 and FMA).
-enum Isa : int { kIsaDefault = 0, kIsaAvx2 = 1, kIsaCount = 2 };
-
-const IsaChoice& IsaSelection();
-
-// How many product calls ran each build, for tfmo_fused_mlp_cpu_paths (a test can prove which build ran).
-extern std::atomic<long long> g_isa_calls[kIsaCount];
+// default and avx2, chosen at the end of fused_mlp_cpu.cc (TF_METAL_OPS_FUSED_MLP_ISA); a call is a product.
+TFMO_ISA_FAMILY_BUILDS(2);
 
 constexpr int kRowPad = 4;    // block row counts are padded to a multiple of this (every build's row tile divides it)
 constexpr int kColTile = 16;  // outputs per register tile (every layer's output count is a multiple of 16)
@@ -89,81 +81,68 @@ __attribute__((noinline)) inline void OuterDefault(const float* g, int rows, con
                                                    int n, float* dw) {
   OuterBody<2>(g, rows, prev, ld, cols, n, dw);
 }
-#ifdef TFMO_FM_HAVE_AVX2
+#ifdef TFMO_ISA_X86_BUILDS
 // DenseBody and OuterBody with intrinsics (the compiler keeps neither's tile in registers by itself): 4 rows by 16
 // outputs in eight 8-lane accumulators, each lane the same fma chain as DenseBody's / OuterBody's element.
-#define TFMO_FM_ROW(T)                                                                          \
-  {                                                                                             \
-    const __m256 v = _mm256_broadcast_ss(a + (T) * cols + i);                                   \
-    acc##T##0 = _mm256_fmadd_ps(v, w0, acc##T##0);                                              \
-    acc##T##1 = _mm256_fmadd_ps(v, w1, acc##T##1);                                              \
+struct Tile4x16 {
+  __m256 v[4][2];  // row t, columns [8h, 8h + 8)
+};
+// Rows t < 4 of the tile from / to p + t * ld.
+TFMO_FN TFMO_ISA(avx2) void TileLoad(Tile4x16& a, const float* p, int64_t ld) {
+  for (int t = 0; t < 4; ++t) a.v[t][0] = _mm256_loadu_ps(p + t * ld), a.v[t][1] = _mm256_loadu_ps(p + t * ld + 8);
+}
+TFMO_FN TFMO_ISA(avx2) void TileStore(const Tile4x16& a, float* p, int64_t ld) {
+  for (int t = 0; t < 4; ++t) _mm256_storeu_ps(p + t * ld, a.v[t][0]), _mm256_storeu_ps(p + t * ld + 8, a.v[t][1]);
+}
+// Row t += x[t * step] * (w0, w1), one fused multiply-add per element.
+TFMO_FN TFMO_ISA(avx2) void TileFma(Tile4x16& a, const float* x, int64_t step, __m256 w0, __m256 w1) {
+  for (int t = 0; t < 4; ++t) {
+    const __m256 v = _mm256_broadcast_ss(x + t * step);
+    a.v[t][0] = _mm256_fmadd_ps(v, w0, a.v[t][0]);
+    a.v[t][1] = _mm256_fmadd_ps(v, w1, a.v[t][1]);
   }
-TFMO_FM_AVX2 inline void DenseAvx2(const float* in, int cols, const float* m, int r, const float* bias, float* out,
-                                   int rows) {
+}
+
+TFMO_ISA(avx2) __attribute__((noinline)) inline void DenseAvx2(const float* in, int cols, const float* m, int r,
+                                                                 const float* bias, float* out, int rows) {
   for (int b0 = 0; b0 < rows; b0 += 4) {
     const float* a = in + static_cast<int64_t>(b0) * cols;
     for (int o0 = 0; o0 < r; o0 += kColTile) {
-      const __m256 b0v = bias ? _mm256_loadu_ps(bias + o0) : _mm256_setzero_ps();
-      const __m256 b1v = bias ? _mm256_loadu_ps(bias + o0 + 8) : _mm256_setzero_ps();
-      __m256 acc00 = b0v, acc01 = b1v, acc10 = b0v, acc11 = b1v, acc20 = b0v, acc21 = b1v, acc30 = b0v, acc31 = b1v;
+      Tile4x16 acc;
+      for (int t = 0; t < 4; ++t) {
+        acc.v[t][0] = bias ? _mm256_loadu_ps(bias + o0) : _mm256_setzero_ps();
+        acc.v[t][1] = bias ? _mm256_loadu_ps(bias + o0 + 8) : _mm256_setzero_ps();
+      }
       for (int i = 0; i < cols; ++i) {
         const float* w = m + static_cast<int64_t>(i) * r + o0;
-        const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
-        TFMO_FM_ROW(0) TFMO_FM_ROW(1) TFMO_FM_ROW(2) TFMO_FM_ROW(3)
+        TileFma(acc, a + i, cols, _mm256_loadu_ps(w), _mm256_loadu_ps(w + 8));
       }
-      float* o = out + static_cast<int64_t>(b0) * r + o0;
-      _mm256_storeu_ps(o, acc00);
-      _mm256_storeu_ps(o + 8, acc01);
-      _mm256_storeu_ps(o + r, acc10);
-      _mm256_storeu_ps(o + r + 8, acc11);
-      _mm256_storeu_ps(o + 2 * r, acc20);
-      _mm256_storeu_ps(o + 2 * r + 8, acc21);
-      _mm256_storeu_ps(o + 3 * r, acc30);
-      _mm256_storeu_ps(o + 3 * r + 8, acc31);
+      TileStore(acc, out + static_cast<int64_t>(b0) * r + o0, r);
     }
   }
 }
-#undef TFMO_FM_ROW
 
-#define TFMO_FM_ROW(T)                                                                          \
-  {                                                                                             \
-    const __m256 v = _mm256_broadcast_ss(gb + (T));                                             \
-    acc##T##0 = _mm256_fmadd_ps(v, p0, acc##T##0);                                              \
-    acc##T##1 = _mm256_fmadd_ps(v, p1, acc##T##1);                                              \
-  }
-TFMO_FM_AVX2 inline void OuterAvx2(const float* g, int rows, const float* prev, int64_t ld, int cols, int n,
-                                   float* dw) {
+TFMO_ISA(avx2) __attribute__((noinline)) inline void OuterAvx2(const float* g, int rows, const float* prev,
+                                                                 int64_t ld, int cols, int n, float* dw) {
   for (int o0 = 0; o0 < rows; o0 += 4) {
     for (int i0 = 0; i0 < cols; i0 += kColTile) {
       float* d = dw + static_cast<int64_t>(o0) * cols + i0;
-      __m256 acc00 = _mm256_loadu_ps(d), acc01 = _mm256_loadu_ps(d + 8);
-      __m256 acc10 = _mm256_loadu_ps(d + cols), acc11 = _mm256_loadu_ps(d + cols + 8);
-      __m256 acc20 = _mm256_loadu_ps(d + 2 * cols), acc21 = _mm256_loadu_ps(d + 2 * cols + 8);
-      __m256 acc30 = _mm256_loadu_ps(d + 3 * cols), acc31 = _mm256_loadu_ps(d + 3 * cols + 8);
+      Tile4x16 acc;
+      TileLoad(acc, d, cols);
       for (int b = 0; b < n; ++b) {
         const float* p = prev + b * ld + i0;
-        const float* gb = g + static_cast<int64_t>(b) * rows + o0;
-        const __m256 p0 = _mm256_loadu_ps(p), p1 = _mm256_loadu_ps(p + 8);
-        TFMO_FM_ROW(0) TFMO_FM_ROW(1) TFMO_FM_ROW(2) TFMO_FM_ROW(3)
+        TileFma(acc, g + static_cast<int64_t>(b) * rows + o0, 1, _mm256_loadu_ps(p), _mm256_loadu_ps(p + 8));
       }
-      _mm256_storeu_ps(d, acc00);
-      _mm256_storeu_ps(d + 8, acc01);
-      _mm256_storeu_ps(d + cols, acc10);
-      _mm256_storeu_ps(d + cols + 8, acc11);
-      _mm256_storeu_ps(d + 2 * cols, acc20);
-      _mm256_storeu_ps(d + 2 * cols + 8, acc21);
-      _mm256_storeu_ps(d + 3 * cols, acc30);
-      _mm256_storeu_ps(d + 3 * cols + 8, acc31);
+      TileStore(acc, d, cols);
     }
   }
 }
-#undef TFMO_FM_ROW
 #endif
 
 // The selected build of DenseBody / OuterBody (the call counted in g_isa_calls).
 inline void Dense(const float* in, int cols, const float* m, int r, const float* bias, float* out, int rows) {
   const int isa = tfmo::CountIsaCall(tfmo::fused_mlp::cpu::IsaSelection(), g_isa_calls);
-#ifdef TFMO_FM_HAVE_AVX2
+#ifdef TFMO_ISA_X86_BUILDS
   if (isa == kIsaAvx2) return DenseAvx2(in, cols, m, r, bias, out, rows);
 #endif
   (void)isa;
@@ -171,7 +150,7 @@ inline void Dense(const float* in, int cols, const float* m, int r, const float*
 }
 inline void AccumulateOuter(const float* g, int rows, const float* prev, int64_t ld, int cols, int n, float* dw) {
   const int isa = tfmo::CountIsaCall(tfmo::fused_mlp::cpu::IsaSelection(), g_isa_calls);
-#ifdef TFMO_FM_HAVE_AVX2
+#ifdef TFMO_ISA_X86_BUILDS
   if (isa == kIsaAvx2) return OuterAvx2(g, rows, prev, ld, cols, n, dw);
 #endif
   (void)isa;

@@ -41,12 +41,8 @@ using namespace tfmo::hash_grid::cpu;
 
 constexpr int kTile = 256;
 
-template <typename T> inline float Load(const T* p);
-template <> inline float Load<float>(const float* p) { return *p; }
-template <> inline float Load<uint16_t>(const uint16_t* p) { return tfmo::HalfToFloat(*p); }
-template <typename T> inline T Store(float v);
-template <> inline float Store<float>(float v) { return v; }
-template <> inline uint16_t Store<uint16_t>(float v) { return tfmo::FloatToHalf(v); }
+using tfmo::Load;
+using tfmo::Store;
 
 // Scratch memory: per calling thread, reused across calls (a fresh multi-MB allocation per call costs a page
 // fault on every first touch). Up to kMaxCachedBytes per slot stays allocated for the thread's lifetime (TF's
@@ -137,7 +133,7 @@ struct TileCorners {
   TFMO_FN void Compute(const float* pos, int64_t begin, int count, const HgLevel& lv, int interp, int nc) {
     for (int i = 0; i < count; ++i)
       for (int d = 0; d < D; ++d) x[d][i] = pos[(begin + i) * D + d];
-#ifdef TFMO_HG_HAVE_AVX2
+#ifdef TFMO_ISA_X86_BUILDS
     if constexpr (kAvx2) {
       for (int d = 0; d < D; ++d) {
         if (interp == HG_INTERP_SMOOTHSTEP) CoordsAvx2<HG_INTERP_SMOOTHSTEP>(x[d], lv.scale, count, g[d], w[d], dw[d]);
@@ -199,7 +195,7 @@ TFMO_FN void EncodeRangeBody(const HgLevel* lvp, int interp, int nc, const float
     const int count = (int)std::min<int64_t>(kTile, e - t);
     tc.template Compute<kAvx2>(pos, t, count, lv, interp, nc);
     int i0 = 0;
-#ifdef TFMO_HG_HAVE_AVX2
+#ifdef TFMO_ISA_X86_BUILDS
     if constexpr (kAvx2 && F == 2) {
       if (nc == (1 << D)) {
         if constexpr (std::is_same<T, float>::value) {
@@ -226,7 +222,10 @@ TFMO_FN void EncodeRangeBody(const HgLevel* lvp, int interp, int nc, const float
     }
   }
 }
-TFMO_HG_BUILDS(EncodeRange, EncodeRangeBody)
+template <int D, int F, typename T, typename... A>
+void EncodeRange(A... a) {
+  HashGridBuild([&](auto avx2) TFMO_ISA_LAMBDA { EncodeRangeBody<D, F, T, decltype(avx2)::value>(a...); });
+}
 
 // d/dparams of all points [0, n) of one level, for table rows [lo, hi) only when split.
 template <int D, int F, typename T, bool kAvx2>
@@ -259,7 +258,10 @@ TFMO_FN void ScatterLevelBody(const HgLevel* lvp, int interp, int nc, const floa
     else split ? points(Full(), std::true_type()) : points(Full(), std::false_type());
   }
 }
-TFMO_HG_BUILDS(ScatterLevel, ScatterLevelBody)
+template <int D, int F, typename T, typename... A>
+void ScatterLevel(A... a) {
+  HashGridBuild([&](auto avx2) TFMO_ISA_LAMBDA { ScatterLevelBody<D, F, T, decltype(avx2)::value>(a...); });
+}
 
 // The values of all 2^D corners of tile point i (val[c*F + f], float32) and their dot products with the point's
 // dy of the level: sc[c] = <dy, value of corner c> (features in order). Shared by the position gradient and the
@@ -302,7 +304,7 @@ TFMO_FN void GradPosRangeBody(const HgLevel* lvp, int interp, const float* pos, 
                               float* out, int64_t b, int64_t e) {
   ForEachPointCornerDots<D, F, T, kAvx2>(
       *lvp, interp, pos, table, gl, b, e,
-      [&](const TileCorners<D>& tc, int i, int64_t p, const float*, const float* sc) TFMO_HG_LAMBDA {
+      [&](const TileCorners<D>& tc, int i, int64_t p, const float*, const float* sc) TFMO_ISA_LAMBDA {
         float dx[HG_MAX_DIMS] = {};
         const HgPoint pt = tc.Point(i);
         hg_accumulate_dx(&pt, sc, D, dx);
@@ -310,7 +312,10 @@ TFMO_FN void GradPosRangeBody(const HgLevel* lvp, int interp, const float* pos, 
         for (int k = 0; k < D; ++k) o[k] += dx[k];
       });
 }
-TFMO_HG_BUILDS(GradPosRange, GradPosRangeBody)
+template <int D, int F, typename T, typename... A>
+void GradPosRange(A... a) {
+  HashGridBuild([&](auto avx2) TFMO_ISA_LAMBDA { GradPosRangeBody<D, F, T, decltype(avx2)::value>(a...); });
+}
 
 // Second order, per point of one level (points [b, e)): d/d(dy) of the level's columns into out_dy (T; element
 // (p, l*F + f) at p * ps + (l*F + f) * cs) and the level's d/dx contribution added to out_dx [N, D]. gl: dy of the
@@ -323,7 +328,7 @@ TFMO_FN void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int64_t ps, in
   constexpr int nc = 1 << D;
   ForEachPointCornerDots<D, F, T, kAvx2>(
       lv, interp, pos, table, gl, b, e,
-      [&](const TileCorners<D>& tc, int i, int64_t p, const float* val, const float* sc) TFMO_HG_LAMBDA {
+      [&](const TileCorners<D>& tc, int i, int64_t p, const float* val, const float* sc) TFMO_ISA_LAMBDA {
         const HgPoint pt = tc.Point(i);
         float xi[HG_MAX_DIMS] = {}, dd[HG_MAX_DIMS] = {}, ddw[HG_MAX_DIMS];
         for (int d = 0; d < D; ++d) { xi[d] = tc.x[d][i]; dd[d] = ddx[p * D + d]; }
@@ -341,7 +346,10 @@ TFMO_FN void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int64_t ps, in
         for (int k = 0; k < D; ++k) ox[k] += dx[k];
       });
 }
-TFMO_HG_BUILDS(Grad2PointsRange, Grad2PointsRangeBody)
+template <int D, int F, typename T, typename... A>
+void Grad2PointsRange(A... a) {
+  HashGridBuild([&](auto avx2) TFMO_ISA_LAMBDA { Grad2PointsRangeBody<D, F, T, decltype(avx2)::value>(a...); });
+}
 
 // Second order, d/dparams of all points [0, n) of one level (rows [lo, hi) only when split): scatters
 // v[c] * dy (hg_second_order_weights) in point order, like ScatterLevel.
@@ -373,7 +381,10 @@ TFMO_FN void Scatter2LevelBody(const HgLevel* lvp, int interp, const float* pos,
     }
   }
 }
-TFMO_HG_BUILDS(Scatter2Level, Scatter2LevelBody)
+template <int D, int F, typename T, typename... A>
+void Scatter2Level(A... a) {
+  HashGridBuild([&](auto avx2) TFMO_ISA_LAMBDA { Scatter2LevelBody<D, F, T, decltype(avx2)::value>(a...); });
+}
 
 // ---------------------------------------------------------------------------------------------------------
 // Forward. Results go level-major into scratch [active][N][F] (each level pass then writes one contiguous
@@ -660,41 +671,8 @@ const tfmo::OnLoad kRegister([] {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------
-// The ISA builds of the hot loops (csrc/cpu/hash_grid_cpu_isa.h) and the choice between them, once per process
-// (common/isa_choice.h).
-
-namespace tfmo::hash_grid::cpu {
-
-namespace {
-
-const char* const kIsaNames[kIsaCount] = {"default", "avx2"};
-
-#ifdef TFMO_HG_HAVE_AVX2
-constexpr int kIsaBuilt = kIsaCount;
-bool CpuRuns(int) {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
-#else
-constexpr int kIsaBuilt = 1;
-bool CpuRuns(int) { return false; }
-#endif
-
-constexpr IsaBuilds kIsaBuilds{
-    "TF_METAL_OPS_HASH_GRID_ISA", "the hash-grid CPU kernels use", kIsaNames, kIsaCount, kIsaBuilt, &CpuRuns,
-    "that build is not compiled into this library (x86-64 GCC only)",
-    [](int) { return "this CPU lacks AVX2, FMA or F16C"; }, "TF_METAL_OPS_NO_AVX2", "default"};
-
-}  // namespace
-
-std::atomic<long long> g_isa_calls[kIsaCount];
-
-// TF_METAL_OPS_HASH_GRID_ISA (or TF_METAL_OPS_NO_AVX2), read once (the first hash-grid call or diagnostics query of
-// the process).
-const IsaChoice& IsaSelection() { return ChosenIsa<kIsaBuilds>(); }
-
-}  // namespace tfmo::hash_grid::cpu
-
-// Diagnostics (ctypes, tf_metal_ops.diagnostics.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
-// builds default, avx2; calls: hot-loop calls.
-TFMO_ISA_DIAGNOSTICS(tfmo_hash_grid_cpu_paths, tfmo::hash_grid::cpu::kIsaBuilds, tfmo::hash_grid::cpu::IsaSelection(),
-                     tfmo::hash_grid::cpu::g_isa_calls)
+// The builds (csrc/cpu/hash_grid_cpu_isa.h) and the choice between them, once per process, by
+// TF_METAL_OPS_HASH_GRID_ISA (or TF_METAL_OPS_NO_AVX2 = default; common/isa_choice.h); diagnostics
+// (tf_metal_ops.diagnostics.cpu_paths) count hot-loop calls.
+TFMO_ISA_FAMILY(tfmo::hash_grid::cpu, tfmo_hash_grid_cpu_paths, "TF_METAL_OPS_HASH_GRID_ISA",
+                "the hash-grid CPU kernels use", kIsaCount, "TF_METAL_OPS_NO_AVX2", "default")

@@ -1,5 +1,5 @@
 // The ISA builds of the hash-grid CPU kernels (csrc/cpu/hash_grid_cpu.cc; the choice between them is at its end):
-// the builds, TFMO_HG_BUILDS (a hot loop's always-inline body compiled once per build) and the AVX2 tile helpers the
+// the builds, HashGridBuild (a hot loop's always-inline body compiled once per build) and the AVX2 tile helpers the
 // avx2 build runs. Per point they compute what the scalar loops of hash_grid_cpu.cc compute (csrc/shared/
 // hash_grid_math.h), in the same order.
 #pragma once
@@ -12,68 +12,42 @@
 #include "common/isa_choice.h"
 #include "shared/hash_grid_math.h"
 
-// Hot loops are always-inline bodies instantiated twice (see TFMO_HG_BUILDS): default (baseline ISA) and, on
-// x86-64 with GCC, with target("avx2,fma"), chosen at run time. Same source and same float operation order, so
-// the two give bitwise identical results: the one fused multiply-add of the math (pos = fma(scale, x, 0.5), as
-// tcnn) is explicit (tfmo_fma: the vfmadd instruction in the AVX2 variant, glibc's correctly rounded fmaf in the
-// baseline: the same bits), and the compiler fuses nothing else (setup.py builds with -ffp-contract=off; GCC's
-// default in GNU mode would contract a*b + c only in the FMA-capable variant).
-// A lambda called from a TFMO_FN body: always inlined too, so it is compiled for that body's ISA build.
-#define TFMO_HG_LAMBDA __attribute__((always_inline))
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TFMO_HG_HAVE_AVX2 1
-#define TFMO_HG_AVX2 __attribute__((target("avx2,fma,f16c,bmi,bmi2"), noinline))
-// Tile-sized helpers with AVX2 intrinsics (called per tile of kTile points, so not inlined: GCC inlines a
+// Hot loops are always-inline bodies BODY<D, F, T, kAvx2> compiled once per build (HashGridBuild), chosen at run
+// time: default (baseline ISA) and, on x86-64 with GCC, avx2 (common/isa_choice.h; kAvx2 selects the intrinsic fast
+// paths). Same source and same float operation order, so the two give bitwise identical results: the one fused
+// multiply-add of the math (pos = fma(scale, x, 0.5), as tcnn) is explicit (tfmo_fma: the vfmadd instruction in the
+// AVX2 build, glibc's correctly rounded fmaf in the baseline: the same bits), and the compiler fuses nothing else
+// (setup.py builds with -ffp-contract=off; GCC's default in GNU mode would contract a*b + c only in the FMA-capable
+// build). A lambda called from a body is TFMO_ISA_LAMBDA (always inlined), so it is compiled for that body's build.
+// The AVX2 helpers below work on a tile of points (called per tile of kTile points, so not inlined: GCC inlines a
 // target-specific function only into callers of the same target), used under `if constexpr (kAvx2)`.
-#define TFMO_HG_AVX2_TILE __attribute__((target("avx2,fma,f16c,bmi,bmi2"), noinline))
+#ifdef TFMO_ISA_X86_BUILDS
 #include <immintrin.h>
-#endif
-
-// Declares NAME_default(ARGS) and NAME_avx2(ARGS) calling the always-inline BODY<D, F, T, kAvx2> (kAvx2 selects
-// the intrinsic fast paths, which compute the same operations in the same order per point), and NAME(ARGS) running
-// the selected one and counting the call.
-#ifdef TFMO_HG_HAVE_AVX2
-#define TFMO_HG_BUILDS(NAME, BODY)                                                              \
-  template <int D, int F, typename T, typename... A>                                            \
-  __attribute__((noinline)) void NAME##_default(A... a) { BODY<D, F, T, false>(a...); }         \
-  template <int D, int F, typename T, typename... A>                                            \
-  TFMO_HG_AVX2 void NAME##_avx2(A... a) { BODY<D, F, T, true>(a...); }                          \
-  template <int D, int F, typename T, typename... A>                                            \
-  void NAME(A... a) {                                                                           \
-    const int isa = tfmo::CountIsaCall(tfmo::hash_grid::cpu::IsaSelection(),                    \
-                                       tfmo::hash_grid::cpu::g_isa_calls);                      \
-    isa == tfmo::hash_grid::cpu::kIsaAvx2 ? NAME##_avx2<D, F, T>(a...)                          \
-                                          : NAME##_default<D, F, T>(a...);                      \
-  }
-#else
-#define TFMO_HG_BUILDS(NAME, BODY)                                                              \
-  template <int D, int F, typename T, typename... A>                                            \
-  void NAME(A... a) {                                                                           \
-    tfmo::CountIsaCall(tfmo::hash_grid::cpu::IsaSelection(), tfmo::hash_grid::cpu::g_isa_calls); \
-    BODY<D, F, T, false>(a...);                                                                 \
-  }
 #endif
 
 namespace tfmo::hash_grid::cpu {
 
-// The builds and the choice between them (defined at the end of hash_grid_cpu.cc; one choice per process):
-// TF_METAL_OPS_HASH_GRID_ISA = avx2 | default | auto (automatically AVX2 when the CPU has AVX2, FMA and F16C);
-// TF_METAL_OPS_NO_AVX2 (set to anything) is an alias of TF_METAL_OPS_HASH_GRID_ISA=default.
-enum Isa : int { kIsaDefault = 0, kIsaAvx2 = 1, kIsaCount = 2 };
+// default and avx2, chosen at the end of hash_grid_cpu.cc (TF_METAL_OPS_HASH_GRID_ISA, or TF_METAL_OPS_NO_AVX2 set
+// to anything for default); a call is a hot loop over a range of points.
+TFMO_ISA_FAMILY_BUILDS(2);
 
-const IsaChoice& IsaSelection();
-
-// How many hot-loop calls ran each build ([kIsaDefault], [kIsaAvx2]), for tfmo_hash_grid_cpu_paths: lets a test
-// prove which build of the loops actually ran (one relaxed increment per call of a loop over a range of points).
-extern std::atomic<long long> g_isa_calls[kIsaCount];
+// Runs body(std::integral_constant<bool, kAvx2>) compiled for the selected build, counting the call: body is a
+// generic lambda marked TFMO_ISA_LAMBDA that calls a hot loop's always-inline body with that kAvx2.
+template <class Body>
+void HashGridBuild(const Body& body) {
+  RunIsaBuild<kIsaCount>(CountIsaCall(IsaSelection(), g_isa_calls), [&](auto isa) TFMO_ISA_LAMBDA {
+    body(std::integral_constant<bool, decltype(isa)::value == kIsaAvx2>{});
+  });
+}
 
 constexpr int kPrefetch = 16;  // points ahead: random table rows start their cache misses this early
 
-#ifdef TFMO_HG_HAVE_AVX2
+#ifdef TFMO_ISA_X86_BUILDS
 // hg_coord for xs[0, count), 8 points per instruction: the same float operations in the same order (clamp with
 // NaN -> 0, one fused multiply-add, truncation, weight and derivative), so the same bits as the scalar loop.
 template <int kInterp>
-TFMO_HG_AVX2_TILE void CoordsAvx2(const float* xs, float scale, int count, uint* g, float* w, float* dw) {
+TFMO_ISA(avx2) __attribute__((noinline)) void CoordsAvx2(const float* xs, float scale, int count, uint* g, float* w,
+                                                   float* dw) {
   const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
   const __m256 vs = _mm256_set1_ps(scale);
   int i = 0;
@@ -102,7 +76,7 @@ TFMO_HG_AVX2_TILE void CoordsAvx2(const float* xs, float scale, int count, uint*
 }
 #endif
 
-#ifdef TFMO_HG_HAVE_AVX2
+#ifdef TFMO_ISA_X86_BUILDS
 // Forward of the first count & ~7 points of a tile with F = 2 and all 2^D corners, 8 points per instruction
 // (points in lanes) into res [count][2] float32; returns how many points it did. Per point the same operations in
 // the same order as the scalar loop (acc_f = +0, then acc_f += w_c * v_cf for c = 0, 1, ...), so the same bits.
@@ -110,7 +84,7 @@ TFMO_HG_AVX2_TILE void CoordsAvx2(const float* xs, float scale, int count, uint*
 // with F16C, exact like HalfToFloat) in the point order 0,1,4,5 | 2,3,6,7, which the in-lane shuffles that split
 // the features undo.
 template <int D, typename T, class Tile>
-TFMO_HG_AVX2_TILE int EncodeTileF2Avx2(const T* table, const Tile& tc, int count, float* res) {
+TFMO_ISA(avx2) __attribute__((noinline)) int EncodeTileF2Avx2(const T* table, const Tile& tc, int count, float* res) {
   constexpr int nc = 1 << D;
   const int count8 = count & ~7;
   for (int i = 0; i < count8; i += 8) {

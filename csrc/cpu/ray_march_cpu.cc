@@ -21,10 +21,6 @@
 #include "ops/ray_march_args.h"
 #include "shared/ray_march_math.h"
 
-#ifdef TFMO_RM_AVX2
-#include <cpuid.h>
-#endif
-
 namespace {
 
 using tfmo::TensorRef;
@@ -144,13 +140,13 @@ void MarchChunk(const RmParams& p, const float* o, const float* d, const float* 
                 const Occupancy& occ, int64_t R, int64_t q, int64_t* counts, ChunkSamples* out) {
   const int64_t r0 = q * kChunkRays, r1 = std::min(R, r0 + kChunkRays);
   // The AVX2 march covers one cascade (K = 1); cascaded marches run the scalar one on every CPU.
-  [[maybe_unused]] int isa = tfmo::ray_march::cpu::kIsaDefault;
+  [[maybe_unused]] int isa = tfmo::kIsaDefault;
   if (p.K == 1)
     isa = tfmo::CountIsaCall(tfmo::ray_march::cpu::IsaSelection(), tfmo::ray_march::cpu::g_isa_calls);
   else
     tfmo::ray_march::cpu::g_isa_calls[isa].fetch_add(1, std::memory_order_relaxed);
-#ifdef TFMO_RM_AVX2
-  if (isa == tfmo::ray_march::cpu::kIsaAvx2) {
+#ifdef TFMO_ISA_X86_BUILDS
+  if (isa == tfmo::kIsaAvx2) {
     tfmo::ray_march::cpu::RmStage stage;
     tfmo::ray_march::cpu::MarchChunkAvx2(p, o, d, near_t, far_t, r0, static_cast<int>(r1 - r0), occ, kStore, counts,
                                  kStore ? &out->t0 : nullptr, kStore ? &out->t1 : nullptr, &stage);
@@ -315,53 +311,7 @@ static const tfmo::OnLoad kRegister([] { tfmo::ray_march::RegisterKernels("CPU",
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------
-// The ISA builds of the march (csrc/cpu/ray_march_cpu_isa.h) and the choice between them, once per process
-// (common/isa_choice.h).
-
-namespace tfmo::ray_march::cpu {
-
-namespace {
-
-const char* const kIsaNames[kIsaCount] = {"default", "avx2"};
-
-#ifdef TFMO_RM_AVX2
-constexpr int kIsaBuilt = kIsaCount;
-#else
-constexpr int kIsaBuilt = 1;
-#endif
-
-// AVX2 usable: the CPU has it (CPUID 7.0:EBX bit 5) and the OS saves the YMM registers (OSXSAVE, XCR0 bits 1-2).
-// CPUID directly rather than __builtin_cpu_supports, which needs compiler-rt on some clang targets.
-bool CpuHasAvx2() {
-#ifdef TFMO_RM_AVX2
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_AVX)) return false;
-  unsigned xcr0_lo = 0, xcr0_hi = 0;
-  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  if ((xcr0_lo & 6u) != 6u) return false;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  return (b & bit_AVX2) != 0;
-#else
-  return false;
-#endif
-}
-
-constexpr IsaBuilds kIsaBuilds{
-    "TF_METAL_OPS_RAY_MARCH_ISA", "the ray-march CPU kernel uses", kIsaNames, kIsaCount, kIsaBuilt,
-    [](int) { return CpuHasAvx2(); }, "that build is not compiled into this library (x86-64 GCC/clang only)",
-    [](int) { return "this CPU (or OS) lacks AVX2"; }};
-
-}  // namespace
-
-std::atomic<long long> g_isa_calls[kIsaCount];
-
-// TF_METAL_OPS_RAY_MARCH_ISA (avx2, default or auto), read once (the first march or diagnostics query of the
-// process); the rules: common/isa_choice.h (automatically AVX2 when the CPU has it).
-const IsaChoice& IsaSelection() { return ChosenIsa<kIsaBuilds>(); }
-
-}  // namespace tfmo::ray_march::cpu
-
-// Diagnostics (ctypes, tf_metal_ops.diagnostics.cpu_paths; tests/test_ray_march_isa.py): the arguments as
-// tfmo::ReportIsa (common/isa_choice.h), builds default, avx2; calls: chunk marches.
-TFMO_ISA_DIAGNOSTICS(tfmo_ray_march_cpu_paths, tfmo::ray_march::cpu::kIsaBuilds, tfmo::ray_march::cpu::IsaSelection(),
-                     tfmo::ray_march::cpu::g_isa_calls)
+// The builds (csrc/cpu/ray_march_cpu_isa.h) and the choice between them, once per process, by TF_METAL_OPS_RAY_MARCH_ISA
+// (common/isa_choice.h); diagnostics (tf_metal_ops.diagnostics.cpu_paths) count chunk marches.
+TFMO_ISA_FAMILY(tfmo::ray_march::cpu, tfmo_ray_march_cpu_paths, "TF_METAL_OPS_RAY_MARCH_ISA",
+                "the ray-march CPU kernel uses", kIsaCount)

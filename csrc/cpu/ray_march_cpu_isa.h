@@ -1,8 +1,8 @@
 // The ISA builds of the RayMarch CPU kernel (csrc/cpu/ray_march_cpu.cc; the choice between them is at its end): the
 // scalar march there (default) and here the AVX2 march of one chunk of rays (avx2), 8 rays per vector.
 // Each lane runs the steps of csrc/shared/ray_march_math.h exactly: every block below names the shared function it
-// mirrors and does the same float32 operations in the same order (separate mul/add, no FMA: the function enables
-// AVX2 only, and the library is built with -ffp-contract=off). _mm256_min_ps(a, b) / _mm256_max_ps(a, b) are
+// mirrors and does the same float32 operations in the same order (separate mul/add, no FMA: the library is built
+// with -ffp-contract=off). _mm256_min_ps(a, b) / _mm256_max_ps(a, b) are
 // exactly `a < b ? a : b` / `a > b ? a : b` (the second operand on NaN), i.e. rm_min / rm_max with the same
 // operand order. tests/test_ray_march_isa.py runs both paths and requires bitwise equal outputs.
 //
@@ -10,7 +10,7 @@
 // scalar path. Only the loop over candidates is vectorised: rm_begin stays scalar per ray, and a lane whose ray has
 // finished takes the next ray of the chunk. Samples are staged in emission order tagged with their ray's position in
 // the chunk and placed in ray order at the end (prefix sum of the chunk's counts), so the chunk's samples come out
-// as in the scalar path. Built for x86-64 GCC/clang only (TFMO_RM_AVX2); chosen at run time (IsaSelection).
+// as in the scalar path. Built for x86-64 GCC only (TFMO_ISA_X86_BUILDS); chosen at run time (IsaSelection).
 #pragma once
 
 #include <atomic>
@@ -20,20 +20,14 @@
 #include "common/isa_choice.h"
 #include "shared/ray_march_math.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define TFMO_RM_AVX2 1
+#ifdef TFMO_ISA_X86_BUILDS
 #include <immintrin.h>
 #endif
 
 namespace tfmo::ray_march::cpu {
 
-// The builds and the choice between them (defined at the end of ray_march_cpu.cc; one choice per process).
-enum Isa : int { kIsaDefault = 0, kIsaAvx2 = 1, kIsaCount = 2 };
-
-const IsaChoice& IsaSelection();
-
-// Chunk marches that ran each build so far (tfmo_ray_march_cpu_paths): lets a test prove which build ran.
-extern std::atomic<long long> g_isa_calls[kIsaCount];
+// default and avx2, chosen at the end of ray_march_cpu.cc (TF_METAL_OPS_RAY_MARCH_ISA); a call is a chunk march.
+TFMO_ISA_FAMILY_BUILDS(2);
 
 // What the march looks up per candidate cell: the bitfield and the mip levels above it (rm_empty_level), and
 // optionally `levels`, one byte per grid cell holding the answer of both lookups at once (kOccupiedCell or the
@@ -53,9 +47,7 @@ inline uint CellLevel(const RmParams& p, const Occupancy& occ, const RmRay& s) {
                                         : rm_empty_level(p, occ.mip, &s);
 }
 
-#ifdef TFMO_RM_AVX2
-
-#define TFMO_RM_V TFMO_FN __attribute__((target("avx2")))
+#ifdef TFMO_ISA_X86_BUILDS
 
 // RmParams broadcast to every lane.
 struct RmConstsV {
@@ -64,29 +56,29 @@ struct RmConstsV {
 };
 
 // a < b as unsigned 32-bit integers, per lane (all ones / zero).
-TFMO_RM_V __m256i RmULtV(__m256i a, __m256i b, __m256i sign) {
+TFMO_FN TFMO_ISA(avx2) __m256i RmULtV(__m256i a, __m256i b, __m256i sign) {
   return _mm256_cmpgt_epi32(_mm256_xor_si256(b, sign), _mm256_xor_si256(a, sign));
 }
 
 // rm_dt: rm_min(rm_max(t * cone_angle, step_size), max_step).
-TFMO_RM_V __m256 RmDtV(const RmConstsV& k, __m256 t) {
+TFMO_FN TFMO_ISA(avx2) __m256 RmDtV(const RmConstsV& k, __m256 t) {
   return _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(t, k.cone_angle), k.step_size), k.max_step);
 }
 
 // rm_axis_cell: uint(rm_min(rm_max((x - lo) * inv_cs, 0), float(G - 1))) (the value is in [0, G-1]: truncation
 // to int32 is the uint conversion).
-TFMO_RM_V __m256i RmAxisCellV(const RmConstsV& k, __m256 x, int i) {
+TFMO_FN TFMO_ISA(avx2) __m256i RmAxisCellV(const RmConstsV& k, __m256 x, int i) {
   return _mm256_cvttps_epi32(
       _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_sub_ps(x, k.lo[i]), k.inv_cs[i]), k.zero), k.g_max));
 }
 
 // Replaces lane `lane` of v by x.
-TFMO_RM_V __m256 RmPutV(__m256 v, __m256 lane_mask, float x) {
+TFMO_FN TFMO_ISA(avx2) __m256 RmPutV(__m256 v, __m256 lane_mask, float x) {
   return _mm256_blendv_ps(v, _mm256_set1_ps(x), lane_mask);
 }
 
 // base[idx] per lane (bytes, zero-extended).
-TFMO_RM_V __m256i RmLoadBytesV(const unsigned char* base, __m256i idx) {
+TFMO_FN TFMO_ISA(avx2) __m256i RmLoadBytesV(const unsigned char* base, __m256i idx) {
   alignas(32) int32_t a[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(a), idx);
   return _mm256_setr_epi32(base[a[0]], base[a[1]], base[a[2]], base[a[3]], base[a[4]], base[a[5]], base[a[6]],
@@ -94,7 +86,7 @@ TFMO_RM_V __m256i RmLoadBytesV(const unsigned char* base, __m256i idx) {
 }
 
 // rm_bit(byte_value, cell) per lane: all ones where set.
-TFMO_RM_V __m256i RmBitV(__m256i byte_value, __m256i cell) {
+TFMO_FN TFMO_ISA(avx2) __m256i RmBitV(__m256i byte_value, __m256i cell) {
   const __m256i one = _mm256_set1_epi32(1);
   return _mm256_cmpeq_epi32(
       _mm256_and_si256(_mm256_srlv_epi32(byte_value, _mm256_and_si256(cell, _mm256_set1_epi32(7))), one), one);
@@ -140,7 +132,7 @@ struct RmChunkV {
 };
 
 // Free lanes of g take the next rays of the chunk (rm_begin, scalar; rays without samples count 0).
-TFMO_RM_V void RmRefillV(RmChunkV& ch, RmLanesV& g) {
+TFMO_FN TFMO_ISA(avx2) void RmRefillV(RmChunkV& ch, RmLanesV& g) {
   const RmParams& p = *ch.p;
   for (int lane = 0; lane < 8 && ch.next < ch.n; ++lane) {
     if (g.live & (1u << lane)) continue;
@@ -174,7 +166,7 @@ TFMO_RM_V void RmRefillV(RmChunkV& ch, RmLanesV& g) {
 // CellLevel without the level table: kOccupiedCell where rm_bit(bits[cell >> 3], cell), else rm_empty_level: the
 // levels m = 0, 1, .. are tried for all searching lanes at once; a lane stops at the first level l = m + 1 whose
 // block is occupied (level m), or at p.mip_levels.
-TFMO_RM_V __m256i RmBitsMipLevelV(const RmConstsV& K, const RmChunkV& ch, const __m256i c[3], __m256i cell,
+TFMO_FN TFMO_ISA(avx2) __m256i RmBitsMipLevelV(const RmConstsV& K, const RmChunkV& ch, const __m256i c[3], __m256i cell,
                                   __m256i go) {
   const RmParams& p = *ch.p;
   const __m256i occupied = RmBitV(RmLoadBytesV(ch.occ->bits, _mm256_srli_epi32(cell, 3)), cell);
@@ -195,7 +187,7 @@ TFMO_RM_V __m256i RmBitsMipLevelV(const RmConstsV& K, const RmChunkV& ch, const 
 }
 
 // One candidate of every live lane of g.
-TFMO_RM_V void RmStepV(const RmConstsV& K, RmChunkV& ch, RmLanesV& g) {
+TFMO_FN TFMO_ISA(avx2) void RmStepV(const RmConstsV& K, RmChunkV& ch, RmLanesV& g) {
   const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   const __m256i live_v =
       _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(g.live)), lane_bit), lane_bit);
@@ -277,7 +269,7 @@ constexpr int kRmGroups = 2;
 
 // Marches rays [r0, r0 + n) of a chunk: counts[i] = samples of ray r0 + i; when store, the samples are appended
 // in ray order to *t0_out / *t1_out (st: the caller's stage buffers).
-__attribute__((target("avx2"), noinline)) inline void MarchChunkAvx2(
+TFMO_ISA(avx2) __attribute__((noinline)) inline void MarchChunkAvx2(
     const RmParams& p, const float* o, const float* d, const float* near_t, const float* far_t, int64_t r0,
     int n, const Occupancy& occ, bool store, int64_t* counts, std::vector<float>* t0_out,
     std::vector<float>* t1_out, RmStage* st) {
@@ -339,7 +331,6 @@ __attribute__((target("avx2"), noinline)) inline void MarchChunkAvx2(
   }
 }
 
-#undef TFMO_RM_V
-#endif  // TFMO_RM_AVX2
+#endif  // TFMO_ISA_X86_BUILDS
 
 }  // namespace tfmo::ray_march::cpu

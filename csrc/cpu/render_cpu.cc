@@ -271,10 +271,8 @@ TFMO_FN void VrGradRaysBody(const VrGradJob& j, int64_t r0, int64_t r1) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// ISA builds of the two ray loops (the choice between them: the end of this file).
-
-TFMO_VR_BUILDS(VrForwardRays, VrFwdJob)
-TFMO_VR_BUILDS(VrGradRays, VrGradJob)
+// The kernels: each range of rays runs the selected ISA build of its ray loop (RenderBuild; the choice between the
+// builds: the end of this file).
 
 void VrCompute(void* p, TF_OpKernelContext* ctx) {
   const char* op = "volume_render";
@@ -295,7 +293,9 @@ void VrCompute(void* p, TF_OpKernelContext* ctx) {
   FirstBadRay bad;
   const VrFwdJob job{MakeVrIn(dens, cols, t, bg, d, thr, &bad), color.data<float>(), depth.data<float>(),
                      opacity.data<float>(), weights.data<float>()};
-  tfmo::ParallelFor(R, RayGrain(S, C), [&](int64_t r0, int64_t r1) { VrForwardRays(job, r0, r1); });
+  tfmo::ParallelFor(R, RayGrain(S, C), [&](int64_t r0, int64_t r1) {
+    tfmo::render::cpu::RenderBuild([&](auto) TFMO_ISA_LAMBDA { VrForwardRaysBody(job, r0, r1); });
+  });
   if (bad.get() >= 0) FailBadRay(ctx, op, job.in.sg_all, job.in.t_all, bad.get(), S);
 }
 
@@ -322,7 +322,9 @@ void VrGradCompute(void* p, TF_OpKernelContext* ctx) {
   const VrGradJob job{MakeVrIn(dens, cols, t, bg, d, thr, &bad), gc.data<float>(), gd.data<float>(),
                       go.data<float>(), gw.data<float>(), g_dens.data<float>(), g_cols.data<float>(),
                       g_t.data<float>(), g_bg.data<float>()};
-  tfmo::ParallelFor(R, RayGrain(S, C), [&](int64_t r0, int64_t r1) { VrGradRays(job, r0, r1); });
+  tfmo::ParallelFor(R, RayGrain(S, C), [&](int64_t r0, int64_t r1) {
+    tfmo::render::cpu::RenderBuild([&](auto) TFMO_ISA_LAMBDA { VrGradRaysBody(job, r0, r1); });
+  });
   if (bad.get() >= 0) FailBadRay(ctx, op, job.in.sg_all, job.in.t_all, bad.get(), S);
 }
 
@@ -424,49 +426,8 @@ const tfmo::OnLoad kRegister([] {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------
-// The ISA builds of the ray loops (render and render_packed; csrc/cpu/render_cpu_isa.h) and the choice between them,
-// once per process (common/isa_choice.h).
-
-namespace tfmo::render::cpu {
-
-namespace {
-
-const char* const kIsaNames[kIsaCount] = {"default", "avx2", "avx512"};
-
-// Builds avx2 and avx512: x86-64-v3 / x86-64-v4.
-#ifdef TFMO_VR_ISA_BUILDS
-constexpr int kIsaBuilt = kIsaCount;
-bool CpuRuns(int isa) {
-  __builtin_cpu_init();
-  return isa == kIsaAvx512 ? __builtin_cpu_supports("x86-64-v4") : __builtin_cpu_supports("x86-64-v3");
-}
-#else
-constexpr int kIsaBuilt = 1;
-bool CpuRuns(int) { return false; }
-#endif
-
-constexpr IsaBuilds kIsaBuilds{
-    "TF_METAL_OPS_RENDER_ISA", "the volume-render CPU kernels use", kIsaNames, kIsaCount, kIsaBuilt, &CpuRuns,
-    "that build is not compiled into this library (x86-64 Linux GCC only)",
-    [](int isa) {
-      return isa == kIsaAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
-                               : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)";
-    },
-    "TF_METAL_OPS_VOLUME_RENDER_ISA", nullptr};
-
-}  // namespace
-
-// Ray-range calls that ran each build so far ([kIsaDefault], [kIsaAvx2], [kIsaAvx512]), all volume-render kernels
-// (dense and packed, forward and gradient) together: lets a test prove which build produced a result.
-std::atomic<long long> g_isa_calls[kIsaCount];
-
-// TF_METAL_OPS_RENDER_ISA (or TF_METAL_OPS_VOLUME_RENDER_ISA), read once (the first volume-render call or
-// diagnostics query of the process).
-const IsaChoice& IsaSelection() { return ChosenIsa<kIsaBuilds>(); }
-
-}  // namespace tfmo::render::cpu
-
-// Diagnostics (ctypes, tf_metal_ops.diagnostics.cpu_paths): the arguments as tfmo::ReportIsa (common/isa_choice.h),
-// builds default, avx2, avx512; calls: ray-range calls.
-TFMO_ISA_DIAGNOSTICS(tfmo_render_cpu_paths, tfmo::render::cpu::kIsaBuilds, tfmo::render::cpu::IsaSelection(),
-                     tfmo::render::cpu::g_isa_calls)
+// The builds (csrc/cpu/render_cpu_isa.h) and the choice between them, once per process, by TF_METAL_OPS_RENDER_ISA
+// (or TF_METAL_OPS_VOLUME_RENDER_ISA; common/isa_choice.h); diagnostics (tf_metal_ops.diagnostics.cpu_paths) count
+// the ray-range calls of every volume-render kernel (dense and packed, forward and gradient).
+TFMO_ISA_FAMILY(tfmo::render::cpu, tfmo_render_cpu_paths, "TF_METAL_OPS_RENDER_ISA",
+                "the volume-render CPU kernels use", kIsaCount, "TF_METAL_OPS_VOLUME_RENDER_ISA")

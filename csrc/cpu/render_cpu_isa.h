@@ -3,27 +3,26 @@
 // per-sample formulas are those of csrc/shared/render_math.h, run on arrays.
 #pragma once
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-// The ray loops of both kernels are built three times from the same always-inline bodies (TFMO_VR_BUILDS): for
-// x86-64-v4 (AVX-512), x86-64-v3 (AVX2+FMA) and the baseline ISA (8-lane vectors there, split into SSE2 halves;
-// 4 lanes elsewhere: NEON). One build is chosen once per process (IsaSelection): the best one the CPU supports,
-// or the one named by TF_METAL_OPS_RENDER_ISA=avx512|avx2|default (tests run each and compare them). The
-// library is built with -ffp-contract=off and the bodies never reassociate, and a vector lane computes exactly
-// what the scalar tail computes, so the builds give bitwise identical results, whatever the split of an array
-// into vectors and tail; the forward and gradient kernels always run the same build.
-#define TFMO_VR_ISA_BUILDS 1
-#define TFMO_VEC_BYTES 32
-#pragma GCC diagnostic ignored "-Wpsabi"  // 32-byte vectors only ever live inside inlined helpers
-#else
-#define TFMO_VEC_BYTES 16
-#endif
-
 #include <atomic>
 #include <cstdint>
 #include <cstring>
 
 #include "common/isa_choice.h"
 #include "shared/render_math.h"
+
+#ifdef TFMO_ISA_X86_BUILDS
+// The ray loops of both kernels are built three times from the same always-inline bodies (RenderBuild): avx512,
+// avx2 and the baseline ISA (8-lane vectors there, split into SSE2 halves; 4 lanes elsewhere: NEON). One build is
+// chosen once per process (IsaSelection): the best one the CPU supports, or the one named by
+// TF_METAL_OPS_RENDER_ISA=avx512|avx2|default (tests run each and compare them). The library is built with
+// -ffp-contract=off and the bodies never reassociate, and a vector lane computes exactly what the scalar tail
+// computes, so the builds give bitwise identical results, whatever the split of an array into vectors and tail; the
+// forward and gradient kernels always run the same build.
+#define TFMO_VEC_BYTES 32
+#pragma GCC diagnostic ignored "-Wpsabi"  // 32-byte vectors only ever live inside inlined helpers
+#else
+#define TFMO_VEC_BYTES 16
+#endif
 
 // Before a loop whose stores never alias its loads (lets the compiler vectorise without alias checks).
 #if defined(__clang__)
@@ -120,39 +119,15 @@ TFMO_FN void WeightsArray(float* w, const float* T, const float* tau, int64_t n)
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// The builds and the choice between them (defined at the end of render_cpu.cc; one choice per process).
+// default, avx2 and avx512, chosen at the end of render_cpu.cc (TF_METAL_OPS_RENDER_ISA); a call is a range of rays
+// of any volume-render kernel.
+TFMO_ISA_FAMILY_BUILDS(3);
 
-enum Isa : int { kIsaDefault = 0, kIsaAvx2 = 1, kIsaAvx512 = 2, kIsaCount = 3 };
-
-const IsaChoice& IsaSelection();
-
-// Ray-range calls that ran each build so far, all volume-render kernels together (tfmo_render_cpu_paths).
-extern std::atomic<long long> g_isa_calls[kIsaCount];
+// Runs body(std::integral_constant<int, build>) compiled for the selected build, counting the call: body is a
+// generic lambda marked TFMO_ISA_LAMBDA that calls a ray loop's always-inline body.
+template <class Body>
+void RenderBuild(const Body& body) {
+  RunIsaBuild<kIsaCount>(CountIsaCall(IsaSelection(), g_isa_calls), body);
+}
 
 }  // namespace tfmo::render::cpu
-
-// Defines NAME(const JOB&, int64_t r0, int64_t r1), running the selected build of the always-inline
-// NAME##Body(const JOB&, r0, r1) and counting the call.
-#ifdef TFMO_VR_ISA_BUILDS
-#define TFMO_VR_BUILDS(NAME, JOB)                                                                              \
-  __attribute__((target("arch=x86-64-v4"), noinline)) void NAME##_avx512(const JOB& j, int64_t r0, int64_t r1) { \
-    NAME##Body(j, r0, r1);                                                                                     \
-  }                                                                                                            \
-  __attribute__((target("arch=x86-64-v3"), noinline)) void NAME##_avx2(const JOB& j, int64_t r0, int64_t r1) {   \
-    NAME##Body(j, r0, r1);                                                                                     \
-  }                                                                                                            \
-  __attribute__((noinline)) void NAME##_default(const JOB& j, int64_t r0, int64_t r1) { NAME##Body(j, r0, r1); } \
-  void NAME(const JOB& j, int64_t r0, int64_t r1) {                                                            \
-    switch (tfmo::CountIsaCall(tfmo::render::cpu::IsaSelection(), tfmo::render::cpu::g_isa_calls)) {          \
-      case tfmo::render::cpu::kIsaAvx512: return NAME##_avx512(j, r0, r1);                                     \
-      case tfmo::render::cpu::kIsaAvx2: return NAME##_avx2(j, r0, r1);                                         \
-      default: return NAME##_default(j, r0, r1);                                                               \
-    }                                                                                                          \
-  }
-#else
-#define TFMO_VR_BUILDS(NAME, JOB)                                                                          \
-  void NAME(const JOB& j, int64_t r0, int64_t r1) {                                                        \
-    tfmo::CountIsaCall(tfmo::render::cpu::IsaSelection(), tfmo::render::cpu::g_isa_calls);                 \
-    NAME##Body(j, r0, r1);                                                                                 \
-  }
-#endif

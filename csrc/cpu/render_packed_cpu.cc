@@ -350,8 +350,6 @@ TFMO_IVDEP
   });
 }
 
-TFMO_VR_BUILDS(VrpForwardRays, VrpFwdJob)
-TFMO_VR_BUILDS(VrpGradRays, VrpGradJob)
 
 void VrpCompute(void* p, TF_OpKernelContext* ctx) {
   const char* op = "volume_render_packed";
@@ -374,7 +372,9 @@ void VrpCompute(void* p, TF_OpKernelContext* ctx) {
   const VrpFwdJob job{{{dens.data<float>(), ts.data<float>(), te.data<float>(), rs.data<int32_t>()},
                        cols.data<float>(), bg.data<float>(), d, thr, &bad},
                       color.data<float>(), depth.data<float>(), opacity.data<float>(), weights.data<float>()};
-  tfmo::ParallelFor(R, RayGrain(R, N, C), [&](int64_t r0, int64_t r1) { VrpForwardRays(job, r0, r1); });
+  tfmo::ParallelFor(R, RayGrain(R, N, C), [&](int64_t r0, int64_t r1) {
+    tfmo::render::cpu::RenderBuild([&](auto) TFMO_ISA_LAMBDA { VrpForwardRaysBody(job, r0, r1); });
+  });
   if (bad.get() >= 0) FailBadSample(ctx, op, job.p, R, bad.get());
 }
 
@@ -404,7 +404,9 @@ void VrpGradCompute(void* p, TF_OpKernelContext* ctx) {
                        in[6].data<float>(), in[7].data<float>(), in[8].data<float>(), in[9].data<float>(),
                        g_dens.data<float>(), g_cols.data<float>(), g_ts.data<float>(), g_te.data<float>(),
                        g_bg.data<float>()};
-  tfmo::ParallelFor(R, RayGrain(R, N, C), [&](int64_t r0, int64_t r1) { VrpGradRays(job, r0, r1); });
+  tfmo::ParallelFor(R, RayGrain(R, N, C), [&](int64_t r0, int64_t r1) {
+    tfmo::render::cpu::RenderBuild([&](auto) TFMO_ISA_LAMBDA { VrpGradRaysBody(job, r0, r1); });
+  });
   if (bad.get() >= 0) FailBadSample(ctx, op, job.p, R, bad.get());
 }
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import Iterable, Mapping
 
-from support.paths import TESTS
+from support.paths import EXAMPLES, TESTS
 
 
 def run(name: str, *args, env: Mapping[str, str] | None = None, pythonpath: Iterable[str] = (),
@@ -23,3 +23,14 @@ def run(name: str, *args, env: Mapping[str, str] | None = None, pythonpath: Iter
     kwargs.setdefault("capture_output", True)
     kwargs.setdefault("text", True)
     return subprocess.run([sys.executable, "-m", f"support.{name}", *map(str, args)], env=env, cwd=TESTS, **kwargs)
+
+
+def run_nerf_main(module: str, argv: Iterable[str]) -> subprocess.CompletedProcess:
+    """examples/nerf/<module>.py's main(argv) in a fresh interpreter, which prints at its end whether TensorFlow was
+    imported (a command whose arguments are refused must refuse them before importing it)."""
+    code = (f"import sys; sys.path.insert(0, sys.argv[1]); from nerf import {module}\n"
+            f"try:\n    {module}.main(sys.argv[2:])\n"
+            "finally:\n    print('tensorflow imported:', 'tensorflow' in sys.modules)\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-c", code, EXAMPLES, *argv], capture_output=True, text=True, env=env,
+                          timeout=120)
