@@ -15,6 +15,12 @@ import time
 DESCRIPTION = "Train a NeRF on the built-in scene (or real data) with tf-metal-ops."
 
 
+def check_at_least(p: argparse.ArgumentParser, flag: str, value: int, minimum: int, unit: str = "") -> None:
+    """argparse's error (usage, exit code 2) unless ``value >= minimum``: "--flag must be at least N[ unit], got V"."""
+    if value < minimum:
+        p.error(f"{flag} must be at least {minimum}{' ' + unit if unit else ''}, got {value}")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Every flag of ``train.py`` (dashes -> underscores, in the parser's order), then the values derived from them.
@@ -299,8 +305,7 @@ def _check(p, args):
         if args.epochs is not None:
             p.error("--epochs needs the uniform sampler (fixed batches); with --sampler occupancy use --minutes or "
                     "--steps")
-        if args.sample_budget < 1024:
-            p.error(f"--sample-budget must be at least 1024, got {args.sample_budget}")
+        check_at_least(p, "--sample-budget", args.sample_budget, 1024)
         if args.grid_every < 1 or args.grid_res < 1 or args.max_samples < 1:
             p.error("--grid-every, --grid-res and --max-samples must be positive")
     if args.data == "builtin" and (args.split is not None or args.holdout_every is not None):

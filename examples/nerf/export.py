@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import numpy as np  # noqa: E402
 
 from nerf import mesh as meshlib  # noqa: E402  (no TensorFlow)
+from nerf.config import check_at_least  # noqa: E402  (no TensorFlow)
 
 DEFAULT_RESOLUTION = 256
 DEFAULT_THRESHOLD = 10.0
@@ -104,12 +105,10 @@ def read_model_meta(directory: str) -> dict:
 def check_args(p: argparse.ArgumentParser, args) -> dict:
     """Every argument checked before anything heavy runs; argparse's error (usage, exit code 2) otherwise. Returns
     the model's metadata."""
-    if args.resolution < 2:
-        p.error(f"--resolution must be at least 2 cells per axis, got {args.resolution}")
+    check_at_least(p, "--resolution", args.resolution, 2, "cells per axis")
     if not (np.isfinite(args.threshold) and args.threshold > 0):
         p.error(f"--threshold must be a positive density, got {args.threshold}")
-    if args.chunk < 1:
-        p.error(f"--chunk must be at least 1, got {args.chunk}")
+    check_at_least(p, "--chunk", args.chunk, 1)
     if args.color_depth is not None and not (np.isfinite(args.color_depth) and args.color_depth >= 0):
         p.error(f"--color-depth must be >= 0, got {args.color_depth}")
     if args.bound is not None and not (np.isfinite(args.bound) and args.bound > 0):

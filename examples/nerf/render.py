@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import numpy as np  # noqa: E402
 
+from nerf.config import check_at_least  # noqa: E402  (no TensorFlow)
 from nerf.data.cameras import Camera  # noqa: E402  (no TensorFlow)
 from nerf.data.rays import spherical_pose  # noqa: E402
 from nerf.export import read_model_meta  # noqa: E402
@@ -129,12 +130,10 @@ def check_args(p: argparse.ArgumentParser, args) -> dict:
         p.error("--orbit without --data needs --radius (the circle's radius in the model's frame)")
     if args.elevation is not None and not (math.isfinite(args.elevation) and -90 < args.elevation < 90):
         p.error(f"--elevation must be between -90 and 90 degrees, got {args.elevation}")
-    if args.downscale < 1:
-        p.error(f"--downscale must be at least 1, got {args.downscale}")
+    check_at_least(p, "--downscale", args.downscale, 1)
     if not (math.isfinite(args.fps) and args.fps > 0):
         p.error(f"--fps must be positive, got {args.fps}")
-    if args.chunk < 1:
-        p.error(f"--chunk must be at least 1, got {args.chunk}")
+    check_at_least(p, "--chunk", args.chunk, 1)
     if not args.no_mp4 and not mp4_backend_available():
         p.error("writing the MP4 needs imageio's ffmpeg backend: pip install imageio-ffmpeg (or pass --no-mp4 for "
                 "the PNGs only)")

@@ -238,11 +238,9 @@ def ray_march_tf(rays_o, rays_d, grid, *, near=None, far=None, step_size, cone_a
     Example:
       >>> import tf_metal_ops
       >>> grid = tf_metal_ops.OccupancyGrid(resolution=8)  # box [-1, 1]^3, every cell occupied until updated
-      >>> rays_o = [[-2.0, 0.0, 0.0], [0.0, -2.0, 0.0]]
-      >>> rays_d = [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]  # the second ray misses the box
-      >>> res = tf_metal_ops.ray_march_tf(rays_o, rays_d, grid, step_size=0.25, jitter=False)
-      >>> res.row_splits.numpy(), res.t_starts.numpy()[:3]
-      (array([0, 8, 8], dtype=int32), array([1.  , 1.25, 1.5 ], dtype=float32))
+      >>> res = tf_metal_ops.ray_march_tf([[-2.0, 0.1, 0.2]], [[1.0, 0.0, 0.0]], grid, step_size=0.5, jitter=False)
+      >>> res.t_starts.numpy(), res.t_ends.numpy()  # four steps across the box, from t = 1 to t = 3
+      (array([1. , 1.5, 2. , 2.5], dtype=float32), array([1.5, 2. , 2.5, 3. ], dtype=float32))
     """
     fn = "ray_march_tf"
     step_size, cone_angle, max_samples, jitter = _check_march_args(fn, step_size, cone_angle, max_samples, jitter)
