@@ -1,0 +1,125 @@
+// The CPU target layer of <metal_stdlib> (the default one: csrc/msl_emu/include/metal_stdlib selects it unless
+// MSL_EMU_TARGET names another). Included twice by <metal_stdlib>, with MSL_EMU_TARGET_PART 1 and then 2.
+//
+// Conventions:
+//  - part 1 (before msl_emu/stdlib_generic.h): the types, and namespace msl_emu::target: the scalar primitives
+//    (libm through clang's builtins, in float: not the GPU's fast-math results, see README "Limits") and the
+//    atomic operations over std::atomic, each reporting itself to msl_emu's atomic counting
+//    (msl_emu/atomic_counts.h: one call = one operation; fetch_min/max are one RMW although a CAS loop implements
+//    them here);
+//  - part 2 (after it): threadgroup_barrier (a real rendezvous of the calling threadgroup's threads, see
+//    msl_emu/runtime.h; the call site is recorded to report threads that wait at different barriers), the SIMD-group
+//    functions and matrices, and the target's keywords: `threadgroup` is `static thread_local` (a kernel-scope
+//    threadgroup array is shared by the threads of the group running on a worker thread, one group at a time per
+//    worker, and is not reset between groups), `kernel` is nothing.
+#if MSL_EMU_TARGET_PART == 1
+
+#include <atomic>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <source_location>
+#include <type_traits>
+#include <utility>
+
+#include "msl_emu/runtime.h"
+#include "msl_emu/types.h"
+
+namespace msl_emu::target {
+
+inline float exp(float a) { return __builtin_expf(a); }
+inline float exp2(float a) { return __builtin_exp2f(a); }
+inline float exp10(float a) { return __builtin_powf(10.0f, a); }
+inline float log(float a) { return __builtin_logf(a); }
+inline float log2(float a) { return __builtin_log2f(a); }
+inline float log10(float a) { return __builtin_log10f(a); }
+inline float sin(float a) { return __builtin_sinf(a); }
+inline float cos(float a) { return __builtin_cosf(a); }
+inline float tan(float a) { return __builtin_tanf(a); }
+inline float asin(float a) { return __builtin_asinf(a); }
+inline float acos(float a) { return __builtin_acosf(a); }
+inline float atan(float a) { return __builtin_atanf(a); }
+inline float sinh(float a) { return __builtin_sinhf(a); }
+inline float cosh(float a) { return __builtin_coshf(a); }
+inline float tanh(float a) { return __builtin_tanhf(a); }
+inline float pow(float a, float b) { return __builtin_powf(a, b); }
+inline float atan2(float a, float b) { return __builtin_atan2f(a, b); }
+inline float fmod(float a, float b) { return __builtin_fmodf(a, b); }
+
+template <class T>
+using atomic_storage = std::atomic<T>;
+
+template <class A, class T>
+inline void atomic_store(A* obj, T desired) {
+  detail::note_atomic(obj, AtomicOp::store);
+  obj->v.store(desired, std::memory_order_relaxed);
+}
+template <class A>
+inline auto atomic_load(A* obj) {
+  detail::note_atomic(obj, AtomicOp::load);
+  return obj->v.load(std::memory_order_relaxed);
+}
+template <class A, class T>
+inline T atomic_exchange(A* obj, T desired) {
+  detail::note_atomic(obj, AtomicOp::rmw);
+  return obj->v.exchange(desired, std::memory_order_relaxed);
+}
+template <class A, class T>
+inline bool atomic_compare_exchange_weak(A* obj, T* expected, T desired) {
+  const bool ok = obj->v.compare_exchange_weak(*expected, desired, std::memory_order_relaxed, std::memory_order_relaxed);
+  detail::note_atomic(obj, ok ? AtomicOp::cas_ok : AtomicOp::cas_failed);
+  return ok;
+}
+#define MSL_EMU_ATOMIC_RMW(op)                                \
+  template <class A, class T>                                 \
+  inline T atomic_##op(A* obj, T arg) {                       \
+    detail::note_atomic(obj, AtomicOp::rmw);                  \
+    return obj->v.op(arg, std::memory_order_relaxed);         \
+  }
+MSL_EMU_ATOMIC_RMW(fetch_add)
+MSL_EMU_ATOMIC_RMW(fetch_sub)
+MSL_EMU_ATOMIC_RMW(fetch_and)
+MSL_EMU_ATOMIC_RMW(fetch_or)
+MSL_EMU_ATOMIC_RMW(fetch_xor)
+#undef MSL_EMU_ATOMIC_RMW
+template <class A, class T>
+inline T atomic_fetch_max(A* obj, T arg) {
+  detail::note_atomic(obj, AtomicOp::rmw);
+  auto cur = obj->v.load(std::memory_order_relaxed);
+  while (cur < arg && !obj->v.compare_exchange_weak(cur, arg, std::memory_order_relaxed)) {
+  }
+  return cur;
+}
+template <class A, class T>
+inline T atomic_fetch_min(A* obj, T arg) {
+  detail::note_atomic(obj, AtomicOp::rmw);
+  auto cur = obj->v.load(std::memory_order_relaxed);
+  while (arg < cur && !obj->v.compare_exchange_weak(cur, arg, std::memory_order_relaxed)) {
+  }
+  return cur;
+}
+
+}  // namespace msl_emu::target
+
+#elif MSL_EMU_TARGET_PART == 2
+
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<uint>::is_always_lock_free &&
+              std::atomic<float>::is_always_lock_free, "msl_emu's atomics must be lock-free to alias device memory");
+
+namespace metal {
+inline void threadgroup_barrier(mem_flags, std::source_location site = std::source_location::current()) {
+  ::msl_emu::detail::GroupRunner* r = ::msl_emu::detail::tls_runner;
+  if (r == nullptr) ::msl_emu::detail::no_group_runner("threadgroup_barrier", site);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  r->barrier(site);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+}  // namespace metal
+
+#include "msl_emu/simdgroup.h"         // simd_*, quad_*, simdgroup_barrier
+#include "msl_emu/simdgroup_matrix.h"  // simdgroup_matrix, simdgroup_load/store/multiply(_accumulate)
+
+#define threadgroup static thread_local
+#define kernel
+
+#endif
