@@ -79,29 +79,13 @@ inline namespace math_impl {
       return E(expr);                                                                                 \
     });                                                                                               \
   }
-MSL_EMU_F1(floor, __builtin_floorf(a))
-MSL_EMU_F1(ceil, __builtin_ceilf(a))
-MSL_EMU_F1(trunc, __builtin_truncf(a))
-MSL_EMU_F1(round, __builtin_roundf(a))
-MSL_EMU_F1(rint, __builtin_rintf(a))
-MSL_EMU_F1(fabs, __builtin_fabsf(a))
-MSL_EMU_F1(sqrt, __builtin_sqrtf(a))
+#define MSL_EMU_F1_BUILTIN(name) MSL_EMU_F1(name, __builtin_##name##f(a))
+#define MSL_EMU_F1_TARGET(name) MSL_EMU_F1(name, ::msl_emu::target::name(a))
+MSL_FLOAT1_BUILTIN(MSL_EMU_F1_BUILTIN)
+MSL_FLOAT1_TARGET(MSL_EMU_F1_TARGET)
+#undef MSL_EMU_F1_BUILTIN
+#undef MSL_EMU_F1_TARGET
 MSL_EMU_F1(rsqrt, 1.0f / __builtin_sqrtf(a))
-MSL_EMU_F1(exp, ::msl_emu::target::exp(a))
-MSL_EMU_F1(exp2, ::msl_emu::target::exp2(a))
-MSL_EMU_F1(exp10, ::msl_emu::target::exp10(a))
-MSL_EMU_F1(log, ::msl_emu::target::log(a))
-MSL_EMU_F1(log2, ::msl_emu::target::log2(a))
-MSL_EMU_F1(log10, ::msl_emu::target::log10(a))
-MSL_EMU_F1(sin, ::msl_emu::target::sin(a))
-MSL_EMU_F1(cos, ::msl_emu::target::cos(a))
-MSL_EMU_F1(tan, ::msl_emu::target::tan(a))
-MSL_EMU_F1(asin, ::msl_emu::target::asin(a))
-MSL_EMU_F1(acos, ::msl_emu::target::acos(a))
-MSL_EMU_F1(atan, ::msl_emu::target::atan(a))
-MSL_EMU_F1(sinh, ::msl_emu::target::sinh(a))
-MSL_EMU_F1(cosh, ::msl_emu::target::cosh(a))
-MSL_EMU_F1(tanh, ::msl_emu::target::tanh(a))
 MSL_EMU_F1(fract, __builtin_fminf(a - __builtin_floorf(a), 0x1.fffffep-1f))
 MSL_EMU_F1(saturate, __builtin_fminf(__builtin_fmaxf(a, 0.0f), 1.0f))
 MSL_EMU_F1(sign, a > 0.0f ? 1.0f : a < 0.0f ? -1.0f : a == a ? 0.0f * a : 0.0f)
@@ -117,13 +101,13 @@ MSL_EMU_F1(sign, a > 0.0f ? 1.0f : a < 0.0f ? -1.0f : a == a ? 0.0f * a : 0.0f)
       return E(expr);                                                                                 \
     });                                                                                               \
   }
-MSL_EMU_F2(fmin, __builtin_fminf(a, b))
-MSL_EMU_F2(fmax, __builtin_fmaxf(a, b))
-MSL_EMU_F2(fmod, ::msl_emu::target::fmod(a, b))
-MSL_EMU_F2(pow, ::msl_emu::target::pow(a, b))
+#define MSL_EMU_F2_BUILTIN(name) MSL_EMU_F2(name, __builtin_##name##f(a, b))
+#define MSL_EMU_F2_TARGET(name) MSL_EMU_F2(name, ::msl_emu::target::name(a, b))
+MSL_FLOAT2_BUILTIN(MSL_EMU_F2_BUILTIN)
+MSL_FLOAT2_TARGET(MSL_EMU_F2_TARGET)
+#undef MSL_EMU_F2_BUILTIN
+#undef MSL_EMU_F2_TARGET
 MSL_EMU_F2(powr, ::msl_emu::target::pow(a, b))
-MSL_EMU_F2(atan2, ::msl_emu::target::atan2(a, b))
-MSL_EMU_F2(copysign, __builtin_copysignf(a, b))
 #undef MSL_EMU_F2
 
 // fma is one rounding (in float).
@@ -203,10 +187,9 @@ inline T smoothstep(U e0, V e1, T x) {
       return bool(expr);                                                                              \
     }                                                                                                 \
   }
-MSL_EMU_CLASSIFY(isnan, __builtin_isnan(a))
-MSL_EMU_CLASSIFY(isinf, __builtin_isinf(a))
-MSL_EMU_CLASSIFY(isfinite, __builtin_isfinite(a))
-MSL_EMU_CLASSIFY(signbit, __builtin_signbit(a))
+#define MSL_EMU_CLASSIFY_BUILTIN(name) MSL_EMU_CLASSIFY(name, __builtin_##name(a))
+MSL_CLASSIFY(MSL_EMU_CLASSIFY_BUILTIN)
+#undef MSL_EMU_CLASSIFY_BUILTIN
 #undef MSL_EMU_CLASSIFY
 
 // Geometric functions: sums in float, in component order.
