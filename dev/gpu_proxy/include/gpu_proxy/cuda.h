@@ -1,6 +1,6 @@
 // The few CUDA spellings the GPU proxy needs, for clang++-16 in CUDA mode without a CUDA installation (-nocudainc
 // -nocudalib): the function/variable attributes and the special registers (the __nvvm_read_ptx_sreg_* builtins
-// return int). Used by the CUDA counterpart of msl_emu (metal_stdlib here), the generated entry points and the bare
+// return int). Used by <metal_stdlib>'s CUDA target layer (gpu_proxy/target.h), the generated entry points and the bare
 // baselines (dev/gpu_proxy/baselines.cu).
 #pragma once
 

@@ -1,6 +1,6 @@
 // The GPU proxy's SIMD-group matrices (MSL 2.3+): simdgroup_matrix<T, 8, 8> for T = float and half, on a warp (one
-// SIMD group = 32 lanes). Included by dev/gpu_proxy/include/metal_stdlib inside its host-device region; needs its
-// ::metal::gpu_proxy_lane() / ::metal::gpu_proxy_active().
+// SIMD group = 32 lanes). Included by the CUDA target layer (gpu_proxy/target.h) inside its host-device region; needs
+// ::metal::gpu_proxy_lane() / ::metal::gpu_proxy_active() (gpu_proxy/simdgroup.h).
 //
 // Conventions:
 //  - the lane layout is msl_emu's (csrc/msl_emu/include/msl_emu/simdgroup_matrix.h): lane l holds (row, col) and
