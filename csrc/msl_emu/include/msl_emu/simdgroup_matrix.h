@@ -29,11 +29,6 @@
 #include "msl_emu/runtime.h"
 #include "msl_emu/types.h"
 
-namespace metal {
-template <class T, int Cols, int Rows>
-struct simdgroup_matrix;  // MSL has 8x8 only: other sizes are an incomplete type
-}
-
 namespace msl_emu::simdgroup_matrix_detail {
 
 using detail::kSimdWidth;
@@ -200,9 +195,6 @@ struct simdgroup_matrix<T, 8, 8> {
  private:
   elements_t e_;
 };
-
-typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
-typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
 
 template <class T, int Cols, int Rows>
   requires(Cols == 8 && Rows == 8)

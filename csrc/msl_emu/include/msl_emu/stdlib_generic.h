@@ -374,4 +374,11 @@ enum class mem_flags : uint {
 };
 constexpr mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags(uint(a) | uint(b)); }
 
+// ---- SIMD-group matrices: the target defines simdgroup_matrix<T, 8, 8> and its functions. MSL has 8x8 only: other
+// sizes are an incomplete type.
+template <class T, int Cols, int Rows>
+struct simdgroup_matrix;
+typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+
 }  // namespace metal

@@ -98,12 +98,6 @@ inline ulong offset(ulong elements_per_row, ulong2 o, bool transpose, uint r, ui
 
 namespace metal {
 
-template <class T, int N>
-using vec = T __attribute__((ext_vector_type(N)));
-
-template <class T, int Cols, int Rows>
-struct simdgroup_matrix;  // 8x8 only, as in MSL
-
 template <class T>
 struct simdgroup_matrix<T, 8, 8> {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, half>,
@@ -121,9 +115,6 @@ struct simdgroup_matrix<T, 8, 8> {
  private:
   elements_t e_;
 };
-
-typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
-typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
 
 template <class T, int Cols, int Rows>
   requires(Cols == 8 && Rows == 8)
