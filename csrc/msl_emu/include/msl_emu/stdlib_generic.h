@@ -120,24 +120,19 @@ inline T fma(T a, T b, T c) {
 }
 
 // min/max/clamp/abs work on integers too. MSL min/max on floats behave like fmin/fmax for NaN inputs.
-template <::msl_emu::Arith T, class U>
-  requires ::msl_emu::detail::Compatible<T, U>
-inline T min(T x, U y_) {
-  return ::msl_emu::detail::map2(x, ::msl_emu::detail::as_t<T>(y_), [](auto a, auto b) {
-    using E = decltype(a);
-    if constexpr (::msl_emu::is_float_scalar_v<E>) return E(__builtin_fminf(float(a), float(b)));
-    else return b < a ? b : a;
-  });
-}
-template <::msl_emu::Arith T, class U>
-  requires ::msl_emu::detail::Compatible<T, U>
-inline T max(T x, U y_) {
-  return ::msl_emu::detail::map2(x, ::msl_emu::detail::as_t<T>(y_), [](auto a, auto b) {
-    using E = decltype(a);
-    if constexpr (::msl_emu::is_float_scalar_v<E>) return E(__builtin_fmaxf(float(a), float(b)));
-    else return a < b ? b : a;
-  });
-}
+#define MSL_EMU_MIN_MAX(name, float_builtin, integer_expr)                                             \
+  template <::msl_emu::Arith T, class U>                                                              \
+    requires ::msl_emu::detail::Compatible<T, U>                                                      \
+  inline T name(T x, U y_) {                                                                          \
+    return ::msl_emu::detail::map2(x, ::msl_emu::detail::as_t<T>(y_), [](auto a, auto b) {            \
+      using E = decltype(a);                                                                          \
+      if constexpr (::msl_emu::is_float_scalar_v<E>) return E(float_builtin(float(a), float(b)));     \
+      else return integer_expr;                                                                       \
+    });                                                                                               \
+  }
+MSL_EMU_MIN_MAX(min, __builtin_fminf, b < a ? b : a)
+MSL_EMU_MIN_MAX(max, __builtin_fmaxf, a < b ? b : a)
+#undef MSL_EMU_MIN_MAX
 template <::msl_emu::Arith T, class U, class V>
   requires ::msl_emu::detail::Compatible<T, U> && ::msl_emu::detail::Compatible<T, V>
 inline T clamp(T x, U lo, V hi) {
@@ -364,20 +359,25 @@ MSL_EMU_ATOMIC_RMW(fetch_max, is_int)
 #undef MSL_EMU_ATOMIC_RMW
 
 // ---- synchronisation flags (threadgroup_barrier and simdgroup_barrier are the target's)
-enum class mem_flags : uint {
-  mem_none = 0,
-  mem_device = 1,
-  mem_threadgroup = 2,
-  mem_texture = 4,
-  mem_threadgroup_imageblock = 8,
-  mem_object_data = 16,
-};
+enum class mem_flags : uint { MSL_MEM_FLAGS(MSL_ENUMERATOR) };
 constexpr mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags(uint(a) | uint(b)); }
 
 // ---- SIMD-group matrices: the target defines simdgroup_matrix<T, 8, 8> and its functions. MSL has 8x8 only: other
 // sizes are an incomplete type.
 template <class T, int Cols, int Rows>
 struct simdgroup_matrix;
+// The base of each target's simdgroup_matrix<T, 8, 8>: the calling lane's two elements (the lane layout is
+// msl_emu's, csrc/msl_emu/include/msl_emu/simdgroup_matrix.h's header comment, on every target).
+template <class T>
+struct simdgroup_matrix_elements {
+  typedef T element_type;
+  typedef vec<T, 2> elements_t;
+  elements_t& thread_elements() { return e_; }
+  const elements_t& thread_elements() const { return e_; }
+
+ protected:
+  elements_t e_;
+};
 typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
 typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
 

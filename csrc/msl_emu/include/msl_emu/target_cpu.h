@@ -82,21 +82,22 @@ MSL_EMU_ATOMIC_RMW(fetch_and)
 MSL_EMU_ATOMIC_RMW(fetch_or)
 MSL_EMU_ATOMIC_RMW(fetch_xor)
 #undef MSL_EMU_ATOMIC_RMW
-template <class A, class T>
-inline T atomic_fetch_max(A* obj, T arg) {
+// fetch_min/max: a CAS loop that stores `arg` while it replaces the current value.
+template <class A, class T, class Replaces>
+inline T atomic_fetch_extremum(A* obj, T arg, Replaces replaces) {
   detail::note_atomic(obj, AtomicOp::rmw);
   auto cur = obj->v.load(std::memory_order_relaxed);
-  while (cur < arg && !obj->v.compare_exchange_weak(cur, arg, std::memory_order_relaxed)) {
+  while (replaces(arg, cur) && !obj->v.compare_exchange_weak(cur, arg, std::memory_order_relaxed)) {
   }
   return cur;
 }
 template <class A, class T>
+inline T atomic_fetch_max(A* obj, T arg) {
+  return atomic_fetch_extremum(obj, arg, [](T a, T cur) { return cur < a; });
+}
+template <class A, class T>
 inline T atomic_fetch_min(A* obj, T arg) {
-  detail::note_atomic(obj, AtomicOp::rmw);
-  auto cur = obj->v.load(std::memory_order_relaxed);
-  while (arg < cur && !obj->v.compare_exchange_weak(cur, arg, std::memory_order_relaxed)) {
-  }
-  return cur;
+  return atomic_fetch_extremum(obj, arg, [](T a, T cur) { return a < cur; });
 }
 
 }  // namespace msl_emu::target

@@ -99,21 +99,15 @@ inline ulong offset(ulong elements_per_row, ulong2 o, bool transpose, uint r, ui
 namespace metal {
 
 template <class T>
-struct simdgroup_matrix<T, 8, 8> {
+struct simdgroup_matrix<T, 8, 8> : simdgroup_matrix_elements<T> {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, half>,
                 "simdgroup_matrix: the element type must be float or half (bfloat has no counterpart here)");
-  typedef vec<T, 2> elements_t;
   simdgroup_matrix() = default;  // uninitialised, as in MSL
   explicit simdgroup_matrix(const T& value) {  // the diagonal matrix
     const uint l = ::metal::gpu_proxy_lane(), r = ::gpu_proxy::matrix::lane_row(l), c = ::gpu_proxy::matrix::lane_col(l);
-    e_[0] = r == c ? value : T(0.0f);
-    e_[1] = r == c + 1 ? value : T(0.0f);
+    this->e_[0] = r == c ? value : T(0.0f);
+    this->e_[1] = r == c + 1 ? value : T(0.0f);
   }
-  elements_t& thread_elements() { return e_; }
-  const elements_t& thread_elements() const { return e_; }
-
- private:
-  elements_t e_;
 };
 
 template <class T, int Cols, int Rows>
