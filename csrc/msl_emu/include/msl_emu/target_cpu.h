@@ -27,24 +27,17 @@
 
 namespace msl_emu::target {
 
-inline float exp(float a) { return __builtin_expf(a); }
-inline float exp2(float a) { return __builtin_exp2f(a); }
+#define MSL_EMU_LIBM1(name) \
+  inline float name(float a) { return __builtin_##name##f(a); }
+#define MSL_EMU_LIBM2(name) \
+  inline float name(float a, float b) { return __builtin_##name##f(a, b); }
+MSL_EMU_LIBM1(exp) MSL_EMU_LIBM1(exp2) MSL_EMU_LIBM1(log) MSL_EMU_LIBM1(log2) MSL_EMU_LIBM1(log10)
+MSL_EMU_LIBM1(sin) MSL_EMU_LIBM1(cos) MSL_EMU_LIBM1(tan) MSL_EMU_LIBM1(asin) MSL_EMU_LIBM1(acos) MSL_EMU_LIBM1(atan)
+MSL_EMU_LIBM1(sinh) MSL_EMU_LIBM1(cosh) MSL_EMU_LIBM1(tanh)
+MSL_EMU_LIBM2(pow) MSL_EMU_LIBM2(atan2) MSL_EMU_LIBM2(fmod)
+#undef MSL_EMU_LIBM1
+#undef MSL_EMU_LIBM2
 inline float exp10(float a) { return __builtin_powf(10.0f, a); }
-inline float log(float a) { return __builtin_logf(a); }
-inline float log2(float a) { return __builtin_log2f(a); }
-inline float log10(float a) { return __builtin_log10f(a); }
-inline float sin(float a) { return __builtin_sinf(a); }
-inline float cos(float a) { return __builtin_cosf(a); }
-inline float tan(float a) { return __builtin_tanf(a); }
-inline float asin(float a) { return __builtin_asinf(a); }
-inline float acos(float a) { return __builtin_acosf(a); }
-inline float atan(float a) { return __builtin_atanf(a); }
-inline float sinh(float a) { return __builtin_sinhf(a); }
-inline float cosh(float a) { return __builtin_coshf(a); }
-inline float tanh(float a) { return __builtin_tanhf(a); }
-inline float pow(float a, float b) { return __builtin_powf(a, b); }
-inline float atan2(float a, float b) { return __builtin_atan2f(a, b); }
-inline float fmod(float a, float b) { return __builtin_fmodf(a, b); }
 
 template <class T>
 using atomic_storage = std::atomic<T>;
