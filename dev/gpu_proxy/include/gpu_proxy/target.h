@@ -1,7 +1,8 @@
 // The CUDA target layer of <metal_stdlib> (csrc/msl_emu/include/metal_stdlib), for clang++-16 in CUDA mode: an
-// unchanged .metal file compiles to PTX (dev/gpu_proxy/build.py builds every metal_kernels/*.metal with it, selecting
-// this layer with -DMSL_EMU_TARGET='"gpu_proxy/target.h"'). Development only: never shipped. Included twice by
-// <metal_stdlib>, with MSL_EMU_TARGET_PART 1 and then 2; everything else is msl_emu's generic part.
+// unchanged .metal file compiles to PTX (dev/gpu_proxy/build.py builds every metal_kernels/*.metal with it: its
+// generated unit defines MSL_EMU_TARGET as "gpu_proxy/target.h" before including <metal_stdlib>). Development only:
+// never shipped. Included twice by <metal_stdlib>, with MSL_EMU_TARGET_PART 1 and then 2; everything else is
+// msl_emu's generic part.
 //
 // Conventions:
 //  - __METAL_VERSION__ is MSL_EMU_VERSION (default 300 = MSL 3.0, native float atomics); -DMSL_EMU_VERSION=240
