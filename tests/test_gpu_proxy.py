@@ -3,7 +3,7 @@
 version selects native float atomics or the compare-and-swap loop; the MSL emulation's own fixtures (threadgroup
 storage and arguments, threadgroup atomics, function constants, ushort attributes, SIMD-group functions) compile
 too; and a construct the
-CUDA counterpart lacks fails with a message that names it. Needs clang++-16 (CI has it); no GPU, no ptxas.
+CUDA target layer of <metal_stdlib> lacks fails with a message that names it. Needs clang++-16 (CI has it); no GPU, no ptxas.
 
 The build of the module runs once (the `built` fixture)."""
 

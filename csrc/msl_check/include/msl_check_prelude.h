@@ -19,6 +19,9 @@
 #pragma once
 #define __MSL_CHECK__ 1
 
+// The type and function names shared with msl_emu's <metal_stdlib> (preprocessor lists only; see there).
+#include "../../msl_emu/include/msl_emu/stdlib_names.h"
+
 // The empty __attribute__(()) first keeps clang from printing types with the macro's name (it does so for a
 // macro that expands to exactly one attribute, including user macros such as `#define MY_DEVICE device`).
 #define device __attribute__(()) __attribute__((address_space(1)))
@@ -64,22 +67,7 @@ typedef unsigned long uint64_t;
 // ---- vector types (MSL spec "Vector Data Types"): ext_vector_type gives swizzles and MSL's sizes (a 3-vector is the size of a
 // 4-vector). Implicit conversions between vectors of different element types do not compile (clang errors;
 // msl_check reports them as implicit-vector-conversion), as in MSL.
-#define _MSL_VECTORS(T, name)                                 \
-  typedef T name##2 __attribute__((ext_vector_type(2)));      \
-  typedef T name##3 __attribute__((ext_vector_type(3)));      \
-  typedef T name##4 __attribute__((ext_vector_type(4)));
-_MSL_VECTORS(bool, bool)
-_MSL_VECTORS(char, char)
-_MSL_VECTORS(uchar, uchar)
-_MSL_VECTORS(short, short)
-_MSL_VECTORS(ushort, ushort)
-_MSL_VECTORS(int, int)
-_MSL_VECTORS(uint, uint)
-_MSL_VECTORS(long, long)
-_MSL_VECTORS(ulong, ulong)
-_MSL_VECTORS(half, half)
-_MSL_VECTORS(float, float)
-#undef _MSL_VECTORS
+MSL_VECTOR_ELEMENTS(MSL_VECTOR_TYPEDEFS, bool)
 
 namespace __msl {
 template <class T> struct identity { typedef T type; };

@@ -1,6 +1,6 @@
 // msl_emu: MSL vector constructors, float3(a, b, c), half2(v), ... as function-like macros that forward to
 // msl_emu::make_vec (msl_emu/types.h). Include it last, after every standard header: the macros would break them.
-// Shared by msl_emu's <metal_stdlib> and its CUDA counterpart (dev/gpu_proxy/include/metal_stdlib).
+// Included by <metal_stdlib> for every target.
 #define float2(...) ::msl_emu::make_vec<::float2>(__VA_ARGS__)
 #define float3(...) ::msl_emu::make_vec<::float3>(__VA_ARGS__)
 #define float4(...) ::msl_emu::make_vec<::float4>(__VA_ARGS__)

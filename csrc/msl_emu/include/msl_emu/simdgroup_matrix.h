@@ -29,11 +29,6 @@
 #include "msl_emu/runtime.h"
 #include "msl_emu/types.h"
 
-namespace metal {
-template <class T, int Cols, int Rows>
-struct simdgroup_matrix;  // MSL has 8x8 only: other sizes are an incomplete type
-}
-
 namespace msl_emu::simdgroup_matrix_detail {
 
 using detail::kSimdWidth;
@@ -179,30 +174,18 @@ namespace metal {
 #define MSL_EMU_SITE std::source_location site = std::source_location::current()
 
 template <class T>
-struct simdgroup_matrix<T, 8, 8> {
+struct simdgroup_matrix<T, 8, 8> : simdgroup_matrix_elements<T> {
   static_assert(::msl_emu::simdgroup_matrix_detail::is_element<T>,
                 "simdgroup_matrix: the element type must be float or half (bfloat is not emulated)");
-  typedef T element_type;
-  typedef vec<T, 2> elements_t;
 
   // Uninitialised in MSL: the poison value here (all bits set, NaN), so that a product that reads it shows it.
-  simdgroup_matrix() : e_(::msl_emu::simdgroup_matrix_detail::poison<T>()) {}
+  simdgroup_matrix() { this->e_ = ::msl_emu::simdgroup_matrix_detail::poison<T>(); }
   // The diagonal matrix with `value` on the diagonal, 0 elsewhere (a SIMD-group function).
   explicit simdgroup_matrix(T value, MSL_EMU_SITE) {
-    ::msl_emu::simdgroup_matrix_detail::run("simdgroup_matrix (diagonal constructor)", &value, &e_, 1,
+    ::msl_emu::simdgroup_matrix_detail::run("simdgroup_matrix (diagonal constructor)", &value, &this->e_, 1,
                                             &::msl_emu::simdgroup_matrix_detail::resolve_fill<T>, site);
   }
-
-  // This lane's two elements (the lane layout: msl_emu/simdgroup_matrix.h's header comment).
-  elements_t& thread_elements() { return e_; }
-  const elements_t& thread_elements() const { return e_; }
-
- private:
-  elements_t e_;
 };
-
-typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
-typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
 
 template <class T, int Cols, int Rows>
   requires(Cols == 8 && Rows == 8)

@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "msl_emu/stdlib_names.h"
+
 #ifndef MSL_EMU_HALF
 #define MSL_EMU_HALF _Float16  // the scalar type of `half` (dev/gpu_proxy sets __fp16: NVPTX in clang 16 has no _Float16)
 #endif
@@ -24,22 +26,7 @@ typedef unsigned char uchar;
 typedef unsigned long ulong;
 static_assert(sizeof(ulong) == 8 && sizeof(long) == 8, "msl_emu needs an LP64 target (MSL long is 64-bit)");
 
-#define MSL_EMU_VEC_TYPES(T, P)                              \
-  typedef T P##2 __attribute__((ext_vector_type(2)));        \
-  typedef T P##3 __attribute__((ext_vector_type(3)));        \
-  typedef T P##4 __attribute__((ext_vector_type(4)));
-MSL_EMU_VEC_TYPES(float, float)
-MSL_EMU_VEC_TYPES(half, half)
-MSL_EMU_VEC_TYPES(int, int)
-MSL_EMU_VEC_TYPES(uint, uint)
-MSL_EMU_VEC_TYPES(short, short)
-MSL_EMU_VEC_TYPES(ushort, ushort)
-MSL_EMU_VEC_TYPES(char, char)
-MSL_EMU_VEC_TYPES(uchar, uchar)
-MSL_EMU_VEC_TYPES(long, long)
-MSL_EMU_VEC_TYPES(ulong, ulong)
-MSL_EMU_VEC_TYPES(int, bool)  // see header comment: bool vectors are int vectors here
-#undef MSL_EMU_VEC_TYPES
+MSL_VECTOR_ELEMENTS(MSL_VECTOR_TYPEDEFS, int)  // see header comment: bool vectors are int vectors here
 
 static_assert(sizeof(float3) == 16 && alignof(float3) == 16, "MSL float3 is 16 bytes");
 static_assert(sizeof(half3) == 8 && sizeof(uint2) == 8 && sizeof(float4) == 16, "MSL vector sizes");

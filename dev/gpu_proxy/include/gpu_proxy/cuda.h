@@ -1,6 +1,6 @@
 // The few CUDA spellings the GPU proxy needs, for clang++-16 in CUDA mode without a CUDA installation (-nocudainc
 // -nocudalib): the function/variable attributes and the special registers (the __nvvm_read_ptx_sreg_* builtins
-// return int). Used by the CUDA counterpart of msl_emu (metal_stdlib here), the generated entry points and the bare
+// return int). Used by <metal_stdlib>'s CUDA target layer (gpu_proxy/target.h), the generated entry points and the bare
 // baselines (dev/gpu_proxy/baselines.cu).
 #pragma once
 
@@ -17,17 +17,12 @@
 #define __launch_bounds__(...) __attribute__((__launch_bounds__(__VA_ARGS__)))
 
 namespace gpu_proxy::sreg {
-__device__ inline unsigned tid_x() { return unsigned(__nvvm_read_ptx_sreg_tid_x()); }
-__device__ inline unsigned tid_y() { return unsigned(__nvvm_read_ptx_sreg_tid_y()); }
-__device__ inline unsigned tid_z() { return unsigned(__nvvm_read_ptx_sreg_tid_z()); }
-__device__ inline unsigned ntid_x() { return unsigned(__nvvm_read_ptx_sreg_ntid_x()); }
-__device__ inline unsigned ntid_y() { return unsigned(__nvvm_read_ptx_sreg_ntid_y()); }
-__device__ inline unsigned ntid_z() { return unsigned(__nvvm_read_ptx_sreg_ntid_z()); }
-__device__ inline unsigned ctaid_x() { return unsigned(__nvvm_read_ptx_sreg_ctaid_x()); }
-__device__ inline unsigned ctaid_y() { return unsigned(__nvvm_read_ptx_sreg_ctaid_y()); }
-__device__ inline unsigned ctaid_z() { return unsigned(__nvvm_read_ptx_sreg_ctaid_z()); }
-__device__ inline unsigned nctaid_x() { return unsigned(__nvvm_read_ptx_sreg_nctaid_x()); }
-__device__ inline unsigned nctaid_y() { return unsigned(__nvvm_read_ptx_sreg_nctaid_y()); }
-__device__ inline unsigned nctaid_z() { return unsigned(__nvvm_read_ptx_sreg_nctaid_z()); }
-__device__ inline unsigned laneid() { return unsigned(__nvvm_read_ptx_sreg_laneid()); }
+#define GPU_PROXY_SREG(name) \
+  __device__ inline unsigned name() { return unsigned(__nvvm_read_ptx_sreg_##name()); }
+GPU_PROXY_SREG(tid_x) GPU_PROXY_SREG(tid_y) GPU_PROXY_SREG(tid_z)
+GPU_PROXY_SREG(ntid_x) GPU_PROXY_SREG(ntid_y) GPU_PROXY_SREG(ntid_z)
+GPU_PROXY_SREG(ctaid_x) GPU_PROXY_SREG(ctaid_y) GPU_PROXY_SREG(ctaid_z)
+GPU_PROXY_SREG(nctaid_x) GPU_PROXY_SREG(nctaid_y) GPU_PROXY_SREG(nctaid_z)
+GPU_PROXY_SREG(laneid)
+#undef GPU_PROXY_SREG
 }  // namespace gpu_proxy::sreg

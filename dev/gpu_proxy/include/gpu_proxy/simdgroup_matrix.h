@@ -1,6 +1,6 @@
 // The GPU proxy's SIMD-group matrices (MSL 2.3+): simdgroup_matrix<T, 8, 8> for T = float and half, on a warp (one
-// SIMD group = 32 lanes). Included by dev/gpu_proxy/include/metal_stdlib inside its host-device region; needs its
-// ::metal::gpu_proxy_lane() / ::metal::gpu_proxy_active().
+// SIMD group = 32 lanes). Included by the CUDA target layer (gpu_proxy/target.h) inside its host-device region; needs
+// ::metal::gpu_proxy_lane() / ::metal::gpu_proxy_active() (gpu_proxy/simdgroup.h).
 //
 // Conventions:
 //  - the lane layout is msl_emu's (csrc/msl_emu/include/msl_emu/simdgroup_matrix.h): lane l holds (row, col) and
@@ -98,32 +98,17 @@ inline ulong offset(ulong elements_per_row, ulong2 o, bool transpose, uint r, ui
 
 namespace metal {
 
-template <class T, int N>
-using vec = T __attribute__((ext_vector_type(N)));
-
-template <class T, int Cols, int Rows>
-struct simdgroup_matrix;  // 8x8 only, as in MSL
-
 template <class T>
-struct simdgroup_matrix<T, 8, 8> {
+struct simdgroup_matrix<T, 8, 8> : simdgroup_matrix_elements<T> {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, half>,
                 "simdgroup_matrix: the element type must be float or half (bfloat has no counterpart here)");
-  typedef vec<T, 2> elements_t;
   simdgroup_matrix() = default;  // uninitialised, as in MSL
   explicit simdgroup_matrix(const T& value) {  // the diagonal matrix
     const uint l = ::metal::gpu_proxy_lane(), r = ::gpu_proxy::matrix::lane_row(l), c = ::gpu_proxy::matrix::lane_col(l);
-    e_[0] = r == c ? value : T(0.0f);
-    e_[1] = r == c + 1 ? value : T(0.0f);
+    this->e_[0] = r == c ? value : T(0.0f);
+    this->e_[1] = r == c + 1 ? value : T(0.0f);
   }
-  elements_t& thread_elements() { return e_; }
-  const elements_t& thread_elements() const { return e_; }
-
- private:
-  elements_t e_;
 };
-
-typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
-typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
 
 template <class T, int Cols, int Rows>
   requires(Cols == 8 && Rows == 8)
