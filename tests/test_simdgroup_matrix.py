@@ -146,3 +146,21 @@ def test_the_gpu_proxy_compiles_them_to_ptx(tmp_path):
     r = subprocess.run([ptxas, "-arch=sm_90", str(tmp_path / "out" / "simdgroup_matrix.ptx"), "-o",
                         str(tmp_path / "out.cubin")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_gpu_check_script_builds_the_checks_own_kernels(tmp_path):
+    """dev/gpu_proxy/check_simdgroup_matrix.py (run on an NVIDIA GPU with CuPy, not here) compiles the very source of
+    these checks, read without importing TensorFlow, and its launches match the PTX entries' parameters."""
+    sys.path.insert(0, str(ROOT / "dev" / "gpu_proxy"))
+    import check_simdgroup_matrix as gpu_check
+
+    assert gpu_check.checks_source() == checks.SOURCE
+    assert (gpu_check.lane_coords()[0] == checks.lane_coords()[0]).all()
+    assert (gpu_check.lane_coords()[1] == checks.lane_coords()[1]).all()
+    assert gpu_check.main(["build", "--out", str(tmp_path)]) == 0
+    ptx = (tmp_path / "simdgroup_matrix.ptx").read_text()
+    # buffers in [[buffer(n)]] order, then the grid's three thread counts (the launcher passes exactly these)
+    for kernel, buffers in (("gemm_f32", 5), ("gemm_f16", 5), ("gemm_f16_f32", 5), ("gemm_threadgroup", 3),
+                            ("elements", 2)):
+        params = re.search(r"\.entry %s\((.*?)\)" % kernel, ptx, re.S).group(1)
+        assert re.findall(r"\.param \.(u64|u32)", params) == ["u64"] * buffers + ["u32"] * 3, kernel
