@@ -98,9 +98,8 @@ inline int CountIsaCall(const IsaChoice& c, std::atomic<long long>* calls) {
 }
 
 // Runs f(std::integral_constant<int, isa>{}) compiled for build isa (< kCount): f is a generic lambda marked
-// TFMO_ISA_LAMBDA that calls an always-inline body, which is thereby compiled once per build. Each build's instance is
-// a function of its own, never inlined into the caller.
-#define TFMO_ISA_LAMBDA __attribute__((always_inline))
+// TFMO_FN_LAMBDA (shared/device_compat.h) that calls an always-inline body, which is thereby compiled once per build.
+// Each build's instance is a function of its own, never inlined into the caller.
 template <class F>
 __attribute__((noinline)) void RunIsaDefault(const F& f) {
   f(std::integral_constant<int, kIsaDefault>{});

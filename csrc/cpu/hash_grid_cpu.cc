@@ -224,7 +224,7 @@ TFMO_FN void EncodeRangeBody(const HgLevel* lvp, int interp, int nc, const float
 }
 template <int D, int F, typename T, typename... A>
 void EncodeRange(A... a) {
-  HashGridBuild([&](auto avx2) TFMO_ISA_LAMBDA { EncodeRangeBody<D, F, T, decltype(avx2)::value>(a...); });
+  HashGridBuild([&](auto avx2) TFMO_FN_LAMBDA { EncodeRangeBody<D, F, T, decltype(avx2)::value>(a...); });
 }
 
 // d/dparams of all points [0, n) of one level, for table rows [lo, hi) only when split.
@@ -260,7 +260,7 @@ TFMO_FN void ScatterLevelBody(const HgLevel* lvp, int interp, int nc, const floa
 }
 template <int D, int F, typename T, typename... A>
 void ScatterLevel(A... a) {
-  HashGridBuild([&](auto avx2) TFMO_ISA_LAMBDA { ScatterLevelBody<D, F, T, decltype(avx2)::value>(a...); });
+  HashGridBuild([&](auto avx2) TFMO_FN_LAMBDA { ScatterLevelBody<D, F, T, decltype(avx2)::value>(a...); });
 }
 
 // The values of all 2^D corners of tile point i (val[c*F + f], float32) and their dot products with the point's
@@ -304,7 +304,7 @@ TFMO_FN void GradPosRangeBody(const HgLevel* lvp, int interp, const float* pos, 
                               float* out, int64_t b, int64_t e) {
   ForEachPointCornerDots<D, F, T, kAvx2>(
       *lvp, interp, pos, table, gl, b, e,
-      [&](const TileCorners<D>& tc, int i, int64_t p, const float*, const float* sc) TFMO_ISA_LAMBDA {
+      [&](const TileCorners<D>& tc, int i, int64_t p, const float*, const float* sc) TFMO_FN_LAMBDA {
         float dx[HG_MAX_DIMS] = {};
         const HgPoint pt = tc.Point(i);
         hg_accumulate_dx(&pt, sc, D, dx);
@@ -314,7 +314,7 @@ TFMO_FN void GradPosRangeBody(const HgLevel* lvp, int interp, const float* pos, 
 }
 template <int D, int F, typename T, typename... A>
 void GradPosRange(A... a) {
-  HashGridBuild([&](auto avx2) TFMO_ISA_LAMBDA { GradPosRangeBody<D, F, T, decltype(avx2)::value>(a...); });
+  HashGridBuild([&](auto avx2) TFMO_FN_LAMBDA { GradPosRangeBody<D, F, T, decltype(avx2)::value>(a...); });
 }
 
 // Second order, per point of one level (points [b, e)): d/d(dy) of the level's columns into out_dy (T; element
@@ -328,7 +328,7 @@ TFMO_FN void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int64_t ps, in
   constexpr int nc = 1 << D;
   ForEachPointCornerDots<D, F, T, kAvx2>(
       lv, interp, pos, table, gl, b, e,
-      [&](const TileCorners<D>& tc, int i, int64_t p, const float* val, const float* sc) TFMO_ISA_LAMBDA {
+      [&](const TileCorners<D>& tc, int i, int64_t p, const float* val, const float* sc) TFMO_FN_LAMBDA {
         const HgPoint pt = tc.Point(i);
         float xi[HG_MAX_DIMS] = {}, dd[HG_MAX_DIMS] = {}, ddw[HG_MAX_DIMS];
         for (int d = 0; d < D; ++d) { xi[d] = tc.x[d][i]; dd[d] = ddx[p * D + d]; }
@@ -348,7 +348,7 @@ TFMO_FN void Grad2PointsRangeBody(const HgLevel* lvp, int interp, int64_t ps, in
 }
 template <int D, int F, typename T, typename... A>
 void Grad2PointsRange(A... a) {
-  HashGridBuild([&](auto avx2) TFMO_ISA_LAMBDA { Grad2PointsRangeBody<D, F, T, decltype(avx2)::value>(a...); });
+  HashGridBuild([&](auto avx2) TFMO_FN_LAMBDA { Grad2PointsRangeBody<D, F, T, decltype(avx2)::value>(a...); });
 }
 
 // Second order, d/dparams of all points [0, n) of one level (rows [lo, hi) only when split): scatters
@@ -383,7 +383,7 @@ TFMO_FN void Scatter2LevelBody(const HgLevel* lvp, int interp, const float* pos,
 }
 template <int D, int F, typename T, typename... A>
 void Scatter2Level(A... a) {
-  HashGridBuild([&](auto avx2) TFMO_ISA_LAMBDA { Scatter2LevelBody<D, F, T, decltype(avx2)::value>(a...); });
+  HashGridBuild([&](auto avx2) TFMO_FN_LAMBDA { Scatter2LevelBody<D, F, T, decltype(avx2)::value>(a...); });
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@
 // multiply-add of the math (pos = fma(scale, x, 0.5), as tcnn) is explicit (tfmo_fma: the vfmadd instruction in the
 // AVX2 build, glibc's correctly rounded fmaf in the baseline: the same bits), and the compiler fuses nothing else
 // (setup.py builds with -ffp-contract=off; GCC's default in GNU mode would contract a*b + c only in the FMA-capable
-// build). A lambda called from a body is TFMO_ISA_LAMBDA (always inlined), so it is compiled for that body's build.
+// build). A lambda called from a body is TFMO_FN_LAMBDA (always inlined), so it is compiled for that body's build.
 // The AVX2 helpers below work on a tile of points (called per tile of kTile points, so not inlined: GCC inlines a
 // target-specific function only into callers of the same target), used under `if constexpr (kAvx2)`.
 #ifdef TFMO_ISA_X86_BUILDS
@@ -32,10 +32,10 @@ namespace tfmo::hash_grid::cpu {
 TFMO_ISA_FAMILY_BUILDS(2);
 
 // Runs body(std::integral_constant<bool, kAvx2>) compiled for the selected build, counting the call: body is a
-// generic lambda marked TFMO_ISA_LAMBDA that calls a hot loop's always-inline body with that kAvx2.
+// generic lambda marked TFMO_FN_LAMBDA that calls a hot loop's always-inline body with that kAvx2.
 template <class Body>
 void HashGridBuild(const Body& body) {
-  RunIsaBuild<kIsaCount>(CountIsaCall(IsaSelection(), g_isa_calls), [&](auto isa) TFMO_ISA_LAMBDA {
+  RunIsaBuild<kIsaCount>(CountIsaCall(IsaSelection(), g_isa_calls), [&](auto isa) TFMO_FN_LAMBDA {
     body(std::integral_constant<bool, decltype(isa)::value == kIsaAvx2>{});
   });
 }

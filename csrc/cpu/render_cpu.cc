@@ -294,7 +294,7 @@ void VrCompute(void* p, TF_OpKernelContext* ctx) {
   const VrFwdJob job{MakeVrIn(dens, cols, t, bg, d, thr, &bad), color.data<float>(), depth.data<float>(),
                      opacity.data<float>(), weights.data<float>()};
   tfmo::ParallelFor(R, RayGrain(S, C), [&](int64_t r0, int64_t r1) {
-    tfmo::render::cpu::RenderBuild([&](auto) TFMO_ISA_LAMBDA { VrForwardRaysBody(job, r0, r1); });
+    tfmo::render::cpu::RenderBuild([&](auto) TFMO_FN_LAMBDA { VrForwardRaysBody(job, r0, r1); });
   });
   if (bad.get() >= 0) FailBadRay(ctx, op, job.in.sg_all, job.in.t_all, bad.get(), S);
 }
@@ -323,7 +323,7 @@ void VrGradCompute(void* p, TF_OpKernelContext* ctx) {
                       go.data<float>(), gw.data<float>(), g_dens.data<float>(), g_cols.data<float>(),
                       g_t.data<float>(), g_bg.data<float>()};
   tfmo::ParallelFor(R, RayGrain(S, C), [&](int64_t r0, int64_t r1) {
-    tfmo::render::cpu::RenderBuild([&](auto) TFMO_ISA_LAMBDA { VrGradRaysBody(job, r0, r1); });
+    tfmo::render::cpu::RenderBuild([&](auto) TFMO_FN_LAMBDA { VrGradRaysBody(job, r0, r1); });
   });
   if (bad.get() >= 0) FailBadRay(ctx, op, job.in.sg_all, job.in.t_all, bad.get(), S);
 }

@@ -124,7 +124,7 @@ TFMO_FN void WeightsArray(float* w, const float* T, const float* tau, int64_t n)
 TFMO_ISA_FAMILY_BUILDS(3);
 
 // Runs body(std::integral_constant<int, build>) compiled for the selected build, counting the call: body is a
-// generic lambda marked TFMO_ISA_LAMBDA that calls a ray loop's always-inline body.
+// generic lambda marked TFMO_FN_LAMBDA that calls a ray loop's always-inline body.
 template <class Body>
 void RenderBuild(const Body& body) {
   RunIsaBuild<kIsaCount>(CountIsaCall(IsaSelection(), g_isa_calls), body);

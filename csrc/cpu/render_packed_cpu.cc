@@ -104,8 +104,8 @@ void FailBadSample(TF_OpKernelContext* ctx, const char* op, const PackedSamples&
 // ---------------------------------------------------------------------------------------------------------
 // VolumeRenderPacked
 
-// The lambdas of the ray loops are always inlined, so that they are compiled for the ISA of the build they run in.
-#define TFMO_LAMBDA_INLINE __attribute__((always_inline))
+// The lambdas of the ray loops are always inlined (TFMO_FN_LAMBDA), so that they are compiled for the ISA of the
+// build they run in.
 
 // A chunk holds at most this many samples (and rays), so that its scratch stays in cache; a longer ray is a
 // chunk of its own.
@@ -186,7 +186,7 @@ TFMO_FN void ChunkForward(const PackedSamples& p, int64_t ra, int64_t rb, float 
   std::memset(starts, 0, sizeof(int32_t) * (n + 1));
   for (int64_t r = 0; r < nr; ++r) ++starts[splits[ra + r] - A];
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  Interleave4(starts, n, [&](int j, int64_t i) TFMO_LAMBDA_INLINE {
+  Interleave4(starts, n, [&](int j, int64_t i) TFMO_FN_LAMBDA {
     c[j] = ZeroIf(starts[i] != 0, c[j]);
     cum[i] = c[j];
     c[j] += tau[i];
@@ -246,7 +246,7 @@ TFMO_FN void VrpForwardRaysBody(const VrpFwdJob& j, int64_t r0, int64_t r1) {
   const int32_t* splits = j.p.splits;
   const int64_t C = j.d.C;
   ForEachChunk(j, r0, r1, j.w_all, [&](int64_t ra, int64_t rb, ChunkScratch& sc, const float* w)
-                                        TFMO_LAMBDA_INLINE {
+                                        TFMO_FN_LAMBDA {
     const int64_t A = splits[ra];
     const float *t0 = j.p.t0 + A, *t1 = j.p.t1 + A, *cl = j.cl + A * C;
     for (int64_t r = ra; r < rb; ++r) {
@@ -290,7 +290,7 @@ TFMO_FN void VrpGradRaysBody(const VrpGradJob& j, int64_t r0, int64_t r1) {
   const int32_t* splits = j.p.splits;
   const int64_t C = j.d.C;
   ForEachChunk(j, r0, r1, nullptr, [&](int64_t ra, int64_t rb, ChunkScratch& sc, const float* w)
-                                       TFMO_LAMBDA_INLINE {
+                                       TFMO_FN_LAMBDA {
     const int64_t A = splits[ra];
     const float* T = sc.T.data();
     const float *sg = j.p.sg + A, *t0 = j.p.t0 + A, *t1 = j.p.t1 + A, *cl = j.cl + A * C, *gw = j.gw_all + A;
@@ -373,7 +373,7 @@ void VrpCompute(void* p, TF_OpKernelContext* ctx) {
                        cols.data<float>(), bg.data<float>(), d, thr, &bad},
                       color.data<float>(), depth.data<float>(), opacity.data<float>(), weights.data<float>()};
   tfmo::ParallelFor(R, RayGrain(R, N, C), [&](int64_t r0, int64_t r1) {
-    tfmo::render::cpu::RenderBuild([&](auto) TFMO_ISA_LAMBDA { VrpForwardRaysBody(job, r0, r1); });
+    tfmo::render::cpu::RenderBuild([&](auto) TFMO_FN_LAMBDA { VrpForwardRaysBody(job, r0, r1); });
   });
   if (bad.get() >= 0) FailBadSample(ctx, op, job.p, R, bad.get());
 }
@@ -405,7 +405,7 @@ void VrpGradCompute(void* p, TF_OpKernelContext* ctx) {
                        g_dens.data<float>(), g_cols.data<float>(), g_ts.data<float>(), g_te.data<float>(),
                        g_bg.data<float>()};
   tfmo::ParallelFor(R, RayGrain(R, N, C), [&](int64_t r0, int64_t r1) {
-    tfmo::render::cpu::RenderBuild([&](auto) TFMO_ISA_LAMBDA { VrpGradRaysBody(job, r0, r1); });
+    tfmo::render::cpu::RenderBuild([&](auto) TFMO_FN_LAMBDA { VrpGradRaysBody(job, r0, r1); });
   });
   if (bad.get() >= 0) FailBadSample(ctx, op, job.p, R, bad.get());
 }

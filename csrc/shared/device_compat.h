@@ -3,7 +3,8 @@
 //
 // TFMO_FN is the package's one always-inline marker, in shared headers, Metal kernels and CPU kernels alike: a call
 // would pass a thread's arrays through memory (on a GPU, the thread's stack), and the CPU kernels' ISA builds
-// (isa_choice.h) compile an always-inline body once per target.
+// (common/isa_choice.h) compile an always-inline body once per target. A lambda, which cannot be declared
+// `inline`, takes the same attribute as TFMO_FN_LAMBDA (`[&](int i) TFMO_FN_LAMBDA { ... }`).
 //
 // Rules for shared headers (csrc/shared/*.h):
 //  - functions are `TFMO_FN` and take scalars, small structs, or pointers qualified with TFMO_THREAD
@@ -34,6 +35,7 @@
 #pragma clang fp contract(off)
 #define TFMO_MATH metal
 #define TFMO_FN inline __attribute__((always_inline))
+#define TFMO_FN_LAMBDA __attribute__((always_inline))
 #define TFMO_THREAD thread
 #define TFMO_DEVICE device
 #define TFMO_CONSTANT constant
@@ -47,6 +49,7 @@ typedef uint64_t ulong;
 typedef unsigned char uchar;
 #define TFMO_MATH std
 #define TFMO_FN inline __attribute__((always_inline))
+#define TFMO_FN_LAMBDA __attribute__((always_inline))
 #define TFMO_THREAD
 #define TFMO_DEVICE
 #define TFMO_CONSTANT constexpr
