@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The GPU proxy's SIMD-group matrices (dev/gpu_proxy/include/gpu_proxy/simdgroup_matrix.h) run on an NVIDIA GPU,
-against NumPy float64. The kernels are those of tests/support/simdgroup_matrix_checks.py, the source the CPU and
-emulated-GPU checks run, compiled to PTX by dev/gpu_proxy/build.py and launched with CuPy by the build's launch
-contract (dev/gpu_proxy/include/gpu_proxy/entry.h).
+against NumPy float64. The kernels and their expected outputs are tests/support/simdgroup_matrix_kernels.py, which
+the CPU and emulated-GPU checks run too, compiled to PTX by dev/gpu_proxy/build.py and launched with CuPy by the
+build's launch contract (dev/gpu_proxy/include/gpu_proxy/entry.h).
 
     python3 dev/gpu_proxy/check_simdgroup_matrix.py build --out gpu_proxy_ptx/sgm   # clang-16; no GPU, no TensorFlow
     python3 dev/gpu_proxy/check_simdgroup_matrix.py run --ptx gpu_proxy_ptx/sgm     # on the GPU machine: numpy, cupy
@@ -13,29 +13,20 @@ into float (the tensor cores: mma.sync with float accumulation); several SIMD gr
 last threadgroup; loads and stores through threadgroup memory with 12 elements per row; thread_elements() in
 Apple's lane layout (MLX's: csrc/msl_emu/README.md), fills, the diagonal constructor, transposed stores at an
 origin. Not covered: a SIMD group with inactive lanes (their elements are undefined on the proxy, as in MSL).
-Tolerances are the checks': float results rtol 1e-5 with atol 1e-5 * max sum |a||b|; half results rtol 2e-3 with
-atol 2e-3 * max sum |a||b|; copies, fills and layouts exact.
+Tolerances: those of the checks (that module's docstring).
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKS = ROOT / "tests" / "support" / "simdgroup_matrix_checks.py"
-
-
-def checks_source() -> str:
-    """SOURCE of the checks module, read without importing it (it imports TensorFlow)."""
-    for node in ast.parse(CHECKS.read_text()).body:
-        if isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["SOURCE"]:
-            return ast.literal_eval(node.value)
-    raise SystemExit(f"{CHECKS}: no SOURCE")
+sys.path.insert(0, str(ROOT / "tests"))
+from support import simdgroup_matrix_kernels as kernels  # noqa: E402  (NumPy only)
 
 
 def build(out: Path) -> None:
@@ -44,14 +35,8 @@ def build(out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     metal = out / "simdgroup_matrix.metal"
-    metal.write_text(checks_source())
+    metal.write_text(kernels.SOURCE)
     gpu_proxy.build(out, [metal], msl_versions=("3.0",), baselines=False)
-
-
-def lane_coords():
-    """(row, col) of lane l's first element, l = 0..31."""
-    lanes = np.arange(32)
-    return (lanes >> 4 & 1) * 4 + (lanes >> 2 & 1) * 2 + (lanes >> 1 & 1), (lanes >> 3 & 1) * 4 + (lanes & 1) * 2
 
 
 class Gpu:
@@ -61,31 +46,24 @@ class Gpu:
         self.cp = cp
         self.module = cp.RawModule(path=str(ptx / "simdgroup_matrix.ptx"))
 
-    def launch(self, kernel, buffers, threads, group, shared=0):
+    def launch(self, kernel, buffers, threads, group):
         """dispatchThreads(threads, group) of kernel with its buffers in [[buffer(n)]] order; returns them on the
         host."""
         dev = [self.cp.asarray(np.ascontiguousarray(b)) for b in buffers]
         blocks = ((threads + group - 1) // group,)
         args = tuple(dev) + (np.uint32(threads), np.uint32(1), np.uint32(1))
-        self.module.get_function(kernel)(blocks, (group,), args, shared_mem=shared)
+        self.module.get_function(kernel)(blocks, (group,), args)
         self.cp.cuda.runtime.deviceSynchronize()
         return [self.cp.asnumpy(d) for d in dev]
 
 
 def gemm(gpu, kernel, dt, acc, M, N, K, ta, tb, mode, group, threads=None, seed=0):
-    rng = np.random.default_rng(seed)
-    a = rng.uniform(-1, 1, (M, K)).astype(dt)
-    b = rng.uniform(-1, 1, (K, N)).astype(dt)
-    c = rng.uniform(-1, 1, (M, N)).astype(acc)
-    d = np.full((M, N), np.nan, acc)
+    a, b, c = kernels.gemm_inputs(dt, acc, M, N, K, seed)
     p = np.array([M, N, K, ta, tb, mode], np.uint32)
     threads = threads if threads is not None else (M // 8) * (N // 8) * 32
-    got = gpu.launch(kernel, [a.T.copy() if ta else a, b.T.copy() if tb else b, c, p, d], threads, group)[4]
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    ref = a64 @ b64 + (c.astype(np.float64) if mode == 1 else 0)
-    scale = np.abs(a64) @ np.abs(b64) + (np.abs(c.astype(np.float64)) if mode == 1 else 0)
-    tol = 2e-3 if acc == np.float16 else 1e-5
-    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol * scale.max())
+    d = gpu.launch(kernel, [a.T.copy() if ta else a, b.T.copy() if tb else b, c, p, np.full((M, N), np.nan, acc)],
+                   threads, group)[4]
+    kernels.assert_product(d, *kernels.gemm_reference(a, b, c, mode), acc)
 
 
 def check_float_layouts(gpu):
@@ -113,28 +91,12 @@ def check_threadgroup_memory(gpu):
     a = rng.uniform(-1, 1, (64, 8)).astype(np.float32)
     b = rng.uniform(-1, 1, (8, 64)).astype(np.float32)
     d = gpu.launch("gemm_threadgroup", [a, b, np.full((64, 64), np.nan, np.float32)], 8 * 32, 128)[2]
-    ref = a.astype(np.float64) @ b.astype(np.float64)
-    for i in range(8):
-        s = slice(8 * i, 8 * i + 8)
-        np.testing.assert_allclose(d[s, s], ref[s, s], rtol=1e-5, atol=1e-5 * 8)
+    kernels.assert_threadgroup_products(d, a, b)
 
 
 def check_elements_fill_diagonal_and_transposed_origin(gpu):
-    x = np.arange(64, dtype=np.float32).reshape(8, 8) * 0.5 - 7
-    out = gpu.launch("elements", [x, np.zeros((8, 512), np.float32)], 8 * 32, 256)[1]
-    row, col = lane_coords()
-    written = np.empty((8, 8), np.float32)
-    for lane in range(32):
-        written[row[lane], col[lane]:col[lane] + 2] = [2 * lane, 2 * lane + 1]
-    for o in out:
-        layout = o[:64].reshape(32, 2)
-        np.testing.assert_array_equal(layout[:, 0], x[row, col])
-        np.testing.assert_array_equal(layout[:, 1], x[row, col + 1])
-        np.testing.assert_array_equal(o[64:128].reshape(8, 8), written)
-        np.testing.assert_array_equal(o[128:192], np.full(64, 3.5, np.float32))
-        np.testing.assert_allclose(o[192:256].reshape(8, 8), 2.5 * x.astype(np.float64), rtol=1e-6)
-        np.testing.assert_array_equal(o[256:356].reshape(10, 10)[2:10, 1:9], x.T)
-        np.testing.assert_array_equal(o[384:448].reshape(8, 8), x.T)
+    out = gpu.launch("elements", [kernels.ELEMENTS_INPUT, np.zeros((8, 512), np.float32)], 8 * 32, 256)[1]
+    kernels.assert_elements(out)
 
 
 def run(ptx: Path) -> int:
@@ -146,7 +108,7 @@ def run(ptx: Path) -> int:
             print(f"ok {name}")
         except AssertionError as e:
             failed += 1
-            print(f"FAIL {name}: {str(e).strip().splitlines()[0:6]}")
+            print(f"FAIL {name}: " + " ".join(str(e).split())[:600])
     return 1 if failed else 0
 
 

@@ -1,17 +1,10 @@
 """SIMD-group matrices (simdgroup_matrix, simdgroup_load/store/multiply(_accumulate), make_filled_simdgroup_matrix,
-the diagonal constructor, thread_elements) in inline kernels on one device, against NumPy float64.
+the diagonal constructor, thread_elements) in inline kernels on one device, against NumPy float64 (the kernels, the
+model and the tolerances: support/simdgroup_matrix_kernels.py).
 tests/test_simdgroup_matrix.py runs every check on /CPU:0 in its own process and all of them on the emulated /GPU:0
 in one subprocess:
 
     cd tests && TF_METAL_OPS_EMULATED_GPU=1 python -m support.simdgroup_matrix_checks /GPU:0   # "ok <check>" each
-
-One source (one compile per device) holds every kernel. The model is csrc/msl_emu/README.md's "SIMD-group matrices":
-lane l holds elements (row, col) and (row, col + 1), row = 4 bit4(l) + 2 bit2(l) + bit1(l), col = 4 bit3(l) +
-2 bit0(l) (MLX's layout); an inactive lane's elements read as NaN in a product and are not stored; a product is
-accumulated in float and rounded once to the result's type.
-Tolerances, against float64 on the same (rounded) inputs: float32 results rtol 1e-5 with atol 1e-5 * sum |a||b|
-(sums of up to K = 40 float products); float16 results rtol 2e-3 (one rounding to half of a float sum);
-copies, fills and layouts exact.
 """
 
 from __future__ import annotations
@@ -22,113 +15,8 @@ import numpy as np
 import tensorflow as tf
 
 import tf_metal_ops as t
-
-SOURCE = """
-#include <metal_stdlib>
-#include <metal_simdgroup_matrix>
-using namespace metal;
-
-// p: M, N, K, ta, tb, mode. One SIMD group per 8x8 tile of D (M x N) = A (M x K) B (K x N) [+ C]: tiles in row-major order over the grid's
-// SIMD groups. ta: A is stored as its transpose (K x M), tb: B as its (N x K). mode 0: D starts as a filled 0
-// matrix; 1: D starts as C (loaded); 2: the first step is simdgroup_multiply. lda/ldb/ldc: elements per row.
-template <typename T, typename Acc>
-void gemm_tiles(const device T* a, const device T* b, const device Acc* c, device Acc* d, const device uint* p,
-                uint simd_global) {
-  const uint M = p[0], N = p[1], K = p[2], ta = p[3], tb = p[4], mode = p[5];
-  const uint tiles_n = N / 8;
-  if (simd_global >= (M / 8) * tiles_n) return;  // the whole SIMD group: uniform
-  const uint tm = simd_global / tiles_n * 8, tn = simd_global % tiles_n * 8;
-  const ulong lda = ta ? M : K, ldb = tb ? K : N;
-  simdgroup_matrix<Acc, 8, 8> acc;
-  if (mode == 1) simdgroup_load(acc, c, N, ulong2(tn, tm));
-  else acc = make_filled_simdgroup_matrix<Acc, 8, 8>(Acc(0));
-  for (uint k0 = 0; k0 < K; k0 += 8) {
-    simdgroup_matrix<T, 8, 8> ma, mb;
-    simdgroup_load(ma, a, lda, ta ? ulong2(tm, k0) : ulong2(k0, tm), ta != 0);
-    simdgroup_load(mb, b, ldb, tb ? ulong2(k0, tn) : ulong2(tn, k0), tb != 0);
-    if (mode == 2 && k0 == 0) simdgroup_multiply(acc, ma, mb);
-    else simdgroup_multiply_accumulate(acc, ma, mb, acc);
-  }
-  simdgroup_store(acc, d, N, ulong2(tn, tm));
-}
-
-kernel void gemm_f32(const device float* a [[buffer(0)]], const device float* b [[buffer(1)]],
-                     const device float* c [[buffer(2)]], const device uint* p [[buffer(3)]],
-                      device float* d [[buffer(5)]],
-                     uint sg [[simdgroup_index_in_threadgroup]], uint3 tpt [[dispatch_threads_per_threadgroup]],
-                     uint3 tg [[threadgroup_position_in_grid]]) {
-  gemm_tiles<float, float>(a, b, c, d, p, tg.x * (tpt.x / 32) + sg);
-}
-kernel void gemm_f16(const device half* a [[buffer(0)]], const device half* b [[buffer(1)]],
-                     const device half* c [[buffer(2)]], const device uint* p [[buffer(3)]],
-                      device half* d [[buffer(5)]],
-                     uint sg [[simdgroup_index_in_threadgroup]], uint3 tpt [[dispatch_threads_per_threadgroup]],
-                     uint3 tg [[threadgroup_position_in_grid]]) {
-  gemm_tiles<half, half>(a, b, c, d, p, tg.x * (tpt.x / 32) + sg);
-}
-kernel void gemm_f16_f32(const device half* a [[buffer(0)]], const device half* b [[buffer(1)]],
-                         const device float* c [[buffer(2)]], const device uint* p [[buffer(3)]],
-                          device float* d [[buffer(5)]],
-                         uint sg [[simdgroup_index_in_threadgroup]], uint3 tpt [[dispatch_threads_per_threadgroup]],
-                         uint3 tg [[threadgroup_position_in_grid]]) {
-  gemm_tiles<half, float>(a, b, c, d, p, tg.x * (tpt.x / 32) + sg);
-}
-
-// The same product through threadgroup memory: each SIMD group copies its A and B tiles into threadgroup memory
-// (A with 12 elements per row), loads them from there, stores the result there and copies it out. M = N = 8 * tiles,
-// K = 8; one tile per SIMD group along the diagonal of D: d gets tile i at rows and columns 8 i.
-kernel void gemm_threadgroup(const device float* a [[buffer(0)]], const device float* b [[buffer(1)]],
-                             device float* d [[buffer(2)]], uint sg [[simdgroup_index_in_threadgroup]],
-                             uint lane [[thread_index_in_simdgroup]], uint3 tg [[threadgroup_position_in_grid]],
-                             uint3 tpt [[dispatch_threads_per_threadgroup]]) {
-  threadgroup float sa[4][96];
-  threadgroup float sb[4][64];
-  threadgroup float sd[4][64];
-  const uint tile = tg.x * (tpt.x / 32) + sg, n = 8 * 4 * 2;  // tiles along the diagonal of a 64 x 64 D
-  for (uint j = 0; j < 2; ++j) {
-    const uint e = lane * 2 + j, r = e / 8, col = e % 8;
-    sa[sg][r * 12 + col] = a[(tile * 8 + r) * 8 + col];   // A: 64 x 8, row-major
-    sb[sg][r * 8 + col] = b[r * n + tile * 8 + col];      // B: 8 x 64, row-major
-  }
-  simdgroup_barrier(mem_flags::mem_threadgroup);
-  simdgroup_float8x8 ma, mb, md;
-  simdgroup_load(ma, &sa[sg][0], 12);
-  simdgroup_load(mb, &sb[sg][0]);
-  simdgroup_multiply(md, ma, mb);
-  simdgroup_store(md, &sd[sg][0], 8, ulong2(0, 0), false);
-  simdgroup_barrier(mem_flags::mem_threadgroup);
-  for (uint j = 0; j < 2; ++j) {
-    const uint e = lane * 2 + j, r = e / 8, col = e % 8;
-    d[(tile * 8 + r) * n + tile * 8 + col] = sd[sg][r * 8 + col];
-  }
-}
-
-// x: 64 values (an 8x8 matrix). Per SIMD group s (8 groups): out[s][0..63]: this lane's thread_elements() of x
-// loaded (2 per lane, by lane); [64..127]: a matrix whose lane l's elements were set to (2 l, 2 l + 1), stored;
-// [128..191]: make_filled_simdgroup_matrix(3.5), stored; [192..255]: the diagonal constructor (2.5) times x;
-// [256..355]: x stored transposed at origin (1, 2) of a region with 10 elements per row (its rows 2..9, columns
-// 1..8); [384..447]: x loaded transposed from origin (0, 0), stored.
-kernel void elements(const device float* x [[buffer(0)]], device float* out [[buffer(1)]],
-                     uint sg [[simdgroup_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {
-  device float* o = out + sg * 512;
-  simdgroup_float8x8 m;
-  simdgroup_load(m, x);
-  o[lane * 2] = m.thread_elements()[0];
-  o[lane * 2 + 1] = m.thread_elements()[1];
-  simdgroup_float8x8 w;
-  w.thread_elements() = float2(2 * lane, 2 * lane + 1);
-  simdgroup_store(w, o + 64);
-  simdgroup_float8x8 f = make_filled_simdgroup_matrix<float, 8, 8>(3.5f);
-  simdgroup_store(f, o + 128);
-  simdgroup_float8x8 diag(2.5f), p;
-  simdgroup_multiply(p, diag, m);
-  simdgroup_store(p, o + 192);
-  simdgroup_store(m, o + 256, 10, ulong2(1, 2), true);
-  simdgroup_matrix<float, 8, 8> t;
-  simdgroup_load(t, x, 8, ulong2(0, 0), true);
-  simdgroup_store(t, o + 384);
-}
-"""
+from support.simdgroup_matrix_kernels import (ELEMENTS_INPUT, SOURCE, assert_elements, assert_product,
+                                              assert_threadgroup_products, gemm_inputs, gemm_reference)
 
 _lib = None
 
@@ -144,35 +32,14 @@ def on(device):
     return tf.device(device)
 
 
-def lane_coords():
-    """(row, col) of lane l's first element, for l = 0..31 (MLX's BaseMMAFrag layout)."""
-    lanes = np.arange(32)
-    row = (lanes >> 4 & 1) * 4 + (lanes >> 2 & 1) * 2 + (lanes >> 1 & 1)
-    col = (lanes >> 3 & 1) * 4 + (lanes & 1) * 2
-    return row, col
-
-
 def _gemm(device, kernel, dt, acc_dt, M, N, K, ta, tb, mode, group, threads=None, seed=0):
-    rng = np.random.default_rng(seed)
-    a = rng.uniform(-1, 1, (M, K)).astype(dt)
-    b = rng.uniform(-1, 1, (K, N)).astype(dt)
-    c = rng.uniform(-1, 1, (M, N)).astype(acc_dt)
-    tiles = (M // 8) * (N // 8)
-    threads = threads if threads is not None else tiles * 32
+    a, b, c = gemm_inputs(dt, acc_dt, M, N, K, seed)
+    threads = threads if threads is not None else (M // 8) * (N // 8) * 32
     with on(device):
         (d,) = getattr(lib(), kernel)(a.T.copy() if ta else a, b.T.copy() if tb else b, c,
                                       np.array([M, N, K, ta, tb, mode], np.uint32),
                                       threads=threads, group_size=group, output_shapes=[(M, N)])
-    ref = a.astype(np.float64) @ b.astype(np.float64) + (c.astype(np.float64) if mode == 1 else 0)
-    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)) + (np.abs(c) if mode == 1 else 0)
-    return d.numpy(), ref, scale
-
-
-def _assert_product(got, ref, scale, dt):
-    if got.dtype == np.float16:
-        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=2e-3, atol=2e-3 * scale.max())
-    else:
-        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-5, atol=1e-5 * scale.max())
+    return (d.numpy(), *gemm_reference(a, b, c, mode))
 
 
 def check_gemm_float_layouts(device):
@@ -181,7 +48,7 @@ def check_gemm_float_layouts(device):
              (8, 32, 8, 1, 1, 1, 32)]
     for i, (M, N, K, ta, tb, mode, group) in enumerate(cases):
         got, ref, scale = _gemm(device, "gemm_f32", np.float32, np.float32, M, N, K, ta, tb, mode, group, seed=i)
-        _assert_product(got, ref, scale, np.float32)
+        assert_product(got, ref, scale, np.float32)
 
 
 def check_gemm_half(device):
@@ -190,7 +57,7 @@ def check_gemm_half(device):
         for mode, (ta, tb) in ((1, (0, 1)), (0, (1, 0))):
             got, ref, scale = _gemm(device, kernel, np.float16, acc, 16, 24, 32, ta, tb, mode, 64, seed=10 + i)
             assert got.dtype == acc
-            _assert_product(got, ref, scale, acc)
+            assert_product(got, ref, scale, acc)
 
 
 def check_partial_threadgroups_and_simd_groups(device):
@@ -202,7 +69,7 @@ def check_partial_threadgroups_and_simd_groups(device):
     M, N, K = 40, 8, 16
     for group, threads in ((96, 5 * 32), (128, 6 * 32)):
         got, ref, scale = _gemm(device, "gemm_f32", np.float32, np.float32, M, N, K, 0, 0, 0, group, threads=threads)
-        _assert_product(got, ref, scale, np.float32)
+        assert_product(got, ref, scale, np.float32)
     with on(device):
         rng = np.random.default_rng(5)
         a = rng.uniform(-1, 1, (M, K)).astype(np.float32)
@@ -225,31 +92,13 @@ def check_threadgroup_memory(device):
     b = rng.uniform(-1, 1, (8, 64)).astype(np.float32)
     with on(device):
         (d,) = lib().gemm_threadgroup(a, b, threads=8 * 32, group_size=128, output_shapes=[(64, 64)])
-    d = d.numpy()
-    ref = a.astype(np.float64) @ b.astype(np.float64)
-    for i in range(8):
-        s = slice(8 * i, 8 * i + 8)
-        np.testing.assert_allclose(d[s, s], ref[s, s], rtol=1e-5, atol=1e-5 * 8)
+    assert_threadgroup_products(d.numpy(), a, b)
 
 
 def check_elements_fill_diagonal_and_transposed_origin(device):
-    x = np.arange(64, dtype=np.float32).reshape(8, 8) * 0.5 - 7
     with on(device):
-        (out,) = lib().elements(x, threads=8 * 32, group_size=256, output_shapes=[(8, 512)])
-    row, col = lane_coords()
-    for o in out.numpy():
-        layout = o[:64].reshape(32, 2)
-        np.testing.assert_array_equal(layout[:, 0], x[row, col])
-        np.testing.assert_array_equal(layout[:, 1], x[row, col + 1])
-        written = np.empty((8, 8), np.float32)
-        for lane in range(32):
-            written[row[lane], col[lane]:col[lane] + 2] = [2 * lane, 2 * lane + 1]
-        np.testing.assert_array_equal(o[64:128].reshape(8, 8), written)
-        np.testing.assert_array_equal(o[128:192], np.full(64, 3.5, np.float32))
-        np.testing.assert_allclose(o[192:256].reshape(8, 8), 2.5 * x.astype(np.float64), rtol=1e-6)
-        region = o[256:256 + 100].reshape(10, 10)  # x^T at column 1, rows 2..9 of a 10-wide block
-        np.testing.assert_array_equal(region[2:10, 1:9], x.T)
-        np.testing.assert_array_equal(o[384:448].reshape(8, 8), x.T)
+        (out,) = lib().elements(ELEMENTS_INPUT, threads=8 * 32, group_size=256, output_shapes=[(8, 512)])
+    assert_elements(out.numpy())
 
 
 CHECKS = {name[len("check_"):]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
