@@ -30,16 +30,21 @@ How a .metal file becomes CUDA (development only; nothing here ships):
     ignores `#pragma clang fp contract(off)`).
 Runs without TensorFlow: tf_metal_ops/msl_emu.py is loaded by path (it imports only the standard library).
 
-`tcnn` builds DIR/libtfmo_tcnn_grid.so from dev/gpu_proxy/tcnn_grid.cu: tiny-cuda-nn's own hash-grid kernels (its
-encodings/grid.h, unchanged, read from a checkout of NVlabs/tiny-cuda-nn with its fmt submodule; commit
-6ee3546 is the one bench/gpu_proxy.md names), for `dev/gpu_proxy/run.py --tcnn DIR/libtfmo_tcnn_grid.so`. Needs nvcc (CUDA >= 12; no
-GPU: the library links the CUDA runtime statically and needs nothing of the driver at link time). Nothing of
-tiny-cuda-nn is kept in this repository.
+`tcnn` builds DIR/libtfmo_tcnn.so for `dev/gpu_proxy/run.py --tcnn DIR/libtfmo_tcnn.so`, from a checkout of
+NVlabs/tiny-cuda-nn with its fmt and CUTLASS submodules (commit 6ee3546 is the one bench/gpu_proxy.md names):
+  - dev/gpu_proxy/tcnn_grid.cu: tiny-cuda-nn's own hash-grid kernels (its encodings/grid.h, unchanged);
+  - dev/gpu_proxy/tcnn_mlp.cu: its FullyFusedMLP (networks/fully_fused_mlp.h with src/fully_fused_mlp.cu,
+    src/common_host.cu and src/object.cu, unchanged; the backward's weight-gradient products use CUTLASS).
+Needs nvcc (CUDA >= 12); no GPU: the library links the CUDA runtime statically, and the driver API that tiny-cuda-nn's
+memory arena calls is resolved when run.py loads the library beside libcuda.so.1. tiny-cuda-nn's src/fully_fused_mlp.cu
+takes about 10 CPU-minutes of ptxas: each source's object is kept in DIR/obj and rebuilt only when the source or a
+flag changes. Nothing of tiny-cuda-nn is kept in this repository.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -324,21 +329,37 @@ def print_register_report(out: Path, manifest: dict, log=print) -> None:
             log(f"  {name:<36} {v:>4} {r['registers']:>5} {r['stack']:>8} {r['spill_stores']:>7}/{r['spill_loads']:<6}")
 
 
+TCNN_SOURCES = ("src/common_host.cu", "src/object.cu", "src/fully_fused_mlp.cu")  # of the checkout
+TCNN_WRAPPERS = ("tcnn_grid.cu", "tcnn_mlp.cu")  # of dev/gpu_proxy
+
+
 def build_tcnn(src: Path, out: Path, nvcc: str = "nvcc") -> Path:
-    """nvcc dev/gpu_proxy/tcnn_grid.cu against the tiny-cuda-nn checkout `src` into out/libtfmo_tcnn_grid.so."""
+    """nvcc the tiny-cuda-nn wrappers and the checkout `src`'s sources they need into out/libtfmo_tcnn.so."""
     for need in ("include/tiny-cuda-nn/encodings/grid.h", "dependencies/fmt/include/fmt/format.h",
-                 "dependencies/pcg32/pcg32.h"):
+                 "dependencies/pcg32/pcg32.h", "dependencies/cutlass/include/cutlass/cutlass.h", *TCNN_SOURCES):
         if not (src / need).is_file():
             raise BuildError(f"gpu_proxy tcnn: {src / need} missing (a tiny-cuda-nn checkout with submodules?)")
-    out.mkdir(parents=True, exist_ok=True)
-    lib = out / "libtfmo_tcnn_grid.so"
-    cmd = [nvcc, "-O3", "-std=c++17", f"-arch={ARCH}", "--expt-relaxed-constexpr", "--extended-lambda",
-           "-DTCNN_MIN_GPU_ARCH=90", "-DTCNN_HALF_PRECISION=1", "-DFMT_HEADER_ONLY", "-DNDEBUG", "-shared",
-           "-Xcompiler", "-fPIC", "-w", f"-I{src / 'include'}", f"-I{src / 'dependencies'}",
-           f"-I{src / 'dependencies' / 'fmt' / 'include'}", str(ROOT / "dev" / "gpu_proxy" / "tcnn_grid.cu"), "-o", str(lib)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    flags = ["-O3", "-std=c++17", f"-arch={ARCH}", "--expt-relaxed-constexpr", "--extended-lambda",
+             "-DTCNN_MIN_GPU_ARCH=90", "-DTCNN_HALF_PRECISION=1", "-DFMT_HEADER_ONLY", "-DNDEBUG", "-Xcompiler",
+             "-fPIC", "-w", f"-I{src / 'include'}", f"-I{src / 'dependencies'}",
+             f"-I{src / 'dependencies' / 'fmt' / 'include'}", f"-I{src / 'dependencies' / 'cutlass' / 'include'}",
+             f"-I{src / 'dependencies' / 'cutlass' / 'tools' / 'util' / 'include'}"]
+    objects = out / "obj"
+    objects.mkdir(parents=True, exist_ok=True)
+    inputs = [src / s for s in TCNN_SOURCES] + [ROOT / "dev" / "gpu_proxy" / w for w in TCNN_WRAPPERS]
+    stamp = hashlib.sha256(json.dumps([nvcc] + flags).encode()).hexdigest()[:16]
+    built = []
+    for source in inputs:
+        obj = objects / f"{source.stem}.{stamp}.o"
+        if not obj.is_file() or obj.stat().st_mtime < source.stat().st_mtime:
+            r = subprocess.run([nvcc, *flags, "-c", str(source), "-o", str(obj)], capture_output=True, text=True)
+            if r.returncode:
+                raise BuildError(f"gpu_proxy tcnn: nvcc failed on {source}:\n{r.stdout}{r.stderr}")
+        built.append(str(obj))
+    lib = out / "libtfmo_tcnn.so"
+    r = subprocess.run([nvcc, "-shared", f"-arch={ARCH}", *built, "-o", str(lib)], capture_output=True, text=True)
     if r.returncode:
-        raise BuildError(f"gpu_proxy tcnn: nvcc failed:\n{r.stdout}{r.stderr}")
+        raise BuildError(f"gpu_proxy tcnn: linking failed:\n{r.stdout}{r.stderr}")
     return lib
 
 
@@ -351,8 +372,8 @@ def main(argv=None) -> int:
     b.add_argument("--msl", action="append", choices=sorted(MSL_VERSIONS), help="MSL version (repeatable; default both)")
     b.add_argument("--jobs", type=int, default=2)
     b.add_argument("--no-report", action="store_true", help="skip the ptxas register/stack report")
-    t = sub.add_parser("tcnn", help="build tiny-cuda-nn's hash-grid kernels for dev/gpu_proxy/run.py --tcnn")
-    t.add_argument("--src", type=Path, required=True, help="a tiny-cuda-nn checkout (with its fmt submodule)")
+    t = sub.add_parser("tcnn", help="build tiny-cuda-nn's hash-grid kernels and FullyFusedMLP for dev/gpu_proxy/run.py --tcnn")
+    t.add_argument("--src", type=Path, required=True, help="a tiny-cuda-nn checkout (with its fmt and cutlass submodules)")
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--nvcc", default=os.environ.get("NVCC", "nvcc"))
     args = ap.parse_args(argv)
