@@ -151,7 +151,8 @@ void GradGpu(void* state, TF_OpKernelContext* ctx) {
     if (BindThreadgroupMemory(call, p, s, 2))
       p.threadgroups({static_cast<uint64_t>(parts), 1, 1}, {32 * s.simdgroups, 1, 1});
   }
-  call.pass(cfg.dtype == TF_HALF ? "fused_mlp_reduce_float16" : "fused_mlp_reduce_float32")
+  // The reduce reads no function constant; it gets the file's values like every kernel of the file.
+  call.pass(cfg.dtype == TF_HALF ? "fused_mlp_reduce_float16" : "fused_mlp_reduce_float32", Activations(cfg))
       .buffer(0, *partial)
       .value(1, args)
       .buffer(2, dparams)
