@@ -9,7 +9,7 @@ import pytest
 
 from tf_metal_ops import doctor
 
-OPS = ["ZeroOut", "metal_kernel (inline", "HashGridEncode", "VolumeRender", "DistortionLoss", "VolumeRenderPacked",
+OPS = ["ZeroOut", "metal_kernel (inline", "HashGridEncode", "FusedMlp", "VolumeRender", "DistortionLoss", "VolumeRenderPacked",
        "DistortionLossPacked", "RayMarch (occupancy grid)", "RayMarch (3 cascades"]
 
 
