@@ -3,7 +3,8 @@
 // Host: csrc/gpu/fused_mlp_gpu.cc.
 //
 // Kernels (templates over T = float | half and the width W, instantiated by name below each:
-// fused_mlp_forward_w{16,32,64,128}_{float32,float16}, fused_mlp_backward_w..._..., fused_mlp_reduce_{float32,float16}):
+// fused_mlp_forward_w{16,32,64,128}_{float32,float16}, fused_mlp_backward_w..._..., and
+// fused_mlp_reduce_{float32,float16}):
 //   fused_mlp_forward   x(0) params(1) args(2) -> y(3) hidden(4); threadgroups of 32 S threads (S =
 //                       FM_GPU_SIMDGROUPS(W, T is half)), one per block of 8 S rows; threadgroup memory: stage(0),
 //                       rows(1), weights(2) (FM_GPU_*_BYTES). hidden [n_matrices - 1, N, W] float is written only

@@ -322,7 +322,8 @@ REAL_FIBER_KERNELS = {"ray_march_scan_block", "hash_grid_abs_max_float32", "hash
     for t in ("float32", "float16")} | {
     f"{op}{packed}_{d}" for op in ("volume_render", "distortion_loss") for packed in ("", "_packed")
     for d in ("forward", "backward")} | {
-    f"fused_mlp_{d}_w{w}_{t}" for d in ("forward", "backward") for w in (16, 32, 64, 128) for t in ("float32", "float16")}
+    f"fused_mlp_{d}_w{w}_{t}" for d in ("forward", "backward") for w in (16, 32, 64, 128)
+    for t in ("float32", "float16")}
 
 
 def test_fiber_use_of_the_real_kernels_is_per_kernel():

@@ -1102,4 +1102,5 @@ def all_cases(small=False, tcnn=False) -> list[Case]:
         return (hash_grid_cases(n=2048, log2_T=12, n_levels=8, tcnn=tcnn) + render_cases(R=64, S=16) +
                 render_cases(R=64, S=16, packed=True) + ray_march_cases(R=512, G=32, max_samples=256) +
                 fused_mlp_cases(n=1000))
-    return hash_grid_cases(tcnn=tcnn) + render_cases() + render_cases(packed=True) + ray_march_cases() + fused_mlp_cases()
+    return (hash_grid_cases(tcnn=tcnn) + render_cases() + render_cases(packed=True) + ray_march_cases() +
+            fused_mlp_cases())
