@@ -9,8 +9,8 @@ import pytest
 
 from tf_metal_ops import doctor
 
-OPS = ["ZeroOut", "metal_kernel (inline", "HashGridEncode", "VolumeRender", "DistortionLoss", "VolumeRenderPacked",
-       "DistortionLossPacked", "RayMarch (occupancy grid)", "RayMarch (3 cascades"]
+OPS = ["ZeroOut", "metal_kernel (inline", "HashGridEncode", "FusedMlp", "VolumeRender", "DistortionLoss",
+       "VolumeRenderPacked", "DistortionLossPacked", "RayMarch (occupancy grid)", "RayMarch (3 cascades"]
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="the Linux path")

@@ -41,7 +41,7 @@ def run(args, env=None, timeout=900, cwd=None):
 # (check, seed, environment); every check once with seed 0 and the default environment.
 CASES = [(check, 0, {}) for check in (
     "zero_out", "hash_grid", "hash_grid_edges", "hash_grid_second_order", "hash_grid_feature_major", "volume_render",
-    "distortion_loss", "render_packed", "render_packed_nan_policy", "ray_march", "ray_march_cascades",
+    "distortion_loss", "render_packed", "render_packed_nan_policy", "ray_march", "ray_march_cascades", "fused_mlp",
     "layer_and_savedmodel", "threads")] + [
     ("volume_render", 1, {"TF_METAL_OPS_SYNC": "1"}),
 ]
@@ -75,6 +75,19 @@ def test_deterministic_table_gradient_is_bitwise_reproducible(clang16):
     digests = {}
     for backend, env in settings:
         r = run_check("emulated_gpu_checks", "hash_grid_deterministic", 0, {**gpu_backend_env(backend), **env})
+        digests[f"{backend} {env}"] = r.stdout.splitlines()[-1].rsplit(" ", 1)[-1]
+    assert len(set(digests.values())) == 1, digests
+
+
+def test_fused_mlp_is_bitwise_reproducible(clang16):
+    """The fused MLP's outputs and gradients (fixed-order sums) give the same bits under both backends, thread orders
+    and worker counts: the check's digest covers every result."""
+    os.environ.setdefault("TF_METAL_OPS_CLANGXX", clang16)
+    settings = [("direct", {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "5", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
+                ("metal", {})]
+    digests = {}
+    for backend, env in settings:
+        r = run_check("emulated_gpu_checks", "fused_mlp", 0, {**gpu_backend_env(backend), **env})
         digests[f"{backend} {env}"] = r.stdout.splitlines()[-1].rsplit(" ", 1)[-1]
     assert len(set(digests.values())) == 1, digests
 

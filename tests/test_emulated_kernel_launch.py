@@ -305,13 +305,14 @@ def test_every_real_kernel_is_registered(launcher):
     assert listed == expected | {"affine_half", "group_sum", "grid2d", "order_probe", "scale_fast", "pasted_sync"}
     assert res.stdout.count("has: 1") == len(expected)
     by_file = {u.metal_file.name: u for u in units}
-    # Per kernel: the block scan (barriers), the hash grid's table-gradient run sums and the rendering kernels' SIMD
-    # group per ray (SIMD-group functions) need fibers; every other kernel runs on the emulator's fiber-free fast
-    # path (also the hash-grid encoding and position gradient, in the same file as the run sums).
+    # Per kernel: the block scan (barriers), the hash grid's table-gradient run sums, the rendering kernels' SIMD
+    # group per ray (SIMD-group functions) and the fused MLP's forward and backward (barriers, SIMD-group matrices)
+    # need fibers; every other kernel runs on the emulator's fiber-free fast path (also the hash-grid encoding and
+    # position gradient, in the same file as the run sums, and the fused MLP's reduce).
     fibers = {k.name for u in units for k in u.kernels if k.needs_fibers}
     assert fibers == REAL_FIBER_KERNELS | {"group_sum"}
-    assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].needs_fibers} == {"ray_march.metal", "hash_grid.metal",
-                                                                                 "render.metal", "render_packed.metal"}
+    assert {f.name for f in REAL_KERNEL_FILES if by_file[f.name].needs_fibers} == {
+        "ray_march.metal", "hash_grid.metal", "render.metal", "render_packed.metal", "fused_mlp.metal"}
     assert by_file["launch_fixture.metal"].needs_fibers and not by_file["launch_fast.metal"].needs_fibers
 
 
@@ -320,7 +321,9 @@ REAL_FIBER_KERNELS = {"ray_march_scan_block", "hash_grid_abs_max_float32", "hash
     f"hash_grid_{g}_params{det}{c}_{t}" for g in ("grad", "grad2") for det in ("", "_det") for c in ("", "_d3f2")
     for t in ("float32", "float16")} | {
     f"{op}{packed}_{d}" for op in ("volume_render", "distortion_loss") for packed in ("", "_packed")
-    for d in ("forward", "backward")}
+    for d in ("forward", "backward")} | {
+    f"fused_mlp_{d}_w{w}_{t}" for d in ("forward", "backward") for w in (16, 32, 64, 128)
+    for t in ("float32", "float16")}
 
 
 def test_fiber_use_of_the_real_kernels_is_per_kernel():
@@ -332,7 +335,8 @@ def test_fiber_use_of_the_real_kernels_is_per_kernel():
                  "hash_grid_encode_d3f2_float16", "hash_grid_grad_positions_float32",
                  "hash_grid_grad_positions_float16", "hash_grid_grad_positions_d3f2_float32",
                  "hash_grid_grad2_points_float32", "hash_grid_grad2_points_d3f2_float32", "hash_grid_fill_zero",
-                 "ray_march_scan_add", "render_packed_check_splits"):
+                 "ray_march_scan_add", "render_packed_check_splits", "fused_mlp_reduce_float32",
+                 "fused_mlp_reduce_float16"):
         assert not by_name[fast].needs_fibers, fast
     # Without the include path the hash grid's header is not found: its signatures cannot be read.
     with pytest.raises(glue.GlueError, match=r"hash_grid\.metal:\d+: 'hash_grid_math\.h' file not found"):

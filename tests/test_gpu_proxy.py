@@ -76,7 +76,13 @@ def test_barriers_threadgroup_memory_and_function_constants(built):
     out, manifest, fixtures, fixture_manifest = built
     scan = manifest["kernels"]["ray_march_scan_block"]
     assert scan["uses_barriers"] and [p["role"] for p in scan["params"]].count("threadgroup_bytes") == 1
-    assert [k for k, v in manifest["kernels"].items() if v["uses_barriers"]] == ["ray_march_scan_block"]
+    # ray_march's scan and the fused MLP's forward and backward (threadgroup barriers between layers).
+    assert sorted(k for k, v in manifest["kernels"].items() if v["uses_barriers"]) == sorted(
+        ["ray_march_scan_block"] + [f"fused_mlp_{p}_w{w}_{t}" for p in ("forward", "backward") for w in (16, 32, 64, 128)
+                                    for t in ("float32", "float16")])
+    mlp = manifest["kernels"]["fused_mlp_backward_w64_float16"]
+    assert [p["role"] for p in mlp["params"]].count("threadgroup_bytes") == 4
+    assert manifest["files"]["fused_mlp"]["function_constants"] == ["fm_activation", "fm_output_activation"]
     ray_march = gpu_proxy.ptx_path(out, "ray_march", "3.0").read_text()
     assert "bar.sync" in ray_march and ".extern .shared .align 16 .b8 gpu_proxy_threadgroup_memory[]" in ray_march
     # A barrier in a helper (emu_selftest's tree_reduce) marks every kernel of the file; launch_fixture's only in

@@ -167,6 +167,28 @@ def test_render_references_match_the_cpu_ops(packed):
         assert_within(got.numpy(), *dl[name], f"{prefix}distortion grad {name}")
 
 
+def test_fused_mlp_references_match_the_cpu_op():
+    """The fused-MLP cases' float64 references (y and dparams of the forward + backward) against the package's op
+    on the CPU (float16 in, float32 sums), within the cases' own tolerances; the launches pack what the host packs."""
+    cs = [c for c in cases.fused_mlp_cases(n=200) if c.name.endswith("forward_backward_float16")]
+    assert len(cs) == 2
+    for case, (layers, n_out, act, out_act) in zip(cs, ((1, 16, "relu", "none"), (2, 3, "relu", "sigmoid"))):
+        a = case.arrays
+        x, p, dy = (tf.constant(a[k]) for k in ("x", "params", "dy"))
+        with tf.GradientTape() as tape:
+            tape.watch(p)
+            y = tf_metal_ops.fused_mlp(x, p, n_hidden_layers=layers, width=64, n_output=n_out, activation=act,
+                                       output_activation=out_act)
+        dp = tape.gradient(y, p, output_gradients=dy)
+        ref = case.reference()
+        assert_within(y.numpy(), *ref["y"], f"{case.name} y")
+        assert_within(dp.numpy(), *ref["dparams"], f"{case.name} dparams")
+        fwd, bwd, red = case.launches
+        assert a["args_bwd"]["parts"][0] >= 1 and a["partial"].size == a["args_bwd"]["parts"][0] * p.shape[0]
+        assert fwd.constants == bwd.constants == {"fm_activation": 1, "fm_output_activation": 0 if layers == 1 else 3}
+        assert bwd.threads[0] == a["args_bwd"]["parts"][0] * bwd.group[0] and red.threads == (p.shape[0], 1, 1)
+
+
 def test_ray_march_references_match_the_op():
     cs = by_name(cases.ray_march_cases(R=512, G=32, max_samples=256))
     a = cs["ray_march_mip (all levels)"].arrays

@@ -59,6 +59,14 @@ def _cases(tf, tfmo):
     def hash_grid(encode):
         return with_gradients(lambda x, p: encode(x, p, **hg), lambda y: tf.reduce_sum(y**2), (0, 1))
 
+    # the fused MLP: NeRF's colour network shape (32 -> 64 -> 64 -> 3), relu, sigmoid output
+    mlp = dict(n_hidden_layers=2, width=64, n_output=3, activation="relu", output_activation="sigmoid")
+    mlp_x = rng.uniform(-1, 1, (1024, 32)).astype(np.float32)
+    mlp_params = tfmo.fused_mlp_layout(32, 3, width=64, n_hidden_layers=2).init_params(seed=0)
+
+    def fused_mlp(op):
+        return with_gradients(lambda x, p: op(x, p, **mlp), lambda y: tf.reduce_sum(y**2), (0, 1))
+
     def render_loss(out):
         return tf.reduce_sum(out[0] ** 2) + tf.reduce_sum(out[1]) + tf.reduce_sum(out[3] ** 2)
 
@@ -132,6 +140,8 @@ def _cases(tf, tfmo):
         INLINE_CASE: ([rng.uniform(-2, 2, 1000).astype(np.float32)], inline, inline_ref, 1e-5, 1e-6),
         "HashGridEncode (+ gradients)": ([x, params], hash_grid(tfmo.hash_grid_encode),
                                          hash_grid(pure_tf.hash_grid_encode), 1e-3, 1e-3),  # d/dx: float32 cells
+        "FusedMlp (+ gradients)": ([mlp_x, mlp_params], fused_mlp(tfmo.fused_mlp), fused_mlp(tfmo.fused_mlp_tf),
+                                   1e-4, 1e-5),
         "VolumeRender (+ gradient)": ([sigma, rgb, t, bg], render(tfmo.volume_render),
                                       render(tfmo.volume_render_tf), 1e-4, 1e-5),
         "DistortionLoss (+ gradient)": ([w, t], distortion(tfmo.distortion_loss),

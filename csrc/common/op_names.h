@@ -49,6 +49,5 @@
 #define TFMO_OP_METAL_KERNEL_CALL "TfmoMetalKernelCall"  // its eager calls (csrc/ops/metal_kernel_op.cc)
 
 // family: fused_mlp
-// kernels: CPU only
 #define TFMO_OP_FUSED_MLP "FusedMlp"
 #define TFMO_OP_FUSED_MLP_GRAD "FusedMlpGrad"

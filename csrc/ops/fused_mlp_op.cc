@@ -1,5 +1,6 @@
 // Op definitions of the fully fused MLP (tiny-cuda-nn's FullyFusedMLP). Activations: csrc/shared/fused_mlp_math.h;
-// parameter layout and argument checks: csrc/ops/fused_mlp_args.h; kernels: csrc/cpu/fused_mlp_cpu.cc (CPU only).
+// parameter layout and argument checks: csrc/ops/fused_mlp_args.h; kernels: csrc/cpu/fused_mlp_cpu.cc,
+// metal_kernels/fused_mlp.metal (host: csrc/gpu/fused_mlp_gpu.cc).
 //
 // FusedMlp(x [N, n_input] T, params [P] T) -> (y [N, n_output] T, hidden [n_hidden_layers, N, width] float32)
 //   y = f_out(W_L h_{L-1} + b_L), h_l = f(W_l h_{l-1} + b_l) for l = 1 .. n_hidden_layers, h_0 = x (row by row);

@@ -1,5 +1,6 @@
 // Per-element math of the fully fused MLP (FusedMlp, FusedMlpGrad; csrc/ops/fused_mlp_op.cc): the activations and
-// their derivatives. Rules: device_compat.h. The matrix products live in the kernels (csrc/cpu/fused_mlp_cpu.cc).
+// their derivatives, and the GPU kernels' argument struct and threadgroup shape. Rules: device_compat.h. The matrix
+// products live in the kernels (csrc/cpu/fused_mlp_cpu.cc, metal_kernels/fused_mlp.metal).
 //
 // Activations (tiny-cuda-nn's names and formulas; the codes are the kernels' and the op attrs' order):
 //   none         y = x
@@ -49,3 +50,37 @@ TFMO_FN float fm_activation_derivative(int act, float y) {
     default: return 1.0f;
   }
 }
+
+// ---- GPU kernels (metal_kernels/fused_mlp.metal, host csrc/gpu/fused_mlp_gpu.cc) ----------------------------------
+
+#define FM_MAX_MATRICES 9  // n_hidden_layers <= 8 (tfmo::fused_mlp::kMaxMatrices)
+
+// SIMD groups per threadgroup of the forward and backward kernels, by width and T (half: sizeof 2). Each SIMD group
+// owns 8 rows, so a threadgroup's block is 8 * FM_GPU_SIMDGROUPS rows. Chosen so that every threadgroup buffer
+// (FM_GPU_*_BYTES) fits Apple's 32 KB of threadgroup memory.
+#define FM_GPU_SIMDGROUPS(width, half) ((width) <= 32 ? 8u : ((width) == 64 && (half) ? 4u : 2u))
+// Whether a layer's weights are copied into threadgroup memory (width <= 64); at width 128 they are 32 KB (half) or
+// 64 KB (float), more than fits: the products read them from device memory.
+#define FM_GPU_TG_WEIGHTS(width) ((width) <= 64)
+
+// Threadgroup-memory lengths in bytes ([[threadgroup(n)]]) for width W, element size E (sizeof(T)), S SIMD groups:
+//   stage  [8 S][W] float: the products of each SIMD group's 8 rows before bias and activation;
+//   rows   [8 S][W] T: forward, the activations of the block (layer by layer, in place); backward, g;
+//   prev   [8 S][W] T: backward only, the layer's inputs (x or the kept hidden) as T;
+//   weights [rows][cols] T of one matrix (FM_GPU_TG_WEIGHTS), else 16 (unused).
+#define FM_GPU_STAGE_BYTES(W, S) (8u * (S) * (W) * 4u)
+#define FM_GPU_ROWS_BYTES(W, E, S) (8u * (S) * (W) * (E))
+#define FM_GPU_WEIGHT_BYTES(W, E) (FM_GPU_TG_WEIGHTS(W) ? (W) * (W) * (E) : 16u)
+
+// The kernels' arguments ([[buffer]] constant): the call's dimensions and the parameter layout
+// (csrc/ops/fused_mlp_args.h), as 32-bit values.
+struct FmArgs {
+  uint n;           // rows
+  uint n_input, in_pad, n_output, out_pad, n_matrices;
+  uint use_bias, training;
+  uint blocks;      // backward: row blocks of 8 * FM_GPU_SIMDGROUPS rows
+  uint parts;       // backward: threadgroups; part p sums blocks [p blocks / parts, (p + 1) blocks / parts)
+  uint total;       // P, the parameter count
+  uint weight_offset[FM_MAX_MATRICES];
+  uint bias_offset[FM_MAX_MATRICES];  // use_bias only
+};

@@ -48,13 +48,18 @@ RM_PARAMS = np.dtype([(n, "<u4") for n in ("R", "G", "max_samples", "jitter", "s
                       ("c_cs", "<f4", (3 * RM_MAX_CASCADES,)), ("c_inv_cs", "<f4", (3 * RM_MAX_CASCADES,)),
                       ("c_max_step", "<f4", (RM_MAX_CASCADES,))])
 RM_SCAN_PARAMS = np.dtype([("n", "<u4"), ("offset", "<u4")])
+FM_MAX_MATRICES = 9
+FM_ARGS = np.dtype([(n, "<u4") for n in ("n", "n_input", "in_pad", "n_output", "out_pad", "n_matrices", "use_bias",
+                                         "training", "blocks", "parts", "total")] +
+                   [("weight_offset", "<u4", (FM_MAX_MATRICES,)), ("bias_offset", "<u4", (FM_MAX_MATRICES,))])
 
 # MSL element type of a buffer parameter -> the NumPy dtype a launcher binds (structs: the dtypes above).
 MSL_DTYPES = {"float": np.float32, "half": np.float16, "int": np.int32, "uint": np.uint32, "long": np.int64,
               "ulong": np.uint64, "uchar": np.uint8, "char": np.int8, "short": np.int16, "ushort": np.uint16,
               "atomic_int": np.int32, "atomic_uint": np.uint32, "atomic_float": np.float32,
               "HgLevel": HG_LEVEL, "HgArgs": HG_ARGS, "VrParams": VR_PARAMS, "DlParams": DL_PARAMS,
-              "VrpParams": VRP_PARAMS, "DlpParams": DLP_PARAMS, "RmParams": RM_PARAMS, "RmScanParams": RM_SCAN_PARAMS}
+              "VrpParams": VRP_PARAMS, "DlpParams": DLP_PARAMS, "RmParams": RM_PARAMS, "RmScanParams": RM_SCAN_PARAMS,
+              "FmArgs": FM_ARGS}
 
 
 def struct(dtype, **fields) -> np.ndarray:
@@ -73,6 +78,7 @@ class Launch:
     group: tuple  # threads per threadgroup / block
     shared: int = 0  # dynamic shared memory bytes (the rounded [[threadgroup(n)]] lengths)
     msl: bool = True  # module "tcnn": a host function of the --tcnn library (dev/gpu_proxy/tcnn_grid.cu) instead
+    constants: dict = dataclasses.field(default_factory=dict)  # function constants (name: int), set before the launch
 
 
 @dataclasses.dataclass
@@ -967,8 +973,134 @@ def ray_march_fill_case(arrays, R, count: Launch, G) -> Case:
                                        "occupied cells)")
 
 
+
+# ==== fully fused MLP =============================================================================================
+FM_ACTIVATIONS = {"none": 0, "relu": 1, "leaky_relu": 2, "sigmoid": 3, "exponential": 4, "softplus": 5}
+
+
+def fm_simdgroups(width, half):
+    """FM_GPU_SIMDGROUPS (csrc/shared/fused_mlp_math.h)."""
+    return 8 if width <= 32 else (4 if width == 64 and half else 2)
+
+
+def fm_threadgroup_bytes(width, half, row_buffers):
+    """The kernels' [[threadgroup(n)]] lengths (csrc/gpu/fused_mlp_gpu.cc): stage, row buffers, weights."""
+    s, e = fm_simdgroups(width, half), 2 if half else 4
+    return [8 * s * width * 4] + [8 * s * width * e] * row_buffers + [width * width * e if width <= 64 else 16]
+
+
+def fm_layout(n_input, n_output, width, layers):
+    """[(offset, rows, cols)] of the weight matrices (no biases) and P (csrc/ops/fused_mlp_args.h)."""
+    in_pad, out_pad = (n_input + 15) // 16 * 16, (n_output + 15) // 16 * 16
+    mats, at = [], 0
+    for m in range(layers + 1):
+        r, c = (out_pad if m == layers else width), (in_pad if m == 0 else width)
+        mats.append((at, r, c))
+        at += r * c
+    return mats, at
+
+
+def fm_reference(x, params, dy, mats, n_output, act, out_act):
+    """y, dparams and their tolerances in float64 (no biases): forward as csrc/ops/fused_mlp_op.cc, the gradient of
+    sum(dy * y). Tolerances (float16 operands, float sums): 1e-2 |ref| + 4e-3 max |ref| for y; 1e-2 of the sum of the
+    terms' magnitudes plus 4e-3 max |ref| for dparams."""
+    f = {"none": lambda z: z, "relu": lambda z: np.maximum(z, 0), "sigmoid": lambda z: 1 / (1 + np.exp(-z))}
+    df = {"none": lambda z: np.ones_like(z), "relu": lambda z: (z > 0) * 1.0,
+          "sigmoid": lambda z: np.exp(-z) / (1 + np.exp(-z)) ** 2}
+    p = params.astype(np.float64)
+    h = np.zeros((x.shape[0], mats[0][2]))
+    h[:, :x.shape[1]] = x
+    ins, pre = [], []
+    for m, (o, r, c) in enumerate(mats):
+        ins.append(h)
+        z = h @ p[o:o + r * c].reshape(r, c).T
+        pre.append(z)
+        h = f[out_act if m == len(mats) - 1 else act](z)
+    y = h[:, :n_output]
+    g = np.zeros((x.shape[0], mats[-1][1]))
+    g[:, :n_output] = dy.astype(np.float64)
+    dp, mag = np.zeros(p.size), np.zeros(p.size)
+    for m in range(len(mats) - 1, -1, -1):
+        o, r, c = mats[m]
+        g = g * df[out_act if m == len(mats) - 1 else act](pre[m])
+        dp[o:o + r * c] = (g.T @ ins[m]).reshape(-1)
+        mag[o:o + r * c] = (np.abs(g).T @ np.abs(ins[m])).reshape(-1)
+        g = g @ p[o:o + r * c].reshape(r, c)
+    return (y, 1e-2 * np.abs(y) + 4e-3 * np.abs(y).max()), (dp, 1e-2 * mag + 4e-3 * np.abs(dp).max())
+
+
+def fused_mlp_cases(n=1 << 18, seed=3) -> list[Case]:
+    """The NeRF networks of instant-ngp as FusedMlp in float16 at n rows: the density network (32 -> 64 -> 16, relu,
+    no output activation, 1 hidden layer) and the colour network (32 -> 64 -> 64 -> 3, relu, sigmoid output, 2 hidden
+    layers); each forward (no training: hidden not written) and forward + backward (the training forward, the
+    backward with its per-threadgroup partial sums, the fixed-order reduce), launched as csrc/gpu/fused_mlp_gpu.cc
+    does. Bound: the bytes the op must move (x, params, y; training adds hidden written and read, dy, dx, dparams)."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    for name, n_in, width, layers, n_out, act, out_act in (("density", 32, 64, 1, 16, "relu", "none"),
+                                                          ("colour", 32, 64, 2, 3, "relu", "sigmoid")):
+        mats, P = fm_layout(n_in, n_out, width, layers)
+        S = fm_simdgroups(width, True)
+        block = 8 * S
+        blocks = (n + block - 1) // block
+        parts = max(1, min(blocks, 1024, (1 << 24) // P))
+        args = lambda training, parts_: struct(  # noqa: E731
+            FM_ARGS, n=n, n_input=n_in, in_pad=mats[0][2], n_output=n_out, out_pad=mats[-1][1], n_matrices=layers + 1,
+            use_bias=0, training=training, blocks=blocks, parts=parts_, total=P,
+            weight_offset=[m[0] for m in mats] + [0] * (FM_MAX_MATRICES - len(mats)))
+        x = rng.uniform(-1, 1, (n, n_in)).astype(np.float16)
+        params = (rng.uniform(-1, 1, P) * np.sqrt(6.0 / width)).astype(np.float16)
+        dy = rng.standard_normal((n, n_out)).astype(np.float16)
+        arrays = {"x": x, "params": params, "dy": dy, "y": np.zeros((n, n_out), np.float16),
+                  "hidden": np.zeros((layers, n, width), np.float32), "hidden_unused": np.zeros(1, np.float32),
+                  "dx": np.zeros((n, n_in), np.float16), "dparams": np.zeros(P, np.float16),
+                  "partial": np.zeros(parts * P, np.float32), "args_fwd": args(0, 0), "args_train": args(1, 0),
+                  "args_bwd": args(1, parts)}
+        constants = {"fm_activation": FM_ACTIVATIONS[act], "fm_output_activation": FM_ACTIVATIONS[out_act]}
+        group = (32 * S, 1, 1)
+
+        def forward(args_name, hidden, width=width):
+            tg = fm_threadgroup_bytes(width, True, 1)
+            return Launch("fused_mlp", f"fused_mlp_forward_w{width}_float16",
+                          [("buf", "x"), ("buf", "params"), ("buf", args_name), ("buf", "y"), ("buf", hidden)] +
+                          [("u32", b) for b in tg], (blocks * group[0], 1, 1), group,
+                          shared=sum(round16(b) for b in tg), constants=constants)
+
+        tg = fm_threadgroup_bytes(width, True, 2)
+        backward = Launch("fused_mlp", f"fused_mlp_backward_w{width}_float16",
+                          [("buf", v) for v in ("dy", "x", "params", "y", "hidden", "args_bwd", "dx", "partial")] +
+                          [("u32", b) for b in tg], (parts * group[0], 1, 1), group,
+                          shared=sum(round16(b) for b in tg), constants=constants)
+        reduce = Launch("fused_mlp", "fused_mlp_reduce_float16", [("buf", "partial"), ("buf", "args_bwd"),
+                                                                  ("buf", "dparams")], (P, 1, 1), (256, 1, 1),
+                        constants=constants)
+        cache = {}
+
+        def ref(x=x, params=params, dy=dy, mats=mats, n_out=n_out, act=act, out_act=out_act, cache=cache):
+            if not cache:
+                cache["y"], cache["dparams"] = fm_reference(x, params, dy, mats, n_out, act, out_act)
+            return cache
+
+        moved_fwd = nbytes(arrays, "x", "params", "y")
+        moved_train = moved_fwd + 2 * nbytes(arrays, "hidden") + nbytes(arrays, "dy", "dx", "dparams")
+        cases += [
+            Case(f"fused_mlp_{name}_forward_float16", "fused_mlp", [forward("args_fwd", "hidden_unused")], arrays,
+                 lambda ref=ref: {"y": ref()["y"]}, ("copy", moved_fwd)),
+            Case(f"fused_mlp_{name}_forward_backward_float16", "fused_mlp",
+                 [forward("args_train", "hidden"), backward, reduce], arrays,
+                 lambda ref=ref: {"y": ref()["y"], "dparams": ref()["dparams"]}, ("copy", moved_train)),
+        ]
+    return cases
+
+
+def round16(n):
+    return (int(n) + 15) // 16 * 16
+
+
 def all_cases(small=False, tcnn=False) -> list[Case]:
     if small:
         return (hash_grid_cases(n=2048, log2_T=12, n_levels=8, tcnn=tcnn) + render_cases(R=64, S=16) +
-                render_cases(R=64, S=16, packed=True) + ray_march_cases(R=512, G=32, max_samples=256))
-    return hash_grid_cases(tcnn=tcnn) + render_cases() + render_cases(packed=True) + ray_march_cases()
+                render_cases(R=64, S=16, packed=True) + ray_march_cases(R=512, G=32, max_samples=256) +
+                fused_mlp_cases(n=1000))
+    return (hash_grid_cases(tcnn=tcnn) + render_cases() + render_cases(packed=True) + ray_march_cases() +
+            fused_mlp_cases())

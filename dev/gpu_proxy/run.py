@@ -110,6 +110,10 @@ def check_launch(sig: Signatures, case, launch) -> list[str]:
                 fails.append(f"{where}: {p['name']} is a reference ({p['decl']}): bind one element, not {a.size}")
         elif p["role"] == "threadgroup_bytes":
             tg_bytes += round16(int(value))
+    declared = sig.manifest["files"].get(launch.module.split("/")[-1], {}).get("function_constants", [])
+    for name in launch.constants:
+        if name not in declared:
+            fails.append(f"{where}: function constant {name!r} is not declared in {launch.module} ({declared})")
     if tg_bytes != launch.shared:
         fails.append(f"{where}: dynamic shared memory {launch.shared} B, the threadgroup lengths need {tg_bytes} B")
     if sig.manifest["kernels"][launch.kernel]["uses_barriers"] and any(
@@ -177,12 +181,15 @@ class Device:
                 raise RuntimeError(f"{launch.kernel}: cudaError {err}")
             return
         args = [self.buffers[v] if kind == "buf" else np.uint32(v) for kind, v in launch.args]
+        function = self.function(launch)  # loads the module
+        for name, value in launch.constants.items():  # the module's __constant__ int of the function constant
+            self.cp.ndarray((1,), self.cp.int32, memptr=self.modules[launch.module].get_global(name))[...] = value
         if launch.msl:
             blocks = tuple((t + g - 1) // g for t, g in zip(launch.threads, launch.group))
             args += [np.uint32(t) for t in launch.threads]
         else:
             blocks = launch.threads
-        self.function(launch)(blocks, launch.group, tuple(args), shared_mem=launch.shared)
+        function(blocks, launch.group, tuple(args), shared_mem=launch.shared)
 
     def copy_bandwidth(self, mib=1024, repeats=20) -> float:
         """Device-to-device copy, bytes read + written per second (median)."""

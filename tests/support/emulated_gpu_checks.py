@@ -694,6 +694,133 @@ def check_zero_out(seed):
     return "4 dtypes x 5 shapes"
 
 
+# ---- fused MLP ---------------------------------------------------------------------------------------------------
+# (width, hidden layers, n_input, n_output, activation, output activation, bias, N): every width and activation,
+# n_input / n_output not multiples of 16, N not a multiple of any block (16..64 rows) and smaller than one.
+FUSED_MLP_CASES = [
+    (16, 1, 5, 3, "relu", "none", False, 37),
+    (16, 3, 16, 16, "leaky_relu", "sigmoid", True, 1),
+    (32, 2, 20, 7, "softplus", "relu", True, 70),
+    (64, 1, 32, 16, "relu", "none", False, 75),
+    (64, 2, 33, 3, "sigmoid", "exponential", True, 41),
+    (128, 1, 100, 1, "exponential", "softplus", False, 19),
+    (128, 2, 3, 17, "none", "leaky_relu", True, 35),
+]
+
+
+def fused_mlp_case(rng, case, dtype):
+    width, layers, n_in, n_out, act, out_act, bias, n = case
+    lay = t.fused_mlp_layout(n_in, n_out, width=width, n_hidden_layers=layers, use_bias=bias)
+    kw = dict(n_hidden_layers=layers, width=width, n_output=n_out, activation=act, output_activation=out_act,
+              use_bias=bias)
+    scale = 0.5 if act == "exponential" else 1.0  # keeps exp() of the hidden layers in range
+    x = rng.uniform(-1, 1, (n, n_in)).astype(dtype)
+    p = (rng.standard_normal(lay.n_params) * scale / np.sqrt(width)).astype(dtype)
+    dy = rng.standard_normal((n, n_out)).astype(dtype)
+    return kw, x, p, dy
+
+
+def fused_mlp_run(device, kw, x, p, dy):
+    """(y without training, y and hidden with training, dx, dparams) on `device`."""
+    from tf_metal_ops._library import ops
+
+    with tf.device(device):
+        xv, pv, dyv = tf.constant(x), tf.constant(p), tf.constant(dy)
+        y = t.fused_mlp(xv, pv, training=False, **kw)
+        yt, hidden = ops().fused_mlp(xv, pv, training=True, **kw)
+        with tf.GradientTape() as tape:
+            tape.watch([xv, pv])
+            yg = t.fused_mlp(xv, pv, **kw)
+        dx, dp = tape.gradient(yg, [xv, pv], output_gradients=dyv)
+    return y, yt, hidden, dx, dp
+
+
+def close_to_reference(got, ref, f16, what):
+    """float32: rtol 1e-4 and atol 1e-5 of the largest |ref| (float32 sums of up to 128 products per layer);
+    float16: rtol 1e-2 and atol 4e-3 of the largest |ref| (activations rounded to half between layers, half
+    products summed in float, outputs rounded to half)."""
+    scale = max(float(np.abs(ref).max()) if ref.size else 0.0, 1e-3)
+    close(got, ref, 1e-2 if f16 else 1e-4, (4e-3 if f16 else 1e-5) * scale, what)
+
+
+def check_fused_mlp(seed):
+    """FusedMlp and FusedMlpGrad on /GPU:0 (metal_kernels/fused_mlp.metal) against the NumPy float64 reference
+    (tf_metal_ops/fused_mlp/reference.py): y, the kept hidden activations, dx, dparams (its padding exactly 0);
+    dparams bitwise equal on a second run; N = 0; bad input raises InvalidArgumentError on the GPU. The last line
+    ends with a digest of every GPU result (the same under every backend and thread order: fixed-order sums)."""
+    import hashlib
+
+    from tf_metal_ops._library import ops
+    from tf_metal_ops.fused_mlp import reference as ref
+
+    rng = np.random.default_rng(seed)
+    digest = hashlib.sha256()
+    cases = 0
+    for case in FUSED_MLP_CASES:
+        for dtype in (np.float32, np.float16):
+            f16 = dtype == np.float16
+            kw, x, p, dy = fused_mlp_case(rng, case, dtype)
+            suffix = "float16" if f16 else "float32"
+            what = f"{np.dtype(dtype).name} {kw} N={x.shape[0]} n_input={x.shape[1]}"
+            with Dispatches() as ran:
+                y, yt, hidden, dx, dp = fused_mlp_run(GPU, kw, x, p, dy)
+            w = kw["width"]
+            ran.require(f"fused_mlp_forward_w{w}_{suffix}", f"fused_mlp_backward_w{w}_{suffix}",
+                        f"fused_mlp_reduce_{suffix}")
+            for v in (y, yt, hidden, dx, dp):
+                on_gpu(v)
+            y_ref, pre, _ = ref.forward(x, p, **kw)
+            dx_ref, dp_ref = ref.backward(dy, x, p, **kw)
+            h_ref = np.stack([ref.activate(kw["activation"], z) for z in pre[:-1]])
+            assert np.asarray(y).tobytes() == np.asarray(yt).tobytes(), f"y with and without training: {what}"
+            close_to_reference(y, y_ref, f16, "y " + what)
+            close_to_reference(hidden, h_ref, f16, "hidden " + what)
+            close_to_reference(dx, dx_ref, f16, "dx " + what)
+            close_to_reference(dp, dp_ref, f16, "dparams " + what)
+            lay = t.fused_mlp_layout(x.shape[1], kw["n_output"], width=w, n_hidden_layers=kw["n_hidden_layers"],
+                                     use_bias=kw["use_bias"])
+            pad = np.zeros(lay.n_params, bool)  # W_1's padding columns, W_L's padding rows
+            (o1, (r1, c1)), (ol, (rl, cl)) = lay.matrices[0], lay.matrices[-1]
+            pad[o1:o1 + r1 * c1] |= (np.arange(c1) >= x.shape[1])[None, :].repeat(r1, 0).reshape(-1)
+            pad[ol:ol + rl * cl] |= (np.arange(rl) >= kw["n_output"])[:, None].repeat(cl, 1).reshape(-1)
+            assert not np.asarray(dp)[pad].any(), f"gradient of padding entries: {what}"
+            if not f16:  # the CPU kernel: the same float32 math up to the summation order
+                c = fused_mlp_run(CPU, kw, x, p, dy)
+                for name, a, b in zip(("y", "y (training)", "hidden", "dx", "dparams"), (y, yt, hidden, dx, dp), c):
+                    scale = max(float(np.abs(np.asarray(b)).max()), 1e-3)
+                    close(a, b, 1e-4, 1e-5 * scale, f"GPU vs CPU {name} {what}")
+            again = fused_mlp_run(GPU, kw, x, p, dy)
+            for name, a, b in zip(("y", "y (training)", "hidden", "dx", "dparams"), (y, yt, hidden, dx, dp), again):
+                assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), f"{name} differs run to run: {what}"
+            for v in (y, hidden, dx, dp):
+                digest.update(np.asarray(v).tobytes())
+            cases += 1
+    # N = 0: empty outputs, dparams 0.
+    kw, x, p, dy = fused_mlp_case(rng, (32, 2, 5, 3, "relu", "none", True, 0), np.float32)
+    y, yt, hidden, dx, dp = fused_mlp_run(GPU, kw, x, p, dy)
+    assert y.shape == (0, 3) and hidden.shape == (2, 0, 32) and dx.shape == (0, 5), (y.shape, hidden.shape, dx.shape)
+    assert dp.shape == p.shape and not np.asarray(dp).any(), "N = 0: dparams must be 0"
+    # Bad input: the kernels' checks on the GPU (the wrappers' static checks bypassed).
+    kw, x, p, dy = fused_mlp_case(rng, (64, 1, 10, 4, "relu", "none", False, 20), np.float32)
+    _, _, hidden, _, _ = fused_mlp_run(GPU, kw, x, p, dy)
+    y = t.fused_mlp(x, p, training=False, **kw)
+    bad = [("params must have shape", lambda: ops().fused_mlp(x, p[:-1], **kw)),
+           ("x must have shape", lambda: ops().fused_mlp(np.zeros((3, 65), np.float32), p, **kw)),
+           ("hidden must have shape", lambda: ops().fused_mlp_grad(dy, x, p, y, hidden[:, :-1], **kw)),
+           ("dy must have shape", lambda: ops().fused_mlp_grad(dy[:-1], x, p, y, hidden, **kw)),
+           ("width must be", lambda: ops().fused_mlp(x, p, **{**kw, "width": 48}))]
+    for match, fn in bad:
+        try:
+            with tf.device(GPU):
+                fn()
+        except tf.errors.InvalidArgumentError as e:
+            assert match in str(e), (match, str(e))
+        else:
+            raise AssertionError(f"{match}: must fail on the GPU")
+    assert_no_device_errors()
+    return f"{cases} configurations, N = 0, {len(bad)} bad inputs; digest {digest.hexdigest()[:16]}"
+
+
 # ---- models, saved models, threads ---------------------------------------------------------------------------
 def check_layer_and_savedmodel(seed):
     import tempfile

@@ -1,4 +1,4 @@
-"""``fused_mlp``: the compiled fully fused MLP (tiny-cuda-nn's FullyFusedMLP; CPU kernels, no Metal kernel yet).
+"""``fused_mlp``: the compiled fully fused MLP (tiny-cuda-nn's FullyFusedMLP; CPU kernels and Metal kernels).
 
 The op ``FusedMlp`` keeps the hidden activations (float32) as a second output when ``training``; its registered
 gradient runs ``FusedMlpGrad`` on them (or, for a forward run without them, runs the forward once more with them).
@@ -76,9 +76,10 @@ def fused_mlp(x, params, *, n_hidden_layers, width, n_output, activation="relu",
     "softplus". float32 or float16 (x and params the same dtype; float16 accumulates in float32).
     ``training``: keep the hidden activations for the gradient (None: whenever a gradient tape records ``x`` or
     ``params``). The gradient w.r.t. ``x`` and ``params`` is registered (eager, ``tf.function``, SavedModel); the
-    parameter gradient is bitwise the same for every thread count. Bad arguments raise ValueError here when visible
-    statically, else InvalidArgumentError from the kernel. CPU kernels only: on a GPU, TensorFlow places the op on
-    the CPU.
+    parameter gradient is bitwise the same for every thread count and run. Bad arguments raise ValueError here when
+    visible statically, else InvalidArgumentError from the kernel. CPU and GPU (Metal) kernels; on the GPU float16
+    multiplies float16 operands, the activations rounded to float16 between layers, and sums in float32
+    (docs/fused_mlp.md, "GPU kernels").
 
     Example:
       >>> import numpy as np, tensorflow as tf, tf_metal_ops

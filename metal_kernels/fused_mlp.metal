@@ -1,0 +1,281 @@
+// Metal kernels of the fully fused MLP: FusedMlp and FusedMlpGrad (semantics: csrc/ops/fused_mlp_op.cc; parameter
+// layout: csrc/ops/fused_mlp_args.h; activations, FmArgs and the threadgroup shape: csrc/shared/fused_mlp_math.h).
+// Host: csrc/gpu/fused_mlp_gpu.cc.
+//
+// Kernels (templates over T = float | half and the width W, instantiated by name below each:
+// fused_mlp_forward_w{16,32,64,128}_{float32,float16}, fused_mlp_backward_w..._..., and
+// fused_mlp_reduce_{float32,float16}):
+//   fused_mlp_forward   x(0) params(1) args(2) -> y(3) hidden(4); threadgroups of 32 S threads (S =
+//                       FM_GPU_SIMDGROUPS(W, T is half)), one per block of 8 S rows; threadgroup memory: stage(0),
+//                       rows(1), weights(2) (FM_GPU_*_BYTES). hidden [n_matrices - 1, N, W] float is written only
+//                       when args.training (else a stand-in buffer is bound).
+//   fused_mlp_backward  dy(0) x(1) params(2) y(3) hidden(4) args(5) -> dx(6) partial(7); args.parts threadgroups of
+//                       32 S threads; threadgroup memory: stage(0), g(1), prev(2), weights(3). Threadgroup p handles
+//                       the blocks [p blocks / parts, (p + 1) blocks / parts) in order and writes its own partial
+//                       parameter gradient, partial[p P .. p P + P) float32 (every value written: no zeroing pass).
+//   fused_mlp_reduce    partial(0) args(1) -> dparams(2); grid P: dparams[k] = the parts' partial[p P + k] summed in
+//                       part order (0, 1, ...) from 0, rounded to T once.
+// Function constants: 0 the hidden layers' activation, 1 the output activation (FM_ACT_*), forward and backward.
+//
+// Structure:
+//  - SIMD group s of a threadgroup owns rows [8 s, 8 s + 8) of the block. Every product is made of 8x8
+//    simdgroup_matrix tiles (simdgroup_load / simdgroup_multiply_accumulate / simdgroup_store) with float32
+//    accumulators (simdgroup_float8x8): half operands for float16 (half products summed in float), float operands for
+//    float32. The activations of a block stay in threadgroup memory across the layers, as T; the products go to the
+//    float stage, where bias and activation are applied (fm_activate, the CPU kernel's math) before rounding to T.
+//    hidden keeps the float value before that rounding.
+//  - Weights: a layer's matrix is copied into threadgroup memory once per threadgroup and layer (params are already
+//    T, the product type) for W <= 64; at W = 128 the matrix (32 KB as half, 64 KB as float) does not fit Apple's
+//    32 KB next to the activations, so simdgroup_load reads the tiles from device memory (params) directly.
+//  - Padding as the CPU kernel: x is padded with zeros to in_pad columns (rows past N are zeros too and are never
+//    stored); W_L's padding rows produce outputs that are never stored, and since g is 0 on those columns their
+//    gradient is exactly 0, as is that of W_1's padding columns (their inputs are 0).
+//  - Backward per block, last matrix first: g = dy f_out'(y) (0 outside the real rows and outputs); per matrix m,
+//    dW_m += g^T h_prev (the tiles spread over the SIMD groups; each tile sums the block's rows 8 at a time, in row
+//    order, and is loaded from, and stored back to, the threadgroup's partial, so it sums the blocks in block
+//    order), db_m += the columns of g summed in row order (one thread per column), dh = g W_m (each SIMD group its
+//    rows), then g_prev = dh f'(h_prev) from the kept hidden (fm_activation_derivative, the CPU kernel's chain), or
+//    dx = dh for m = 0. Every sum has a fixed order and the number of parts depends on N and the layout only, so
+//    dparams is bitwise the same run to run (always, without any determinism switch).
+//  - Offsets into hidden, x, y, dy and dx are 64-bit; rows are 32-bit (the host checks N).
+#include <metal_stdlib>
+#include <metal_simdgroup_matrix>
+using namespace metal;
+
+#include "fused_mlp_math.h"
+
+constant int fm_activation [[function_constant(0)]];
+constant int fm_output_activation [[function_constant(1)]];
+
+// The B operand tile (k0 .. k0 + 8) x (n0 .. n0 + 8) of a product with a matrix stored row-major [n][k] (the
+// weights, rows = outputs) with `ld` elements per row: the stored matrix transposed. From threadgroup memory when
+// TGW, else from device memory.
+template <typename T, bool TGW>
+TFMO_FN void fm_load_transposed(thread simdgroup_matrix<T, 8, 8>& m, const threadgroup T* tg,
+                                const device T* dev, uint ld, uint k0, uint n0) {
+  if (TGW) simdgroup_load(m, tg, ld, ulong2(k0, n0), true);
+  else simdgroup_load(m, dev, ld, ulong2(k0, n0), true);
+}
+
+// The B operand tile (k0 .. k0 + 8) x (n0 .. n0 + 8) of a matrix stored row-major [k][n] with `ld` elements per row.
+template <typename T, bool TGW>
+TFMO_FN void fm_load(thread simdgroup_matrix<T, 8, 8>& m, const threadgroup T* tg, const device T* dev, uint ld,
+                     uint k0, uint n0) {
+  if (TGW) simdgroup_load(m, tg, ld, ulong2(n0, k0));
+  else simdgroup_load(m, dev, ld, ulong2(n0, k0));
+}
+
+// ---- forward ----------------------------------------------------------------------------------------------------
+
+template <typename T, uint W>
+[[kernel]] void fused_mlp_forward(device const T* x [[buffer(0)]], device const T* params [[buffer(1)]],
+                                  constant FmArgs& args [[buffer(2)]], device T* y [[buffer(3)]],
+                                  device float* hidden [[buffer(4)]],
+                                  threadgroup float* stage [[threadgroup(0)]],
+                                  threadgroup T* rows_tg [[threadgroup(1)]],
+                                  threadgroup T* weights_tg [[threadgroup(2)]],
+                                  uint group [[threadgroup_position_in_grid]],
+                                  uint sg [[simdgroup_index_in_threadgroup]],
+                                  uint lane [[thread_index_in_simdgroup]],
+                                  uint tid [[thread_index_in_threadgroup]]) {
+  const uint S = FM_GPU_SIMDGROUPS(W, sizeof(T) == 2);
+  const bool TGW = FM_GPU_TG_WEIGHTS(W);
+  const uint n = args.n;
+  const uint row0 = group * (8u * S) + sg * 8u;  // this SIMD group's first row
+  threadgroup float* st = stage + sg * 8u * W;
+  threadgroup T* act = rows_tg + sg * 8u * W;
+  for (uint e = lane; e < 8u * W; e += 32u) {
+    const uint b = e / W, i = e % W, row = row0 + b;
+    act[e] = row < n && i < args.n_input ? x[ulong(row) * args.n_input + i] : T(0);
+  }
+  for (uint m = 0; m < args.n_matrices; ++m) {
+    const bool last = m + 1u == args.n_matrices;
+    const uint rows = last ? args.out_pad : W, cols = m == 0u ? args.in_pad : W;
+    const device T* wm = params + args.weight_offset[m];
+    if (TGW) {
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // every SIMD group is done with the previous matrix
+      for (uint e = tid; e < rows * cols; e += 32u * S) weights_tg[e] = wm[e];
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+    } else {
+      simdgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    // out [8][rows] = act [8][cols] W_m^T
+    simdgroup_float8x8 acc[W / 8u];
+    TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) acc[j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    for (uint k = 0; k < cols / 8u; ++k) {
+      simdgroup_matrix<T, 8, 8> a;
+      simdgroup_load(a, act, W, ulong2(k * 8u, 0));
+      TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
+        if (j * 8u < rows) {
+          simdgroup_matrix<T, 8, 8> w;
+          fm_load_transposed<T, TGW>(w, weights_tg, wm, cols, k * 8u, j * 8u);
+          simdgroup_multiply_accumulate(acc[j], a, w, acc[j]);
+        }
+      }
+    }
+    TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j)
+      if (j * 8u < rows) simdgroup_store(acc[j], st, W, ulong2(j * 8u, 0));
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    const int act_code = last ? fm_output_activation : fm_activation;
+    const uint real = last ? args.n_output : W;  // outputs with a bias
+    for (uint e = lane; e < 8u * W; e += 32u) {
+      const uint b = e / W, o = e % W, row = row0 + b;
+      if (o >= rows) continue;
+      float v = st[e];
+      if (args.use_bias != 0u && o < real) v += float(params[args.bias_offset[m] + o]);
+      v = fm_activate(act_code, v);
+      if (last) {
+        if (row < n && o < args.n_output) y[ulong(row) * args.n_output + o] = T(v);
+      } else {
+        act[e] = T(v);
+        if (args.training != 0u && row < n) hidden[(ulong(m) * n + row) * W + o] = v;
+      }
+    }
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+  }
+}
+
+#define FM_KERNEL(name, ...) template [[host_name(name)]] [[kernel]] decltype(__VA_ARGS__) __VA_ARGS__
+FM_KERNEL("fused_mlp_forward_w16_float32", fused_mlp_forward<float, 16>);
+FM_KERNEL("fused_mlp_forward_w32_float32", fused_mlp_forward<float, 32>);
+FM_KERNEL("fused_mlp_forward_w64_float32", fused_mlp_forward<float, 64>);
+FM_KERNEL("fused_mlp_forward_w128_float32", fused_mlp_forward<float, 128>);
+FM_KERNEL("fused_mlp_forward_w16_float16", fused_mlp_forward<half, 16>);
+FM_KERNEL("fused_mlp_forward_w32_float16", fused_mlp_forward<half, 32>);
+FM_KERNEL("fused_mlp_forward_w64_float16", fused_mlp_forward<half, 64>);
+FM_KERNEL("fused_mlp_forward_w128_float16", fused_mlp_forward<half, 128>);
+
+// ---- backward ---------------------------------------------------------------------------------------------------
+
+template <typename T, uint W>
+[[kernel]] void fused_mlp_backward(device const T* dy [[buffer(0)]], device const T* x [[buffer(1)]],
+                                   device const T* params [[buffer(2)]], device const T* y [[buffer(3)]],
+                                   device const float* hidden [[buffer(4)]], constant FmArgs& args [[buffer(5)]],
+                                   device T* dx [[buffer(6)]], device float* partial [[buffer(7)]],
+                                   threadgroup float* stage [[threadgroup(0)]],
+                                   threadgroup T* g_tg [[threadgroup(1)]],
+                                   threadgroup T* prev_tg [[threadgroup(2)]],
+                                   threadgroup T* weights_tg [[threadgroup(3)]],
+                                   uint group [[threadgroup_position_in_grid]],
+                                   uint sg [[simdgroup_index_in_threadgroup]],
+                                   uint lane [[thread_index_in_simdgroup]],
+                                   uint tid [[thread_index_in_threadgroup]]) {
+  const uint S = FM_GPU_SIMDGROUPS(W, sizeof(T) == 2);
+  const bool TGW = FM_GPU_TG_WEIGHTS(W);
+  const uint B = 8u * S, threads = 32u * S, n = args.n;
+  device float* part = partial + ulong(group) * args.total;
+  const uint blk0 = uint(ulong(group) * args.blocks / args.parts);
+  const uint blk1 = uint((ulong(group) + 1ul) * args.blocks / args.parts);
+  threadgroup float* st = stage + sg * 8u * W;
+  for (uint blk = blk0; blk < blk1; ++blk) {
+    const bool first = blk == blk0;
+    const uint r0 = blk * B;
+    // g = dy * f_out'(y) on the real rows and outputs, else 0.
+    for (uint e = tid; e < B * W; e += threads) {
+      const uint b = e / W, o = e % W, row = r0 + b;
+      float v = 0.0f;
+      if (row < n && o < args.n_output) {
+        const ulong k = ulong(row) * args.n_output + o;
+        v = float(dy[k]) * fm_activation_derivative(fm_output_activation, float(y[k]));
+      }
+      g_tg[e] = T(v);
+    }
+    for (uint mi = args.n_matrices; mi > 0u; --mi) {
+      const uint m = mi - 1u;
+      const bool last = m + 1u == args.n_matrices;
+      const uint rows = last ? args.out_pad : W, cols = m == 0u ? args.in_pad : W;
+      const device T* wm = params + args.weight_offset[m];
+      const device float* hprev = m > 0u ? hidden + ulong(m - 1u) * n * W : hidden;  // m > 0 only
+      // The layer's inputs as T ([B][W], zeros past N and past n_input), the matrix into threadgroup memory.
+      for (uint e = tid; e < B * W; e += threads) {
+        const uint b = e / W, i = e % W, row = r0 + b;
+        T v = T(0);
+        if (row < n) {
+          if (m == 0u) {
+            if (i < args.n_input) v = x[ulong(row) * args.n_input + i];
+          } else {
+            v = T(hprev[ulong(row) * W + i]);
+          }
+        }
+        prev_tg[e] = v;
+      }
+      if (TGW)
+        for (uint e = tid; e < rows * cols; e += threads) weights_tg[e] = wm[e];
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      // dW_m [rows][cols] += g^T [rows][B] prev [B][cols], tile by tile.
+      const uint tiles_o = rows / 8u, tiles_i = cols / 8u;
+      device float* dw = part + args.weight_offset[m];
+      for (uint t = sg; t < tiles_o * tiles_i; t += S) {
+        const uint to = t / tiles_i, ti = t % tiles_i;
+        simdgroup_float8x8 acc;
+        if (first) acc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+        else simdgroup_load(acc, dw, cols, ulong2(ti * 8u, to * 8u));
+        for (uint kb = 0; kb < B / 8u; ++kb) {
+          simdgroup_matrix<T, 8, 8> ga, hb;
+          simdgroup_load(ga, g_tg, W, ulong2(to * 8u, kb * 8u), true);
+          simdgroup_load(hb, prev_tg, W, ulong2(ti * 8u, kb * 8u));
+          simdgroup_multiply_accumulate(acc, ga, hb, acc);
+        }
+        simdgroup_store(acc, dw, cols, ulong2(ti * 8u, to * 8u));
+      }
+      // db_m += the column sums of g (rows in order).
+      if (args.use_bias != 0u) {
+        const uint real = last ? args.n_output : W;
+        for (uint o = tid; o < real; o += threads) {
+          float s = 0.0f;
+          for (uint b = 0; b < B; ++b) s += float(g_tg[b * W + o]);
+          device float* db = part + args.bias_offset[m] + o;
+          *db = first ? s : *db + s;
+        }
+      }
+      // dh [8][cols] = g [8][rows] W_m [rows][cols] for this SIMD group's rows.
+      simdgroup_float8x8 acc[W / 8u];
+      TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) acc[j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+      for (uint k = 0; k < tiles_o; ++k) {
+        simdgroup_matrix<T, 8, 8> ga;
+        simdgroup_load(ga, g_tg, W, ulong2(k * 8u, sg * 8u));
+        TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
+          if (j < tiles_i) {
+            simdgroup_matrix<T, 8, 8> w;
+            fm_load<T, TGW>(w, weights_tg, wm, cols, k * 8u, j * 8u);
+            simdgroup_multiply_accumulate(acc[j], ga, w, acc[j]);
+          }
+        }
+      }
+      TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j)
+        if (j < tiles_i) simdgroup_store(acc[j], st, W, ulong2(j * 8u, 0));
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // g, prev and the weights are read; the stage is written
+      for (uint e = lane; e < 8u * W; e += 32u) {
+        const uint b = e / W, i = e % W, row = r0 + sg * 8u + b;
+        if (m > 0u) {
+          float v = 0.0f;
+          if (row < n) v = st[e] * fm_activation_derivative(fm_activation, hprev[ulong(row) * W + i]);
+          g_tg[(sg * 8u + b) * W + i] = T(v);
+        } else if (row < n && i < args.n_input) {
+          dx[ulong(row) * args.n_input + i] = T(st[e]);
+        }
+      }
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // the next matrix reads every SIMD group's g
+    }
+  }
+}
+FM_KERNEL("fused_mlp_backward_w16_float32", fused_mlp_backward<float, 16>);
+FM_KERNEL("fused_mlp_backward_w32_float32", fused_mlp_backward<float, 32>);
+FM_KERNEL("fused_mlp_backward_w64_float32", fused_mlp_backward<float, 64>);
+FM_KERNEL("fused_mlp_backward_w128_float32", fused_mlp_backward<float, 128>);
+FM_KERNEL("fused_mlp_backward_w16_float16", fused_mlp_backward<half, 16>);
+FM_KERNEL("fused_mlp_backward_w32_float16", fused_mlp_backward<half, 32>);
+FM_KERNEL("fused_mlp_backward_w64_float16", fused_mlp_backward<half, 64>);
+FM_KERNEL("fused_mlp_backward_w128_float16", fused_mlp_backward<half, 128>);
+
+// dparams[k] = sum of partial[p P + k] over the parts p = 0, 1, ... in order (0 parts: 0).
+template <typename T>
+[[kernel]] void fused_mlp_reduce(device const float* partial [[buffer(0)]], constant FmArgs& args [[buffer(1)]],
+                                 device T* dparams [[buffer(2)]], uint k [[thread_position_in_grid]]) {
+  if (k >= args.total) return;
+  float s = 0.0f;
+  for (uint p = 0; p < args.parts; ++p) s += partial[ulong(p) * args.total + k];
+  dparams[k] = T(s);
+}
+FM_KERNEL("fused_mlp_reduce_float32", fused_mlp_reduce<float>);
+FM_KERNEL("fused_mlp_reduce_float16", fused_mlp_reduce<half>);
