@@ -77,7 +77,9 @@ class Launch:
     threads: tuple  # MSL: threads per grid; baseline: blocks
     group: tuple  # threads per threadgroup / block
     shared: int = 0  # dynamic shared memory bytes (the rounded [[threadgroup(n)]] lengths)
-    msl: bool = True  # module "tcnn": a host function of the --tcnn library (dev/gpu_proxy/tcnn_grid.cu) instead
+    # module "tcnn": a host function of the --tcnn library (dev/gpu_proxy/tcnn_*.cu) instead; module "cupy": a
+    # function of dev/gpu_proxy/unfused_mlp.py, args ("buf", name) or ("spec", a Python value)
+    msl: bool = True
     constants: dict = dataclasses.field(default_factory=dict)  # function constants (name: int), set before the launch
 
 
@@ -1029,12 +1031,16 @@ def fm_reference(x, params, dy, mats, n_output, act, out_act):
     return (y, 1e-2 * np.abs(y) + 4e-3 * np.abs(y).max()), (dp, 1e-2 * mag + 4e-3 * np.abs(dp).max())
 
 
-def fused_mlp_cases(n=1 << 18, seed=3) -> list[Case]:
+def fused_mlp_cases(n=1 << 18, seed=3, tcnn=False) -> list[Case]:
     """The NeRF networks of instant-ngp as FusedMlp in float16 at n rows: the density network (32 -> 64 -> 16, relu,
     no output activation, 1 hidden layer) and the colour network (32 -> 64 -> 64 -> 3, relu, sigmoid output, 2 hidden
     layers); each forward (no training: hidden not written) and forward + backward (the training forward, the
     backward with its per-threadgroup partial sums, the fixed-order reduce), launched as csrc/gpu/fused_mlp_gpu.cc
-    does. Bound: the bytes the op must move (x, params, y; training adds hidden written and read, dy, dx, dparams)."""
+    does. Bound: the bytes the op must move (x, params, y; training adds hidden written and read, dy, dx, dparams).
+    Beside each, bound by it: the same network unfused (dev/gpu_proxy/unfused_mlp.py: cuBLAS products and elementwise
+    kernels) and, with tcnn, tiny-cuda-nn's FullyFusedMLP (dev/gpu_proxy/tcnn_mlp.cu: its inference kernel; its
+    training forward and backward), on the same x, params and dy (padded to 16 outputs, as both take them), checked
+    against the same reference at twice the tolerances (other summation orders and roundings)."""
     rng = np.random.default_rng(seed)
     cases = []
     for name, n_in, width, layers, n_out, act, out_act in (("density", 32, 64, 1, 16, "relu", "none"),
@@ -1081,15 +1087,51 @@ def fused_mlp_cases(n=1 << 18, seed=3) -> list[Case]:
                 cache["y"], cache["dparams"] = fm_reference(x, params, dy, mats, n_out, act, out_act)
             return cache
 
+        fwd_name, train_name = f"fused_mlp_{name}_forward_float16", f"fused_mlp_{name}_forward_backward_float16"
         moved_fwd = nbytes(arrays, "x", "params", "y")
         moved_train = moved_fwd + 2 * nbytes(arrays, "hidden") + nbytes(arrays, "dy", "dx", "dparams")
         cases += [
-            Case(f"fused_mlp_{name}_forward_float16", "fused_mlp", [forward("args_fwd", "hidden_unused")], arrays,
+            Case(fwd_name, "fused_mlp", [forward("args_fwd", "hidden_unused")], arrays,
                  lambda ref=ref: {"y": ref()["y"]}, ("copy", moved_fwd)),
-            Case(f"fused_mlp_{name}_forward_backward_float16", "fused_mlp",
-                 [forward("args_train", "hidden"), backward, reduce], arrays,
+            Case(train_name, "fused_mlp", [forward("args_train", "hidden"), backward, reduce], arrays,
                  lambda ref=ref: {"y": ref()["y"], "dparams": ref()["dparams"]}, ("copy", moved_train)),
         ]
+        out_pad = mats[-1][1]
+        dy_pad = np.zeros((n, out_pad), np.float16)
+        dy_pad[:, :n_out] = dy
+        arrays.update(dy_pad=dy_pad, y_pad=np.zeros((n, out_pad), np.float16), dx_base=np.zeros((n, n_in), np.float16),
+                      dparams_base=np.zeros(P, np.float16))
+        spec = (n_in, width, out_pad, layers, FM_ACTIVATIONS[act], FM_ACTIVATIONS[out_act])
+        config = [("u32", v) for v in (n, n_in, width, n_out, layers, FM_ACTIVATIONS[act], FM_ACTIVATIONS[out_act])]
+        cols = (slice(None), slice(0, n_out))
+
+        def twice(name, index=None, ref=ref):
+            expected, tol = ref()[name]
+            return (expected, 2 * tol) + ((index,) if index else ())
+
+        def host(module, fn, args):
+            return Launch(module, fn, args, (1, 1, 1), (1, 1, 1), msl=False)
+
+        baselines = [("unfused cuBLAS", [host("cupy", "forward", [("spec", spec), ("buf", "params"), ("buf", "x"),
+                                                                 ("buf", "y_pad")])],
+                      [host("cupy", "train", [("spec", spec), ("buf", "params"), ("buf", "dparams_base"),
+                                              ("buf", "x"), ("buf", "dy_pad"), ("buf", "y_pad"),
+                                              ("buf", "dx_base")])])]
+        if tcnn:
+            baselines.append(("tcnn FullyFusedMLP",
+                              [host("tcnn", "tfmo_tcnn_mlp_inference",
+                                    [("buf", "params"), ("buf", "x"), ("buf", "y_pad")] + config)],
+                              [host("tcnn", "tfmo_tcnn_mlp_train",
+                                    [("buf", v) for v in ("params", "dparams_base", "x", "dy_pad", "y_pad", "dx_base")]
+                                    + config)]))
+        for label, fwd, train in baselines:
+            cases += [
+                Case(f"{fwd_name} ({label})", "fused_mlp", fwd, arrays, lambda twice=twice, cols=cols: {"y_pad": twice("y", cols)},
+                     ("case", fwd_name)),
+                Case(f"{train_name} ({label})", "fused_mlp", train, arrays,
+                     lambda twice=twice, cols=cols: {"y_pad": twice("y", cols), "dparams_base": twice("dparams")},
+                     ("case", train_name)),
+            ]
     return cases
 
 

@@ -21,7 +21,7 @@ Commands:
     python3 dev/gpu_proxy/build.py build --out gpu_proxy_ptx          # clang-16, no GPU, no CUDA
     python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx --dry-run         # no GPU: packing vs the PTX entry signatures
     python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx                   # on the GPU machine: cupy, numpy
-    python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx --tcnn gpu_proxy_tcnn/libtfmo_tcnn_grid.so   # + tiny-cuda-nn
+    python3 dev/gpu_proxy/run.py --ptx gpu_proxy_ptx --tcnn gpu_proxy_tcnn/libtfmo_tcnn.so   # + tiny-cuda-nn
 The GPU machine needs python3, numpy and cupy, no TensorFlow and no clang; the PTX (1.4 MB) is built elsewhere and
 copied with the tree. The manifest records the commit the PTX was built from. A full run takes a few minutes, most
 of it the NumPy references.
@@ -45,6 +45,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))  # dev/: the folder gpu_proxy/ is imported from
 from gpu_proxy import build as build_tool  # noqa: E402
 from gpu_proxy import cases as cases_mod  # noqa: E402
+from gpu_proxy import unfused_mlp  # noqa: E402
 
 
 def load_build_tool():
@@ -78,6 +79,9 @@ class Signatures:
 
 def check_launch(sig: Signatures, case, launch) -> list[str]:
     where = f"{case.name}: {launch.module}:{launch.kernel}"
+    if launch.module == "cupy":  # a Python function of dev/gpu_proxy/unfused_mlp.py, no PTX
+        fails = [] if hasattr(unfused_mlp, launch.kernel) else [f"{where}: no function {launch.kernel}"]
+        return fails + [f"{where}: no array {v!r}" for kind, v in launch.args if kind == "buf" and v not in case.arrays]
     entries = sig.entries.get(launch.module)
     if entries is None:
         return [f"{where}: no module {launch.module}.ptx"]
@@ -152,7 +156,10 @@ class Device:
         import cupy as cp
 
         self.cp, self.dir, self.modules, self.buffers = cp, Path(ptx_dir), {}, {}
-        # dev/gpu_proxy/tcnn_grid.cu: int f(pointers..., const uint32_t* offsets, u32 x3, float); its arguments by kind
+        # dev/gpu_proxy/tcnn_grid.cu, tcnn_mlp.cu: int f(pointers..., u32 / float values...); its arguments by kind.
+        # tiny-cuda-nn's memory arena calls the driver API, which the library leaves to libcuda.so.1, loaded first.
+        if tcnn_lib:
+            ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
         self.tcnn = ctypes.CDLL(str(tcnn_lib)) if tcnn_lib else None
         self.tcnn_args = {"buf": lambda v: ctypes.c_void_p(self.buffers[v].data.ptr), "u32": ctypes.c_uint32,
                           "f32": ctypes.c_float, "host": lambda v: v.ctypes.data_as(ctypes.c_void_p)}
@@ -179,6 +186,10 @@ class Device:
             err = self.function(launch)(*[self.tcnn_args[kind](v) for kind, v in launch.args])
             if err:
                 raise RuntimeError(f"{launch.kernel}: cudaError {err}")
+            return
+        if launch.module == "cupy":  # dev/gpu_proxy/unfused_mlp.py: cuBLAS and CuPy's elementwise kernels
+            getattr(unfused_mlp, launch.kernel)(self.cp, *[self.buffers[v] if kind == "buf" else v
+                                                             for kind, v in launch.args])
             return
         args = [self.buffers[v] if kind == "buf" else np.uint32(v) for kind, v in launch.args]
         function = self.function(launch)  # loads the module
@@ -372,7 +383,7 @@ def main(argv=None) -> int:
     tool = load_build_tool()
     ptxas, registers = tool.find_ptxas(), {}
     if ptxas:
-        for module in sorted({c.launches[0].module for c in cases} - {"tcnn"}):
+        for module in sorted({c.launches[0].module for c in cases} - {"tcnn", "cupy"}):
             for kernel, r in tool.register_report(ptxas, args.ptx / f"{module}.ptx").items():
                 registers[(module, kernel)] = r
     write_md(args.md, rows, env, registers)
