@@ -389,9 +389,12 @@ def test_layer_trains_with_fit():
 # The benchmark networks (bench/fused_mlp.py): NeRF's density and colour MLPs.
 BENCH_NETS = {"density": dict(n_in=32, width=64, layers=1, n_out=16, out_act="none"),
               "colour": dict(n_in=32, width=64, layers=2, n_out=3, out_act="sigmoid")}
-# Largest |error| over the largest |reference value| of y, dx and dparams against NumPy float64, products="bfloat16"
-# (measured about 1/3 of these: docs/fused_mlp.md "bfloat16 products"). float32 products stay below 1e-5 there.
-BF16_TOL = {"y": 1e-2, "dx": 1e-2, "dparams": 1e-2}
+# products="bfloat16" against NumPy float64 on those networks (4096 rows; measured values: docs/fused_mlp.md
+# "bfloat16 products"): "max" is the largest |error| over the largest |reference value|, "norm" the error's 2-norm over
+# the reference's. With relu hidden layers the gradients' error is mostly relu'(z) switching where the rounding
+# moves z across 0 (a jump of a whole term), so they are compared in norm there; softplus is smooth.
+BF16_TOL = {"relu": {"y": ("max", 1e-2), "dx": ("norm", 0.15), "dparams": ("norm", 0.15)},
+            "softplus": {"y": ("max", 1.5e-2), "dx": ("max", 1.5e-2), "dparams": ("max", 1.5e-2)}}
 TINY = np.float32(np.finfo(np.float32).tiny)
 
 
@@ -428,9 +431,11 @@ def bf16_forward(x, params, *, width, n_hidden_layers, n_output, activation, out
     return h[:, :n_output]
 
 
-def rel_err(got, want):
-    want = np.asarray(want, np.float64)
-    return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
+def rel_err(got, want, kind="max"):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if kind == "norm":
+        return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 @pytest.mark.parametrize("activation, use_bias", [("relu", False), ("softplus", True), ("sigmoid", True)])
@@ -449,23 +454,24 @@ def test_bfloat16_forward_matches_its_definition(activation, use_bias):
     assert not np.array_equal(y, fused_mlp(x, p, **kwargs).numpy())  # the rounding happened
 
 
+@pytest.mark.parametrize("activation", sorted(BF16_TOL))
 @pytest.mark.parametrize("net", sorted(BENCH_NETS))
-def test_bfloat16_accuracy_on_the_benchmark_networks(net):
+def test_bfloat16_accuracy_on_the_benchmark_networks(net, activation):
     c = BENCH_NETS[net]
     lay = fused_mlp_layout(c["n_in"], c["n_out"], width=c["width"], n_hidden_layers=c["layers"])
     rng = np.random.default_rng(7)
     x = rng.standard_normal((4096, c["n_in"])).astype(np.float32)
-    p = lay.init_params(seed=3)
+    p = lay.init_params(seed=7)
     dy = rng.standard_normal((4096, c["n_out"])).astype(np.float32)
-    kwargs = dict(n_hidden_layers=c["layers"], width=c["width"], n_output=c["n_out"], activation="relu",
+    kwargs = dict(n_hidden_layers=c["layers"], width=c["width"], n_output=c["n_out"], activation=activation,
                   output_activation=c["out_act"])
-    want_y, _, _ = reference.forward(x, p, **kwargs)
-    want_x, want_p = reference.backward(dy, x, p, **kwargs)
-    for products, scale in (("float32", 1e-3), ("bfloat16", 1.0)):
-        y, gx, gp = op_grads(x, p, dy, products=products, **kwargs)
-        errs = {"y": rel_err(y, want_y), "dx": rel_err(gx, want_x), "dparams": rel_err(gp, want_p)}
-        for k, e in errs.items():
-            assert e < BF16_TOL[k] * scale, (products, k, errs)
+    want = dict(zip(("y", "dx", "dparams"), (reference.forward(x, p, **kwargs)[0],
+                                              *reference.backward(dy, x, p, **kwargs))))
+    for products in ("float32", "bfloat16"):
+        got = dict(zip(("y", "dx", "dparams"), op_grads(x, p, dy, products=products, **kwargs)))
+        for k, (kind, tol) in BF16_TOL[activation].items():
+            err = rel_err(got[k], want[k], kind)
+            assert err < (1e-5 if products == "float32" else tol), (products, k, kind, err)
 
 
 def test_bfloat16_pure_tf_and_layer_round_trip(tmp_path):
@@ -491,6 +497,7 @@ def test_bfloat16_pure_tf_and_layer_round_trip(tmp_path):
     model.save(path)
     np.testing.assert_array_equal(keras.models.load_model(path)(x).numpy(), y)
     model.export(str(tmp_path / "exported"), verbose=False)
-    np.testing.assert_array_equal(tf.saved_model.load(str(tmp_path / "exported")).serve(x).numpy(), y)
+    reloaded = tf.saved_model.load(str(tmp_path / "exported"))
+    np.testing.assert_array_equal(reloaded.serve(x).numpy(), y)
     with pytest.raises(ValueError, match="FusedMLP: products must be one of"):
         FusedMLP(n_output=3, products="float16")
