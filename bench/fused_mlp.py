@@ -1,14 +1,15 @@
 """Fused-MLP speed on the CPU: tf_metal_ops.fused_mlp (float32 and bfloat16 products) against Keras Dense stacks of
 the same networks, with and without XLA, in one run.
 
-    python bench/fused_mlp.py [--rows 262144] [--rounds 7] [--threads N] [--nets density,colour]
+    python bench/fused_mlp.py [--rows 262144] [--rounds 7] [--threads N] [--nets density,colour] [--dtype float32]
 
 Networks (Instant-NGP's NeRF MLPs; relu hidden layers, no biases, the Dense stacks use_bias=False):
   density  32 inputs -> 64 (1 hidden layer) -> 16 outputs, no output activation;
   colour   32 inputs -> 64 -> 64 (2 hidden layers) -> 3 outputs, sigmoid.
 Variants: the op with products="float32" and "bfloat16" (the bfloat16 column says which build ran: VDPBF16PS on
 CPUs with AVX512-BF16, the same arithmetic emulated in float32 code elsewhere), the Keras stack in a tf.function,
-and the same with jit_compile=True (XLA). Every variant runs in a tf.function:
+and the same with jit_compile=True (XLA); x, the parameters and the Keras layers in --dtype (float16: the op reads
+float16 and sums in float32). Every variant runs in a tf.function:
   fwd       the forward alone (the op with training=False);
   fwd+bwd   forward and the gradients w.r.t. the input and every weight of loss = sum(y * w) with fixed random w.
 Timing: after two warm-up calls of every variant, --rounds rounds each call every variant once, in turn
@@ -48,16 +49,16 @@ def cpu_flags():
     return " ".join(wanted) or "none of avx2/fma/avx512*/amx*"
 
 
-def variants(name, rows, seed):
+def variants(name, rows, seed, dtype):
     """{variant: (fwd fn, fwd+bwd fn)} of one network."""
     n_input, width, layers, n_output, out_act = NETS[name]
     rng = np.random.default_rng(seed)
-    x = tf.constant(rng.standard_normal((rows, n_input)).astype(np.float32))
-    w_out = tf.constant(rng.standard_normal((rows, n_output)).astype(np.float32))
+    x = tf.constant(rng.standard_normal((rows, n_input)).astype(dtype))
+    w_out = tf.constant(rng.standard_normal((rows, n_output)).astype(dtype))
     opts = dict(n_hidden_layers=layers, width=width, n_output=n_output, activation="relu",
                 output_activation=out_act)
     layout = tf_metal_ops.fused_mlp_layout(n_input, n_output, width=width, n_hidden_layers=layers)
-    params = tf.Variable(layout.init_params(seed=seed))
+    params = tf.Variable(layout.init_params(seed=seed, dtype=dtype))
     out = {}
 
     def op_pair(**extra):
@@ -77,10 +78,11 @@ def variants(name, rows, seed):
     out["op float32"] = op_pair()
     if "products" in inspect.signature(tf_metal_ops.fused_mlp).parameters:
         out["op bfloat16"] = op_pair(products="bfloat16")
-    dense = keras.Sequential([keras.Input((n_input,))] +
-                             [keras.layers.Dense(width, activation="relu", use_bias=False) for _ in range(layers)] +
+    dense = keras.Sequential([keras.Input((n_input,), dtype=dtype)] +
+                             [keras.layers.Dense(width, activation="relu", use_bias=False, dtype=dtype)
+                              for _ in range(layers)] +
                              [keras.layers.Dense(n_output, activation=None if out_act == "none" else out_act,
-                                                 use_bias=False)])
+                                                 use_bias=False, dtype=dtype)])
     for label, jit in (("Keras", False), ("Keras XLA", True)):
         @tf.function(jit_compile=jit)
         def fwd():
@@ -103,6 +105,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=0, help="the op's thread count (0: the package default)")
     ap.add_argument("--nets", default="density,colour", help="comma-separated: " + ", ".join(NETS))
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     args = ap.parse_args(argv)
     if args.threads:
         tf_metal_ops.set_num_threads(args.threads)
@@ -114,13 +117,13 @@ def main(argv=None):
     print(f"CPU: {cpu_model()} ({os.cpu_count()} CPUs visible; op threads: {tf_metal_ops.get_num_threads()})")
     print(f"CPU flags: {cpu_flags()}")
     print(f"TensorFlow {tf.__version__}, keras {keras.__version__}, tf_metal_ops from "
-          f"{os.path.dirname(tf_metal_ops.__file__)}; {args.rows} rows; median (min) of {args.rounds} interleaved "
+          f"{os.path.dirname(tf_metal_ops.__file__)}; {args.rows} rows, {args.dtype}; median (min) of {args.rounds} interleaved "
           f"rounds, ms")
     fns, shapes = {}, {}
     for seed, name in enumerate(nets):
         n_input, width, layers, n_output, out_act = NETS[name]
         shapes[name] = f"{n_input} -> {' -> '.join([str(width)] * layers)} -> {n_output} ({out_act})"
-        for label, (fwd, fwd_bwd) in variants(name, args.rows, seed).items():
+        for label, (fwd, fwd_bwd) in variants(name, args.rows, seed, args.dtype).items():
             fns[(name, "fwd", label)] = fwd
             fns[(name, "fwd+bwd", label)] = fwd_bwd
     times = interleaved_ms(fns, args.rounds)
