@@ -8,7 +8,8 @@ largest reference value of the compared tensor, `close` below):
   over every row);
   float16 (x and params rounded to float16, the reference run on those values): 2e-3 forward (one rounding of
   a float32 result, 2^-11, plus float32 sums), 1e-2 gradients (the backward reads the float16-rounded y for the
-  output activation's derivative, and dparams is rounded to float16).
+  output activation's derivative, and dparams is rounded to float16);
+  products="bfloat16": BF16_TOL below (the benchmark networks), and bitwise the NumPy model of its arithmetic.
 """
 
 import os
