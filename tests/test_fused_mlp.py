@@ -233,11 +233,13 @@ ISA_SCRIPT = textwrap.dedent(
     d = np.load(sys.argv[1])
     x, p, dy = (tf.constant(d[k]) for k in ("x", "p", "dy"))
     out = {}
-    for products in ("float32", "bfloat16"):
+    for products in ("float32", "bfloat16", "bfloat16_tiny"):
+        if products == "bfloat16_tiny":  # the gradients' products and sums around the smallest normal float32
+            x, p = x * 2.0 ** -40, p * 2.0 ** -40
         with tf.GradientTape() as tape:
             tape.watch([x, p])
             y = fused_mlp(x, p, n_hidden_layers=2, width=128, n_output=5, activation="softplus", use_bias=True,
-                          products=products)
+                          products=products[:8])
         gx, gp = tape.gradient(y, [x, p], output_gradients=dy)
         out.update({products + "_y": y.numpy(), products + "_gx": gx.numpy(), products + "_gp": gp.numpy()})
     paths = diagnostics.cpu_paths("fused_mlp")
@@ -269,7 +271,7 @@ def test_isa_builds_give_the_same_bits(tmp_path):
     first = results[builds[0]]
     for build in builds[1:]:
         for k in ("y", "gx", "gp"):
-            for products in ("float32", "bfloat16"):
+            for products in ("float32", "bfloat16", "bfloat16_tiny"):
                 key = products + "_" + k
                 assert first[key].tobytes() == results[build][key].tobytes(), (build, key)
 
@@ -439,17 +441,21 @@ def rel_err(got, want, kind="max"):
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
-@pytest.mark.parametrize("activation, use_bias", [("relu", False), ("softplus", True), ("sigmoid", True)])
-def test_bfloat16_forward_matches_its_definition(activation, use_bias):
+@pytest.mark.parametrize("activation, use_bias, scale", [("relu", False, 1.0), ("softplus", True, 1.0),
+                                                         ("sigmoid", True, 1.0), ("relu", False, 2.0 ** -31)])
+def test_bfloat16_forward_matches_its_definition(activation, use_bias, scale):
     """products="bfloat16": bitwise the NumPy float32 model of its arithmetic (inputs and weights rounded, pairs,
-    flushes); the activations in NumPy may differ in the last bit, so relu (exact) checks bits, the others 1 ulp."""
+    flushes); the activations in NumPy may differ in the last bit, so relu (exact) checks bits, the others 1 ulp.
+    scale 2^-31 (x and the weights; y up to about 2^-123): products and sums around the smallest normal float32."""
     x, p, opts = make_case(21, 203, 21, 5, 32, 2, use_bias)
+    x, p = (x * np.float32(scale)), (p * np.float32(scale))
     x[0, :3] = [1e-39, -3e-39, 0.0]  # float32 denormals: read as zeros
     kwargs = dict(opts, activation=activation, output_activation="none")
     y = fused_mlp(x, p, products="bfloat16", **kwargs).numpy()
     want = bf16_forward(x, p, **kwargs)
     if activation == "relu":
         assert y.tobytes() == want.tobytes()
+        assert scale == 1.0 or (np.count_nonzero(y) > 0 and np.count_nonzero(y) < y.size)  # some flushed
     else:
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
     assert not np.array_equal(y, fused_mlp(x, p, **kwargs).numpy())  # the rounding happened
