@@ -117,8 +117,8 @@ def main(argv=None):
     print(f"CPU: {cpu_model()} ({os.cpu_count()} CPUs visible; op threads: {tf_metal_ops.get_num_threads()})")
     print(f"CPU flags: {cpu_flags()}")
     print(f"TensorFlow {tf.__version__}, keras {keras.__version__}, tf_metal_ops from "
-          f"{os.path.dirname(tf_metal_ops.__file__)}; {args.rows} rows, {args.dtype}; median (min) of {args.rounds} interleaved "
-          f"rounds, ms")
+          f"{os.path.dirname(tf_metal_ops.__file__)}; {args.rows} rows, {args.dtype}; median (min) of {args.rounds} "
+          f"interleaved rounds, ms")
     fns, shapes = {}, {}
     for seed, name in enumerate(nets):
         n_input, width, layers, n_output, out_act = NETS[name]

@@ -81,8 +81,8 @@ def fused_mlp(x, params, *, n_hidden_layers, width, n_output, activation="relu",
     "bfloat16": the CPU kernels round the operands of every product (forward and gradients) to bfloat16 and sum in
     float32, with AVX512-BF16's VDPBF16PS where the CPU has it and the same arithmetic in float32 code elsewhere
     (``tf_metal_ops.diagnostics.cpu_paths("fused_mlp")``; accuracy: docs/fused_mlp.md). Bad arguments raise
-    ValueError here when visible statically, else InvalidArgumentError from the kernel. CPU kernels only: on a GPU, TensorFlow places the op on
-    the CPU.
+    ValueError here when visible statically, else InvalidArgumentError from the kernel. CPU kernels only: on a GPU,
+    TensorFlow places the op on the CPU.
 
     Example:
       >>> import numpy as np, tensorflow as tf, tf_metal_ops
