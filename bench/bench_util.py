@@ -38,6 +38,28 @@ def median_ms(fn, repeats, warmup=2):
     return statistics.median(times), min(times)
 
 
+def interleaved_ms(fns, rounds, warmup=2):
+    """{key: (median, min)} wall time in ms of each fns[key]() over `rounds` rounds, each round calling every
+    function once in turn (interleaved: load from elsewhere on the machine spreads over all of them), after `warmup`
+    calls of each. Every tensor a function returns is fetched (.numpy()), as in median_ms."""
+    import tensorflow as tf
+
+    def run(fn):
+        for v in tf.nest.flatten(fn()):
+            v.numpy()
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            run(fn)
+    times = {key: [] for key in fns}
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            t0 = time.perf_counter()
+            run(fn)
+            times[key].append((time.perf_counter() - t0) * 1e3)
+    return {key: (statistics.median(t), min(t)) for key, t in times.items()}
+
+
 def rays_toward(origins, targets):
     """(origins, unit directions from them towards targets), float32 tensors: [R, 3] each."""
     import numpy as np

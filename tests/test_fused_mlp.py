@@ -8,7 +8,8 @@ largest reference value of the compared tensor, `close` below):
   over every row);
   float16 (x and params rounded to float16, the reference run on those values): 2e-3 forward (one rounding of
   a float32 result, 2^-11, plus float32 sums), 1e-2 gradients (the backward reads the float16-rounded y for the
-  output activation's derivative, and dparams is rounded to float16).
+  output activation's derivative, and dparams is rounded to float16);
+  products="bfloat16": BF16_TOL below (the benchmark networks), and bitwise the NumPy model of its arithmetic.
 """
 
 import os
@@ -210,11 +211,11 @@ def test_matches_pure_tf():
     close(gp, tf.convert_to_tensor(gp_tf).numpy(), 1e-4)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_bitwise_reproducible_across_thread_counts(dtype):
+@pytest.mark.parametrize("dtype, products", [("float32", "float32"), ("float16", "float32"), ("float32", "bfloat16")])
+def test_bitwise_reproducible_across_thread_counts(dtype, products):
     x, p, opts = make_case(10, 5000, 27, 4, 64, 3, True, dtype)
     dy = np.random.default_rng(3).standard_normal((5000, 4)).astype(dtype)
-    kwargs = dict(opts, activation="relu", output_activation="none")
+    kwargs = dict(opts, activation="relu", output_activation="none", products=products)
     results = []
     for threads in (1, 2, 3, 8):
         with tf_metal_ops.num_threads(threads):
@@ -231,19 +232,25 @@ ISA_SCRIPT = textwrap.dedent(
     from tf_metal_ops.fused_mlp import fused_mlp
     d = np.load(sys.argv[1])
     x, p, dy = (tf.constant(d[k]) for k in ("x", "p", "dy"))
-    with tf.GradientTape() as tape:
-        tape.watch([x, p])
-        y = fused_mlp(x, p, n_hidden_layers=2, width=128, n_output=5, activation="softplus", use_bias=True)
-    gx, gp = tape.gradient(y, [x, p], output_gradients=dy)
+    out = {}
+    for products in ("float32", "bfloat16", "bfloat16_tiny"):
+        if products == "bfloat16_tiny":  # the gradients' products and sums around the smallest normal float32
+            x, p = x * 2.0 ** -40, p * 2.0 ** -40
+        with tf.GradientTape() as tape:
+            tape.watch([x, p])
+            y = fused_mlp(x, p, n_hidden_layers=2, width=128, n_output=5, activation="softplus", use_bias=True,
+                          products=products[:8])
+        gx, gp = tape.gradient(y, [x, p], output_gradients=dy)
+        out.update({products + "_y": y.numpy(), products + "_gx": gx.numpy(), products + "_gp": gp.numpy()})
     paths = diagnostics.cpu_paths("fused_mlp")
-    np.savez(sys.argv[2], y=y.numpy(), gx=gx.numpy(), gp=gp.numpy(), selected=paths["selected"],
-             calls=paths["calls"][paths["selected"]])
+    np.savez(sys.argv[2], selected=paths["selected"], calls=paths["calls"][paths["selected"]], **out)
     """
 )
 
 
 def test_isa_builds_give_the_same_bits(tmp_path):
-    """Every build of the products (TF_METAL_OPS_FUSED_MLP_ISA) gives bitwise the same results."""
+    """Every build of the products (TF_METAL_OPS_FUSED_MLP_ISA) gives bitwise the same results, with float32 and
+    with bfloat16 products (VDPBF16PS on the avx512bf16 build, its definition in float32 code on the others)."""
     from tf_metal_ops import diagnostics
 
     builds = diagnostics.cpu_paths("fused_mlp")["supported"]
@@ -264,7 +271,9 @@ def test_isa_builds_give_the_same_bits(tmp_path):
     first = results[builds[0]]
     for build in builds[1:]:
         for k in ("y", "gx", "gp"):
-            assert first[k].tobytes() == results[build][k].tobytes(), (build, k)
+            for products in ("float32", "bfloat16", "bfloat16_tiny"):
+                key = products + "_" + k
+                assert first[key].tobytes() == results[build][key].tobytes(), (build, key)
 
 
 # ---- errors -------------------------------------------------------------------------------------------------
@@ -278,6 +287,7 @@ GOOD = dict(n_hidden_layers=2, width=16, n_output=2, activation="relu", output_a
     ({"n_output": 17}, (5, 3), 768, "n_output must be in 1..width"),
     ({"activation": "tanh"}, (5, 3), 768, "activation must be"),
     ({"output_activation": "sine"}, (5, 3), 768, "output_activation must be"),
+    ({"products": "float16"}, (5, 3), 768, "products must be \"float32\" or \"bfloat16\""),
     ({}, (5, 3), 767, r"params must have shape \[768\]"),
     ({}, (5, 17), 768, "x must have shape"),
     ({}, (5, 3, 1), 768, "x must have shape"),
@@ -314,6 +324,7 @@ def test_raw_grad_op_rejects_bad_arguments():
     ({"n_output": 0}, "n_output must be an integer in"),
     ({"activation": "tanh"}, "activation must be one of"),
     ({"use_bias": 1}, "use_bias must be True or False"),
+    ({"products": "bf16"}, "products must be one of"),
     ({"training": "yes"}, "training must be True, False or None"),
     ({"x": np.zeros((5, 17), np.float32)}, "x must have 1 to width"),
     ({"x": np.zeros((5,), np.float32)}, "x must have rank 2"),
@@ -375,3 +386,125 @@ def test_layer_trains_with_fit():
     first = model.evaluate(x, y, verbose=0)
     model.fit(x, y, epochs=15, batch_size=64, verbose=0)
     assert model.evaluate(x, y, verbose=0) < 0.5 * first
+
+
+# ---- bfloat16 products --------------------------------------------------------------------------------------
+# The benchmark networks (bench/fused_mlp.py): NeRF's density and colour MLPs.
+BENCH_NETS = {"density": dict(n_in=32, width=64, layers=1, n_out=16, out_act="none"),
+              "colour": dict(n_in=32, width=64, layers=2, n_out=3, out_act="sigmoid")}
+# products="bfloat16" against NumPy float64 on those networks (4096 rows; measured values: docs/fused_mlp.md
+# "bfloat16 products"): "max" is the largest |error| over the largest |reference value|, "norm" the error's 2-norm over
+# the reference's. With relu hidden layers the gradients' error is mostly relu'(z) switching where the rounding
+# moves z across 0 (a jump of a whole term), so they are compared in norm there; softplus is smooth.
+BF16_TOL = {"relu": {"y": ("max", 1e-2), "dx": ("norm", 0.15), "dparams": ("norm", 0.15)},
+            "softplus": {"y": ("max", 1.5e-2), "dx": ("max", 1.5e-2), "dparams": ("max", 1.5e-2)}}
+TINY = np.float32(np.finfo(np.float32).tiny)
+
+
+def bf16_round(v):
+    """float32 v rounded to bfloat16 (kept float32): nearest even; denormals to zero with their sign."""
+    u = np.asarray(v, np.float32).view(np.uint32)
+    denormal = (u & 0x7F800000) == 0
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32)
+    return np.where(denormal, u & 0x80000000, r).astype(np.uint32).view(np.float32)
+
+
+def flush(v):
+    return np.where(np.abs(v) < TINY, np.copysign(np.float32(0), v), v).astype(np.float32)
+
+
+def bf16_forward(x, params, *, width, n_hidden_layers, n_output, activation, output_activation, use_bias):
+    """The forward with bfloat16 products in NumPy float32, written from their definition (docs/fused_mlp.md): each
+    layer's inputs and weights rounded to bfloat16, the sum over the inputs in pairs (2p, 2p + 1), odd term first,
+    each product and each sum rounded to float32 and flushed to zero below the smallest normal."""
+    lay = fused_mlp_layout(x.shape[1], n_output, width=width, n_hidden_layers=n_hidden_layers, use_bias=use_bias)
+    weights, biases = lay.unpack(np.asarray(params, np.float32))
+    h = np.zeros((x.shape[0], weights[0].shape[1]), np.float32)
+    h[:, :x.shape[1]] = x
+    for m, w in enumerate(weights):
+        a, wb = bf16_round(h), bf16_round(w)
+        acc = np.zeros((h.shape[0], w.shape[0]), np.float32)
+        if use_bias:
+            acc[:, :len(biases[m])] = flush(biases[m])
+        for p in range(w.shape[1] // 2):
+            for k in (2 * p + 1, 2 * p):
+                acc = flush(acc + flush(a[:, k:k + 1] * wb[None, :, k]))
+        last = m == len(weights) - 1
+        h = reference.activate(output_activation if last else activation, acc.astype(np.float64)).astype(np.float32)
+    return h[:, :n_output]
+
+
+def rel_err(got, want, kind="max"):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if kind == "norm":
+        return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@pytest.mark.parametrize("activation, use_bias, scale", [("relu", False, 1.0), ("softplus", True, 1.0),
+                                                         ("sigmoid", True, 1.0), ("relu", False, 2.0 ** -31)])
+def test_bfloat16_forward_matches_its_definition(activation, use_bias, scale):
+    """products="bfloat16": bitwise the NumPy float32 model of its arithmetic (inputs and weights rounded, pairs,
+    flushes); the activations in NumPy may differ in the last bit, so relu (exact) checks bits, the others 1 ulp.
+    scale 2^-31 (x and the weights; y up to about 2^-123): products and sums around the smallest normal float32."""
+    x, p, opts = make_case(21, 203, 21, 5, 32, 2, use_bias)
+    x, p = (x * np.float32(scale)), (p * np.float32(scale))
+    x[0, :3] = [1e-39, -3e-39, 0.0]  # float32 denormals: read as zeros
+    kwargs = dict(opts, activation=activation, output_activation="none")
+    y = fused_mlp(x, p, products="bfloat16", **kwargs).numpy()
+    want = bf16_forward(x, p, **kwargs)
+    if activation == "relu":
+        assert y.tobytes() == want.tobytes()
+        assert scale == 1.0 or (np.count_nonzero(y) > 0 and np.count_nonzero(y) < y.size)  # some flushed
+    else:
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(y, fused_mlp(x, p, **kwargs).numpy())  # the rounding happened
+
+
+@pytest.mark.parametrize("activation", sorted(BF16_TOL))
+@pytest.mark.parametrize("net", sorted(BENCH_NETS))
+def test_bfloat16_accuracy_on_the_benchmark_networks(net, activation):
+    c = BENCH_NETS[net]
+    lay = fused_mlp_layout(c["n_in"], c["n_out"], width=c["width"], n_hidden_layers=c["layers"])
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4096, c["n_in"])).astype(np.float32)
+    p = lay.init_params(seed=7)
+    dy = rng.standard_normal((4096, c["n_out"])).astype(np.float32)
+    kwargs = dict(n_hidden_layers=c["layers"], width=c["width"], n_output=c["n_out"], activation=activation,
+                  output_activation=c["out_act"])
+    want = dict(zip(("y", "dx", "dparams"), (reference.forward(x, p, **kwargs)[0],
+                                              *reference.backward(dy, x, p, **kwargs))))
+    for products in ("float32", "bfloat16"):
+        got = dict(zip(("y", "dx", "dparams"), op_grads(x, p, dy, products=products, **kwargs)))
+        for k, (kind, tol) in BF16_TOL[activation].items():
+            err = rel_err(got[k], want[k], kind)
+            assert err < (1e-5 if products == "float32" else tol), (products, k, kind, err)
+
+
+def test_bfloat16_pure_tf_and_layer_round_trip(tmp_path):
+    """fused_mlp_tf with products="bfloat16" rounds its matmul operands the same way (close to the op, not bitwise:
+    float32 sums in another order); the layer keeps the option through get_config, .keras and SavedModel."""
+    import keras
+
+    x, p, opts = make_case(31, 64, 7, 3, 32, 2, True)
+    kwargs = dict(opts, activation="softplus", output_activation="none", products="bfloat16")
+    y = fused_mlp(x, p, **kwargs).numpy()
+    close(fused_mlp_tf(x, p, **kwargs).numpy(), y, 1e-5)
+    assert rel_err(fused_mlp_tf(x, p, **dict(kwargs, products="float32")), y) > 1e-5
+
+    inputs = keras.Input((7,))
+    out = FusedMLP(n_output=3, width=32, n_hidden_layers=2, activation="softplus", use_bias=True,
+                   implementation="op", products="bfloat16", name="mlp")(inputs)
+    model = keras.Model(inputs, out)
+    layer = model.get_layer("mlp")
+    assert layer.get_config()["products"] == "bfloat16"
+    layer.params.assign(p)
+    np.testing.assert_array_equal(model(x).numpy(), y)
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    np.testing.assert_array_equal(keras.models.load_model(path)(x).numpy(), y)
+    model.export(str(tmp_path / "exported"), verbose=False)
+    reloaded = tf.saved_model.load(str(tmp_path / "exported"))
+    np.testing.assert_array_equal(reloaded.serve(x).numpy(), y)
+    with pytest.raises(ValueError, match="FusedMLP: products must be one of"):
+        FusedMLP(n_output=3, products="float16")

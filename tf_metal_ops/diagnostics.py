@@ -127,7 +127,8 @@ CPU_ISA_FAMILIES = {
     "hash_grid": ("tfmo_hash_grid_cpu_paths", "TF_METAL_OPS_HASH_GRID_ISA", ("default", "avx2")),
     "volume_render": ("tfmo_render_cpu_paths", "TF_METAL_OPS_RENDER_ISA", ("default", "avx2", "avx512")),
     "ray_march": ("tfmo_ray_march_cpu_paths", "TF_METAL_OPS_RAY_MARCH_ISA", ("default", "avx2")),
-    "fused_mlp": ("tfmo_fused_mlp_cpu_paths", "TF_METAL_OPS_FUSED_MLP_ISA", ("default", "avx2")),
+    "fused_mlp": ("tfmo_fused_mlp_cpu_paths", "TF_METAL_OPS_FUSED_MLP_ISA",
+                  ("default", "avx2", "avx512", "avx512bf16")),
 }
 VOLUME_RENDER_ISAS = CPU_ISA_FAMILIES["volume_render"][2]
 
@@ -137,7 +138,8 @@ def cpu_paths(family: str | None = None) -> dict:
     ISA): ``{family: paths}`` for the families of ``CPU_ISA_FAMILIES``, or the paths of one ``family``.
 
     A family's loops are compiled for the baseline ISA (``default``) and, on x86-64, for AVX2 (and AVX-512 for the
-    volume render); one build is chosen once per process: the best the CPU supports, or the one named by the family's
+    volume render and the fused MLP, whose ``avx512bf16`` build runs its bfloat16 products with AVX512-BF16); one
+    build is chosen once per process: the best the CPU supports, or the one named by the family's
     variable (``TF_METAL_OPS_HASH_GRID_ISA``, ``TF_METAL_OPS_RENDER_ISA`` or ``TF_METAL_OPS_VOLUME_RENDER_ISA``,
     ``TF_METAL_OPS_RAY_MARCH_ISA``, ``TF_METAL_OPS_FUSED_MLP_ISA``: a build name or ``auto``; a build the CPU cannot run falls back to the best lower one, with a message on stderr;
     ``TF_METAL_OPS_NO_AVX2`` is an alias of ``TF_METAL_OPS_HASH_GRID_ISA=default``). ``paths`` holds ``built`` and

@@ -10,6 +10,7 @@ namespace tfmo {
 bool X86BuildRuns(int isa) {
 #ifdef TFMO_ISA_X86_BUILDS
   __builtin_cpu_init();
+  if (isa == kIsaAvx512Bf16) return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16");
   return isa == kIsaAvx512 ? __builtin_cpu_supports("x86-64-v4") : __builtin_cpu_supports("x86-64-v3");
 #else
   (void)isa;
@@ -18,6 +19,7 @@ bool X86BuildRuns(int isa) {
 }
 
 const char* X86BuildLacks(int isa) {
+  if (isa == kIsaAvx512Bf16) return "this CPU lacks AVX-512 with AVX512-BF16 (x86-64-v4 and avx512bf16)";
   return isa == kIsaAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
                            : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)";
 }

@@ -4,9 +4,9 @@
 // falls back to the best runnable build below it, with a message on stderr saying why.
 //
 // The builds are the same for every family: default (the baseline ISA), avx2 (x86-64-v3: AVX2, FMA, F16C, BMI1/2,
-// MOVBE) and avx512 (x86-64-v4); a family has the first kIsaCount of them. The x86-64 builds are compiled by GCC on
+// MOVBE), avx512 (x86-64-v4) and avx512bf16 (x86-64-v4 and AVX512-BF16); a family has the first kIsaCount of them. The x86-64 builds are compiled by GCC on
 // x86-64 (TFMO_ISA_X86_BUILDS); other compilers and targets compile the default build only. A function compiled for
-// a build is marked TFMO_ISA(avx2) or TFMO_ISA(avx512), the one ISA-variant marker:
+// a build is marked TFMO_ISA(avx2), TFMO_ISA(avx512) or TFMO_ISA(avx512bf16), the one ISA-variant marker:
 //   - a build's entry point is TFMO_ISA(build) __attribute__((noinline)) (GCC inlines a function only into a
 //     caller whose ISA includes the callee's), or the RunIsaBuild below, which compiles an always-inline body
 //     once per build;
@@ -25,7 +25,7 @@
 //   render     TF_METAL_OPS_RENDER_ISA     default, avx2, avx512  (alias: TF_METAL_OPS_VOLUME_RENDER_ISA; the
 //                                                                  render_packed kernels run these builds too)
 //   ray_march  TF_METAL_OPS_RAY_MARCH_ISA  default, avx2
-//   fused_mlp  TF_METAL_OPS_FUSED_MLP_ISA  default, avx2
+//   fused_mlp  TF_METAL_OPS_FUSED_MLP_ISA  default, avx2, avx512, avx512bf16
 #pragma once
 
 #include <atomic>
@@ -37,11 +37,12 @@
 #define TFMO_ISA(build) TFMO_ISA_##build
 #define TFMO_ISA_avx2 __attribute__((target("arch=x86-64-v3")))
 #define TFMO_ISA_avx512 __attribute__((target("arch=x86-64-v4")))
+#define TFMO_ISA_avx512bf16 __attribute__((target("arch=x86-64-v4,avx512bf16")))
 
 namespace tfmo {
 
-enum IsaBuild : int { kIsaDefault = 0, kIsaAvx2 = 1, kIsaAvx512 = 2 };
-inline constexpr const char* kIsaBuildNames[] = {"default", "avx2", "avx512"};
+enum IsaBuild : int { kIsaDefault = 0, kIsaAvx2 = 1, kIsaAvx512 = 2, kIsaAvx512Bf16 = 3 };
+inline constexpr const char* kIsaBuildNames[] = {"default", "avx2", "avx512", "avx512bf16"};
 
 // Whether this CPU (and OS) can run build isa >= 1, and why not (messages).
 bool X86BuildRuns(int isa);
@@ -113,10 +114,17 @@ template <class F>
 TFMO_ISA(avx512) __attribute__((noinline)) void RunIsaAvx512(const F& f) {
   f(std::integral_constant<int, kIsaAvx512>{});
 }
+template <class F>
+TFMO_ISA(avx512bf16) __attribute__((noinline)) void RunIsaAvx512Bf16(const F& f) {
+  f(std::integral_constant<int, kIsaAvx512Bf16>{});
+}
 #endif
 template <int kCount, class F>
 void RunIsaBuild(int isa, const F& f) {
 #ifdef TFMO_ISA_X86_BUILDS
+  if constexpr (kCount > kIsaAvx512Bf16) {
+    if (isa == kIsaAvx512Bf16) return RunIsaAvx512Bf16(f);
+  }
   if constexpr (kCount > kIsaAvx512) {
     if (isa == kIsaAvx512) return RunIsaAvx512(f);
   }

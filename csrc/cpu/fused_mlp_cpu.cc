@@ -9,8 +9,13 @@
 //    [inputs, outputs] so that the inner loops run over consecutive outputs);
 //  - every product is Dense: out[b][o] = bias[o] + sum_i in[b][i] M[i][o], a chain of fused multiply-adds in order
 //    of i (register tiles; the widths are run-time values, so one build of each product serves every width; built
-//    for the baseline ISA and AVX2+FMA, which give the same bits: csrc/cpu/fused_mlp_cpu_isa.h); the activations
-//    and their derivatives are loops instantiated once per activation;
+//    for the baseline ISA, AVX2+FMA and AVX-512, which give the same bits: csrc/cpu/fused_mlp_cpu_isa.h); the
+//    activations and their derivatives are loops instantiated once per activation;
+//  - products = "bfloat16": the same structure with DenseBf16 / AccumulateOuterBf16 (VDPBF16PS's definition, on
+//    every build); their operands are rounded to bfloat16 (ToBf16) where they are made: the matrices once per call,
+//    in pairs along the summed index; a layer's input rows when it starts; for the weight gradient, g and the layer's
+//    input rows in pairs of rows. Biases are read flushed (FlushTiny); activations, their derivatives, bias
+//    gradients and every stored value stay float32;
 //  - backward per block, last matrix first: g = dL/d(pre-activation) of the layer's outputs, then
 //    dW += g^T h_prev, db += column sums of g, dh_prev = g W, g_prev = dh_prev * f'(h_prev) (the activation
 //    derivatives from the kept post-activation values, fused into the same pass);
@@ -40,8 +45,12 @@ using tfmo::fused_mlp::Config;
 using tfmo::fused_mlp::Layout;
 
 using tfmo::fused_mlp::cpu::AccumulateOuter;
+using tfmo::fused_mlp::cpu::AccumulateOuterBf16;
 using tfmo::fused_mlp::cpu::Dense;
+using tfmo::fused_mlp::cpu::DenseBf16;
+using tfmo::fused_mlp::cpu::FlushTiny;
 using tfmo::fused_mlp::cpu::kRowPad;
+using tfmo::fused_mlp::cpu::ToBf16;
 
 constexpr int64_t kMaxParts = 64;
 
@@ -116,6 +125,28 @@ std::vector<float> ParamsAsFloat(const T* p, int64_t count) {
   return out;
 }
 
+// v[k] as bfloat16 for k < count.
+void RoundBf16(const float* v, int64_t count, uint16_t* out) {
+  for (int64_t k = 0; k < count; ++k) out[k] = ToBf16(v[k]);
+}
+
+// Matrix m (row-major [rows][cols] at w) as bfloat16 pairs along its rows (the summed index when m multiplies from
+// the right, x m: dh = g W): element (2p + e, c) at out[(p * cols + c) * 2 + e]. rows is even.
+void PairRows(const float* w, int64_t rows, int64_t cols, uint16_t* out) {
+  for (int64_t p = 0; p < rows / 2; ++p)
+    for (int64_t c = 0; c < cols; ++c)
+      for (int e = 0; e < 2; ++e) out[(p * cols + c) * 2 + e] = ToBf16(w[(2 * p + e) * cols + c]);
+}
+
+// Rows b < n of v (row stride ld, columns c < cols) as bfloat16 pairs of rows: (2p + e, c) at
+// out[(p * cols + c) * 2 + e] for p < (n + 1) / 2, row n (when n is odd) read as zeros.
+void PairBlockRows(const float* v, int64_t ld, int cols, int n, uint16_t* out) {
+  for (int p = 0; p < (n + 1) / 2; ++p)
+    for (int c = 0; c < cols; ++c)
+      for (int e = 0; e < 2; ++e)
+        out[(static_cast<int64_t>(p) * cols + c) * 2 + e] = 2 * p + e < n ? ToBf16(v[(2 * p + e) * ld + c]) : 0;
+}
+
 // ---- forward ------------------------------------------------------------------------------------------------
 
 template <typename T>
@@ -136,6 +167,13 @@ void Forward(const Call& call, T* y, float* hidden) {
     const int64_t real = m == M - 1 ? l.n_output : W;
     if (l.use_bias) std::copy_n(pf.data() + l.bias_offset[m], real, bias.data() + static_cast<int64_t>(m) * W);
   }
+  // bfloat16 products: the transposed matrices in pairs along their inputs, the biases flushed.
+  const bool bf16 = cfg.products == tfmo::fused_mlp::kProductsBfloat16;
+  std::vector<uint16_t> wp(bf16 ? wt.size() : 0);
+  for (int m = 0; bf16 && m < M; ++m)
+    PairRows(wt.data() + l.weight_offset[m], l.cols[m], l.rows[m], wp.data() + l.weight_offset[m]);
+  if (bf16)
+    for (float& b : bias) b = FlushTiny(b);
   const int rows_per_block = BlockRows(W);
   const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
   // Contiguous runs of blocks, a few per thread; their scratch is allocated here, before any parallel work (an
@@ -143,14 +181,22 @@ void Forward(const Call& call, T* y, float* hidden) {
   const int64_t chunks = std::min<int64_t>(blocks, 4 * static_cast<int64_t>(tfmo::NumThreads()));
   const size_t buf = static_cast<size_t>(rows_per_block) * W;
   std::vector<float> scratch(static_cast<size_t>(chunks) * 2 * buf);
+  std::vector<uint16_t> scratch16(bf16 ? static_cast<size_t>(chunks) * buf : 0);
   tfmo::ParallelParts(chunks, [&](int64_t chunk) {
     float* a = scratch.data() + chunk * 2 * buf;
     float* c = a + buf;
+    uint16_t* a16 = bf16 ? scratch16.data() + chunk * buf : nullptr;
     ForPartBlocks(chunk, chunks, blocks, rows_per_block, N, [&](int64_t r0, int n, int rows_pad) {
       LoadRows(call.x.data<T>(), r0, n, l, rows_pad, a);
       for (int m = 0; m < M; ++m) {
         const int cols = static_cast<int>(l.cols[m]), r = static_cast<int>(l.rows[m]);
-        Dense(a, cols, wt.data() + l.weight_offset[m], r, bias.data() + static_cast<int64_t>(m) * W, c, rows_pad);
+        const float* b = bias.data() + static_cast<int64_t>(m) * W;
+        if (bf16) {
+          RoundBf16(a, static_cast<int64_t>(rows_pad) * cols, a16);
+          DenseBf16(a16, cols, wp.data() + l.weight_offset[m], r, b, c, rows_pad);
+        } else {
+          Dense(a, cols, wt.data() + l.weight_offset[m], r, b, c, rows_pad);
+        }
         Activate(m == M - 1 ? cfg.output_activation : cfg.activation, c, static_cast<int64_t>(n) * r);
         if (hidden && m < M - 1)
           std::memcpy(hidden + (static_cast<int64_t>(m) * N + r0) * W, c, sizeof(float) * n * W);
@@ -191,6 +237,11 @@ void Backward(const Call& call, T* dx, float* grad) {
   const int64_t N = call.n, P = l.total;
   const int W = l.width, M = l.n_matrices;
   const std::vector<float> pf = ParamsAsFloat(call.params.data<T>(), P);
+  // bfloat16 products: every matrix in pairs along its rows (dh = g W sums over them).
+  const bool bf16 = cfg.products == tfmo::fused_mlp::kProductsBfloat16;
+  std::vector<uint16_t> wp(bf16 ? static_cast<size_t>(l.weight_offset[M - 1] + l.rows[M - 1] * l.cols[M - 1]) : 0);
+  for (int m = 0; bf16 && m < M; ++m)
+    PairRows(pf.data() + l.weight_offset[m], l.rows[m], l.cols[m], wp.data() + l.weight_offset[m]);
   const T* dy = call.dy.data<T>();
   const T* y = call.y.data<T>();
   const float* hidden = call.hidden.data<float>();
@@ -199,13 +250,18 @@ void Backward(const Call& call, T* dx, float* grad) {
   const int64_t parts = Parts(blocks);
   // Per part: its P partial sums and three block buffers (x, g, dh), allocated before any parallel work.
   const size_t buf = static_cast<size_t>(rows_per_block) * W;
+  // bfloat16 products: three more (g rounded; g and the layer's input in pairs of rows).
   std::vector<float> partial(static_cast<size_t>(parts) * P), scratch(static_cast<size_t>(parts) * 3 * buf);
+  std::vector<uint16_t> scratch16(bf16 ? static_cast<size_t>(parts) * 3 * buf : 0);
   tfmo::ParallelParts(parts, [&](int64_t part) {
     float* acc = partial.data() + part * P;
     std::fill(acc, acc + P, 0.0f);
     float* xb = scratch.data() + part * 3 * buf;
     float* g = xb + buf;
     float* dh = g + buf;
+    uint16_t* g16 = bf16 ? scratch16.data() + part * 3 * buf : nullptr;
+    uint16_t* g_pairs = bf16 ? g16 + buf : nullptr;
+    uint16_t* prev_pairs = bf16 ? g16 + 2 * buf : nullptr;
     ForPartBlocks(part, parts, blocks, rows_per_block, N, [&](int64_t r0, int n, int rows_pad) {
       LoadRows(call.x.data<T>(), r0, n, l, rows_pad, xb);
       // g = dy * f_out'(y) [rows_pad][out_pad], zero outside the real rows and outputs.
@@ -219,7 +275,13 @@ void Backward(const Call& call, T* dx, float* grad) {
         const int r = static_cast<int>(l.rows[m]), cols = static_cast<int>(l.cols[m]);
         const float* prev = m > 0 ? hidden + (static_cast<int64_t>(m - 1) * N + r0) * W : xb;
         const int64_t ld = m > 0 ? W : l.in_pad;
-        AccumulateOuter(g, r, prev, ld, cols, n, acc + l.weight_offset[m]);
+        if (bf16) {
+          PairBlockRows(g, r, r, n, g_pairs);
+          PairBlockRows(prev, ld, cols, n, prev_pairs);
+          AccumulateOuterBf16(g_pairs, r, prev_pairs, cols, (n + 1) / 2, acc + l.weight_offset[m]);
+        } else {
+          AccumulateOuter(g, r, prev, ld, cols, n, acc + l.weight_offset[m]);
+        }
         if (l.use_bias) {
           float* db = acc + l.bias_offset[m];
           const int real = m == M - 1 ? l.n_output : W;
@@ -227,7 +289,12 @@ void Backward(const Call& call, T* dx, float* grad) {
             for (int o = 0; o < real; ++o) db[o] += g[b * r + o];
         }
         // dh = g W_m: Dense with W_m [r][cols] read as [inputs = r][outputs = cols].
-        Dense(g, r, pf.data() + l.weight_offset[m], cols, nullptr, dh, rows_pad);
+        if (bf16) {
+          RoundBf16(g, static_cast<int64_t>(rows_pad) * r, g16);
+          DenseBf16(g16, r, wp.data() + l.weight_offset[m], cols, nullptr, dh, rows_pad);
+        } else {
+          Dense(g, r, pf.data() + l.weight_offset[m], cols, nullptr, dh, rows_pad);
+        }
         if (m > 0) {
           Chain(cfg.activation, dh, prev, ld, W, n, rows_pad);
           std::swap(g, dh);

@@ -1,14 +1,27 @@
 // The ISA builds of the fused-MLP CPU kernels' products (csrc/cpu/fused_mlp_cpu.cc; the choice between them is at
-// its end): Dense and AccumulateOuter, each a portable body (the baseline build) and, on x86-64 with GCC, an
-// AVX2+FMA version written with intrinsics. Both compute every output element with the same operations in the same
-// order: a chain of fused multiply-adds in order of the summed index, each rounded once (the baseline body through
-// tfmo_fma: the FMA instructions of ARM, glibc's correctly rounded fmaf on x86-64, which is slow and runs only on
-// CPUs without AVX2 and FMA; the AVX2 version with vfmadd). The register tiles differ, which changes no element's
-// chain. So every build gives bitwise identical results.
+// its end). Every build computes every output element with the same operations in the same order; the register
+// tiles differ, which changes no element's chain. So every build gives bitwise identical results.
+//
+// float32 products, Dense and AccumulateOuter: a chain of fused multiply-adds in order of the summed index, each
+// rounded once. A portable body (the default build; tfmo_fma: the FMA instructions of ARM, glibc's correctly rounded
+// fmaf on x86-64, which is slow and runs only on CPUs without AVX2 and FMA) and, on x86-64 with GCC, intrinsics:
+// 8-lane vfmadd (avx2), 16-lane vfmadd (avx512 and avx512bf16).
+//
+// bfloat16 products, DenseBf16 and AccumulateOuterBf16: the operands are bfloat16 (ToBf16: round to nearest even,
+// float32 denormals to zero), taken in pairs (k = 2p, 2p + 1) along the summed index; each output's float32 sum
+// goes pair by pair, and pair p adds first the odd term, then the even one, each product rounded to float32 and
+// then added, every result below the smallest normal float32 flushed to zero (sign kept): VDPBF16PS's definition
+// (Intel's SDM: products and sums rounded to nearest even, denormal inputs read as zero, denormal results flushed;
+// the inputs here are never denormal). The avx512bf16 build runs that instruction; the others compute the same
+// definition: the default build in scalar code (FlushTiny), avx2 and avx512 with 8-lane multiplies and adds under
+// MXCSR's flush-to-zero and denormals-are-zero modes (BF16Flush, set around the call).
 #pragma once
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 
 #include "common/isa_choice.h"
 #include "shared/device_compat.h"
@@ -19,8 +32,9 @@
 
 namespace tfmo::fused_mlp::cpu {
 
-// default and avx2, chosen at the end of fused_mlp_cpu.cc (TF_METAL_OPS_FUSED_MLP_ISA); a call is a product.
-TFMO_ISA_FAMILY_BUILDS(2);
+// default, avx2, avx512 and avx512bf16, chosen at the end of fused_mlp_cpu.cc (TF_METAL_OPS_FUSED_MLP_ISA); a call is
+// a product.
+TFMO_ISA_FAMILY_BUILDS(4);
 
 constexpr int kRowPad = 4;    // block row counts are padded to a multiple of this (every build's row tile divides it)
 constexpr int kColTile = 16;  // outputs per register tile (every layer's output count is a multiple of 16)
@@ -72,7 +86,86 @@ TFMO_FN void OuterBody(const float* g, int rows, const float* prev, int64_t ld, 
   }
 }
 
-// The baseline build: the bodies above with 2-row tiles.
+// ---- bfloat16 ---------------------------------------------------------------------------------------------------
+
+// The bfloat16 (bits) nearest to x, ties to even; float32 denormals become zero (with x's sign), NaN a quiet NaN.
+TFMO_FN uint16_t ToBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0) return static_cast<uint16_t>((u >> 16) & 0x8000u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+TFMO_FN float Bf16ToFloat(uint32_t bits16) {
+  const uint32_t u = bits16 << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+// x, or zero with x's sign when |x| is below the smallest normal float32 (flush to zero).
+TFMO_FN float FlushTiny(float x) {
+  return std::fabs(x) < std::numeric_limits<float>::min() ? std::copysign(0.0f, x) : x;
+}
+// One pair of a bfloat16 sum (see the top): acc + a1 b1, then + a0 b0, each product and sum flushed.
+TFMO_FN float PairStep(float acc, float a0, float a1, float b0, float b1) {
+  acc = FlushTiny(acc + FlushTiny(a1 * b1));
+  return FlushTiny(acc + FlushTiny(a0 * b0));
+}
+// The pair (in[2p], in[2p + 1]) of a bfloat16 array as one 32-bit word (element 2p in the low half).
+TFMO_FN uint32_t LoadPair(const uint16_t* p) {
+  uint32_t w;
+  std::memcpy(&w, p, 4);
+  return w;
+}
+
+// out[b][o] = (bias ? bias[o] : 0) + sum over pairs p < cols / 2, in order, of in[b][2p + 1] m[2p + 1][o] and
+// in[b][2p] m[2p][o] (PairStep) for b < rows (a multiple of kRowPad), o < r (a multiple of kColTile); in is bfloat16
+// [rows][cols] (cols even), mp the bfloat16 matrix in pairs: m[2p + e][o] at mp[(p * r + o) * 2 + e]; bias flushed
+// (FlushTiny).
+TFMO_FN void DenseBf16Body(const uint16_t* in, int cols, const uint16_t* mp, int r, const float* bias, float* out,
+                           int rows) {
+  for (int b = 0; b < rows; ++b) {
+    const uint16_t* a = in + static_cast<int64_t>(b) * cols;
+    for (int o0 = 0; o0 < r; o0 += kColTile) {
+      float acc[kColTile];
+      for (int j = 0; j < kColTile; ++j) acc[j] = bias ? bias[o0 + j] : 0.0f;
+      for (int p = 0; p < cols / 2; ++p) {
+        const float a0 = Bf16ToFloat(a[2 * p]), a1 = Bf16ToFloat(a[2 * p + 1]);
+        const uint16_t* w = mp + (static_cast<int64_t>(p) * r + o0) * 2;
+        for (int j = 0; j < kColTile; ++j)
+          acc[j] = PairStep(acc[j], a0, a1, Bf16ToFloat(w[2 * j]), Bf16ToFloat(w[2 * j + 1]));
+      }
+      for (int j = 0; j < kColTile; ++j) out[static_cast<int64_t>(b) * r + o0 + j] = acc[j];
+    }
+  }
+}
+
+// dw[o][i] += sum over pairs p < pairs, in order, of g[2p + 1][o] prev[2p + 1][i] and g[2p][o] prev[2p][i]
+// (PairStep), dw row-major [rows][cols] (rows a multiple of kRowPad, cols of kColTile), flushed (it holds only
+// results of earlier calls or zeros); gp and pp the bfloat16 pairs of rows: g[2p + e][o] at gp[(p * rows + o) * 2 + e],
+// prev[2p + e][i] at pp[(p * cols + i) * 2 + e].
+TFMO_FN void OuterBf16Body(const uint16_t* gp, int rows, const uint16_t* pp, int cols, int pairs, float* dw) {
+  for (int o = 0; o < rows; ++o) {
+    for (int i0 = 0; i0 < cols; i0 += kColTile) {
+      float acc[kColTile];
+      float* d = dw + static_cast<int64_t>(o) * cols + i0;
+      for (int j = 0; j < kColTile; ++j) acc[j] = d[j];
+      for (int p = 0; p < pairs; ++p) {
+        const uint16_t* gv = gp + (static_cast<int64_t>(p) * rows + o) * 2;
+        const float g0 = Bf16ToFloat(gv[0]), g1 = Bf16ToFloat(gv[1]);
+        const uint16_t* q = pp + (static_cast<int64_t>(p) * cols + i0) * 2;
+        for (int j = 0; j < kColTile; ++j)
+          acc[j] = PairStep(acc[j], g0, g1, Bf16ToFloat(q[2 * j]), Bf16ToFloat(q[2 * j + 1]));
+      }
+      for (int j = 0; j < kColTile; ++j) d[j] = acc[j];
+    }
+  }
+}
+
+// ---- the builds ---------------------------------------------------------------------------------------------------
+
+// The default build: the bodies above (float32 with 2-row tiles).
 __attribute__((noinline)) inline void DenseDefault(const float* in, int cols, const float* m, int r,
                                                    const float* bias, float* out, int rows) {
   DenseBody<2>(in, cols, m, r, bias, out, rows);
@@ -80,6 +173,14 @@ __attribute__((noinline)) inline void DenseDefault(const float* in, int cols, co
 __attribute__((noinline)) inline void OuterDefault(const float* g, int rows, const float* prev, int64_t ld, int cols,
                                                    int n, float* dw) {
   OuterBody<2>(g, rows, prev, ld, cols, n, dw);
+}
+__attribute__((noinline)) inline void DenseBf16Default(const uint16_t* in, int cols, const uint16_t* mp, int r,
+                                                       const float* bias, float* out, int rows) {
+  DenseBf16Body(in, cols, mp, r, bias, out, rows);
+}
+__attribute__((noinline)) inline void OuterBf16Default(const uint16_t* gp, int rows, const uint16_t* pp, int cols,
+                                                       int pairs, float* dw) {
+  OuterBf16Body(gp, rows, pp, cols, pairs, dw);
 }
 #ifdef TFMO_ISA_X86_BUILDS
 // DenseBody and OuterBody with intrinsics (the compiler keeps neither's tile in registers by itself): 4 rows by 16
@@ -137,12 +238,224 @@ TFMO_ISA(avx2) __attribute__((noinline)) inline void OuterAvx2(const float* g, i
     }
   }
 }
+
+// bfloat16 pairs as float32 lanes: 8 pairs at p -> (even, odd) elements; one pair word -> broadcast (even, odd).
+TFMO_FN TFMO_ISA(avx2) void SplitPairs(const uint16_t* p, __m256& even, __m256& odd) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+TFMO_FN TFMO_ISA(avx2) void SplitPair(uint32_t w, __m256& even, __m256& odd) {
+  const __m256i v = _mm256_set1_epi32(static_cast<int>(w));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+// PairStep on 8 lanes: multiplies and adds (flushed by MXCSR's modes, BF16Flush).
+TFMO_FN TFMO_ISA(avx2) __m256 PairStep8(__m256 acc, __m256 a0, __m256 a1, __m256 b0, __m256 b1) {
+  acc = _mm256_add_ps(acc, _mm256_mul_ps(a1, b1));
+  return _mm256_add_ps(acc, _mm256_mul_ps(a0, b0));
+}
+
+// DenseBf16Body and OuterBf16Body on 4 rows by 16 outputs in 8-lane registers; the caller sets BF16Flush.
+TFMO_ISA(avx2) __attribute__((noinline)) inline void DenseBf16Avx2(const uint16_t* in, int cols, const uint16_t* mp,
+                                                                     int r, const float* bias, float* out, int rows) {
+  for (int b0 = 0; b0 < rows; b0 += 4) {
+    const uint16_t* a = in + static_cast<int64_t>(b0) * cols;
+    for (int o0 = 0; o0 < r; o0 += kColTile) {
+      Tile4x16 acc;
+      for (int t = 0; t < 4; ++t) {
+        acc.v[t][0] = bias ? _mm256_loadu_ps(bias + o0) : _mm256_setzero_ps();
+        acc.v[t][1] = bias ? _mm256_loadu_ps(bias + o0 + 8) : _mm256_setzero_ps();
+      }
+      for (int p = 0; p < cols / 2; ++p) {
+        const uint16_t* w = mp + (static_cast<int64_t>(p) * r + o0) * 2;
+        __m256 we0, wo0, we1, wo1;
+        SplitPairs(w, we0, wo0);
+        SplitPairs(w + 16, we1, wo1);
+        for (int t = 0; t < 4; ++t) {
+          __m256 ae, ao;
+          SplitPair(LoadPair(a + static_cast<int64_t>(t) * cols + 2 * p), ae, ao);
+          acc.v[t][0] = PairStep8(acc.v[t][0], ae, ao, we0, wo0);
+          acc.v[t][1] = PairStep8(acc.v[t][1], ae, ao, we1, wo1);
+        }
+      }
+      TileStore(acc, out + static_cast<int64_t>(b0) * r + o0, r);
+    }
+  }
+}
+TFMO_ISA(avx2) __attribute__((noinline)) inline void OuterBf16Avx2(const uint16_t* gp, int rows, const uint16_t* pp,
+                                                                     int cols, int pairs, float* dw) {
+  for (int o0 = 0; o0 < rows; o0 += 4) {
+    for (int i0 = 0; i0 < cols; i0 += kColTile) {
+      float* d = dw + static_cast<int64_t>(o0) * cols + i0;
+      Tile4x16 acc;
+      TileLoad(acc, d, cols);
+      for (int p = 0; p < pairs; ++p) {
+        const uint16_t* q = pp + (static_cast<int64_t>(p) * cols + i0) * 2;
+        __m256 qe0, qo0, qe1, qo1;
+        SplitPairs(q, qe0, qo0);
+        SplitPairs(q + 16, qe1, qo1);
+        const uint16_t* gv = gp + (static_cast<int64_t>(p) * rows + o0) * 2;
+        for (int t = 0; t < 4; ++t) {
+          __m256 ge, go;
+          SplitPair(LoadPair(gv + 2 * t), ge, go);
+          acc.v[t][0] = PairStep8(acc.v[t][0], ge, go, qe0, qo0);
+          acc.v[t][1] = PairStep8(acc.v[t][1], ge, go, qe1, qo1);
+        }
+      }
+      TileStore(acc, d, cols);
+    }
+  }
+}
+
+// MXCSR's flush-to-zero and denormals-are-zero modes for the life of the object (this thread), for the 8-lane
+// bfloat16 emulation.
+class BF16Flush {
+ public:
+  BF16Flush() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
+  ~BF16Flush() { _mm_setcsr(saved_); }
+  BF16Flush(const BF16Flush&) = delete;
+  BF16Flush& operator=(const BF16Flush&) = delete;
+
+ private:
+  unsigned saved_;
+};
+
+// The float32 products with 16-lane registers: 4 rows by kV * 16 outputs (kV 16-lane accumulators per row), each
+// lane the same fma chain as DenseBody's / OuterBody's element. Built for avx512 (which the avx512bf16 build runs).
+template <int kV>
+TFMO_FN TFMO_ISA(avx512) void DenseZmm(const float* in, int cols, const float* m, int r, const float* bias, float* out,
+                                       int rows) {
+  for (int b0 = 0; b0 < rows; b0 += 4) {
+    const float* a = in + static_cast<int64_t>(b0) * cols;
+    for (int o0 = 0; o0 < r; o0 += 16 * kV) {
+      __m512 acc[4][kV];
+      for (int t = 0; t < 4; ++t)
+        for (int v = 0; v < kV; ++v) acc[t][v] = bias ? _mm512_loadu_ps(bias + o0 + 16 * v) : _mm512_setzero_ps();
+      for (int i = 0; i < cols; ++i) {
+        const float* w = m + static_cast<int64_t>(i) * r + o0;
+        __m512 wv[kV];
+        for (int v = 0; v < kV; ++v) wv[v] = _mm512_loadu_ps(w + 16 * v);
+        for (int t = 0; t < 4; ++t) {
+          const __m512 x = _mm512_set1_ps(a[static_cast<int64_t>(t) * cols + i]);
+          for (int v = 0; v < kV; ++v) acc[t][v] = _mm512_fmadd_ps(x, wv[v], acc[t][v]);
+        }
+      }
+      for (int t = 0; t < 4; ++t)
+        for (int v = 0; v < kV; ++v) _mm512_storeu_ps(out + static_cast<int64_t>(b0 + t) * r + o0 + 16 * v, acc[t][v]);
+    }
+  }
+}
+template <int kV>
+TFMO_FN TFMO_ISA(avx512) void OuterZmm(const float* g, int rows, const float* prev, int64_t ld, int cols, int n,
+                                       float* dw) {
+  for (int o0 = 0; o0 < rows; o0 += 4) {
+    for (int i0 = 0; i0 < cols; i0 += 16 * kV) {
+      float* d = dw + static_cast<int64_t>(o0) * cols + i0;
+      __m512 acc[4][kV];
+      for (int t = 0; t < 4; ++t)
+        for (int v = 0; v < kV; ++v) acc[t][v] = _mm512_loadu_ps(d + static_cast<int64_t>(t) * cols + 16 * v);
+      for (int b = 0; b < n; ++b) {
+        const float* p = prev + b * ld + i0;
+        __m512 pv[kV];
+        for (int v = 0; v < kV; ++v) pv[v] = _mm512_loadu_ps(p + 16 * v);
+        const float* gv = g + static_cast<int64_t>(b) * rows + o0;
+        for (int t = 0; t < 4; ++t) {
+          const __m512 x = _mm512_set1_ps(gv[t]);
+          for (int v = 0; v < kV; ++v) acc[t][v] = _mm512_fmadd_ps(x, pv[v], acc[t][v]);
+        }
+      }
+      for (int t = 0; t < 4; ++t)
+        for (int v = 0; v < kV; ++v) _mm512_storeu_ps(d + static_cast<int64_t>(t) * cols + 16 * v, acc[t][v]);
+    }
+  }
+}
+TFMO_ISA(avx512) __attribute__((noinline)) inline void DenseAvx512(const float* in, int cols, const float* m, int r,
+                                                                     const float* bias, float* out, int rows) {
+  if (r % 64 == 0) return DenseZmm<4>(in, cols, m, r, bias, out, rows);
+  if (r % 32 == 0) return DenseZmm<2>(in, cols, m, r, bias, out, rows);
+  DenseZmm<1>(in, cols, m, r, bias, out, rows);
+}
+TFMO_ISA(avx512) __attribute__((noinline)) inline void OuterAvx512(const float* g, int rows, const float* prev,
+                                                                     int64_t ld, int cols, int n, float* dw) {
+  if (cols % 64 == 0) return OuterZmm<4>(g, rows, prev, ld, cols, n, dw);
+  if (cols % 32 == 0) return OuterZmm<2>(g, rows, prev, ld, cols, n, dw);
+  OuterZmm<1>(g, rows, prev, ld, cols, n, dw);
+}
+
+// The bfloat16 products with VDPBF16PS: 4 rows by kV * 16 outputs, one instruction per pair, row and 16 outputs.
+TFMO_FN TFMO_ISA(avx512bf16) __m512 DotPairs(__m512 acc, uint32_t pair, __m512i pairs16) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(static_cast<int>(pair)), (__m512bh)pairs16);
+}
+template <int kV>
+TFMO_FN TFMO_ISA(avx512bf16) void DenseBf16Zmm(const uint16_t* in, int cols, const uint16_t* mp, int r,
+                                               const float* bias, float* out, int rows) {
+  for (int b0 = 0; b0 < rows; b0 += 4) {
+    const uint16_t* a = in + static_cast<int64_t>(b0) * cols;
+    for (int o0 = 0; o0 < r; o0 += 16 * kV) {
+      __m512 acc[4][kV];
+      for (int t = 0; t < 4; ++t)
+        for (int v = 0; v < kV; ++v) acc[t][v] = bias ? _mm512_loadu_ps(bias + o0 + 16 * v) : _mm512_setzero_ps();
+      for (int p = 0; p < cols / 2; ++p) {
+        const uint16_t* w = mp + (static_cast<int64_t>(p) * r + o0) * 2;
+        __m512i wv[kV];
+        for (int v = 0; v < kV; ++v) wv[v] = _mm512_loadu_si512(w + 32 * v);
+        for (int t = 0; t < 4; ++t) {
+          const uint32_t x = LoadPair(a + static_cast<int64_t>(t) * cols + 2 * p);
+          for (int v = 0; v < kV; ++v) acc[t][v] = DotPairs(acc[t][v], x, wv[v]);
+        }
+      }
+      for (int t = 0; t < 4; ++t)
+        for (int v = 0; v < kV; ++v) _mm512_storeu_ps(out + static_cast<int64_t>(b0 + t) * r + o0 + 16 * v, acc[t][v]);
+    }
+  }
+}
+template <int kV>
+TFMO_FN TFMO_ISA(avx512bf16) void OuterBf16Zmm(const uint16_t* gp, int rows, const uint16_t* pp, int cols, int pairs,
+                                               float* dw) {
+  for (int o0 = 0; o0 < rows; o0 += 4) {
+    for (int i0 = 0; i0 < cols; i0 += 16 * kV) {
+      float* d = dw + static_cast<int64_t>(o0) * cols + i0;
+      __m512 acc[4][kV];
+      for (int t = 0; t < 4; ++t)
+        for (int v = 0; v < kV; ++v) acc[t][v] = _mm512_loadu_ps(d + static_cast<int64_t>(t) * cols + 16 * v);
+      for (int p = 0; p < pairs; ++p) {
+        const uint16_t* q = pp + (static_cast<int64_t>(p) * cols + i0) * 2;
+        __m512i qv[kV];
+        for (int v = 0; v < kV; ++v) qv[v] = _mm512_loadu_si512(q + 32 * v);
+        const uint16_t* gv = gp + (static_cast<int64_t>(p) * rows + o0) * 2;
+        for (int t = 0; t < 4; ++t) {
+          const uint32_t x = LoadPair(gv + 2 * t);
+          for (int v = 0; v < kV; ++v) acc[t][v] = DotPairs(acc[t][v], x, qv[v]);
+        }
+      }
+      for (int t = 0; t < 4; ++t)
+        for (int v = 0; v < kV; ++v) _mm512_storeu_ps(d + static_cast<int64_t>(t) * cols + 16 * v, acc[t][v]);
+    }
+  }
+}
+TFMO_ISA(avx512bf16) __attribute__((noinline)) inline void DenseBf16Avx512Bf16(const uint16_t* in, int cols,
+                                                                                 const uint16_t* mp, int r,
+                                                                                 const float* bias, float* out,
+                                                                                 int rows) {
+  if (r % 64 == 0) return DenseBf16Zmm<4>(in, cols, mp, r, bias, out, rows);
+  if (r % 32 == 0) return DenseBf16Zmm<2>(in, cols, mp, r, bias, out, rows);
+  DenseBf16Zmm<1>(in, cols, mp, r, bias, out, rows);
+}
+TFMO_ISA(avx512bf16) __attribute__((noinline)) inline void OuterBf16Avx512Bf16(const uint16_t* gp, int rows,
+                                                                                 const uint16_t* pp, int cols,
+                                                                                 int pairs, float* dw) {
+  if (cols % 64 == 0) return OuterBf16Zmm<4>(gp, rows, pp, cols, pairs, dw);
+  if (cols % 32 == 0) return OuterBf16Zmm<2>(gp, rows, pp, cols, pairs, dw);
+  OuterBf16Zmm<1>(gp, rows, pp, cols, pairs, dw);
+}
 #endif
 
-// The selected build of DenseBody / OuterBody (the call counted in g_isa_calls).
+// The selected build of each product (the call counted in g_isa_calls).
 inline void Dense(const float* in, int cols, const float* m, int r, const float* bias, float* out, int rows) {
   const int isa = tfmo::CountIsaCall(tfmo::fused_mlp::cpu::IsaSelection(), g_isa_calls);
 #ifdef TFMO_ISA_X86_BUILDS
+  if (isa >= kIsaAvx512) return DenseAvx512(in, cols, m, r, bias, out, rows);
   if (isa == kIsaAvx2) return DenseAvx2(in, cols, m, r, bias, out, rows);
 #endif
   (void)isa;
@@ -151,10 +464,36 @@ inline void Dense(const float* in, int cols, const float* m, int r, const float*
 inline void AccumulateOuter(const float* g, int rows, const float* prev, int64_t ld, int cols, int n, float* dw) {
   const int isa = tfmo::CountIsaCall(tfmo::fused_mlp::cpu::IsaSelection(), g_isa_calls);
 #ifdef TFMO_ISA_X86_BUILDS
+  if (isa >= kIsaAvx512) return OuterAvx512(g, rows, prev, ld, cols, n, dw);
   if (isa == kIsaAvx2) return OuterAvx2(g, rows, prev, ld, cols, n, dw);
 #endif
   (void)isa;
   OuterDefault(g, rows, prev, ld, cols, n, dw);
+}
+inline void DenseBf16(const uint16_t* in, int cols, const uint16_t* mp, int r, const float* bias, float* out,
+                      int rows) {
+  const int isa = tfmo::CountIsaCall(tfmo::fused_mlp::cpu::IsaSelection(), g_isa_calls);
+#ifdef TFMO_ISA_X86_BUILDS
+  if (isa == kIsaAvx512Bf16) return DenseBf16Avx512Bf16(in, cols, mp, r, bias, out, rows);
+  if (isa >= kIsaAvx2) {
+    BF16Flush flush;
+    return DenseBf16Avx2(in, cols, mp, r, bias, out, rows);
+  }
+#endif
+  (void)isa;
+  DenseBf16Default(in, cols, mp, r, bias, out, rows);
+}
+inline void AccumulateOuterBf16(const uint16_t* gp, int rows, const uint16_t* pp, int cols, int pairs, float* dw) {
+  const int isa = tfmo::CountIsaCall(tfmo::fused_mlp::cpu::IsaSelection(), g_isa_calls);
+#ifdef TFMO_ISA_X86_BUILDS
+  if (isa == kIsaAvx512Bf16) return OuterBf16Avx512Bf16(gp, rows, pp, cols, pairs, dw);
+  if (isa >= kIsaAvx2) {
+    BF16Flush flush;
+    return OuterBf16Avx2(gp, rows, pp, cols, pairs, dw);
+  }
+#endif
+  (void)isa;
+  OuterBf16Default(gp, rows, pp, cols, pairs, dw);
 }
 
 }  // namespace tfmo::fused_mlp::cpu

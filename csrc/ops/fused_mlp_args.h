@@ -36,6 +36,10 @@ inline int ActivationCode(const std::string& name) {
   return -1;
 }
 
+// The products attr: "float32" (every build) or "bfloat16" (operands rounded to bfloat16, float32 sums: the CPU
+// kernels; csrc/cpu/fused_mlp_cpu_isa.h).
+enum Products : int { kProductsFloat32 = 0, kProductsBfloat16 = 1 };
+
 inline int64_t RoundUp16(int64_t n) { return (n + 15) / 16 * 16; }
 
 // Where each matrix and bias sits in the flat parameter vector (see the layout above), for one input width.
@@ -74,6 +78,7 @@ inline Layout MakeLayout(int width, int n_input, int n_output, int n_hidden_laye
 // Kernel state: the attrs, checked once.
 struct Config {
   int n_hidden_layers = 0, width = 0, n_output = 0, activation = 0, output_activation = 0;
+  int products = kProductsFloat32;
   bool use_bias = false, training = false;
   TF_DataType dtype = TF_FLOAT;
 };
@@ -82,11 +87,12 @@ struct Config {
 inline void* CreateConfig(TF_OpKernelConstruction* c, const char* op, bool has_training) {
   auto* cfg = new Config;
   int64_t layers = 0, width = 0, n_output = 0;
-  std::string act, out_act;
+  std::string act, out_act, products;
   bool ok = GetAttr(c, "n_hidden_layers", &layers) && GetAttr(c, "width", &width) &&
             GetAttr(c, "n_output", &n_output) && GetAttr(c, "activation", &act) &&
             GetAttr(c, "output_activation", &out_act) && GetAttr(c, "use_bias", &cfg->use_bias) &&
-            GetAttr(c, "T", &cfg->dtype) && (!has_training || GetAttr(c, "training", &cfg->training));
+            GetAttr(c, "T", &cfg->dtype) && GetAttr(c, "products", &products) &&
+            (!has_training || GetAttr(c, "training", &cfg->training));
   if (ok && !(layers >= 1 && layers <= kMaxHiddenLayers))
     ok = ConstructionFail(c, TF_INVALID_ARGUMENT, "%s: n_hidden_layers must be in 1..%d, got %lld", op,
                           kMaxHiddenLayers, static_cast<long long>(layers));
@@ -105,6 +111,10 @@ inline void* CreateConfig(TF_OpKernelConstruction* c, const char* op, bool has_t
     ok = ConstructionFail(c, TF_INVALID_ARGUMENT,
                           "%s: output_activation must be \"none\", \"relu\", \"leaky_relu\", \"sigmoid\", "
                           "\"exponential\" or \"softplus\", got \"%s\"", op, out_act.c_str());
+  if (ok && products != "float32" && products != "bfloat16")
+    ok = ConstructionFail(c, TF_INVALID_ARGUMENT, "%s: products must be \"float32\" or \"bfloat16\", got \"%s\"", op,
+                          products.c_str());
+  cfg->products = products == "bfloat16" ? kProductsBfloat16 : kProductsFloat32;
   if (ok && cfg->dtype != TF_FLOAT && cfg->dtype != TF_HALF)
     ok = ConstructionFail(c, TF_INVALID_ARGUMENT, "%s: T must be float32 or float16, got %s", op,
                           DataTypeName(cfg->dtype));

@@ -7,7 +7,8 @@
 //   L = n_hidden_layers + 1 weight matrices (tiny-cuda-nn counts the hidden layers the same way).
 //   attrs: n_hidden_layers in 1..8, width in {16, 32, 64, 128}, n_output in 1..width, activation and
 //   output_activation in {"none", "relu", "leaky_relu", "sigmoid", "exponential", "softplus"}, use_bias,
-//   training. n_input = x.shape[1] in 1..width. T in {float, half}: float16 x and params are read as float32, every
+//   training, products ("float32" or "bfloat16": the CPU kernels' products, csrc/cpu/fused_mlp_cpu_isa.h). n_input =
+//   x.shape[1] in 1..width. T in {float, half}: float16 x and params are read as float32, every
 //   sum accumulates in float32, y is rounded to T once.
 //   hidden: the post-activation values h_1 .. h_{n_hidden_layers} in float32 when training, what FusedMlpGrad
 //   reads; [0, N, width] (no values) when not training.
@@ -56,12 +57,13 @@ void GradShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
 
 const std::initializer_list<const char*> kConfigAttrs = {
     "n_hidden_layers: int", "width: int", "n_output: int", "activation: string", "output_activation: string",
-    "use_bias: bool", "T: {float, half}"};
+    "use_bias: bool", "T: {float, half}", "products: string = \"float32\""};
 
 static const tfmo::OnLoad kRegister([] {
   tfmo::DefineOp(TFMO_OP_FUSED_MLP,
                  {"n_hidden_layers: int", "width: int", "n_output: int", "activation: string",
-                  "output_activation: string", "use_bias: bool", "T: {float, half}", "training: bool = false"},
+                  "output_activation: string", "use_bias: bool", "T: {float, half}", "training: bool = false",
+                  "products: string = \"float32\""},
                  {"x: T", "params: T"}, {"y: T", "hidden: float"}, &ForwardShape);
   tfmo::DefineOp(TFMO_OP_FUSED_MLP_GRAD, kConfigAttrs, {"dy: T", "x: T", "params: T", "y: T", "hidden: float"},
                  {"dx: T", "dparams: T"}, &GradShape);

@@ -49,6 +49,7 @@ class FusedMLP(keras.layers.Layer):
     ``[..., n_output]``. ``params`` (layout: :func:`~tf_metal_ops.fused_mlp_layout`) starts as tiny-cuda-nn's
     initialisation: each matrix Xavier-uniform, biases 0. ``implementation``: "op" (the compiled kernels; no XLA
     inside the layer), "pure_tf" (plain TF ops, XLA-compatible) or "auto" (the op when the library loads).
+    ``products``: "float32" or "bfloat16" (the CPU kernels' products; :func:`~tf_metal_ops.fused_mlp`).
 
     Example:
       >>> import tensorflow as tf, tf_metal_ops
@@ -59,12 +60,12 @@ class FusedMLP(keras.layers.Layer):
     """
 
     def __init__(self, n_output, width=64, n_hidden_layers=2, activation="relu", output_activation="none",
-                 use_bias=False, implementation="auto", **kwargs):
+                 use_bias=False, implementation="auto", products="float32", **kwargs):
         super().__init__(**kwargs)
         if keras.backend.backend() != "tensorflow":
             raise RuntimeError(f"FusedMLP needs the TensorFlow Keras backend, not {keras.backend.backend()}")
         self._options = check_config("FusedMLP", width, n_hidden_layers, n_output, activation, output_activation,
-                                     use_bias)
+                                     use_bias, products)
         self.implementation = implementation
         self.resolved_implementation, self._mlp = resolve_implementation(implementation)
         self.supports_jit = self.resolved_implementation == "pure_tf"  # keras' jit_compile="auto" reads this

@@ -16,6 +16,7 @@ import numbers
 import numpy as np
 
 ACTIVATIONS = ("none", "relu", "leaky_relu", "sigmoid", "exponential", "softplus")
+PRODUCTS = ("float32", "bfloat16")  # the products option (docs/fused_mlp.md "bfloat16 products")
 WIDTHS = (16, 32, 64, 128)
 MAX_HIDDEN_LAYERS = 8
 LEAKY_SLOPE = 0.01  # tiny-cuda-nn's LeakyReLU slope (csrc/shared/fused_mlp_math.h FM_LEAKY_SLOPE)
@@ -31,7 +32,7 @@ def check_int(fn, name, value, lo, hi):
     return int(value)
 
 
-def check_config(fn, width, n_hidden_layers, n_output, activation, output_activation, use_bias):
+def check_config(fn, width, n_hidden_layers, n_output, activation, output_activation, use_bias, products="float32"):
     """The checked attrs as a dict (ValueError naming ``fn`` and the argument otherwise)."""
     if isinstance(width, bool) or width not in WIDTHS:
         raise ValueError(f"{fn}: width must be one of {WIDTHS}, got {width!r}")
@@ -42,8 +43,10 @@ def check_config(fn, width, n_hidden_layers, n_output, activation, output_activa
             raise ValueError(f"{fn}: {name} must be one of {ACTIVATIONS}, got {act!r}")
     if not isinstance(use_bias, bool):
         raise ValueError(f"{fn}: use_bias must be True or False, got {use_bias!r}")
+    if not isinstance(products, str) or products not in PRODUCTS:
+        raise ValueError(f"{fn}: products must be one of {PRODUCTS}, got {products!r}")
     return dict(n_hidden_layers=n_hidden_layers, width=int(width), n_output=n_output, activation=activation,
-                output_activation=output_activation, use_bias=use_bias)
+                output_activation=output_activation, use_bias=use_bias, products=products)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ from tf_metal_ops.fused_mlp.layout import check_config, fused_mlp_layout
 __all__ = ["fused_mlp"]
 
 # The attrs FusedMlp shares with FusedMlpGrad (T is inferred from the inputs).
-_CONFIG_ATTRS = ("n_hidden_layers", "width", "n_output", "activation", "output_activation", "use_bias")
+_CONFIG_ATTRS = ("n_hidden_layers", "width", "n_output", "activation", "output_activation", "use_bias", "products")
 
 
 def _as_tensor(value, hint):
@@ -27,9 +27,10 @@ def _as_tensor(value, hint):
     return tf.convert_to_tensor(value, dtype_hint=hint)
 
 
-def checked_args(fn, x, params, n_hidden_layers, width, n_output, activation, output_activation, use_bias):
+def checked_args(fn, x, params, n_hidden_layers, width, n_output, activation, output_activation, use_bias,
+                 products="float32"):
     """(x, params, config dict) after the static checks of ``fn``'s arguments (ValueError naming ``fn``)."""
-    cfg = check_config(fn, width, n_hidden_layers, n_output, activation, output_activation, use_bias)
+    cfg = check_config(fn, width, n_hidden_layers, n_output, activation, output_activation, use_bias, products)
     x = _as_tensor(x, tf.float32)
     if x.dtype not in (tf.float32, tf.float16):
         raise ValueError(f"{fn}: x must be float32 or float16, got {x.dtype.name}")
@@ -64,7 +65,7 @@ def _gradient_needed(tensors):
 
 
 def fused_mlp(x, params, *, n_hidden_layers, width, n_output, activation="relu", output_activation="none",
-              use_bias=False, training=None, name=None):
+              use_bias=False, training=None, products="float32", name=None):
     """The fully fused MLP (tiny-cuda-nn's FullyFusedMLP) of the rows of ``x [N, n_input]``:
     ``y = f_out(W_L f(... f(W_1 x + b_1) ...) + b_L)`` with ``n_hidden_layers`` hidden layers of ``width``
     neurons (16, 32, 64 or 128), ``n_output`` outputs (1..width) and ``n_input`` (1..width) inputs.
@@ -76,10 +77,13 @@ def fused_mlp(x, params, *, n_hidden_layers, width, n_output, activation="relu",
     "softplus". float32 or float16 (x and params the same dtype; float16 accumulates in float32).
     ``training``: keep the hidden activations for the gradient (None: whenever a gradient tape records ``x`` or
     ``params``). The gradient w.r.t. ``x`` and ``params`` is registered (eager, ``tf.function``, SavedModel); the
-    parameter gradient is bitwise the same for every thread count and run. Bad arguments raise ValueError here when
-    visible statically, else InvalidArgumentError from the kernel. CPU and GPU (Metal) kernels; on the GPU float16
-    multiplies float16 operands, the activations rounded to float16 between layers, and sums in float32
-    (docs/fused_mlp.md, "GPU kernels").
+    parameter gradient is bitwise the same for every thread count and run. ``products``: "float32" (the default) or
+    "bfloat16": the CPU kernels round the operands of every product (forward and gradients) to bfloat16 and sum in
+    float32, with AVX512-BF16's VDPBF16PS where the CPU has it and the same arithmetic in float32 code elsewhere
+    (``tf_metal_ops.diagnostics.cpu_paths("fused_mlp")``; accuracy: docs/fused_mlp.md); the GPU kernels ignore it.
+    Bad arguments raise ValueError here when visible statically, else InvalidArgumentError from the kernel. CPU and
+    GPU (Metal) kernels; on the GPU float16 multiplies float16 operands, the activations rounded to float16 between
+    layers, and sums in float32 (docs/fused_mlp.md, "GPU kernels").
 
     Example:
       >>> import numpy as np, tensorflow as tf, tf_metal_ops
@@ -97,7 +101,7 @@ def fused_mlp(x, params, *, n_hidden_layers, width, n_output, activation="relu",
         raise ValueError(f"{fn}: training must be True, False or None, got {training!r}")
     with tf.name_scope(name or fn):
         x, params, cfg = checked_args(fn, x, params, n_hidden_layers, width, n_output, activation,
-                                      output_activation, use_bias)
+                                      output_activation, use_bias, products)
         keep = _gradient_needed([x, params]) if training is None else training
         y, _ = ops().fused_mlp(x, params, training=keep, **cfg)
         y.set_shape([x.shape[0] if x.shape.rank == 2 else None, cfg["n_output"]])

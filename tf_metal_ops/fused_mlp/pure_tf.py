@@ -1,5 +1,8 @@
 """``fused_mlp_tf``: the fused MLP in plain TensorFlow ops (XLA-compatible, any device), the same math, parameter
-layout and dtype rules as the op (float16 computed in float32, rounded once at the end)."""
+layout and dtype rules as the op (float16 computed in float32, rounded once at the end). ``products="bfloat16"``
+rounds the operands of the forward's matmuls to bfloat16 (TF's cast: nearest even) and multiplies in float32; the
+gradient passes the roundings unchanged, so the backward's matmuls take the rounded forward operands and float32
+gradients: close to the op's bfloat16 products, not bitwise."""
 
 from __future__ import annotations
 
@@ -7,6 +10,12 @@ import tensorflow as tf
 
 from tf_metal_ops.fused_mlp.layout import LEAKY_SLOPE, fused_mlp_layout
 from tf_metal_ops.fused_mlp.ops import checked_args
+
+@tf.custom_gradient
+def _round_bf16(v):
+    """v rounded to bfloat16 (kept float32); the gradient passes unchanged."""
+    return tf.cast(tf.cast(v, tf.bfloat16), tf.float32), lambda dv: dv
+
 
 _ACTIVATIONS = {
     "none": lambda z: z,
@@ -19,7 +28,7 @@ _ACTIVATIONS = {
 
 
 def fused_mlp_tf(x, params, *, n_hidden_layers, width, n_output, activation="relu", output_activation="none",
-                 use_bias=False, name=None):
+                 use_bias=False, products="float32", name=None):
     """:func:`~tf_metal_ops.fused_mlp` in plain TF ops: ``x [N, n_input]`` and the flat ``params`` (float32 or
     float16, the same dtype) -> ``[N, n_output]``. Gradients come from TF's autodiff. Use it under XLA
     (``jit_compile=True``) or on devices without the op's kernels.
@@ -38,7 +47,8 @@ def fused_mlp_tf(x, params, *, n_hidden_layers, width, n_output, activation="rel
     fn = "fused_mlp_tf"
     with tf.name_scope(name or fn):
         x, params, cfg = checked_args(fn, x, params, n_hidden_layers, width, n_output, activation,
-                                      output_activation, use_bias)
+                                      output_activation, use_bias, products)
+        bf16 = cfg["products"] == "bfloat16"
         n_input = x.shape[1]
         if n_input is None:
             raise ValueError(f"{fn}: x's column count (n_input) must be known statically, got shape {x.shape}")
@@ -53,6 +63,8 @@ def fused_mlp_tf(x, params, *, n_hidden_layers, width, n_output, activation="rel
                 w = w[:, :n_input]  # the padding columns multiply zeros
             if last:
                 w = w[:n_output]  # the padding rows feed no output
+            if bf16:
+                h, w = _round_bf16(h), _round_bf16(w)
             h = tf.matmul(h, w, transpose_b=True)
             if use_bias:
                 bo, length = lay.biases[m]
