@@ -29,6 +29,7 @@ class TrainConfig:
     data: str
     model: str
     impl: str
+    mlp: str
     minutes: float | None
     epochs: float | None
     steps: int | None
@@ -98,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=("hash", "mlp"), default="hash")
     p.add_argument("--impl", choices=("op", "pure_tf"), default="op",
                    help="hash model: tf_metal_ops kernels, or pure TF (hash grid + compositing) in an XLA train step")
+    p.add_argument("--mlp", choices=("fused", "keras"), default="fused",
+                   help="hash model: the density and colour MLPs as tf_metal_ops.FusedMLP layers, or as Keras Dense "
+                        "stacks of the same shapes")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--minutes", type=float, help="training-time budget")
     budget.add_argument("--epochs", type=float, help="passes over all training rays")

@@ -212,6 +212,11 @@ class HashNeRF(keras.Model):
     not applied: the distant surroundings lie beyond the sparse points that set it), and rays that leave it end on
     black (``background`` is ignored: the far region is part of the scene).
 
+    ``mlp``: "fused" (the default) runs the density and colour MLPs as ``tf_metal_ops.FusedMLP`` layers (the fused
+    MLP op, or its pure-TF form with ``implementation="pure_tf"`` or ``xla_inner``), with biases; "keras" as ``keras.layers.Dense``
+    stacks of the same shapes (models saved before this option existed load as "keras"). ``hidden`` must then be
+    16, 32, 64 or 128.
+
     ``appearance_dim`` > 0 (occupancy sampler): a per-training-image appearance vector (``n_appearance`` of them,
     initialised to 0) is appended to the colour MLP's input; ``call(..., appearance_ids=[R] int)`` picks each ray's,
     and without ids (evaluation, test views, ``render_image``) every ray gets the **mean** of the training images'
@@ -220,14 +225,19 @@ class HashNeRF(keras.Model):
 
     SAMPLERS = ("uniform", "occupancy")
     CONTRACTION_NORMS = ("inf", "l2")
+    MLPS = ("fused", "keras")
 
     def __init__(self, n_levels=16, n_features_per_level=2, log2_hashmap_size=17, base_resolution=16,
                  finest_resolution=512, n_samples=64, near=2.0, far=6.0, bound=1.0, background=(1.0, 1.0, 1.0),
                  implementation="op", hidden=64, xla_inner=False, jitter=True, sampler="uniform",
                  grid_resolution=64, grid_warmup_steps=64, step_size=None, max_samples=1024, early_stop=0.0,
                  unbounded=False, cascades=1, cone_angle=0.0, contraction_norm="inf", appearance_dim=0,
-                 n_appearance=0, grid=None, **kwargs):
+                 n_appearance=0, grid=None, mlp="fused", **kwargs):
         super().__init__(**kwargs)
+        if mlp not in self.MLPS:
+            raise ValueError(f"mlp must be one of {self.MLPS}, got {mlp!r}")
+        if mlp == "fused" and int(hidden) not in (16, 32, 64, 128):
+            raise ValueError(f"mlp='fused' needs hidden in 16, 32, 64, 128, got {hidden}")
         if sampler not in self.SAMPLERS:
             raise ValueError(f"sampler must be one of {self.SAMPLERS}, got {sampler!r}")
         if sampler != "occupancy" and (unbounded or int(cascades) != 1 or float(cone_angle) != 0.0
@@ -250,7 +260,7 @@ class HashNeRF(keras.Model):
                    finest_resolution=finest_resolution, n_samples=n_samples, near=float(near), far=float(far),
                    bound=float(bound), background=[float(b) for b in background],
                    implementation=implementation, hidden=hidden, xla_inner=bool(xla_inner),
-                   jitter=bool(jitter), sampler=sampler)
+                   jitter=bool(jitter), sampler=sampler, mlp=mlp)
         if sampler == "occupancy":
             cfg.update(grid_resolution=int(grid_resolution), grid_warmup_steps=int(grid_warmup_steps),
                        step_size=float(default_step_size(bound) if step_size is None else step_size),
@@ -279,11 +289,20 @@ class HashNeRF(keras.Model):
                                          log2_hashmap_size=log2_hashmap_size, base_resolution=base_resolution,
                                          per_level_scale=per_level_scale, implementation=implementation,
                                          name="hash_grid")
-        self.density_mlp = [keras.layers.Dense(hidden, activation="relu", name="density_0"),
-                            keras.layers.Dense(16, name="density_out")]
-        self.color_mlp = [keras.layers.Dense(hidden, activation="relu", name="color_0"),
-                          keras.layers.Dense(hidden, activation="relu", name="color_1"),
-                          keras.layers.Dense(3, name="color_out")]
+        if mlp == "fused":
+            from tf_metal_ops.fused_mlp.layer import FusedMLP
+
+            # the op, or its pure-TF form where the MLPs run inside XLA-compiled functions (custom ops have no XLA kernel)
+            mlp_impl = "pure_tf" if implementation == "pure_tf" or xla_inner else "op"
+            fused = dict(width=int(hidden), activation="relu", use_bias=True, implementation=mlp_impl)
+            self.density_mlp = [FusedMLP(16, n_hidden_layers=1, name="density_mlp", **fused)]
+            self.color_mlp = [FusedMLP(3, n_hidden_layers=2, output_activation="sigmoid", name="color_mlp", **fused)]
+        else:
+            self.density_mlp = [keras.layers.Dense(hidden, activation="relu", name="density_0"),
+                                keras.layers.Dense(16, name="density_out")]
+            self.color_mlp = [keras.layers.Dense(hidden, activation="relu", name="color_0"),
+                              keras.layers.Dense(hidden, activation="relu", name="color_1"),
+                              keras.layers.Dense(3, activation="sigmoid", name="color_out")]
 
     def _pre(self, rays_o, rays_d, training, jitter_seed=None, view_sh=None):
         """Samples, normalised positions in [0,1]^3, inside-the-box mask, SH of the view direction."""
@@ -315,7 +334,7 @@ class HashNeRF(keras.Model):
         c = tf.concat(parts, axis=-1)
         for layer in self.color_mlp:
             c = layer(c)
-        return trunc_exp(h[:, 0]), tf.sigmoid(c)
+        return trunc_exp(h[:, 0]), c
 
     def _post(self, feat, inside, sh):
         """Uniform sampler: the field on ``[R*S]`` samples → density ``[R, S]`` (0 outside the box), colour."""
@@ -349,8 +368,10 @@ class HashNeRF(keras.Model):
         return self._density_at(self._normalise(pts))
 
     def _density_at(self, x):
-        """Density ``[M]`` at hash-grid coordinates ``[M, 3]`` in [0, 1]^3 (the output layer's first column only:
-        the geometry feature is not needed)."""
+        """Density ``[M]`` at hash-grid coordinates ``[M, 3]`` in [0, 1]^3 (with Dense layers the output layer's
+        first column only: the geometry feature is not needed; the fused MLP computes its 16 outputs at once)."""
+        if self.cfg["mlp"] == "fused":
+            return trunc_exp(self.density_mlp[0](self.encoding(x))[:, 0])
         hidden, out = self.density_mlp
         h = hidden(self.encoding(x))
         if not out.built:  # --early-stop's pass runs before the first full call builds it
@@ -530,7 +551,10 @@ def save_model(model: keras.Model, directory: str, world_to_scene=None) -> str:
 def load_model(directory: str) -> keras.Model:
     with open(os.path.join(directory, "model.json")) as f:
         meta = json.load(f)
-    model = build_model(meta["kind"], **meta["config"])
+    cfg = dict(meta["config"])
+    if meta["kind"] == "hash":
+        cfg.setdefault("mlp", "keras")  # saved before the fused MLP existed: Dense layers
+    model = build_model(meta["kind"], **cfg)
     model.world_to_scene = np.asarray(meta.get("world_to_scene", np.eye(4)), np.float64)
     model.load_weights(os.path.join(directory, "model.weights.h5"))
     grid = getattr(model, "grid", None)

@@ -57,7 +57,7 @@ def model_config(cfg: TrainConfig, dataset) -> dict:
     bound = cfg.bound if cfg.bound is not None else (1.0 if dataset.name == "builtin" or unbounded else 1.5)
     kw = dict(common, n_levels=cfg.levels, n_features_per_level=cfg.features, log2_hashmap_size=cfg.log2_table,
               base_resolution=cfg.base_res, finest_resolution=cfg.finest_res, bound=bound,
-              implementation=cfg.impl, xla_inner=cfg.xla_inner, sampler=cfg.sampler)
+              implementation=cfg.impl, xla_inner=cfg.xla_inner, sampler=cfg.sampler, mlp=cfg.mlp)
     if cfg.sampler == "occupancy":
         kw.update(grid_resolution=cfg.grid_res, grid_warmup_steps=cfg.grid_warmup, step_size=cfg.step_size,
                   max_samples=cfg.max_samples, early_stop=cfg.early_stop)

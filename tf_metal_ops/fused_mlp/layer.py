@@ -81,9 +81,12 @@ class FusedMLP(keras.layers.Layer):
                                        n_hidden_layers=o["n_hidden_layers"], use_bias=o["use_bias"])
         scale = self.param_layout.init_scale().astype(np.float32)
 
+        # a seeded initializer (not keras.random's global seed generator, whose state a layer first built inside
+        # another layer's call cannot update)
+        uniform = keras.initializers.RandomUniform(minval=-1.0, maxval=1.0)
+
         def initializer(shape, dtype=None):
-            u = keras.random.uniform(shape, minval=-1.0, maxval=1.0, dtype="float32")
-            return tf.cast(u * scale, dtype or "float32")
+            return tf.cast(uniform(shape, "float32") * scale, dtype or "float32")
 
         self.params = self.add_weight(name="params", shape=(self.param_layout.n_params,), initializer=initializer,
                                       dtype=self.variable_dtype, trainable=True)
