@@ -60,7 +60,8 @@ def model_config(cfg: TrainConfig, dataset) -> dict:
               implementation=cfg.impl, xla_inner=cfg.xla_inner, sampler=cfg.sampler)
     if cfg.sampler == "occupancy":
         kw.update(grid_resolution=cfg.grid_res, grid_warmup_steps=cfg.grid_warmup, step_size=cfg.step_size,
-                  max_samples=cfg.max_samples, early_stop=cfg.early_stop)
+                  max_samples=cfg.max_samples, early_stop=cfg.early_stop,
+                  alpha_threshold=cfg.alpha_threshold)
         cascades = cfg.cascades if cfg.cascades is not None else default_cascades(dataset.far, bound)
         cone = cfg.cone_angle if cfg.cone_angle is not None else default_cone_angle(dataset.focal)
         if unbounded or cascades != 1 or cone or cfg.appearance_dim:
@@ -154,6 +155,7 @@ class Trainer:
         if args.batch_rays % n_rep:
             raise SystemExit(f"error: --batch-rays {args.batch_rays} is not a multiple of the {n_rep} replicas")
         self.occupancy = args.sampler == "occupancy"
+        self.culls = self.occupancy and (args.early_stop > 0 or args.alpha_threshold > 0)
         self._load_rays(dataset)
         self._build_model(model_config(args, dataset))
         if self.occupancy:
@@ -395,9 +397,11 @@ class Trainer:
         out = self._step_fn(self.distribute_rays(rows), tf.constant(step_no, tf.int64),
                             tf.constant([ctrl], tf.float32), tf.constant(n_rays, tf.float32)).numpy()
         self.last_rays, self.last_samples, self.last_marched = n_rays, float(out[2]), float(out[3])
-        if self.occupancy:  # Instant-NGP: scale the ray count by budget / measured samples
-            self.state_rays.assign(self.clamp_rays(
-                self.last_rays * self.args.sample_budget / max(self.last_samples, 1.0)))
+        if self.occupancy:  # Instant-NGP: scale the ray count by budget / measured (kept) samples
+            want = self.last_rays * self.args.sample_budget / max(self.last_samples, 1.0)
+            if self.culls:  # and bound the marched samples, which the density-only pass evaluates
+                want = min(want, self.last_rays * self.args.march_budget / max(self.last_marched, 1.0))
+            self.state_rays.assign(self.clamp_rays(want))
         return float(out[0]), float(out[1])
 
     def gradients(self, idx, step_no):
