@@ -87,6 +87,21 @@ def default_cascades(far: float, bound: float) -> int:
     return int(min(max(need, MIN_UNBOUNDED_CASCADES), 8))
 
 
+def wanted_rays(rays: int, samples: float, marched: float, sample_budget: int, march_budget=None) -> float:
+    """The occupancy sampler's next ray count, before rounding and clamping (``Trainer.clamp_rays``): Instant-NGP's
+    ``rays * sample_budget / samples`` for the step's ``rays`` that trained ``samples`` samples, and, when the samples
+    are culled (``march_budget`` not None), at most ``rays * march_budget / marched``: the density-only pass
+    evaluates every marched sample.
+
+    >>> wanted_rays(100, 20_000, 20_000, 32_768), wanted_rays(100, 2_000, 40_000, 32_768, march_budget=262_144)
+    (163.84, 655.36)
+    """
+    want = rays * sample_budget / max(samples, 1.0)
+    if march_budget is not None:
+        want = min(want, rays * march_budget / max(marched, 1.0))
+    return want
+
+
 def distortion_loss(out, op: bool, spacing=None):
     """The distortion loss per ray of the model output ``out`` (packed samples or fixed ones); ``op``: the custom op,
     else its pure-TF version. ``spacing``: a function of the ray distances applied to the packed samples' interval
@@ -398,10 +413,9 @@ class Trainer:
                             tf.constant([ctrl], tf.float32), tf.constant(n_rays, tf.float32)).numpy()
         self.last_rays, self.last_samples, self.last_marched = n_rays, float(out[2]), float(out[3])
         if self.occupancy:  # Instant-NGP: scale the ray count by budget / measured (kept) samples
-            want = self.last_rays * self.args.sample_budget / max(self.last_samples, 1.0)
-            if self.culls:  # and bound the marched samples, which the density-only pass evaluates
-                want = min(want, self.last_rays * self.args.march_budget / max(self.last_marched, 1.0))
-            self.state_rays.assign(self.clamp_rays(want))
+            self.state_rays.assign(self.clamp_rays(wanted_rays(
+                self.last_rays, self.last_samples, self.last_marched, self.args.sample_budget,
+                self.args.march_budget if self.culls else None)))
         return float(out[0]), float(out[1])
 
     def gradients(self, idx, step_no):
