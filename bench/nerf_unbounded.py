@@ -28,8 +28,16 @@ of them), samples per ray, rays per step and the occupied fraction of each casca
 and ``.json``) with the CPU model and the load average before and after each run (other jobs may share the machine:
 training time is wall time).
 
+``--scale 4`` trains ``bounded`` and ``unbounded`` on the scene's full 256x192 images instead of 64x48. ``--tree DIR``
+runs another checkout's ``train.py`` (with its own ``tf_metal_ops`` on PYTHONPATH) on the same capture, so that two
+versions of the sampler can be compared: start one run per tree at the same time (both then see the same load) with
+``--reuse-capture`` on a shared capture. The table gives, per run, the samples per ray that trained and that were
+marched (they differ when the marched samples are culled, ``train.py --cull``) and the rays per step.
+
     python bench/nerf_unbounded.py --minutes 10                                    # all variants, ~45 minutes
     python bench/nerf_unbounded.py --minutes 2 --variants bounded,unbounded --out /tmp/u.md
+    python bench/nerf_unbounded.py --minutes 10 --variants unbounded --scale 4 --eval-views 2 \
+        --train-args "--eval-every 150 --final-views 8" --tree ../before --work /tmp/b --out /tmp/before.md
 """
 
 from __future__ import annotations
