@@ -14,7 +14,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from tf_metal_ops._args import _check_rank, _float32
-from tf_metal_ops.render_packed.ops import _check_intervals, _num_rays, _row_splits
+from tf_metal_ops.render_packed.ops import _check_intervals, _row_splits
 from tf_metal_ops.render_packed.pure_tf import _segments
 
 
@@ -47,7 +47,7 @@ def cull_samples_packed(densities, t_starts, t_ends, row_splits, *, early_stop_e
     ``early_stop_eps`` of light behind the cut).
 
     Args:
-      densities: [N] float32, >= 0 (NaN counts as culled).
+      densities: [N] float32, >= 0 (a NaN sample is culled when either threshold is on).
       t_starts, t_ends: [N] float32 sample intervals, the layout of ``volume_render_packed``.
       row_splits: [R+1] int32 (or int64); ray r owns samples row_splits[r] .. row_splits[r+1] - 1.
       early_stop_eps: in [0, 1); 0 keeps every sample's transmittance.
@@ -74,7 +74,6 @@ def cull_samples_packed(densities, t_starts, t_ends, row_splits, *, early_stop_e
     row_splits = _row_splits(row_splits, fn)
     _check_rank(densities, 1, fn, "densities", "[samples]")
     _check_intervals(fn, t_starts, t_ends, densities.shape[0] if densities.shape.rank == 1 else None)
-    _num_rays(row_splits)
     with tf.name_scope(name or fn):
         densities, t_starts, t_ends = (tf.stop_gradient(x) for x in (densities, t_starts, t_ends))
         n = tf.shape(densities)[0]
