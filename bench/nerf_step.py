@@ -83,9 +83,10 @@ def breakdown(tr, rays, repeats):
         @tf.function
         def sampling(o, d):
             m = model.march(o, d, True, seed)
-            if model.cfg["early_stop"] > 0:
-                m = model._prune(o, d, m)
-            return m.positions, tf.gather(view_sh, m.ray_indices), m
+            x = model._sample_coords(o, d, m)
+            if model.cfg["early_stop"] > 0 or model.cfg.get("alpha_threshold", 0.0) > 0:
+                m, x = model._prune(m, x)
+            return x, tf.gather(view_sh, m.ray_indices), m
     else:
         @tf.function
         def sampling(o, d):
@@ -225,7 +226,7 @@ def main(argv=None):
     o, d = tr_o.batch(tf.constant(tr_o.ray_rows(perm)))[:2]
     m = tr_o.model.march(o, d, True, step_seed(tr_o))
     if early > 0:
-        m = tr_o.model._prune(o, d, m)
+        m, _ = tr_o.model._prune(m, tr_o.model._sample_coords(o, d, m))
     n_of = m.row_splits.numpy()  # samples of the first r rays: n_of[r]
     cand = np.arange(RAY_GRANULARITY, len(perm) + 1, RAY_GRANULARITY)
     r = int(cand[np.argmin(np.abs(n_of[cand] - args.budget))])

@@ -28,8 +28,16 @@ of them), samples per ray, rays per step and the occupied fraction of each casca
 and ``.json``) with the CPU model and the load average before and after each run (other jobs may share the machine:
 training time is wall time).
 
+``--scale 4`` trains ``bounded`` and ``unbounded`` on the scene's full 256x192 images instead of 64x48. ``--tree DIR``
+runs another checkout's ``train.py`` (with its own ``tf_metal_ops`` on PYTHONPATH) on the same capture, so that two
+versions of the sampler can be compared: start one run per tree at the same time (both then see the same load) with
+``--reuse-capture`` on a shared capture. The table gives, per run, the samples per ray that trained and that were
+marched (they differ when the marched samples are culled, ``train.py --cull``) and the rays per step.
+
     python bench/nerf_unbounded.py --minutes 10                                    # all variants, ~45 minutes
     python bench/nerf_unbounded.py --minutes 2 --variants bounded,unbounded --out /tmp/u.md
+    python bench/nerf_unbounded.py --minutes 10 --variants unbounded --scale 4 --eval-views 2 \
+        --train-args "--eval-every 150 --final-views 8" --tree ../before --work /tmp/b --out /tmp/before.md
 """
 
 from __future__ import annotations
@@ -70,12 +78,19 @@ def load_average() -> str:
         return " ".join(f.read().split()[:3])
 
 
+TRAIN_OPTIONS = dict(tree=os.path.dirname(HERE), eval_views=8, extra=[])  # main() sets them from the flags
+
+
 def train(data: str, out: str, minutes: float, extra: list) -> dict:
-    """``train.py`` in its own process → its metrics.json (and the command)."""
-    cmd = [sys.executable, os.path.join(EXAMPLES, "nerf", "train.py"), "--data", data, "--minutes", str(minutes),
-           "--out", out, "--no-progress", "--eval-views", "8", *extra]
+    """``train.py`` of ``TRAIN_OPTIONS["tree"]`` (its own package on PYTHONPATH) in its own process → its
+    metrics.json (and the command)."""
+    tree = TRAIN_OPTIONS["tree"]
+    cmd = [sys.executable, os.path.join(tree, "examples", "nerf", "train.py"), "--data", data, "--minutes",
+           str(minutes), "--out", out, "--no-progress", "--eval-views", str(TRAIN_OPTIONS["eval_views"]), *extra,
+           *TRAIN_OPTIONS["extra"]]
     load0 = load_average()
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree] + [v for v in [os.environ.get("PYTHONPATH")] if v]))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=args_cwd())
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     with open(os.path.join(out, "metrics.json")) as f:
@@ -83,6 +98,11 @@ def train(data: str, out: str, minutes: float, extra: list) -> dict:
     doc["bench"] = dict(command=" ".join(cmd[1:]), load_before=load0, load_after=load_average(),
                         log_tail=r.stdout.strip().splitlines()[-1])
     return doc
+
+
+def args_cwd() -> str:
+    """train.py runs outside the repository root (there, ``import tf_metal_ops`` would find the unbuilt sources)."""
+    return os.path.dirname(TRAIN_OPTIONS["tree"])
 
 
 # ---------------------------------------------------------------------------------------- structure from motion
@@ -356,6 +376,10 @@ def summary_rows(name: str, doc: dict) -> dict:
     return dict(variant=name, final_psnr=last["test_psnr"], minutes=last["train_seconds"] / 60,
                 steps=doc["final"]["steps"], ms_per_step=1e3 * doc["final"]["seconds_per_step"],
                 samples_per_ray=last["samples_per_ray"], rays_per_step=last["rays_per_step"],
+                marched_per_ray=last.get("marched_per_ray", last["samples_per_ray"]),
+                mean_samples_per_ray=float(np.mean(doc["samples_per_ray"])),
+                mean_marched_per_ray=float(np.mean(doc.get("marched_per_ray") or doc["samples_per_ray"])),
+                mean_rays_per_step=float(np.mean(doc["rays_per_step"])),
                 occupied=last.get("occupied_per_cascade") or [last.get("occupied_fraction")],
                 curve=[(round(e["train_seconds"] / 60, 2), round(e["test_psnr"], 2)) for e in ev],
                 load=(doc["bench"]["load_before"], doc["bench"]["load_after"]), command=doc["bench"]["command"])
@@ -363,18 +387,22 @@ def summary_rows(name: str, doc: dict) -> dict:
 
 def write_report(path: str, args, rows: list, docs: dict, header: dict):
     lines = [f"# NeRF example on the unbounded test scene: bounded vs unbounded model (`bench/nerf_unbounded.py`)",
-             "", f"CPU: {header['cpu']}, {os.cpu_count()} cores; {args.views} views of 64x48 (every "
+             "", f"CPU: {header['cpu']}, {os.cpu_count()} cores; {args.views} views of {64 * args.scale}x"
+             f"{48 * args.scale} (every "
              f"{HOLDOUT_EVERY}th held out: {header['test_views']} test views); {args.minutes} minutes of training "
              f"per run; written {header['date']} UTC.", "",
-             "| variant | test PSNR (dB) | steps | ms/step | samples/ray | rays/step | occupied per cascade | "
-             "load avg before → after |", "|---|---|---|---|---|---|---|---|"]
+             "| variant | test PSNR (dB) | steps | ms/step | samples/ray (trained) | marched/ray | rays/step | "
+             "occupied per cascade | load avg before → after |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         occ = ", ".join(f"{100 * v:.1f}%" for v in r["occupied"] if v is not None)
         lines.append(f"| {r['variant']} | {r['final_psnr']:.2f} | {r['steps']} | {r['ms_per_step']:.0f} | "
-                     f"{r['samples_per_ray']:.1f} | {r['rays_per_step']:.0f} | {occ} | {r['load'][0]} → "
-                     f"{r['load'][1]} |")
-    lines += ["", "Test PSNR (dB) against training minutes (the periodic evaluations on the first 8 test views, the "
-                  "last one on all of them):", ""]
+                     f"{r['samples_per_ray']:.1f} | {r['marched_per_ray']:.1f} | {r['rays_per_step']:.0f} | {occ} | "
+                     f"{r['load'][0]} → {r['load'][1]} |")
+    lines += ["", "Samples per ray, rays per step: over the last evaluation interval; over the whole run: " + "; ".join(
+        f"{r['variant']} {r['mean_samples_per_ray']:.1f} trained, {r['mean_marched_per_ray']:.1f} marched, "
+        f"{r['mean_rays_per_step']:.0f} rays" for r in rows) + "."]
+    lines += ["", f"Test PSNR (dB) against training minutes (the periodic evaluations on the first "
+                  f"{args.eval_views} test views, the last one on all of them):", ""]
     for r in rows:
         lines.append(f"* {r['variant']}: " + ", ".join(f"{m:.2f} min {p:.2f}" for m, p in r["curve"]))
     sfm_runs = [v for v in docs if v.endswith("-sfm")]
@@ -428,6 +456,16 @@ def main(argv=None):
     p.add_argument("--sfm-matching", choices=("sequential", "exhaustive"), default="exhaustive",
                    help="unbounded-sfm: pairs to match: each view with its 10 successors in capture order (a "
                         "video's; the ring's views are in order), or all pairs")
+    p.add_argument("--scale", type=int, default=1,
+                   help="bounded, unbounded: the capture's images are scale x 64x48 (4: the scene's full 256x192)")
+    p.add_argument("--eval-views", type=int, default=8, help="test views of the periodic evaluations")
+    p.add_argument("--tree", default=os.path.dirname(HERE),
+                   help="repository whose examples/nerf/train.py (and tf_metal_ops, on PYTHONPATH) trains: another "
+                        "checkout compares its sampler with this one's")
+    p.add_argument("--train-args", default="", help="more train.py arguments for every run (one string)")
+    p.add_argument("--reuse-capture", action="store_true",
+                   help="bounded, unbounded: keep WORK/capture when present (written by an earlier run with the same "
+                        "--views and --scale)")
     p.add_argument("--work", default="/tmp/nerf_unbounded_bench", help="captures and runs")
     p.add_argument("--out", default=os.path.join(HERE, "nerf_unbounded.md"), help="report (.md; .json beside it)")
     args = p.parse_args(argv)
@@ -435,8 +473,12 @@ def main(argv=None):
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
         p.error(f"unknown variant(s) {bad}; choose from {list(VARIANTS)}")
-    if not (args.minutes > 0) or args.views < 2 * HOLDOUT_EVERY:
-        p.error(f"--minutes must be positive and --views at least {2 * HOLDOUT_EVERY}")
+    if not (args.minutes > 0) or args.views < 2 * HOLDOUT_EVERY or args.scale < 1 or args.eval_views < 1:
+        p.error(f"--minutes must be positive, --views at least {2 * HOLDOUT_EVERY}, --scale and --eval-views at "
+                f"least 1")
+    if not os.path.isfile(os.path.join(args.tree, "examples", "nerf", "train.py")):
+        p.error(f"--tree {args.tree}: no examples/nerf/train.py there")
+    TRAIN_OPTIONS.update(tree=os.path.abspath(args.tree), eval_views=args.eval_views, extra=args.train_args.split())
     print(f"CPU: {cpu_model()}; load {load_average()}", flush=True)
 
     from nerf.data import capture_writers as writers
@@ -444,8 +486,9 @@ def main(argv=None):
 
     os.makedirs(args.work, exist_ok=True)
     data = os.path.join(args.work, "capture")
-    shutil.rmtree(data, ignore_errors=True)
-    writers.write_colmap(data, scene.render(n_views=args.views, ss=2), binary=True)
+    if not (args.reuse_capture and os.path.isdir(os.path.join(data, "sparse"))):
+        shutil.rmtree(data, ignore_errors=True)
+        writers.write_colmap(data, scene.render(n_views=args.views, ss=2, scale=args.scale), binary=True)
     docs, rows, sfm = {}, [], None
     for v in variants:
         t0 = time.perf_counter()
@@ -458,12 +501,16 @@ def main(argv=None):
         rows.append(summary_rows(v, docs[v]))
         r = rows[-1]
         print(f"{v}: test PSNR {r['final_psnr']:.2f} dB after {r['minutes']:.1f} min ({r['steps']} steps), "
-              f"{r['samples_per_ray']:.1f} samples/ray, occupied {r['occupied']}, load {r['load']}, "
+              f"{r['samples_per_ray']:.1f} samples/ray ({r['marched_per_ray']:.1f} marched), "
+              f"{r['rays_per_step']:.0f} rays/step, occupied {r['occupied']}, load {r['load']}, "
               f"{time.perf_counter() - t0:.0f} s" + (
                   f"; capture's cameras {docs[v]['sfm']['capture_camera_psnr']['mean']:.2f} dB, renderer's "
                   f"{docs[v]['sfm']['true_camera_psnr']['mean']:.2f} dB" if v.endswith("-sfm") else ""), flush=True)
     header = dict(cpu=cpu_model(), date=time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-                  test_views=len(range(0, args.views, HOLDOUT_EVERY)))
+                  test_views=len(range(0, args.views, HOLDOUT_EVERY)), tree=TRAIN_OPTIONS["tree"],
+                  commit=subprocess.run(["git", "-C", TRAIN_OPTIONS["tree"], "rev-parse", "--short", "HEAD"],
+                                        capture_output=True, text=True).stdout.strip(),
+                  train_args=args.train_args, scale=args.scale)
     write_report(args.out, args, rows, docs, header)
     per_step = ("train_losses", "samples_per_ray", "marched_per_ray", "rays_per_step", "step_seconds")
     slim = {k: {kk: vv for kk, vv in d.items() if kk not in per_step} for k, d in docs.items()}

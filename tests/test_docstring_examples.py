@@ -10,9 +10,9 @@ import tf_metal_ops
 
 # Public names that are not ops: results, errors, configuration and diagnostics. Everything else in __all__ needs an
 # example (a new public op without one fails test_every_public_op_has_an_example).
-NOT_OPS = {"__version__", "HashGridConfig", "KernelCompileError", "MetalKernel", "OpLibraryError", "RayMarchResult",
-           "ShaderLibrary", "VolumeRenderResult", "backend_info", "get_num_threads", "hash_grid_table_layout",
-           "library_path", "num_threads", "set_num_threads",
+NOT_OPS = {"__version__", "CulledSamples", "HashGridConfig", "KernelCompileError", "MetalKernel", "OpLibraryError",
+           "RayMarchResult", "ShaderLibrary", "VolumeRenderResult", "backend_info", "get_num_threads",
+           "hash_grid_table_layout", "library_path", "num_threads", "set_num_threads",
            "enable_unsafe_kernel_loading"}  # its example would allow every kernel in the test process
 OPS = sorted(set(tf_metal_ops.__all__) - NOT_OPS)
 NEEDS_COMPILER = {"metal_kernel", "compile_shader"}  # the examples compile an inline kernel (clang++-16 on Linux)

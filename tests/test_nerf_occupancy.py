@@ -234,3 +234,32 @@ def test_unseen_cells_never_occupied_and_each_cascade_has_its_threshold():
     assert not np.any(occ & ~seen)
     assert 0.3 < occ[0][seen[0]].mean() < 0.7  # the inner cascade's cells above its own mean (~1)
     assert occ[1].any()
+
+
+def test_culled_model_keeps_the_samples_cull_samples_packed_keeps():
+    """early_stop / alpha_threshold: the model trains and renders the marched samples that cull_samples_packed keeps
+    for the field's own densities at them (recomputed here), and the ray-count rule bounds the marched samples."""
+    import tf_metal_ops
+    from nerf import trainer
+
+    model = models.build_model("hash", n_levels=4, log2_hashmap_size=12, finest_resolution=64, sampler="occupancy",
+                               grid_resolution=16, grid_warmup_steps=0, early_stop=1e-3, alpha_threshold=0.05)
+    model.grid.update(lambda p: 100.0 * tf.cast(tf.norm(p, axis=-1) < 0.6, tf.float32))  # a ball
+    table = model.encoding.table
+    table.assign(np.random.default_rng(0).normal(0.0, 3.0, table.shape).astype(np.float32))  # varied densities
+    bias = model.density_mlp[1].bias
+    bias.assign(tf.tensor_scatter_nd_update(bias, [[0]], [1.5]))  # around e^1.5: alpha ~0.06 per step
+    o, d = axis_rays(64)
+    out = model(o, d)
+    m = model.march(o, d)
+    sigma = model._density_at(model._sample_coords(o, d, m))
+    want = tf_metal_ops.cull_samples_packed(sigma, m.t_starts, m.t_ends, m.row_splits, early_stop_eps=1e-3,
+                                            alpha_threshold=0.05)
+    assert int(out["n_marched"]) == len(m.t_starts) > len(want.indices) > 0
+    np.testing.assert_array_equal(out["row_splits"].numpy(), want.row_splits.numpy())
+    np.testing.assert_array_equal(out["t_starts"].numpy(), tf.gather(m.t_starts, want.indices).numpy())
+
+    assert trainer.wanted_rays(256, 4096, 4096, 8192) == 512  # all kept: Instant-NGP's rule
+    assert trainer.wanted_rays(256, 1024, 16384, 8192, march_budget=32768) == 512  # the march budget binds
+    assert trainer.wanted_rays(256, 1024, 4096, 8192, march_budget=32768) == 2048  # the sample budget binds
+    assert trainer.wanted_rays(256, 0, 4096, 8192) == 256 * 8192  # nothing kept: clamp_rays caps it

@@ -144,6 +144,10 @@ def test_model_rejects_bad_arguments(kw, message):
     (["--cone-angle", "-1"], "--cone-angle must be >= 0"),
     (["--distortion", "-0.5"], "--distortion must be >= 0"),
     (["--appearance-dim", "8", "--sampler", "uniform"], "--appearance-dim needs the occupancy sampler"),
+    (["--alpha-threshold", "1.5"], "--alpha-threshold must be in [0, 1)"),
+    (["--cull", "off", "--early-stop", "1e-4"], "contradict --cull off"),
+    (["--march-budget", "1000"], "--march-budget must be at least 32768"),
+    (["--cull", "on", "--sampler", "uniform"], "--cull on needs the occupancy sampler"),
 ])
 def test_rejected_flags(extra, message, capsys):
     from nerf import train
@@ -170,6 +174,13 @@ def test_scene_defaults(capture_dirs):
     u = train.parse_args(["--data", dirs["colmap-bin"], "--sampler", "uniform"])
     assert (u.scene, u.distortion) == ("bounded", 0.0)
     assert train.parse_args(["--scene", "unbounded", "--distortion", "0"]).distortion == 0.0
+    # culling: on for unbounded scenes (nerfacc's thresholds), off for bounded ones; the march budget 4x the samples
+    c = train.parse_args(["--data", dirs["colmap-bin"]])
+    assert (c.cull, c.early_stop, c.alpha_threshold, c.march_budget) == ("on", 1e-4, 1e-2, 4 * 2 ** 15)
+    assert (b.cull, b.early_stop, b.alpha_threshold) == ("off", 0.0, 0.0)
+    off = train.parse_args(["--data", dirs["colmap-bin"], "--cull", "off"])
+    assert (off.early_stop, off.alpha_threshold) == (0.0, 0.0)
+    assert train.parse_args(["--early-stop", "1e-3"]).alpha_threshold == 0.0  # the bounded flag as before
 
 
 @pytest.mark.parametrize("kind", ["colmap-bin", "nerfstudio"])

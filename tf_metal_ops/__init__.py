@@ -26,6 +26,8 @@ from tf_metal_ops.render import (
     volume_render_tf,
 )
 from tf_metal_ops.render_packed import (
+    CulledSamples,
+    cull_samples_packed,
     distortion_loss_packed,
     distortion_loss_packed_tf,
     volume_render_packed,
@@ -43,6 +45,7 @@ __all__ = [
     "OccupancyGrid",
     "OpLibraryError",
     "RayMarchResult",
+    "CulledSamples",
     "ShaderLibrary",
     "VolumeRenderResult",
     "__version__",
@@ -50,6 +53,7 @@ __all__ = [
     "compile_shader",
     "contract",
     "contract_to_unit",
+    "cull_samples_packed",
     "distortion_loss",
     "distortion_loss_packed",
     "distortion_loss_packed_tf",

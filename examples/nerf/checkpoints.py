@@ -36,7 +36,7 @@ RESUME_KEYS = ("data", "model", "impl", "samples", "batch_rays", "levels", "feat
                "split", "holdout_every",
                "no_jitter", "minutes", "epochs", "steps", "lr", "lr_table", "lr_decay", "distortion", "sampler",
                "sample_budget", "grid_res", "grid_every", "grid_warmup", "step_size", "max_samples", "early_stop",
-               "scene", "cascades", "cone_angle", "appearance_dim")
+               "alpha_threshold", "march_budget", "scene", "cascades", "cone_angle", "appearance_dim")
 
 
 class Checkpoints:

@@ -51,7 +51,10 @@ class TrainConfig:
     grid_warmup: int
     step_size: float | None
     max_samples: int
-    early_stop: float
+    early_stop: float | None
+    alpha_threshold: float | None
+    cull: str
+    march_budget: int | None
     scene: str
     cascades: int | None
     cone_angle: float | None
@@ -151,9 +154,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="occupancy sampler: marching step (default: the box diagonal / "
                         "nerf.models.STEPS_PER_DIAGONAL)")
     p.add_argument("--max-samples", type=int, default=1024, help="occupancy sampler: samples per ray at most")
-    p.add_argument("--early-stop", type=float, default=0.0,
+    p.add_argument("--early-stop", type=float, default=None,
                    help="occupancy sampler: drop the samples behind the point where a ray's transmittance is below "
-                        "this (a density-only pass without gradient first; 0: off)")
+                        "this (a density-only pass without gradient first; 0: off; default: 1e-4 with --cull on, "
+                        "else 0)")
+    p.add_argument("--alpha-threshold", type=float, default=None,
+                   help="occupancy sampler: drop the samples whose opacity (1 - exp(-density * step)) is below this "
+                        "(the same density-only pass; 0: off; default: 1e-2 with --cull on, else 0)")
+    p.add_argument("--cull", choices=("auto", "on", "off"), default="auto",
+                   help="occupancy sampler: cull the marched samples before the training pass "
+                        "(tf_metal_ops.cull_samples_packed with --early-stop and --alpha-threshold); the sample "
+                        "budget then counts the kept samples and --march-budget bounds the marched ones (auto: on "
+                        "for unbounded scenes, see the README)")
+    p.add_argument("--march-budget", type=int, default=None,
+                   help="occupancy sampler with culling: marched samples per step at most (the rays per step are "
+                        "also bounded by it over the measured marched samples per ray; default 4 x --sample-budget)")
     p.add_argument("--scene", choices=("auto", "bounded", "unbounded"), default="auto", help=(
         "hash model, occupancy sampler: unbounded = positions contracted (mip-NeRF 360) before the hash grid, "
         "a cascaded occupancy grid, cone stepping, no background colour, distortion loss; auto: unbounded for a "
@@ -219,6 +234,8 @@ def parse_args(argv=None) -> TrainConfig:
     flag or combination."""
     p = build_parser()
     args = p.parse_args(argv)
+    if args.cull == "off" and ((args.early_stop or 0.0) > 0 or (args.alpha_threshold or 0.0) > 0):
+        p.error("--early-stop / --alpha-threshold above 0 cull samples: they contradict --cull off")
     _fill_defaults(args)
     _check(p, args)
     ckpt_steps, ckpt_seconds = _checkpoint_spec(p, args.checkpoint_every)
@@ -255,6 +272,9 @@ def _fill_defaults(args):
 MIN_CONE_ANGLE = 1.0 / 256  # Instant-NGP's cone angle of unbounded scenes: the finest default
 UNBOUNDED_DISTORTION = 1e-3
 DEFAULT_APPEARANCE_DIM = 0
+# --cull on: nerfacc's early_stop_eps and the alpha_thre of its Instant-NGP examples of unbounded scenes
+CULL_EARLY_STOP, CULL_ALPHA_THRESHOLD = 1e-4, 1e-2
+MARCH_BUDGET_FACTOR = 4  # default --march-budget: marched samples per step, times --sample-budget
 
 
 def _fill_scene_defaults(args):
@@ -282,6 +302,14 @@ def _fill_scene_defaults(args):
         args.appearance_dim = DEFAULT_APPEARANCE_DIM
     if args.cascades is None and not unbounded:
         args.cascades = 1  # unbounded: from the data's far distance (nerf.trainer.model_config)
+    on = args.cull == "on" or (args.cull == "auto" and unbounded)
+    if args.early_stop is None:
+        args.early_stop = CULL_EARLY_STOP if on else 0.0
+    if args.alpha_threshold is None:
+        args.alpha_threshold = CULL_ALPHA_THRESHOLD if on else 0.0
+    args.cull = "on" if on or args.early_stop > 0 or args.alpha_threshold > 0 else "off"  # what the run does
+    if args.march_budget is None and args.sampler == "occupancy":
+        args.march_budget = MARCH_BUDGET_FACTOR * args.sample_budget
 
 
 def _check(p, args):
@@ -301,6 +329,17 @@ def _check(p, args):
         p.error("--cone-angle needs the occupancy sampler")
     if not (math.isfinite(args.distortion) and args.distortion >= 0):
         p.error(f"--distortion must be >= 0, got {args.distortion}")
+    if args.cull == "on" and args.sampler != "occupancy":
+        p.error("--cull on needs the occupancy sampler")
+    for flag, v in (("--early-stop", args.early_stop), ("--alpha-threshold", args.alpha_threshold)):
+        if not (math.isfinite(v) and 0.0 <= v < 1.0):
+            p.error(f"{flag} must be in [0, 1), got {v}")
+        if v > 0 and args.sampler != "occupancy":
+            p.error(f"{flag} needs the occupancy sampler")
+    if args.march_budget is not None:
+        if args.sampler != "occupancy":
+            p.error("--march-budget needs the occupancy sampler")
+        check_at_least(p, "--march-budget", args.march_budget, args.sample_budget, "(--sample-budget)")
     if args.sampler == "occupancy":
         if args.model != "hash":
             p.error("--sampler occupancy needs --model hash")

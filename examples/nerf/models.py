@@ -200,8 +200,10 @@ class HashNeRF(keras.Model):
     ``grid_resolution``^3 cells over the scene box, at most ``max_samples`` per ray, jittered by a per-step seed
     in training), the field runs on the packed samples' midpoints and ``volume_render_packed`` composites them.
     The grid is the caller's to update (:meth:`update_grid`); its state is saved beside the weights.
-    ``early_stop`` > 0: a density-only pass without gradient first drops the samples behind the point where a ray's
-    transmittance falls below it (Instant-NGP compacts its samples that way).
+    ``early_stop`` > 0 or ``alpha_threshold`` > 0: a density-only pass without gradient over the marched samples
+    first, then ``tf_metal_ops.cull_samples_packed`` keeps the samples whose transmittance is at least ``early_stop``
+    and whose opacity is at least ``alpha_threshold`` (Instant-NGP's and nerfacc's compaction); the field with its
+    gradients runs on those only, in training and evaluation alike.
 
     ``unbounded=True`` (occupancy sampler only; real captures, see the example's README, "Unbounded scenes"): the
     box ``[-bound, bound]^3`` is the uncontracted unit region, and the samples' positions go through
@@ -231,8 +233,8 @@ class HashNeRF(keras.Model):
                  finest_resolution=512, n_samples=64, near=2.0, far=6.0, bound=1.0, background=(1.0, 1.0, 1.0),
                  implementation="op", hidden=64, xla_inner=False, jitter=True, sampler="uniform",
                  grid_resolution=64, grid_warmup_steps=64, step_size=None, max_samples=1024, early_stop=0.0,
-                 unbounded=False, cascades=1, cone_angle=0.0, contraction_norm="inf", appearance_dim=0,
-                 n_appearance=0, grid=None, mlp="fused", **kwargs):
+                 alpha_threshold=0.0, unbounded=False, cascades=1, cone_angle=0.0, contraction_norm="inf",
+                 appearance_dim=0, n_appearance=0, grid=None, mlp="fused", **kwargs):
         super().__init__(**kwargs)
         if mlp not in self.MLPS:
             raise ValueError(f"mlp must be one of {self.MLPS}, got {mlp!r}")
@@ -264,7 +266,8 @@ class HashNeRF(keras.Model):
         if sampler == "occupancy":
             cfg.update(grid_resolution=int(grid_resolution), grid_warmup_steps=int(grid_warmup_steps),
                        step_size=float(default_step_size(bound) if step_size is None else step_size),
-                       max_samples=int(max_samples), early_stop=float(early_stop))
+                       max_samples=int(max_samples), early_stop=float(early_stop),
+                       alpha_threshold=float(alpha_threshold))
             if unbounded or int(cascades) != 1 or float(cone_angle) != 0.0 or int(appearance_dim) != 0:
                 cfg.update(unbounded=bool(unbounded), cascades=int(cascades), cone_angle=float(cone_angle),
                            contraction_norm=contraction_norm, appearance_dim=int(appearance_dim),
@@ -433,20 +436,20 @@ class HashNeRF(keras.Model):
         pts = tf.gather(rays_o, m.ray_indices) + tf.gather(rays_d, m.ray_indices) * mid[:, None]
         return self._normalise(pts)
 
-    def _prune(self, rays_o, rays_d, m, x):
-        """Early ray termination (Instant-NGP's compaction): the density alone (no gradient) on every marched sample
-        (hash-grid coordinates ``x``), then only the samples whose transmittance is still above ``early_stop`` are
-        kept → (samples, their coordinates)."""
+    def _prune(self, m, x):
+        """Culling before the training pass: the density alone (no gradient) at every marched sample (hash-grid
+        coordinates ``x``), then ``tf_metal_ops.cull_samples_packed`` with the model's ``early_stop`` and
+        ``alpha_threshold`` → (the kept samples, their coordinates)."""
+        import tf_metal_ops
+
+        c = self.cfg
         sigma = tf.stop_gradient(self._density_at(x))
-        tau = tf.cast(sigma * (m.t_ends - m.t_starts), tf.float64)
-        cs = tf.cumsum(tau, exclusive=True)  # float64: sums over the whole batch, differenced per ray
-        first = tf.gather(cs, tf.gather(m.row_splits, m.ray_indices))
-        keep = (cs - first) < -math.log(self.cfg["early_stop"])
-        rid = tf.boolean_mask(m.ray_indices, keep)
-        counts = tf.math.bincount(rid, minlength=tf.shape(rays_o)[0], dtype=tf.int32)
-        row_splits = tf.concat([[0], tf.cumsum(counts)], 0)
-        return (type(m)(tf.boolean_mask(m.t_starts, keep), tf.boolean_mask(m.t_ends, keep), row_splits, rid,
-                        tf.boolean_mask(m.positions, keep)), tf.boolean_mask(x, keep))
+        kept = tf_metal_ops.cull_samples_packed(sigma, m.t_starts, m.t_ends, m.row_splits,
+                                                early_stop_eps=c["early_stop"],
+                                                alpha_threshold=c.get("alpha_threshold", 0.0))
+        i = kept.indices
+        return (type(m)(tf.gather(m.t_starts, i), tf.gather(m.t_ends, i), kept.row_splits,
+                        tf.gather(m.ray_indices, i), tf.gather(m.positions, i)), tf.gather(x, i))
 
     def _call_packed(self, rays_o, rays_d, training, jitter_seed, view_sh, appearance_ids=None):
         import tf_metal_ops
@@ -455,8 +458,8 @@ class HashNeRF(keras.Model):
         m = self.march(rays_o, rays_d, training, jitter_seed)
         n_marched = tf.shape(m.t_starts)[0]
         x = self._sample_coords(rays_o, rays_d, m)
-        if c["early_stop"] > 0:
-            m, x = self._prune(rays_o, rays_d, m, x)
+        if c["early_stop"] > 0 or c.get("alpha_threshold", 0.0) > 0:
+            m, x = self._prune(m, x)
         sh = tf.gather(sh_encoding_deg4(rays_d) if view_sh is None else view_sh, m.ray_indices)
         app = None
         if self.appearance is not None and appearance_ids is not None:

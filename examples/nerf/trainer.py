@@ -60,7 +60,8 @@ def model_config(cfg: TrainConfig, dataset) -> dict:
               implementation=cfg.impl, xla_inner=cfg.xla_inner, sampler=cfg.sampler, mlp=cfg.mlp)
     if cfg.sampler == "occupancy":
         kw.update(grid_resolution=cfg.grid_res, grid_warmup_steps=cfg.grid_warmup, step_size=cfg.step_size,
-                  max_samples=cfg.max_samples, early_stop=cfg.early_stop)
+                  max_samples=cfg.max_samples, early_stop=cfg.early_stop,
+                  alpha_threshold=cfg.alpha_threshold)
         cascades = cfg.cascades if cfg.cascades is not None else default_cascades(dataset.far, bound)
         cone = cfg.cone_angle if cfg.cone_angle is not None else default_cone_angle(dataset.focal)
         if unbounded or cascades != 1 or cone or cfg.appearance_dim:
@@ -84,6 +85,21 @@ def default_cascades(far: float, bound: float) -> int:
     points rarely include the distant surroundings), at most 8."""
     need = math.ceil(math.log2(max(far / bound, 1.0))) + 1
     return int(min(max(need, MIN_UNBOUNDED_CASCADES), 8))
+
+
+def wanted_rays(rays: int, samples: float, marched: float, sample_budget: int, march_budget=None) -> float:
+    """The occupancy sampler's next ray count, before rounding and clamping (``Trainer.clamp_rays``): Instant-NGP's
+    ``rays * sample_budget / samples`` for the step's ``rays`` that trained ``samples`` samples, and, when the samples
+    are culled (``march_budget`` not None), at most ``rays * march_budget / marched``: the density-only pass
+    evaluates every marched sample.
+
+    >>> wanted_rays(100, 20_000, 20_000, 32_768), wanted_rays(100, 2_000, 40_000, 32_768, march_budget=262_144)
+    (163.84, 655.36)
+    """
+    want = rays * sample_budget / max(samples, 1.0)
+    if march_budget is not None:
+        want = min(want, rays * march_budget / max(marched, 1.0))
+    return want
 
 
 def distortion_loss(out, op: bool, spacing=None):
@@ -154,6 +170,7 @@ class Trainer:
         if args.batch_rays % n_rep:
             raise SystemExit(f"error: --batch-rays {args.batch_rays} is not a multiple of the {n_rep} replicas")
         self.occupancy = args.sampler == "occupancy"
+        self.culls = self.occupancy and (args.early_stop > 0 or args.alpha_threshold > 0)
         self._load_rays(dataset)
         self._build_model(model_config(args, dataset))
         if self.occupancy:
@@ -395,9 +412,10 @@ class Trainer:
         out = self._step_fn(self.distribute_rays(rows), tf.constant(step_no, tf.int64),
                             tf.constant([ctrl], tf.float32), tf.constant(n_rays, tf.float32)).numpy()
         self.last_rays, self.last_samples, self.last_marched = n_rays, float(out[2]), float(out[3])
-        if self.occupancy:  # Instant-NGP: scale the ray count by budget / measured samples
-            self.state_rays.assign(self.clamp_rays(
-                self.last_rays * self.args.sample_budget / max(self.last_samples, 1.0)))
+        if self.occupancy:  # Instant-NGP: scale the ray count by budget / measured (kept) samples
+            self.state_rays.assign(self.clamp_rays(wanted_rays(
+                self.last_rays, self.last_samples, self.last_marched, self.args.sample_budget,
+                self.args.march_budget if self.culls else None)))
         return float(out[0]), float(out[1])
 
     def gradients(self, idx, step_no):

@@ -19,13 +19,15 @@ Float tensors are float32 (NumPy/lists are converted; a TF tensor of another dty
 int32 (int64 is cast). Gradients: densities, colors, t_starts, t_ends, background (volume_render_packed) and
 weights, t_starts, t_ends (distortion_loss_packed); all O(N). row_splits has none.
 
-The package: ``ops`` (the op wrappers and their gradients), ``pure_tf`` (segment ops in plain TensorFlow) and
+The package: ``ops`` (the op wrappers and their gradients), ``pure_tf`` (segment ops in plain TensorFlow),
+``cull`` (``cull_samples_packed``: the samples a render needs, from their densities, before the expensive pass) and
 ``reference`` (NumPy float64, written from the definitions).
 """
 
 from tf_metal_ops.render_packed import pure_tf, reference
+from tf_metal_ops.render_packed.cull import CulledSamples, cull_samples_packed
 from tf_metal_ops.render_packed.ops import distortion_loss_packed, volume_render_packed  # registers the gradients
 from tf_metal_ops.render_packed.pure_tf import distortion_loss_packed_tf, volume_render_packed_tf
 
-__all__ = ["distortion_loss_packed", "distortion_loss_packed_tf", "pure_tf", "reference", "volume_render_packed",
-           "volume_render_packed_tf"]
+__all__ = ["CulledSamples", "cull_samples_packed", "distortion_loss_packed", "distortion_loss_packed_tf", "pure_tf",
+           "reference", "volume_render_packed", "volume_render_packed_tf"]
