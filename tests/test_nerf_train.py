@@ -79,6 +79,29 @@ def test_models_shapes_and_save_reload(tmp_path, kind, cfg):
     assert img.shape == (6, 5, 3) and depth.shape == acc.shape == (6, 5)
 
 
+def test_hash_model_mlp_option_and_models_saved_without_it(tmp_path):
+    """mlp="fused" (FusedMLP layers) and "keras" (Dense stacks) hold the same shapes; a model.json written before the
+    option existed (no "mlp" key) loads with Dense layers; a width the fused MLP lacks is refused."""
+    cfg = dict(n_samples=8, implementation="op", log2_hashmap_size=12)
+    fused, dense = models.build_model("hash", **cfg), models.build_model("hash", mlp="keras", **cfg)
+    assert [type(l).__name__ for l in fused.density_mlp + fused.color_mlp] == ["FusedMLP", "FusedMLP"]
+    assert [type(l).__name__ for l in dense.density_mlp + dense.color_mlp] == ["Dense"] * 5
+    # the same number of MLP parameters: padded [64, 32] + [16, 64] and [64, 32] + [64, 64] + [16, 64] matrices, the
+    # output padding rows aside (they are zero and get no gradient)
+    n_params = lambda m: sum(int(np.prod(w.shape)) for w in m.trainable_weights)  # noqa: E731
+    assert n_params(fused) - n_params(dense) == (16 - 3) * 64
+    models.save_model(dense, str(tmp_path / "m"))
+    meta_path = tmp_path / "m" / "model.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["config"].pop("mlp") == "keras"
+    meta_path.write_text(json.dumps(meta))
+    o, d = rays(16)
+    np.testing.assert_array_equal(models.load_model(str(tmp_path / "m"))(o, d)["color"].numpy(),
+                                  dense(o, d)["color"].numpy())
+    with pytest.raises(ValueError, match="hidden in 16, 32, 64, 128"):
+        models.build_model("hash", hidden=48, **cfg)
+
+
 def test_hash_op_and_pure_tf_models_agree():
     """Same weights, deterministic samples: the package ops and the pure-TF variant give the same rendering."""
     a = models.build_model("hash", n_samples=16, implementation="op", log2_hashmap_size=12)
