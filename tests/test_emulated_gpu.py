@@ -64,6 +64,16 @@ def _ids(cases):
     return [f"{c}-{s}-{'-'.join(e) or 'default'}" for c, s, e in cases]
 
 
+def assert_one_digest(check, settings):
+    """Runs emulated_gpu_checks' `check` under each (backend, environment) of `settings`: the digest of every result,
+    its last output word, must be the same under all of them."""
+    digests = {}
+    for backend, env in settings:
+        r = run_check("emulated_gpu_checks", check, 0, {**gpu_backend_env(backend), **env})
+        digests[f"{backend} {env}"] = r.stdout.splitlines()[-1].rsplit(" ", 1)[-1]
+    assert len(set(digests.values())) == 1, digests
+
+
 def test_deterministic_table_gradient_is_bitwise_reproducible(clang16):
     """The deterministic table gradients (first and second order) give the same bits under both backends, thread
     orders (forward, reverse, shuffled) and worker counts: the check's digest covers every result."""
@@ -72,11 +82,7 @@ def test_deterministic_table_gradient_is_bitwise_reproducible(clang16):
                 ("direct", {"MSL_EMU_ORDER": "reverse", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
                 ("direct", {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "11", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "1"}),
                 ("metal", {})]
-    digests = {}
-    for backend, env in settings:
-        r = run_check("emulated_gpu_checks", "hash_grid_deterministic", 0, {**gpu_backend_env(backend), **env})
-        digests[f"{backend} {env}"] = r.stdout.splitlines()[-1].rsplit(" ", 1)[-1]
-    assert len(set(digests.values())) == 1, digests
+    assert_one_digest("hash_grid_deterministic", settings)
 
 
 def test_fused_mlp_is_bitwise_reproducible(clang16):
@@ -85,11 +91,7 @@ def test_fused_mlp_is_bitwise_reproducible(clang16):
     os.environ.setdefault("TF_METAL_OPS_CLANGXX", clang16)
     settings = [("direct", {"MSL_EMU_ORDER": "shuffle", "MSL_EMU_SEED": "5", "TF_METAL_OPS_EMULATED_GPU_WORKERS": "2"}),
                 ("metal", {})]
-    digests = {}
-    for backend, env in settings:
-        r = run_check("emulated_gpu_checks", "fused_mlp", 0, {**gpu_backend_env(backend), **env})
-        digests[f"{backend} {env}"] = r.stdout.splitlines()[-1].rsplit(" ", 1)[-1]
-    assert len(set(digests.values())) == 1, digests
+    assert_one_digest("fused_mlp", settings)
 
 
 def test_table_gradient_without_float_atomics_is_fixed_point(clang16):
