@@ -41,14 +41,16 @@ def test_every_public_op_has_a_fuzzer():
     assert covered <= set(tf_metal_ops.__all__)
     assert {"hash_grid" if n == "hash_grid_encode" else n for n in covered} == set(FUZZERS)
     # what has no fuzzer: the pure-TF versions (the same checks as the ops, in TF), classes and diagnostics, the
-    # scene contraction (plain TF over one tensor; its bad input: tests/test_contraction.py), and the kernel-consent
+    # scene contraction (plain TF over one tensor; its bad input: tests/test_contraction.py), the sample culling
+    # (plain TF over the packed samples; its bad input: tests/test_cull_samples.py), and the kernel-consent
     # switches, which take no tensor (their bad input: tests/test_kernel_trust.py)
     ops = {n for n in tf_metal_ops.__all__ if callable(getattr(tf_metal_ops, n)) and n[0].islower()
            and not n.endswith("_tf")}
     assert ops - covered == SKIPPED, ops - covered
 
 
-SKIPPED = {"backend_info", "compile_shader", "contract", "contract_to_unit", "enable_unsafe_kernel_loading",
+SKIPPED = {"backend_info", "compile_shader", "contract", "contract_to_unit", "cull_samples_packed",
+           "enable_unsafe_kernel_loading",
            "fused_mlp_layout", "get_num_threads", "hash_grid_table_layout", "library_path", "num_threads",
            "set_num_threads", "trust_kernel"}
 
