@@ -1145,4 +1145,4 @@ def all_cases(small=False, tcnn=False) -> list[Case]:
                 render_cases(R=64, S=16, packed=True) + ray_march_cases(R=512, G=32, max_samples=256) +
                 fused_mlp_cases(n=1000))
     return (hash_grid_cases(tcnn=tcnn) + render_cases() + render_cases(packed=True) + ray_march_cases() +
-            fused_mlp_cases())
+            fused_mlp_cases(tcnn=tcnn))
