@@ -99,7 +99,7 @@ def test_two_workers_stay_bitwise_in_sync_and_match_one_process(tmp_path, env, p
     assert rc == 0, log[-4000:]
     assert "launch_local: all 2 worker(s) finished" in log and "replicas: 2" in log
     w0, w1 = weights(tmp_path / "mw" / "workers" / "rank-0.npz"), weights(tmp_path / "mw" / "workers" / "rank-1.npz")
-    assert len(w0) == len(w1) > 5
+    assert len(w0) == len(w1) >= 3  # the table and the two fused MLPs' parameters at least
     for a, b in zip(w0, w1):
         np.testing.assert_array_equal(a, b)
 

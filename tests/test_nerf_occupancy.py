@@ -243,7 +243,8 @@ def test_culled_model_keeps_the_samples_cull_samples_packed_keeps():
     from nerf import trainer
 
     model = models.build_model("hash", n_levels=4, log2_hashmap_size=12, finest_resolution=64, sampler="occupancy",
-                               grid_resolution=16, grid_warmup_steps=0, early_stop=1e-3, alpha_threshold=0.05)
+                               grid_resolution=16, grid_warmup_steps=0, early_stop=1e-3, alpha_threshold=0.05,
+                               mlp="keras")
     model.grid.update(lambda p: 100.0 * tf.cast(tf.norm(p, axis=-1) < 0.6, tf.float32))  # a ball
     table = model.encoding.table
     table.assign(np.random.default_rng(0).normal(0.0, 3.0, table.shape).astype(np.float32))  # varied densities
