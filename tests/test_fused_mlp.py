@@ -413,6 +413,20 @@ def flush(v):
     return np.where(np.abs(v) < TINY, np.copysign(np.float32(0), v), v).astype(np.float32)
 
 
+def fma32(a, b, c):
+    """float32 a b + c rounded once (to nearest even), for bfloat16-valued a and b (their product is exact in
+    float64): the float64 sum is rounded to odd (TwoSum's error nudges an inexact even result one ulp towards it),
+    which makes the final rounding to float32 correct."""
+    p, c = np.asarray(a, np.float64) * np.asarray(b, np.float64), np.asarray(c, np.float64)
+    p, c = np.broadcast_arrays(p, c)
+    s = p + c
+    bp = s - c
+    err = (p - bp) + (c - (s - bp))
+    even = (s.view(np.int64) & 1) == 0
+    s = np.where((err != 0) & even, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
 def bf16_forward(x, params, *, width, n_hidden_layers, n_output, activation, output_activation, use_bias):
     """The forward with bfloat16 products in NumPy float32, written from their definition (docs/fused_mlp.md): each
     layer's inputs and weights rounded to bfloat16, the sum over the inputs in pairs (2p, 2p + 1), odd term first,
@@ -428,7 +442,7 @@ def bf16_forward(x, params, *, width, n_hidden_layers, n_output, activation, out
             acc[:, :len(biases[m])] = flush(biases[m])
         for p in range(w.shape[1] // 2):
             for k in (2 * p + 1, 2 * p):
-                acc = flush(acc + flush(a[:, k:k + 1] * wb[None, :, k]))
+                acc = flush(fma32(a[:, k:k + 1], wb[None, :, k], acc))
         last = m == len(weights) - 1
         h = reference.activate(output_activation if last else activation, acc.astype(np.float64)).astype(np.float32)
     return h[:, :n_output]
