@@ -38,11 +38,12 @@ def run(args, env=None, timeout=900, cwd=None):
 
 
 # Under both backends: every op check (the host code, the backend's encoding and its stream).
-# (check, seed, environment); every check once with seed 0 and the default environment.
-CASES = [(check, 0, {}) for check in (
-    "zero_out", "hash_grid", "hash_grid_edges", "hash_grid_second_order", "hash_grid_feature_major", "volume_render",
-    "distortion_loss", "render_packed", "render_packed_nan_policy", "ray_march", "ray_march_cascades", "fused_mlp",
-    "layer_and_savedmodel", "threads")] + [
+# (checks, seed, environment); every check once with seed 0 and the default environment. The checks of one entry
+# run in order in one process (run_check: a failure names its check), which spares a TensorFlow start per check.
+CASES = [(checks, 0, {}) for checks in (
+    "zero_out,hash_grid,hash_grid_edges,hash_grid_second_order,hash_grid_feature_major",
+    "volume_render,distortion_loss,render_packed,render_packed_nan_policy",
+    "ray_march,ray_march_cascades,fused_mlp", "layer_and_savedmodel,threads")] + [
     ("volume_render", 1, {"TF_METAL_OPS_SYNC": "1"}),
 ]
 # Under the direct backend: the kernel launcher's thread orders and worker counts (msl_emu runs the metal backend's
