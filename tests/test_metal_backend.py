@@ -34,13 +34,12 @@ DEFERRED_ROW = "zero_out,hash_grid,hash_grid_second_order,volume_render,distorti
 # (script, check, environment). The op checks on the plain stream run in tests/test_emulated_gpu.py; here each op
 # check varies what the backend sees: the stream kind, the sync path, where the pipelines come from, the MSL version.
 CASES = [
-    ("emulated_gpu_checks", "ray_march", MPS),
+    ("emulated_gpu_checks", "ray_march,threads", MPS),
     # The read-back on the sync path, every pipeline from the embedded sources compiled at first use, at MSL 2.4.
     ("emulated_gpu_checks", "ray_march", {**MPS, "TF_METAL_OPS_SYNC": "1", "TFMO_MOCK_METAL_METALLIB_UNLOADABLE": "1",
                                           "TFMO_MOCK_METAL_NO_METAL3": "1"}),
     # The float16 scratch accumulator on the sync path; pipelines from the embedded sources at MSL 3.0.
     ("emulated_gpu_checks", "hash_grid", {**MPS, "TF_METAL_OPS_SYNC": "1", "TFMO_MOCK_METAL_METALLIB_UNLOADABLE": "1"}),
-    ("emulated_gpu_checks", "threads", MPS),
     # The MSL 2.4 metallib (a GPU without Metal 3).
     ("emulated_gpu_checks", "volume_render", {"TFMO_MOCK_METAL_NO_METAL3": "1"}),
     ("metal_backend_checks", "open_encoder_on_the_stream", {}),
