@@ -24,7 +24,7 @@ distant dome, an object cluster), rendered by its ray tracer with 2x2 supersampl
   256x192 render area-averaged to 64x48.
 
 Per run: test PSNR at each evaluation (every budget/8 of training, on the first 8 test views; the final one on all
-of them), samples per ray, rays per step and the occupied fraction of each cascade; written to ``--out`` (``.md``
+of them, or on the first N with ``--train-args "--final-views N"``), samples per ray, rays per step and the occupied fraction of each cascade; written to ``--out`` (``.md``
 and ``.json``) with the CPU model and the load average before and after each run (other jobs may share the machine:
 training time is wall time).
 
@@ -401,8 +401,12 @@ def write_report(path: str, args, rows: list, docs: dict, header: dict):
     lines += ["", "Samples per ray, rays per step: over the last evaluation interval; over the whole run: " + "; ".join(
         f"{r['variant']} {r['mean_samples_per_ray']:.1f} trained, {r['mean_marched_per_ray']:.1f} marched, "
         f"{r['mean_rays_per_step']:.0f} rays" for r in rows) + "."]
+    extra = args.train_args.split()
+    final = extra[extra.index("--final-views") + 1] if "--final-views" in extra[:-1] else None
+    last = ("the last one on all of them" if final is None else "no final evaluation" if final == "0"
+            else f"the last one on the first {final}")
     lines += ["", f"Test PSNR (dB) against training minutes (the periodic evaluations on the first "
-                  f"{args.eval_views} test views, the last one on all of them):", ""]
+                  f"{args.eval_views} test views, {last}):", ""]
     for r in rows:
         lines.append(f"* {r['variant']}: " + ", ".join(f"{m:.2f} min {p:.2f}" for m, p in r["curve"]))
     sfm_runs = [v for v in docs if v.endswith("-sfm")]
