@@ -201,6 +201,23 @@ def test_resume_restores_grid_and_ray_stream(tmp_path):
     np.testing.assert_allclose(resumed["train_losses"][3:], full["train_losses"][3:], rtol=1e-5)
 
 
+def test_resume_checks_the_mlp_and_reads_older_run_configs(tmp_path, capsys):
+    """--mlp is a resume setting; a run_config.json written before --mlp existed counts as --mlp keras (the layers of
+    that version), and settings it lacks with no such rule are named in a note instead of failing the resume."""
+    args = ["--steps", "2", "--checkpoint-every", "2", "--mlp", "keras"]
+    run_train(tmp_path, *args)
+    cfg_path = tmp_path / "out" / "checkpoints" / "run_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    assert cfg["mlp"] == "keras"
+    del cfg["mlp"], cfg["march_budget"]
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(SystemExit, match="mlp 'keras' vs 'fused'"):
+        run_train(tmp_path, "--steps", "2", "--checkpoint-every", "2", "--mlp", "fused")
+    resumed = run_train(tmp_path, *args)
+    assert resumed["resumed"][-1]["step"] == 2
+    assert "predates the settings march_budget:" in capsys.readouterr().out
+
+
 def test_unseen_cells_never_occupied_and_each_cascade_has_its_threshold():
     """mark_unseen: one camera at z = 0.5 looking down -z with a 90° field of view: the cells behind it and outside
     its frustum are unseen (checked against the projection of each cell's corners in NumPy float64), and stay empty

@@ -36,7 +36,10 @@ RESUME_KEYS = ("data", "model", "impl", "samples", "batch_rays", "levels", "feat
                "split", "holdout_every",
                "no_jitter", "minutes", "epochs", "steps", "lr", "lr_table", "lr_decay", "distortion", "sampler",
                "sample_budget", "grid_res", "grid_every", "grid_warmup", "step_size", "max_samples", "early_stop",
-               "alpha_threshold", "march_budget", "scene", "cascades", "cone_angle", "appearance_dim")
+               "alpha_threshold", "march_budget", "scene", "cascades", "cone_angle", "appearance_dim", "mlp")
+# The value of a setting that an older run_config.json lacks, as the version that wrote it ran (Keras layers before
+# --mlp existed). A setting with no entry here that the file lacks is not compared (named in a note).
+LEGACY_SETTINGS = {"mlp": "keras"}
 
 
 class Checkpoints:
@@ -92,8 +95,17 @@ class Checkpoints:
     def _check_same_settings(self, latest, cfg_path):
         with open(cfg_path) as f:
             saved = json.load(f)
-        diff = {k: (saved.get(k), getattr(self.cfg, k)) for k in RESUME_KEYS
-                if json.loads(json.dumps(getattr(self.cfg, k))) != saved.get(k)}
+        diff, unchecked = {}, []
+        for k in RESUME_KEYS:
+            now = json.loads(json.dumps(getattr(self.cfg, k)))
+            if k not in saved and k not in LEGACY_SETTINGS:
+                unchecked.append(k)
+                continue
+            was = saved[k] if k in saved else LEGACY_SETTINGS[k]
+            if now != was:
+                diff[k] = (was, now)
+        if unchecked:
+            print(f"note: {cfg_path} predates the settings {', '.join(unchecked)}: this run uses today's values")
         if diff:
             raise SystemExit("error: cannot resume " + latest + ": these settings differ from the run that "
                              "wrote it (checkpoint, now): " + ", ".join(
