@@ -8,6 +8,9 @@ A family's files (docs/writing_ops.md, "The shape of the package's own ops"), al
                             kernels and the GPU host code
   csrc/cpu/<f>_cpu.cc       CPU kernels
   csrc/cpu/<f>_cpu_isa.h    the ISA builds of its CPU loops, where it has some (common/isa_choice.h)
+  csrc/cpu/<f>_cpu_kernels.h and csrc/cpu/<f>_cpu_<part>.cc: CPU kernels whose instantiations take long to compile,
+                            as templates in the header and one file per op kernel instantiating them (<f>_cpu.cc
+                            then holds the registration and the ISA choice)
   csrc/gpu/<f>_gpu.cc       GPU host code
   metal_kernels/<f>.metal   Metal kernels, unless its GPU host binds a kernel source that the op receives
                             (`call.pass(name, spec, &source)`: metal_kernel)
@@ -32,7 +35,7 @@ OP_NAMES = os.path.join(ROOT, "csrc", "common", "op_names.h")
 # Folder -> the name endings of a family's files there (a family <f> owns <f><ending>).
 FAMILY_FILES = {
     "csrc/ops": ("_op.cc", "_args.h"),
-    "csrc/cpu": ("_cpu.cc", "_cpu_isa.h"),
+    "csrc/cpu": ("_cpu.cc", "_cpu_isa.h", "_cpu_kernels.h"),
     "csrc/gpu": ("_gpu.cc",),
     "csrc/shared": ("_math.h",),
     "metal_kernels": (".metal", ".h"),  # <family>.h: Metal-only code shared by the family's .metal files
@@ -144,6 +147,9 @@ def test_every_file_of_the_kernel_folders_is_a_family_s_by_its_name():
             rel = os.path.relpath(path, ROOT)
             name = os.path.basename(path)
             if rel in LAYER_FILES:
+                continue
+            part = re.fullmatch(r"(\w+)_cpu_[a-z_]+\.cc", name) if folder == "csrc/cpu" else None
+            if part and part.group(1) in FAMILIES and os.path.exists(os.path.join(ROOT, folder, part.group(1) + "_cpu_kernels.h")):
                 continue
             if not any(name == f + e for f in FAMILIES for e in endings):
                 stray.append(rel)

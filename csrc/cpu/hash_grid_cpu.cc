@@ -5,7 +5,7 @@
 
 namespace {
 
-using namespace tfmo::hash_grid::cpu_kernels;
+using namespace tfmo::hash_grid::cpu;
 
 const tfmo::OnLoad kRegister([] {
   tfmo::hash_grid::RegisterKernels("CPU", &EncodeCompute, &GradParamsCompute, &GradPositionsCompute, &SecondOrderCompute);

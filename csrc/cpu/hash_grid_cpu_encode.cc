@@ -2,7 +2,7 @@
 // Kernels and their structure: csrc/cpu/hash_grid_cpu_kernels.h.
 #include "cpu/hash_grid_cpu_kernels.h"
 
-namespace tfmo::hash_grid::cpu_kernels {
+namespace tfmo::hash_grid::cpu {
 
 void EncodeCompute(void* state, TF_OpKernelContext* ctx) {
   Inputs call;
@@ -18,4 +18,4 @@ void EncodeCompute(void* state, TF_OpKernelContext* ctx) {
   }
 }
 
-}  // namespace tfmo::hash_grid::cpu_kernels
+}  // namespace tfmo::hash_grid::cpu

@@ -2,7 +2,7 @@
 // Kernels and their structure: csrc/cpu/hash_grid_cpu_kernels.h.
 #include "cpu/hash_grid_cpu_kernels.h"
 
-namespace tfmo::hash_grid::cpu_kernels {
+namespace tfmo::hash_grid::cpu {
 
 void GradPositionsCompute(void* state, TF_OpKernelContext* ctx) {
   Inputs call;
@@ -17,4 +17,4 @@ void GradPositionsCompute(void* state, TF_OpKernelContext* ctx) {
   }
 }
 
-}  // namespace tfmo::hash_grid::cpu_kernels
+}  // namespace tfmo::hash_grid::cpu

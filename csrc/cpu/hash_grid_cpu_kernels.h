@@ -38,12 +38,11 @@
 #include "shared/hash_grid_math.h"
 #include "ops/hash_grid_args.h"
 
-namespace tfmo::hash_grid::cpu_kernels {
+namespace tfmo::hash_grid::cpu {
 
 using tfmo::hash_grid::Inputs;
 using tfmo::hash_grid::Config;
 
-using namespace tfmo::hash_grid::cpu;
 
 constexpr int kTile = 256;
 
@@ -595,4 +594,4 @@ void GradParamsCompute(void* state, TF_OpKernelContext* ctx);
 void GradPositionsCompute(void* state, TF_OpKernelContext* ctx);
 void SecondOrderCompute(void* state, TF_OpKernelContext* ctx);
 
-}  // namespace tfmo::hash_grid::cpu_kernels
+}  // namespace tfmo::hash_grid::cpu

@@ -2,7 +2,7 @@
 // Kernels and their structure: csrc/cpu/hash_grid_cpu_kernels.h.
 #include "cpu/hash_grid_cpu_kernels.h"
 
-namespace tfmo::hash_grid::cpu_kernels {
+namespace tfmo::hash_grid::cpu {
 
 void SecondOrderCompute(void* state, TF_OpKernelContext* ctx) {
   tfmo::hash_grid::SecondOrderCall so;
@@ -30,4 +30,4 @@ void SecondOrderCompute(void* state, TF_OpKernelContext* ctx) {
   }
 }
 
-}  // namespace tfmo::hash_grid::cpu_kernels
+}  // namespace tfmo::hash_grid::cpu
