@@ -4,13 +4,13 @@
 //
 // Kernels (templates over T = float | half and the width W, instantiated by name below each:
 // fused_mlp_forward_w{16,32,64,128}_{float32,float16}, fused_mlp_backward_w..._..., and
-// fused_mlp_reduce_{float32,float16}). S = FM_GPU_SIMDGROUPS(W, T is half), R = FM_GPU_ROW_TILES(W),
-// B = FM_GPU_BLOCK_ROWS = 8 R S rows per block; threadgroup lengths FM_GPU_*_BYTES:
-//   fused_mlp_forward   x(0) params(1) args(2) -> y(3) hidden(4); threadgroups of 32 S threads, one per block;
-//                       threadgroup memory: rows(0), weights(1), aux(2). hidden [n_matrices - 1, N, W] float is
-//                       written only when args.training (else a stand-in buffer is bound).
+// fused_mlp_reduce_{float32,float16}):
+//   fused_mlp_forward   x(0) params(1) args(2) -> y(3) hidden(4); threadgroups of 32 S threads (S =
+//                       FM_GPU_SIMDGROUPS(W, T is half)), one per block of 8 S rows; threadgroup memory: stage(0),
+//                       rows(1), weights(2) (FM_GPU_*_BYTES). hidden [n_matrices - 1, N, W] float is written only
+//                       when args.training (else a stand-in buffer is bound).
 //   fused_mlp_backward  dy(0) x(1) params(2) y(3) hidden(4) args(5) -> dx(6) partial(7); args.parts threadgroups of
-//                       32 S threads; threadgroup memory: g(0), prev(1), weights(2), aux(3). Threadgroup p handles
+//                       32 S threads; threadgroup memory: stage(0), g(1), prev(2), weights(3). Threadgroup p handles
 //                       the blocks [p blocks / parts, (p + 1) blocks / parts) in order and writes its own partial
 //                       parameter gradient, partial[p P .. p P + P) float32 (every value written: no zeroing pass).
 //   fused_mlp_reduce    partial(0) args(1) -> dparams(2); grid P: dparams[k] = the parts' partial[p P + k] summed in
@@ -18,31 +18,25 @@
 // Function constants: 0 the hidden layers' activation, 1 the output activation (FM_ACT_*), forward and backward.
 //
 // Structure:
-//  - SIMD group s of a threadgroup owns rows [8 R s, 8 R (s + 1)) of the block. Every product is made of 8x8
+//  - SIMD group s of a threadgroup owns rows [8 s, 8 s + 8) of the block. Every product is made of 8x8
 //    simdgroup_matrix tiles (simdgroup_load / simdgroup_multiply_accumulate / simdgroup_store) with float32
 //    accumulators (simdgroup_float8x8): half operands for float16 (half products summed in float), float operands for
-//    float32. A SIMD group keeps R x (W / 8) accumulators, so each weight tile it loads serves R products.
-//  - Forward: the activations of a block stay in threadgroup memory across the layers, as T. The accumulators start
-//    from the bias (a threadgroup tile of 8 copies of the bias row) or 0; the activation is applied to each lane's
-//    thread_elements() (elementwise, so the lane-to-element mapping does not matter), then the tile is rounded to T
-//    and stored in place. hidden keeps the float value before that rounding.
+//    float32. The activations of a block stay in threadgroup memory across the layers, as T; the products go to the
+//    float stage, where bias and activation are applied (fm_activate, the CPU kernel's math) before rounding to T.
+//    hidden keeps the float value before that rounding.
 //  - Weights: a layer's matrix is copied into threadgroup memory once per threadgroup and layer (params are already
 //    T, the product type) for W <= 64; at W = 128 the matrix (32 KB as half, 64 KB as float) does not fit Apple's
 //    32 KB next to the activations, so simdgroup_load reads the tiles from device memory (params) directly.
-//  - Tiles of device arrays (y, hidden, dx) are stored, and hidden's tiles loaded, with simdgroup_store/_load where
-//    the tile lies inside the array; the tiles that cross row N or the array's last column go through the SIMD
-//    group's scratch tile, element by element (fm_store_tile / fm_load_rows). The branch is uniform over the group.
 //  - Padding as the CPU kernel: x is padded with zeros to in_pad columns (rows past N are zeros too and are never
 //    stored); W_L's padding rows produce outputs that are never stored, and since g is 0 on those columns their
 //    gradient is exactly 0, as is that of W_1's padding columns (their inputs are 0).
 //  - Backward per block, last matrix first: g = dy f_out'(y) (0 outside the real rows and outputs); per matrix m,
-//    dW_m += g^T h_prev (SIMD group s owns the tile rows s, s + S, ... of dW_m, with all their tiles as
-//    accumulators: each sums the block's rows 8 at a time, in row order, and is loaded from, and stored back to, the
-//    threadgroup's partial, so it sums the blocks in block order), db_m += the columns of g summed in row order (one
-//    thread per column), dh = g W_m (each SIMD group its rows, in registers), then g_prev = dh f'(h_prev) from the
-//    kept hidden (fm_activation_derivative, the CPU kernel's chain), or dx = dh for m = 0. Every sum has a fixed
-//    order and the number of parts depends on N and the layout only, so dparams is bitwise the same run to run
-//    (always, without any determinism switch).
+//    dW_m += g^T h_prev (the tiles spread over the SIMD groups; each tile sums the block's rows 8 at a time, in row
+//    order, and is loaded from, and stored back to, the threadgroup's partial, so it sums the blocks in block
+//    order), db_m += the columns of g summed in row order (one thread per column), dh = g W_m (each SIMD group its
+//    rows), then g_prev = dh f'(h_prev) from the kept hidden (fm_activation_derivative, the CPU kernel's chain), or
+//    dx = dh for m = 0. Every sum has a fixed order and the number of parts depends on N and the layout only, so
+//    dparams is bitwise the same run to run (always, without any determinism switch).
 //  - Offsets into hidden, x, y, dy and dx are 64-bit; rows are 32-bit (the host checks N).
 #include <metal_stdlib>
 #include <metal_simdgroup_matrix>
@@ -71,120 +65,70 @@ TFMO_FN void fm_load(thread simdgroup_matrix<T, 8, 8>& m, const threadgroup T* t
   else simdgroup_load(m, dev, ld, ulong2(n0, k0));
 }
 
-// The tile v (float) as T, element by element (a tile's elements have the same lanes whatever its type).
-template <typename T>
-TFMO_FN simdgroup_matrix<T, 8, 8> fm_rounded(simdgroup_float8x8 v) {
-  simdgroup_matrix<T, 8, 8> t;
-  t.thread_elements()[0] = T(v.thread_elements()[0]);
-  t.thread_elements()[1] = T(v.thread_elements()[1]);
-  return t;
-}
-
-// Stores the tile v at rows [r0, r0 + 8) and columns [c0, c0 + 8) of dst ([.][ld] U), as U, clipped to rows < n
-// and columns < cols: directly when it lies inside, else through the SIMD group's scratch tile.
-template <typename U>
-TFMO_FN void fm_store_tile(simdgroup_float8x8 v, device U* dst, uint ld, uint r0, uint n, uint c0, uint cols,
-                           threadgroup float* scratch, uint lane) {
-  if (r0 + 8u <= n && c0 + 8u <= cols) {
-    simdgroup_store(fm_rounded<U>(v), dst, ld, ulong2(c0, r0));
-    return;
-  }
-  simdgroup_store(v, scratch, 8u);
-  simdgroup_barrier(mem_flags::mem_threadgroup);
-  for (uint e = lane; e < 64u; e += 32u) {
-    const uint b = e / 8u, c = e % 8u;
-    if (r0 + b < n && c0 + c < cols) dst[ulong(r0 + b) * ld + c0 + c] = U(scratch[e]);
-  }
-  simdgroup_barrier(mem_flags::mem_threadgroup);
-}
-
-// Loads the tile at rows [r0, r0 + 8) and columns [c0, c0 + 8) of src ([.][ld] float), rows >= n as 0.
-TFMO_FN void fm_load_rows(thread simdgroup_float8x8& d, const device float* src, uint ld, uint r0, uint n, uint c0,
-                          threadgroup float* scratch, uint lane) {
-  if (r0 + 8u <= n) {
-    simdgroup_load(d, src, ld, ulong2(c0, r0));
-    return;
-  }
-  for (uint e = lane; e < 64u; e += 32u) {
-    const uint b = e / 8u, c = e % 8u;
-    scratch[e] = r0 + b < n ? src[ulong(r0 + b) * ld + c0 + c] : 0.0f;
-  }
-  simdgroup_barrier(mem_flags::mem_threadgroup);
-  simdgroup_load(d, scratch, 8u);
-  simdgroup_barrier(mem_flags::mem_threadgroup);
-}
-
 // ---- forward ----------------------------------------------------------------------------------------------------
 
 template <typename T, uint W>
 [[kernel]] void fused_mlp_forward(device const T* x [[buffer(0)]], device const T* params [[buffer(1)]],
                                   constant FmArgs& args [[buffer(2)]], device T* y [[buffer(3)]],
                                   device float* hidden [[buffer(4)]],
-                                  threadgroup T* rows_tg [[threadgroup(0)]],
-                                  threadgroup T* weights_tg [[threadgroup(1)]],
-                                  threadgroup float* aux [[threadgroup(2)]],
+                                  threadgroup float* stage [[threadgroup(0)]],
+                                  threadgroup T* rows_tg [[threadgroup(1)]],
+                                  threadgroup T* weights_tg [[threadgroup(2)]],
                                   uint group [[threadgroup_position_in_grid]],
                                   uint sg [[simdgroup_index_in_threadgroup]],
                                   uint lane [[thread_index_in_simdgroup]],
                                   uint tid [[thread_index_in_threadgroup]]) {
-  const uint S = FM_GPU_SIMDGROUPS(W, sizeof(T) == 2), R = FM_GPU_ROW_TILES(W);
+  const uint S = FM_GPU_SIMDGROUPS(W, sizeof(T) == 2);
   const bool TGW = FM_GPU_TG_WEIGHTS(W);
   const uint n = args.n;
-  const uint row0 = (group * S + sg) * 8u * R;  // this SIMD group's first row
-  threadgroup T* act = rows_tg + sg * 8u * R * W;
-  threadgroup float* bias_rows = aux;  // [8][rows]
-  threadgroup float* scratch = aux + 8u * W + sg * 64u;
-  for (uint e = lane; e < 8u * R * W; e += 32u) {
+  const uint row0 = group * (8u * S) + sg * 8u;  // this SIMD group's first row
+  threadgroup float* st = stage + sg * 8u * W;
+  threadgroup T* act = rows_tg + sg * 8u * W;
+  for (uint e = lane; e < 8u * W; e += 32u) {
     const uint b = e / W, i = e % W, row = row0 + b;
     act[e] = row < n && i < args.n_input ? x[ulong(row) * args.n_input + i] : T(0);
   }
   for (uint m = 0; m < args.n_matrices; ++m) {
     const bool last = m + 1u == args.n_matrices;
     const uint rows = last ? args.out_pad : W, cols = m == 0u ? args.in_pad : W;
-    const uint real = last ? args.n_output : W;  // outputs with a bias
     const device T* wm = params + args.weight_offset[m];
-    threadgroup_barrier(mem_flags::mem_threadgroup);  // every SIMD group is done with the previous matrix and bias
-    if (TGW)
+    if (TGW) {
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // every SIMD group is done with the previous matrix
       for (uint e = tid; e < rows * cols; e += 32u * S) weights_tg[e] = wm[e];
-    if (args.use_bias != 0u)
-      for (uint e = tid; e < 8u * rows; e += 32u * S) {
-        const uint o = e % rows;
-        bias_rows[e] = o < real ? float(params[args.bias_offset[m] + o]) : 0.0f;
-      }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    // out [8 R][rows] = (bias +) act [8 R][cols] W_m^T
-    simdgroup_float8x8 acc[R][W / 8u];
-    TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
-      simdgroup_float8x8 start = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-      if (args.use_bias != 0u && j * 8u < rows) simdgroup_load(start, bias_rows, rows, ulong2(j * 8u, 0));
-      TFMO_UNROLL for (uint r = 0; r < R; ++r) acc[r][j] = start;
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+    } else {
+      simdgroup_barrier(mem_flags::mem_threadgroup);
     }
+    // out [8][rows] = act [8][cols] W_m^T
+    simdgroup_float8x8 acc[W / 8u];
+    TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) acc[j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     for (uint k = 0; k < cols / 8u; ++k) {
-      simdgroup_matrix<T, 8, 8> a[R];
-      TFMO_UNROLL for (uint r = 0; r < R; ++r) simdgroup_load(a[r], act, W, ulong2(k * 8u, r * 8u));
+      simdgroup_matrix<T, 8, 8> a;
+      simdgroup_load(a, act, W, ulong2(k * 8u, 0));
       TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
         if (j * 8u < rows) {
           simdgroup_matrix<T, 8, 8> w;
           fm_load_transposed<T, TGW>(w, weights_tg, wm, cols, k * 8u, j * 8u);
-          TFMO_UNROLL for (uint r = 0; r < R; ++r) simdgroup_multiply_accumulate(acc[r][j], a[r], w, acc[r][j]);
+          simdgroup_multiply_accumulate(acc[j], a, w, acc[j]);
         }
       }
     }
-    simdgroup_barrier(mem_flags::mem_threadgroup);  // the SIMD group's reads of act are done: it is overwritten
+    TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j)
+      if (j * 8u < rows) simdgroup_store(acc[j], st, W, ulong2(j * 8u, 0));
+    simdgroup_barrier(mem_flags::mem_threadgroup);
     const int act_code = last ? fm_output_activation : fm_activation;
-    TFMO_UNROLL for (uint r = 0; r < R; ++r) {
-      const uint rt = row0 + r * 8u;
-      TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
-        if (j * 8u >= rows) continue;
-        simdgroup_float8x8 v = acc[r][j];
-        v.thread_elements()[0] = fm_activate(act_code, v.thread_elements()[0]);
-        v.thread_elements()[1] = fm_activate(act_code, v.thread_elements()[1]);
-        if (last) {
-          fm_store_tile<T>(v, y, args.n_output, rt, n, j * 8u, args.n_output, scratch, lane);
-        } else {
-          simdgroup_store(fm_rounded<T>(v), act, W, ulong2(j * 8u, r * 8u));
-          if (args.training != 0u) fm_store_tile<float>(v, hidden + ulong(m) * n * W, W, rt, n, j * 8u, W, scratch, lane);
-        }
+    const uint real = last ? args.n_output : W;  // outputs with a bias
+    for (uint e = lane; e < 8u * W; e += 32u) {
+      const uint b = e / W, o = e % W, row = row0 + b;
+      if (o >= rows) continue;
+      float v = st[e];
+      if (args.use_bias != 0u && o < real) v += float(params[args.bias_offset[m] + o]);
+      v = fm_activate(act_code, v);
+      if (last) {
+        if (row < n && o < args.n_output) y[ulong(row) * args.n_output + o] = T(v);
+      } else {
+        act[e] = T(v);
+        if (args.training != 0u && row < n) hidden[(ulong(m) * n + row) * W + o] = v;
       }
     }
     simdgroup_barrier(mem_flags::mem_threadgroup);
@@ -208,24 +152,24 @@ template <typename T, uint W>
                                    device const T* params [[buffer(2)]], device const T* y [[buffer(3)]],
                                    device const float* hidden [[buffer(4)]], constant FmArgs& args [[buffer(5)]],
                                    device T* dx [[buffer(6)]], device float* partial [[buffer(7)]],
-                                   threadgroup T* g_tg [[threadgroup(0)]],
-                                   threadgroup T* prev_tg [[threadgroup(1)]],
-                                   threadgroup T* weights_tg [[threadgroup(2)]],
-                                   threadgroup float* aux [[threadgroup(3)]],
+                                   threadgroup float* stage [[threadgroup(0)]],
+                                   threadgroup T* g_tg [[threadgroup(1)]],
+                                   threadgroup T* prev_tg [[threadgroup(2)]],
+                                   threadgroup T* weights_tg [[threadgroup(3)]],
                                    uint group [[threadgroup_position_in_grid]],
                                    uint sg [[simdgroup_index_in_threadgroup]],
                                    uint lane [[thread_index_in_simdgroup]],
                                    uint tid [[thread_index_in_threadgroup]]) {
-  const uint S = FM_GPU_SIMDGROUPS(W, sizeof(T) == 2), R = FM_GPU_ROW_TILES(W);
+  const uint S = FM_GPU_SIMDGROUPS(W, sizeof(T) == 2);
   const bool TGW = FM_GPU_TG_WEIGHTS(W);
-  const uint B = 8u * R * S, threads = 32u * S, n = args.n;
+  const uint B = 8u * S, threads = 32u * S, n = args.n;
   device float* part = partial + ulong(group) * args.total;
   const uint blk0 = uint(ulong(group) * args.blocks / args.parts);
   const uint blk1 = uint((ulong(group) + 1ul) * args.blocks / args.parts);
-  threadgroup float* scratch = aux + 8u * W + sg * 64u;
+  threadgroup float* st = stage + sg * 8u * W;
   for (uint blk = blk0; blk < blk1; ++blk) {
     const bool first = blk == blk0;
-    const uint r0 = blk * B, own0 = sg * 8u * R;  // the block's first row; this SIMD group's first row in it
+    const uint r0 = blk * B;
     // g = dy * f_out'(y) on the real rows and outputs, else 0.
     for (uint e = tid; e < B * W; e += threads) {
       const uint b = e / W, o = e % W, row = r0 + b;
@@ -258,28 +202,21 @@ template <typename T, uint W>
       if (TGW)
         for (uint e = tid; e < rows * cols; e += threads) weights_tg[e] = wm[e];
       threadgroup_barrier(mem_flags::mem_threadgroup);
-      // dW_m [rows][cols] += g^T [rows][B] prev [B][cols]: SIMD group s, tile rows s, s + S, ...
+      // dW_m [rows][cols] += g^T [rows][B] prev [B][cols], tile by tile.
       const uint tiles_o = rows / 8u, tiles_i = cols / 8u;
       device float* dw = part + args.weight_offset[m];
-      for (uint to = sg; to < tiles_o; to += S) {
-        simdgroup_float8x8 acc[W / 8u];
-        TFMO_UNROLL for (uint ti = 0; ti < W / 8u; ++ti) {
-          if (ti >= tiles_i) continue;
-          if (first) acc[ti] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-          else simdgroup_load(acc[ti], dw, cols, ulong2(ti * 8u, to * 8u));
-        }
+      for (uint t = sg; t < tiles_o * tiles_i; t += S) {
+        const uint to = t / tiles_i, ti = t % tiles_i;
+        simdgroup_float8x8 acc;
+        if (first) acc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+        else simdgroup_load(acc, dw, cols, ulong2(ti * 8u, to * 8u));
         for (uint kb = 0; kb < B / 8u; ++kb) {
-          simdgroup_matrix<T, 8, 8> ga;
+          simdgroup_matrix<T, 8, 8> ga, hb;
           simdgroup_load(ga, g_tg, W, ulong2(to * 8u, kb * 8u), true);
-          TFMO_UNROLL for (uint ti = 0; ti < W / 8u; ++ti) {
-            if (ti >= tiles_i) continue;
-            simdgroup_matrix<T, 8, 8> hb;
-            simdgroup_load(hb, prev_tg, W, ulong2(ti * 8u, kb * 8u));
-            simdgroup_multiply_accumulate(acc[ti], ga, hb, acc[ti]);
-          }
+          simdgroup_load(hb, prev_tg, W, ulong2(ti * 8u, kb * 8u));
+          simdgroup_multiply_accumulate(acc, ga, hb, acc);
         }
-        TFMO_UNROLL for (uint ti = 0; ti < W / 8u; ++ti)
-          if (ti < tiles_i) simdgroup_store(acc[ti], dw, cols, ulong2(ti * 8u, to * 8u));
+        simdgroup_store(acc, dw, cols, ulong2(ti * 8u, to * 8u));
       }
       // db_m += the column sums of g (rows in order).
       if (args.use_bias != 0u) {
@@ -291,35 +228,31 @@ template <typename T, uint W>
           *db = first ? s : *db + s;
         }
       }
-      // dh [8 R][cols] = g [8 R][rows] W_m [rows][cols] for this SIMD group's rows.
-      simdgroup_float8x8 dh[R][W / 8u];
-      TFMO_UNROLL for (uint r = 0; r < R; ++r)
-        TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) dh[r][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+      // dh [8][cols] = g [8][rows] W_m [rows][cols] for this SIMD group's rows.
+      simdgroup_float8x8 acc[W / 8u];
+      TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) acc[j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
       for (uint k = 0; k < tiles_o; ++k) {
-        simdgroup_matrix<T, 8, 8> ga[R];
-        TFMO_UNROLL for (uint r = 0; r < R; ++r) simdgroup_load(ga[r], g_tg, W, ulong2(k * 8u, own0 + r * 8u));
+        simdgroup_matrix<T, 8, 8> ga;
+        simdgroup_load(ga, g_tg, W, ulong2(k * 8u, sg * 8u));
         TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
           if (j < tiles_i) {
             simdgroup_matrix<T, 8, 8> w;
             fm_load<T, TGW>(w, weights_tg, wm, cols, k * 8u, j * 8u);
-            TFMO_UNROLL for (uint r = 0; r < R; ++r) simdgroup_multiply_accumulate(dh[r][j], ga[r], w, dh[r][j]);
+            simdgroup_multiply_accumulate(acc[j], ga, w, acc[j]);
           }
         }
       }
-      threadgroup_barrier(mem_flags::mem_threadgroup);  // g, prev and the weights are read by every SIMD group
-      TFMO_UNROLL for (uint r = 0; r < R; ++r) {
-        const uint rt = r0 + own0 + r * 8u;
-        TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
-          if (j >= tiles_i) continue;
-          if (m > 0u) {
-            simdgroup_float8x8 hp, v = dh[r][j];
-            fm_load_rows(hp, hprev, W, rt, n, j * 8u, scratch, lane);
-            v.thread_elements()[0] *= fm_activation_derivative(fm_activation, hp.thread_elements()[0]);
-            v.thread_elements()[1] *= fm_activation_derivative(fm_activation, hp.thread_elements()[1]);
-            simdgroup_store(fm_rounded<T>(v), g_tg, W, ulong2(j * 8u, own0 + r * 8u));
-          } else {
-            fm_store_tile<T>(dh[r][j], dx, args.n_input, rt, n, j * 8u, args.n_input, scratch, lane);
-          }
+      TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j)
+        if (j < tiles_i) simdgroup_store(acc[j], st, W, ulong2(j * 8u, 0));
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // g, prev and the weights are read; the stage is written
+      for (uint e = lane; e < 8u * W; e += 32u) {
+        const uint b = e / W, i = e % W, row = r0 + sg * 8u + b;
+        if (m > 0u) {
+          float v = 0.0f;
+          if (row < n) v = st[e] * fm_activation_derivative(fm_activation, hprev[ulong(row) * W + i]);
+          g_tg[(sg * 8u + b) * W + i] = T(v);
+        } else if (row < n && i < args.n_input) {
+          dx[ulong(row) * args.n_input + i] = T(st[e]);
         }
       }
       threadgroup_barrier(mem_flags::mem_threadgroup);  // the next matrix reads every SIMD group's g

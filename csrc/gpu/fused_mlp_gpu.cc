@@ -2,7 +2,7 @@
 // metal_kernels/fused_mlp.metal). Attrs and inputs are checked exactly as on the CPU (csrc/ops/fused_mlp_args.h:
 // PrepareForward / PrepareGrad); the kernels index rows with 32-bit values, checked here.
 //
-// FusedMlp: one pass, fused_mlp_forward_w<W>_<T>, one threadgroup per block of FM_GPU_BLOCK_ROWS rows.
+// FusedMlp: one pass, fused_mlp_forward_w<W>_<T>, one threadgroup per block of 8 * FM_GPU_SIMDGROUPS rows.
 // FusedMlpGrad: fused_mlp_backward_w<W>_<T> over Parts() threadgroups, each writing its partial parameter gradient
 // into a float32 scratch buffer [parts, P], then fused_mlp_reduce_<T> (one thread per parameter) sums the parts in
 // part order into dparams: bitwise reproducible. N = 0: y, hidden and dx are empty (no pass); dparams is zeros
@@ -38,7 +38,7 @@ Shape ShapeOf(const Config& cfg) {
   s.width = static_cast<uint32_t>(cfg.width);
   s.element = cfg.dtype == TF_HALF ? 2 : 4;
   s.simdgroups = FM_GPU_SIMDGROUPS(s.width, s.element == 2);
-  s.block_rows = FM_GPU_BLOCK_ROWS(s.width, s.element == 2);
+  s.block_rows = 8 * s.simdgroups;
   return s;
 }
 
@@ -79,19 +79,19 @@ FmArgs MakeArgs(const tfmo::fused_mlp::Call& c, int64_t blocks, int64_t parts) {
   return a;
 }
 
-// Binds the threadgroup buffers of a pass: `row_buffers` buffers of [block][W] T, then the weights, then aux.
+// Binds the threadgroup buffers of a pass: stage at 0, then `row_buffers` buffers of [block][W] T, then the weights.
 bool BindThreadgroupMemory(tfmo::gpu::Call& call, tfmo::gpu::Pass& p, const Shape& s, uint32_t row_buffers) {
-  const uint32_t rows = FM_GPU_ROWS_BYTES(s.width, s.element, s.block_rows);
+  const uint32_t stage = FM_GPU_STAGE_BYTES(s.width, s.simdgroups);
+  const uint32_t rows = FM_GPU_ROWS_BYTES(s.width, s.element, s.simdgroups);
   const uint32_t weights = FM_GPU_WEIGHT_BYTES(s.width, s.element);
-  const uint32_t aux = FM_GPU_AUX_BYTES(s.width, s.simdgroups);
-  if (row_buffers * rows + weights + aux > kThreadgroupMemoryLimit) {
+  if (stage + row_buffers * rows + weights > kThreadgroupMemoryLimit) {
     call.fail(TF_INTERNAL, "%s: %u bytes of threadgroup memory exceed the limit", p.function().c_str(),
-              row_buffers * rows + weights + aux);
+              stage + row_buffers * rows + weights);
     return false;
   }
-  for (uint32_t i = 0; i < row_buffers; ++i) p.threadgroup_memory(i, rows);
-  p.threadgroup_memory(row_buffers, weights);
-  p.threadgroup_memory(row_buffers + 1, aux);
+  p.threadgroup_memory(0, stage);
+  for (uint32_t i = 1; i <= row_buffers; ++i) p.threadgroup_memory(i, rows);
+  p.threadgroup_memory(row_buffers + 1, weights);
   return true;
 }
 

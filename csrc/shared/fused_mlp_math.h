@@ -55,30 +55,22 @@ TFMO_FN float fm_activation_derivative(int act, float y) {
 
 #define FM_MAX_MATRICES 9  // n_hidden_layers <= 8 (tfmo::fused_mlp::kMaxMatrices)
 
-// The threadgroup shape of the forward and backward kernels, by width and T (half: sizeof 2). SIMD group s of a
-// threadgroup owns FM_GPU_ROW_TILES(W) tiles of 8 rows, so a threadgroup's block is 8 * ROW_TILES * SIMDGROUPS rows.
-// ROW_TILES x (W / 8) float accumulator tiles per SIMD group (16 at every width) let one weight tile serve ROW_TILES
-// products. SIMDGROUPS is chosen so that a [block][W] T buffer is at most 8 KB and the backward's buffers (two of
-// them, the weights and the scratch) fit Apple's 32 KB of threadgroup memory.
-#define FM_GPU_ROW_TILES(width) ((width) <= 32 ? 4u : ((width) == 64 ? 2u : 1u))
-#define FM_GPU_SIMDGROUPS(width, half)                                                                          \
-  ((width) == 16 ? ((half) ? 8u : 4u)                                                                           \
-                 : ((width) == 32 ? ((half) ? 4u : 2u) : ((width) == 64 ? ((half) ? 4u : 1u) : ((half) ? 4u : 2u))))
-#define FM_GPU_BLOCK_ROWS(width, half) (8u * FM_GPU_ROW_TILES(width) * FM_GPU_SIMDGROUPS(width, half))
+// SIMD groups per threadgroup of the forward and backward kernels, by width and T (half: sizeof 2). Each SIMD group
+// owns 8 rows, so a threadgroup's block is 8 * FM_GPU_SIMDGROUPS rows. Chosen so that every threadgroup buffer
+// (FM_GPU_*_BYTES) fits Apple's 32 KB of threadgroup memory.
+#define FM_GPU_SIMDGROUPS(width, half) ((width) <= 32 ? 8u : ((width) == 64 && (half) ? 4u : 2u))
 // Whether a layer's weights are copied into threadgroup memory (width <= 64); at width 128 they are 32 KB (half) or
 // 64 KB (float), more than fits: the products read them from device memory.
 #define FM_GPU_TG_WEIGHTS(width) ((width) <= 64)
 
-// Threadgroup-memory lengths in bytes ([[threadgroup(n)]]) for width W, element size E (sizeof(T)), S SIMD groups,
-// B = FM_GPU_BLOCK_ROWS rows:
-//   rows    [B][W] T: forward, the activations of the block (layer by layer, in place); backward, g and (a second
-//           buffer) the layer's inputs;
-//   weights [rows][cols] T of one matrix (FM_GPU_TG_WEIGHTS), else 16 (unused);
-//   aux     [8][W] float, the forward's bias rows (one row repeated: the accumulators start from it), then [S][8][8]
-//           float, each SIMD group's scratch tile for the rows and columns a tile store or load must clip.
-#define FM_GPU_ROWS_BYTES(W, E, B) ((B) * (W) * (E))
+// Threadgroup-memory lengths in bytes ([[threadgroup(n)]]) for width W, element size E (sizeof(T)), S SIMD groups:
+//   stage  [8 S][W] float: the products of each SIMD group's 8 rows before bias and activation;
+//   rows   [8 S][W] T: forward, the activations of the block (layer by layer, in place); backward, g;
+//   prev   [8 S][W] T: backward only, the layer's inputs (x or the kept hidden) as T;
+//   weights [rows][cols] T of one matrix (FM_GPU_TG_WEIGHTS), else 16 (unused).
+#define FM_GPU_STAGE_BYTES(W, S) (8u * (S) * (W) * 4u)
+#define FM_GPU_ROWS_BYTES(W, E, S) (8u * (S) * (W) * (E))
 #define FM_GPU_WEIGHT_BYTES(W, E) (FM_GPU_TG_WEIGHTS(W) ? (W) * (W) * (E) : 16u)
-#define FM_GPU_AUX_BYTES(W, S) ((8u * (W) + 64u * (S)) * 4u)
 
 // The kernels' arguments ([[buffer]] constant): the call's dimensions and the parameter layout
 // (csrc/ops/fused_mlp_args.h), as 32-bit values.
@@ -86,7 +78,7 @@ struct FmArgs {
   uint n;           // rows
   uint n_input, in_pad, n_output, out_pad, n_matrices;
   uint use_bias, training;
-  uint blocks;      // backward: row blocks of FM_GPU_BLOCK_ROWS rows
+  uint blocks;      // backward: row blocks of 8 * FM_GPU_SIMDGROUPS rows
   uint parts;       // backward: threadgroups; part p sums blocks [p blocks / parts, (p + 1) blocks / parts)
   uint total;       // P, the parameter count
   uint weight_offset[FM_MAX_MATRICES];

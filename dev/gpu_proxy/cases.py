@@ -980,21 +980,15 @@ def ray_march_fill_case(arrays, R, count: Launch, G) -> Case:
 FM_ACTIVATIONS = {"none": 0, "relu": 1, "leaky_relu": 2, "sigmoid": 3, "exponential": 4, "softplus": 5}
 
 
-def fm_row_tiles(width):
-    """FM_GPU_ROW_TILES (csrc/shared/fused_mlp_math.h)."""
-    return 4 if width <= 32 else (2 if width == 64 else 1)
-
-
 def fm_simdgroups(width, half):
     """FM_GPU_SIMDGROUPS (csrc/shared/fused_mlp_math.h)."""
-    return {16: (4, 8), 32: (2, 4), 64: (1, 4), 128: (2, 4)}[width][int(half)]
+    return 8 if width <= 32 else (4 if width == 64 and half else 2)
 
 
 def fm_threadgroup_bytes(width, half, row_buffers):
-    """The kernels' [[threadgroup(n)]] lengths (csrc/gpu/fused_mlp_gpu.cc): row buffers, weights, aux."""
+    """The kernels' [[threadgroup(n)]] lengths (csrc/gpu/fused_mlp_gpu.cc): stage, row buffers, weights."""
     s, e = fm_simdgroups(width, half), 2 if half else 4
-    block = 8 * fm_row_tiles(width) * s
-    return [block * width * e] * row_buffers + [width * width * e if width <= 64 else 16, (8 * width + 64 * s) * 4]
+    return [8 * s * width * 4] + [8 * s * width * e] * row_buffers + [width * width * e if width <= 64 else 16]
 
 
 def fm_layout(n_input, n_output, width, layers):
@@ -1053,7 +1047,7 @@ def fused_mlp_cases(n=1 << 18, seed=3, tcnn=False) -> list[Case]:
                                                           ("colour", 32, 64, 2, 3, "relu", "sigmoid")):
         mats, P = fm_layout(n_in, n_out, width, layers)
         S = fm_simdgroups(width, True)
-        block = 8 * fm_row_tiles(width) * S
+        block = 8 * S
         blocks = (n + block - 1) // block
         parts = max(1, min(blocks, 1024, (1 << 24) // P))
         args = lambda training, parts_: struct(  # noqa: E731
