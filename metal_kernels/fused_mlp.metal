@@ -37,6 +37,8 @@
 //    rows), then g_prev = dh f'(h_prev) from the kept hidden (fm_activation_derivative, the CPU kernel's chain), or
 //    dx = dh for m = 0. Every sum has a fixed order and the number of parts depends on N and the layout only, so
 //    dparams is bitwise the same run to run (always, without any determinism switch).
+//  - x and dx are [N][n_input], or [n_input][N] with args.feature_major (fm_x_offset); their tiles are walked along
+//    the layout's contiguous axis (fm_x_element).
 //  - Offsets into hidden, x, y, dy and dx are 64-bit; rows are 32-bit (the host checks N).
 #include <metal_stdlib>
 #include <metal_simdgroup_matrix>
@@ -58,6 +60,17 @@ TFMO_FN void fm_load_transposed(thread simdgroup_matrix<T, 8, 8>& m, const threa
 }
 
 // The B operand tile (k0 .. k0 + 8) x (n0 .. n0 + 8) of a matrix stored row-major [k][n] with `ld` elements per row.
+// x's (and dx's) offset of row `row`'s input i: [n][n_input] row-major, or [n_input][n] with args.feature_major.
+TFMO_FN ulong fm_x_offset(constant FmArgs& args, uint row, uint i) {
+  return args.feature_major != 0u ? ulong(i) * args.n + row : ulong(row) * args.n_input + i;
+}
+
+// Element e of an R x W tile of x (or dx) as (row b, input i): row-major, or column-major with args.feature_major,
+// so that neighbouring lanes touch neighbouring addresses of x in either layout.
+TFMO_FN uint2 fm_x_element(constant FmArgs& args, uint e, uint R, uint W) {
+  return args.feature_major != 0u ? uint2(e % R, e / R) : uint2(e / W, e % W);
+}
+
 template <typename T, bool TGW>
 TFMO_FN void fm_load(thread simdgroup_matrix<T, 8, 8>& m, const threadgroup T* tg, const device T* dev, uint ld,
                      uint k0, uint n0) {
@@ -85,8 +98,9 @@ template <typename T, uint W>
   threadgroup float* st = stage + sg * 8u * W;
   threadgroup T* act = rows_tg + sg * 8u * W;
   for (uint e = lane; e < 8u * W; e += 32u) {
-    const uint b = e / W, i = e % W, row = row0 + b;
-    act[e] = row < n && i < args.n_input ? x[ulong(row) * args.n_input + i] : T(0);
+    const uint2 bi = fm_x_element(args, e, 8u, W);
+    const uint b = bi.x, i = bi.y, row = row0 + b;
+    act[b * W + i] = row < n && i < args.n_input ? x[fm_x_offset(args, row, i)] : T(0);
   }
   for (uint m = 0; m < args.n_matrices; ++m) {
     const bool last = m + 1u == args.n_matrices;
@@ -188,16 +202,17 @@ template <typename T, uint W>
       const device float* hprev = m > 0u ? hidden + ulong(m - 1u) * n * W : hidden;  // m > 0 only
       // The layer's inputs as T ([B][W], zeros past N and past n_input), the matrix into threadgroup memory.
       for (uint e = tid; e < B * W; e += threads) {
-        const uint b = e / W, i = e % W, row = r0 + b;
+        const uint2 bi = m == 0u ? fm_x_element(args, e, B, W) : uint2(e / W, e % W);
+        const uint b = bi.x, i = bi.y, row = r0 + b;
         T v = T(0);
         if (row < n) {
           if (m == 0u) {
-            if (i < args.n_input) v = x[ulong(row) * args.n_input + i];
+            if (i < args.n_input) v = x[fm_x_offset(args, row, i)];
           } else {
             v = T(hprev[ulong(row) * W + i]);
           }
         }
-        prev_tg[e] = v;
+        prev_tg[b * W + i] = v;
       }
       if (TGW)
         for (uint e = tid; e < rows * cols; e += threads) weights_tg[e] = wm[e];
@@ -246,13 +261,14 @@ template <typename T, uint W>
         if (j < tiles_i) simdgroup_store(acc[j], st, W, ulong2(j * 8u, 0));
       threadgroup_barrier(mem_flags::mem_threadgroup);  // g, prev and the weights are read; the stage is written
       for (uint e = lane; e < 8u * W; e += 32u) {
-        const uint b = e / W, i = e % W, row = r0 + sg * 8u + b;
+        const uint2 bi = m == 0u ? fm_x_element(args, e, 8u, W) : uint2(e / W, e % W);
+        const uint b = bi.x, i = bi.y, row = r0 + sg * 8u + b;
         if (m > 0u) {
           float v = 0.0f;
-          if (row < n) v = st[e] * fm_activation_derivative(fm_activation, hprev[ulong(row) * W + i]);
+          if (row < n) v = st[b * W + i] * fm_activation_derivative(fm_activation, hprev[ulong(row) * W + i]);
           g_tg[(sg * 8u + b) * W + i] = T(v);
         } else if (row < n && i < args.n_input) {
-          dx[ulong(row) * args.n_input + i] = T(st[e]);
+          dx[fm_x_offset(args, row, i)] = T(st[b * W + i]);
         }
       }
       threadgroup_barrier(mem_flags::mem_threadgroup);  // the next matrix reads every SIMD group's g

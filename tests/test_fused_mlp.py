@@ -211,6 +211,59 @@ def test_matches_pure_tf():
     close(gp, tf.convert_to_tensor(gp_tf).numpy(), 1e-4)
 
 
+# ---- feature-major input ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype, products", [("float32", "float32"), ("float16", "float32"), ("float32", "bfloat16")])
+@pytest.mark.parametrize("width, n_in, n", [(16, 5, 300), (64, 32, 129), (128, 100, 70)])
+def test_feature_major_input_gives_the_same_bits(dtype, products, width, n_in, n):
+    """x [n_input, N] read in place: y and dparams bitwise those of the row-major call, dx its transpose (the
+    kernels load the same values into the same blocks)."""
+    x, p, opts = make_case(21, n, n_in, 3, width, 2, True, dtype)
+    kwargs = dict(opts, activation="softplus", output_activation="sigmoid", products=products)
+    dy = np.random.default_rng(3).standard_normal((n, 3)).astype(dtype)
+    y, gx, gp = op_grads(x, p, dy, **kwargs)
+    y_fm, gx_fm, gp_fm = op_grads(np.ascontiguousarray(x.T), p, dy, feature_major=True, **kwargs)
+    assert y_fm.shape == (n, 3) and gx_fm.shape == (n_in, n)
+    np.testing.assert_array_equal(y_fm, y)
+    np.testing.assert_array_equal(gx_fm, gx.T)
+    np.testing.assert_array_equal(gp_fm, gp)
+
+
+def test_feature_major_gradients_and_pure_tf():
+    """feature_major: TF's numerical Jacobian w.r.t. x [n_input, N] and params; fused_mlp_tf with feature_major
+    against the op (values and gradients); the hash grid's feature-major encoding feeds it directly."""
+    x, p, opts = make_case(5, 4, 3, 2, 16, 2, True)
+    kwargs = dict(opts, activation="softplus", output_activation="sigmoid", feature_major=True)
+    theoretical, numerical = tf.test.compute_gradient(lambda a, b: fused_mlp(a, b, **kwargs),
+                                                      [tf.constant(x.T), tf.constant(p)], delta=1e-2)
+    for t, n in zip(theoretical, numerical):
+        np.testing.assert_allclose(t, n, rtol=2e-2, atol=2e-2 * max(1.0, np.abs(n).max()))
+    x, p, opts = make_case(6, 90, 12, 5, 32, 2, True)
+    kwargs = dict(opts, activation="relu", output_activation="none", feature_major=True)
+    dy = np.random.default_rng(4).standard_normal((90, 5)).astype(np.float32)
+    y, gx, gp = op_grads(np.ascontiguousarray(x.T), p, dy, **kwargs)
+    xt, pt = tf.constant(x.T), tf.constant(p)
+    with tf.GradientTape() as tape:
+        tape.watch([xt, pt])
+        y_tf = fused_mlp_tf(xt, pt, **kwargs)
+    gx_tf, gp_tf = tape.gradient(y_tf, [xt, pt], output_gradients=tf.constant(dy))
+    close(y, y_tf.numpy(), 2e-5)
+    close(gx, gx_tf.numpy(), 1e-4)
+    close(gp, tf.convert_to_tensor(gp_tf).numpy(), 1e-4)
+    # The hash grid's [L*F, N] output as the MLP's input.
+    from tf_metal_ops.hash_grid import HashGridConfig
+
+    grid = HashGridConfig(n_input_dims=3, n_levels=8, log2_hashmap_size=10, base_resolution=4, per_level_scale=1.5)
+    pos = tf.random.stateless_uniform([50, 3], seed=[1, 2])
+    table = tf.random.stateless_uniform([grid.total_entries, 2], seed=[3, 4], minval=-1.0, maxval=1.0)
+    mlp = dict(n_hidden_layers=1, width=32, n_output=4)
+    params = fused_mlp_layout(16, 4, width=32, n_hidden_layers=1).init_params(seed=2)
+    enc_fm = tf_metal_ops.hash_grid_encode(pos, table, feature_major=True, **grid.op_kwargs())
+    enc = tf_metal_ops.hash_grid_encode(pos, table, **grid.op_kwargs())
+    assert enc_fm.shape == (16, 50)
+    np.testing.assert_array_equal(fused_mlp(enc_fm, params, feature_major=True, **mlp).numpy(),
+                                  fused_mlp(enc, params, **mlp).numpy())
+
+
 @pytest.mark.parametrize("dtype, products", [("float32", "float32"), ("float16", "float32"), ("float32", "bfloat16")])
 def test_bitwise_reproducible_across_thread_counts(dtype, products):
     x, p, opts = make_case(10, 5000, 27, 4, 64, 3, True, dtype)
@@ -292,6 +345,7 @@ GOOD = dict(n_hidden_layers=2, width=16, n_output=2, activation="relu", output_a
     ({}, (5, 17), 768, "x must have shape"),
     ({}, (5, 3, 1), 768, "x must have shape"),
     ({}, (5, 0), 768, "x must have shape"),
+    ({"feature_major": True}, (17, 5), 768, r"x must have shape \[n_input, N\] \(feature_major\)"),
 ])
 def test_raw_op_rejects_bad_arguments(change, x_shape, n_params, message):
     attrs = {**GOOD, **change}
@@ -326,7 +380,10 @@ def test_raw_grad_op_rejects_bad_arguments():
     ({"use_bias": 1}, "use_bias must be True or False"),
     ({"products": "bf16"}, "products must be one of"),
     ({"training": "yes"}, "training must be True, False or None"),
-    ({"x": np.zeros((5, 17), np.float32)}, "x must have 1 to width"),
+    ({"x": np.zeros((5, 17), np.float32)}, r"x must have shape \[N, n_input\] with 1 to width"),
+    ({"x": np.zeros((17, 5), np.float32), "feature_major": True},
+     r"x must have shape \[n_input, N\] \(feature_major\) with 1 to width"),
+    ({"feature_major": 1}, "feature_major must be True or False"),
     ({"x": np.zeros((5,), np.float32)}, "x must have rank 2"),
     ({"x": np.zeros((5, 3), np.float64)}, "x must be float32 or float16"),
     ({"params": np.zeros(768, np.float16)}, "params must have x's dtype"),
@@ -373,6 +430,23 @@ def test_layer_save_reload(implementation, tmp_path):
     reloaded = tf.saved_model.load(export_dir)
     # The exported graph may fuse TF's own ops differently (pure_tf); the op's kernel gives the same bits.
     close(reloaded.serve(x).numpy(), expected, 0.0 if implementation == "op" else 1e-6)
+
+
+def test_layer_feature_major():
+    """FusedMLP(feature_major=True) takes [n_input, N] (the same bits as the row-major layer on the transpose),
+    keeps the option through get_config, and refuses other ranks."""
+    opts = dict(n_output=3, width=16, n_hidden_layers=1, activation="softplus")
+    fm = FusedMLP(feature_major=True, **opts)
+    x = tf.random.stateless_uniform([5, 40], seed=[1, 2])
+    y = fm(x)
+    assert y.shape == (40, 3) and fm.compute_output_shape((5, 40)) == (40, 3)
+    rows = FusedMLP(**opts)
+    rows.build((None, 5))
+    rows.params.assign(fm.params)
+    np.testing.assert_array_equal(y.numpy(), rows(tf.transpose(x)).numpy())
+    assert FusedMLP.from_config(fm.get_config())._options["feature_major"] is True
+    with pytest.raises(ValueError, match="with feature_major the input must be"):
+        FusedMLP(feature_major=True, **opts)(tf.zeros([2, 3, 4]))
 
 
 def test_layer_trains_with_fit():

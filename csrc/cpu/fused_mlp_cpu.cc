@@ -109,12 +109,34 @@ void Chain(int act, float* dh, const float* h, int64_t ld, int width, int n, int
   }
 }
 
-// Rows [r0, r0 + n) of x [N, n_input] as float32 [rows_pad][in_pad], zero-padded (columns and rows).
+// Rows [r0, r0 + n) of x (row r's input i at r * row_stride + i * input_stride: Call::row_stride) as float32
+// [rows_pad][in_pad], zero-padded (columns and rows).
 template <typename T>
-void LoadRows(const T* x, int64_t r0, int n, const Layout& l, int rows_pad, float* out) {
+void LoadRows(const T* x, const Call& call, int64_t r0, int n, int rows_pad, float* out) {
+  const Layout& l = call.layout;
+  const int64_t rs = call.row_stride(), is = call.input_stride();
   std::fill(out, out + static_cast<int64_t>(rows_pad) * l.in_pad, 0.0f);
-  for (int b = 0; b < n; ++b)
-    for (int i = 0; i < l.n_input; ++i) out[b * l.in_pad + i] = Load(x + (r0 + b) * l.n_input + i);
+  if (is == 1) {
+    for (int b = 0; b < n; ++b)
+      for (int i = 0; i < l.n_input; ++i) out[b * l.in_pad + i] = Load(x + (r0 + b) * rs + i);
+  } else {  // feature-major: each input's n values are consecutive
+    for (int i = 0; i < l.n_input; ++i)
+      for (int b = 0; b < n; ++b) out[b * l.in_pad + i] = Load(x + i * is + r0 + b);
+  }
+}
+
+// dx's rows [r0, r0 + n) from dh [rows][in_pad] (dx strided like x).
+template <typename T>
+void StoreInputRows(const float* dh, const Call& call, int64_t r0, int n, T* dx) {
+  const Layout& l = call.layout;
+  const int64_t rs = call.row_stride(), is = call.input_stride();
+  if (is == 1) {
+    for (int b = 0; b < n; ++b)
+      for (int i = 0; i < l.n_input; ++i) dx[(r0 + b) * rs + i] = Store<T>(dh[b * l.in_pad + i]);
+  } else {
+    for (int i = 0; i < l.n_input; ++i)
+      for (int b = 0; b < n; ++b) dx[i * is + r0 + b] = Store<T>(dh[b * l.in_pad + i]);
+  }
 }
 
 // The parameters as float32, in their layout.
@@ -187,7 +209,7 @@ void Forward(const Call& call, T* y, float* hidden) {
     float* c = a + buf;
     uint16_t* a16 = bf16 ? scratch16.data() + chunk * buf : nullptr;
     ForPartBlocks(chunk, chunks, blocks, rows_per_block, N, [&](int64_t r0, int n, int rows_pad) {
-      LoadRows(call.x.data<T>(), r0, n, l, rows_pad, a);
+      LoadRows(call.x.data<T>(), call, r0, n, rows_pad, a);
       for (int m = 0; m < M; ++m) {
         const int cols = static_cast<int>(l.cols[m]), r = static_cast<int>(l.rows[m]);
         const float* b = bias.data() + static_cast<int64_t>(m) * W;
@@ -263,7 +285,7 @@ void Backward(const Call& call, T* dx, float* grad) {
     uint16_t* g_pairs = bf16 ? g16 + buf : nullptr;
     uint16_t* prev_pairs = bf16 ? g16 + 2 * buf : nullptr;
     ForPartBlocks(part, parts, blocks, rows_per_block, N, [&](int64_t r0, int n, int rows_pad) {
-      LoadRows(call.x.data<T>(), r0, n, l, rows_pad, xb);
+      LoadRows(call.x.data<T>(), call, r0, n, rows_pad, xb);
       // g = dy * f_out'(y) [rows_pad][out_pad], zero outside the real rows and outputs.
       std::fill(g, g + static_cast<int64_t>(rows_pad) * l.out_pad, 0.0f);
       for (int b = 0; b < n; ++b)
@@ -299,8 +321,7 @@ void Backward(const Call& call, T* dx, float* grad) {
           Chain(cfg.activation, dh, prev, ld, W, n, rows_pad);
           std::swap(g, dh);
         } else {
-          for (int b = 0; b < n; ++b)
-            for (int i = 0; i < l.n_input; ++i) dx[(r0 + b) * l.n_input + i] = Store<T>(dh[b * l.in_pad + i]);
+          StoreInputRows(dh, call, r0, n, dx);
         }
       }
     });
@@ -321,7 +342,7 @@ void GradCompute(void* state, TF_OpKernelContext* ctx) {
   const Config& cfg = *call.cfg;
   const int64_t P = call.layout.total;
   tfmo::TensorRef dx, dparams;
-  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, static_cast<int64_t>(call.layout.n_input)}, &dx) ||
+  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, call.x_shape(), &dx) ||
       !tfmo::AllocateOutput(ctx, 1, cfg.dtype, {P}, &dparams))
     return;
   const bool half = cfg.dtype == TF_HALF;

@@ -69,6 +69,7 @@ FmArgs MakeArgs(const tfmo::fused_mlp::Call& c, int64_t blocks, int64_t parts) {
   a.n_matrices = static_cast<uint>(l.n_matrices);
   a.use_bias = l.use_bias ? 1u : 0u;
   a.training = c.cfg->training ? 1u : 0u;
+  a.feature_major = c.cfg->feature_major ? 1u : 0u;
   a.blocks = static_cast<uint>(blocks);
   a.parts = static_cast<uint>(parts);
   a.total = static_cast<uint>(l.total);
@@ -129,7 +130,7 @@ void GradGpu(void* state, TF_OpKernelContext* ctx) {
   const Config& cfg = *c.cfg;
   const int64_t P = c.layout.total;
   TensorRef dx, dparams;
-  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {c.n, static_cast<int64_t>(c.layout.n_input)}, &dx) ||
+  if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, c.x_shape(), &dx) ||
       !tfmo::AllocateOutput(ctx, 1, cfg.dtype, {P}, &dparams))
     return;
   if (!tfmo::gpu::CheckGridSize(ctx, op, "the number of rows", static_cast<uint64_t>(c.n))) return;

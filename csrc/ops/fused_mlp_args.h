@@ -17,6 +17,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/op_names.h"
 #include "common/tfc.h"
@@ -80,6 +81,7 @@ struct Config {
   int n_hidden_layers = 0, width = 0, n_output = 0, activation = 0, output_activation = 0;
   int products = kProductsFloat32;
   bool use_bias = false, training = false;
+  bool feature_major = false;  // x (and dx) [n_input, N] instead of [N, n_input]
   TF_DataType dtype = TF_FLOAT;
 };
 
@@ -92,6 +94,7 @@ inline void* CreateConfig(TF_OpKernelConstruction* c, const char* op, bool has_t
             GetAttr(c, "n_output", &n_output) && GetAttr(c, "activation", &act) &&
             GetAttr(c, "output_activation", &out_act) && GetAttr(c, "use_bias", &cfg->use_bias) &&
             GetAttr(c, "T", &cfg->dtype) && GetAttr(c, "products", &products) &&
+            GetAttr(c, "feature_major", &cfg->feature_major) &&
             (!has_training || GetAttr(c, "training", &cfg->training));
   if (ok && !(layers >= 1 && layers <= kMaxHiddenLayers))
     ok = ConstructionFail(c, TF_INVALID_ARGUMENT, "%s: n_hidden_layers must be in 1..%d, got %lld", op,
@@ -140,23 +143,36 @@ struct Call {
   int64_t n = 0;  // rows
   TensorRef x, params;
   TensorRef dy, y, hidden;  // FusedMlpGrad only
+
+  // Strides of x (and dx) in elements: row r's input i at r * row_stride + i * input_stride.
+  int64_t row_stride() const { return cfg->feature_major ? 1 : layout.n_input; }
+  int64_t input_stride() const { return cfg->feature_major ? n : 1; }
+  // x's (and dx's) shape.
+  std::vector<int64_t> x_shape() const {
+    const int64_t k = layout.n_input;
+    return cfg->feature_major ? std::vector<int64_t>{k, n} : std::vector<int64_t>{n, k};
+  }
 };
 
-// x [N, n_input] (1 <= n_input <= width) and params [P], both T. Sets call->layout and call->n.
+// x [N, n_input] ([n_input, N] with feature_major; 1 <= n_input <= width) and params [P], both T. Sets
+// call->layout and call->n.
 inline bool CheckXAndParams(TF_OpKernelContext* ctx, const char* op, Call* call) {
   const Config& cfg = *call->cfg;
   const TensorRef &x = call->x, &p = call->params;
   if (!CheckDtype(ctx, op, "x", x, cfg.dtype) || !CheckDtype(ctx, op, "params", p, cfg.dtype)) return false;
-  if (x.rank() != 2 || x.dim(1) < 1 || x.dim(1) > cfg.width)
-    return Fail(ctx, TF_INVALID_ARGUMENT, "%s: x must have shape [N, n_input] with 1 <= n_input <= width (%d), got %s",
-                op, cfg.width, ShapeString(x).c_str());
-  call->n = x.dim(0);
-  call->layout = MakeLayout(cfg.width, static_cast<int>(x.dim(1)), cfg.n_output, cfg.n_hidden_layers, cfg.use_bias);
+  const int n_axis = cfg.feature_major ? 1 : 0, input_axis = 1 - n_axis;
+  if (x.rank() != 2 || x.dim(input_axis) < 1 || x.dim(input_axis) > cfg.width)
+    return Fail(ctx, TF_INVALID_ARGUMENT, "%s: x must have shape %s with 1 <= n_input <= width (%d), got %s", op,
+                cfg.feature_major ? "[n_input, N] (feature_major)" : "[N, n_input]", cfg.width,
+                ShapeString(x).c_str());
+  call->n = x.dim(n_axis);
+  call->layout =
+      MakeLayout(cfg.width, static_cast<int>(x.dim(input_axis)), cfg.n_output, cfg.n_hidden_layers, cfg.use_bias);
   if (p.rank() != 1 || p.dim(0) != call->layout.total)
     return Fail(ctx, TF_INVALID_ARGUMENT,
                 "%s: params must have shape [%lld] (n_input=%lld, width=%d, n_output=%d, n_hidden_layers=%d, "
                 "use_bias=%s), got %s",
-                op, static_cast<long long>(call->layout.total), static_cast<long long>(x.dim(1)), cfg.width,
+                op, static_cast<long long>(call->layout.total), static_cast<long long>(call->layout.n_input), cfg.width,
                 cfg.n_output, cfg.n_hidden_layers, cfg.use_bias ? "true" : "false", ShapeString(p).c_str());
   return true;
 }

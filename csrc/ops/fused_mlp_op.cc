@@ -7,20 +7,22 @@
 //   L = n_hidden_layers + 1 weight matrices (tiny-cuda-nn counts the hidden layers the same way).
 //   attrs: n_hidden_layers in 1..8, width in {16, 32, 64, 128}, n_output in 1..width, activation and
 //   output_activation in {"none", "relu", "leaky_relu", "sigmoid", "exponential", "softplus"}, use_bias,
-//   training, products ("float32" or "bfloat16": the CPU kernels' products, csrc/cpu/fused_mlp_cpu_isa.h). n_input =
-//   x.shape[1] in 1..width. T in {float, half}: float16 x and params are read as float32, every
+//   training, products ("float32" or "bfloat16": the CPU kernels' products, csrc/cpu/fused_mlp_cpu_isa.h),
+//   feature_major (default false): x is [n_input, N] instead, column n holding row n's inputs (the hash grid's
+//   feature-major output, tiny-cuda-nn's layout); y and hidden keep their layout. n_input = x.shape[1] (x.shape[0]
+//   when feature_major) in 1..width. T in {float, half}: float16 x and params are read as float32, every
 //   sum accumulates in float32, y is rounded to T once.
 //   hidden: the post-activation values h_1 .. h_{n_hidden_layers} in float32 when training, what FusedMlpGrad
 //   reads; [0, N, width] (no values) when not training.
 //
-// FusedMlpGrad(dy [N, n_output] T, x, params, y, hidden) -> (dx [N, n_input] T, dparams [P] T)
+// FusedMlpGrad(dy [N, n_output] T, x, params, y, hidden) -> (dx T like x, dparams [P] T)
 //   The gradients of sum(dy * y) w.r.t. x and params, y and hidden being FusedMlp's outputs for (x, params) with
 //   training. dparams sums over rows in a fixed order (row blocks, then the blocks' partial sums in block order):
 //   bitwise the same for every thread count. Padding entries of params (csrc/ops/fused_mlp_args.h) get 0.
 //
-// Shape functions (graph mode only) check ranks: y [N, ?], hidden [?, N, ?] (the attrs are not readable from the C
-// API's shape context; the Python wrapper sets the static shapes), dx like x, dparams like params. The kernels check
-// everything.
+// Shape functions (graph mode only) check ranks: y [?, ?], hidden [?, ?, ?] (the attrs, feature_major among them,
+// are not readable from the C API's shape context; the Python wrapper sets the static shapes), dx like x, dparams
+// like params. The kernels check everything.
 #include "common/op_names.h"
 #include "common/shape_fns.h"
 #include "common/tfc.h"
@@ -39,13 +41,13 @@ struct UnknownVector {
   UnknownVector& operator=(const UnknownVector&) = delete;
 };
 
+// x [?, ?], params [?] -> y [?, ?], hidden [?, ?, ?]: N is x's first or second dimension by the feature_major attr.
 void ForwardShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
-  Shape x;
-  if (!tfmo::InputWithRank(ctx, 0, 2, &x, status) || !tfmo::InputsWithRanks(ctx, 1, {1}, status)) return;
-  UnknownVector cols(ctx), layers(ctx), width(ctx);
-  Shape n, y, hidden_head, hidden;
-  if (tfmo::Subshape(ctx, x, 0, 1, &n, status) && tfmo::Concatenate(ctx, n.h, cols.h, &y, status) &&
-      tfmo::Concatenate(ctx, layers.h, n.h, &hidden_head, status) &&
+  if (!tfmo::InputsWithRanks(ctx, 0, {2, 1}, status)) return;
+  UnknownVector rows(ctx), cols(ctx), layers(ctx), width(ctx);  // rows: N in both outputs
+  Shape y, hidden_head, hidden;
+  if (tfmo::Concatenate(ctx, rows.h, cols.h, &y, status) &&
+      tfmo::Concatenate(ctx, layers.h, rows.h, &hidden_head, status) &&
       tfmo::Concatenate(ctx, hidden_head.h, width.h, &hidden, status))
     tfmo::SetOutputs(ctx, {&y, &hidden}, status);
 }
@@ -57,13 +59,13 @@ void GradShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
 
 const std::initializer_list<const char*> kConfigAttrs = {
     "n_hidden_layers: int", "width: int", "n_output: int", "activation: string", "output_activation: string",
-    "use_bias: bool", "T: {float, half}", "products: string = \"float32\""};
+    "use_bias: bool", "T: {float, half}", "products: string = \"float32\"", "feature_major: bool = false"};
 
 static const tfmo::OnLoad kRegister([] {
   tfmo::DefineOp(TFMO_OP_FUSED_MLP,
                  {"n_hidden_layers: int", "width: int", "n_output: int", "activation: string",
                   "output_activation: string", "use_bias: bool", "T: {float, half}", "training: bool = false",
-                  "products: string = \"float32\""},
+                  "products: string = \"float32\"", "feature_major: bool = false"},
                  {"x: T", "params: T"}, {"y: T", "hidden: float"}, &ForwardShape);
   tfmo::DefineOp(TFMO_OP_FUSED_MLP_GRAD, kConfigAttrs, {"dy: T", "x: T", "params: T", "y: T", "hidden: float"},
                  {"dx: T", "dparams: T"}, &GradShape);

@@ -78,6 +78,7 @@ struct FmArgs {
   uint n;           // rows
   uint n_input, in_pad, n_output, out_pad, n_matrices;
   uint use_bias, training;
+  uint feature_major;  // x and dx [n_input][n] instead of [n][n_input]
   uint blocks;      // backward: row blocks of 8 * FM_GPU_SIMDGROUPS rows
   uint parts;       // backward: threadgroups; part p sums blocks [p blocks / parts, (p + 1) blocks / parts)
   uint total;       // P, the parameter count

@@ -50,7 +50,7 @@ RM_PARAMS = np.dtype([(n, "<u4") for n in ("R", "G", "max_samples", "jitter", "s
 RM_SCAN_PARAMS = np.dtype([("n", "<u4"), ("offset", "<u4")])
 FM_MAX_MATRICES = 9
 FM_ARGS = np.dtype([(n, "<u4") for n in ("n", "n_input", "in_pad", "n_output", "out_pad", "n_matrices", "use_bias",
-                                         "training", "blocks", "parts", "total")] +
+                                         "training", "feature_major", "blocks", "parts", "total")] +
                    [("weight_offset", "<u4", (FM_MAX_MATRICES,)), ("bias_offset", "<u4", (FM_MAX_MATRICES,))])
 
 # MSL element type of a buffer parameter -> the NumPy dtype a launcher binds (structs: the dtypes above).

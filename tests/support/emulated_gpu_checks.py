@@ -746,7 +746,7 @@ def close_to_reference(got, ref, f16, what):
 def check_fused_mlp(seed):
     """FusedMlp and FusedMlpGrad on /GPU:0 (metal_kernels/fused_mlp.metal) against the NumPy float64 reference
     (tf_metal_ops/fused_mlp/reference.py): y, the kept hidden activations, dx, dparams (its padding exactly 0);
-    dparams bitwise equal on a second run; N = 0; bad input raises InvalidArgumentError on the GPU. The last line
+    dparams bitwise equal on a second run; feature-major x bitwise equal to row-major x; N = 0; bad input raises InvalidArgumentError on the GPU. The last line
     ends with a digest of every GPU result (the same under every backend and thread order: fixed-order sums)."""
     import hashlib
 
@@ -792,6 +792,12 @@ def check_fused_mlp(seed):
             again = fused_mlp_run(GPU, kw, x, p, dy)
             for name, a, b in zip(("y", "y (training)", "hidden", "dx", "dparams"), (y, yt, hidden, dx, dp), again):
                 assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), f"{name} differs run to run: {what}"
+            # feature_major: x [n_input, N] read in place gives the row-major call's bits, dx transposed.
+            fm = fused_mlp_run(GPU, {**kw, "feature_major": True}, np.ascontiguousarray(x.T), p, dy)
+            assert fm[3].shape == x.T.shape, f"feature-major dx shape {fm[3].shape}: {what}"
+            for name, a, b in zip(("y", "y (training)", "hidden", "dx^T", "dparams"),
+                                  (y, yt, hidden, np.asarray(dx).T, dp), fm):
+                assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), f"feature-major {name} differs: {what}"
             for v in (y, hidden, dx, dp):
                 digest.update(np.asarray(v).tobytes())
             cases += 1
@@ -806,6 +812,8 @@ def check_fused_mlp(seed):
     y = t.fused_mlp(x, p, training=False, **kw)
     bad = [("params must have shape", lambda: ops().fused_mlp(x, p[:-1], **kw)),
            ("x must have shape", lambda: ops().fused_mlp(np.zeros((3, 65), np.float32), p, **kw)),
+           ("[n_input, N] (feature_major)", lambda: ops().fused_mlp(np.zeros((65, 3), np.float32), p, feature_major=True,
+                                                                      **kw)),
            ("hidden must have shape", lambda: ops().fused_mlp_grad(dy, x, p, y, hidden[:, :-1], **kw)),
            ("dy must have shape", lambda: ops().fused_mlp_grad(dy[:-1], x, p, y, hidden, **kw)),
            ("width must be", lambda: ops().fused_mlp(x, p, **{**kw, "width": 48}))]

@@ -46,7 +46,8 @@ class FusedMLP(keras.layers.Layer):
     """A fully fused MLP (tiny-cuda-nn's FullyFusedMLP) with its trainable flat parameter vector ``params``.
 
     Input ``[..., n_input]`` (n_input from the input's last dim at build time, at most ``width``); output
-    ``[..., n_output]``. ``params`` (layout: :func:`~tf_metal_ops.fused_mlp_layout`) starts as tiny-cuda-nn's
+    ``[..., n_output]``. ``feature_major=True``: the input is ``[n_input, N]`` (rank 2; the hash grid's
+    feature-major encoding, :func:`~tf_metal_ops.fused_mlp`), the output ``[N, n_output]``. ``params`` (layout: :func:`~tf_metal_ops.fused_mlp_layout`) starts as tiny-cuda-nn's
     initialisation: each matrix Xavier-uniform, biases 0. ``implementation``: "op" (the compiled kernels; no XLA
     inside the layer), "pure_tf" (plain TF ops, XLA-compatible) or "auto" (the op when the library loads).
     ``products``: "float32" or "bfloat16" (the CPU kernels' products; :func:`~tf_metal_ops.fused_mlp`).
@@ -60,22 +61,26 @@ class FusedMLP(keras.layers.Layer):
     """
 
     def __init__(self, n_output, width=64, n_hidden_layers=2, activation="relu", output_activation="none",
-                 use_bias=False, implementation="auto", products="float32", **kwargs):
+                 use_bias=False, implementation="auto", products="float32", feature_major=False, **kwargs):
         super().__init__(**kwargs)
         if keras.backend.backend() != "tensorflow":
             raise RuntimeError(f"FusedMLP needs the TensorFlow Keras backend, not {keras.backend.backend()}")
         self._options = check_config("FusedMLP", width, n_hidden_layers, n_output, activation, output_activation,
-                                     use_bias, products)
+                                     use_bias, products, feature_major)
         self.implementation = implementation
         self.resolved_implementation, self._mlp = resolve_implementation(implementation)
         self.supports_jit = self.resolved_implementation == "pure_tf"  # keras' jit_compile="auto" reads this
         self.param_layout = None
 
     def build(self, input_shape):
-        n_input = input_shape[-1]
+        fm = self._options["feature_major"]
+        if fm and len(input_shape) != 2:
+            raise ValueError(f"FusedMLP: with feature_major the input must be [n_input, N], got shape {input_shape}")
+        what = "the input's first dim (n_input)" if fm else "the input's last dim (n_input)"
+        n_input = input_shape[0] if fm else input_shape[-1]
         if n_input is None:
-            raise ValueError(f"FusedMLP: the input's last dim (n_input) must be known, got shape {input_shape}")
-        check_int("FusedMLP", "the input's last dim (n_input)", n_input, 1, self._options["width"])
+            raise ValueError(f"FusedMLP: {what} must be known, got shape {input_shape}")
+        check_int("FusedMLP", what, n_input, 1, self._options["width"])
         o = self._options
         self.param_layout = fused_mlp_layout(int(n_input), o["n_output"], width=o["width"],
                                        n_hidden_layers=o["n_hidden_layers"], use_bias=o["use_bias"])
@@ -94,6 +99,8 @@ class FusedMLP(keras.layers.Layer):
     def call(self, inputs):
         o = self._options
         x = tf.convert_to_tensor(inputs)
+        if o["feature_major"] and x.shape.rank != 2:
+            raise ValueError(f"FusedMLP: with feature_major the input must be [n_input, N], got shape {x.shape}")
         flat = x.shape.rank != 2  # [..., n_input] -> [N, n_input] -> [..., n_output]
         if flat:
             lead = tf.shape(x)[:-1]
@@ -103,6 +110,8 @@ class FusedMLP(keras.layers.Layer):
         return tf.reshape(y, tf.concat([lead, [o["n_output"]]], axis=0)) if flat else y
 
     def compute_output_shape(self, input_shape):
+        if self._options["feature_major"]:
+            return (input_shape[1], self._options["n_output"])
         return tuple(input_shape[:-1]) + (self._options["n_output"],)
 
     def get_config(self):

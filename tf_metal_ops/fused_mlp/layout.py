@@ -32,7 +32,8 @@ def check_int(fn, name, value, lo, hi):
     return int(value)
 
 
-def check_config(fn, width, n_hidden_layers, n_output, activation, output_activation, use_bias, products="float32"):
+def check_config(fn, width, n_hidden_layers, n_output, activation, output_activation, use_bias, products="float32",
+                 feature_major=False):
     """The checked attrs as a dict (ValueError naming ``fn`` and the argument otherwise)."""
     if isinstance(width, bool) or width not in WIDTHS:
         raise ValueError(f"{fn}: width must be one of {WIDTHS}, got {width!r}")
@@ -45,8 +46,11 @@ def check_config(fn, width, n_hidden_layers, n_output, activation, output_activa
         raise ValueError(f"{fn}: use_bias must be True or False, got {use_bias!r}")
     if not isinstance(products, str) or products not in PRODUCTS:
         raise ValueError(f"{fn}: products must be one of {PRODUCTS}, got {products!r}")
+    if not isinstance(feature_major, bool):
+        raise ValueError(f"{fn}: feature_major must be True or False, got {feature_major!r}")
     return dict(n_hidden_layers=n_hidden_layers, width=int(width), n_output=n_output, activation=activation,
-                output_activation=output_activation, use_bias=use_bias, products=products)
+                output_activation=output_activation, use_bias=use_bias, products=products,
+                feature_major=feature_major)
 
 
 @dataclasses.dataclass(frozen=True)

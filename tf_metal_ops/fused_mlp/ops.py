@@ -16,7 +16,8 @@ from tf_metal_ops.fused_mlp.layout import check_config, fused_mlp_layout
 __all__ = ["fused_mlp"]
 
 # The attrs FusedMlp shares with FusedMlpGrad (T is inferred from the inputs).
-_CONFIG_ATTRS = ("n_hidden_layers", "width", "n_output", "activation", "output_activation", "use_bias", "products")
+_CONFIG_ATTRS = ("n_hidden_layers", "width", "n_output", "activation", "output_activation", "use_bias", "products",
+                 "feature_major")
 
 
 def _as_tensor(value, hint):
@@ -28,9 +29,11 @@ def _as_tensor(value, hint):
 
 
 def checked_args(fn, x, params, n_hidden_layers, width, n_output, activation, output_activation, use_bias,
-                 products="float32"):
+                 products="float32", feature_major=False):
     """(x, params, config dict) after the static checks of ``fn``'s arguments (ValueError naming ``fn``)."""
-    cfg = check_config(fn, width, n_hidden_layers, n_output, activation, output_activation, use_bias, products)
+    cfg = check_config(fn, width, n_hidden_layers, n_output, activation, output_activation, use_bias, products,
+                       feature_major)
+    layout = "[n_input, N] (feature_major)" if feature_major else "[N, n_input]"
     x = _as_tensor(x, tf.float32)
     if x.dtype not in (tf.float32, tf.float16):
         raise ValueError(f"{fn}: x must be float32 or float16, got {x.dtype.name}")
@@ -38,13 +41,14 @@ def checked_args(fn, x, params, n_hidden_layers, width, n_output, activation, ou
     if params.dtype != x.dtype:
         raise ValueError(f"{fn}: params must have x's dtype {x.dtype.name}, got {params.dtype.name}")
     if x.shape.rank is not None and x.shape.rank != 2:
-        raise ValueError(f"{fn}: x must have rank 2 [N, n_input], got shape {x.shape}")
+        raise ValueError(f"{fn}: x must have rank 2 {layout}, got shape {x.shape}")
     if params.shape.rank is not None and params.shape.rank != 1:
         raise ValueError(f"{fn}: params must be a vector (rank 1), got shape {params.shape}")
-    n_input = x.shape[1] if x.shape.rank == 2 else None
+    n_input = input_count(x, feature_major)
     if n_input is not None:
         if not 1 <= n_input <= cfg["width"]:
-            raise ValueError(f"{fn}: x must have 1 to width ({cfg['width']}) columns, got shape {x.shape}")
+            raise ValueError(f"{fn}: x must have shape {layout} with 1 to width ({cfg['width']}) inputs, got shape "
+                             f"{x.shape}")
         want = fused_mlp_layout(n_input, cfg["n_output"], width=cfg["width"], n_hidden_layers=cfg["n_hidden_layers"],
                                 use_bias=cfg["use_bias"]).n_params
         if params.shape.rank == 1 and params.shape[0] is not None and params.shape[0] != want:
@@ -52,6 +56,16 @@ def checked_args(fn, x, params, n_hidden_layers, width, n_output, activation, ou
                              f"{', '.join(f'{k}={v!r}' for k, v in cfg.items())} (fused_mlp_layout), "
                              f"got shape {params.shape}")
     return x, params, cfg
+
+
+def input_count(x, feature_major):
+    """n_input of ``x`` (its second dimension, or its first with ``feature_major``) when known statically."""
+    return x.shape[0 if feature_major else 1] if x.shape.rank == 2 else None
+
+
+def row_count(x, feature_major):
+    """N of ``x`` (its first dimension, or its second with ``feature_major``) when known statically."""
+    return x.shape[1 if feature_major else 0] if x.shape.rank == 2 else None
 
 
 def _gradient_needed(tensors):
@@ -65,7 +79,7 @@ def _gradient_needed(tensors):
 
 
 def fused_mlp(x, params, *, n_hidden_layers, width, n_output, activation="relu", output_activation="none",
-              use_bias=False, training=None, products="float32", name=None):
+              use_bias=False, training=None, products="float32", feature_major=False, name=None):
     """The fully fused MLP (tiny-cuda-nn's FullyFusedMLP) of the rows of ``x [N, n_input]``:
     ``y = f_out(W_L f(... f(W_1 x + b_1) ...) + b_L)`` with ``n_hidden_layers`` hidden layers of ``width``
     neurons (16, 32, 64 or 128), ``n_output`` outputs (1..width) and ``n_input`` (1..width) inputs.
@@ -81,6 +95,9 @@ def fused_mlp(x, params, *, n_hidden_layers, width, n_output, activation="relu",
     "bfloat16": the CPU kernels round the operands of every product (forward and gradients) to bfloat16 and sum in
     float32, with AVX512-BF16's VDPBF16PS where the CPU has it and the same arithmetic in float32 code elsewhere
     (``tf_metal_ops.diagnostics.cpu_paths("fused_mlp")``; accuracy: docs/fused_mlp.md); the GPU kernels ignore it.
+    ``feature_major``: ``x`` is ``[n_input, N]`` instead (the layout of ``hash_grid_encode(..., feature_major=True)``
+    and of tiny-cuda-nn), read in place; the gradient w.r.t. ``x`` has that layout too; ``y`` is ``[N, n_output]``
+    either way.
     Bad arguments raise ValueError here when visible statically, else InvalidArgumentError from the kernel. CPU and
     GPU (Metal) kernels; on the GPU float16 multiplies float16 operands, the activations rounded to float16 between
     layers, and sums in float32 (docs/fused_mlp.md, "GPU kernels").
@@ -95,16 +112,20 @@ def fused_mlp(x, params, *, n_hidden_layers, width, n_output, activation="relu",
       ...     loss = tf.reduce_sum(y ** 2)
       >>> y.shape, tape.gradient(loss, params).shape
       (TensorShape([8, 3]), TensorShape([2048]))
+      >>> y_fm = tf_metal_ops.fused_mlp(tf.transpose(x), params, n_hidden_layers=2, width=32, n_output=3,
+      ...                               feature_major=True)
+      >>> bool(tf.reduce_all(y_fm == y))
+      True
     """
     fn = "fused_mlp"
     if training is not None and not isinstance(training, bool):
         raise ValueError(f"{fn}: training must be True, False or None, got {training!r}")
     with tf.name_scope(name or fn):
         x, params, cfg = checked_args(fn, x, params, n_hidden_layers, width, n_output, activation,
-                                      output_activation, use_bias, products)
+                                      output_activation, use_bias, products, feature_major)
         keep = _gradient_needed([x, params]) if training is None else training
         y, _ = ops().fused_mlp(x, params, training=keep, **cfg)
-        y.set_shape([x.shape[0] if x.shape.rank == 2 else None, cfg["n_output"]])
+        y.set_shape([row_count(x, feature_major), cfg["n_output"]])
         return y
 
 
@@ -129,4 +150,5 @@ def _fused_mlp_grad(op, dy, unused_dhidden):
     if dy is None:
         dy = tf.zeros_like(y)
     dx, dparams = ops().fused_mlp_grad(dy, x, params, y, hidden, **attrs)
+    dx.set_shape(x.shape)
     return [dx, dparams]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_metal_ops.fused_mlp.layout import LEAKY_SLOPE, fused_mlp_layout
-from tf_metal_ops.fused_mlp.ops import checked_args
+from tf_metal_ops.fused_mlp.ops import checked_args, input_count
 
 @tf.custom_gradient
 def _round_bf16(v):
@@ -28,10 +28,10 @@ _ACTIVATIONS = {
 
 
 def fused_mlp_tf(x, params, *, n_hidden_layers, width, n_output, activation="relu", output_activation="none",
-                 use_bias=False, products="float32", name=None):
-    """:func:`~tf_metal_ops.fused_mlp` in plain TF ops: ``x [N, n_input]`` and the flat ``params`` (float32 or
-    float16, the same dtype) -> ``[N, n_output]``. Gradients come from TF's autodiff. Use it under XLA
-    (``jit_compile=True``) or on devices without the op's kernels.
+                 use_bias=False, products="float32", feature_major=False, name=None):
+    """:func:`~tf_metal_ops.fused_mlp` in plain TF ops: ``x [N, n_input]`` (``[n_input, N]`` with
+    ``feature_major``) and the flat ``params`` (float32 or float16, the same dtype) -> ``[N, n_output]``. Gradients
+    come from TF's autodiff. Use it under XLA (``jit_compile=True``) or on devices without the op's kernels.
 
     Example:
       >>> import numpy as np, tensorflow as tf, tf_metal_ops
@@ -47,11 +47,13 @@ def fused_mlp_tf(x, params, *, n_hidden_layers, width, n_output, activation="rel
     fn = "fused_mlp_tf"
     with tf.name_scope(name or fn):
         x, params, cfg = checked_args(fn, x, params, n_hidden_layers, width, n_output, activation,
-                                      output_activation, use_bias, products)
+                                      output_activation, use_bias, products, feature_major)
         bf16 = cfg["products"] == "bfloat16"
-        n_input = x.shape[1]
+        n_input = input_count(x, feature_major)
         if n_input is None:
-            raise ValueError(f"{fn}: x's column count (n_input) must be known statically, got shape {x.shape}")
+            raise ValueError(f"{fn}: x's input count (n_input) must be known statically, got shape {x.shape}")
+        if feature_major:
+            x = tf.transpose(x)
         lay = fused_mlp_layout(n_input, n_output, width=width, n_hidden_layers=n_hidden_layers, use_bias=use_bias)
         dtype = x.dtype
         p = tf.cast(params, tf.float32)
