@@ -1050,9 +1050,9 @@ def fused_mlp_cases(n=1 << 18, seed=3, tcnn=False) -> list[Case]:
         block = 8 * S
         blocks = (n + block - 1) // block
         parts = max(1, min(blocks, 1024, (1 << 24) // P))
-        args = lambda training, parts_: struct(  # noqa: E731
+        args = lambda training, parts_, fm=0: struct(  # noqa: E731
             FM_ARGS, n=n, n_input=n_in, in_pad=mats[0][2], n_output=n_out, out_pad=mats[-1][1], n_matrices=layers + 1,
-            use_bias=0, training=training, blocks=blocks, parts=parts_, total=P,
+            use_bias=0, training=training, feature_major=fm, blocks=blocks, parts=parts_, total=P,
             weight_offset=[m[0] for m in mats] + [0] * (FM_MAX_MATRICES - len(mats)))
         x = rng.uniform(-1, 1, (n, n_in)).astype(np.float16)
         params = (rng.uniform(-1, 1, P) * np.sqrt(6.0 / width)).astype(np.float16)
@@ -1061,22 +1061,28 @@ def fused_mlp_cases(n=1 << 18, seed=3, tcnn=False) -> list[Case]:
                   "hidden": np.zeros((layers, n, width), np.float32), "hidden_unused": np.zeros(1, np.float32),
                   "dx": np.zeros((n, n_in), np.float16), "dparams": np.zeros(P, np.float16),
                   "partial": np.zeros(parts * P, np.float32), "args_fwd": args(0, 0), "args_train": args(1, 0),
-                  "args_bwd": args(1, parts)}
+                  "args_bwd": args(1, parts),
+                  # feature_major: x and dx [n_in, n] (the hash grid's feature-major encoding as input)
+                  "x_fm": np.ascontiguousarray(x.T), "dx_fm": np.zeros((n_in, n), np.float16),
+                  "args_fwd_fm": args(0, 0, 1), "args_train_fm": args(1, 0, 1), "args_bwd_fm": args(1, parts, 1)}
         constants = {"fm_activation": FM_ACTIVATIONS[act], "fm_output_activation": FM_ACTIVATIONS[out_act]}
         group = (32 * S, 1, 1)
 
-        def forward(args_name, hidden, width=width):
+        def forward(args_name, hidden, width=width, x_name="x"):
             tg = fm_threadgroup_bytes(width, True, 1)
             return Launch("fused_mlp", f"fused_mlp_forward_w{width}_float16",
-                          [("buf", "x"), ("buf", "params"), ("buf", args_name), ("buf", "y"), ("buf", hidden)] +
+                          [("buf", x_name), ("buf", "params"), ("buf", args_name), ("buf", "y"), ("buf", hidden)] +
                           [("u32", b) for b in tg], (blocks * group[0], 1, 1), group,
                           shared=sum(round16(b) for b in tg), constants=constants)
 
-        tg = fm_threadgroup_bytes(width, True, 2)
-        backward = Launch("fused_mlp", f"fused_mlp_backward_w{width}_float16",
-                          [("buf", v) for v in ("dy", "x", "params", "y", "hidden", "args_bwd", "dx", "partial")] +
-                          [("u32", b) for b in tg], (parts * group[0], 1, 1), group,
+        def backward_pass(suffix="", width=width):
+            tg = fm_threadgroup_bytes(width, True, 2)
+            names = ("dy", "x" + suffix, "params", "y", "hidden", "args_bwd" + suffix, "dx" + suffix, "partial")
+            return Launch("fused_mlp", f"fused_mlp_backward_w{width}_float16",
+                          [("buf", v) for v in names] + [("u32", b) for b in tg], (parts * group[0], 1, 1), group,
                           shared=sum(round16(b) for b in tg), constants=constants)
+
+        backward = backward_pass()
         reduce = Launch("fused_mlp", "fused_mlp_reduce_float16", [("buf", "partial"), ("buf", "args_bwd"),
                                                                   ("buf", "dparams")], (P, 1, 1), (256, 1, 1),
                         constants=constants)
@@ -1095,6 +1101,13 @@ def fused_mlp_cases(n=1 << 18, seed=3, tcnn=False) -> list[Case]:
                  lambda ref=ref: {"y": ref()["y"]}, ("copy", moved_fwd)),
             Case(train_name, "fused_mlp", [forward("args_train", "hidden"), backward, reduce], arrays,
                  lambda ref=ref: {"y": ref()["y"], "dparams": ref()["dparams"]}, ("copy", moved_train)),
+            # the same passes on feature-major x, bound by the row-major case
+            Case(f"{fwd_name} (feature-major x)", "fused_mlp",
+                 [forward("args_fwd_fm", "hidden_unused", x_name="x_fm")], arrays,
+                 lambda ref=ref: {"y": ref()["y"]}, ("case", fwd_name)),
+            Case(f"{train_name} (feature-major x)", "fused_mlp",
+                 [forward("args_train_fm", "hidden", x_name="x_fm"), backward_pass("_fm"), reduce], arrays,
+                 lambda ref=ref: {"y": ref()["y"], "dparams": ref()["dparams"]}, ("case", train_name)),
         ]
         out_pad = mats[-1][1]
         dy_pad = np.zeros((n, out_pad), np.float16)
