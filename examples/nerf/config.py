@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-samples", type=int, default=1024, help="occupancy sampler: samples per ray at most")
     p.add_argument("--early-stop", type=float, default=None,
                    help="occupancy sampler: drop the samples behind the point where a ray's transmittance is below "
-                        "this (a density-only pass without gradient first; 0: off; default: 1e-4 with --cull on, "
+                        "this (a density-only pass without gradient first; 0: off; default: 1e-3 with --cull on, "
                         "else 0)")
     p.add_argument("--alpha-threshold", type=float, default=None,
                    help="occupancy sampler: drop the samples whose opacity (1 - exp(-density * step)) is below this "
@@ -178,8 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "that the outermost box holds the data's far distance, at least 5; bounded 1)")
     p.add_argument("--cone-angle", type=float, default=None,
                    help="occupancy sampler: step = clamp(t * cone_angle, --step-size, cell diagonal) (default: "
-                        "unbounded max(1/256, 1/focal): a pixel's angular size, at most Instant-NGP's 1/256 finer; "
-                        "bounded 0: constant steps)")
+                        "unbounded 2/focal, two pixels' angular size, clamped to [1/256, 1/50]; bounded 0: constant "
+                        "steps)")
     p.add_argument("--appearance-dim", type=int, default=None,
                    help="occupancy sampler: per-training-image appearance vector of this size in the colour MLP "
                         "(test views use the mean vector; default 0: none, see the README)")
@@ -270,10 +270,13 @@ def _fill_defaults(args):
 
 # Defaults of an unbounded scene (see the README's "Unbounded scenes" for how they were chosen)
 MIN_CONE_ANGLE = 1.0 / 256  # Instant-NGP's cone angle of unbounded scenes: the finest default
+MAX_CONE_ANGLE = 1.0 / 50  # the coarsest default (64x48 images: 2/focal = 1/25 lost 0.6 dB to 1/50)
+CONE_PIXELS = 2.0  # default cone angle CONE_PIXELS / focal: a step spans this many pixels' footprint
 UNBOUNDED_DISTORTION = 1e-3
 DEFAULT_APPEARANCE_DIM = 0
-# --cull on: nerfacc's early_stop_eps and the alpha_thre of its Instant-NGP examples of unbounded scenes
-CULL_EARLY_STOP, CULL_ALPHA_THRESHOLD = 1e-4, 1e-2
+# --cull on: 10x nerfacc's early_stop_eps (the same test PSNR, bench/nerf_sampler.md) and the alpha_thre of its
+# Instant-NGP examples of unbounded scenes
+CULL_EARLY_STOP, CULL_ALPHA_THRESHOLD = 1e-3, 1e-2
 MARCH_BUDGET_FACTOR = 4  # default --march-budget: marched samples per step, times --sample-budget
 
 

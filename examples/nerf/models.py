@@ -217,7 +217,9 @@ class HashNeRF(keras.Model):
     ``mlp``: "fused" (the default) runs the density and colour MLPs as ``tf_metal_ops.FusedMLP`` layers (the fused
     MLP op, or its pure-TF form with ``implementation="pure_tf"`` or ``xla_inner``), with biases; "keras" as ``keras.layers.Dense``
     stacks of the same shapes (models saved before this option existed load as "keras"). ``hidden`` must then be
-    16, 32, 64 or 128.
+    16, 32, 64 or 128. ``feature_major`` (fused MLPs only): the hash grid encodes into ``[L*F, M]`` (tiny-cuda-nn's
+    layout, the GPU encode's fastest) and the density MLP reads that in place; the output's ``features`` then have
+    that layout. The results are bitwise those of the default layout.
 
     ``appearance_dim`` > 0 (occupancy sampler): a per-training-image appearance vector (``n_appearance`` of them,
     initialised to 0) is appended to the colour MLP's input; ``call(..., appearance_ids=[R] int)`` picks each ray's,
@@ -234,10 +236,12 @@ class HashNeRF(keras.Model):
                  implementation="op", hidden=64, xla_inner=False, jitter=True, sampler="uniform",
                  grid_resolution=64, grid_warmup_steps=64, step_size=None, max_samples=1024, early_stop=0.0,
                  alpha_threshold=0.0, unbounded=False, cascades=1, cone_angle=0.0, contraction_norm="inf",
-                 appearance_dim=0, n_appearance=0, grid=None, mlp="fused", **kwargs):
+                 appearance_dim=0, n_appearance=0, grid=None, mlp="fused", feature_major=False, **kwargs):
         super().__init__(**kwargs)
         if mlp not in self.MLPS:
             raise ValueError(f"mlp must be one of {self.MLPS}, got {mlp!r}")
+        if feature_major and mlp != "fused":
+            raise ValueError("feature_major needs mlp='fused' (Dense layers take [M, L*F])")
         if mlp == "fused" and int(hidden) not in (16, 32, 64, 128):
             raise ValueError(f"mlp='fused' needs hidden in 16, 32, 64, 128, got {hidden}")
         if sampler not in self.SAMPLERS:
@@ -263,6 +267,8 @@ class HashNeRF(keras.Model):
                    bound=float(bound), background=[float(b) for b in background],
                    implementation=implementation, hidden=hidden, xla_inner=bool(xla_inner),
                    jitter=bool(jitter), sampler=sampler, mlp=mlp)
+        if feature_major:
+            cfg["feature_major"] = True
         if sampler == "occupancy":
             cfg.update(grid_resolution=int(grid_resolution), grid_warmup_steps=int(grid_warmup_steps),
                        step_size=float(default_step_size(bound) if step_size is None else step_size),
@@ -291,14 +297,15 @@ class HashNeRF(keras.Model):
         self.encoding = HashGridEncoding(n_levels=n_levels, n_features_per_level=n_features_per_level,
                                          log2_hashmap_size=log2_hashmap_size, base_resolution=base_resolution,
                                          per_level_scale=per_level_scale, implementation=implementation,
-                                         name="hash_grid")
+                                         feature_major=bool(feature_major), name="hash_grid")
         if mlp == "fused":
             from tf_metal_ops.fused_mlp.layer import FusedMLP
 
             # the op, or its pure-TF form where the MLPs run inside XLA-compiled functions (custom ops have no XLA kernel)
             mlp_impl = "pure_tf" if implementation == "pure_tf" or xla_inner else "op"
             fused = dict(width=int(hidden), activation="relu", use_bias=True, implementation=mlp_impl)
-            self.density_mlp = [FusedMLP(16, n_hidden_layers=1, name="density_mlp", **fused)]
+            self.density_mlp = [FusedMLP(16, n_hidden_layers=1, feature_major=bool(feature_major),
+                                         name="density_mlp", **fused)]
             self.color_mlp = [FusedMLP(3, n_hidden_layers=2, output_activation="sigmoid", name="color_mlp", **fused)]
         else:
             self.density_mlp = [keras.layers.Dense(hidden, activation="relu", name="density_0"),
@@ -322,9 +329,10 @@ class HashNeRF(keras.Model):
         return t, edges, x, inside, sh
 
     def _field(self, feat, sh, app=None):
-        """Flat samples: hash features ``[M, L*F]`` and SH of their view direction ``[M, 16]`` → density ``[M]``,
-        colour ``[M, 3]`` (density MLP on the features; colour MLP on its 16 outputs + the SH, + with
-        ``appearance_dim`` the samples' appearance vectors ``app`` [M, dim], default the mean one)."""
+        """Flat samples: hash features ``[M, L*F]`` (``[L*F, M]`` with ``feature_major``) and SH of their view
+        direction ``[M, 16]`` → density ``[M]``, colour ``[M, 3]`` (density MLP on the features; colour MLP on its
+        16 outputs + the SH, + with ``appearance_dim`` the samples' appearance vectors ``app`` [M, dim], default the
+        mean one)."""
         h = feat
         for layer in self.density_mlp:
             h = layer(h)
@@ -480,9 +488,9 @@ class HashNeRF(keras.Model):
         """``jitter_seed``: optional int ``[2]`` tensor, the stateless seed of the sample jitter (see stratified_t).
         ``view_sh``: optional ``sh_encoding_deg4(rays_d)`` ``[R, 16]`` computed beforehand (the training rays'
         directions never change: train.py encodes them once). Besides the render, the output holds the samples'
-        hash-grid coordinates ``positions [M, 3]`` and their encoding ``features [M, L*F]`` (the trainer may
-        compute the table's gradient from these). ``appearance_ids``: int [R], each ray's training image (models
-        with ``appearance_dim``; None: the mean appearance)."""
+        hash-grid coordinates ``positions [M, 3]`` and their encoding ``features [M, L*F]`` (``[L*F, M]`` with
+        ``feature_major``; the trainer may compute the table's gradient from these). ``appearance_ids``: int [R],
+        each ray's training image (models with ``appearance_dim``; None: the mean appearance)."""
         c = self.cfg
         if c["sampler"] == "occupancy":
             return self._call_packed(rays_o, rays_d, training, jitter_seed, view_sh, appearance_ids)

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from nerf import fused_adam, models
 from nerf.collectives import gather_evaluations, gather_rows_and_sum, make_broadcast
-from nerf.config import MIN_CONE_ANGLE, TrainConfig
+from nerf.config import CONE_PIXELS, MAX_CONE_ANGLE, MIN_CONE_ANGLE, TrainConfig
 
 # Occupancy sampler: rays per step stay in [MIN_RAYS, sample_budget // 2], multiples of RAY_GRANULARITY.
 MIN_RAYS, RAY_GRANULARITY = 64, 16
@@ -58,6 +58,10 @@ def model_config(cfg: TrainConfig, dataset) -> dict:
     kw = dict(common, n_levels=cfg.levels, n_features_per_level=cfg.features, log2_hashmap_size=cfg.log2_table,
               base_resolution=cfg.base_res, finest_resolution=cfg.finest_res, bound=bound,
               implementation=cfg.impl, xla_inner=cfg.xla_inner, sampler=cfg.sampler, mlp=cfg.mlp)
+    if cfg.mlp == "fused" and tf.config.list_logical_devices("GPU"):
+        # on a GPU the hash grid encodes feature-major (tiny-cuda-nn's layout, its fastest encode) and the density
+        # MLP reads that in place; on the CPU the point-major encode is the faster (docs/fused_mlp.md)
+        kw["feature_major"] = True
     if cfg.sampler == "occupancy":
         kw.update(grid_resolution=cfg.grid_res, grid_warmup_steps=cfg.grid_warmup, step_size=cfg.step_size,
                   max_samples=cfg.max_samples, early_stop=cfg.early_stop,
@@ -74,9 +78,10 @@ MIN_UNBOUNDED_CASCADES = 5
 
 
 def default_cone_angle(focal: float) -> float:
-    """Cone angle of an unbounded scene: a pixel's angular size 1 / focal (steps no finer than a pixel's footprint
-    at their distance), but at least Instant-NGP's 1/256 (large images)."""
-    return float(max(MIN_CONE_ANGLE, 1.0 / focal))
+    """Cone angle of an unbounded scene: two pixels' angular size, 2 / focal (a step no finer than two pixels'
+    footprint at its distance), clamped to [1/256, 1/50]: never finer than Instant-NGP's 1/256 (large images, where
+    1/256 spans several pixels), never coarser than 1/50 (tiny images, where two pixels are a wide angle)."""
+    return float(min(max(MIN_CONE_ANGLE, CONE_PIXELS / focal), MAX_CONE_ANGLE))
 
 
 def default_cascades(far: float, bound: float) -> int:
@@ -335,10 +340,13 @@ class Trainer:
             if self.gather_table_grad:
                 # one all-gather per step: [positions | feature gradients] per sample (replica order = the global
                 # batch's sample order) with the MLP gradients and the summands in each replica's header
-                rows, summed = gather_rows_and_sum(tf.concat([out["positions"], grads[-1]], axis=1),
+                fm = self.model.encoding.feature_major  # features [L*F, M]: gathered as rows [M, L*F]
+                feat_grad = tf.transpose(grads[-1]) if fm else grads[-1]
+                rows, summed = gather_rows_and_sum(tf.concat([out["positions"], feat_grad], axis=1),
                                                    grads[:n_mlp] + sums)
                 d = int(out["positions"].shape[1])
-                grads = summed[:n_mlp] + [self.model.encoding.table_gradient(rows[:, :d], rows[:, d:])]
+                feat_grad = tf.transpose(rows[:, d:]) if fm else rows[:, d:]
+                grads = summed[:n_mlp] + [self.model.encoding.table_gradient(rows[:, :d], feat_grad)]
             else:
                 summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads + sums)
                 grads = summed[:len(grads)]

@@ -874,32 +874,41 @@ def check_layer_and_savedmodel(seed):
 
 
 def check_nerf_steps(seed):
+    """Four training steps of the NeRF example's hash model on the GPU, the loss falling; then the same steps with
+    ``feature_major`` (the hash grid's [L*F, M] encoding read in place by the density MLP), the same initial
+    weights: the same losses (the table gradient's float atomics sum in any order: rtol 1e-4)."""
     from nerf import models  # examples/nerf (gpu_check_runner puts examples/ on PYTHONPATH)
 
     rng = np.random.default_rng(seed)
-    tf.keras.utils.set_random_seed(seed)
-    with tf.device(CPU):
-        model = models.build_model("hash", n_levels=8, log2_hashmap_size=12, finest_resolution=64, n_samples=16,
-                                   hidden=32)
     rays_o = np.tile(np.array([[0.0, 0.0, 4.0]], np.float32), (256, 1))
     dirs = rng.standard_normal((256, 3)).astype(np.float32) * 0.2
     dirs[:, 2] = -1.0
     dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
     target = rng.random((256, 3), dtype=np.float32)
-    opt = tf.keras.optimizers.Adam(1e-2)
-    losses = []
-    with tf.device(GPU), Dispatches() as ran:
-        for _ in range(4):
-            with tf.GradientTape() as tape:
-                out = model(tf.constant(rays_o), tf.constant(dirs), training=True)
-                loss = tf.reduce_mean((out["color"] - target) ** 2)
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            losses.append(float(loss))
-    ran.require("hash_grid_encode_d3f2_float32", "hash_grid_grad_params_d3f2_float32", "volume_render_forward",
-                "volume_render_backward")
-    assert losses[-1] < losses[0], losses
-    return f"losses {losses[0]:.4f} -> {losses[-1]:.4f}"
+    runs = {}
+    for fm in (False, True):
+        tf.keras.utils.set_random_seed(seed)
+        with tf.device(CPU):
+            model = models.build_model("hash", n_levels=8, log2_hashmap_size=12, finest_resolution=64, n_samples=16,
+                                       hidden=32, feature_major=fm)
+        opt = tf.keras.optimizers.Adam(1e-2)
+        losses = []
+        with tf.device(GPU), Dispatches() as ran:
+            for _ in range(4):
+                with tf.GradientTape() as tape:
+                    out = model(tf.constant(rays_o), tf.constant(dirs), training=True)
+                    loss = tf.reduce_mean((out["color"] - target) ** 2)
+                grads = tape.gradient(loss, model.trainable_variables)
+                opt.apply_gradients(zip(grads, model.trainable_variables))
+                losses.append(float(loss))
+        ran.require("hash_grid_encode_fm_d3f2_float32" if fm else "hash_grid_encode_d3f2_float32",
+                    "hash_grid_grad_params_d3f2_float32", "fused_mlp_forward_w32_float32",
+                    "fused_mlp_backward_w32_float32", "volume_render_forward", "volume_render_backward")
+        assert out["features"].shape[0] == (16 if fm else 256 * 16), out["features"].shape
+        assert losses[-1] < losses[0], losses
+        runs[fm] = losses
+    np.testing.assert_allclose(runs[True], runs[False], rtol=1e-4, err_msg="feature-major NeRF steps")
+    return f"losses {runs[False][0]:.4f} -> {runs[False][-1]:.4f}; feature-major the same"
 
 
 def check_threads(seed):
