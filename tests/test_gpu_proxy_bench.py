@@ -379,3 +379,68 @@ def test_tcnn_build_names_what_the_checkout_lacks(tmp_path):
     tool = bench.load_build_tool()
     with pytest.raises(tool.BuildError, match="grid.h missing"):
         tool.build_tcnn(tmp_path, tmp_path / "out")
+
+
+def _nerf_step_on_the_cpu(a):
+    """One NeRF step of dev/gpu_proxy's nerf_step case computed by the package's CPU ops (float16 table and networks,
+    the glue in NumPy as nerf_glue.cu does it): the outputs the device's sequence must give, by the case's names."""
+    n = a["x"].shape[0]
+    cfg = dict(n_levels=8, n_features_per_level=2, log2_hashmap_size=12, base_resolution=16, per_level_scale=1.3819)
+    x, table, pd, pc = (tf.constant(a[k]) for k in ("x", "table", "params_d", "params_c"))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([table, pd])
+        enc = tf_metal_ops.hash_grid_encode(x, table, feature_major=True, **cfg)
+        h = tf_metal_ops.fused_mlp(enc, pd, n_hidden_layers=1, width=64, n_output=16, feature_major=True)
+    h0 = h.numpy()[:, 0].astype(np.float32)
+    sigma = np.exp(np.clip(h0, -15, 15)).astype(np.float32)
+    c_in = tf.constant(np.concatenate([h.numpy(), a["sh"]], axis=1))
+    with tf.GradientTape(persistent=True) as tape_c:
+        tape_c.watch([c_in, pc])
+        rgb = tf_metal_ops.fused_mlp(c_in, pc, n_hidden_layers=2, width=64, n_output=3, output_activation="sigmoid")
+    colors = tf.constant(rgb.numpy().astype(np.float32))
+    s = tf.constant(sigma)
+    with tf.GradientTape() as tape_r:
+        tape_r.watch([s, colors])
+        color, _, _, weights = tf_metal_ops.volume_render_packed(
+            s, colors, tf.constant(a["ts"]), tf.constant(a["te"]), tf.constant(a["splits"].astype(np.int64)),
+            tf.constant(a["bg"]))
+        loss = tf.reduce_sum(color * a["gC"])
+    g_sigma, g_colors = (v.numpy() for v in tape_r.gradient(loss, [s, colors]))
+    dy_c = g_colors.astype(np.float16)
+    dc_in, dparams_c = (v.numpy() for v in tape_c.gradient(rgb, [c_in, pc], output_gradients=tf.constant(dy_c)))
+    dh = dc_in[:, :16].astype(np.float32)
+    dh[:, 0] += g_sigma * np.where(np.abs(h0) < 15, np.exp(h0), 0).astype(np.float32)
+    dh = dh.astype(np.float16)
+    denc, dparams_d = tape.gradient(h, [enc, pd], output_gradients=tf.constant(dh))
+    grad_table = tape.gradient(enc, table, output_gradients=denc)
+    return {"enc": enc.numpy(), "h": h.numpy(), "c_in": c_in.numpy(), "rgb": rgb.numpy(), "sigma": sigma,
+            "colors": colors.numpy(), "color": color.numpy(), "weights": weights.numpy(), "g_sigma": g_sigma,
+            "g_colors": g_colors, "dy_c": dy_c, "dc_in": dc_in, "dh": dh, "denc": denc.numpy(),
+            "dparams_d": dparams_d.numpy(), "dparams_c": dparams_c, "grad_table": grad_table.numpy().reshape(-1)}
+
+
+def test_nerf_step_check_passes_the_cpu_ops_and_names_a_wrong_stage(monkeypatch):
+    """The NeRF-step sequence is checked stage by stage on the device's own intermediate outputs: the package's CPU
+    ops' step passes, for ours and (outputs padded to FullyFusedMLP's 16 columns) for tiny-cuda-nn's; a wrong stage
+    fails by name; both sequences launch the same glue and rendering between their own kernels."""
+    monkeypatch.setitem(sys.modules, "cupy", _Exp2Cupy())
+    kw = dict(n=4096, R=64, n_levels=8, log2_T=12)
+    ours, theirs = sorted(cases.nerf_step_cases(tcnn=True, **kw), key=lambda c: "tiny-cuda-nn" in c.name)
+    assert ours.name.endswith("(ours)") and ours.bound == ("case", theirs.name)
+    a = ours.arrays
+    out = _nerf_step_on_the_cpu(a)
+    assert ours.check(out) == []
+    pad = lambda v: np.pad(v, ((0, 0), (0, 13)))  # noqa: E731
+    out_t = {k + "_t": pad(v) if k in ("rgb", "dy_c") else v for k, v in out.items()}
+    assert theirs.check(out_t) == []
+    for stage, name, change in (("colour network dparams", "dparams_c", lambda v: v[::-1].copy()),
+                                ("glue: density gradient", "dh", lambda v: v + np.float16(0.01)),
+                                ("rendering: g_sigma", "g_sigma", lambda v: v[::-1].copy()),
+                                ("table gradient", "grad_table", lambda v: v * np.float16(1.1))):
+        bad = dict(out, **{name: change(out[name])})
+        assert any(f.startswith(stage) for f in ours.check(bad)), stage
+    glue = lambda c: [(l.module, l.kernel) for l in c.launches if l.module in ("nerf_glue", "render_packed")]  # noqa: E731
+    assert glue(ours) == glue(theirs) and len(glue(ours)) == 10
+    assert [l.kernel for l in ours.launches if l.module == "fused_mlp"] == [
+        "fused_mlp_forward_w64_float16"] * 2 + ["fused_mlp_backward_w64_float16", "fused_mlp_reduce_float16"] * 2
+    assert a["args_d_train"]["feature_major"][0] == 1 and a["args_c_train"]["feature_major"][0] == 0

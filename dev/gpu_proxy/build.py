@@ -9,6 +9,7 @@ writes, for each .metal file NAME:
   DIR/NAME.ptx            MSL 3.0 (native float atomics);
   DIR/msl2.4/NAME.ptx     MSL 2.4 (no atomic_float: the kernels' compare-and-swap loops), when 2.4 is built;
   DIR/baselines.ptx       dev/gpu_proxy/baselines.cu: the bare CUDA gather/scatter limits of the hash grid;
+  DIR/nerf_glue.ptx       dev/gpu_proxy/nerf_glue.cu: the elementwise steps between a NeRF step's kernels;
   DIR/manifest.json       every kernel's entry point (parameters in launch order, see below), file, line, barrier use;
   DIR/glue/, DIR/stage/   the generated CUDA sources and the staged .metal copies (for reading compiler errors);
 and prints a register/stack report per kernel from ptxas (found as $TFMO_PTXAS, in the pip package
@@ -61,6 +62,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PROXY_INCLUDE = ROOT / "dev" / "gpu_proxy" / "include"
 BASELINES = ROOT / "dev" / "gpu_proxy" / "baselines.cu"
+NERF_GLUE = ROOT / "dev" / "gpu_proxy" / "nerf_glue.cu"
 ARCH = "sm_90"
 MSL_VERSIONS = {"3.0": 300, "2.4": 240}
 CUDA_FLAGS = ["-x", "cuda", "--cuda-device-only", f"--cuda-gpu-arch={ARCH}", "-nocudainc", "-nocudalib",
@@ -303,7 +305,9 @@ def build(out: Path, files: list[Path] | None = None, msl_versions=("3.0", "2.4"
                               f"{f.name} (MSL {v})"))
     if baselines:
         jobs_list.append((BASELINES, out / "baselines.ptx", [PROXY_INCLUDE], [], BASELINES.name))
+        jobs_list.append((NERF_GLUE, out / "nerf_glue.ptx", [PROXY_INCLUDE], [], NERF_GLUE.name))
         manifest["baselines"] = "baselines.ptx"
+        manifest["nerf_glue"] = "nerf_glue.ptx"
     t0 = time.monotonic()
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         secs = list(pool.map(lambda j: compile_ptx(*j), jobs_list))
@@ -322,8 +326,9 @@ def print_register_report(out: Path, manifest: dict, log=print) -> None:
     log(f"gpu_proxy: register/stack report ({ptxas}, -arch={ARCH}; not asserted)")
     log(f"  {'kernel':<36} {'MSL':>4} {'regs':>5} {'stack B':>8} {'spill st/ld B':>14}")
     modules = [(v, out / rel) for info in manifest["files"].values() for v, rel in info["ptx"].items()]
-    if manifest.get("baselines"):
-        modules.append(("-", out / manifest["baselines"]))
+    for bare in ("baselines", "nerf_glue"):
+        if manifest.get(bare):
+            modules.append(("-", out / manifest[bare]))
     for v, ptx in modules:
         for name, r in register_report(ptxas, ptx).items():
             log(f"  {name:<36} {v:>4} {r['registers']:>5} {r['stack']:>8} {r['spill_stores']:>7}/{r['spill_loads']:<6}")
@@ -348,14 +353,16 @@ def build_tcnn(src: Path, out: Path, nvcc: str = "nvcc") -> Path:
     objects.mkdir(parents=True, exist_ok=True)
     inputs = [src / s for s in TCNN_SOURCES] + [ROOT / "dev" / "gpu_proxy" / w for w in TCNN_WRAPPERS]
     stamp = hashlib.sha256(json.dumps([nvcc] + flags).encode()).hexdigest()[:16]
-    built = []
-    for source in inputs:
+    def compile_one(source: Path) -> str:  # the sources at once: fully_fused_mlp.cu alone takes minutes
         obj = objects / f"{source.stem}.{stamp}.o"
         if not obj.is_file() or obj.stat().st_mtime < source.stat().st_mtime:
             r = subprocess.run([nvcc, *flags, "-c", str(source), "-o", str(obj)], capture_output=True, text=True)
             if r.returncode:
                 raise BuildError(f"gpu_proxy tcnn: nvcc failed on {source}:\n{r.stdout}{r.stderr}")
-        built.append(str(obj))
+        return str(obj)
+
+    with ThreadPoolExecutor(len(inputs)) as pool:
+        built = list(pool.map(compile_one, inputs))
     lib = out / "libtfmo_tcnn.so"
     r = subprocess.run([nvcc, "-shared", f"-arch={ARCH}", *built, "-o", str(lib)], capture_output=True, text=True)
     if r.returncode:

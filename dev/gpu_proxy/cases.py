@@ -1002,10 +1002,63 @@ def fm_layout(n_input, n_output, width, layers):
     return mats, at
 
 
-def fm_reference(x, params, dy, mats, n_output, act, out_act):
-    """y, dparams and their tolerances in float64 (no biases): forward as csrc/ops/fused_mlp_op.cc, the gradient of
-    sum(dy * y). Tolerances (float16 operands, float sums): 1e-2 |ref| + 4e-3 max |ref| for y; 1e-2 of the sum of the
-    terms' magnitudes plus 4e-3 max |ref| for dparams."""
+@dataclasses.dataclass
+class FmNet:
+    """A float16 FusedMlp network (no biases) at n rows, sized as csrc/gpu/fused_mlp_gpu.cc sizes its launches."""
+    n: int
+    n_input: int
+    width: int
+    layers: int
+    n_output: int
+    act: str
+    out_act: str
+
+    def __post_init__(self):
+        self.mats, self.P = fm_layout(self.n_input, self.n_output, self.width, self.layers)
+        simdgroups = fm_simdgroups(self.width, True)
+        self.blocks = (self.n + 8 * simdgroups - 1) // (8 * simdgroups)
+        self.parts = max(1, min(self.blocks, 1024, (1 << 24) // self.P))
+        self.group = (32 * simdgroups, 1, 1)
+        self.constants = {"fm_activation": FM_ACTIVATIONS[self.act],
+                          "fm_output_activation": FM_ACTIVATIONS[self.out_act]}
+
+    def args(self, training, parts=0, feature_major=0) -> np.ndarray:
+        return struct(FM_ARGS, n=self.n, n_input=self.n_input, in_pad=self.mats[0][2], n_output=self.n_output,
+                      out_pad=self.mats[-1][1], n_matrices=self.layers + 1, use_bias=0, training=training,
+                      feature_major=feature_major, blocks=self.blocks, parts=parts, total=self.P,
+                      weight_offset=[m[0] for m in self.mats] + [0] * (FM_MAX_MATRICES - len(self.mats)))
+
+    def forward(self, x, params, args, y, hidden) -> Launch:
+        tg = fm_threadgroup_bytes(self.width, True, 1)
+        return Launch("fused_mlp", f"fused_mlp_forward_w{self.width}_float16",
+                      [("buf", v) for v in (x, params, args, y, hidden)] + [("u32", b) for b in tg],
+                      (self.blocks * self.group[0], 1, 1), self.group, shared=sum(round16(b) for b in tg),
+                      constants=self.constants)
+
+    def backward(self, dy, x, params, y, hidden, args, dx, partial) -> Launch:
+        tg = fm_threadgroup_bytes(self.width, True, 2)
+        return Launch("fused_mlp", f"fused_mlp_backward_w{self.width}_float16",
+                      [("buf", v) for v in (dy, x, params, y, hidden, args, dx, partial)] + [("u32", b) for b in tg],
+                      (self.parts * self.group[0], 1, 1), self.group, shared=sum(round16(b) for b in tg),
+                      constants=self.constants)
+
+    def reduce(self, partial, args, dparams) -> Launch:
+        return Launch("fused_mlp", "fused_mlp_reduce_float16", [("buf", partial), ("buf", args), ("buf", dparams)],
+                      (self.P, 1, 1), (256, 1, 1), constants=self.constants)
+
+    def tcnn_config(self) -> list:
+        """The trailing arguments of dev/gpu_proxy/tcnn_mlp.cu's functions."""
+        return [("u32", v) for v in (self.n, self.n_input, self.width, self.n_output, self.layers,
+                                     FM_ACTIVATIONS[self.act], FM_ACTIVATIONS[self.out_act])]
+
+    def init_params(self, rng) -> np.ndarray:
+        return (rng.uniform(-1, 1, self.P) * np.sqrt(6.0 / self.width)).astype(np.float16)
+
+
+def fm_reference(x, params, dy, mats, n_output, act, out_act, with_dx=False):
+    """y, dparams (and dx, with_dx) and their tolerances in float64 (no biases): forward as csrc/ops/fused_mlp_op.cc,
+    the gradient of sum(dy * y). Tolerances (float16 operands, float sums): 1e-2 |ref| + 4e-3 max |ref| for y; 1e-2
+    of the sum of the terms' magnitudes plus 4e-3 max |ref| for dparams and dx."""
     f = {"none": lambda z: z, "relu": lambda z: np.maximum(z, 0), "sigmoid": lambda z: 1 / (1 + np.exp(-z))}
     df = {"none": lambda z: np.ones_like(z), "relu": lambda z: (z > 0) * 1.0,
           "sigmoid": lambda z: np.exp(-z) / (1 + np.exp(-z)) ** 2}
@@ -1027,8 +1080,14 @@ def fm_reference(x, params, dy, mats, n_output, act, out_act):
         g = g * df[out_act if m == len(mats) - 1 else act](pre[m])
         dp[o:o + r * c] = (g.T @ ins[m]).reshape(-1)
         mag[o:o + r * c] = (np.abs(g).T @ np.abs(ins[m])).reshape(-1)
-        g = g @ p[o:o + r * c].reshape(r, c)
-    return (y, 1e-2 * np.abs(y) + 4e-3 * np.abs(y).max()), (dp, 1e-2 * mag + 4e-3 * np.abs(dp).max())
+        w = p[o:o + r * c].reshape(r, c)
+        mag_dx = np.abs(g) @ np.abs(w)
+        g = g @ w
+    out = (y, 1e-2 * np.abs(y) + 4e-3 * np.abs(y).max()), (dp, 1e-2 * mag + 4e-3 * np.abs(dp).max())
+    if with_dx:
+        dx = g[:, :x.shape[1]]
+        out += ((dx, 1e-2 * mag_dx[:, :x.shape[1]] + 4e-3 * np.abs(dx).max()),)
+    return out
 
 
 def fused_mlp_cases(n=1 << 18, seed=3, tcnn=False) -> list[Case]:
@@ -1045,47 +1104,30 @@ def fused_mlp_cases(n=1 << 18, seed=3, tcnn=False) -> list[Case]:
     cases = []
     for name, n_in, width, layers, n_out, act, out_act in (("density", 32, 64, 1, 16, "relu", "none"),
                                                           ("colour", 32, 64, 2, 3, "relu", "sigmoid")):
-        mats, P = fm_layout(n_in, n_out, width, layers)
-        S = fm_simdgroups(width, True)
-        block = 8 * S
-        blocks = (n + block - 1) // block
-        parts = max(1, min(blocks, 1024, (1 << 24) // P))
-        args = lambda training, parts_, fm=0: struct(  # noqa: E731
-            FM_ARGS, n=n, n_input=n_in, in_pad=mats[0][2], n_output=n_out, out_pad=mats[-1][1], n_matrices=layers + 1,
-            use_bias=0, training=training, feature_major=fm, blocks=blocks, parts=parts_, total=P,
-            weight_offset=[m[0] for m in mats] + [0] * (FM_MAX_MATRICES - len(mats)))
+        net = FmNet(n, n_in, width, layers, n_out, act, out_act)
+        mats, P, parts = net.mats, net.P, net.parts
         x = rng.uniform(-1, 1, (n, n_in)).astype(np.float16)
-        params = (rng.uniform(-1, 1, P) * np.sqrt(6.0 / width)).astype(np.float16)
+        params = net.init_params(rng)
         dy = rng.standard_normal((n, n_out)).astype(np.float16)
         arrays = {"x": x, "params": params, "dy": dy, "y": np.zeros((n, n_out), np.float16),
                   "hidden": np.zeros((layers, n, width), np.float32), "hidden_unused": np.zeros(1, np.float32),
                   "dx": np.zeros((n, n_in), np.float16), "dparams": np.zeros(P, np.float16),
-                  "partial": np.zeros(parts * P, np.float32), "args_fwd": args(0, 0), "args_train": args(1, 0),
-                  "args_bwd": args(1, parts),
+                  "partial": np.zeros(parts * P, np.float32), "args_fwd": net.args(0), "args_train": net.args(1),
+                  "args_bwd": net.args(1, parts),
                   # feature_major: x and dx [n_in, n] (the hash grid's feature-major encoding as input)
                   "x_fm": np.ascontiguousarray(x.T), "dx_fm": np.zeros((n_in, n), np.float16),
-                  "args_fwd_fm": args(0, 0, 1), "args_train_fm": args(1, 0, 1), "args_bwd_fm": args(1, parts, 1)}
-        constants = {"fm_activation": FM_ACTIVATIONS[act], "fm_output_activation": FM_ACTIVATIONS[out_act]}
-        group = (32 * S, 1, 1)
+                  "args_fwd_fm": net.args(0, 0, 1), "args_train_fm": net.args(1, 0, 1),
+                  "args_bwd_fm": net.args(1, parts, 1)}
 
-        def forward(args_name, hidden, width=width, x_name="x"):
-            tg = fm_threadgroup_bytes(width, True, 1)
-            return Launch("fused_mlp", f"fused_mlp_forward_w{width}_float16",
-                          [("buf", x_name), ("buf", "params"), ("buf", args_name), ("buf", "y"), ("buf", hidden)] +
-                          [("u32", b) for b in tg], (blocks * group[0], 1, 1), group,
-                          shared=sum(round16(b) for b in tg), constants=constants)
+        def forward(args_name, hidden, x_name="x", net=net):
+            return net.forward(x_name, "params", args_name, "y", hidden)
 
-        def backward_pass(suffix="", width=width):
-            tg = fm_threadgroup_bytes(width, True, 2)
-            names = ("dy", "x" + suffix, "params", "y", "hidden", "args_bwd" + suffix, "dx" + suffix, "partial")
-            return Launch("fused_mlp", f"fused_mlp_backward_w{width}_float16",
-                          [("buf", v) for v in names] + [("u32", b) for b in tg], (parts * group[0], 1, 1), group,
-                          shared=sum(round16(b) for b in tg), constants=constants)
+        def backward_pass(suffix="", net=net):
+            return net.backward("dy", "x" + suffix, "params", "y", "hidden", "args_bwd" + suffix, "dx" + suffix,
+                                "partial")
 
         backward = backward_pass()
-        reduce = Launch("fused_mlp", "fused_mlp_reduce_float16", [("buf", "partial"), ("buf", "args_bwd"),
-                                                                  ("buf", "dparams")], (P, 1, 1), (256, 1, 1),
-                        constants=constants)
+        reduce = net.reduce("partial", "args_bwd", "dparams")
         cache = {}
 
         def ref(x=x, params=params, dy=dy, mats=mats, n_out=n_out, act=act, out_act=out_act, cache=cache):
@@ -1115,7 +1157,7 @@ def fused_mlp_cases(n=1 << 18, seed=3, tcnn=False) -> list[Case]:
         arrays.update(dy_pad=dy_pad, y_pad=np.zeros((n, out_pad), np.float16), dx_base=np.zeros((n, n_in), np.float16),
                       dparams_base=np.zeros(P, np.float16))
         spec = (n_in, width, out_pad, layers, FM_ACTIVATIONS[act], FM_ACTIVATIONS[out_act])
-        config = [("u32", v) for v in (n, n_in, width, n_out, layers, FM_ACTIVATIONS[act], FM_ACTIVATIONS[out_act])]
+        config = net.tcnn_config()
         cols = (slice(None), slice(0, n_out))
 
         def twice(name, index=None, ref=ref):
@@ -1148,6 +1190,215 @@ def fused_mlp_cases(n=1 << 18, seed=3, tcnn=False) -> list[Case]:
     return cases
 
 
+# ==== one NeRF training step's kernels in sequence ==================================================================
+def nerf_step_cases(n=1 << 18, R=4096, n_levels=16, log2_T=19, base=16, per_level_scale=1.3819, seed=4,
+                    tcnn=False) -> list[Case]:
+    """One NeRF training step's kernels in sequence at n samples on R rays (instant-ngp's network, float16 table and
+    networks): the hash grid's feature-major encode, the density network (32 -> 64 -> 16) on it, the colour network
+    (32 -> 64 -> 64 -> 3, sigmoid) on concat(its output, the view direction's SH), packed volume rendering, and the
+    backward of all of it down to the table gradient. The elementwise steps between them (trunc_exp, concat, float
+    conversions) are dev/gpu_proxy/nerf_glue.cu in both sequences.
+      - ours: every kernel as the package's host code launches it (hash_grid_gpu.cc: the float32 table gradient,
+        then converted to float16; fused_mlp_gpu.cc: the density network on feature-major x; render_packed_gpu.cc:
+        the row_splits checks before each pass);
+      - with tcnn, bound for ours: tiny-cuda-nn's kernel_grid and FullyFusedMLP (its training forward and backward,
+        the density network on its encoding's SoA layout) with the package's rendering and the same glue.
+    The samples lie in order along each ray (lengths about n / R, at random), inside the unit cube.
+    Checked stage by stage, each stage against float64 on the inputs the device gave it (so an error does not hide
+    behind the next stage): the encode (first 2^16 points), each network's y, dx and dparams (tiny-cuda-nn's at
+    twice the tolerances, as in fused_mlp_cases), the glue, the rendering forward and backward, and the table
+    gradient (tiny-cuda-nn's sums in float16 with half2 atomics: 10 % of the terms' magnitudes, as tcnn_cases)."""
+    rng = np.random.default_rng(seed)
+    D, F = 3, 2
+    levels, rows = hg_level_table(D, n_levels, log2_T, base, per_level_scale)
+    lengths = np.bincount(rng.integers(0, R, n), minlength=R)
+    splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    ray, _ = _seg(splits)
+    step = (np.round(rng.uniform(0.005, 0.02, n) * 4096) / 4096).astype(np.float32)  # exact sums (render_cases)
+    ts = (2.0 + _excl(step.astype(np.float64), splits)).astype(np.float32)
+    te = (ts + step).astype(np.float32)
+    origin = rng.uniform(0.3, 0.7, (R, D))
+    direction = rng.normal(size=(R, D))
+    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+    t_box = (0.5 * (ts + te) - 2.0) * 0.2
+    x = np.clip(origin[ray] + t_box[:, None] * direction[ray], 0, 1).astype(np.float32)
+    table = rng.uniform(-1, 1, (rows, F)).astype(np.float16)
+    density = FmNet(n, n_levels * F, 64, 1, 16, "relu", "none")
+    colour = FmNet(n, 32, 64, 2, 3, "relu", "sigmoid")
+    arrays = {"x": x, "table": table, "levels": levels, "sh": rng.uniform(-1, 1, (n, 16)).astype(np.float16),
+              "params_d": density.init_params(rng), "params_c": colour.init_params(rng),
+              "ts": ts, "te": te, "splits": splits, "bg": rng.random(3, dtype=np.float32),
+              "gC": rng.uniform(-1, 1, (R, 3)).astype(np.float32), "gD": np.zeros(R, np.float32),
+              "gO": np.zeros(R, np.float32), "gW": np.zeros(n, np.float32),
+              "vr": struct(VRP_PARAMS, R=R, N=n, C=3, bg_mode=1, threshold=0.0), "dl": struct(DLP_PARAMS, R=R, N=n),
+              "args_enc": struct(HG_ARGS, n=n, dims=D, n_features=F, n_levels=n_levels, n_active=n_levels,
+                                 interpolation=1, feature_major=1),
+              "args_grad": struct(HG_ARGS, n=n, dims=D, n_features=F, n_levels=n_levels, n_active=n_levels,
+                                  interpolation=1, count=rows * F, n_aggregate=n_levels, feature_major=1),
+              "args_d_train": density.args(1, 0, 1), "args_d_bwd": density.args(1, density.parts, 1),
+              "args_c_train": colour.args(1), "args_c_bwd": colour.args(1, colour.parts)}
+    glue_grid = ((n + 255) // 256, 1, 1)
+
+    def glue(kernel, *args):
+        return Launch("nerf_glue", kernel, [a if isinstance(a, tuple) else ("buf", a) for a in args], glue_grid,
+                      (256, 1, 1), msl=False)
+
+    def outputs(sfx, y_stride, dy_stride):
+        """The per-step arrays of one sequence, suffixed; the colour network's y and dy `*_stride` wide."""
+        z = lambda *shape, t=np.float16: np.zeros(shape, t)  # noqa: E731
+        arrays.update({k + sfx: v for k, v in {
+            "enc": z(n_levels * F, n), "h": z(n, 16), "c_in": z(n, 32), "rgb": z(n, y_stride),
+            "sigma": z(n, t=np.float32), "colors": z(n, 3, t=np.float32), "status": z(1, t=np.int32),
+            "color": z(R, 3, t=np.float32), "depth": z(R, t=np.float32), "opacity": z(R, t=np.float32),
+            "weights": z(n, t=np.float32), "g_sigma": z(n, t=np.float32), "g_colors": z(n, 3, t=np.float32),
+            "g_ts": z(n, t=np.float32), "g_te": z(n, t=np.float32), "g_bg": z(R, 3, t=np.float32),
+            "dy_c": z(n, dy_stride), "dc_in": z(n, 32), "dh": z(n, 16), "denc": z(n_levels * F, n),
+            "dparams_d": z(density.P), "dparams_c": z(colour.P), "grad_table": z(rows * F)}.items()})
+
+    def render(sfx):
+        """The package's packed rendering, forward and backward, each after its row_splits checks."""
+        checks = [Launch("render_packed", "render_packed_check_init", [("buf", "status" + sfx)], (1, 1, 1),
+                         (32, 1, 1)),
+                  Launch("render_packed", "render_packed_check_splits",
+                         [("buf", "splits"), ("buf", "status" + sfx), ("buf", "dl")], (R + 1, 1, 1), (256, 1, 1))]
+        ins = [("buf", v) for v in ("sigma" + sfx, "colors" + sfx, "ts", "te", "splits", "bg")]
+        groups = (VRP_LANES * R, 1, 1)
+        fwd = Launch("render_packed", "volume_render_packed_forward",
+                     ins + [("buf", v + (sfx if v != "vr" else "")) for v in
+                            ("status", "color", "depth", "opacity", "weights", "vr")], groups, (256, 1, 1))
+        bwd = Launch("render_packed", "volume_render_packed_backward",
+                     ins + [("buf", v) for v in ("gC", "gD", "gO", "gW")] +
+                     [("buf", v + (sfx if v != "vr" else "")) for v in
+                      ("status", "g_sigma", "g_colors", "g_ts", "g_te", "g_bg", "vr")], groups, (256, 1, 1))
+        return checks + [fwd], checks + [bwd]
+
+    # ours
+    outputs("", 3, 3)
+    arrays.update(hidden_d=np.zeros((1, n, 64), np.float32), hidden_c=np.zeros((2, n, 64), np.float32),
+                  partial_d=np.zeros(density.parts * density.P, np.float32),
+                  partial_c=np.zeros(colour.parts * colour.P, np.float32), acc=np.zeros(rows * F, np.float32),
+                  args_count=struct(HG_ARGS, count=rows * F))
+    render_fwd, render_bwd = render("")
+    ours = ([Launch("hash_grid", "hash_grid_encode_fm_d3f2_float16",
+                    [("buf", v) for v in ("x", "table", "levels", "args_enc", "enc")], (n, n_levels, 1), (256, 1, 1)),
+             density.forward("enc", "params_d", "args_d_train", "h", "hidden_d"),
+             glue("nerf_glue_forward", "h", "sh", ("u32", n), "sigma", "c_in"),
+             colour.forward("c_in", "params_c", "args_c_train", "rgb", "hidden_c"),
+             glue("nerf_glue_colors", "rgb", ("u32", n), ("u32", 3), "colors")] + render_fwd + render_bwd +
+            [glue("nerf_glue_colors_backward", "g_colors", ("u32", n), ("u32", 3), "dy_c"),
+             colour.backward("dy_c", "c_in", "params_c", "rgb", "hidden_c", "args_c_bwd", "dc_in", "partial_c"),
+             colour.reduce("partial_c", "args_c_bwd", "dparams_c"),
+             glue("nerf_glue_backward", "dc_in", "g_sigma", "h", ("u32", n), "dh"),
+             density.backward("dh", "enc", "params_d", "h", "hidden_d", "args_d_bwd", "denc", "partial_d"),
+             density.reduce("partial_d", "args_d_bwd", "dparams_d"),
+             Launch("hash_grid", "hash_grid_fill_zero", [("buf", "acc"), ("buf", "args_count")], (rows * F, 1, 1),
+                    (256, 1, 1)),
+             Launch("hash_grid", "hash_grid_grad_params_d3f2_float16",
+                    [("buf", v) for v in ("denc", "x", "levels", "args_grad", "acc")], (n, n_levels, 1),
+                    (256, 1, 1)),
+             Launch("hash_grid", "hash_grid_float_to_half", [("buf", "acc"), ("buf", "grad_table"),
+                                                            ("buf", "args_count")], (rows * F, 1, 1), (256, 1, 1))])
+    cache = {}
+
+    def check(out, sfx="", tcnn_side=False):
+        fails = []
+
+        def cmp(stage, got, ref_tol):
+            ok, ratio = within(got, *ref_tol)
+            if not ok:
+                fails.append(f"{stage}: max |error| / tolerance = {ratio:.3g}")
+
+        def exact(stage, got, want):
+            if not np.array_equal(np.asarray(got), np.asarray(want)):
+                fails.append(f"{stage}: not the exact values")
+
+        o = {k: out[k + sfx] for k in ("enc", "h", "c_in", "rgb", "sigma", "colors", "color", "weights", "g_sigma",
+                                       "g_colors", "dy_c", "dc_in", "dh", "denc", "dparams_d", "dparams_c",
+                                       "grad_table")}
+        twice = (lambda rt: (rt[0], 2 * rt[1])) if tcnn_side else (lambda rt: rt)
+        m = min(n, 1 << 16)
+        key = "tcnn_levels" if tcnn_side else "levels"
+        if key not in cache:
+            cache[key] = tcnn_level_scales(levels, float(hg_log2_scale(per_level_scale)), base) if tcnn_side else levels
+        lv = cache[key]
+        zeros = np.zeros((n, n_levels * F), np.float32)
+        enc = hg_reference(x, table, lv, zeros, np.zeros((n, D), np.float32), F, ("out",), m)["out"]
+        cmp("encode", o["enc"][:, :m].T, (enc, 1e-3 * (np.abs(enc) + 1.0)))
+        y, dp, dx = fm_reference(o["enc"].T, arrays["params_d"], o["dh"], density.mats, 16, "relu", "none", True)
+        cmp("density network y", o["h"], twice(y))
+        cmp("density network dparams", o["dparams_d"], twice(dp))
+        cmp("density network dx", o["denc"].T, twice(dx))
+        h0 = o["h"][:, 0].astype(np.float64)
+        sigma = np.exp(np.clip(h0, -15, 15))
+        cmp("glue: sigma", o["sigma"], (sigma, 1e-5 * sigma))
+        exact("glue: colour input", o["c_in"], np.concatenate([o["h"], arrays["sh"]], axis=1))
+        y, dp, dx = fm_reference(o["c_in"], arrays["params_c"], o["dy_c"][:, :3], colour.mats, 3, "relu", "sigmoid",
+                                 True)
+        cmp("colour network y", o["rgb"][:, :3], twice(y))
+        cmp("colour network dparams", o["dparams_c"], twice(dp))
+        cmp("colour network dx", o["dc_in"], twice(dx))
+        exact("glue: colours", o["colors"], o["rgb"][:, :3].astype(np.float32))
+        z = np.zeros(n, np.float32)
+        r = render_reference(o["sigma"], o["colors"], ts, te, splits, arrays["bg"], arrays["gC"], arrays["gD"],
+                             arrays["gO"], arrays["gW"], z, np.zeros(R, np.float32))
+        for name, ref_name in (("color", "color"), ("weights", "weights"), ("g_sigma", "grad_densities"),
+                               ("g_colors", "grad_colors")):
+            cmp(f"rendering: {name}", o[name], (r[ref_name], _tol(r[ref_name])))
+        dy_c = np.zeros_like(o["dy_c"])
+        dy_c[:, :3] = o["g_colors"].astype(np.float16)
+        exact("glue: colour gradient", o["dy_c"], dy_c)
+        dh = o["dc_in"][:, :16].astype(np.float64)
+        dh[:, 0] += o["g_sigma"] * np.where(np.abs(h0) < 15, np.exp(h0), 0.0)
+        cmp("glue: density gradient", o["dh"], (dh, 1e-3 * np.abs(dh) + 1e-6))
+        g = hg_reference(x, table, lv, o["denc"].T, np.zeros((n, D), np.float32), F, ("grad_params",))
+        tol = (0.1 * g["abs_grad_params"] + 1e-3 if tcnn_side else
+               1e-3 * np.abs(g["grad_params"]) + 1e-4 * g["abs_grad_params"] + 1e-6)
+        cmp("table gradient", o["grad_table"], (g["grad_params"], tol))
+        return fails
+
+    per_sample = nbytes(arrays, "x", "sh", "ts", "te", "enc", "h", "c_in", "rgb", "sigma", "colors", "weights",
+                        "g_sigma", "g_colors", "dy_c", "dc_in", "dh", "denc", "hidden_d", "hidden_c")
+    name = f"nerf_step_float16, {n} samples on {R} rays"
+    cases = []
+    if tcnn:
+        sfx = "_t"
+        outputs(sfx, 16, 16)
+        offsets = np.append(levels["offset"], rows).astype(np.uint32)
+        grid_args = [("host", offsets), ("u32", n), ("u32", n_levels), ("u32", base),
+                     ("f32", float(hg_log2_scale(per_level_scale)))]
+
+        def host(fn, *args):
+            return Launch("tcnn", fn, [a if isinstance(a, tuple) else ("buf", a) for a in args], (), (), msl=False)
+
+        render_fwd_t, render_bwd_t = render(sfx)
+        d_cfg, c_cfg = density.tcnn_config(), colour.tcnn_config()
+        theirs = ([host("tfmo_tcnn_grid_forward_f16", "table", "x", "enc_t", *grid_args),
+                   host("tfmo_tcnn_mlp_forward", "params_d", "dparams_d_t", "enc_t", "h_t", *d_cfg, ("u32", 1)),
+                   glue("nerf_glue_forward", "h_t", "sh", ("u32", n), "sigma_t", "c_in_t"),
+                   host("tfmo_tcnn_mlp_forward", "params_c", "dparams_c_t", "c_in_t", "rgb_t", *c_cfg, ("u32", 0)),
+                   glue("nerf_glue_colors", "rgb_t", ("u32", n), ("u32", 16), "colors_t")] +
+                  render_fwd_t + render_bwd_t +
+                  [glue("nerf_glue_colors_backward", "g_colors_t", ("u32", n), ("u32", 16), "dy_c_t"),
+                   host("tfmo_tcnn_mlp_backward", "params_c", "dparams_c_t", "c_in_t", "rgb_t", "dy_c_t", "dc_in_t",
+                        *c_cfg, ("u32", 0)),
+                   glue("nerf_glue_backward", "dc_in_t", "g_sigma_t", "h_t", ("u32", n), "dh_t"),
+                   host("tfmo_tcnn_mlp_backward", "params_d", "dparams_d_t", "enc_t", "h_t", "dh_t", "denc_t",
+                        *d_cfg, ("u32", 1)),
+                   Launch("hash_grid", "hash_grid_fill_zero", [("buf", "grad_table_t"), ("buf", "args_half")],
+                          (rows * F // 2, 1, 1), (256, 1, 1)),
+                   host("tfmo_tcnn_grid_backward_f16", "grad_table_t", "x", "denc_t", *grid_args)])
+        arrays["args_half"] = struct(HG_ARGS, count=rows * F // 2)  # float16 zeros as float32 pairs
+        tcnn_name = f"{name} (tiny-cuda-nn grid and FullyFusedMLP, our rendering)"
+        cases.append(Case(tcnn_name, "nerf_step", theirs, arrays, dict, ("copy", per_sample),
+                          check=lambda out: check(out, "_t", True),
+                          note="tiny-cuda-nn's kernel_grid, its backward and FullyFusedMLP; the glue and rendering ours"))
+    cases.append(Case(f"{name} (ours)", "nerf_step", ours, arrays, dict,
+                      ("case", tcnn_name) if tcnn else ("copy", per_sample), check=check,
+                      note="bound: the same step with tiny-cuda-nn's grid and networks" if tcnn else
+                      "bound: every per-sample array once at copy bandwidth"))
+    return cases
+
+
 def round16(n):
     return (int(n) + 15) // 16 * 16
 
@@ -1156,6 +1407,6 @@ def all_cases(small=False, tcnn=False) -> list[Case]:
     if small:
         return (hash_grid_cases(n=2048, log2_T=12, n_levels=8, tcnn=tcnn) + render_cases(R=64, S=16) +
                 render_cases(R=64, S=16, packed=True) + ray_march_cases(R=512, G=32, max_samples=256) +
-                fused_mlp_cases(n=1000))
+                fused_mlp_cases(n=1000) + nerf_step_cases(n=4096, R=64, n_levels=8, log2_T=12))
     return (hash_grid_cases(tcnn=tcnn) + render_cases() + render_cases(packed=True) + ray_march_cases() +
-            fused_mlp_cases(tcnn=tcnn))
+            fused_mlp_cases(tcnn=tcnn) + nerf_step_cases(tcnn=tcnn))

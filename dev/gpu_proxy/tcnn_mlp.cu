@@ -7,7 +7,8 @@
 // Conventions: half precision (tiny-cuda-nn's network_precision_t with TCNN_HALF_PRECISION=1); no biases. params
 // [n_params] in tiny-cuda-nn's layout, which is fused_mlp's with use_bias=False (docs/fused_mlp.md): matrices
 // row-major [outputs, inputs], the first one's inputs and the last one's outputs padded to 16. x [N, n_input]
-// row-major (a column-major GPUMatrix of n_input rows), n_input a multiple of 16 (tiny-cuda-nn's requirement);
+// row-major (a column-major GPUMatrix of n_input rows), or feature-major [n_input, N] where a function takes
+// `feature_major` (dx then too), n_input a multiple of 16 (tiny-cuda-nn's requirement);
 // y and dy [N, 16 * ceil(n_output / 16)] row-major, the padded output width, as FullyFusedMLP writes and reads
 // them. N a multiple of 256 (BATCH_SIZE_GRANULARITY). Activations by fused_mlp's codes
 // (csrc/shared/fused_mlp_math.h: 0 none, 1 relu, 2 leaky_relu, 3 sigmoid, 4 exponential, 5 softplus).
@@ -72,6 +73,16 @@ tcnn::Network<T>* network(T* params, T* grads, uint32_t n_input, uint32_t width,
   return net.get();
 }
 
+// The layout of x and dx: 0 row-major [N, n_input] (a column-major GPUMatrix), 1 feature-major [n_input, N] (a
+// row-major one: the hash grid's SoA output, as tiny-cuda-nn's NeRF feeds its density network).
+tcnn::MatrixLayout layout_of(uint32_t feature_major) { return feature_major ? tcnn::RM : tcnn::CM; }
+
+// The training forward's context of each configuration, kept from tfmo_tcnn_mlp_forward for tfmo_tcnn_mlp_backward.
+std::map<Key, std::unique_ptr<tcnn::Context>>& contexts() {
+  static std::map<Key, std::unique_ptr<tcnn::Context>> c;
+  return c;
+}
+
 }  // namespace
 
 extern "C" {
@@ -83,6 +94,34 @@ int tfmo_tcnn_mlp_inference(T* params, const T* x, T* y, uint32_t n, uint32_t n_
   const tcnn::GPUMatrixDynamic<T> in(const_cast<T*>(x), n_input, n, tcnn::CM);
   tcnn::GPUMatrixDynamic<T> out(y, net->padded_output_width(), n, tcnn::CM);
   net->inference_mixed_precision(nullptr, in, out, true);
+  return (int)cudaGetLastError();
+}
+
+// The training forward alone (keeping what the backward reads), x in the given layout: y.
+int tfmo_tcnn_mlp_forward(T* params, T* grads, const T* x, T* y, uint32_t n, uint32_t n_input, uint32_t width,
+                          uint32_t n_output, uint32_t n_hidden, uint32_t act, uint32_t out_act,
+                          uint32_t feature_major) {
+  tcnn::Network<T>* net = network(params, grads, n_input, width, n_output, n_hidden, act, out_act);
+  if (!net) return -1;
+  const tcnn::GPUMatrixDynamic<T> in(const_cast<T*>(x), n_input, n, layout_of(feature_major));
+  tcnn::GPUMatrixDynamic<T> out(y, net->padded_output_width(), n, tcnn::CM);
+  contexts()[Key{n_input, width, n_output, n_hidden, act, out_act}] = net->forward(nullptr, in, &out, false, true);
+  return (int)cudaGetLastError();
+}
+
+// The backward of the last tfmo_tcnn_mlp_forward of this configuration (on the same x and y): dx in x's layout and
+// grads (overwritten).
+int tfmo_tcnn_mlp_backward(T* params, T* grads, const T* x, const T* y, const T* dy, T* dx, uint32_t n,
+                           uint32_t n_input, uint32_t width, uint32_t n_output, uint32_t n_hidden, uint32_t act,
+                           uint32_t out_act, uint32_t feature_major) {
+  tcnn::Network<T>* net = network(params, grads, n_input, width, n_output, n_hidden, act, out_act);
+  auto ctx = contexts().find(Key{n_input, width, n_output, n_hidden, act, out_act});
+  if (!net || ctx == contexts().end() || !ctx->second) return -1;
+  const tcnn::GPUMatrixDynamic<T> in(const_cast<T*>(x), n_input, n, layout_of(feature_major));
+  const tcnn::GPUMatrixDynamic<T> out(const_cast<T*>(y), net->padded_output_width(), n, tcnn::CM);
+  const tcnn::GPUMatrixDynamic<T> d_out(const_cast<T*>(dy), net->padded_output_width(), n, tcnn::CM);
+  tcnn::GPUMatrixDynamic<T> d_in(dx, n_input, n, layout_of(feature_major));
+  net->backward(nullptr, *ctx->second, in, out, d_out, &d_in, false, tcnn::GradientMode::Overwrite);
   return (int)cudaGetLastError();
 }
 
