@@ -50,6 +50,7 @@ using tfmo::fused_mlp::cpu::Dense;
 using tfmo::fused_mlp::cpu::DenseBf16;
 using tfmo::fused_mlp::cpu::FlushTiny;
 using tfmo::fused_mlp::cpu::kRowPad;
+using tfmo::fused_mlp::cpu::RoundBf16;
 using tfmo::fused_mlp::cpu::ToBf16;
 
 constexpr int64_t kMaxParts = 64;
@@ -145,11 +146,6 @@ std::vector<float> ParamsAsFloat(const T* p, int64_t count) {
   std::vector<float> out(static_cast<size_t>(count));
   for (int64_t k = 0; k < count; ++k) out[k] = Load(p + k);
   return out;
-}
-
-// v[k] as bfloat16 for k < count.
-void RoundBf16(const float* v, int64_t count, uint16_t* out) {
-  for (int64_t k = 0; k < count; ++k) out[k] = ToBf16(v[k]);
 }
 
 // Matrix m (row-major [rows][cols] at w) as bfloat16 pairs along its rows (the summed index when m multiplies from

@@ -454,6 +454,67 @@ TFMO_ISA(avx512bf16) __attribute__((noinline)) inline void OuterBf16Avx512Bf16(c
 }
 #endif
 
+// ---- bfloat16 rounding of a run of floats: ToBf16 per element, 16 or 8 lanes at a time ----------------------------
+TFMO_FN void RoundBf16Body(const float* v, int64_t count, uint16_t* out) {
+  for (int64_t k = 0; k < count; ++k) out[k] = ToBf16(v[k]);
+}
+__attribute__((noinline)) inline void RoundBf16Default(const float* v, int64_t count, uint16_t* out) {
+  RoundBf16Body(v, count, out);
+}
+#ifdef TFMO_ISA_X86_BUILDS
+// ToBf16's three cases on the bits u of 16 (or 8) floats: zero / denormal -> the sign; NaN -> quiet; else rounded.
+TFMO_ISA(avx512) __attribute__((noinline)) inline void RoundBf16Avx512(const float* v, int64_t count, uint16_t* out) {
+  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000), abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i half_ulp = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+  const __m512i sign16 = _mm512_set1_epi32(0x8000), quiet = _mm512_set1_epi32(0x40);
+  const __mmask16 kAll = 0xffff;  // the zero-masking forms: GCC's unmasked ones read an undefined vector
+  int64_t k = 0;
+  for (; k + 16 <= count; k += 16) {
+    const __m512i u = _mm512_loadu_si512(v + k), hi = _mm512_maskz_srli_epi32(kAll, u, 16);
+    const __m512i rounded = _mm512_maskz_srli_epi32(
+        kAll, _mm512_add_epi32(u, _mm512_add_epi32(half_ulp, _mm512_and_si512(hi, one))), 16);
+    const __mmask16 tiny = _mm512_testn_epi32_mask(u, exp_mask);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), exp_mask);
+    __m512i r = _mm512_mask_mov_epi32(rounded, tiny, _mm512_and_si512(hi, sign16));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, quiet));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), _mm512_maskz_cvtepi32_epi16(kAll, r));
+  }
+  RoundBf16Body(v + k, count - k, out + k);
+}
+// (u & abs) > exp_mask as a signed compare: both sides are below 2^31.
+TFMO_FN TFMO_ISA(avx2) __m256i RoundBf16x8(const float* p) {
+  const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
+  const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), hi = _mm256_srli_epi32(u, 16);
+  const __m256i rounded = _mm256_srli_epi32(
+      _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)))),
+      16);
+  const __m256i tiny = _mm256_cmpeq_epi32(_mm256_and_si256(u, exp_mask), _mm256_setzero_si256());
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), exp_mask);
+  const __m256i r = _mm256_blendv_epi8(rounded, _mm256_and_si256(hi, _mm256_set1_epi32(0x8000)), tiny);
+  return _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+}
+TFMO_ISA(avx2) __attribute__((noinline)) inline void RoundBf16Avx2(const float* v, int64_t count, uint16_t* out) {
+  int64_t k = 0;
+  for (; k + 16 <= count; k += 16) {
+    // packus keeps 0..0xffff exactly; it interleaves the 128-bit halves, which the permute puts back in order.
+    const __m256i packed = _mm256_packus_epi32(RoundBf16x8(v + k), RoundBf16x8(v + k + 8));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), _mm256_permute4x64_epi64(packed, 0xd8));
+  }
+  RoundBf16Body(v + k, count - k, out + k);
+}
+#endif
+
+// out[k] = ToBf16(v[k]) for k < count, by the selected build (the same bits on every build; not a product, so not
+// counted in g_isa_calls).
+inline void RoundBf16(const float* v, int64_t count, uint16_t* out) {
+#ifdef TFMO_ISA_X86_BUILDS
+  const int isa = tfmo::fused_mlp::cpu::IsaSelection().selected;
+  if (isa >= kIsaAvx512) return RoundBf16Avx512(v, count, out);
+  if (isa == kIsaAvx2) return RoundBf16Avx2(v, count, out);
+#endif
+  RoundBf16Default(v, count, out);
+}
+
 // The selected build of each product (the call counted in g_isa_calls).
 inline void Dense(const float* in, int cols, const float* m, int r, const float* bias, float* out, int rows) {
   const int isa = tfmo::CountIsaCall(tfmo::fused_mlp::cpu::IsaSelection(), g_isa_calls);

@@ -1058,7 +1058,11 @@ class FmNet:
 def fm_reference(x, params, dy, mats, n_output, act, out_act, with_dx=False):
     """y, dparams (and dx, with_dx) and their tolerances in float64 (no biases): forward as csrc/ops/fused_mlp_op.cc,
     the gradient of sum(dy * y). Tolerances (float16 operands, float sums): 1e-2 |ref| + 4e-3 max |ref| for y; 1e-2
-    of the sum of the terms' magnitudes plus 4e-3 max |ref| for dparams and dx."""
+    of the sum of the terms' magnitudes plus 4e-3 max |ref| for dparams and dx. dx is not checked (tolerance inf) on
+    the rows where a hidden pre-activation lies within 2e-3 of its terms' magnitudes of 0: the device's activations
+    are rounded to T between layers, so its relu may pass a gradient there that the float64 one stops (or the
+    reverse), which moves that row's dx by a whole term; dparams sums over rows and y is continuous, so they keep
+    their tolerances."""
     f = {"none": lambda z: z, "relu": lambda z: np.maximum(z, 0), "sigmoid": lambda z: 1 / (1 + np.exp(-z))}
     df = {"none": lambda z: np.ones_like(z), "relu": lambda z: (z > 0) * 1.0,
           "sigmoid": lambda z: np.exp(-z) / (1 + np.exp(-z)) ** 2}
@@ -1066,9 +1070,12 @@ def fm_reference(x, params, dy, mats, n_output, act, out_act, with_dx=False):
     h = np.zeros((x.shape[0], mats[0][2]))
     h[:, :x.shape[1]] = x
     ins, pre = [], []
+    unsure = np.zeros(x.shape[0], bool)  # rows with a hidden pre-activation too close to 0 to tell its side
     for m, (o, r, c) in enumerate(mats):
         ins.append(h)
         z = h @ p[o:o + r * c].reshape(r, c).T
+        if m < len(mats) - 1:
+            unsure |= np.any(np.abs(z) <= 2e-3 * (np.abs(h) @ np.abs(p[o:o + r * c].reshape(r, c).T)), axis=1)
         pre.append(z)
         h = f[out_act if m == len(mats) - 1 else act](z)
     y = h[:, :n_output]
@@ -1086,7 +1093,8 @@ def fm_reference(x, params, dy, mats, n_output, act, out_act, with_dx=False):
     out = (y, 1e-2 * np.abs(y) + 4e-3 * np.abs(y).max()), (dp, 1e-2 * mag + 4e-3 * np.abs(dp).max())
     if with_dx:
         dx = g[:, :x.shape[1]]
-        out += ((dx, 1e-2 * mag_dx[:, :x.shape[1]] + 4e-3 * np.abs(dx).max()),)
+        tol = 1e-2 * mag_dx[:, :x.shape[1]] + 4e-3 * np.abs(dx).max()
+        out += ((dx, np.where(unsure[:, None], np.inf, tol)),)
     return out
 
 
