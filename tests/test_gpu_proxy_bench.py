@@ -429,16 +429,18 @@ def test_nerf_step_check_passes_the_cpu_ops_and_names_a_wrong_stage(monkeypatch)
     assert ours.name.endswith("(ours)") and ours.bound == ("case", theirs.name)
     a = ours.arrays
     out = _nerf_step_on_the_cpu(a)
-    assert ours.check(out) == []
+    fails, worst = ours.check(out)
+    assert fails == [] and 0 < worst <= 1
     pad = lambda v: np.pad(v, ((0, 0), (0, 13)))  # noqa: E731
     out_t = {k + "_t": pad(v) if k in ("rgb", "dy_c") else v for k, v in out.items()}
-    assert theirs.check(out_t) == []
+    assert theirs.check(out_t)[0] == []
     for stage, name, change in (("colour network dparams", "dparams_c", lambda v: v[::-1].copy()),
                                 ("glue: density gradient", "dh", lambda v: v + np.float16(0.01)),
                                 ("rendering: g_sigma", "g_sigma", lambda v: v[::-1].copy()),
                                 ("table gradient", "grad_table", lambda v: v * np.float16(1.1))):
         bad = dict(out, **{name: change(out[name])})
-        assert any(f.startswith(stage) for f in ours.check(bad)), stage
+        fails, worst = ours.check(bad)
+        assert any(f.startswith(stage) for f in fails) and worst > 1, stage
     glue = lambda c: [(l.module, l.kernel) for l in c.launches if l.module in ("nerf_glue", "render_packed")]  # noqa: E731
     assert glue(ours) == glue(theirs) and len(glue(ours)) == 10
     assert [l.kernel for l in ours.launches if l.module == "fused_mlp"] == [

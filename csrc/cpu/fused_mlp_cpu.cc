@@ -50,6 +50,7 @@ using tfmo::fused_mlp::cpu::Dense;
 using tfmo::fused_mlp::cpu::DenseBf16;
 using tfmo::fused_mlp::cpu::FlushTiny;
 using tfmo::fused_mlp::cpu::kRowPad;
+using tfmo::fused_mlp::cpu::PairBlockRows;
 using tfmo::fused_mlp::cpu::RoundBf16;
 using tfmo::fused_mlp::cpu::ToBf16;
 
@@ -154,15 +155,6 @@ void PairRows(const float* w, int64_t rows, int64_t cols, uint16_t* out) {
   for (int64_t p = 0; p < rows / 2; ++p)
     for (int64_t c = 0; c < cols; ++c)
       for (int e = 0; e < 2; ++e) out[(p * cols + c) * 2 + e] = ToBf16(w[(2 * p + e) * cols + c]);
-}
-
-// Rows b < n of v (row stride ld, columns c < cols) as bfloat16 pairs of rows: (2p + e, c) at
-// out[(p * cols + c) * 2 + e] for p < (n + 1) / 2, row n (when n is odd) read as zeros.
-void PairBlockRows(const float* v, int64_t ld, int cols, int n, uint16_t* out) {
-  for (int p = 0; p < (n + 1) / 2; ++p)
-    for (int c = 0; c < cols; ++c)
-      for (int e = 0; e < 2; ++e)
-        out[(static_cast<int64_t>(p) * cols + c) * 2 + e] = 2 * p + e < n ? ToBf16(v[(2 * p + e) * ld + c]) : 0;
 }
 
 // ---- forward ------------------------------------------------------------------------------------------------

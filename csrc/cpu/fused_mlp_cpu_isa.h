@@ -463,22 +463,22 @@ __attribute__((noinline)) inline void RoundBf16Default(const float* v, int64_t c
 }
 #ifdef TFMO_ISA_X86_BUILDS
 // ToBf16's three cases on the bits u of 16 (or 8) floats: zero / denormal -> the sign; NaN -> quiet; else rounded.
+TFMO_FN TFMO_ISA(avx512) __m512i RoundBf16x16(const float* p) {
+  const __mmask16 all = 0xffff;  // the zero-masking shifts: GCC's unmasked ones read an undefined vector
+  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000);
+  const __m512i u = _mm512_loadu_si512(p), hi = _mm512_maskz_srli_epi32(all, u, 16);
+  const __m512i rounded = _mm512_maskz_srli_epi32(
+      all, _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)))),
+      16);
+  const __mmask16 tiny = _mm512_testn_epi32_mask(u, exp_mask);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), exp_mask);
+  const __m512i r = _mm512_mask_mov_epi32(rounded, tiny, _mm512_and_si512(hi, _mm512_set1_epi32(0x8000)));
+  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+}
 TFMO_ISA(avx512) __attribute__((noinline)) inline void RoundBf16Avx512(const float* v, int64_t count, uint16_t* out) {
-  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000), abs_mask = _mm512_set1_epi32(0x7fffffff);
-  const __m512i half_ulp = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-  const __m512i sign16 = _mm512_set1_epi32(0x8000), quiet = _mm512_set1_epi32(0x40);
-  const __mmask16 kAll = 0xffff;  // the zero-masking forms: GCC's unmasked ones read an undefined vector
   int64_t k = 0;
-  for (; k + 16 <= count; k += 16) {
-    const __m512i u = _mm512_loadu_si512(v + k), hi = _mm512_maskz_srli_epi32(kAll, u, 16);
-    const __m512i rounded = _mm512_maskz_srli_epi32(
-        kAll, _mm512_add_epi32(u, _mm512_add_epi32(half_ulp, _mm512_and_si512(hi, one))), 16);
-    const __mmask16 tiny = _mm512_testn_epi32_mask(u, exp_mask);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), exp_mask);
-    __m512i r = _mm512_mask_mov_epi32(rounded, tiny, _mm512_and_si512(hi, sign16));
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, quiet));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), _mm512_maskz_cvtepi32_epi16(kAll, r));
-  }
+  for (; k + 16 <= count; k += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), _mm512_maskz_cvtepi32_epi16(0xffff, RoundBf16x16(v + k)));
   RoundBf16Body(v + k, count - k, out + k);
 }
 // (u & abs) > exp_mask as a signed compare: both sides are below 2^31.
@@ -502,10 +502,58 @@ TFMO_ISA(avx2) __attribute__((noinline)) inline void RoundBf16Avx2(const float* 
   }
   RoundBf16Body(v + k, count - k, out + k);
 }
+// Rows b < n of v (row stride ld, columns c < cols) as bfloat16 pairs of rows: (2p + e, c) at
+// out[(p * cols + c) * 2 + e] for p < (n + 1) / 2, row n (when n is odd) read as zeros.
+TFMO_FN void PairBlockRowsBody(const float* v, int64_t ld, int cols, int n, uint16_t* out) {
+  for (int p = 0; p < (n + 1) / 2; ++p)
+    for (int c = 0; c < cols; ++c)
+      for (int e = 0; e < 2; ++e)
+        out[(static_cast<int64_t>(p) * cols + c) * 2 + e] = 2 * p + e < n ? ToBf16(v[(2 * p + e) * ld + c]) : 0;
+}
+__attribute__((noinline)) inline void PairBlockRowsDefault(const float* v, int64_t ld, int cols, int n,
+                                                           uint16_t* out) {
+  PairBlockRowsBody(v, ld, cols, n, out);
+}
+// One pair of rows a, b (b null: zeros), columns [c, cols), as PairBlockRowsBody writes them at o.
+TFMO_FN void PairTail(const float* a, const float* b, int c, int cols, uint16_t* o) {
+  for (; c < cols; ++c) {
+    o[2 * c] = ToBf16(a[c]);
+    o[2 * c + 1] = b ? ToBf16(b[c]) : 0;
+  }
+}
+// A pair's 16 (8) columns in one store: the row 2p element in the low half of each 32-bit lane, 2p + 1 in the high.
+TFMO_ISA(avx512) __attribute__((noinline)) inline void PairBlockRowsAvx512(const float* v, int64_t ld, int cols, int n,
+                                                                          uint16_t* out) {
+  for (int p = 0; p < (n + 1) / 2; ++p) {
+    const float* a = v + static_cast<int64_t>(2 * p) * ld;
+    const float* b = 2 * p + 1 < n ? a + ld : nullptr;
+    uint16_t* o = out + static_cast<int64_t>(p) * cols * 2;
+    int c = 0;
+    for (; c + 16 <= cols; c += 16) {
+      const __m512i high = b ? _mm512_maskz_slli_epi32(0xffff, RoundBf16x16(b + c), 16) : _mm512_setzero_si512();
+      _mm512_storeu_si512(o + 2 * c, _mm512_or_si512(RoundBf16x16(a + c), high));
+    }
+    PairTail(a, b, c, cols, o);
+  }
+}
+TFMO_ISA(avx2) __attribute__((noinline)) inline void PairBlockRowsAvx2(const float* v, int64_t ld, int cols, int n,
+                                                                      uint16_t* out) {
+  for (int p = 0; p < (n + 1) / 2; ++p) {
+    const float* a = v + static_cast<int64_t>(2 * p) * ld;
+    const float* b = 2 * p + 1 < n ? a + ld : nullptr;
+    uint16_t* o = out + static_cast<int64_t>(p) * cols * 2;
+    int c = 0;
+    for (; c + 8 <= cols; c += 8) {
+      const __m256i high = b ? _mm256_slli_epi32(RoundBf16x8(b + c), 16) : _mm256_setzero_si256();
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 2 * c), _mm256_or_si256(RoundBf16x8(a + c), high));
+    }
+    PairTail(a, b, c, cols, o);
+  }
+}
 #endif
 
-// out[k] = ToBf16(v[k]) for k < count, by the selected build (the same bits on every build; not a product, so not
-// counted in g_isa_calls).
+// out[k] = ToBf16(v[k]) for k < count, and PairBlockRows, by the selected build (the same bits on every build; not
+// products, so not counted in g_isa_calls).
 inline void RoundBf16(const float* v, int64_t count, uint16_t* out) {
 #ifdef TFMO_ISA_X86_BUILDS
   const int isa = tfmo::fused_mlp::cpu::IsaSelection().selected;
@@ -513,6 +561,15 @@ inline void RoundBf16(const float* v, int64_t count, uint16_t* out) {
   if (isa == kIsaAvx2) return RoundBf16Avx2(v, count, out);
 #endif
   RoundBf16Default(v, count, out);
+}
+
+inline void PairBlockRows(const float* v, int64_t ld, int cols, int n, uint16_t* out) {
+#ifdef TFMO_ISA_X86_BUILDS
+  const int isa = tfmo::fused_mlp::cpu::IsaSelection().selected;
+  if (isa >= kIsaAvx512) return PairBlockRowsAvx512(v, ld, cols, n, out);
+  if (isa == kIsaAvx2) return PairBlockRowsAvx2(v, ld, cols, n, out);
+#endif
+  PairBlockRowsDefault(v, ld, cols, n, out);
 }
 
 // The selected build of each product (the call counted in g_isa_calls).
