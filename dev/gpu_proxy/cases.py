@@ -93,7 +93,8 @@ class Case:
     bound: tuple  # ("copy", bytes) | ("case", name)
     setup: list[Launch] = dataclasses.field(default_factory=list)
     restore: tuple = ()  # arrays re-uploaded from `arrays` before each repetition (in-place kernels)
-    check: Callable[[dict], list[str]] | None = None  # extra checks on the outputs: list of failures
+    # extra checks on the outputs: a list of failures, or (failures, the largest |error| / tolerance they compared)
+    check: Callable[[dict], list[str] | tuple[list[str], float]] | None = None
     note: str = ""
     # prepare(case, device): creates arrays that depend on an earlier pass on the device (device.launch(Launch),
     # device.download(name) -> ndarray); device None (a dry run): placeholders of the right dtypes.
@@ -1309,10 +1310,11 @@ def nerf_step_cases(n=1 << 18, R=4096, n_levels=16, log2_T=19, base=16, per_leve
     cache = {}
 
     def check(out, sfx="", tcnn_side=False):
-        fails = []
+        fails, worst = [], [0.0]
 
         def cmp(stage, got, ref_tol):
             ok, ratio = within(got, *ref_tol)
+            worst[0] = max(worst[0], ratio)
             if not ok:
                 fails.append(f"{stage}: max |error| / tolerance = {ratio:.3g}")
 
@@ -1362,7 +1364,7 @@ def nerf_step_cases(n=1 << 18, R=4096, n_levels=16, log2_T=19, base=16, per_leve
         tol = (0.1 * g["abs_grad_params"] + 1e-3 if tcnn_side else
                1e-3 * np.abs(g["grad_params"]) + 1e-4 * g["abs_grad_params"] + 1e-6)
         cmp("table gradient", o["grad_table"], (g["grad_params"], tol))
-        return fails
+        return fails, worst[0]
 
     per_sample = nbytes(arrays, "x", "sh", "ts", "te", "enc", "h", "c_in", "rgb", "sigma", "colors", "weights",
                         "g_sigma", "g_colors", "dy_c", "dc_in", "dh", "denc", "hidden_d", "hidden_c")
