@@ -514,40 +514,48 @@ __attribute__((noinline)) inline void PairBlockRowsDefault(const float* v, int64
                                                            uint16_t* out) {
   PairBlockRowsBody(v, ld, cols, n, out);
 }
-// One pair of rows a, b (b null: zeros), columns [c, cols), as PairBlockRowsBody writes them at o.
-TFMO_FN void PairTail(const float* a, const float* b, int c, int cols, uint16_t* o) {
+// Pair p of PairBlockRows: rows a = 2p and b = 2p + 1 (null past n: zeros), written at o.
+struct RowPair {
+  const float* a;
+  const float* b;
+  uint16_t* o;
+};
+TFMO_FN RowPair PairOf(const float* v, int64_t ld, int cols, int n, uint16_t* out, int p) {
+  const float* a = v + static_cast<int64_t>(2 * p) * ld;
+  return {a, 2 * p + 1 < n ? a + ld : nullptr, out + static_cast<int64_t>(p) * cols * 2};
+}
+// Columns [c, cols) of a pair, as PairBlockRowsBody writes them.
+TFMO_FN void PairTail(const RowPair& r, int c, int cols) {
   for (; c < cols; ++c) {
-    o[2 * c] = ToBf16(a[c]);
-    o[2 * c + 1] = b ? ToBf16(b[c]) : 0;
+    r.o[2 * c] = ToBf16(r.a[c]);
+    r.o[2 * c + 1] = r.b ? ToBf16(r.b[c]) : 0;
   }
 }
-// A pair's 16 (8) columns in one store: the row 2p element in the low half of each 32-bit lane, 2p + 1 in the high.
+// A pair's 16 (8) columns from c in one store: row 2p's element in the low half of each 32-bit lane, 2p + 1's high.
+TFMO_FN TFMO_ISA(avx512) void PairColumns16(const RowPair& r, int c) {
+  const __m512i high = r.b ? _mm512_maskz_slli_epi32(0xffff, RoundBf16x16(r.b + c), 16) : _mm512_setzero_si512();
+  _mm512_storeu_si512(r.o + 2 * c, _mm512_or_si512(RoundBf16x16(r.a + c), high));
+}
+TFMO_FN TFMO_ISA(avx2) void PairColumns8(const RowPair& r, int c) {
+  const __m256i high = r.b ? _mm256_slli_epi32(RoundBf16x8(r.b + c), 16) : _mm256_setzero_si256();
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(r.o + 2 * c), _mm256_or_si256(RoundBf16x8(r.a + c), high));
+}
 TFMO_ISA(avx512) __attribute__((noinline)) inline void PairBlockRowsAvx512(const float* v, int64_t ld, int cols, int n,
                                                                           uint16_t* out) {
   for (int p = 0; p < (n + 1) / 2; ++p) {
-    const float* a = v + static_cast<int64_t>(2 * p) * ld;
-    const float* b = 2 * p + 1 < n ? a + ld : nullptr;
-    uint16_t* o = out + static_cast<int64_t>(p) * cols * 2;
+    const RowPair r = PairOf(v, ld, cols, n, out, p);
     int c = 0;
-    for (; c + 16 <= cols; c += 16) {
-      const __m512i high = b ? _mm512_maskz_slli_epi32(0xffff, RoundBf16x16(b + c), 16) : _mm512_setzero_si512();
-      _mm512_storeu_si512(o + 2 * c, _mm512_or_si512(RoundBf16x16(a + c), high));
-    }
-    PairTail(a, b, c, cols, o);
+    for (; c + 16 <= cols; c += 16) PairColumns16(r, c);
+    PairTail(r, c, cols);
   }
 }
 TFMO_ISA(avx2) __attribute__((noinline)) inline void PairBlockRowsAvx2(const float* v, int64_t ld, int cols, int n,
                                                                       uint16_t* out) {
   for (int p = 0; p < (n + 1) / 2; ++p) {
-    const float* a = v + static_cast<int64_t>(2 * p) * ld;
-    const float* b = 2 * p + 1 < n ? a + ld : nullptr;
-    uint16_t* o = out + static_cast<int64_t>(p) * cols * 2;
+    const RowPair r = PairOf(v, ld, cols, n, out, p);
     int c = 0;
-    for (; c + 8 <= cols; c += 8) {
-      const __m256i high = b ? _mm256_slli_epi32(RoundBf16x8(b + c), 16) : _mm256_setzero_si256();
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 2 * c), _mm256_or_si256(RoundBf16x8(a + c), high));
-    }
-    PairTail(a, b, c, cols, o);
+    for (; c + 8 <= cols; c += 8) PairColumns8(r, c);
+    PairTail(r, c, cols);
   }
 }
 #endif
