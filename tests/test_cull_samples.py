@@ -12,33 +12,35 @@ import tf_metal_ops as tfmo
 from support.render_packed_cases import make_packed, random_counts
 
 
-def np_cull(d, ts, te, rs, eps, thr):
-    """Keep mask [N]: transmittance before the sample (all earlier samples of its ray) >= eps and alpha >= thr."""
+def optical_depths(d, ts, te, rs):
+    """(k, cum, tau) for every sample k in ray order, in float64: cum the optical depth of the samples of its ray
+    before it, tau its own."""
     d, ts, te = (np.asarray(x, np.float64) for x in (d, ts, te))
-    keep = np.zeros(len(d), bool)
     for r in range(len(rs) - 1):
         cum = 0.0
         for k in range(int(rs[r]), int(rs[r + 1])):
             tau = d[k] * (te[k] - ts[k])
-            keep[k] = np.exp(-cum) >= eps and -np.expm1(-tau) >= thr
+            yield k, cum, tau
             cum += tau
+
+
+def np_cull(d, ts, te, rs, eps, thr):
+    """Keep mask [N]: transmittance before the sample (all earlier samples of its ray) >= eps and alpha >= thr."""
+    keep = np.zeros(len(d), bool)
+    for k, cum, tau in optical_depths(d, ts, te, rs):
+        keep[k] = np.exp(-cum) >= eps and -np.expm1(-tau) >= thr
     return keep
 
 
 def near_boundary(d, ts, te, rs, eps, thr, tol=1e-5):
     """Samples whose transmittance or alpha lies within ``tol`` (relative) of its threshold: float32 inputs may round
     either way there."""
-    d, ts, te = (np.asarray(x, np.float64) for x in (d, ts, te))
     out = np.zeros(len(d), bool)
-    for r in range(len(rs) - 1):
-        cum = 0.0
-        for k in range(int(rs[r]), int(rs[r + 1])):
-            tau = d[k] * (te[k] - ts[k])
-            if eps > 0:
-                out[k] |= abs(cum + np.log(eps)) <= tol * max(1.0, cum)
-            if thr > 0:
-                out[k] |= abs(-np.expm1(-tau) - thr) <= tol
-            cum += tau
+    for k, cum, tau in optical_depths(d, ts, te, rs):
+        if eps > 0:
+            out[k] |= abs(cum + np.log(eps)) <= tol * max(1.0, cum)
+        if thr > 0:
+            out[k] |= abs(-np.expm1(-tau) - thr) <= tol
     return out
 
 
