@@ -461,6 +461,35 @@ TFMO_FN void RoundBf16Body(const float* v, int64_t count, uint16_t* out) {
 __attribute__((noinline)) inline void RoundBf16Default(const float* v, int64_t count, uint16_t* out) {
   RoundBf16Body(v, count, out);
 }
+// Rows b < n of v (row stride ld, columns c < cols) as bfloat16 pairs of rows: (2p + e, c) at
+// out[(p * cols + c) * 2 + e] for p < (n + 1) / 2, row n (when n is odd) read as zeros.
+TFMO_FN void PairBlockRowsBody(const float* v, int64_t ld, int cols, int n, uint16_t* out) {
+  for (int p = 0; p < (n + 1) / 2; ++p)
+    for (int c = 0; c < cols; ++c)
+      for (int e = 0; e < 2; ++e)
+        out[(static_cast<int64_t>(p) * cols + c) * 2 + e] = 2 * p + e < n ? ToBf16(v[(2 * p + e) * ld + c]) : 0;
+}
+__attribute__((noinline)) inline void PairBlockRowsDefault(const float* v, int64_t ld, int cols, int n,
+                                                           uint16_t* out) {
+  PairBlockRowsBody(v, ld, cols, n, out);
+}
+// Pair p of PairBlockRows: rows a = 2p and b = 2p + 1 (null past n: zeros), written at o.
+struct RowPair {
+  const float* a;
+  const float* b;
+  uint16_t* o;
+};
+TFMO_FN RowPair PairOf(const float* v, int64_t ld, int cols, int n, uint16_t* out, int p) {
+  const float* a = v + static_cast<int64_t>(2 * p) * ld;
+  return {a, 2 * p + 1 < n ? a + ld : nullptr, out + static_cast<int64_t>(p) * cols * 2};
+}
+// Columns [c, cols) of a pair, as PairBlockRowsBody writes them.
+TFMO_FN void PairTail(const RowPair& r, int c, int cols) {
+  for (; c < cols; ++c) {
+    r.o[2 * c] = ToBf16(r.a[c]);
+    r.o[2 * c + 1] = r.b ? ToBf16(r.b[c]) : 0;
+  }
+}
 #ifdef TFMO_ISA_X86_BUILDS
 // ToBf16's three cases on the bits u of 16 (or 8) floats: zero / denormal -> the sign; NaN -> quiet; else rounded.
 TFMO_FN TFMO_ISA(avx512) __m512i RoundBf16x16(const float* p) {
@@ -501,35 +530,6 @@ TFMO_ISA(avx2) __attribute__((noinline)) inline void RoundBf16Avx2(const float* 
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), _mm256_permute4x64_epi64(packed, 0xd8));
   }
   RoundBf16Body(v + k, count - k, out + k);
-}
-// Rows b < n of v (row stride ld, columns c < cols) as bfloat16 pairs of rows: (2p + e, c) at
-// out[(p * cols + c) * 2 + e] for p < (n + 1) / 2, row n (when n is odd) read as zeros.
-TFMO_FN void PairBlockRowsBody(const float* v, int64_t ld, int cols, int n, uint16_t* out) {
-  for (int p = 0; p < (n + 1) / 2; ++p)
-    for (int c = 0; c < cols; ++c)
-      for (int e = 0; e < 2; ++e)
-        out[(static_cast<int64_t>(p) * cols + c) * 2 + e] = 2 * p + e < n ? ToBf16(v[(2 * p + e) * ld + c]) : 0;
-}
-__attribute__((noinline)) inline void PairBlockRowsDefault(const float* v, int64_t ld, int cols, int n,
-                                                           uint16_t* out) {
-  PairBlockRowsBody(v, ld, cols, n, out);
-}
-// Pair p of PairBlockRows: rows a = 2p and b = 2p + 1 (null past n: zeros), written at o.
-struct RowPair {
-  const float* a;
-  const float* b;
-  uint16_t* o;
-};
-TFMO_FN RowPair PairOf(const float* v, int64_t ld, int cols, int n, uint16_t* out, int p) {
-  const float* a = v + static_cast<int64_t>(2 * p) * ld;
-  return {a, 2 * p + 1 < n ? a + ld : nullptr, out + static_cast<int64_t>(p) * cols * 2};
-}
-// Columns [c, cols) of a pair, as PairBlockRowsBody writes them.
-TFMO_FN void PairTail(const RowPair& r, int c, int cols) {
-  for (; c < cols; ++c) {
-    r.o[2 * c] = ToBf16(r.a[c]);
-    r.o[2 * c + 1] = r.b ? ToBf16(r.b[c]) : 0;
-  }
 }
 // A pair's 16 (8) columns from c in one store: row 2p's element in the low half of each 32-bit lane, 2p + 1's high.
 TFMO_FN TFMO_ISA(avx512) void PairColumns16(const RowPair& r, int c) {
