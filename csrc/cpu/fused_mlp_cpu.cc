@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/half.h"
+#include "common/huge_pages.h"
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "common/thread_pool.h"
@@ -229,6 +230,8 @@ void ForwardCompute(void* state, TF_OpKernelContext* ctx) {
     return;
   if (call.n == 0) return;
   float* h = cfg.training ? hidden.data<float>() : nullptr;
+  tfmo::AdviseHugePages(y);
+  tfmo::AdviseHugePages(hidden);
   try {
     if (cfg.dtype == TF_HALF) Forward<uint16_t>(call, y.data<uint16_t>(), h);
     else Forward<float>(call, y.data<float>(), h);
@@ -334,6 +337,7 @@ void GradCompute(void* state, TF_OpKernelContext* ctx) {
       !tfmo::AllocateOutput(ctx, 1, cfg.dtype, {P}, &dparams))
     return;
   const bool half = cfg.dtype == TF_HALF;
+  tfmo::AdviseHugePages(dx);
   try {
     std::vector<float> tmp(half ? static_cast<size_t>(P) : 0);
     float* grad = half ? tmp.data() : dparams.data<float>();

@@ -10,6 +10,7 @@ void EncodeCompute(void* state, TF_OpKernelContext* ctx) {
   const Config& cfg = *call.cfg;
   tfmo::TensorRef out;
   if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, call.encoded_shape(), &out)) return;
+  tfmo::AdviseHugePages(out);
   if (call.n == 0) return;
   try {
     Dispatch<EncodeK>(call, out.raw());

@@ -10,6 +10,7 @@ void GradParamsCompute(void* state, TF_OpKernelContext* ctx) {
   const Config& cfg = *call.cfg;
   tfmo::TensorRef out;
   if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.rows, (int64_t)cfg.n_features}, &out)) return;
+  tfmo::AdviseHugePages(out);
   const int64_t elems = call.rows * cfg.n_features;
   const bool half = cfg.dtype == TF_HALF;
   std::unique_ptr<float[]> tmp(half ? new (std::nothrow) float[elems] : nullptr);

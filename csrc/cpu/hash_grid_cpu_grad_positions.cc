@@ -9,6 +9,7 @@ void GradPositionsCompute(void* state, TF_OpKernelContext* ctx) {
   if (!tfmo::hash_grid::Prepare(ctx, state, true, "hash_grid_encode (gradient w.r.t. positions)", &call)) return;
   tfmo::TensorRef out;
   if (!tfmo::AllocateOutput(ctx, 0, TF_FLOAT, {call.n, (int64_t)call.dims}, &out)) return;
+  tfmo::AdviseHugePages(out);
   if (call.n == 0) return;
   try {
     Dispatch<GradPositionsK>(call, call.grad.raw(), out.data<float>());

@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "common/half.h"
+#include "common/huge_pages.h"
 #include "common/op_names.h"
 #include "common/tfc.h"
 #include "common/thread_pool.h"
