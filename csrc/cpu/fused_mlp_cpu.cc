@@ -112,6 +112,20 @@ void Chain(int act, float* dh, const float* h, int64_t ld, int width, int n, int
   }
 }
 
+// db[o] += g[b][o] for b < n in order (one float32 sum per column, rows in order), o < cols <= kMaxWidth; g is
+// [n][ld]. The sums run in a local copy: in place, the compiler must assume that db may alias g, and the loop over
+// columns stays scalar.
+constexpr int kMaxWidth = 128;
+void AddColumnSums(const float* g, int ld, int n, int cols, float* db) {
+  float s[kMaxWidth];
+  std::copy_n(db, cols, s);
+  for (int b = 0; b < n; ++b) {
+    const float* row = g + static_cast<int64_t>(b) * ld;
+    for (int o = 0; o < cols; ++o) s[o] += row[o];
+  }
+  std::copy_n(s, cols, db);
+}
+
 // Rows [r0, r0 + n) of x (row r's input i at r * row_stride + i * input_stride: Call::row_stride) as float32
 // [rows_pad][in_pad], zero-padded (columns and rows).
 template <typename T>
@@ -295,12 +309,7 @@ void Backward(const Call& call, T* dx, float* grad) {
         } else {
           AccumulateOuter(g, r, prev, ld, cols, n, acc + l.weight_offset[m]);
         }
-        if (l.use_bias) {
-          float* db = acc + l.bias_offset[m];
-          const int real = m == M - 1 ? l.n_output : W;
-          for (int b = 0; b < n; ++b)
-            for (int o = 0; o < real; ++o) db[o] += g[b * r + o];
-        }
+        if (l.use_bias) AddColumnSums(g, r, n, m == M - 1 ? l.n_output : W, acc + l.bias_offset[m]);
         // dh = g W_m: Dense with W_m [r][cols] read as [inputs = r][outputs = cols].
         if (bf16) {
           RoundBf16(g, static_cast<int64_t>(rows_pad) * r, g16);
