@@ -54,23 +54,30 @@ def mlp_case(rows):
     return x, params, dict(n_hidden_layers=2, width=64, n_output=16)
 
 
+# Instant-NGP's NeRF grid: rows x 32 float32 encodings, a 16 MB table gradient.
+TABLE_CFG = dict(n_levels=16, n_features_per_level=2, log2_hashmap_size=17, base_resolution=16, per_level_scale=1.38)
+
+
+def encode_with_gradient(rows):
+    """(encoding of `rows` random points, its table, the table gradient of sum(encoding))."""
+    lay = tf_metal_ops.HashGridConfig(n_input_dims=3, **TABLE_CFG)
+    table = tf.Variable(tf.random.stateless_uniform(lay.params_shape, [0, 2], -1e-2, 1e-2))
+    pos = tf.random.stateless_uniform([rows, 3], [0, 3])
+    with tf.GradientTape() as tape:
+        enc = tf_metal_ops.hash_grid_encode(pos, table, **TABLE_CFG)
+    return pos, table, enc, tape.gradient(enc, table, output_gradients=tf.ones_like(enc))
+
+
 @pytest.mark.skipif(not LINUX_THP, reason="transparent huge pages are a Linux feature (no THP sysfs here)")
 def test_large_outputs_are_advised_huge_pages():
-    rows = 1 << 16  # hidden: 2 x 65536 x 64 float32 = 32 MB, dx 8 MB
+    rows = 1 << 16  # hidden 2 x 65536 x 64 float32 = 32 MB, dx 8 MB; encoding 8 MB, table gradient 16 MB
     x, params, cfg = mlp_case(rows)
     ops = tf_metal_ops._library.ops()
     y, hidden = ops.fused_mlp(x, params, training=True, activation="relu", output_activation="none",
                               use_bias=False, products="float32", feature_major=False, **cfg)
     dx, _ = ops.fused_mlp_grad(tf.ones_like(y), x, params, y, hidden, activation="relu", output_activation="none",
                                use_bias=False, products="float32", feature_major=False, **cfg)
-    table_cfg = dict(n_levels=16, n_features_per_level=2, log2_hashmap_size=17, base_resolution=16,
-                     per_level_scale=1.38)
-    lay = tf_metal_ops.HashGridConfig(n_input_dims=3, **table_cfg)
-    table = tf.Variable(tf.zeros(lay.params_shape))
-    pos = tf.random.stateless_uniform([rows, 3], [0, 3])
-    with tf.GradientTape() as tape:
-        enc = tf_metal_ops.hash_grid_encode(pos, table, **table_cfg)  # 8 MB
-    d_table = tape.gradient(enc, table, output_gradients=tf.ones_like(enc))  # 16 MB
+    _, _, enc, d_table = encode_with_gradient(rows)
     for name, t in (("hidden", hidden), ("dx", dx), ("encoding", enc), ("table gradient", d_table)):
         assert "hg" in vm_flags(interior(t)), f"{name} ({t.shape}) is not advised MADV_HUGEPAGE"
 
@@ -93,15 +100,10 @@ def test_advised_outputs_hold_the_same_values():
     parts = [run(x[i:i + 4096], w[i:i + 4096]) for i in range(0, rows, 4096)]
     np.testing.assert_array_equal(y, np.concatenate([p[0] for p in parts]))
     np.testing.assert_array_equal(dx, np.concatenate([p[1] for p in parts]))
-    table_cfg = dict(n_levels=16, n_features_per_level=2, log2_hashmap_size=17, base_resolution=16,
-                     per_level_scale=1.38)
-    lay = tf_metal_ops.HashGridConfig(n_input_dims=3, **table_cfg)
-    table = tf.Variable(tf.random.stateless_uniform(lay.params_shape, [0, 2], -1e-2, 1e-2))
-    pos = tf.random.stateless_uniform([rows, 3], [0, 3])
-    with tf.GradientTape() as tape:
-        enc = tf_metal_ops.hash_grid_encode(pos, table, **table_cfg)  # 8 MB output; table gradient 16 MB
-    g = tape.gradient(enc, table, output_gradients=tf.ones_like(enc)).numpy()
+    pos, table, enc, d_table = encode_with_gradient(rows)
     np.testing.assert_array_equal(enc.numpy()[:4096], tf_metal_ops.hash_grid_encode(pos[:4096], table,
-                                                                                    **table_cfg).numpy())
-    assert g.shape == tuple(lay.params_shape) and np.isfinite(g).all()
-    np.testing.assert_allclose(g.sum(), float(rows * 16 * 2), rtol=1e-4)  # each point adds weight 1 per level
+                                                                                    **TABLE_CFG).numpy())
+    g = d_table.numpy()
+    assert np.isfinite(g).all()
+    # Each point's interpolation weights sum to 1 on every level, for each of the 2 features.
+    np.testing.assert_allclose(g.sum(), float(rows * 16 * 2), rtol=1e-4)
