@@ -1,8 +1,9 @@
 // Transparent huge pages for large CPU output buffers (Linux).
 //
-// A kernel's large output is usually fresh memory: TensorFlow's CPU allocator hands tensors above glibc's mmap
-// threshold (at most 32 MB) straight to mmap, so every call's first write faults the buffer in 4 KB page by page
-// (16,384 faults for 64 MB; on a 2-core VM about 4 us each, more than the writes themselves). Where the kernel's
+// A kernel's large output is usually fresh memory: TensorFlow's CPU allocator takes it from malloc, and glibc maps
+// blocks above its mmap threshold (adaptive, at most 32 MB) anew with mmap and unmaps them when they are freed, so
+// every call's first write faults the buffer in 4 KB page by page (seen: 16,384 faults per call for a 64 MB output;
+// on a 2-core VM about 4 us each, more than the writes themselves). Where the kernel's
 // transparent-huge-page mode is "madvise" (the default of many distributions), advising the buffer's 2 MB-aligned
 // interior MADV_HUGEPAGE lets those faults come 2 MB at a time. The advice changes no value and is only a hint: it
 // is ignored where THP is off, and its failure is ignored. Elsewhere (macOS) it does nothing.
