@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 LAUNCH_DIR = REPO / "tests" / "msl_emu" / "launch"
 DRIVER = LAUNCH_DIR / "launch_driver.cc"
 # -O1 with ASan+UBSan: a thunk that casts a slot wrongly or indexes past a buffer is reported.
-FLAGS = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer",
-         "-Werror"]
+FLAGS = ["-O1", "-gline-tables-only", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+         "-fno-omit-frame-pointer", "-Werror"]
 
 
 def _compile(clang: str, args: list[str]) -> None:
