@@ -128,7 +128,7 @@ CPU_ISA_FAMILIES = {
     "volume_render": ("tfmo_render_cpu_paths", "TF_METAL_OPS_RENDER_ISA", ("default", "avx2", "avx512")),
     "ray_march": ("tfmo_ray_march_cpu_paths", "TF_METAL_OPS_RAY_MARCH_ISA", ("default", "avx2")),
     "fused_mlp": ("tfmo_fused_mlp_cpu_paths", "TF_METAL_OPS_FUSED_MLP_ISA",
-                  ("default", "avx2", "avx512", "avx512bf16")),
+                  ("default", "avx2", "avx512", "avx512bf16", "amx")),
 }
 VOLUME_RENDER_ISAS = CPU_ISA_FAMILIES["volume_render"][2]
 
@@ -138,14 +138,16 @@ def cpu_paths(family: str | None = None) -> dict:
     ISA): ``{family: paths}`` for the families of ``CPU_ISA_FAMILIES``, or the paths of one ``family``.
 
     A family's loops are compiled for the baseline ISA (``default``) and, on x86-64, for AVX2 (and AVX-512 for the
-    volume render and the fused MLP, whose ``avx512bf16`` build runs its bfloat16 products with AVX512-BF16); one
+    volume render and the fused MLP, whose ``avx512bf16`` build runs its bfloat16 products with AVX512-BF16 and
+    ``amx`` build with AMX-BF16 tiles); one
     build is chosen once per process: the best the CPU supports, or the one named by the family's
     variable (``TF_METAL_OPS_HASH_GRID_ISA``, ``TF_METAL_OPS_RENDER_ISA`` or ``TF_METAL_OPS_VOLUME_RENDER_ISA``,
     ``TF_METAL_OPS_RAY_MARCH_ISA``, ``TF_METAL_OPS_FUSED_MLP_ISA``: a build name or ``auto``; a build the CPU cannot run falls back to the best lower one, with a message on stderr;
     ``TF_METAL_OPS_NO_AVX2`` is an alias of ``TF_METAL_OPS_HASH_GRID_ISA=default``). ``paths`` holds ``built`` and
     ``supported`` (lists of build names), ``selected``, ``requested`` (None when unset or ``auto``, ``"?"`` for an
     unknown name), ``fell_back`` (the request could not be honoured), ``variable`` and ``calls`` (loop calls so far
-    per build: a diagnostic that proves which build produced a result). The builds give bitwise identical results."""
+    per build: a diagnostic that proves which build produced a result). The builds give bitwise identical results,
+    but for the fused MLP's ``amx`` build with ``products="bfloat16"`` (docs/fused_mlp.md)."""
     if family is None:
         return {f: cpu_paths(f) for f in CPU_ISA_FAMILIES if hasattr(_library.native(), CPU_ISA_FAMILIES[f][0])}
     symbol, variable, names = CPU_ISA_FAMILIES[family]

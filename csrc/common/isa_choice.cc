@@ -5,11 +5,33 @@
 #include <cstring>
 #include <string>
 
+#ifdef TFMO_ISA_X86_BUILDS
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace tfmo {
+
+#ifdef TFMO_ISA_X86_BUILDS
+namespace {
+// Linux lends AMX's tile data (XSAVE feature 18) to a process only after arch_prctl(ARCH_REQ_XCOMP_PERM) (Linux >=
+// 5.16); without it the first tile instruction faults. Asked once; the grant covers every thread of the process.
+bool AmxTileDataGranted() {
+  static const bool granted = [] {
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+}
+}  // namespace
+#endif
 
 bool X86BuildRuns(int isa) {
 #ifdef TFMO_ISA_X86_BUILDS
   __builtin_cpu_init();
+  if (isa == kIsaAmx)
+    return X86BuildRuns(kIsaAvx512Bf16) && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+           AmxTileDataGranted();
   if (isa == kIsaAvx512Bf16) return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16");
   return isa == kIsaAvx512 ? __builtin_cpu_supports("x86-64-v4") : __builtin_cpu_supports("x86-64-v3");
 #else
@@ -19,6 +41,9 @@ bool X86BuildRuns(int isa) {
 }
 
 const char* X86BuildLacks(int isa) {
+  if (isa == kIsaAmx)
+    return "this CPU lacks AMX-BF16 with AVX512-BF16 (amx-tile, amx-bf16, avx512bf16), or the OS did not grant "
+           "the tile data (Linux >= 5.16, arch_prctl ARCH_REQ_XCOMP_PERM)";
   if (isa == kIsaAvx512Bf16) return "this CPU lacks AVX-512 with AVX512-BF16 (x86-64-v4 and avx512bf16)";
   return isa == kIsaAvx512 ? "this CPU lacks AVX-512 (x86-64-v4: avx512f/bw/cd/dq/vl)"
                            : "this CPU lacks AVX2 (x86-64-v3: avx2/fma/bmi/bmi2/f16c/movbe)";

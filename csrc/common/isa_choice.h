@@ -4,15 +4,19 @@
 // falls back to the best runnable build below it, with a message on stderr saying why.
 //
 // The builds are the same for every family: default (the baseline ISA), avx2 (x86-64-v3: AVX2, FMA, F16C, BMI1/2,
-// MOVBE), avx512 (x86-64-v4) and avx512bf16 (x86-64-v4 and AVX512-BF16); a family has the first kIsaCount of them. The x86-64 builds are compiled by GCC on
+// MOVBE), avx512 (x86-64-v4), avx512bf16 (x86-64-v4 and AVX512-BF16) and amx (avx512bf16's and AMX-TILE with
+// AMX-BF16, which Linux lends a process only on request: X86BuildRuns asks); a family has the first kIsaCount of them. The x86-64 builds are compiled by GCC on
 // x86-64 (TFMO_ISA_X86_BUILDS); other compilers and targets compile the default build only. A function compiled for
-// a build is marked TFMO_ISA(avx2), TFMO_ISA(avx512) or TFMO_ISA(avx512bf16), the one ISA-variant marker:
+// a build is marked TFMO_ISA(avx2), TFMO_ISA(avx512), TFMO_ISA(avx512bf16) or TFMO_ISA(amx), the one ISA-variant
+// marker:
 //   - a build's entry point is TFMO_ISA(build) __attribute__((noinline)) (GCC inlines a function only into a
 //     caller whose ISA includes the callee's), or the RunIsaBuild below, which compiles an always-inline body
 //     once per build;
 //   - its helpers are TFMO_FN TFMO_ISA(build), so that they inline into the entry point.
 // The library is built with -ffp-contract=off, and every build of a kernel does the same float operations in the
-// same order, so the builds give bitwise identical results (each family's tests run every build and compare).
+// same order, so the builds give bitwise identical results (each family's tests run every build and compare). The
+// one exception is the amx build's bfloat16 products (TDPBF16PS, whose internal rounding Intel does not document:
+// csrc/cpu/fused_mlp_cpu_isa.h).
 //
 // Every op family whose CPU kernels are built for several ISAs has the same two pieces:
 //   csrc/cpu/<family>_cpu_isa.h  its builds (namespace tfmo::<family>::cpu: kIsaCount, IsaSelection(),
@@ -25,7 +29,7 @@
 //   render     TF_METAL_OPS_RENDER_ISA     default, avx2, avx512  (alias: TF_METAL_OPS_VOLUME_RENDER_ISA; the
 //                                                                  render_packed kernels run these builds too)
 //   ray_march  TF_METAL_OPS_RAY_MARCH_ISA  default, avx2
-//   fused_mlp  TF_METAL_OPS_FUSED_MLP_ISA  default, avx2, avx512, avx512bf16
+//   fused_mlp  TF_METAL_OPS_FUSED_MLP_ISA  default, avx2, avx512, avx512bf16, amx
 #pragma once
 
 #include <atomic>
@@ -38,11 +42,12 @@
 #define TFMO_ISA_avx2 __attribute__((target("arch=x86-64-v3")))
 #define TFMO_ISA_avx512 __attribute__((target("arch=x86-64-v4")))
 #define TFMO_ISA_avx512bf16 __attribute__((target("arch=x86-64-v4,avx512bf16")))
+#define TFMO_ISA_amx __attribute__((target("arch=x86-64-v4,avx512bf16,amx-tile,amx-bf16")))
 
 namespace tfmo {
 
-enum IsaBuild : int { kIsaDefault = 0, kIsaAvx2 = 1, kIsaAvx512 = 2, kIsaAvx512Bf16 = 3 };
-inline constexpr const char* kIsaBuildNames[] = {"default", "avx2", "avx512", "avx512bf16"};
+enum IsaBuild : int { kIsaDefault = 0, kIsaAvx2 = 1, kIsaAvx512 = 2, kIsaAvx512Bf16 = 3, kIsaAmx = 4 };
+inline constexpr const char* kIsaBuildNames[] = {"default", "avx2", "avx512", "avx512bf16", "amx"};
 
 // Whether this CPU (and OS) can run build isa >= 1, and why not (messages).
 bool X86BuildRuns(int isa);
@@ -118,10 +123,17 @@ template <class F>
 TFMO_ISA(avx512bf16) __attribute__((noinline)) void RunIsaAvx512Bf16(const F& f) {
   f(std::integral_constant<int, kIsaAvx512Bf16>{});
 }
+template <class F>
+TFMO_ISA(amx) __attribute__((noinline)) void RunIsaAmx(const F& f) {
+  f(std::integral_constant<int, kIsaAmx>{});
+}
 #endif
 template <int kCount, class F>
 void RunIsaBuild(int isa, const F& f) {
 #ifdef TFMO_ISA_X86_BUILDS
+  if constexpr (kCount > kIsaAmx) {
+    if (isa == kIsaAmx) return RunIsaAmx(f);
+  }
   if constexpr (kCount > kIsaAvx512Bf16) {
     if (isa == kIsaAvx512Bf16) return RunIsaAvx512Bf16(f);
   }

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -112,6 +113,30 @@ void Chain(int act, float* dh, const float* h, int64_t ld, int width, int n, int
   }
 }
 
+// g[b][o] = dy[b][o] * f_out'(y[b][o]) for b < n, o < n_out (dy and y rows of n_out values), g [rows_pad][out_pad]
+// zero outside the real rows and outputs.
+template <int kAct, typename T>
+void OutputGradLoop(const T* dy, const T* y, int n_out, int out_pad, int n, int rows_pad, float* g) {
+  for (int b = 0; b < n; ++b) {
+    float* row = g + static_cast<int64_t>(b) * out_pad;
+    const int64_t k = static_cast<int64_t>(b) * n_out;
+    for (int o = 0; o < n_out; ++o) row[o] = Load(dy + k + o) * fm_activation_derivative(kAct, Load(y + k + o));
+    std::fill(row + n_out, row + out_pad, 0.0f);
+  }
+  std::fill(g + static_cast<int64_t>(n) * out_pad, g + static_cast<int64_t>(rows_pad) * out_pad, 0.0f);
+}
+template <typename T>
+void OutputGrad(int act, const T* dy, const T* y, int n_out, int out_pad, int n, int rows_pad, float* g) {
+  switch (act) {
+    case FM_ACT_RELU: return OutputGradLoop<FM_ACT_RELU>(dy, y, n_out, out_pad, n, rows_pad, g);
+    case FM_ACT_LEAKY_RELU: return OutputGradLoop<FM_ACT_LEAKY_RELU>(dy, y, n_out, out_pad, n, rows_pad, g);
+    case FM_ACT_SIGMOID: return OutputGradLoop<FM_ACT_SIGMOID>(dy, y, n_out, out_pad, n, rows_pad, g);
+    case FM_ACT_EXPONENTIAL: return OutputGradLoop<FM_ACT_EXPONENTIAL>(dy, y, n_out, out_pad, n, rows_pad, g);
+    case FM_ACT_SOFTPLUS: return OutputGradLoop<FM_ACT_SOFTPLUS>(dy, y, n_out, out_pad, n, rows_pad, g);
+    default: return OutputGradLoop<FM_ACT_NONE>(dy, y, n_out, out_pad, n, rows_pad, g);
+  }
+}
+
 // db[o] += g[b][o] for b < n in order (one float32 sum per column, rows in order), o < cols <= kMaxWidth; g is
 // [n][ld]. The sums run in a local copy: in place, the compiler must assume that db may alias g, and the loop over
 // columns stays scalar.
@@ -132,14 +157,30 @@ template <typename T>
 void LoadRows(const T* x, const Call& call, int64_t r0, int n, int rows_pad, float* out) {
   const Layout& l = call.layout;
   const int64_t rs = call.row_stride(), is = call.input_stride();
-  std::fill(out, out + static_cast<int64_t>(rows_pad) * l.in_pad, 0.0f);
   if (is == 1) {
-    for (int b = 0; b < n; ++b)
-      for (int i = 0; i < l.n_input; ++i) out[b * l.in_pad + i] = Load(x + (r0 + b) * rs + i);
+    for (int b = 0; b < n; ++b) {
+      float* o = out + static_cast<int64_t>(b) * l.in_pad;
+      const T* src = x + (r0 + b) * rs;
+      for (int i = 0; i < l.n_input; ++i) o[i] = Load(src + i);
+      std::fill(o + l.n_input, o + l.in_pad, 0.0f);
+    }
   } else {  // feature-major: each input's n values are consecutive
+    std::fill(out, out + static_cast<int64_t>(n) * l.in_pad, 0.0f);
     for (int i = 0; i < l.n_input; ++i)
       for (int b = 0; b < n; ++b) out[b * l.in_pad + i] = Load(x + i * is + r0 + b);
   }
+  std::fill(out + static_cast<int64_t>(n) * l.in_pad, out + static_cast<int64_t>(rows_pad) * l.in_pad, 0.0f);
+}
+
+// Rows [r0, r0 + rows) of x read in place as the float32 [rows][in_pad] block LoadRows would make, or null where
+// they are not laid out so (float16, feature-major, or an input width that is not a multiple of 16).
+template <typename T>
+const float* RowsInPlace(const T* x, const Call& call, int64_t r0) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (call.input_stride() == 1 && call.layout.n_input == call.layout.in_pad) return x + r0 * call.layout.in_pad;
+  }
+  (void)x, (void)call, (void)r0;
+  return nullptr;
 }
 
 // dx's rows [r0, r0 + n) from dh [rows][in_pad] (dx strided like x).
@@ -212,23 +253,29 @@ void Forward(const Call& call, T* y, float* hidden) {
     float* c = a + buf;
     uint16_t* a16 = bf16 ? scratch16.data() + chunk * buf : nullptr;
     ForPartBlocks(chunk, chunks, blocks, rows_per_block, N, [&](int64_t r0, int n, int rows_pad) {
-      LoadRows(call.x.data<T>(), call, r0, n, rows_pad, a);
+      // The first layer reads x in place where it can (a whole block: the products read rows_pad rows).
+      const float* in = n == rows_pad ? RowsInPlace(call.x.data<T>(), call, r0) : nullptr;
+      if (!in) {
+        LoadRows(call.x.data<T>(), call, r0, n, rows_pad, a);
+        in = a;
+      }
       for (int m = 0; m < M; ++m) {
         const int cols = static_cast<int>(l.cols[m]), r = static_cast<int>(l.rows[m]);
         const float* b = bias.data() + static_cast<int64_t>(m) * W;
+        float* out = in == c ? a : c;
         if (bf16) {
-          RoundBf16(a, static_cast<int64_t>(rows_pad) * cols, a16);
-          DenseBf16(a16, cols, wp.data() + l.weight_offset[m], r, b, c, rows_pad);
+          RoundBf16(in, static_cast<int64_t>(rows_pad) * cols, a16);
+          DenseBf16(a16, cols, wp.data() + l.weight_offset[m], r, b, out, rows_pad);
         } else {
-          Dense(a, cols, wt.data() + l.weight_offset[m], r, b, c, rows_pad);
+          Dense(in, cols, wt.data() + l.weight_offset[m], r, b, out, rows_pad);
         }
-        Activate(m == M - 1 ? cfg.output_activation : cfg.activation, c, static_cast<int64_t>(n) * r);
+        Activate(m == M - 1 ? cfg.output_activation : cfg.activation, out, static_cast<int64_t>(n) * r);
         if (hidden && m < M - 1)
-          std::memcpy(hidden + (static_cast<int64_t>(m) * N + r0) * W, c, sizeof(float) * n * W);
-        std::swap(a, c);
+          std::memcpy(hidden + (static_cast<int64_t>(m) * N + r0) * W, out, sizeof(float) * n * W);
+        in = out;
       }
       for (int b = 0; b < n; ++b)
-        for (int o = 0; o < l.n_output; ++o) y[(r0 + b) * l.n_output + o] = Store<T>(a[b * l.out_pad + o]);
+        for (int o = 0; o < l.n_output; ++o) y[(r0 + b) * l.n_output + o] = Store<T>(in[b * l.out_pad + o]);
     });
   });
 }
@@ -290,17 +337,17 @@ void Backward(const Call& call, T* dx, float* grad) {
     uint16_t* g_pairs = bf16 ? g16 + buf : nullptr;
     uint16_t* prev_pairs = bf16 ? g16 + 2 * buf : nullptr;
     ForPartBlocks(part, parts, blocks, rows_per_block, N, [&](int64_t r0, int n, int rows_pad) {
-      LoadRows(call.x.data<T>(), call, r0, n, rows_pad, xb);
-      // g = dy * f_out'(y) [rows_pad][out_pad], zero outside the real rows and outputs.
-      std::fill(g, g + static_cast<int64_t>(rows_pad) * l.out_pad, 0.0f);
-      for (int b = 0; b < n; ++b)
-        for (int o = 0; o < l.n_output; ++o) {
-          const int64_t k = (r0 + b) * l.n_output + o;
-          g[b * l.out_pad + o] = Load(dy + k) * fm_activation_derivative(cfg.output_activation, Load(y + k));
-        }
+      // x's rows (the first matrix's gradient reads rows < n only, so x serves in place whenever it is laid out so).
+      const float* x_rows = RowsInPlace(call.x.data<T>(), call, r0);
+      if (!x_rows) {
+        LoadRows(call.x.data<T>(), call, r0, n, rows_pad, xb);
+        x_rows = xb;
+      }
+      OutputGrad(cfg.output_activation, dy + r0 * l.n_output, y + r0 * l.n_output, l.n_output, l.out_pad, n,
+                 rows_pad, g);
       for (int m = M - 1; m >= 0; --m) {
         const int r = static_cast<int>(l.rows[m]), cols = static_cast<int>(l.cols[m]);
-        const float* prev = m > 0 ? hidden + (static_cast<int64_t>(m - 1) * N + r0) * W : xb;
+        const float* prev = m > 0 ? hidden + (static_cast<int64_t>(m - 1) * N + r0) * W : x_rows;
         const int64_t ld = m > 0 ? W : l.in_pad;
         if (bf16) {
           PairBlockRows(g, r, r, n, g_pairs);

@@ -35,9 +35,9 @@
 
 namespace tfmo::fused_mlp::cpu {
 
-// default, avx2, avx512 and avx512bf16, chosen at the end of fused_mlp_cpu.cc (TF_METAL_OPS_FUSED_MLP_ISA); a call is
+// default, avx2, avx512, avx512bf16 and amx, chosen at the end of fused_mlp_cpu.cc (TF_METAL_OPS_FUSED_MLP_ISA); a call is
 // a product.
-TFMO_ISA_FAMILY_BUILDS(4);
+TFMO_ISA_FAMILY_BUILDS(5);
 
 constexpr int kRowPad = 4;    // block row counts are padded to a multiple of this (every build's row tile divides it)
 constexpr int kColTile = 16;  // outputs per register tile (every layer's output count is a multiple of 16)
@@ -324,66 +324,76 @@ class BF16Flush {
   unsigned saved_;
 };
 
-// The float32 products with 16-lane registers: 4 rows by kV * 16 outputs (kV 16-lane accumulators per row), each
-// lane the same fma chain as DenseBody's / OuterBody's element. Built for avx512 (which the avx512bf16 build runs).
-template <int kV>
+// The float32 products with 16-lane registers: kRows rows by kV * 16 outputs (kV 16-lane accumulators per row,
+// kRows * kV = 16 of them, enough to cover the fused multiply-add's latency), each lane the same fma chain as
+// DenseBody's / OuterBody's element. Built for avx512 (which the avx512bf16 and amx builds run).
+template <int kRows, int kV>
 TFMO_FN TFMO_ISA(avx512) void DenseZmm(const float* in, int cols, const float* m, int r, const float* bias, float* out,
-                                       int rows) {
-  for (int b0 = 0; b0 < rows; b0 += 4) {
+                                       int b_begin, int b_end) {
+  for (int b0 = b_begin; b0 < b_end; b0 += kRows) {
     const float* a = in + static_cast<int64_t>(b0) * cols;
     for (int o0 = 0; o0 < r; o0 += 16 * kV) {
-      __m512 acc[4][kV];
-      for (int t = 0; t < 4; ++t)
+      __m512 acc[kRows][kV];
+      for (int t = 0; t < kRows; ++t)
         for (int v = 0; v < kV; ++v) acc[t][v] = bias ? _mm512_loadu_ps(bias + o0 + 16 * v) : _mm512_setzero_ps();
       for (int i = 0; i < cols; ++i) {
         const float* w = m + static_cast<int64_t>(i) * r + o0;
         __m512 wv[kV];
         for (int v = 0; v < kV; ++v) wv[v] = _mm512_loadu_ps(w + 16 * v);
-        for (int t = 0; t < 4; ++t) {
+        for (int t = 0; t < kRows; ++t) {
           const __m512 x = _mm512_set1_ps(a[static_cast<int64_t>(t) * cols + i]);
           for (int v = 0; v < kV; ++v) acc[t][v] = _mm512_fmadd_ps(x, wv[v], acc[t][v]);
         }
       }
-      for (int t = 0; t < 4; ++t)
+      for (int t = 0; t < kRows; ++t)
         for (int v = 0; v < kV; ++v) _mm512_storeu_ps(out + static_cast<int64_t>(b0 + t) * r + o0 + 16 * v, acc[t][v]);
     }
   }
 }
-template <int kV>
+// Rows in tiles of kRows (a multiple of 4), the last rows % kRows (a multiple of kRowPad = 4) in tiles of 4.
+template <int kRows, int kV>
+TFMO_FN TFMO_ISA(avx512) void DenseZmmRows(const float* in, int cols, const float* m, int r, const float* bias,
+                                           float* out, int rows) {
+  const int full = rows / kRows * kRows;
+  DenseZmm<kRows, kV>(in, cols, m, r, bias, out, 0, full);
+  if (full < rows) DenseZmm<4, kV>(in, cols, m, r, bias, out, full, rows);
+}
+template <int kRows, int kV>
 TFMO_FN TFMO_ISA(avx512) void OuterZmm(const float* g, int rows, const float* prev, int64_t ld, int cols, int n,
                                        float* dw) {
-  for (int o0 = 0; o0 < rows; o0 += 4) {
+  for (int o0 = 0; o0 < rows; o0 += kRows) {
     for (int i0 = 0; i0 < cols; i0 += 16 * kV) {
       float* d = dw + static_cast<int64_t>(o0) * cols + i0;
-      __m512 acc[4][kV];
-      for (int t = 0; t < 4; ++t)
+      __m512 acc[kRows][kV];
+      for (int t = 0; t < kRows; ++t)
         for (int v = 0; v < kV; ++v) acc[t][v] = _mm512_loadu_ps(d + static_cast<int64_t>(t) * cols + 16 * v);
       for (int b = 0; b < n; ++b) {
         const float* p = prev + b * ld + i0;
         __m512 pv[kV];
         for (int v = 0; v < kV; ++v) pv[v] = _mm512_loadu_ps(p + 16 * v);
         const float* gv = g + static_cast<int64_t>(b) * rows + o0;
-        for (int t = 0; t < 4; ++t) {
+        for (int t = 0; t < kRows; ++t) {
           const __m512 x = _mm512_set1_ps(gv[t]);
           for (int v = 0; v < kV; ++v) acc[t][v] = _mm512_fmadd_ps(x, pv[v], acc[t][v]);
         }
       }
-      for (int t = 0; t < 4; ++t)
+      for (int t = 0; t < kRows; ++t)
         for (int v = 0; v < kV; ++v) _mm512_storeu_ps(d + static_cast<int64_t>(t) * cols + 16 * v, acc[t][v]);
     }
   }
 }
 TFMO_ISA(avx512) __attribute__((noinline)) inline void DenseAvx512(const float* in, int cols, const float* m, int r,
                                                                      const float* bias, float* out, int rows) {
-  if (r % 64 == 0) return DenseZmm<4>(in, cols, m, r, bias, out, rows);
-  if (r % 32 == 0) return DenseZmm<2>(in, cols, m, r, bias, out, rows);
-  DenseZmm<1>(in, cols, m, r, bias, out, rows);
+  if (r % 64 == 0) return DenseZmmRows<4, 4>(in, cols, m, r, bias, out, rows);
+  if (r % 32 == 0) return DenseZmmRows<8, 2>(in, cols, m, r, bias, out, rows);
+  DenseZmmRows<16, 1>(in, cols, m, r, bias, out, rows);
 }
+// rows (the layer's outputs) is a multiple of 16.
 TFMO_ISA(avx512) __attribute__((noinline)) inline void OuterAvx512(const float* g, int rows, const float* prev,
                                                                      int64_t ld, int cols, int n, float* dw) {
-  if (cols % 64 == 0) return OuterZmm<4>(g, rows, prev, ld, cols, n, dw);
-  if (cols % 32 == 0) return OuterZmm<2>(g, rows, prev, ld, cols, n, dw);
-  OuterZmm<1>(g, rows, prev, ld, cols, n, dw);
+  if (cols % 64 == 0) return OuterZmm<4, 4>(g, rows, prev, ld, cols, n, dw);
+  if (cols % 32 == 0) return OuterZmm<8, 2>(g, rows, prev, ld, cols, n, dw);
+  OuterZmm<16, 1>(g, rows, prev, ld, cols, n, dw);
 }
 
 // The bfloat16 products with VDPBF16PS: 4 rows by kV * 16 outputs, one instruction per pair, row and 16 outputs.
@@ -451,6 +461,147 @@ TFMO_ISA(avx512bf16) __attribute__((noinline)) inline void OuterBf16Avx512Bf16(c
   if (cols % 64 == 0) return OuterBf16Zmm<4>(gp, rows, pp, cols, pairs, dw);
   if (cols % 32 == 0) return OuterBf16Zmm<2>(gp, rows, pp, cols, pairs, dw);
   OuterBf16Zmm<1>(gp, rows, pp, cols, pairs, dw);
+}
+
+// The bfloat16 products with AMX (the amx build): TDPBF16PS on 16-row tiles. C [16 rows][16 outputs] float32 +=
+// A [16 rows][kc bfloat16] . B [kc / 2 pairs][16 outputs x 2], where B is exactly the pair layout of mp / pp (a row
+// of B is one pair p for 16 consecutive outputs, 64 bytes). Its arithmetic is not VDPBF16PS's definition: Intel's
+// SDM gives TDPBF16PS the same per-pair pseudocode, but on a Xeon with AMX (cpuid family 6 model 143+) a product of
+// one pair (kc = 2) is (acc + RNE(a0 b0 + a1 b1)) rounded once more, and with several pairs per instruction the
+// partial sums round in an order Intel does not document: about half of the outputs of a 32-term tile differ from
+// every sequential model tried by an ulp or so. So the amx build's bfloat16 results are its own: the same bits for
+// the same inputs on every run and thread count (the order of tiles and instructions is fixed), within bfloat16's
+// rounding of the others' (tests/test_fused_mlp.py), not bitwise theirs. Its float32 products are avx512's.
+//
+// The tile configuration (LDTILECFG's 64-byte operand): palette 1, rows and bytes per row of tiles 0..7.
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  void Set(int t, int nrows, int bytes) { rows[t] = static_cast<uint8_t>(nrows), colsb[t] = static_cast<uint16_t>(bytes); }
+};
+// Tiles 0, 1: C (16 rows x 16 float32); 2: A (16 x 32 bfloat16); 3, 4: B (16 pairs x 32 bfloat16); 5, 6, 7: A and
+// two B for a last chunk of 16 inputs (16 x 16 bfloat16, 8 pairs). Loaded for the life of the object (this thread),
+// released after (TILERELEASE: the OS then need not save tile state).
+class AmxTiles {
+ public:
+  TFMO_ISA(amx) AmxTiles() {
+    AmxConfig c;
+    c.Set(0, 16, 64), c.Set(1, 16, 64), c.Set(2, 16, 64), c.Set(3, 16, 64), c.Set(4, 16, 64);
+    c.Set(5, 16, 32), c.Set(6, 8, 64), c.Set(7, 8, 64);
+    _tile_loadconfig(&c);
+  }
+  TFMO_ISA(amx) ~AmxTiles() { _tile_release(); }
+  AmxTiles(const AmxTiles&) = delete;
+  AmxTiles& operator=(const AmxTiles&) = delete;
+};
+
+// DenseBf16Body's product (in bfloat16 [rows][cols], cols a multiple of 16; mp in pairs) with TDPBF16PS: per 16 rows
+// and 32 outputs, C = bias rows (a stride-0 load) or zero, then one instruction per 32 inputs (and one for a last
+// 16) and 16 outputs. A last group of fewer than 16 rows goes through zero-padded copies.
+TFMO_ISA(amx) __attribute__((noinline)) inline void DenseBf16Amx(const uint16_t* in, int cols, const uint16_t* mp,
+                                                                   int r, const float* bias, float* out, int rows) {
+  AmxTiles tiles;
+  alignas(64) uint16_t a_pad[16 * 128];
+  alignas(64) float c_pad[16 * 32];
+  const int k32 = cols / 32 * 32;
+  for (int b0 = 0; b0 < rows; b0 += 16) {
+    const int nb = rows - b0 < 16 ? rows - b0 : 16;
+    const uint16_t* a = in + static_cast<int64_t>(b0) * cols;
+    if (nb < 16) {
+      std::memset(a_pad, 0, sizeof(uint16_t) * 16 * cols);
+      std::memcpy(a_pad, a, sizeof(uint16_t) * nb * cols);
+      a = a_pad;
+    }
+    for (int o0 = 0; o0 < r; o0 += 32) {
+      const bool two = o0 + 16 < r;
+      if (bias) {
+        _tile_loadd(0, bias + o0, 0);
+        if (two) _tile_loadd(1, bias + o0 + 16, 0);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+      }
+      for (int k0 = 0; k0 < k32; k0 += 32) {
+        const uint16_t* w = mp + (static_cast<int64_t>(k0 / 2) * r + o0) * 2;
+        _tile_loadd(2, a + k0, cols * 2);
+        _tile_loadd(3, w, r * 4);
+        _tile_dpbf16ps(0, 2, 3);
+        if (two) {
+          _tile_loadd(4, w + 32, r * 4);
+          _tile_dpbf16ps(1, 2, 4);
+        }
+      }
+      if (k32 < cols) {
+        const uint16_t* w = mp + (static_cast<int64_t>(k32 / 2) * r + o0) * 2;
+        _tile_loadd(5, a + k32, cols * 2);
+        _tile_loadd(6, w, r * 4);
+        _tile_dpbf16ps(0, 5, 6);
+        if (two) {
+          _tile_loadd(7, w + 32, r * 4);
+          _tile_dpbf16ps(1, 5, 7);
+        }
+      }
+      float* o = out + static_cast<int64_t>(b0) * r + o0;
+      if (nb == 16) {
+        _tile_stored(0, o, r * 4);
+        if (two) _tile_stored(1, o + 16, r * 4);
+      } else {
+        _tile_stored(0, c_pad, 32 * 4);
+        _tile_stored(1, c_pad + 16, 32 * 4);
+        for (int t = 0; t < nb; ++t) std::memcpy(o + static_cast<int64_t>(t) * r, c_pad + 32 * t, (two ? 32 : 16) * 4);
+      }
+    }
+  }
+}
+
+// OuterBf16Body's sum with TDPBF16PS: dw^T's tiles are C [16 outputs o][16 inputs i] (dw rows o), A [16 o][32 rows b]
+// is g transposed (its pair words, gp's [pairs][rows] words turned to [rows][pairs], zero past `pairs` up to a multiple
+// of 16 pairs) and B [16 pairs][16 i x 2] is pp as it is (rows past `pairs` copied as zeros).
+TFMO_ISA(amx) __attribute__((noinline)) inline void OuterBf16Amx(const uint16_t* gp, int rows, const uint16_t* pp,
+                                                                   int cols, int pairs, float* dw) {
+  constexpr int kP = 16;  // pairs per instruction (64 bytes per row of A)
+  const int pairs16 = (pairs + kP - 1) / kP * kP;
+  alignas(64) uint32_t gt[128 * 64];  // [rows][pairs16] (rows <= 128, pairs16 <= 64)
+  alignas(64) uint16_t b_pad[kP * 128 * 2];
+  // gt[o][p0 .. p0 + 16) gathered from gp's column o (word stride `rows`), zeros past `pairs`.
+  const __m512i step = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(rows));
+  for (int p0 = 0; p0 < pairs16; p0 += kP) {
+    const __mmask16 live = pairs - p0 >= kP ? 0xffff : static_cast<__mmask16>((1u << (pairs - p0)) - 1);
+    const int* column = reinterpret_cast<const int*>(gp) + static_cast<int64_t>(p0) * rows;
+    for (int o = 0; o < rows; ++o)
+      _mm512_store_si512(gt + o * pairs16 + p0,
+                         _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, step, column + o, 4));
+  }
+  AmxTiles tiles;
+  for (int o0 = 0; o0 < rows; o0 += 16) {
+    for (int i0 = 0; i0 < cols; i0 += 32) {
+      const bool two = i0 + 16 < cols;
+      float* d = dw + static_cast<int64_t>(o0) * cols + i0;
+      _tile_loadd(0, d, cols * 4);
+      if (two) _tile_loadd(1, d + 16, cols * 4);
+      for (int p0 = 0; p0 < pairs16; p0 += kP) {
+        const uint16_t* b = pp + (static_cast<int64_t>(p0) * cols + i0) * 2;
+        int64_t ldb = static_cast<int64_t>(cols) * 4;
+        if (p0 + kP > pairs) {  // the last chunk: pairs past `pairs` as zeros
+          std::memset(b_pad, 0, sizeof(b_pad));
+          for (int p = p0; p < pairs; ++p) std::memcpy(b_pad + (p - p0) * 64, b + (p - p0) * cols * 2, (two ? 64 : 32) * 2);
+          b = b_pad;
+          ldb = 128;
+        }
+        _tile_loadd(2, gt + o0 * pairs16 + p0, pairs16 * 4);
+        _tile_loadd(3, b, ldb);
+        _tile_dpbf16ps(0, 2, 3);
+        if (two) {
+          _tile_loadd(4, b + 32, ldb);
+          _tile_dpbf16ps(1, 2, 4);
+        }
+      }
+      _tile_stored(0, d, cols * 4);
+      if (two) _tile_stored(1, d + 16, cols * 4);
+    }
+  }
 }
 #endif
 
@@ -560,11 +711,40 @@ TFMO_ISA(avx2) __attribute__((noinline)) inline void PairBlockRowsAvx2(const flo
 }
 #endif
 
+#ifdef TFMO_ISA_X86_BUILDS
+// RoundBf16 and PairBlockRows with VCVTNEPS2BF16 (the avx512bf16 and amx builds): Intel's SDM defines it as ToBf16
+// (round to nearest even; denormal inputs to zero with their sign; NaN quieted, bit 6); on the Xeon the amx build
+// was measured on it gave ToBf16's bits for 4.3 million inputs (every class, ties and edges included), and the ISA
+// test compares it with every other build's rounding.
+TFMO_FN TFMO_ISA(avx512bf16) __m256i CvtBf16x16(const float* p) {
+  return (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p));
+}
+TFMO_ISA(avx512bf16) __attribute__((noinline)) inline void RoundBf16Cvt(const float* v, int64_t count, uint16_t* out) {
+  int64_t k = 0;
+  for (; k + 16 <= count; k += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), CvtBf16x16(v + k));
+  RoundBf16Body(v + k, count - k, out + k);
+}
+TFMO_ISA(avx512bf16) __attribute__((noinline)) inline void PairBlockRowsCvt(const float* v, int64_t ld, int cols, int n,
+                                                                           uint16_t* out) {
+  for (int p = 0; p < (n + 1) / 2; ++p) {
+    const RowPair r = PairOf(v, ld, cols, n, out, p);
+    int c = 0;
+    for (; c + 16 <= cols; c += 16) {
+      const __m512i low = _mm512_cvtepu16_epi32(CvtBf16x16(r.a + c));
+      const __m512i high = r.b ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(CvtBf16x16(r.b + c)), 16) : _mm512_setzero_si512();
+      _mm512_storeu_si512(r.o + 2 * c, _mm512_or_si512(low, high));
+    }
+    PairTail(r, c, cols);
+  }
+}
+#endif
+
 // out[k] = ToBf16(v[k]) for k < count, and PairBlockRows, by the selected build (the same bits on every build; not
 // products, so not counted in g_isa_calls).
 inline void RoundBf16(const float* v, int64_t count, uint16_t* out) {
 #ifdef TFMO_ISA_X86_BUILDS
   const int isa = tfmo::fused_mlp::cpu::IsaSelection().selected;
+  if (isa >= kIsaAvx512Bf16) return RoundBf16Cvt(v, count, out);
   if (isa >= kIsaAvx512) return RoundBf16Avx512(v, count, out);
   if (isa == kIsaAvx2) return RoundBf16Avx2(v, count, out);
 #endif
@@ -574,6 +754,7 @@ inline void RoundBf16(const float* v, int64_t count, uint16_t* out) {
 inline void PairBlockRows(const float* v, int64_t ld, int cols, int n, uint16_t* out) {
 #ifdef TFMO_ISA_X86_BUILDS
   const int isa = tfmo::fused_mlp::cpu::IsaSelection().selected;
+  if (isa >= kIsaAvx512Bf16) return PairBlockRowsCvt(v, ld, cols, n, out);
   if (isa >= kIsaAvx512) return PairBlockRowsAvx512(v, ld, cols, n, out);
   if (isa == kIsaAvx2) return PairBlockRowsAvx2(v, ld, cols, n, out);
 #endif
@@ -603,6 +784,7 @@ inline void DenseBf16(const uint16_t* in, int cols, const uint16_t* mp, int r, c
                       int rows) {
   const int isa = tfmo::CountIsaCall(tfmo::fused_mlp::cpu::IsaSelection(), g_isa_calls);
 #ifdef TFMO_ISA_X86_BUILDS
+  if (isa == kIsaAmx) return DenseBf16Amx(in, cols, mp, r, bias, out, rows);
   if (isa == kIsaAvx512Bf16) return DenseBf16Avx512Bf16(in, cols, mp, r, bias, out, rows);
   if (isa >= kIsaAvx2) {
     BF16Flush flush;
@@ -615,6 +797,7 @@ inline void DenseBf16(const uint16_t* in, int cols, const uint16_t* mp, int r, c
 inline void AccumulateOuterBf16(const uint16_t* gp, int rows, const uint16_t* pp, int cols, int pairs, float* dw) {
   const int isa = tfmo::CountIsaCall(tfmo::fused_mlp::cpu::IsaSelection(), g_isa_calls);
 #ifdef TFMO_ISA_X86_BUILDS
+  if (isa == kIsaAmx) return OuterBf16Amx(gp, rows, pp, cols, pairs, dw);
   if (isa == kIsaAvx512Bf16) return OuterBf16Avx512Bf16(gp, rows, pp, cols, pairs, dw);
   if (isa >= kIsaAvx2) {
     BF16Flush flush;
