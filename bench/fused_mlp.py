@@ -6,8 +6,9 @@ the same networks, with and without XLA, in one run.
 Networks (Instant-NGP's NeRF MLPs; relu hidden layers, no biases, the Dense stacks use_bias=False):
   density  32 inputs -> 64 (1 hidden layer) -> 16 outputs, no output activation;
   colour   32 inputs -> 64 -> 64 (2 hidden layers) -> 3 outputs, sigmoid.
-Variants: the op with products="float32" and "bfloat16" (the bfloat16 column says which build ran: VDPBF16PS on
-CPUs with AVX512-BF16, the same arithmetic emulated in float32 code elsewhere), the Keras stack in a tf.function,
+Variants: the op with products="float32" and "bfloat16" (the "fused_mlp build" line says which build ran: AMX tiles
+(TDPBF16PS) on CPUs with AMX-BF16, VDPBF16PS on CPUs with AVX512-BF16, the same arithmetic emulated in float32 code
+elsewhere), the Keras stack in a tf.function,
 and the same with jit_compile=True (XLA); x, the parameters and the Keras layers in --dtype (float16: the op reads
 float16 and sums in float32). Every variant runs in a tf.function:
   fwd       the forward alone (the op with training=False);
