@@ -1,11 +1,12 @@
 // The ISA builds of the fused-MLP CPU kernels' products (csrc/cpu/fused_mlp_cpu.cc; the choice between them is at
 // its end). Every build computes every output element with the same operations in the same order; the register
-// tiles differ, which changes no element's chain. So every build gives bitwise identical results.
+// tiles differ, which changes no element's chain. So every build gives bitwise identical results, but for the amx
+// build's bfloat16 products (AMX tiles, whose rounding is the hardware's own: see DenseBf16Amx).
 //
 // float32 products, Dense and AccumulateOuter: a chain of fused multiply-adds in order of the summed index, each
 // rounded once. A portable body (the default build; tfmo_fma: the FMA instructions of ARM, glibc's correctly rounded
 // fmaf on x86-64, which is slow and runs only on CPUs without AVX2 and FMA) and, on x86-64 with GCC, intrinsics:
-// 8-lane vfmadd (avx2), 16-lane vfmadd (avx512 and avx512bf16).
+// 8-lane vfmadd (avx2), 16-lane vfmadd (avx512, and the avx512bf16 and amx builds).
 //
 // bfloat16 products, DenseBf16 and AccumulateOuterBf16: the operands are bfloat16 (ToBf16: round to nearest even,
 // float32 denormals to zero), taken in pairs (k = 2p, 2p + 1) along the summed index; each output's float32 sum
@@ -15,9 +16,10 @@
 // here are never denormal). A product of two bfloat16 values is exact in float32 unless it falls below the smallest
 // normal, so only there does the fused step differ from a multiply and an add; an AMD Zen 4 (AVX512-BF16) matched
 // this definition bit for bit on 400,000 random pairs in that range, where a product flushed or rounded on its own
-// did not. The avx512bf16 build runs that instruction; the others compute the same definition: the default build in
-// scalar code (std::fma, FlushTiny), avx2 and avx512 with 8-lane fused multiply-adds under MXCSR's flush-to-zero and
-// denormals-are-zero modes (BF16Flush, set around the call).
+// did not. The avx512bf16 build runs that instruction; default, avx2 and avx512 compute the same definition: the
+// default build in scalar code (std::fma, FlushTiny), avx2 and avx512 with 8-lane fused multiply-adds under MXCSR's
+// flush-to-zero and denormals-are-zero modes (BF16Flush, set around the call). The amx build runs TDPBF16PS, whose
+// sums are rounded its own way (DenseBf16Amx).
 #pragma once
 
 #include <atomic>
@@ -464,14 +466,15 @@ TFMO_ISA(avx512bf16) __attribute__((noinline)) inline void OuterBf16Avx512Bf16(c
 }
 
 // The bfloat16 products with AMX (the amx build): TDPBF16PS on 16-row tiles. C [16 rows][16 outputs] float32 +=
-// A [16 rows][kc bfloat16] . B [kc / 2 pairs][16 outputs x 2], where B is exactly the pair layout of mp / pp (a row
-// of B is one pair p for 16 consecutive outputs, 64 bytes). Its arithmetic is not VDPBF16PS's definition: Intel's
-// SDM gives TDPBF16PS the same per-pair pseudocode, but on a Xeon with AMX (cpuid family 6 model 143+) a product of
-// one pair (kc = 2) is (acc + RNE(a0 b0 + a1 b1)) rounded once more, and with several pairs per instruction the
-// partial sums round in an order Intel does not document: about half of the outputs of a 32-term tile differ from
-// every sequential model tried by an ulp or so. So the amx build's bfloat16 results are its own: the same bits for
-// the same inputs on every run and thread count (the order of tiles and instructions is fixed), within bfloat16's
-// rounding of the others' (tests/test_fused_mlp.py), not bitwise theirs. Its float32 products are avx512's.
+// A [16 rows][32 bfloat16] . B [16 pairs][16 outputs x 2], where B is exactly the pair layout of mp / pp (a row of B
+// is one pair p for 16 consecutive outputs, 64 bytes). Its arithmetic is not VDPBF16PS's definition: Intel's SDM
+// gives TDPBF16PS the same per-pair pseudocode, but on the Xeon it was measured on (cpuid family 6 model 167) one
+// pair per instruction gives acc + RNE(a0 b0 + a1 b1), rounded once more, and with 16 pairs per instruction about
+// half of the outputs (operands spread over 2^+-15) differ by an ulp or so from every sequential order tried: the
+// partial sums round in an order Intel does not document. So the amx build's bfloat16 results are its own: the same
+// bits for the same inputs on every run and thread count (the order of tiles and instructions is fixed), within
+// float32 rounding of the definition per layer (tests/test_fused_mlp.py: AMX_BF16_TOL), not bitwise the other
+// builds'. Its float32 products are avx512's.
 //
 // The tile configuration (LDTILECFG's 64-byte operand): palette 1, rows and bytes per row of tiles 0..7.
 struct alignas(64) AmxConfig {
