@@ -499,6 +499,20 @@ class AmxTiles {
   AmxTiles& operator=(const AmxTiles&) = delete;
 };
 
+// C tiles 0 (and 1 when `two`) += A . B for A in tile KA from a (lda bytes per row) and B in tiles KB0, KB1 from b
+// and b + 32 (16 outputs further; ldb bytes per row). A macro: GCC's tile intrinsics take the tile numbers as
+// literals (they are pasted into the instruction's text).
+#define TFMO_AMX_DOT(KA, KB0, KB1, a, lda, b, ldb, two) \
+  do {                                                  \
+    _tile_loadd(KA, a, lda);                            \
+    _tile_loadd(KB0, b, ldb);                           \
+    _tile_dpbf16ps(0, KA, KB0);                         \
+    if (two) {                                          \
+      _tile_loadd(KB1, (b) + 32, ldb);                  \
+      _tile_dpbf16ps(1, KA, KB1);                       \
+    }                                                   \
+  } while (0)
+
 // DenseBf16Body's product (in bfloat16 [rows][cols], cols a multiple of 16; mp in pairs) with TDPBF16PS: per 16 rows
 // and 32 outputs, C = bias rows (a stride-0 load) or zero, then one instruction per 32 inputs (and one for a last
 // 16) and 16 outputs. A last group of fewer than 16 rows goes through zero-padded copies.
@@ -525,26 +539,10 @@ TFMO_ISA(amx) __attribute__((noinline)) inline void DenseBf16Amx(const uint16_t*
         _tile_zero(0);
         _tile_zero(1);
       }
-      for (int k0 = 0; k0 < k32; k0 += 32) {
-        const uint16_t* w = mp + (static_cast<int64_t>(k0 / 2) * r + o0) * 2;
-        _tile_loadd(2, a + k0, cols * 2);
-        _tile_loadd(3, w, r * 4);
-        _tile_dpbf16ps(0, 2, 3);
-        if (two) {
-          _tile_loadd(4, w + 32, r * 4);
-          _tile_dpbf16ps(1, 2, 4);
-        }
-      }
-      if (k32 < cols) {
-        const uint16_t* w = mp + (static_cast<int64_t>(k32 / 2) * r + o0) * 2;
-        _tile_loadd(5, a + k32, cols * 2);
-        _tile_loadd(6, w, r * 4);
-        _tile_dpbf16ps(0, 5, 6);
-        if (two) {
-          _tile_loadd(7, w + 32, r * 4);
-          _tile_dpbf16ps(1, 5, 7);
-        }
-      }
+      for (int k0 = 0; k0 < k32; k0 += 32)
+        TFMO_AMX_DOT(2, 3, 4, a + k0, cols * 2, mp + (static_cast<int64_t>(k0 / 2) * r + o0) * 2, r * 4, two);
+      if (k32 < cols)
+        TFMO_AMX_DOT(5, 6, 7, a + k32, cols * 2, mp + (static_cast<int64_t>(k32 / 2) * r + o0) * 2, r * 4, two);
       float* o = out + static_cast<int64_t>(b0) * r + o0;
       if (nb == 16) {
         _tile_stored(0, o, r * 4);
@@ -593,19 +591,14 @@ TFMO_ISA(amx) __attribute__((noinline)) inline void OuterBf16Amx(const uint16_t*
           b = b_pad;
           ldb = 128;
         }
-        _tile_loadd(2, gt + o0 * pairs16 + p0, pairs16 * 4);
-        _tile_loadd(3, b, ldb);
-        _tile_dpbf16ps(0, 2, 3);
-        if (two) {
-          _tile_loadd(4, b + 32, ldb);
-          _tile_dpbf16ps(1, 2, 4);
-        }
+        TFMO_AMX_DOT(2, 3, 4, gt + o0 * pairs16 + p0, pairs16 * 4, b, ldb, two);
       }
       _tile_stored(0, d, cols * 4);
       if (two) _tile_stored(1, d + 16, cols * 4);
     }
   }
 }
+#undef TFMO_AMX_DOT
 #endif
 
 // ---- bfloat16 rounding of a run of floats: ToBf16 per element, 16 or 8 lanes at a time ----------------------------
