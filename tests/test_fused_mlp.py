@@ -90,16 +90,22 @@ def test_forward_float16(activation, width):
 
 
 def test_hidden_output_and_empty_batch():
-    x, p, opts = make_case(1, 9, 4, 2, 16, 3, False)
+    """The CPU kernel keeps the hidden activations when training at width 128 only (KeepActivations in
+    csrc/cpu/fused_mlp_cpu.cc): below, hidden is [0, N, width] and the gradient computes them again."""
+    x, p, opts = make_case(1, 9, 4, 2, 128, 3, False)
     attrs = dict(opts, activation="sigmoid", output_activation="none")
     y, hidden = ops().fused_mlp(x, p, training=True, **attrs)
     _, pre, _ = reference.forward(x, p, **attrs)
-    assert hidden.shape == (3, 9, 16) and hidden.dtype == tf.float32
+    assert hidden.shape == (3, 9, 128) and hidden.dtype == tf.float32
     for layer in range(3):  # the post-activation values of the hidden layers
         close(hidden[layer].numpy(), reference.activate("sigmoid", pre[layer]), 2e-5)
     y2, none_kept = ops().fused_mlp(x, p, training=False, **attrs)
-    assert none_kept.shape == (0, 9, 16)
+    assert none_kept.shape == (0, 9, 128)
     np.testing.assert_array_equal(y.numpy(), y2.numpy())
+    x64, p64, opts64 = make_case(1, 9, 4, 2, 64, 3, False)
+    _, not_kept = ops().fused_mlp(x64, p64, training=True,
+                                  **dict(opts64, activation="sigmoid", output_activation="none"))
+    assert not_kept.shape == (0, 9, 64)
     empty = fused_mlp(np.zeros((0, 4), np.float32), p, **attrs)
     assert empty.shape == (0, 2)
 
@@ -276,6 +282,63 @@ def test_bitwise_reproducible_across_thread_counts(dtype, products):
             assert a.tobytes() == b.tobytes()
 
 
+KEEP_SCRIPT = textwrap.dedent(
+    """
+    import sys, numpy as np, tensorflow as tf
+    sys.path.insert(0, sys.argv[1])
+    from test_fused_mlp import make_case
+    from tf_metal_ops._library import ops
+    for dtype, products in [("float32", "float32"), ("float16", "float32"), ("float32", "bfloat16")]:
+        for width, layers, n_in, n, fm in [(16, 1, 16, 333, False), (64, 2, 32, 130, False), (64, 3, 21, 257, True),
+                                           (128, 2, 40, 70, False)]:
+            x, p, opts = make_case(5, n, n_in, 7, width, layers, True, dtype)
+            attrs = dict(opts, activation="softplus", output_activation="sigmoid", products=products, feature_major=fm)
+            x = tf.constant(np.ascontiguousarray(x.T) if fm else x)
+            p = tf.constant(p)
+            y, hidden = ops().fused_mlp(x, p, training=True, **attrs)
+            assert hidden.shape == (layers, n, width), hidden.shape  # TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS=always
+            dy = tf.constant(np.random.default_rng(2).standard_normal((n, 7)).astype(dtype))
+            kept = ops().fused_mlp_grad(dy, x, p, y, hidden, **attrs)
+            again = ops().fused_mlp_grad(dy, x, p, y, hidden[:0], **attrs)
+            for a, b in zip(kept, again):
+                assert a.numpy().tobytes() == b.numpy().tobytes(), (dtype, products, width, layers)
+    print("ok")
+    """
+)
+
+
+def test_gradient_without_kept_activations_gives_the_same_bits(tmp_path):
+    """FusedMlpGrad with hidden [0, N, width] (none kept) computes each block's activations again on the CPU: dx and
+    dparams bitwise those from the kept activations (the same layers on the same block rows), for both dtypes, both
+    product settings, feature-major x and partial blocks. The kept ones come from a process told to keep them at
+    every width (TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS=always)."""
+    (tmp_path / "keep.py").write_text(KEEP_SCRIPT)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS="always")
+    proc = subprocess.run([sys.executable, str(tmp_path / "keep.py"), os.path.dirname(os.path.abspath(__file__))],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("mode, width, kept", [("never", 128, False), ("always", 16, True), ("sometimes", 16, False)])
+def test_keep_activations_variable(tmp_path, mode, width, kept):
+    """TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS overrides the width rule; an unknown value is reported on stderr and
+    the rule applies."""
+    n_params = fused_mlp_layout(3, 2, width=width, n_hidden_layers=1).n_params
+    script = textwrap.dedent(f"""
+        import tensorflow as tf
+        from tf_metal_ops._library import ops
+        y, h = ops().fused_mlp(tf.ones([5, 3]), tf.ones([{n_params}]), training=True, n_hidden_layers=1,
+                               width={width}, n_output=2, activation="relu", output_activation="none", use_bias=False,
+                               products="float32", feature_major=False)
+        print(h.shape[0])
+        """)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS=mode)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == ("1" if kept else "0")
+    assert ("is not one of auto, always, never" in proc.stderr) == (mode == "sometimes")
+
+
 ISA_SCRIPT = textwrap.dedent(
     """
     import sys, numpy as np, tensorflow as tf
@@ -390,10 +453,11 @@ def test_raw_op_rejects_bad_arguments(change, x_shape, n_params, message):
 def test_raw_grad_op_rejects_bad_arguments():
     x, p = tf.ones([5, 3]), tf.ones([768])
     y, hidden = ops().fused_mlp(x, p, training=True, **GOOD)
-    _, not_kept = ops().fused_mlp(x, p, training=False, **GOOD)
     dy = tf.ones_like(y)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"fused_mlp \(gradient\): hidden must have shape"):
-        ops().fused_mlp_grad(dy, x, p, y, not_kept, **GOOD)
+    for wrong in (tf.zeros([1, 5, 16]), tf.zeros([0, 4, 16]), tf.zeros([2, 5, 32])):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"fused_mlp \(gradient\): hidden must have shape \[2, 5, 16\] .* or \[0, 5, 16\]"):
+            ops().fused_mlp_grad(dy, x, p, y, wrong, **GOOD)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"fused_mlp \(gradient\): dy must have shape"):
         ops().fused_mlp_grad(tf.ones([4, 2]), x, p, y, hidden, **GOOD)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"fused_mlp \(gradient\): y must have shape"):

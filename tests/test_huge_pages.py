@@ -48,10 +48,11 @@ def interior(tensor):
 
 
 def mlp_case(rows):
-    lay = tf_metal_ops.fused_mlp_layout(32, 16, width=64, n_hidden_layers=2)
+    """Width 128: the CPU kernel keeps the hidden activations (it computes them again in the gradient below 128)."""
+    lay = tf_metal_ops.fused_mlp_layout(32, 16, width=128, n_hidden_layers=2)
     params = tf.constant(lay.init_params(seed=3))
     x = tf.constant(np.random.default_rng(0).standard_normal((rows, 32)).astype(np.float32))
-    return x, params, dict(n_hidden_layers=2, width=64, n_output=16)
+    return x, params, dict(n_hidden_layers=2, width=128, n_output=16)
 
 
 # Instant-NGP's NeRF grid: rows x 32 float32 encodings, a 16 MB table gradient.
@@ -70,7 +71,7 @@ def encode_with_gradient(rows):
 
 @pytest.mark.skipif(not LINUX_THP, reason="transparent huge pages are a Linux feature (no THP sysfs here)")
 def test_large_outputs_are_advised_huge_pages():
-    rows = 1 << 16  # hidden 2 x 65536 x 64 float32 = 32 MB, dx 8 MB; encoding 8 MB, table gradient 16 MB
+    rows = 1 << 16  # hidden 2 x 65536 x 128 float32 = 64 MB, dx 8 MB; encoding 8 MB, table gradient 16 MB
     x, params, cfg = mlp_case(rows)
     ops = tf_metal_ops._library.ops()
     y, hidden = ops.fused_mlp(x, params, training=True, activation="relu", output_activation="none",

@@ -24,9 +24,12 @@
 //    its own float32 buffer of P values, and the parts are added in part order. The per-row outputs (y, hidden, dx)
 //    depend on their own row only.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -215,31 +218,60 @@ void PairRows(const float* w, int64_t rows, int64_t cols, uint16_t* out) {
 
 // ---- forward ------------------------------------------------------------------------------------------------
 
+// What a block's forward reads besides x: every matrix transposed to [cols][rows] at its offset, the biases padded
+// to the matrix's rows (zeros without bias; flushed for bfloat16 products) and, for bfloat16 products, the
+// transposed matrices in bfloat16 pairs along their inputs.
+struct ForwardWeights {
+  std::vector<float> wt, bias;
+  std::vector<uint16_t> wp;
+  bool bf16 = false;
+
+  ForwardWeights(const Call& call, const float* pf) {
+    const Layout& l = call.layout;
+    const int W = l.width, M = l.n_matrices;
+    wt.resize(static_cast<size_t>(l.weight_offset[M - 1] + l.rows[M - 1] * l.cols[M - 1]));
+    bias.assign(static_cast<size_t>(M) * W, 0.0f);
+    for (int m = 0; m < M; ++m) {
+      const float* w = pf + l.weight_offset[m];
+      float* t = wt.data() + l.weight_offset[m];
+      for (int64_t o = 0; o < l.rows[m]; ++o)
+        for (int64_t i = 0; i < l.cols[m]; ++i) t[i * l.rows[m] + o] = w[o * l.cols[m] + i];
+      const int64_t real = m == M - 1 ? l.n_output : W;
+      if (l.use_bias) std::copy_n(pf + l.bias_offset[m], real, bias.data() + static_cast<int64_t>(m) * W);
+    }
+    bf16 = call.cfg->products == tfmo::fused_mlp::kProductsBfloat16;
+    if (!bf16) return;
+    wp.resize(wt.size());
+    for (int m = 0; m < M; ++m)
+      PairRows(wt.data() + l.weight_offset[m], l.cols[m], l.rows[m], wp.data() + l.weight_offset[m]);
+    for (float& b : bias) b = FlushTiny(b);
+  }
+
+  // Layer m of a block: out [rows_pad][rows_m] = f(in [rows_pad][cols_m] W_m^T + b_m) (f on the first n rows: the
+  // others are padding, which no real row reads); a16 is bfloat16 scratch of rows_pad * cols_m values.
+  void Layer(const Call& call, int m, const float* in, int n, int rows_pad, uint16_t* a16, float* out) const {
+    const Layout& l = call.layout;
+    const int cols = static_cast<int>(l.cols[m]), r = static_cast<int>(l.rows[m]);
+    const float* b = bias.data() + static_cast<int64_t>(m) * l.width;
+    if (bf16) {
+      RoundBf16(in, static_cast<int64_t>(rows_pad) * cols, a16);
+      DenseBf16(a16, cols, wp.data() + l.weight_offset[m], r, b, out, rows_pad);
+    } else {
+      Dense(in, cols, wt.data() + l.weight_offset[m], r, b, out, rows_pad);
+    }
+    const Config& cfg = *call.cfg;
+    Activate(m == l.n_matrices - 1 ? cfg.output_activation : cfg.activation, out, static_cast<int64_t>(n) * r);
+  }
+};
+
 template <typename T>
 void Forward(const Call& call, T* y, float* hidden) {
-  const Config& cfg = *call.cfg;
   const Layout& l = call.layout;
   const int64_t N = call.n;
   const int W = l.width, M = l.n_matrices;
   const std::vector<float> pf = ParamsAsFloat(call.params.data<T>(), l.total);
-  // Matrix m transposed to [cols][rows] at the same offset; biases padded to the matrix's rows (zeros without bias).
-  std::vector<float> wt(static_cast<size_t>(l.weight_offset[M - 1] + l.rows[M - 1] * l.cols[M - 1]));
-  std::vector<float> bias(static_cast<size_t>(M) * W, 0.0f);
-  for (int m = 0; m < M; ++m) {
-    const float* w = pf.data() + l.weight_offset[m];
-    float* t = wt.data() + l.weight_offset[m];
-    for (int64_t o = 0; o < l.rows[m]; ++o)
-      for (int64_t i = 0; i < l.cols[m]; ++i) t[i * l.rows[m] + o] = w[o * l.cols[m] + i];
-    const int64_t real = m == M - 1 ? l.n_output : W;
-    if (l.use_bias) std::copy_n(pf.data() + l.bias_offset[m], real, bias.data() + static_cast<int64_t>(m) * W);
-  }
-  // bfloat16 products: the transposed matrices in pairs along their inputs, the biases flushed.
-  const bool bf16 = cfg.products == tfmo::fused_mlp::kProductsBfloat16;
-  std::vector<uint16_t> wp(bf16 ? wt.size() : 0);
-  for (int m = 0; bf16 && m < M; ++m)
-    PairRows(wt.data() + l.weight_offset[m], l.cols[m], l.rows[m], wp.data() + l.weight_offset[m]);
-  if (bf16)
-    for (float& b : bias) b = FlushTiny(b);
+  const ForwardWeights fw(call, pf.data());
+  const bool bf16 = fw.bf16;
   const int rows_per_block = BlockRows(W);
   const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
   // Contiguous runs of blocks, a few per thread; their scratch is allocated here, before any parallel work (an
@@ -260,16 +292,8 @@ void Forward(const Call& call, T* y, float* hidden) {
         in = a;
       }
       for (int m = 0; m < M; ++m) {
-        const int cols = static_cast<int>(l.cols[m]), r = static_cast<int>(l.rows[m]);
-        const float* b = bias.data() + static_cast<int64_t>(m) * W;
         float* out = in == c ? a : c;
-        if (bf16) {
-          RoundBf16(in, static_cast<int64_t>(rows_pad) * cols, a16);
-          DenseBf16(a16, cols, wp.data() + l.weight_offset[m], r, b, out, rows_pad);
-        } else {
-          Dense(in, cols, wt.data() + l.weight_offset[m], r, b, out, rows_pad);
-        }
-        Activate(m == M - 1 ? cfg.output_activation : cfg.activation, out, static_cast<int64_t>(n) * r);
+        fw.Layer(call, m, in, n, rows_pad, a16, out);
         if (hidden && m < M - 1)
           std::memcpy(hidden + (static_cast<int64_t>(m) * N + r0) * W, out, sizeof(float) * n * W);
         in = out;
@@ -280,17 +304,38 @@ void Forward(const Call& call, T* y, float* hidden) {
   });
 }
 
+// Whether a training forward keeps the hidden activations for the gradient. Without them (hidden [0, N, width]) the
+// gradient kernel computes each block's activations again, in cache, instead of writing them to memory here and
+// reading them back there: at widths up to 64 that costs less (bench/fused_mlp.py's networks: 0.98-1.24x the time
+// of keeping them, both product settings), at 128 more (up to 1.15x). TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS
+// (read once): "auto" (the default: keep at width 128), "always" or "never".
+bool KeepActivations(int width) {
+  static const int mode = [] {
+    const char* v = std::getenv("TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS");
+    if (v == nullptr || v[0] == '\0' || std::strcmp(v, "auto") == 0) return 0;
+    if (std::strcmp(v, "always") == 0) return 1;
+    if (std::strcmp(v, "never") == 0) return 2;
+    std::fprintf(stderr,
+                 "tf_metal_ops: error: TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS=%s is not one of auto, always, never; "
+                 "the fused-MLP CPU kernel uses auto\n",
+                 v);
+    return 0;
+  }();
+  return mode == 1 || (mode == 0 && width >= 128);
+}
+
 void ForwardCompute(void* state, TF_OpKernelContext* ctx) {
   Call call;
   if (!tfmo::fused_mlp::PrepareForward(ctx, state, &call)) return;
   const Config& cfg = *call.cfg;
   tfmo::TensorRef y, hidden;
-  const int64_t kept = cfg.training ? cfg.n_hidden_layers : 0;
+  const bool keep = cfg.training && KeepActivations(cfg.width);
+  const int64_t kept = keep ? cfg.n_hidden_layers : 0;
   if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, static_cast<int64_t>(cfg.n_output)}, &y) ||
       !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {kept, call.n, static_cast<int64_t>(cfg.width)}, &hidden))
     return;
   if (call.n == 0) return;
-  float* h = cfg.training ? hidden.data<float>() : nullptr;
+  float* h = keep ? hidden.data<float>() : nullptr;
   tfmo::AdviseHugePages(y);
   tfmo::AdviseHugePages(hidden);
   try {
@@ -311,6 +356,11 @@ void Backward(const Call& call, T* dx, float* grad) {
   const int64_t N = call.n, P = l.total;
   const int W = l.width, M = l.n_matrices;
   const std::vector<float> pf = ParamsAsFloat(call.params.data<T>(), P);
+  // Without kept activations (hidden [0, N, width]) every block computes its own again first, exactly as the
+  // forward did (the same layers on the same block rows: the same bits), into `acts`.
+  const bool recompute = !call.hidden_kept;
+  std::optional<ForwardWeights> fw;
+  if (recompute) fw.emplace(call, pf.data());
   // bfloat16 products: every matrix in pairs along its rows (dh = g W sums over them).
   const bool bf16 = cfg.products == tfmo::fused_mlp::kProductsBfloat16;
   std::vector<uint16_t> wp(bf16 ? static_cast<size_t>(l.weight_offset[M - 1] + l.rows[M - 1] * l.cols[M - 1]) : 0);
@@ -322,32 +372,42 @@ void Backward(const Call& call, T* dx, float* grad) {
   const int rows_per_block = BlockRows(W);
   const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
   const int64_t parts = Parts(blocks);
-  // Per part: its P partial sums and three block buffers (x, g, dh), allocated before any parallel work.
+  // Per part: its P partial sums and three block buffers (x, g, dh), plus M - 1 for the activations computed again,
+  // allocated before any parallel work.
   const size_t buf = static_cast<size_t>(rows_per_block) * W;
+  const int kept_buffers = recompute ? M - 1 : 0;
   // bfloat16 products: three more (g rounded; g and the layer's input in pairs of rows).
-  std::vector<float> partial(static_cast<size_t>(parts) * P), scratch(static_cast<size_t>(parts) * 3 * buf);
+  std::vector<float> partial(static_cast<size_t>(parts) * P),
+      scratch(static_cast<size_t>(parts) * (3 + kept_buffers) * buf);
   std::vector<uint16_t> scratch16(bf16 ? static_cast<size_t>(parts) * 3 * buf : 0);
   tfmo::ParallelParts(parts, [&](int64_t part) {
     float* acc = partial.data() + part * P;
     std::fill(acc, acc + P, 0.0f);
-    float* xb = scratch.data() + part * 3 * buf;
+    float* xb = scratch.data() + part * (3 + kept_buffers) * buf;
     float* g = xb + buf;
     float* dh = g + buf;
+    float* acts = dh + buf;  // recompute: layer m's activations at acts + (m - 1) * buf, m = 1 .. M - 1
     uint16_t* g16 = bf16 ? scratch16.data() + part * 3 * buf : nullptr;
     uint16_t* g_pairs = bf16 ? g16 + buf : nullptr;
     uint16_t* prev_pairs = bf16 ? g16 + 2 * buf : nullptr;
     ForPartBlocks(part, parts, blocks, rows_per_block, N, [&](int64_t r0, int n, int rows_pad) {
-      // x's rows (the first matrix's gradient reads rows < n only, so x serves in place whenever it is laid out so).
-      const float* x_rows = RowsInPlace(call.x.data<T>(), call, r0);
+      // x's rows (the first matrix's gradient reads rows < n only, so x serves in place whenever it is laid out so;
+      // the forward computed again reads rows_pad rows).
+      const float* x_rows = !recompute || n == rows_pad ? RowsInPlace(call.x.data<T>(), call, r0) : nullptr;
       if (!x_rows) {
         LoadRows(call.x.data<T>(), call, r0, n, rows_pad, xb);
         x_rows = xb;
       }
+      // Layer m's activations (m = 1 .. M - 1) at h_rows + (m - 1) * h_stride, rows of W values.
+      const float* h_rows = recompute ? acts : hidden + r0 * W;
+      const int64_t h_stride = recompute ? static_cast<int64_t>(buf) : N * W;
+      for (int m = 0; recompute && m + 1 < M; ++m)
+        fw->Layer(call, m, m == 0 ? x_rows : acts + (m - 1) * buf, n, rows_pad, g16, acts + m * buf);
       OutputGrad(cfg.output_activation, dy + r0 * l.n_output, y + r0 * l.n_output, l.n_output, l.out_pad, n,
                  rows_pad, g);
       for (int m = M - 1; m >= 0; --m) {
         const int r = static_cast<int>(l.rows[m]), cols = static_cast<int>(l.cols[m]);
-        const float* prev = m > 0 ? hidden + (static_cast<int64_t>(m - 1) * N + r0) * W : x_rows;
+        const float* prev = m > 0 ? h_rows + (m - 1) * h_stride : x_rows;
         const int64_t ld = m > 0 ? W : l.in_pad;
         if (bf16) {
           PairBlockRows(g, r, r, n, g_pairs);

@@ -726,8 +726,10 @@ TFMO_ISA(avx512bf16) __attribute__((noinline)) inline void PairBlockRowsCvt(cons
     const RowPair r = PairOf(v, ld, cols, n, out, p);
     int c = 0;
     for (; c + 16 <= cols; c += 16) {
-      const __m512i low = _mm512_cvtepu16_epi32(CvtBf16x16(r.a + c));
-      const __m512i high = r.b ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(CvtBf16x16(r.b + c)), 16) : _mm512_setzero_si512();
+      const __mmask16 all = 0xffff;  // the zero-masking forms: GCC's unmasked ones read an undefined vector
+      const __m512i low = _mm512_maskz_cvtepu16_epi32(all, CvtBf16x16(r.a + c));
+      const __m512i high = r.b ? _mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, CvtBf16x16(r.b + c)), 16)
+                               : _mm512_setzero_si512();
       _mm512_storeu_si512(r.o + 2 * c, _mm512_or_si512(low, high));
     }
     PairTail(r, c, cols);

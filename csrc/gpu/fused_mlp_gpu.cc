@@ -129,6 +129,13 @@ void GradGpu(void* state, TF_OpKernelContext* ctx) {
   if (!tfmo::fused_mlp::PrepareGrad(ctx, state, &c)) return;
   const Config& cfg = *c.cfg;
   const int64_t P = c.layout.total;
+  if (!c.hidden_kept && c.n > 0) {
+    tfmo::Fail(ctx, TF_INVALID_ARGUMENT,
+               "%s: hidden must hold the kept activations [%d, %lld, %d] on the GPU (FusedMlp's hidden output "
+               "with training=True on the GPU), got [0, %lld, %d]",
+               op, cfg.n_hidden_layers, static_cast<long long>(c.n), cfg.width, static_cast<long long>(c.n), cfg.width);
+    return;
+  }
   TensorRef dx, dparams;
   if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, c.x_shape(), &dx) ||
       !tfmo::AllocateOutput(ctx, 1, cfg.dtype, {P}, &dparams))

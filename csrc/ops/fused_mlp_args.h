@@ -143,6 +143,7 @@ struct Call {
   int64_t n = 0;  // rows
   TensorRef x, params;
   TensorRef dy, y, hidden;  // FusedMlpGrad only
+  bool hidden_kept = true;  // FusedMlpGrad: hidden is [n_hidden_layers, N, width]; false: [0, N, width], none kept
 
   // Strides of x (and dx) in elements: row r's input i at r * row_stride + i * input_stride.
   int64_t row_stride() const { return cfg->feature_major ? 1 : layout.n_input; }
@@ -201,11 +202,13 @@ inline bool PrepareGrad(TF_OpKernelContext* ctx, void* state, Call* call) {
   }
   const TensorRef& h = call->hidden;
   if (!CheckDtype(ctx, op, "hidden", h, TF_FLOAT)) return false;
-  if (h.rank() != 3 || h.dim(0) != cfg.n_hidden_layers || h.dim(1) != call->n || h.dim(2) != cfg.width)
+  if (h.rank() != 3 || (h.dim(0) != cfg.n_hidden_layers && h.dim(0) != 0) || h.dim(1) != call->n ||
+      h.dim(2) != cfg.width)
     return Fail(ctx, TF_INVALID_ARGUMENT,
                 "%s: hidden must have shape [%d, %lld, %d] (n_hidden_layers, N, width: FusedMlp's hidden output with "
-                "training=True), got %s",
-                op, cfg.n_hidden_layers, n, cfg.width, ShapeString(h).c_str());
+                "training=True) or [0, %lld, %d] (none kept), got %s",
+                op, cfg.n_hidden_layers, n, cfg.width, n, cfg.width, ShapeString(h).c_str());
+  call->hidden_kept = h.dim(0) != 0;
   return true;
 }
 
