@@ -4,7 +4,8 @@
 // Structure:
 //  - rows in blocks of BlockRows(width) (16 KB of float32 activations per layer): a block goes through every
 //    layer, forward or backward, before the next block starts, so its activations stay in L1/L2 and only x, y,
-//    hidden (training) and dy cross memory; blocks split among the project pool's threads;
+//    dy and, at width 128, the kept hidden activations cross memory (below, the backward computes a block's hidden
+//    activations again first: KeepActivations); blocks split among the project pool's threads;
 //  - the parameters are converted to float32 once per call (and, for the forward, every matrix transposed to
 //    [inputs, outputs] so that the inner loops run over consecutive outputs);
 //  - every product is Dense: out[b][o] = bias[o] + sum_i in[b][i] M[i][o], a chain of fused multiply-adds in order
@@ -305,10 +306,10 @@ void Forward(const Call& call, T* y, float* hidden) {
 }
 
 // Whether a training forward keeps the hidden activations for the gradient. Without them (hidden [0, N, width]) the
-// gradient kernel computes each block's activations again, in cache, instead of writing them to memory here and
-// reading them back there: at widths up to 64 that costs less (bench/fused_mlp.py's networks: 0.98-1.24x the time
-// of keeping them, both product settings), at 128 more (up to 1.15x). TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS
-// (read once): "auto" (the default: keep at width 128), "always" or "never".
+// gradient kernel computes each block's activations again, in cache, instead of this kernel writing them to memory
+// and the gradient reading them back: at widths up to 64 that is the faster (measured: docs/fused_mlp.md, "Kept
+// activations"), at 128 the slower. TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS (read once): "auto" (the default: keep
+// at width 128), "always" or "never".
 bool KeepActivations(int width) {
   static const int mode = [] {
     const char* v = std::getenv("TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS");

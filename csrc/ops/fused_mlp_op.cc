@@ -12,12 +12,13 @@
 //   feature-major output, tiny-cuda-nn's layout); y and hidden keep their layout. n_input = x.shape[1] (x.shape[0]
 //   when feature_major) in 1..width. T in {float, half}: float16 x and params are read as float32, every
 //   sum accumulates in float32, y is rounded to T once.
-//   hidden: the post-activation values h_1 .. h_{n_hidden_layers} in float32 when training, what FusedMlpGrad
-//   reads; [0, N, width] (no values) when not training.
+//   hidden: the post-activation values h_1 .. h_{n_hidden_layers} in float32, what FusedMlpGrad reads, when the
+//   device's kernel keeps them: when training on the GPU; when training at width 128 on the CPU (below, the CPU's
+//   gradient computes them again: csrc/cpu/fused_mlp_cpu.cc, KeepActivations). Otherwise [0, N, width], no values.
 //
 // FusedMlpGrad(dy [N, n_output] T, x, params, y, hidden) -> (dx T like x, dparams [P] T)
 //   The gradients of sum(dy * y) w.r.t. x and params, y and hidden being FusedMlp's outputs for (x, params) with
-//   training. dparams sums over rows in a fixed order (row blocks, then the blocks' partial sums in block order):
+//   training; hidden [0, N, width] (none kept) only on the CPU, which computes them again. dparams sums over rows in a fixed order (row blocks, then the blocks' partial sums in block order):
 //   bitwise the same for every thread count. Padding entries of params (csrc/ops/fused_mlp_args.h) get 0.
 //
 // Shape functions (graph mode only) check ranks: y [?, ?], hidden [?, ?, ?] (the attrs, feature_major among them,

@@ -1,7 +1,9 @@
 """``fused_mlp``: the compiled fully fused MLP (tiny-cuda-nn's FullyFusedMLP; CPU kernels and Metal kernels).
 
-The op ``FusedMlp`` keeps the hidden activations (float32) as a second output when ``training``; its registered
-gradient runs ``FusedMlpGrad`` on them (or, for a forward run without them, runs the forward once more with them).
+The op ``FusedMlp`` returns the hidden activations (float32) as a second output when ``training`` and its device
+keeps them (the GPU always; the CPU at width 128, below which ``FusedMlpGrad`` computes them again per block and
+``hidden`` is ``[0, N, width]``: docs/fused_mlp.md, "Kept activations"); its registered gradient runs
+``FusedMlpGrad`` on that output (or, for a forward run without training, runs the forward once more with it).
 ``FusedMlpGrad`` has no registered gradient: a second derivative raises LookupError instead of returning a wrong
 value. Custom ops have no XLA kernel; ``fused_mlp_tf`` is the same math in plain TF ops.
 """
@@ -89,11 +91,12 @@ def fused_mlp(x, params, *, n_hidden_layers, width, n_output, activation="relu",
     when ``use_bias``: :func:`~tf_metal_ops.fused_mlp_layout` gives the count, the offsets and initial values.
     ``activation``, ``output_activation``: "none", "relu", "leaky_relu" (slope 0.01), "sigmoid", "exponential" or
     "softplus". float32 or float16 (x and params the same dtype; float16 accumulates in float32).
-    ``training``: keep the hidden activations for the gradient (None: whenever a gradient tape records ``x`` or
-    ``params``). The gradient w.r.t. ``x`` and ``params`` is registered (eager, ``tf.function``, SavedModel); the
+    ``training``: keep what the gradient needs (None: whenever a gradient tape records ``x`` or ``params``; the CPU
+    kernel computes the hidden activations again in the gradient below width 128, docs/fused_mlp.md). The gradient w.r.t. ``x`` and ``params`` is registered (eager, ``tf.function``, SavedModel); the
     parameter gradient is bitwise the same for every thread count and run. ``products``: "float32" (the default) or
     "bfloat16": the CPU kernels round the operands of every product (forward and gradients) to bfloat16 and sum in
-    float32, with AVX512-BF16's VDPBF16PS where the CPU has it and the same arithmetic in float32 code elsewhere
+    float32, on AMX tiles where the CPU has AMX-BF16 (their sums rounded the hardware's way), with AVX512-BF16's
+    VDPBF16PS where it has that, and the same arithmetic in float32 code elsewhere
     (``tf_metal_ops.diagnostics.cpu_paths("fused_mlp")``; accuracy: docs/fused_mlp.md); the GPU kernels ignore it.
     ``feature_major``: ``x`` is ``[n_input, N]`` instead (the layout of ``hash_grid_encode(..., feature_major=True)``
     and of tiny-cuda-nn), read in place; the gradient w.r.t. ``x`` has that layout too; ``y`` is ``[N, n_output]``
