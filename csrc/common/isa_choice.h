@@ -123,17 +123,11 @@ template <class F>
 TFMO_ISA(avx512bf16) __attribute__((noinline)) void RunIsaAvx512Bf16(const F& f) {
   f(std::integral_constant<int, kIsaAvx512Bf16>{});
 }
-template <class F>
-TFMO_ISA(amx) __attribute__((noinline)) void RunIsaAmx(const F& f) {
-  f(std::integral_constant<int, kIsaAmx>{});
-}
 #endif
 template <int kCount, class F>
 void RunIsaBuild(int isa, const F& f) {
+  static_assert(kCount <= kIsaAmx, "RunIsaBuild compiles no amx build (the fused MLP's products dispatch by hand)");
 #ifdef TFMO_ISA_X86_BUILDS
-  if constexpr (kCount > kIsaAmx) {
-    if (isa == kIsaAmx) return RunIsaAmx(f);
-  }
   if constexpr (kCount > kIsaAvx512Bf16) {
     if (isa == kIsaAvx512Bf16) return RunIsaAvx512Bf16(f);
   }
