@@ -12,8 +12,8 @@
 //    of i (register tiles; the widths are run-time values, so one build of each product serves every width; built
 //    for the baseline ISA, AVX2+FMA and AVX-512, which give the same bits: csrc/cpu/fused_mlp_cpu_isa.h); the
 //    activations and their derivatives are loops instantiated once per activation;
-//  - products = "bfloat16": the same structure with DenseBf16 / AccumulateOuterBf16 (VDPBF16PS's definition, on
-//    every build); their operands are rounded to bfloat16 (ToBf16) where they are made: the matrices once per call,
+//  - products = "bfloat16": the same structure with DenseBf16 / AccumulateOuterBf16 (VDPBF16PS's definition on
+//    every build but amx, whose AMX tiles round their sums their own way); their operands are rounded to bfloat16 (ToBf16) where they are made: the matrices once per call,
 //    in pairs along the summed index; a layer's input rows when it starts; for the weight gradient, g and the layer's
 //    input rows in pairs of rows. Biases are read flushed (FlushTiny); activations, their derivatives, bias
 //    gradients and every stored value stay float32;
@@ -25,9 +25,9 @@
 //    its own float32 buffer of P values, and the parts are added in part order. The per-row outputs (y, hidden, dx)
 //    depend on their own row only.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstdint>
 #include <cstring>
 #include <new>
 #include <optional>
