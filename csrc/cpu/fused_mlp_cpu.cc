@@ -376,15 +376,15 @@ void Backward(const Call& call, T* dx, float* grad) {
   // Per part: its P partial sums and three block buffers (x, g, dh), plus M - 1 for the activations computed again,
   // allocated before any parallel work.
   const size_t buf = static_cast<size_t>(rows_per_block) * W;
-  const int kept_buffers = recompute ? M - 1 : 0;
+  const int act_buffers = recompute ? M - 1 : 0;
   // bfloat16 products: three more (g rounded; g and the layer's input in pairs of rows).
   std::vector<float> partial(static_cast<size_t>(parts) * P),
-      scratch(static_cast<size_t>(parts) * (3 + kept_buffers) * buf);
+      scratch(static_cast<size_t>(parts) * (3 + act_buffers) * buf);
   std::vector<uint16_t> scratch16(bf16 ? static_cast<size_t>(parts) * 3 * buf : 0);
   tfmo::ParallelParts(parts, [&](int64_t part) {
     float* acc = partial.data() + part * P;
     std::fill(acc, acc + P, 0.0f);
-    float* xb = scratch.data() + part * (3 + kept_buffers) * buf;
+    float* xb = scratch.data() + part * (3 + act_buffers) * buf;
     float* g = xb + buf;
     float* dh = g + buf;
     float* acts = dh + buf;  // recompute: layer m's activations at acts + (m - 1) * buf, m = 1 .. M - 1
