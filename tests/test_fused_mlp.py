@@ -333,7 +333,8 @@ def test_keep_activations_variable(tmp_path, mode, width, kept):
         print(h.shape[0])
         """)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS=mode)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=tmp_path)  # not the source tree, whose tf_metal_ops may be unbuilt
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-1] == ("1" if kept else "0")
     assert ("is not one of auto, always, never" in proc.stderr) == (mode == "sometimes")
