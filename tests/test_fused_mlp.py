@@ -90,8 +90,9 @@ def test_forward_float16(activation, width):
 
 
 def test_hidden_output_and_empty_batch():
-    """The CPU kernel keeps the hidden activations when training at width 128 only (KeepActivations in
-    csrc/cpu/fused_mlp_cpu.cc): below, hidden is [0, N, width] and the gradient computes them again."""
+    """The CPU kernel keeps the hidden activations when training at width 128 with float32 products only
+    (KeepActivations in csrc/cpu/fused_mlp_cpu.cc): otherwise hidden is [0, N, width] and the gradient computes them
+    again."""
     x, p, opts = make_case(1, 9, 4, 2, 128, 3, False)
     attrs = dict(opts, activation="sigmoid", output_activation="none")
     y, hidden = ops().fused_mlp(x, p, training=True, **attrs)
@@ -106,6 +107,8 @@ def test_hidden_output_and_empty_batch():
     _, not_kept = ops().fused_mlp(x64, p64, training=True,
                                   **dict(opts64, activation="sigmoid", output_activation="none"))
     assert not_kept.shape == (0, 9, 64)
+    _, not_kept = ops().fused_mlp(x, p, training=True, products="bfloat16", **attrs)
+    assert not_kept.shape == (0, 9, 128)
     empty = fused_mlp(np.zeros((0, 4), np.float32), p, **attrs)
     assert empty.shape == (0, 2)
 

@@ -48,7 +48,8 @@ def interior(tensor):
 
 
 def mlp_case(rows):
-    """Width 128: the CPU kernel keeps the hidden activations (it computes them again in the gradient below 128)."""
+    """Width 128, float32: the CPU kernel keeps the hidden activations (else it computes them again in the
+    gradient)."""
     lay = tf_metal_ops.fused_mlp_layout(32, 16, width=128, n_hidden_layers=2)
     params = tf.constant(lay.init_params(seed=3))
     x = tf.constant(np.random.default_rng(0).standard_normal((rows, 32)).astype(np.float32))

@@ -4,8 +4,9 @@
 // Structure:
 //  - rows in blocks of BlockRows(width) (16 KB of float32 activations per layer): a block goes through every
 //    layer, forward or backward, before the next block starts, so its activations stay in L1/L2 and only x, y,
-//    dy and, at width 128, the kept hidden activations cross memory (below, the backward computes a block's hidden
-//    activations again first: KeepActivations); blocks split among the project pool's threads;
+//    dy and, at width 128 with float32 products, the kept hidden activations cross memory (otherwise the backward
+//    computes a block's hidden activations again first: KeepActivations); blocks split among the project pool's
+//    threads;
 //  - the parameters are converted to float32 once per call (and, for the forward, every matrix transposed to
 //    [inputs, outputs] so that the inner loops run over consecutive outputs);
 //  - every product is Dense: out[b][o] = bias[o] + sum_i in[b][i] M[i][o], a chain of fused multiply-adds in order
@@ -307,10 +308,10 @@ void Forward(const Call& call, T* y, float* hidden) {
 
 // Whether a training forward keeps the hidden activations for the gradient. Without them (hidden [0, N, width]) the
 // gradient kernel computes each block's activations again, in cache, instead of this kernel writing them to memory
-// and the gradient reading them back: at widths up to 64 that is the faster (measured: docs/fused_mlp.md, "Kept
-// activations"), at 128 the slower. TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS (read once): "auto" (the default: keep
-// at width 128), "always" or "never".
-bool KeepActivations(int width) {
+// and the gradient reading them back: that is the faster but at width 128 with float32 products
+// (bench/fused_mlp_activations.py; docs/fused_mlp.md, "Kept activations"). TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS
+// (read once): "auto" (the default: keep at width 128 with float32 products), "always" or "never".
+bool KeepActivations(const Config& cfg) {
   static const int mode = [] {
     const char* v = std::getenv("TF_METAL_OPS_FUSED_MLP_KEEP_ACTIVATIONS");
     if (v == nullptr || v[0] == '\0' || std::strcmp(v, "auto") == 0) return 0;
@@ -322,7 +323,7 @@ bool KeepActivations(int width) {
                  v);
     return 0;
   }();
-  return mode == 1 || (mode == 0 && width >= 128);
+  return mode == 1 || (mode == 0 && cfg.width >= 128 && cfg.products != tfmo::fused_mlp::kProductsBfloat16);
 }
 
 void ForwardCompute(void* state, TF_OpKernelContext* ctx) {
@@ -330,7 +331,7 @@ void ForwardCompute(void* state, TF_OpKernelContext* ctx) {
   if (!tfmo::fused_mlp::PrepareForward(ctx, state, &call)) return;
   const Config& cfg = *call.cfg;
   tfmo::TensorRef y, hidden;
-  const bool keep = cfg.training && KeepActivations(cfg.width);
+  const bool keep = cfg.training && KeepActivations(cfg);
   const int64_t kept = keep ? cfg.n_hidden_layers : 0;
   if (!tfmo::AllocateOutput(ctx, 0, cfg.dtype, {call.n, static_cast<int64_t>(cfg.n_output)}, &y) ||
       !tfmo::AllocateOutput(ctx, 1, TF_FLOAT, {kept, call.n, static_cast<int64_t>(cfg.width)}, &hidden))

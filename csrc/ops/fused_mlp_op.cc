@@ -13,8 +13,9 @@
 //   when feature_major) in 1..width. T in {float, half}: float16 x and params are read as float32, every
 //   sum accumulates in float32, y is rounded to T once.
 //   hidden: the post-activation values h_1 .. h_{n_hidden_layers} in float32, what FusedMlpGrad reads, when the
-//   device's kernel keeps them: when training on the GPU; when training at width 128 on the CPU (below, the CPU's
-//   gradient computes them again: csrc/cpu/fused_mlp_cpu.cc, KeepActivations). Otherwise [0, N, width], no values.
+//   device's kernel keeps them: when training on the GPU; when training at width 128 with float32 products on the
+//   CPU (otherwise the CPU's gradient computes them again: csrc/cpu/fused_mlp_cpu.cc, KeepActivations). Otherwise
+//   [0, N, width], no values.
 //
 // FusedMlpGrad(dy [N, n_output] T, x, params, y, hidden) -> (dx T like x, dparams [P] T)
 //   The gradients of sum(dy * y) w.r.t. x and params, y and hidden being FusedMlp's outputs for (x, params) with

@@ -1,8 +1,8 @@
 """``fused_mlp``: the compiled fully fused MLP (tiny-cuda-nn's FullyFusedMLP; CPU kernels and Metal kernels).
 
 The op ``FusedMlp`` returns the hidden activations (float32) as a second output when ``training`` and its device
-keeps them (the GPU always; the CPU at width 128, below which ``FusedMlpGrad`` computes them again per block and
-``hidden`` is ``[0, N, width]``: docs/fused_mlp.md, "Kept activations"); its registered gradient runs
+keeps them (the GPU always; the CPU at width 128 with float32 products, otherwise ``FusedMlpGrad`` computes them
+again per block and ``hidden`` is ``[0, N, width]``: docs/fused_mlp.md, "Kept activations"); its registered gradient runs
 ``FusedMlpGrad`` on that output (or, for a forward run without training, runs the forward once more with it).
 ``FusedMlpGrad`` has no registered gradient: a second derivative raises LookupError instead of returning a wrong
 value. Custom ops have no XLA kernel; ``fused_mlp_tf`` is the same math in plain TF ops.
@@ -92,7 +92,8 @@ def fused_mlp(x, params, *, n_hidden_layers, width, n_output, activation="relu",
     ``activation``, ``output_activation``: "none", "relu", "leaky_relu" (slope 0.01), "sigmoid", "exponential" or
     "softplus". float32 or float16 (x and params the same dtype; float16 accumulates in float32).
     ``training``: keep what the gradient needs (None: whenever a gradient tape records ``x`` or ``params``; the CPU
-    kernel computes the hidden activations again in the gradient below width 128, docs/fused_mlp.md). The gradient w.r.t. ``x`` and ``params`` is registered (eager, ``tf.function``, SavedModel); the
+    kernel computes the hidden activations again in the gradient unless width is 128 with float32 products,
+    docs/fused_mlp.md). The gradient w.r.t. ``x`` and ``params`` is registered (eager, ``tf.function``, SavedModel); the
     parameter gradient is bitwise the same for every thread count and run. ``products``: "float32" (the default) or
     "bfloat16": the CPU kernels round the operands of every product (forward and gradients) to bfloat16 and sum in
     float32, on AMX tiles where the CPU has AMX-BF16 (their sums rounded the hardware's way), with AVX512-BF16's
