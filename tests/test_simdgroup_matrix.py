@@ -125,8 +125,8 @@ def test_the_gpu_proxy_compiles_them_to_ptx(tmp_path):
     manifest = gpu_proxy.build(tmp_path / "out", [metal], msl_versions=("3.0",), baselines=False, log=lambda *_: None)
     assert set(manifest["kernels"]) == {"gemm_f32", "gemm_f16", "gemm_f16_f32", "gemm_threadgroup", "elements"}
     ptx = (tmp_path / "out" / "simdgroup_matrix.ptx").read_text()
-    # Function bodies by (mangled) name: the kernels' metal functions are .func (gemm_tiles<half, float> one of its
-    # own), the entry points call them.
+    # Function bodies by (mangled) name: the kernels' metal functions are .func (gemm_tiles<half, half> and
+    # <half, float> may be ones of their own), the entry points call them.
     heads = [(m.group(1), m.start()) for m in re.finditer(r"\.(?:entry|func)\s+(?:\([^)]*\)\s*)?(\w+)", ptx)]
     bodies = {}
     for i, (name, start) in enumerate(heads):
@@ -134,9 +134,12 @@ def test_the_gpu_proxy_compiles_them_to_ptx(tmp_path):
         if "{" in body:
             bodies[name] = bodies.get(name, "") + body
     mma = "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32"
-    half_half = next(b for n, b in bodies.items() if n.startswith("_Z8gemm_f16P"))
-    half_float = next(b for n, b in bodies.items() if n.startswith("_Z10gemm_tilesIDhf"))
-    single = next(b for n, b in bodies.items() if n.startswith("_Z8gemm_f32P"))
+    def code(*prefixes):  # a kernel's function and the gemm_tiles instance it calls (inlined or not)
+        return "".join(b for n, b in bodies.items() if n.startswith(prefixes))
+
+    half_half = code("_Z8gemm_f16P", "_Z10gemm_tilesIDhDh")
+    half_float = code("_Z12gemm_f16_f32P", "_Z10gemm_tilesIDhf")
+    single = code("_Z8gemm_f32P", "_Z10gemm_tilesIff")
     assert mma in half_half and mma in half_float
     assert mma not in single and single.count("fma.rn.f32") >= 16  # 8 products per element, 2 elements per lane
     assert mma not in next(b for n, b in bodies.items() if n.startswith("_Z8elementsP"))  # float only

@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "gpu_proxy/cuda.h"
+#include "gpu_proxy/lanes.h"  // Metal lanes on CUDA lanes
 
 #define MSL_EMU_HALF __fp16
 #pragma clang force_cuda_host_device begin
@@ -63,8 +64,13 @@ __device__ inline unsigned clip(unsigned grid, unsigned group, unsigned block) {
 __device__ inline Context context(unsigned gx, unsigned gy, unsigned gz, bool clipped) {
   using namespace gpu_proxy::sreg;
   Context t;
-  const uint3 tid = {tid_x(), tid_y(), tid_z()}, ntid = {ntid_x(), ntid_y(), ntid_z()};
-  const uint3 cta = {ctaid_x(), ctaid_y(), ctaid_z()};
+  const uint3 ntid = {ntid_x(), ntid_y(), ntid_z()}, cta = {ctaid_x(), ctaid_y(), ctaid_z()};
+  uint3 tid = {tid_x(), tid_y(), tid_z()};
+  const unsigned lane = gpu_proxy::lanes::metal_lane();
+  if (lane != laneid()) {  // a renumbered warp (gpu_proxy/lanes.h): this thread plays Metal thread 32 w + lane
+    const unsigned linear = ((tid.x + ntid.x * (tid.y + ntid.y * tid.z)) & ~31u) | lane;
+    tid = uint3{linear % ntid.x, linear / ntid.x % ntid.y, linear / (ntid.x * ntid.y)};
+  }
   t.thread_position_in_threadgroup = tid;
   t.threadgroup_position_in_grid = cta;
   t.dispatch_threads_per_threadgroup = ntid;
@@ -76,7 +82,7 @@ __device__ inline Context context(unsigned gx, unsigned gy, unsigned gz, bool cl
   t.thread_index_in_threadgroup = tid.x + ntid.x * (tid.y + ntid.y * tid.z);
   t.threads_per_simdgroup = 32u;
   t.simdgroup_index_in_threadgroup = t.thread_index_in_threadgroup / 32u;
-  t.thread_index_in_simdgroup = laneid();
+  t.thread_index_in_simdgroup = lane;
   t.in_grid = t.thread_position_in_grid.x < gx && t.thread_position_in_grid.y < gy && t.thread_position_in_grid.z < gz;
   return t;
 }

@@ -1,6 +1,6 @@
 // The GPU proxy's SIMD-group matrices (MSL 2.3+): simdgroup_matrix<T, 8, 8> for T = float and half, on a warp (one
 // SIMD group = 32 lanes). Included by the CUDA target layer (gpu_proxy/target.h) inside its host-device region; needs
-// ::metal::gpu_proxy_lane() / ::metal::gpu_proxy_active() (gpu_proxy/simdgroup.h).
+// ::metal::gpu_proxy_lane() / ::metal::gpu_proxy_warp_active() (gpu_proxy/simdgroup.h) and gpu_proxy/lanes.h.
 //
 // Conventions:
 //  - the lane layout is msl_emu's (csrc/msl_emu/include/msl_emu/simdgroup_matrix.h): lane l holds (row, col) and
@@ -9,11 +9,14 @@
 //  - make_filled_simdgroup_matrix and the diagonal constructor take the value by const reference (clang's CUDA mode
 //    does not pass __fp16, the proxy's half, by value), which MSL's by-value calls bind to unchanged;
 //  - products with a and b both half and all 32 lanes active run on the tensor cores: one
-//    mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 (a in rows 0-7 of the 16x8 A operand, rows 8-15 zero): half
-//    products accumulated in float; c (converted to float) is added to that, and the sum rounded once to d's type; the operands move between
-//    Apple's layout and the mma fragments with warp shuffles (a: 1, b: 2, c: 1 or 2, d: 2);
+//    mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 (a in rows 0-7 of the 16x8 A operand, rows 8-15 zero) with c
+//    (converted to float) as its accumulator: half products summed in float, rounded once to d's type. The file's
+//    warps are renumbered (gpu_proxy/lanes.h), so a, c and d are the mma fragments as they lie and b becomes its
+//    fragment by one movmatrix transpose: no shuffle;
 //  - every other product (a or b float, or some lanes inactive) runs as float FMAs, k = 0..7 in order, after
 //    fetching a's row and b's columns with shuffles (float elements are never rounded to tf32); c is added last;
+//  - loads and stores compute the tile's origin in 64 bits once and the lane's offset from it in 32 bits when the
+//    row stride allows (below 2^28 elements), as the hardware's address units do;
 //  - inactive lanes' elements are whatever the shuffle returns (undefined, as in MSL); msl_emu reports divergence,
 //    this header does not check it.
 #pragma once
@@ -30,7 +33,10 @@ inline uint lane_of(uint r, uint c) {
   return (r >> 2 & 1u) << 4 | (c >> 2 & 1u) << 3 | (r >> 1 & 1u) << 2 | (r & 1u) << 1 | (c >> 1 & 1u);
 }
 
-inline uint shfl(uint mask, uint v, uint src) { return uint(__nvvm_shfl_sync_idx_i32(mask, int(v), int(src), 0x1f)); }
+// Metal lane src's v; mask is the warp's CUDA mask.
+inline uint shfl(uint mask, uint v, uint src) {
+  return uint(__nvvm_shfl_sync_idx_i32(mask, int(v), int(::gpu_proxy::lanes::cuda_lane(src)), 0x1f));
+}
 
 // Lane `src`'s two elements, as float.
 template <class T>
@@ -60,38 +66,39 @@ inline pair<float> product_fma(uint mask, const pair<A>& a, const pair<B>& b) {
   return pair<float>{acc0, acc1};
 }
 
-// Both half, all lanes active: the tensor-core path (header comment).
+// Both half, all 32 lanes active, so the warp is renumbered: the tensor-core path (header comment).
 template <class T>
-inline pair<float> product_mma(const pair<T>& a, const pair<T>& b) {
-  const uint full = 0xffffffffu, L = ::metal::gpu_proxy_lane(), g = L >> 2, t = L & 3u;
-  const uint a01 = shfl(full, __builtin_bit_cast(uint, a), lane_of(g, 2 * t));
-  const uint b_lo = shfl(full, __builtin_bit_cast(uint, b), lane_of(2 * t, g));
-  const uint b_hi = shfl(full, __builtin_bit_cast(uint, b), lane_of(2 * t + 1, g));
-  const uint shift = (g & 1u) * 16;  // which half of the source lane's pair holds column g
-  const uint b01 = (b_lo >> shift & 0xffffu) | (b_hi >> shift & 0xffffu) << 16;
+inline pair<float> product_mma(const pair<T>& a, const pair<T>& b, const pair<float>& c) {
+  static_assert(GPU_PROXY_MATRIX_LANES && sizeof(T) == 2, "gpu_proxy: a file with SIMD-group matrices must be built with "
+                "GPU_PROXY_MATRIX_LANES (dev/gpu_proxy/build.py defines it when the source names them)");
+  uint bt;  // b as the B fragment: lane L holds (2 (L % 4), L / 4) and (2 (L % 4) + 1, L / 4)
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(bt) : "r"(__builtin_bit_cast(uint, b)));
   float d0, d1, d2, d3;
   asm volatile(
       "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%9,%10};"
       : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
-      : "r"(a01), "r"(0u), "r"(b01), "f"(0.0f), "f"(0.0f), "f"(0.0f), "f"(0.0f));
+      : "r"(__builtin_bit_cast(uint, a)), "r"(0u), "r"(bt), "f"(c[0]), "f"(c[1]), "f"(0.0f), "f"(0.0f));
   (void)d2, (void)d3;
-  // Back to Apple's layout: lane l's (r, c0) and (r, c0 + 1) are PTX lane r * 4 + c0 / 2's d0, d1.
-  const uint l = ::metal::gpu_proxy_lane(), src = lane_row(l) * 4 + lane_col(l) / 2;
-  return pair<float>{__builtin_bit_cast(float, shfl(full, __builtin_bit_cast(uint, d0), src)),
-                     __builtin_bit_cast(float, shfl(full, __builtin_bit_cast(uint, d1), src))};
+  return pair<float>{d0, d1};
 }
 
+// This lane's a b + c as float.
 template <class A, class B>
-inline pair<float> product(const pair<A>& a, const pair<B>& b) {
-  const uint mask = ::metal::gpu_proxy_active();
+inline pair<float> product(const pair<A>& a, const pair<B>& b, const pair<float>& c) {
+  const uint mask = ::metal::gpu_proxy_warp_active();
   if constexpr (sizeof(A) == 2 && sizeof(B) == 2 && std::is_same_v<A, B>) {
-    if (mask == 0xffffffffu) return product_mma<A>(a, b);
+    if (mask == 0xffffffffu) return product_mma<A>(a, b, c);
   }
-  return product_fma<A, B>(mask, a, b);
+  const pair<float> p = product_fma<A, B>(mask, a, b);
+  return pair<float>{p[0] + c[0], p[1] + c[1]};
 }
 
+// Element (r, c) of the tile at origin o (column, row), as an offset from the memory matrix's first element.
 inline ulong offset(ulong elements_per_row, ulong2 o, bool transpose, uint r, uint c) {
-  return transpose ? (o.y + c) * elements_per_row + o.x + r : (o.y + r) * elements_per_row + o.x + c;
+  const ulong origin = o.y * elements_per_row + o.x;
+  const uint i = transpose ? c : r, j = transpose ? r : c;
+  if (elements_per_row < (1ul << 28)) return origin + (i * uint(elements_per_row) + j);
+  return origin + (i * elements_per_row + j);
 }
 
 }  // namespace gpu_proxy::matrix
@@ -138,7 +145,7 @@ inline void simdgroup_store(const simdgroup_matrix<T, 8, 8>& a, T* dst, ulong el
 template <class D, class A, class B>
 inline void simdgroup_multiply(simdgroup_matrix<D, 8, 8>& d, const simdgroup_matrix<A, 8, 8>& a,
                                const simdgroup_matrix<B, 8, 8>& b) {
-  const vec<float, 2> p = ::gpu_proxy::matrix::product<A, B>(a.thread_elements(), b.thread_elements());
+  const vec<float, 2> p = ::gpu_proxy::matrix::product<A, B>(a.thread_elements(), b.thread_elements(), ::gpu_proxy::matrix::pair<float>{0.0f, 0.0f});
   d.thread_elements()[0] = D(p[0]);
   d.thread_elements()[1] = D(p[1]);
 }
@@ -146,10 +153,11 @@ inline void simdgroup_multiply(simdgroup_matrix<D, 8, 8>& d, const simdgroup_mat
 template <class D, class A, class B, class C>
 inline void simdgroup_multiply_accumulate(simdgroup_matrix<D, 8, 8>& d, const simdgroup_matrix<A, 8, 8>& a,
                                           const simdgroup_matrix<B, 8, 8>& b, const simdgroup_matrix<C, 8, 8>& c) {
-  const vec<float, 2> p = ::gpu_proxy::matrix::product<A, B>(a.thread_elements(), b.thread_elements());
-  const float c0 = float(c.thread_elements()[0]), c1 = float(c.thread_elements()[1]);  // c's layout is d's
-  d.thread_elements()[0] = D(p[0] + c0);
-  d.thread_elements()[1] = D(p[1] + c1);
+  const vec<float, 2> p = ::gpu_proxy::matrix::product<A, B>(  // c's layout is d's
+      a.thread_elements(), b.thread_elements(),
+      ::gpu_proxy::matrix::pair<float>{float(c.thread_elements()[0]), float(c.thread_elements()[1])});
+  d.thread_elements()[0] = D(p[0]);
+  d.thread_elements()[1] = D(p[1]);
 }
 
 }  // namespace metal
