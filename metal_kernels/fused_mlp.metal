@@ -6,11 +6,11 @@
 // fused_mlp_forward_w{16,32,64,128}_{float32,float16}, fused_mlp_backward_w..._..., and
 // fused_mlp_reduce_{float32,float16}):
 //   fused_mlp_forward   x(0) params(1) args(2) -> y(3) hidden(4); threadgroups of 32 S threads (S =
-//                       FM_GPU_SIMDGROUPS(W, T is half)), one per block of 8 S rows; threadgroup memory: stage(0),
-//                       rows(1), weights(2) (FM_GPU_*_BYTES). hidden [n_matrices - 1, N, W] float is written only
-//                       when args.training (else a stand-in buffer is bound).
+//                       FM_GPU_SIMDGROUPS(W, T is half)), one per block of 8 S rows; threadgroup memory: rows(0),
+//                       weights(1) (FM_GPU_*_BYTES). hidden [n_matrices - 1, N, W] float is written only when
+//                       args.training (else a stand-in buffer is bound).
 //   fused_mlp_backward  dy(0) x(1) params(2) y(3) hidden(4) args(5) -> dx(6) partial(7); args.parts threadgroups of
-//                       32 S threads; threadgroup memory: stage(0), g(1), prev(2), weights(3). Threadgroup p handles
+//                       32 S threads; threadgroup memory: g(0), prev(1), weights(2). Threadgroup p handles
 //                       the blocks [p blocks / parts, (p + 1) blocks / parts) in order and writes its own partial
 //                       parameter gradient, partial[p P .. p P + P) float32 (every value written: no zeroing pass).
 //   fused_mlp_reduce    partial(0) args(1) -> dparams(2); grid P: dparams[k] = the parts' partial[p P + k] summed in
@@ -21,9 +21,12 @@
 //  - SIMD group s of a threadgroup owns rows [8 s, 8 s + 8) of the block. Every product is made of 8x8
 //    simdgroup_matrix tiles (simdgroup_load / simdgroup_multiply_accumulate / simdgroup_store) with float32
 //    accumulators (simdgroup_float8x8): half operands for float16 (half products summed in float), float operands for
-//    float32. The activations of a block stay in threadgroup memory across the layers, as T; the products go to the
-//    float stage, where bias and activation are applied (fm_activate, the CPU kernel's math) before rounding to T.
-//    hidden keeps the float value before that rounding.
+//    float32. The activations of a block stay in threadgroup memory across the layers, as T. Bias and activation
+//    (fm_activate, the CPU kernel's math) are applied to the accumulators in registers, each lane on its own two
+//    elements of every tile (thread_elements(): lane l holds row fm_lane_row(l), columns fm_lane_col(l) and the
+//    next, the layout of Apple's GPUs that MLX's GEMMs use; msl_emu and the GPU proxy implement the same), then
+//    rounded to T and stored as a tile; hidden keeps the float value before that rounding, y and dx are written
+//    from the registers.
 //  - Weights: a layer's matrix is copied into threadgroup memory once per threadgroup and layer (params are already
 //    T, the product type) for W <= 64; at W = 128 the matrix (32 KB as half, 64 KB as float) does not fit Apple's
 //    32 KB next to the activations, so simdgroup_load reads the tiles from device memory (params) directly.
@@ -34,8 +37,8 @@
 //    dW_m += g^T h_prev (the tiles spread over the SIMD groups; each tile sums the block's rows 8 at a time, in row
 //    order, and is loaded from, and stored back to, the threadgroup's partial, so it sums the blocks in block
 //    order), db_m += the columns of g summed in row order (one thread per column), dh = g W_m (each SIMD group its
-//    rows), then g_prev = dh f'(h_prev) from the kept hidden (fm_activation_derivative, the CPU kernel's chain), or
-//    dx = dh for m = 0. Every sum has a fixed order and the number of parts depends on N and the layout only, so
+//    rows, in registers), then g_prev = dh f'(h_prev) from the kept hidden (fm_activation_derivative, the CPU
+//    kernel's chain), or dx = dh for m = 0. Every sum has a fixed order and the number of parts depends on N and the layout only, so
 //    dparams is bitwise the same run to run (always, without any determinism switch).
 //  - x and dx are [N][n_input], or [n_input][N] with args.feature_major (fm_x_offset); their tiles are walked along
 //    the layout's contiguous axis (fm_x_element).
@@ -71,6 +74,10 @@ TFMO_FN uint2 fm_x_element(constant FmArgs& args, uint e, uint R, uint W) {
   return args.feature_major != 0u ? uint2(e % R, e / R) : uint2(e / W, e % W);
 }
 
+// The row and the first of the two columns of an 8x8 tile that lane l holds in thread_elements().
+TFMO_FN uint fm_lane_row(uint l) { return (l >> 4 & 1u) * 4u + (l >> 2 & 1u) * 2u + (l >> 1 & 1u); }
+TFMO_FN uint fm_lane_col(uint l) { return (l >> 3 & 1u) * 4u + (l & 1u) * 2u; }
+
 template <typename T, bool TGW>
 TFMO_FN void fm_load(thread simdgroup_matrix<T, 8, 8>& m, const threadgroup T* tg, const device T* dev, uint ld,
                      uint k0, uint n0) {
@@ -84,9 +91,8 @@ template <typename T, uint W>
 [[kernel]] void fused_mlp_forward(device const T* x [[buffer(0)]], device const T* params [[buffer(1)]],
                                   constant FmArgs& args [[buffer(2)]], device T* y [[buffer(3)]],
                                   device float* hidden [[buffer(4)]],
-                                  threadgroup float* stage [[threadgroup(0)]],
-                                  threadgroup T* rows_tg [[threadgroup(1)]],
-                                  threadgroup T* weights_tg [[threadgroup(2)]],
+                                  threadgroup T* rows_tg [[threadgroup(0)]],
+                                  threadgroup T* weights_tg [[threadgroup(1)]],
                                   uint group [[threadgroup_position_in_grid]],
                                   uint sg [[simdgroup_index_in_threadgroup]],
                                   uint lane [[thread_index_in_simdgroup]],
@@ -95,7 +101,7 @@ template <typename T, uint W>
   const bool TGW = FM_GPU_TG_WEIGHTS(W);
   const uint n = args.n;
   const uint row0 = group * (8u * S) + sg * 8u;  // this SIMD group's first row
-  threadgroup float* st = stage + sg * 8u * W;
+  const uint lrow = row0 + fm_lane_row(lane), lcol = fm_lane_col(lane);  // this lane's elements of every tile
   threadgroup T* act = rows_tg + sg * 8u * W;
   for (uint e = lane; e < 8u * W; e += 32u) {
     const uint2 bi = fm_x_element(args, e, 8u, W);
@@ -127,23 +133,25 @@ template <typename T, uint W>
         }
       }
     }
-    TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j)
-      if (j * 8u < rows) simdgroup_store(acc[j], st, W, ulong2(j * 8u, 0));
-    simdgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_barrier(mem_flags::mem_threadgroup);  // every lane has read act: the outputs replace it
     const int act_code = last ? fm_output_activation : fm_activation;
     const uint real = last ? args.n_output : W;  // outputs with a bias
-    for (uint e = lane; e < 8u * W; e += 32u) {
-      const uint b = e / W, o = e % W, row = row0 + b;
-      if (o >= rows) continue;
-      float v = st[e];
-      if (args.use_bias != 0u && o < real) v += float(params[args.bias_offset[m] + o]);
-      v = fm_activate(act_code, v);
-      if (last) {
-        if (row < n && o < args.n_output) y[ulong(row) * args.n_output + o] = T(v);
-      } else {
-        act[e] = T(v);
-        if (args.training != 0u && row < n) hidden[(ulong(m) * n + row) * W + o] = v;
+    TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
+      if (j * 8u >= rows) continue;
+      simdgroup_matrix<T, 8, 8> out;
+      TFMO_UNROLL for (uint e = 0; e < 2u; ++e) {
+        const uint o = j * 8u + lcol + e;
+        float v = acc[j].thread_elements()[e];
+        if (args.use_bias != 0u && o < real) v += float(params[args.bias_offset[m] + o]);
+        v = fm_activate(act_code, v);
+        if (last) {
+          if (lrow < n && o < args.n_output) y[ulong(lrow) * args.n_output + o] = T(v);
+        } else {
+          out.thread_elements()[e] = T(v);
+          if (args.training != 0u && lrow < n) hidden[(ulong(m) * n + lrow) * W + o] = v;
+        }
       }
+      if (!last) simdgroup_store(out, act, W, ulong2(j * 8u, 0));
     }
     simdgroup_barrier(mem_flags::mem_threadgroup);
   }
@@ -166,10 +174,9 @@ template <typename T, uint W>
                                    device const T* params [[buffer(2)]], device const T* y [[buffer(3)]],
                                    device const float* hidden [[buffer(4)]], constant FmArgs& args [[buffer(5)]],
                                    device T* dx [[buffer(6)]], device float* partial [[buffer(7)]],
-                                   threadgroup float* stage [[threadgroup(0)]],
-                                   threadgroup T* g_tg [[threadgroup(1)]],
-                                   threadgroup T* prev_tg [[threadgroup(2)]],
-                                   threadgroup T* weights_tg [[threadgroup(3)]],
+                                   threadgroup T* g_tg [[threadgroup(0)]],
+                                   threadgroup T* prev_tg [[threadgroup(1)]],
+                                   threadgroup T* weights_tg [[threadgroup(2)]],
                                    uint group [[threadgroup_position_in_grid]],
                                    uint sg [[simdgroup_index_in_threadgroup]],
                                    uint lane [[thread_index_in_simdgroup]],
@@ -180,7 +187,7 @@ template <typename T, uint W>
   device float* part = partial + ulong(group) * args.total;
   const uint blk0 = uint(ulong(group) * args.blocks / args.parts);
   const uint blk1 = uint((ulong(group) + 1ul) * args.blocks / args.parts);
-  threadgroup float* st = stage + sg * 8u * W;
+  const uint lrow = sg * 8u + fm_lane_row(lane), lcol = fm_lane_col(lane);  // this lane's elements of every tile
   for (uint blk = blk0; blk < blk1; ++blk) {
     const bool first = blk == blk0;
     const uint r0 = blk * B;
@@ -257,18 +264,25 @@ template <typename T, uint W>
           }
         }
       }
-      TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j)
-        if (j < tiles_i) simdgroup_store(acc[j], st, W, ulong2(j * 8u, 0));
-      threadgroup_barrier(mem_flags::mem_threadgroup);  // g, prev and the weights are read; the stage is written
-      for (uint e = lane; e < 8u * W; e += 32u) {
-        const uint2 bi = m == 0u ? fm_x_element(args, e, 8u, W) : uint2(e / W, e % W);
-        const uint b = bi.x, i = bi.y, row = r0 + sg * 8u + b;
-        if (m > 0u) {
-          float v = 0.0f;
-          if (row < n) v = st[b * W + i] * fm_activation_derivative(fm_activation, hprev[ulong(row) * W + i]);
-          g_tg[(sg * 8u + b) * W + i] = T(v);
-        } else if (row < n && i < args.n_input) {
-          dx[fm_x_offset(args, row, i)] = T(st[b * W + i]);
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // every SIMD group has read g, prev and the weights
+      const uint row = r0 + lrow;
+      TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
+        if (j >= tiles_i) continue;
+        if (m > 0u) {  // g of the layer below, replacing this SIMD group's rows of g
+          simdgroup_matrix<T, 8, 8> gp;
+          TFMO_UNROLL for (uint e = 0; e < 2u; ++e) {
+            const uint i = j * 8u + lcol + e;
+            float v = 0.0f;
+            if (row < n)
+              v = acc[j].thread_elements()[e] * fm_activation_derivative(fm_activation, hprev[ulong(row) * W + i]);
+            gp.thread_elements()[e] = T(v);
+          }
+          simdgroup_store(gp, g_tg, W, ulong2(j * 8u, sg * 8u));
+        } else {
+          TFMO_UNROLL for (uint e = 0; e < 2u; ++e) {
+            const uint i = j * 8u + lcol + e;
+            if (row < n && i < args.n_input) dx[fm_x_offset(args, row, i)] = T(acc[j].thread_elements()[e]);
+          }
         }
       }
       threadgroup_barrier(mem_flags::mem_threadgroup);  // the next matrix reads every SIMD group's g

@@ -80,19 +80,17 @@ FmArgs MakeArgs(const tfmo::fused_mlp::Call& c, int64_t blocks, int64_t parts) {
   return a;
 }
 
-// Binds the threadgroup buffers of a pass: stage at 0, then `row_buffers` buffers of [block][W] T, then the weights.
+// Binds the threadgroup buffers of a pass: `row_buffers` buffers of [block][W] T from 0, then the weights.
 bool BindThreadgroupMemory(tfmo::gpu::Call& call, tfmo::gpu::Pass& p, const Shape& s, uint32_t row_buffers) {
-  const uint32_t stage = FM_GPU_STAGE_BYTES(s.width, s.simdgroups);
   const uint32_t rows = FM_GPU_ROWS_BYTES(s.width, s.element, s.simdgroups);
   const uint32_t weights = FM_GPU_WEIGHT_BYTES(s.width, s.element);
-  if (stage + row_buffers * rows + weights > kThreadgroupMemoryLimit) {
+  if (row_buffers * rows + weights > kThreadgroupMemoryLimit) {
     call.fail(TF_INTERNAL, "%s: %u bytes of threadgroup memory exceed the limit", p.function().c_str(),
-              stage + row_buffers * rows + weights);
+              row_buffers * rows + weights);
     return false;
   }
-  p.threadgroup_memory(0, stage);
-  for (uint32_t i = 1; i <= row_buffers; ++i) p.threadgroup_memory(i, rows);
-  p.threadgroup_memory(row_buffers + 1, weights);
+  for (uint32_t i = 0; i < row_buffers; ++i) p.threadgroup_memory(i, rows);
+  p.threadgroup_memory(row_buffers, weights);
   return true;
 }
 

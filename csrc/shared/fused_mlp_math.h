@@ -64,11 +64,9 @@ TFMO_FN float fm_activation_derivative(int act, float y) {
 #define FM_GPU_TG_WEIGHTS(width) ((width) <= 64)
 
 // Threadgroup-memory lengths in bytes ([[threadgroup(n)]]) for width W, element size E (sizeof(T)), S SIMD groups:
-//   stage  [8 S][W] float: the products of each SIMD group's 8 rows before bias and activation;
 //   rows   [8 S][W] T: forward, the activations of the block (layer by layer, in place); backward, g;
 //   prev   [8 S][W] T: backward only, the layer's inputs (x or the kept hidden) as T;
 //   weights [rows][cols] T of one matrix (FM_GPU_TG_WEIGHTS), else 16 (unused).
-#define FM_GPU_STAGE_BYTES(W, S) (8u * (S) * (W) * 4u)
 #define FM_GPU_ROWS_BYTES(W, E, S) (8u * (S) * (W) * (E))
 #define FM_GPU_WEIGHT_BYTES(W, E) (FM_GPU_TG_WEIGHTS(W) ? (W) * (W) * (E) : 16u)
 

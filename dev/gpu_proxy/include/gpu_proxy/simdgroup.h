@@ -25,13 +25,13 @@ inline uint gpu_proxy_warp_active() {
 inline uint gpu_proxy_active() { return gpu_proxy::lanes::metal_mask(gpu_proxy_warp_active()); }
 // Metal lane `src`'s v (mask: the CUDA mask of the lanes taking part).
 inline float gpu_proxy_shfl(uint mask, float v, uint src) {
-  return __nvvm_shfl_sync_idx_f32(mask, v, int(gpu_proxy::lanes::cuda_lane(src & 31u)), 0x1f);
+  return __nvvm_shfl_sync_idx_f32(mask, v, int(gpu_proxy::lanes::cuda_lane(src)), 0x1f);
 }
 inline int gpu_proxy_shfl(uint mask, int v, uint src) {
-  return __nvvm_shfl_sync_idx_i32(mask, v, int(gpu_proxy::lanes::cuda_lane(src & 31u)), 0x1f);
+  return __nvvm_shfl_sync_idx_i32(mask, v, int(gpu_proxy::lanes::cuda_lane(src)), 0x1f);
 }
 inline uint gpu_proxy_shfl(uint mask, uint v, uint src) {
-  return uint(__nvvm_shfl_sync_idx_i32(mask, int(v), int(gpu_proxy::lanes::cuda_lane(src & 31u)), 0x1f));
+  return uint(__nvvm_shfl_sync_idx_i32(mask, int(v), int(gpu_proxy::lanes::cuda_lane(src)), 0x1f));
 }
 inline float gpu_proxy_shfl_xor(float v, uint m) { return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, int(m), 0x1f); }
 inline int gpu_proxy_shfl_xor(int v, uint m) { return __nvvm_shfl_sync_bfly_i32(0xffffffffu, v, int(m), 0x1f); }
