@@ -27,6 +27,8 @@
 //    next, the layout of Apple's GPUs that MLX's GEMMs use; msl_emu and the GPU proxy implement the same), then
 //    rounded to T and stored as a tile; hidden keeps the float value before that rounding, y and dx are written
 //    from the registers.
+//  - The threadgroup buffers' rows are padded by 16 bytes (FM_GPU_TG_PAD; as MLX pads its GEMM tiles), so that the
+//    lanes of a tile load, plain or transposed, fall in different banks.
 //  - Weights: a layer's matrix is copied into threadgroup memory once per threadgroup and layer (params are already
 //    T, the product type) for W <= 64; at W = 128 the matrix (32 KB as half, 64 KB as float) does not fit Apple's
 //    32 KB next to the activations, so simdgroup_load reads the tiles from device memory (params) directly.
@@ -85,6 +87,14 @@ TFMO_FN void fm_load(thread simdgroup_matrix<T, 8, 8>& m, const threadgroup T* t
   else simdgroup_load(m, dev, ld, ulong2(n0, k0));
 }
 
+// Matrix m [rows][cols] from device memory into threadgroup memory with rows `ld` elements apart, by `threads`
+// threads from `tid`.
+template <typename T>
+TFMO_FN void fm_copy_weights(threadgroup T* tg, const device T* wm, uint rows, uint cols, uint ld, uint tid,
+                             uint threads) {
+  for (uint e = tid; e < rows * cols; e += threads) tg[(e / cols) * ld + e % cols] = wm[e];
+}
+
 // ---- forward ----------------------------------------------------------------------------------------------------
 
 template <typename T, uint W>
@@ -99,22 +109,24 @@ template <typename T, uint W>
                                   uint tid [[thread_index_in_threadgroup]]) {
   const uint S = FM_GPU_SIMDGROUPS(W, sizeof(T) == 2);
   const bool TGW = FM_GPU_TG_WEIGHTS(W);
+  const uint LD = W + FM_GPU_TG_PAD(sizeof(T));  // elements per row of the threadgroup buffers
   const uint n = args.n;
   const uint row0 = group * (8u * S) + sg * 8u;  // this SIMD group's first row
   const uint lrow = row0 + fm_lane_row(lane), lcol = fm_lane_col(lane);  // this lane's elements of every tile
-  threadgroup T* act = rows_tg + sg * 8u * W;
+  threadgroup T* act = rows_tg + sg * 8u * LD;
   for (uint e = lane; e < 8u * W; e += 32u) {
     const uint2 bi = fm_x_element(args, e, 8u, W);
     const uint b = bi.x, i = bi.y, row = row0 + b;
-    act[b * W + i] = row < n && i < args.n_input ? x[fm_x_offset(args, row, i)] : T(0);
+    act[b * LD + i] = row < n && i < args.n_input ? x[fm_x_offset(args, row, i)] : T(0);
   }
   for (uint m = 0; m < args.n_matrices; ++m) {
     const bool last = m + 1u == args.n_matrices;
     const uint rows = last ? args.out_pad : W, cols = m == 0u ? args.in_pad : W;
     const device T* wm = params + args.weight_offset[m];
+    const uint wld = TGW ? cols + FM_GPU_TG_PAD(sizeof(T)) : cols;  // elements per row of the matrix as read
     if (TGW) {
       threadgroup_barrier(mem_flags::mem_threadgroup);  // every SIMD group is done with the previous matrix
-      for (uint e = tid; e < rows * cols; e += 32u * S) weights_tg[e] = wm[e];
+      fm_copy_weights(weights_tg, wm, rows, cols, wld, tid, 32u * S);
       threadgroup_barrier(mem_flags::mem_threadgroup);
     } else {
       simdgroup_barrier(mem_flags::mem_threadgroup);
@@ -124,11 +136,11 @@ template <typename T, uint W>
     TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) acc[j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     for (uint k = 0; k < cols / 8u; ++k) {
       simdgroup_matrix<T, 8, 8> a;
-      simdgroup_load(a, act, W, ulong2(k * 8u, 0));
+      simdgroup_load(a, act, LD, ulong2(k * 8u, 0));
       TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
         if (j * 8u < rows) {
           simdgroup_matrix<T, 8, 8> w;
-          fm_load_transposed<T, TGW>(w, weights_tg, wm, cols, k * 8u, j * 8u);
+          fm_load_transposed<T, TGW>(w, weights_tg, wm, wld, k * 8u, j * 8u);
           simdgroup_multiply_accumulate(acc[j], a, w, acc[j]);
         }
       }
@@ -151,7 +163,7 @@ template <typename T, uint W>
           if (args.training != 0u && lrow < n) hidden[(ulong(m) * n + lrow) * W + o] = v;
         }
       }
-      if (!last) simdgroup_store(out, act, W, ulong2(j * 8u, 0));
+      if (!last) simdgroup_store(out, act, LD, ulong2(j * 8u, 0));
     }
     simdgroup_barrier(mem_flags::mem_threadgroup);
   }
@@ -183,6 +195,7 @@ template <typename T, uint W>
                                    uint tid [[thread_index_in_threadgroup]]) {
   const uint S = FM_GPU_SIMDGROUPS(W, sizeof(T) == 2);
   const bool TGW = FM_GPU_TG_WEIGHTS(W);
+  const uint LD = W + FM_GPU_TG_PAD(sizeof(T));  // elements per row of the threadgroup buffers
   const uint B = 8u * S, threads = 32u * S, n = args.n;
   device float* part = partial + ulong(group) * args.total;
   const uint blk0 = uint(ulong(group) * args.blocks / args.parts);
@@ -199,7 +212,7 @@ template <typename T, uint W>
         const ulong k = ulong(row) * args.n_output + o;
         v = float(dy[k]) * fm_activation_derivative(fm_output_activation, float(y[k]));
       }
-      g_tg[e] = T(v);
+      g_tg[b * LD + o] = T(v);
     }
     for (uint mi = args.n_matrices; mi > 0u; --mi) {
       const uint m = mi - 1u;
@@ -207,6 +220,7 @@ template <typename T, uint W>
       const uint rows = last ? args.out_pad : W, cols = m == 0u ? args.in_pad : W;
       const device T* wm = params + args.weight_offset[m];
       const device float* hprev = m > 0u ? hidden + ulong(m - 1u) * n * W : hidden;  // m > 0 only
+      const uint wld = TGW ? cols + FM_GPU_TG_PAD(sizeof(T)) : cols;  // elements per row of the matrix as read
       // The layer's inputs as T ([B][W], zeros past N and past n_input), the matrix into threadgroup memory.
       for (uint e = tid; e < B * W; e += threads) {
         const uint2 bi = m == 0u ? fm_x_element(args, e, B, W) : uint2(e / W, e % W);
@@ -219,10 +233,9 @@ template <typename T, uint W>
             v = T(hprev[ulong(row) * W + i]);
           }
         }
-        prev_tg[b * W + i] = v;
+        prev_tg[b * LD + i] = v;
       }
-      if (TGW)
-        for (uint e = tid; e < rows * cols; e += threads) weights_tg[e] = wm[e];
+      if (TGW) fm_copy_weights(weights_tg, wm, rows, cols, wld, tid, threads);
       threadgroup_barrier(mem_flags::mem_threadgroup);
       // dW_m [rows][cols] += g^T [rows][B] prev [B][cols], tile by tile.
       const uint tiles_o = rows / 8u, tiles_i = cols / 8u;
@@ -234,8 +247,8 @@ template <typename T, uint W>
         else simdgroup_load(acc, dw, cols, ulong2(ti * 8u, to * 8u));
         for (uint kb = 0; kb < B / 8u; ++kb) {
           simdgroup_matrix<T, 8, 8> ga, hb;
-          simdgroup_load(ga, g_tg, W, ulong2(to * 8u, kb * 8u), true);
-          simdgroup_load(hb, prev_tg, W, ulong2(ti * 8u, kb * 8u));
+          simdgroup_load(ga, g_tg, LD, ulong2(to * 8u, kb * 8u), true);
+          simdgroup_load(hb, prev_tg, LD, ulong2(ti * 8u, kb * 8u));
           simdgroup_multiply_accumulate(acc, ga, hb, acc);
         }
         simdgroup_store(acc, dw, cols, ulong2(ti * 8u, to * 8u));
@@ -245,7 +258,7 @@ template <typename T, uint W>
         const uint real = last ? args.n_output : W;
         for (uint o = tid; o < real; o += threads) {
           float s = 0.0f;
-          for (uint b = 0; b < B; ++b) s += float(g_tg[b * W + o]);
+          for (uint b = 0; b < B; ++b) s += float(g_tg[b * LD + o]);
           device float* db = part + args.bias_offset[m] + o;
           *db = first ? s : *db + s;
         }
@@ -255,11 +268,11 @@ template <typename T, uint W>
       TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) acc[j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
       for (uint k = 0; k < tiles_o; ++k) {
         simdgroup_matrix<T, 8, 8> ga;
-        simdgroup_load(ga, g_tg, W, ulong2(k * 8u, sg * 8u));
+        simdgroup_load(ga, g_tg, LD, ulong2(k * 8u, sg * 8u));
         TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
           if (j < tiles_i) {
             simdgroup_matrix<T, 8, 8> w;
-            fm_load<T, TGW>(w, weights_tg, wm, cols, k * 8u, j * 8u);
+            fm_load<T, TGW>(w, weights_tg, wm, wld, k * 8u, j * 8u);
             simdgroup_multiply_accumulate(acc[j], ga, w, acc[j]);
           }
         }
@@ -277,7 +290,7 @@ template <typename T, uint W>
               v = acc[j].thread_elements()[e] * fm_activation_derivative(fm_activation, hprev[ulong(row) * W + i]);
             gp.thread_elements()[e] = T(v);
           }
-          simdgroup_store(gp, g_tg, W, ulong2(j * 8u, sg * 8u));
+          simdgroup_store(gp, g_tg, LD, ulong2(j * 8u, sg * 8u));
         } else {
           TFMO_UNROLL for (uint e = 0; e < 2u; ++e) {
             const uint i = j * 8u + lcol + e;

@@ -63,12 +63,14 @@ TFMO_FN float fm_activation_derivative(int act, float y) {
 // 64 KB (float), more than fits: the products read them from device memory.
 #define FM_GPU_TG_WEIGHTS(width) ((width) <= 64)
 
-// Threadgroup-memory lengths in bytes ([[threadgroup(n)]]) for width W, element size E (sizeof(T)), S SIMD groups:
+// Threadgroup-memory lengths in bytes ([[threadgroup(n)]]) for width W, element size E (sizeof(T)), S SIMD groups;
+// every row is padded by FM_GPU_TG_PAD(E) elements (16 bytes):
 //   rows   [8 S][W] T: forward, the activations of the block (layer by layer, in place); backward, g;
 //   prev   [8 S][W] T: backward only, the layer's inputs (x or the kept hidden) as T;
 //   weights [rows][cols] T of one matrix (FM_GPU_TG_WEIGHTS), else 16 (unused).
-#define FM_GPU_ROWS_BYTES(W, E, S) (8u * (S) * (W) * (E))
-#define FM_GPU_WEIGHT_BYTES(W, E) (FM_GPU_TG_WEIGHTS(W) ? (W) * (W) * (E) : 16u)
+#define FM_GPU_TG_PAD(E) (16u / (E))
+#define FM_GPU_ROWS_BYTES(W, E, S) (8u * (S) * ((W) + FM_GPU_TG_PAD(E)) * (E))
+#define FM_GPU_WEIGHT_BYTES(W, E) (FM_GPU_TG_WEIGHTS(W) ? (W) * ((W) + FM_GPU_TG_PAD(E)) * (E) : 16u)
 
 // The kernels' arguments ([[buffer]] constant): the call's dimensions and the parameter layout
 // (csrc/ops/fused_mlp_args.h), as 32-bit values.

@@ -989,7 +989,8 @@ def fm_simdgroups(width, half):
 def fm_threadgroup_bytes(width, half, row_buffers):
     """The kernels' [[threadgroup(n)]] lengths (csrc/gpu/fused_mlp_gpu.cc): row buffers, weights."""
     s, e = fm_simdgroups(width, half), 2 if half else 4
-    return [8 * s * width * e] * row_buffers + [width * width * e if width <= 64 else 16]
+    ld = width + 16 // e  # rows padded by 16 bytes (FM_GPU_TG_PAD)
+    return [8 * s * ld * e] * row_buffers + [width * ld * e if width <= 64 else 16]
 
 
 def fm_layout(n_input, n_output, width, layers):
