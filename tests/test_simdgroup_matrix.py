@@ -61,7 +61,7 @@ def test_kernels_naming_simdgroup_matrices_run_on_fibers():
     """))
     flags = {k.name: k.needs_fibers for k in mf.kernels}
     assert flags == {"gemm_f32": True, "gemm_f16": True, "gemm_f16_f32": True, "gemm_threadgroup": True,
-                     "elements": True, "plain": False, "via_helper": True}, flags
+                     "elements": True, "lanes": True, "plain": False, "via_helper": True}, flags
 
 
 def test_a_divergent_matrix_call_ends_the_process_naming_kernel_and_threads():
@@ -123,7 +123,7 @@ def test_the_gpu_proxy_compiles_them_to_ptx(tmp_path):
     metal = tmp_path / "simdgroup_matrix.metal"
     metal.write_text(checks.SOURCE)
     manifest = gpu_proxy.build(tmp_path / "out", [metal], msl_versions=("3.0",), baselines=False, log=lambda *_: None)
-    assert set(manifest["kernels"]) == {"gemm_f32", "gemm_f16", "gemm_f16_f32", "gemm_threadgroup", "elements"}
+    assert set(manifest["kernels"]) == {"gemm_f32", "gemm_f16", "gemm_f16_f32", "gemm_threadgroup", "elements", "lanes"}
     ptx = (tmp_path / "out" / "simdgroup_matrix.ptx").read_text()
     # Function bodies by (mangled) name: the kernels' metal functions are .func (gemm_tiles<half, half> and
     # <half, float> may be ones of their own), the entry points call them.
@@ -162,6 +162,6 @@ def test_the_gpu_check_script_builds_the_checks_own_kernels(tmp_path):
     ptx = (tmp_path / "simdgroup_matrix.ptx").read_text()
     # buffers in [[buffer(n)]] order, then the grid's three thread counts (the launcher passes exactly these)
     for kernel, buffers in (("gemm_f32", 5), ("gemm_f16", 5), ("gemm_f16_f32", 5), ("gemm_threadgroup", 3),
-                            ("elements", 2)):
+                            ("elements", 2), ("lanes", 1)):
         params = re.search(r"\.entry %s\((.*?)\)" % kernel, ptx, re.S).group(1)
         assert re.findall(r"\.param \.(u64|u32)", params) == ["u64"] * buffers + ["u32"] * 3, kernel

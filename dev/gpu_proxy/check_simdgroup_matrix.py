@@ -99,6 +99,12 @@ def check_elements_fill_diagonal_and_transposed_origin(gpu):
     kernels.assert_elements(out)
 
 
+def check_simd_functions_beside_matrices(gpu):
+    for threads, group in kernels.LANES_LAUNCHES:
+        out = gpu.launch("lanes", [np.zeros((threads, 10), np.uint32)], threads, group)[0]
+        kernels.assert_lanes(out, threads, group)
+
+
 def run(ptx: Path) -> int:
     gpu = Gpu(ptx)
     failed = 0

@@ -15,8 +15,9 @@ import numpy as np
 import tensorflow as tf
 
 import tf_metal_ops as t
-from support.simdgroup_matrix_kernels import (ELEMENTS_INPUT, SOURCE, assert_elements, assert_product,
-                                              assert_threadgroup_products, gemm_inputs, gemm_reference)
+from support.simdgroup_matrix_kernels import (ELEMENTS_INPUT, LANES_LAUNCHES, SOURCE, assert_elements, assert_lanes,
+                                              assert_product, assert_threadgroup_products, gemm_inputs,
+                                              gemm_reference)
 
 _lib = None
 
@@ -99,6 +100,15 @@ def check_elements_fill_diagonal_and_transposed_origin(device):
     with on(device):
         (out,) = lib().elements(ELEMENTS_INPUT, threads=8 * 32, group_size=256, output_shapes=[(8, 512)])
     assert_elements(out.numpy())
+
+
+def check_simd_functions_beside_matrices(device):
+    """Shuffles, prefix sums, ballot, broadcast and sum in a file with SIMD-group matrices: whole, partial and
+    clipped SIMD groups (kernels.LANES_LAUNCHES)."""
+    for threads, group in LANES_LAUNCHES:
+        with on(device):
+            (out,) = lib().lanes(threads=threads, group_size=group, output_shapes=[(threads, 10)])
+        assert_lanes(out.numpy(), threads, group)
 
 
 CHECKS = {name[len("check_"):]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}

@@ -120,6 +120,27 @@ kernel void elements(const device float* x [[buffer(0)]], device float* out [[bu
   simdgroup_load(t, x, 8, ulong2(0, 0), true);
   simdgroup_store(t, o + 384);
 }
+
+// The SIMD-group functions in a file with SIMD-group matrices (the GPU proxy numbers its warps' lanes in the matrix
+// layout). Per thread t (n: its SIMD group's lanes), out[t][0..9]: its lane, its index in the threadgroup,
+// simd_shuffle(t, (7 lane + 3) % n), the exclusive and inclusive prefix sums of lane + 1, the low 32 bits of
+// simd_ballot(lane % 3 == 0), simd_broadcast_first(t), simd_shuffle_down(t, 3), simd_shuffle_up(t, 5), simd_sum(lane).
+kernel void lanes(device uint* out [[buffer(0)]], uint t [[thread_position_in_grid]],
+                  uint tid [[thread_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]],
+                  uint sg [[simdgroup_index_in_threadgroup]], uint tpg [[threads_per_threadgroup]]) {
+  const uint n = min(32u, tpg - sg * 32u);
+  device uint* o = out + t * 10u;
+  o[0] = lane;
+  o[1] = tid;
+  o[2] = simd_shuffle(t, ushort((7u * lane + 3u) % n));
+  o[3] = simd_prefix_exclusive_sum(lane + 1u);
+  o[4] = simd_prefix_inclusive_sum(lane + 1u);
+  o[5] = uint(ulong(simd_ballot(lane % 3u == 0u)));
+  o[6] = simd_broadcast_first(t);
+  o[7] = simd_shuffle_down(t, ushort(3));
+  o[8] = simd_shuffle_up(t, ushort(5));
+  o[9] = simd_sum(lane);
+}
 """
 
 
@@ -181,3 +202,30 @@ def assert_elements(out, x=ELEMENTS_INPUT):
         region = o[256:256 + 100].reshape(10, 10)  # x^T at column 1, rows 2..9 of a 10-wide block
         np.testing.assert_array_equal(region[2:10, 1:9], x.T)
         np.testing.assert_array_equal(o[384:448].reshape(8, 8), x.T)
+
+
+# lanes' launches (threads, threadgroup size): whole SIMD groups; a 16-lane SIMD group in each threadgroup of 48; a
+# grid whose last threadgroup is clipped to 16 threads.
+LANES_LAUNCHES = ((128, 64), (96, 48), (80, 64))
+
+
+def assert_lanes(out, threads, group):
+    """lanes' output [threads, 10] for a launch of `threads` threads in threadgroups of `group`."""
+    for start in range(0, threads, group):
+        size = min(group, threads - start)
+        for s in range(0, size, 32):
+            n = min(32, size - s)
+            base = start + s
+            for lane in range(n):
+                t = base + lane
+                o = [int(v) for v in out[t]]
+                want = [lane, s + lane, base + (7 * lane + 3) % n, lane * (lane + 1) // 2,
+                        (lane + 1) * (lane + 2) // 2, sum(1 << k for k in range(0, n, 3)), base, None,
+                        t - 5 if lane >= 5 else t, n * (n - 1) // 2]
+                if lane + 3 < n:
+                    want[7] = t + 3
+                elif lane + 3 >= 32:
+                    want[7] = t  # the source is outside the SIMD group: its own value
+                got = [g if w is not None else None for g, w in zip(o, want)]
+                assert got == want, (f"thread {t} (threadgroup of {size}, SIMD group of {n}, lane {lane}): "
+                                     f"got {got}, want {want}")
