@@ -43,7 +43,7 @@
 //    kernel's chain), or dx = dh for m = 0. Every sum has a fixed order and the number of parts depends on N and the layout only, so
 //    dparams is bitwise the same run to run (always, without any determinism switch).
 //  - x and dx are [N][n_input], or [n_input][N] with args.feature_major (fm_x_offset); their tiles are walked along
-//    the layout's contiguous axis (fm_x_element).
+//    the layout's contiguous axis (fm_load_x).
 //  - Offsets into hidden, x, y, dy and dx are 64-bit; rows are 32-bit (the host checks N).
 #include <metal_stdlib>
 #include <metal_simdgroup_matrix>
@@ -70,10 +70,33 @@ TFMO_FN ulong fm_x_offset(constant FmArgs& args, uint row, uint i) {
   return args.feature_major != 0u ? ulong(i) * args.n + row : ulong(row) * args.n_input + i;
 }
 
-// Element e of an R x W tile of x (or dx) as (row b, input i): row-major, or column-major with args.feature_major,
-// so that neighbouring lanes touch neighbouring addresses of x in either layout.
-TFMO_FN uint2 fm_x_element(constant FmArgs& args, uint e, uint R, uint W) {
-  return args.feature_major != 0u ? uint2(e % R, e / R) : uint2(e / W, e % W);
+// (row, col) of the elements first, first + step, ... of a matrix with `cols` columns, stepped without a division.
+struct FmWalk {
+  uint row, col, drow, dcol, cols;
+};
+TFMO_FN FmWalk fm_walk(uint first, uint step, uint cols) {
+  return FmWalk{first / cols, first % cols, step / cols, step % cols, cols};
+}
+TFMO_FN void fm_next(thread FmWalk& w) {
+  w.row += w.drow;
+  w.col += w.dcol;
+  if (w.col >= w.cols) {
+    w.col -= w.cols;
+    ++w.row;
+  }
+}
+
+// x as T into an R x LD threadgroup tile ([b][i], zeros past N and past n_input; columns below in_pad only), rows
+// from row0, by `threads` threads from `first`. The elements are walked along x's contiguous axis (inputs when
+// row-major, rows with args.feature_major), so that neighbouring threads touch neighbouring addresses of x.
+template <typename T>
+TFMO_FN void fm_load_x(threadgroup T* tile, uint LD, const device T* x, constant FmArgs& args, uint row0, uint R,
+                       uint first, uint threads) {
+  const bool fmaj = args.feature_major != 0u;
+  for (FmWalk w = fm_walk(first, threads, fmaj ? R : args.in_pad); w.row < (fmaj ? args.in_pad : R); fm_next(w)) {
+    const uint b = fmaj ? w.col : w.row, i = fmaj ? w.row : w.col, row = row0 + b;
+    tile[b * LD + i] = row < args.n && i < args.n_input ? x[fm_x_offset(args, row, i)] : T(0);
+  }
 }
 
 // The row and the first of the two columns of an 8x8 tile that lane l holds in thread_elements().
@@ -92,7 +115,7 @@ TFMO_FN void fm_load(thread simdgroup_matrix<T, 8, 8>& m, const threadgroup T* t
 template <typename T>
 TFMO_FN void fm_copy_weights(threadgroup T* tg, const device T* wm, uint rows, uint cols, uint ld, uint tid,
                              uint threads) {
-  for (uint e = tid; e < rows * cols; e += threads) tg[(e / cols) * ld + e % cols] = wm[e];
+  for (FmWalk w = fm_walk(tid, threads, cols); w.row < rows; fm_next(w)) tg[w.row * ld + w.col] = wm[w.row * cols + w.col];
 }
 
 // ---- forward ----------------------------------------------------------------------------------------------------
@@ -114,11 +137,7 @@ template <typename T, uint W>
   const uint row0 = group * (8u * S) + sg * 8u;  // this SIMD group's first row
   const uint lrow = row0 + fm_lane_row(lane), lcol = fm_lane_col(lane);  // this lane's elements of every tile
   threadgroup T* act = rows_tg + sg * 8u * LD;
-  for (uint e = lane; e < 8u * W; e += 32u) {
-    const uint2 bi = fm_x_element(args, e, 8u, W);
-    const uint b = bi.x, i = bi.y, row = row0 + b;
-    act[b * LD + i] = row < n && i < args.n_input ? x[fm_x_offset(args, row, i)] : T(0);
-  }
+  fm_load_x(act, LD, x, args, row0, 8u, lane, 32u);
   for (uint m = 0; m < args.n_matrices; ++m) {
     const bool last = m + 1u == args.n_matrices;
     const uint rows = last ? args.out_pad : W, cols = m == 0u ? args.in_pad : W;
@@ -221,19 +240,14 @@ template <typename T, uint W>
       const device T* wm = params + args.weight_offset[m];
       const device float* hprev = m > 0u ? hidden + ulong(m - 1u) * n * W : hidden;  // m > 0 only
       const uint wld = TGW ? cols + FM_GPU_TG_PAD(sizeof(T)) : cols;  // elements per row of the matrix as read
-      // The layer's inputs as T ([B][W], zeros past N and past n_input), the matrix into threadgroup memory.
-      for (uint e = tid; e < B * W; e += threads) {
-        const uint2 bi = m == 0u ? fm_x_element(args, e, B, W) : uint2(e / W, e % W);
-        const uint b = bi.x, i = bi.y, row = r0 + b;
-        T v = T(0);
-        if (row < n) {
-          if (m == 0u) {
-            if (i < args.n_input) v = x[fm_x_offset(args, row, i)];
-          } else {
-            v = T(hprev[ulong(row) * W + i]);
-          }
+      // The layer's inputs as T ([B][cols], zeros past N and past n_input), the matrix into threadgroup memory.
+      if (m == 0u) {
+        fm_load_x(prev_tg, LD, x, args, r0, B, tid, threads);
+      } else {
+        for (uint e = tid; e < B * W; e += threads) {
+          const uint b = e / W, i = e % W, row = r0 + b;
+          prev_tg[b * LD + i] = row < n ? T(hprev[ulong(row) * W + i]) : T(0);
         }
-        prev_tg[b * LD + i] = v;
       }
       if (TGW) fm_copy_weights(weights_tg, wm, rows, cols, wld, tid, threads);
       threadgroup_barrier(mem_flags::mem_threadgroup);
