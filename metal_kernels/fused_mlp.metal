@@ -29,8 +29,9 @@
 //    from the registers.
 //  - The threadgroup buffers' rows are padded by 16 bytes (FM_GPU_TG_PAD; as MLX pads its GEMM tiles), so that the
 //    lanes of a tile load, plain or transposed, fall in different banks.
-//  - Weights: a layer's matrix is copied into threadgroup memory once per threadgroup and layer (params are already
-//    T, the product type) for W <= 64; at W = 128 the matrix (32 KB as half, 64 KB as float) does not fit Apple's
+//  - Weights: for W <= 64 every matrix is copied into threadgroup memory once per threadgroup when they all fit next to
+//    the row buffers (args.weights_resident; the host decides), else each layer's matrix once per block and layer
+//    (params are already T, the product type); at W = 128 the matrix (32 KB as half, 64 KB as float) does not fit Apple's
 //    32 KB next to the activations, so simdgroup_load reads the tiles from device memory (params) directly.
 //  - Padding as the CPU kernel: x is padded with zeros to in_pad columns (rows past N are zeros too and are never
 //    stored); W_L's padding rows produce outputs that are never stored, and since g is 0 on those columns their
@@ -118,6 +119,17 @@ TFMO_FN void fm_copy_weights(threadgroup T* tg, const device T* wm, uint rows, u
   for (FmWalk w = fm_walk(tid, threads, cols); w.row < rows; fm_next(w)) tg[w.row * ld + w.col] = wm[w.row * cols + w.col];
 }
 
+// With args.weights_resident: every matrix into threadgroup memory at args.weight_tg_offset[m], rows padded.
+template <typename T>
+TFMO_FN void fm_copy_all_weights(threadgroup T* tg, const device T* params, constant FmArgs& args, uint W, uint tid,
+                                 uint threads) {
+  for (uint m = 0; m < args.n_matrices; ++m) {
+    const uint rows = m + 1u == args.n_matrices ? args.out_pad : W, cols = m == 0u ? args.in_pad : W;
+    fm_copy_weights(tg + args.weight_tg_offset[m], params + args.weight_offset[m], rows, cols,
+                    cols + FM_GPU_TG_PAD(sizeof(T)), tid, threads);
+  }
+}
+
 // ---- forward ----------------------------------------------------------------------------------------------------
 
 template <typename T, uint W>
@@ -136,14 +148,20 @@ template <typename T, uint W>
   const uint n = args.n;
   const uint row0 = group * (8u * S) + sg * 8u;  // this SIMD group's first row
   const uint lrow = row0 + fm_lane_row(lane), lcol = fm_lane_col(lane);  // this lane's elements of every tile
+  const bool resident = TGW && args.weights_resident != 0u;
   threadgroup T* act = rows_tg + sg * 8u * LD;
   fm_load_x(act, LD, x, args, row0, 8u, lane, 32u);
+  if (resident) {
+    fm_copy_all_weights(weights_tg, params, args, W, tid, 32u * S);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
   for (uint m = 0; m < args.n_matrices; ++m) {
     const bool last = m + 1u == args.n_matrices;
     const uint rows = last ? args.out_pad : W, cols = m == 0u ? args.in_pad : W;
     const device T* wm = params + args.weight_offset[m];
     const uint wld = TGW ? cols + FM_GPU_TG_PAD(sizeof(T)) : cols;  // elements per row of the matrix as read
-    if (TGW) {
+    const threadgroup T* wtg = weights_tg + (resident ? args.weight_tg_offset[m] : 0u);
+    if (TGW && !resident) {
       threadgroup_barrier(mem_flags::mem_threadgroup);  // every SIMD group is done with the previous matrix
       fm_copy_weights(weights_tg, wm, rows, cols, wld, tid, 32u * S);
       threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -159,7 +177,7 @@ template <typename T, uint W>
       TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
         if (j * 8u < rows) {
           simdgroup_matrix<T, 8, 8> w;
-          fm_load_transposed<T, TGW>(w, weights_tg, wm, wld, k * 8u, j * 8u);
+          fm_load_transposed<T, TGW>(w, wtg, wm, wld, k * 8u, j * 8u);
           simdgroup_multiply_accumulate(acc[j], a, w, acc[j]);
         }
       }
@@ -220,6 +238,8 @@ template <typename T, uint W>
   const uint blk0 = uint(ulong(group) * args.blocks / args.parts);
   const uint blk1 = uint((ulong(group) + 1ul) * args.blocks / args.parts);
   const uint lrow = sg * 8u + fm_lane_row(lane), lcol = fm_lane_col(lane);  // this lane's elements of every tile
+  const bool resident = TGW && args.weights_resident != 0u;
+  if (resident) fm_copy_all_weights(weights_tg, params, args, W, tid, threads);  // read after the first barrier
   for (uint blk = blk0; blk < blk1; ++blk) {
     const bool first = blk == blk0;
     const uint r0 = blk * B;
@@ -249,7 +269,8 @@ template <typename T, uint W>
           prev_tg[b * LD + i] = row < n ? T(hprev[ulong(row) * W + i]) : T(0);
         }
       }
-      if (TGW) fm_copy_weights(weights_tg, wm, rows, cols, wld, tid, threads);
+      const threadgroup T* wtg = weights_tg + (resident ? args.weight_tg_offset[m] : 0u);
+      if (TGW && !resident) fm_copy_weights(weights_tg, wm, rows, cols, wld, tid, threads);
       threadgroup_barrier(mem_flags::mem_threadgroup);
       // dW_m [rows][cols] += g^T [rows][B] prev [B][cols], tile by tile.
       const uint tiles_o = rows / 8u, tiles_i = cols / 8u;
@@ -286,7 +307,7 @@ template <typename T, uint W>
         TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
           if (j < tiles_i) {
             simdgroup_matrix<T, 8, 8> w;
-            fm_load<T, TGW>(w, weights_tg, wm, wld, k * 8u, j * 8u);
+            fm_load<T, TGW>(w, wtg, wm, wld, k * 8u, j * 8u);
             simdgroup_multiply_accumulate(acc[j], ga, w, acc[j]);
           }
         }

@@ -80,10 +80,29 @@ FmArgs MakeArgs(const tfmo::fused_mlp::Call& c, int64_t blocks, int64_t parts) {
   return a;
 }
 
-// Binds the threadgroup buffers of a pass: `row_buffers` buffers of [block][W] T from 0, then the weights.
-bool BindThreadgroupMemory(tfmo::gpu::Call& call, tfmo::gpu::Pass& p, const Shape& s, uint32_t row_buffers) {
+// The weights buffer of a pass with `row_buffers` row buffers: every matrix, rows padded, one after another when
+// they fit next to the row buffers (the kernels then copy them once per threadgroup; a.weights_resident and
+// a.weight_tg_offset say where), else one matrix at a time (FM_GPU_WEIGHT_BYTES). Its length in bytes.
+uint32_t PlaceWeights(const Layout& l, const Shape& s, uint32_t row_buffers, FmArgs* a) {
+  a->weights_resident = 0;
+  if (!FM_GPU_TG_WEIGHTS(s.width)) return FM_GPU_WEIGHT_BYTES(s.width, s.element);
+  uint32_t at = 0;
+  for (int m = 0; m < l.n_matrices; ++m) {
+    a->weight_tg_offset[m] = at;
+    at += static_cast<uint32_t>(l.rows[m] * (l.cols[m] + FM_GPU_TG_PAD(s.element)));
+  }
+  const uint32_t bytes = at * s.element;
+  if (row_buffers * FM_GPU_ROWS_BYTES(s.width, s.element, s.simdgroups) + bytes > kThreadgroupMemoryLimit)
+    return FM_GPU_WEIGHT_BYTES(s.width, s.element);
+  a->weights_resident = 1;
+  return bytes;
+}
+
+// Binds the threadgroup buffers of a pass: `row_buffers` buffers of [block][W] T from 0, then the weights
+// (`weights` bytes: PlaceWeights).
+bool BindThreadgroupMemory(tfmo::gpu::Call& call, tfmo::gpu::Pass& p, const Shape& s, uint32_t row_buffers,
+                           uint32_t weights) {
   const uint32_t rows = FM_GPU_ROWS_BYTES(s.width, s.element, s.simdgroups);
-  const uint32_t weights = FM_GPU_WEIGHT_BYTES(s.width, s.element);
   if (row_buffers * rows + weights > kThreadgroupMemoryLimit) {
     call.fail(TF_INTERNAL, "%s: %u bytes of threadgroup memory exceed the limit", p.function().c_str(),
               row_buffers * rows + weights);
@@ -110,13 +129,15 @@ void ForwardGpu(void* state, TF_OpKernelContext* ctx) {
   tfmo::gpu::Call call(ctx, op);
   const std::string kernel = KernelName("forward", cfg);
   tfmo::gpu::Pass& p = call.pass(kernel.c_str(), Activations(cfg));
-  p.buffer(0, c.x).buffer(1, c.params).value(2, MakeArgs(c, blocks, 0)).buffer(3, y);
+  FmArgs args = MakeArgs(c, blocks, 0);
+  const uint32_t weights = PlaceWeights(c.layout, s, 1, &args);
+  p.buffer(0, c.x).buffer(1, c.params).value(2, args).buffer(3, y);
   if (cfg.training) {
     p.buffer(4, hidden);
   } else if (const TensorRef* unused = call.scratch(TF_FLOAT, 1)) {  // never written without training
     p.buffer(4, *unused);
   }
-  if (BindThreadgroupMemory(call, p, s, 1))
+  if (BindThreadgroupMemory(call, p, s, 1, weights))
     p.threadgroups({static_cast<uint64_t>(blocks), 1, 1}, {32 * s.simdgroups, 1, 1});
   call.Run();
 }
@@ -142,7 +163,8 @@ void GradGpu(void* state, TF_OpKernelContext* ctx) {
   const Shape s = ShapeOf(cfg);
   const int64_t blocks = (c.n + s.block_rows - 1) / s.block_rows;
   const int64_t parts = c.n == 0 ? 0 : Parts(blocks, P);
-  const FmArgs args = MakeArgs(c, blocks, parts);
+  FmArgs args = MakeArgs(c, blocks, parts);
+  const uint32_t weights = PlaceWeights(c.layout, s, 2, &args);
   tfmo::gpu::Call call(ctx, op);
   const TensorRef* partial = call.scratch(TF_FLOAT, std::max<int64_t>(parts * P, 1));
   if (partial == nullptr) {
@@ -154,7 +176,7 @@ void GradGpu(void* state, TF_OpKernelContext* ctx) {
     tfmo::gpu::Pass& p = call.pass(kernel.c_str(), Activations(cfg));
     p.buffer(0, c.dy).buffer(1, c.x).buffer(2, c.params).buffer(3, c.y).buffer(4, c.hidden).value(5, args);
     p.buffer(6, dx).buffer(7, *partial);
-    if (BindThreadgroupMemory(call, p, s, 2))
+    if (BindThreadgroupMemory(call, p, s, 2, weights))
       p.threadgroups({static_cast<uint64_t>(parts), 1, 1}, {32 * s.simdgroups, 1, 1});
   }
   // The reduce reads no function constant; it gets the file's values like every kernel of the file.

@@ -67,7 +67,8 @@ TFMO_FN float fm_activation_derivative(int act, float y) {
 // every row is padded by FM_GPU_TG_PAD(E) elements (16 bytes):
 //   rows   [8 S][W] T: forward, the activations of the block (layer by layer, in place); backward, g;
 //   prev   [8 S][W] T: backward only, the layer's inputs (x or the kept hidden) as T;
-//   weights [rows][cols] T of one matrix (FM_GPU_TG_WEIGHTS), else 16 (unused).
+//   weights [rows][cols] T of one matrix (FM_GPU_TG_WEIGHTS), or of every matrix one after another when they fit
+//           next to the row buffers (FmArgs.weights_resident), else 16 (unused).
 #define FM_GPU_TG_PAD(E) (16u / (E))
 #define FM_GPU_ROWS_BYTES(W, E, S) (8u * (S) * ((W) + FM_GPU_TG_PAD(E)) * (E))
 #define FM_GPU_WEIGHT_BYTES(W, E) (FM_GPU_TG_WEIGHTS(W) ? (W) * ((W) + FM_GPU_TG_PAD(E)) * (E) : 16u)
@@ -82,6 +83,8 @@ struct FmArgs {
   uint blocks;      // backward: row blocks of 8 * FM_GPU_SIMDGROUPS rows
   uint parts;       // backward: threadgroups; part p sums blocks [p blocks / parts, (p + 1) blocks / parts)
   uint total;       // P, the parameter count
+  uint weights_resident;  // every matrix in threadgroup memory, copied once per threadgroup (weight_tg_offset)
   uint weight_offset[FM_MAX_MATRICES];
   uint bias_offset[FM_MAX_MATRICES];  // use_bias only
+  uint weight_tg_offset[FM_MAX_MATRICES];  // weights_resident: matrix m's first element in the weights buffer
 };

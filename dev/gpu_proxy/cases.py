@@ -50,8 +50,9 @@ RM_PARAMS = np.dtype([(n, "<u4") for n in ("R", "G", "max_samples", "jitter", "s
 RM_SCAN_PARAMS = np.dtype([("n", "<u4"), ("offset", "<u4")])
 FM_MAX_MATRICES = 9
 FM_ARGS = np.dtype([(n, "<u4") for n in ("n", "n_input", "in_pad", "n_output", "out_pad", "n_matrices", "use_bias",
-                                         "training", "feature_major", "blocks", "parts", "total")] +
-                   [("weight_offset", "<u4", (FM_MAX_MATRICES,)), ("bias_offset", "<u4", (FM_MAX_MATRICES,))])
+                                         "training", "feature_major", "blocks", "parts", "total",
+                                         "weights_resident")] +
+                   [(n, "<u4", (FM_MAX_MATRICES,)) for n in ("weight_offset", "bias_offset", "weight_tg_offset")])
 
 # MSL element type of a buffer parameter -> the NumPy dtype a launcher binds (structs: the dtypes above).
 MSL_DTYPES = {"float": np.float32, "half": np.float16, "int": np.int32, "uint": np.uint32, "long": np.int64,
@@ -986,11 +987,26 @@ def fm_simdgroups(width, half):
     return 8 if width <= 32 else (4 if width == 64 and half else 2)
 
 
-def fm_threadgroup_bytes(width, half, row_buffers):
+def fm_weight_placement(mats, width, half, row_buffers):
+    """PlaceWeights (csrc/gpu/fused_mlp_gpu.cc): (weights_resident, weight_tg_offset, the weights buffer's bytes)."""
+    s, e = fm_simdgroups(width, half), 2 if half else 4
+    one = width * (width + 16 // e) * e if width <= 64 else 16
+    if width > 64:
+        return 0, [], one
+    offsets, at = [], 0
+    for _, r, c in mats:
+        offsets.append(at)
+        at += r * (c + 16 // e)
+    if row_buffers * 8 * s * (width + 16 // e) * e + at * e > 32768:
+        return 0, [], one
+    return 1, offsets, at * e
+
+
+def fm_threadgroup_bytes(mats, width, half, row_buffers):
     """The kernels' [[threadgroup(n)]] lengths (csrc/gpu/fused_mlp_gpu.cc): row buffers, weights."""
     s, e = fm_simdgroups(width, half), 2 if half else 4
     ld = width + 16 // e  # rows padded by 16 bytes (FM_GPU_TG_PAD)
-    return [8 * s * ld * e] * row_buffers + [width * ld * e if width <= 64 else 16]
+    return [8 * s * ld * e] * row_buffers + [fm_weight_placement(mats, width, half, row_buffers)[2]]
 
 
 def fm_layout(n_input, n_output, width, layers):
@@ -1025,20 +1041,24 @@ class FmNet:
                           "fm_output_activation": FM_ACTIVATIONS[self.out_act]}
 
     def args(self, training, parts=0, feature_major=0) -> np.ndarray:
+        """The forward's FmArgs (parts 0) or the backward's."""
+        pad = [0] * (FM_MAX_MATRICES - len(self.mats))
+        resident, tg_offsets, _ = fm_weight_placement(self.mats, self.width, True, 2 if parts else 1)
         return struct(FM_ARGS, n=self.n, n_input=self.n_input, in_pad=self.mats[0][2], n_output=self.n_output,
                       out_pad=self.mats[-1][1], n_matrices=self.layers + 1, use_bias=0, training=training,
                       feature_major=feature_major, blocks=self.blocks, parts=parts, total=self.P,
-                      weight_offset=[m[0] for m in self.mats] + [0] * (FM_MAX_MATRICES - len(self.mats)))
+                      weights_resident=resident, weight_offset=[m[0] for m in self.mats] + pad,
+                      weight_tg_offset=(tg_offsets + pad) if resident else [0] * FM_MAX_MATRICES)
 
     def forward(self, x, params, args, y, hidden) -> Launch:
-        tg = fm_threadgroup_bytes(self.width, True, 1)
+        tg = fm_threadgroup_bytes(self.mats, self.width, True, 1)
         return Launch("fused_mlp", f"fused_mlp_forward_w{self.width}_float16",
                       [("buf", v) for v in (x, params, args, y, hidden)] + [("u32", b) for b in tg],
                       (self.blocks * self.group[0], 1, 1), self.group, shared=sum(round16(b) for b in tg),
                       constants=self.constants)
 
     def backward(self, dy, x, params, y, hidden, args, dx, partial) -> Launch:
-        tg = fm_threadgroup_bytes(self.width, True, 2)
+        tg = fm_threadgroup_bytes(self.mats, self.width, True, 2)
         return Launch("fused_mlp", f"fused_mlp_backward_w{self.width}_float16",
                       [("buf", v) for v in (dy, x, params, y, hidden, args, dx, partial)] + [("u32", b) for b in tg],
                       (self.parts * self.group[0], 1, 1), self.group, shared=sum(round16(b) for b in tg),
