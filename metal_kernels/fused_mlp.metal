@@ -5,9 +5,10 @@
 // Kernels (templates over T = float | half and the width W, instantiated by name below each:
 // fused_mlp_forward_w{16,32,64,128}_{float32,float16}, fused_mlp_backward_w..._..., and
 // fused_mlp_reduce_{float32,float16}):
-//   fused_mlp_forward   x(0) params(1) args(2) -> y(3) hidden(4); threadgroups of 32 S threads (S =
-//                       FM_GPU_SIMDGROUPS(W, T is half)), one per block of 8 S rows; threadgroup memory: rows(0),
-//                       weights(1) (FM_GPU_*_BYTES). hidden [n_matrices - 1, N, W] float is written only when
+//   fused_mlp_forward   x(0) params(1) args(2) -> y(3) hidden(4); args.parts threadgroups of 32 S threads (S =
+//                       FM_GPU_SIMDGROUPS(W, T is half)); threadgroup p handles the blocks of 8 S rows
+//                       [p blocks / parts, (p + 1) blocks / parts); threadgroup memory: rows(0), weights(1)
+//                       (FM_GPU_*_BYTES). hidden [n_matrices - 1, N, W] float is written only when
 //                       args.training (else a stand-in buffer is bound).
 //   fused_mlp_backward  dy(0) x(1) params(2) y(3) hidden(4) args(5) -> dx(6) partial(7); args.parts threadgroups of
 //                       32 S threads; threadgroup memory: g(0), prev(1), weights(2). Threadgroup p handles
@@ -29,10 +30,10 @@
 //    from the registers.
 //  - The threadgroup buffers' rows are padded by 16 bytes (FM_GPU_TG_PAD; as MLX pads its GEMM tiles), so that the
 //    lanes of a tile load, plain or transposed, fall in different banks.
-//  - Weights: for W <= 64 every matrix is copied into threadgroup memory once per threadgroup when they all fit next to
-//    the row buffers (args.weights_resident; the host decides), else each layer's matrix once per block and layer
-//    (params are already T, the product type); at W = 128 the matrix (32 KB as half, 64 KB as float) does not fit Apple's
-//    32 KB next to the activations, so simdgroup_load reads the tiles from device memory (params) directly.
+//  - Weights: for W <= 64 every matrix is copied into threadgroup memory once per threadgroup when they all fit next
+//    to the row buffers (args.weights_resident; the host decides), else each layer's matrix once per block and layer
+//    (params are already T, the product type); at W = 128 the matrix (32 KB as half, 64 KB as float) does not fit
+//    Apple's 32 KB next to the activations, so simdgroup_load reads the tiles from device memory (params) directly.
 //  - Padding as the CPU kernel: x is padded with zeros to in_pad columns (rows past N are zeros too and are never
 //    stored); W_L's padding rows produce outputs that are never stored, and since g is 0 on those columns their
 //    gradient is exactly 0, as is that of W_1's padding columns (their inputs are 0).
@@ -41,8 +42,8 @@
 //    order, and is loaded from, and stored back to, the threadgroup's partial, so it sums the blocks in block
 //    order), db_m += the columns of g summed in row order (one thread per column), dh = g W_m (each SIMD group its
 //    rows, in registers), then g_prev = dh f'(h_prev) from the kept hidden (fm_activation_derivative, the CPU
-//    kernel's chain), or dx = dh for m = 0. Every sum has a fixed order and the number of parts depends on N and the layout only, so
-//    dparams is bitwise the same run to run (always, without any determinism switch).
+//    kernel's chain), or dx = dh for m = 0. Every sum has a fixed order and the number of parts depends on N and the
+//    layout only, so dparams is bitwise the same run to run (always, without any determinism switch).
 //  - x and dx are [N][n_input], or [n_input][N] with args.feature_major (fm_x_offset); their tiles are walked along
 //    the layout's contiguous axis (fm_load_x).
 //  - Offsets into hidden, x, y, dy and dx are 64-bit; rows are 32-bit (the host checks N).
@@ -116,7 +117,8 @@ TFMO_FN void fm_load(thread simdgroup_matrix<T, 8, 8>& m, const threadgroup T* t
 template <typename T>
 TFMO_FN void fm_copy_weights(threadgroup T* tg, const device T* wm, uint rows, uint cols, uint ld, uint tid,
                              uint threads) {
-  for (FmWalk w = fm_walk(tid, threads, cols); w.row < rows; fm_next(w)) tg[w.row * ld + w.col] = wm[w.row * cols + w.col];
+  for (FmWalk w = fm_walk(tid, threads, cols); w.row < rows; fm_next(w))
+    tg[w.row * ld + w.col] = wm[w.row * cols + w.col];
 }
 
 // With args.weights_resident: every matrix into threadgroup memory at args.weight_tg_offset[m], rows padded.
@@ -146,63 +148,68 @@ template <typename T, uint W>
   const bool TGW = FM_GPU_TG_WEIGHTS(W);
   const uint LD = W + FM_GPU_TG_PAD(sizeof(T));  // elements per row of the threadgroup buffers
   const uint n = args.n;
-  const uint row0 = group * (8u * S) + sg * 8u;  // this SIMD group's first row
-  const uint lrow = row0 + fm_lane_row(lane), lcol = fm_lane_col(lane);  // this lane's elements of every tile
+  const uint blk0 = uint(ulong(group) * args.blocks / args.parts);
+  const uint blk1 = uint((ulong(group) + 1ul) * args.blocks / args.parts);
+  const uint lcol = fm_lane_col(lane);  // this lane's first column of every tile
   const bool resident = TGW && args.weights_resident != 0u;
   threadgroup T* act = rows_tg + sg * 8u * LD;
-  fm_load_x(act, LD, x, args, row0, 8u, lane, 32u);
   if (resident) {
     fm_copy_all_weights(weights_tg, params, args, W, tid, 32u * S);
     threadgroup_barrier(mem_flags::mem_threadgroup);
   }
-  for (uint m = 0; m < args.n_matrices; ++m) {
-    const bool last = m + 1u == args.n_matrices;
-    const uint rows = last ? args.out_pad : W, cols = m == 0u ? args.in_pad : W;
-    const device T* wm = params + args.weight_offset[m];
-    const uint wld = TGW ? cols + FM_GPU_TG_PAD(sizeof(T)) : cols;  // elements per row of the matrix as read
-    const threadgroup T* wtg = weights_tg + (resident ? args.weight_tg_offset[m] : 0u);
-    if (TGW && !resident) {
-      threadgroup_barrier(mem_flags::mem_threadgroup);  // every SIMD group is done with the previous matrix
-      fm_copy_weights(weights_tg, wm, rows, cols, wld, tid, 32u * S);
-      threadgroup_barrier(mem_flags::mem_threadgroup);
-    } else {
+  for (uint blk = blk0; blk < blk1; ++blk) {
+    const uint row0 = blk * (8u * S) + sg * 8u;  // this SIMD group's first row
+    const uint lrow = row0 + fm_lane_row(lane);  // this lane's row of every tile
+    fm_load_x(act, LD, x, args, row0, 8u, lane, 32u);
+    for (uint m = 0; m < args.n_matrices; ++m) {
+      const bool last = m + 1u == args.n_matrices;
+      const uint rows = last ? args.out_pad : W, cols = m == 0u ? args.in_pad : W;
+      const device T* wm = params + args.weight_offset[m];
+      const uint wld = TGW ? cols + FM_GPU_TG_PAD(sizeof(T)) : cols;  // elements per row of the matrix as read
+      const threadgroup T* wtg = weights_tg + (resident ? args.weight_tg_offset[m] : 0u);
+      if (TGW && !resident) {
+        threadgroup_barrier(mem_flags::mem_threadgroup);  // every SIMD group is done with the previous matrix
+        fm_copy_weights(weights_tg, wm, rows, cols, wld, tid, 32u * S);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+      } else {
+        simdgroup_barrier(mem_flags::mem_threadgroup);
+      }
+      // out [8][rows] = act [8][cols] W_m^T
+      simdgroup_float8x8 acc[W / 8u];
+      TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) acc[j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+      for (uint k = 0; k < cols / 8u; ++k) {
+        simdgroup_matrix<T, 8, 8> a;
+        simdgroup_load(a, act, LD, ulong2(k * 8u, 0));
+        TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
+          if (j * 8u < rows) {
+            simdgroup_matrix<T, 8, 8> w;
+            fm_load_transposed<T, TGW>(w, wtg, wm, wld, k * 8u, j * 8u);
+            simdgroup_multiply_accumulate(acc[j], a, w, acc[j]);
+          }
+        }
+      }
+      simdgroup_barrier(mem_flags::mem_threadgroup);  // every lane has read act: the outputs replace it
+      const int act_code = last ? fm_output_activation : fm_activation;
+      const uint real = last ? args.n_output : W;  // outputs with a bias
+      TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
+        if (j * 8u >= rows) continue;
+        simdgroup_matrix<T, 8, 8> out;
+        TFMO_UNROLL for (uint e = 0; e < 2u; ++e) {
+          const uint o = j * 8u + lcol + e;
+          float v = acc[j].thread_elements()[e];
+          if (args.use_bias != 0u && o < real) v += float(params[args.bias_offset[m] + o]);
+          v = fm_activate(act_code, v);
+          if (last) {
+            if (lrow < n && o < args.n_output) y[ulong(lrow) * args.n_output + o] = T(v);
+          } else {
+            out.thread_elements()[e] = T(v);
+            if (args.training != 0u && lrow < n) hidden[(ulong(m) * n + lrow) * W + o] = v;
+          }
+        }
+        if (!last) simdgroup_store(out, act, LD, ulong2(j * 8u, 0));
+      }
       simdgroup_barrier(mem_flags::mem_threadgroup);
     }
-    // out [8][rows] = act [8][cols] W_m^T
-    simdgroup_float8x8 acc[W / 8u];
-    TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) acc[j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-    for (uint k = 0; k < cols / 8u; ++k) {
-      simdgroup_matrix<T, 8, 8> a;
-      simdgroup_load(a, act, LD, ulong2(k * 8u, 0));
-      TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
-        if (j * 8u < rows) {
-          simdgroup_matrix<T, 8, 8> w;
-          fm_load_transposed<T, TGW>(w, wtg, wm, wld, k * 8u, j * 8u);
-          simdgroup_multiply_accumulate(acc[j], a, w, acc[j]);
-        }
-      }
-    }
-    simdgroup_barrier(mem_flags::mem_threadgroup);  // every lane has read act: the outputs replace it
-    const int act_code = last ? fm_output_activation : fm_activation;
-    const uint real = last ? args.n_output : W;  // outputs with a bias
-    TFMO_UNROLL for (uint j = 0; j < W / 8u; ++j) {
-      if (j * 8u >= rows) continue;
-      simdgroup_matrix<T, 8, 8> out;
-      TFMO_UNROLL for (uint e = 0; e < 2u; ++e) {
-        const uint o = j * 8u + lcol + e;
-        float v = acc[j].thread_elements()[e];
-        if (args.use_bias != 0u && o < real) v += float(params[args.bias_offset[m] + o]);
-        v = fm_activate(act_code, v);
-        if (last) {
-          if (lrow < n && o < args.n_output) y[ulong(lrow) * args.n_output + o] = T(v);
-        } else {
-          out.thread_elements()[e] = T(v);
-          if (args.training != 0u && lrow < n) hidden[(ulong(m) * n + lrow) * W + o] = v;
-        }
-      }
-      if (!last) simdgroup_store(out, act, LD, ulong2(j * 8u, 0));
-    }
-    simdgroup_barrier(mem_flags::mem_threadgroup);
   }
 }
 

@@ -25,6 +25,7 @@ using tfmo::fused_mlp::Config;
 using tfmo::fused_mlp::Layout;
 
 constexpr int64_t kMaxParts = 1024;                 // backward threadgroups at most
+constexpr int64_t kForwardBlocks = 4;  // forward blocks per threadgroup when the weights are copied once for them
 constexpr int64_t kMaxPartialValues = int64_t{1} << 24;  // 64 MB of float32 partial sums at most (when P allows)
 constexpr uint32_t kThreadgroupMemoryLimit = 32768;  // Apple GPUs' threadgroup memory per threadgroup
 
@@ -131,6 +132,9 @@ void ForwardGpu(void* state, TF_OpKernelContext* ctx) {
   tfmo::gpu::Pass& p = call.pass(kernel.c_str(), Activations(cfg));
   FmArgs args = MakeArgs(c, blocks, 0);
   const uint32_t weights = PlaceWeights(c.layout, s, 1, &args);
+  // With the weights resident each threadgroup takes kForwardBlocks blocks in a row (one copy serves them).
+  const int64_t parts = args.weights_resident ? (blocks + kForwardBlocks - 1) / kForwardBlocks : blocks;
+  args.parts = static_cast<uint>(parts);
   p.buffer(0, c.x).buffer(1, c.params).value(2, args).buffer(3, y);
   if (cfg.training) {
     p.buffer(4, hidden);
@@ -138,7 +142,7 @@ void ForwardGpu(void* state, TF_OpKernelContext* ctx) {
     p.buffer(4, *unused);
   }
   if (BindThreadgroupMemory(call, p, s, 1, weights))
-    p.threadgroups({static_cast<uint64_t>(blocks), 1, 1}, {32 * s.simdgroups, 1, 1});
+    p.threadgroups({static_cast<uint64_t>(parts), 1, 1}, {32 * s.simdgroups, 1, 1});
   call.Run();
 }
 

@@ -982,6 +982,9 @@ def ray_march_fill_case(arrays, R, count: Launch, G) -> Case:
 FM_ACTIVATIONS = {"none": 0, "relu": 1, "leaky_relu": 2, "sigmoid": 3, "exponential": 4, "softplus": 5}
 
 
+FM_FORWARD_BLOCKS = 4  # kForwardBlocks (csrc/gpu/fused_mlp_gpu.cc)
+
+
 def fm_simdgroups(width, half):
     """FM_GPU_SIMDGROUPS (csrc/shared/fused_mlp_math.h)."""
     return 8 if width <= 32 else (4 if width == 64 and half else 2)
@@ -1040,10 +1043,16 @@ class FmNet:
         self.constants = {"fm_activation": FM_ACTIVATIONS[self.act],
                           "fm_output_activation": FM_ACTIVATIONS[self.out_act]}
 
+    def forward_parts(self) -> int:
+        """The forward's threadgroups (csrc/gpu/fused_mlp_gpu.cc, ForwardGpu)."""
+        resident = fm_weight_placement(self.mats, self.width, True, 1)[0]
+        return (self.blocks + FM_FORWARD_BLOCKS - 1) // FM_FORWARD_BLOCKS if resident else self.blocks
+
     def args(self, training, parts=0, feature_major=0) -> np.ndarray:
-        """The forward's FmArgs (parts 0) or the backward's."""
+        """The forward's FmArgs (parts 0: forward_parts()) or the backward's."""
         pad = [0] * (FM_MAX_MATRICES - len(self.mats))
         resident, tg_offsets, _ = fm_weight_placement(self.mats, self.width, True, 2 if parts else 1)
+        parts = parts or self.forward_parts()
         return struct(FM_ARGS, n=self.n, n_input=self.n_input, in_pad=self.mats[0][2], n_output=self.n_output,
                       out_pad=self.mats[-1][1], n_matrices=self.layers + 1, use_bias=0, training=training,
                       feature_major=feature_major, blocks=self.blocks, parts=parts, total=self.P,
@@ -1054,7 +1063,7 @@ class FmNet:
         tg = fm_threadgroup_bytes(self.mats, self.width, True, 1)
         return Launch("fused_mlp", f"fused_mlp_forward_w{self.width}_float16",
                       [("buf", v) for v in (x, params, args, y, hidden)] + [("u32", b) for b in tg],
-                      (self.blocks * self.group[0], 1, 1), self.group, shared=sum(round16(b) for b in tg),
+                      (self.forward_parts() * self.group[0], 1, 1), self.group, shared=sum(round16(b) for b in tg),
                       constants=self.constants)
 
     def backward(self, dy, x, params, y, hidden, args, dx, partial) -> Launch:
