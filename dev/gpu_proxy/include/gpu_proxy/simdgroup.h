@@ -2,15 +2,15 @@
 // inside its host-device region; needs metal::mem_flags).
 //
 // Conventions: a SIMD group is a warp (32 lanes by the linear thread index in the block, as MSL's by
-// thread_index_in_threadgroup). Lanes are Metal lanes (gpu_proxy/lanes.h: in files with SIMD-group matrices a full
-// warp numbers them in the matrix layout): shuffle sources, lane order, ballot and active-mask bits are converted at
-// each call, the CUDA shuffles and votes take the warp's own mask. The active lanes are __activemask() at the call: MSL requires the call to be uniform
-// over them (the emulation reports it otherwise). With all 32 lanes active, sums, products, min and max run as a
-// butterfly (every lane gets the same bits) and prefix sums as a Kogge-Stone scan, 5 shuffles each, the cost class
-// of Apple's SIMD-group instructions; with some lanes inactive they run in lane order over the active lanes (as
-// msl_emu), one shuffle per lane. The order of floating-point additions differs between the two (and from
-// msl_emu's lane order) — MSL leaves it unspecified. Scalar float, int and uint only: half (__fp16 cannot be passed
-// by value), vectors and the quad functions have no counterpart here (a compile error).
+// thread_index_in_threadgroup). Lanes are Metal lanes (gpu_proxy/lanes.h: in files with SIMD-group matrices a full warp
+// numbers them in the matrix layout): shuffle sources, lane order, ballot and active-mask bits are converted at each
+// call, the CUDA shuffles and votes take the warp's own mask. The active lanes are __activemask() at the call: MSL
+// requires the call to be uniform over them (the emulation reports it otherwise). With all 32 lanes active, sums,
+// products, min and max run as a butterfly (every lane gets the same bits) and prefix sums as a Kogge-Stone scan, 5
+// shuffles each, the cost class of Apple's SIMD-group instructions; with some lanes inactive they run in lane order
+// over the active lanes (as msl_emu), one shuffle per lane. The order of floating-point additions differs between the
+// two (and from msl_emu's lane order) — MSL leaves it unspecified. Scalar float, int and uint only: half (__fp16 cannot
+// be passed by value), vectors and the quad functions have no counterpart here (a compile error).
 #pragma once
 
 namespace metal {
@@ -91,7 +91,9 @@ template <class T> inline T simd_prefix_exclusive_sum(T v) {
   return gpu_proxy_lane() == 0 ? T(0) : prev;
 }
 template <class T> inline T simd_prefix_inclusive_sum(T v) { return gpu_proxy_scan(v); }
-template <class T> inline T simd_broadcast(T v, ushort lane) { return gpu_proxy_shfl(gpu_proxy_warp_active(), v, lane); }
+template <class T> inline T simd_broadcast(T v, ushort lane) {
+  return gpu_proxy_shfl(gpu_proxy_warp_active(), v, lane);
+}
 template <class T> inline T simd_shuffle(T v, ushort lane) { return gpu_proxy_shfl(gpu_proxy_warp_active(), v, lane); }
 template <class T> inline T simd_broadcast_first(T v) {
   return gpu_proxy_shfl(gpu_proxy_warp_active(), v, uint(__builtin_ctz(gpu_proxy_active())));

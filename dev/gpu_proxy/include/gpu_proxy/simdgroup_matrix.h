@@ -69,8 +69,9 @@ inline pair<float> product_fma(uint mask, const pair<A>& a, const pair<B>& b) {
 // Both half, all 32 lanes active, so the warp is renumbered: the tensor-core path (header comment).
 template <class T>
 inline pair<float> product_mma(const pair<T>& a, const pair<T>& b, const pair<float>& c) {
-  static_assert(GPU_PROXY_MATRIX_LANES && sizeof(T) == 2, "gpu_proxy: a file with SIMD-group matrices must be built with "
-                "GPU_PROXY_MATRIX_LANES (dev/gpu_proxy/build.py defines it when the source names them)");
+  static_assert(GPU_PROXY_MATRIX_LANES && sizeof(T) == 2,
+                "gpu_proxy: a file with SIMD-group matrices must be built with GPU_PROXY_MATRIX_LANES "
+                "(dev/gpu_proxy/build.py defines it when the source names them)");
   uint bt;  // b as the B fragment: lane L holds (2 (L % 4), L / 4) and (2 (L % 4) + 1, L / 4)
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(bt) : "r"(__builtin_bit_cast(uint, b)));
   float d0, d1, d2, d3;
@@ -145,7 +146,8 @@ inline void simdgroup_store(const simdgroup_matrix<T, 8, 8>& a, T* dst, ulong el
 template <class D, class A, class B>
 inline void simdgroup_multiply(simdgroup_matrix<D, 8, 8>& d, const simdgroup_matrix<A, 8, 8>& a,
                                const simdgroup_matrix<B, 8, 8>& b) {
-  const vec<float, 2> p = ::gpu_proxy::matrix::product<A, B>(a.thread_elements(), b.thread_elements(), ::gpu_proxy::matrix::pair<float>{0.0f, 0.0f});
+  const vec<float, 2> p =
+      ::gpu_proxy::matrix::product<A, B>(a.thread_elements(), b.thread_elements(), ::gpu_proxy::matrix::pair<float>{});
   d.thread_elements()[0] = D(p[0]);
   d.thread_elements()[1] = D(p[1]);
 }
