@@ -2,7 +2,8 @@
 // metal_kernels/fused_mlp.metal). Attrs and inputs are checked exactly as on the CPU (csrc/ops/fused_mlp_args.h:
 // PrepareForward / PrepareGrad); the kernels index rows with 32-bit values, checked here.
 //
-// FusedMlp: one pass, fused_mlp_forward_w<W>_<T>, one threadgroup per block of 8 * FM_GPU_SIMDGROUPS rows.
+// FusedMlp: one pass, fused_mlp_forward_w<W>_<T>, one threadgroup per block of 8 * FM_GPU_SIMDGROUPS rows, or per
+// kForwardBlocks blocks when the weights are resident in threadgroup memory (PlaceWeights).
 // FusedMlpGrad: fused_mlp_backward_w<W>_<T> over Parts() threadgroups, each writing its partial parameter gradient
 // into a float32 scratch buffer [parts, P], then fused_mlp_reduce_<T> (one thread per parameter) sums the parts in
 // part order into dparams: bitwise reproducible. N = 0: y, hidden and dx are empty (no pass); dparams is zeros
