@@ -43,7 +43,7 @@ def run(args, env=None, timeout=900, cwd=None):
 CASES = [(checks, 0, {}) for checks in (
     "zero_out,hash_grid,hash_grid_edges,hash_grid_second_order,hash_grid_feature_major",
     "volume_render,distortion_loss,render_packed,render_packed_nan_policy",
-    "ray_march,ray_march_cascades,fused_mlp", "layer_and_savedmodel,threads")] + [
+    "ray_march,ray_march_cascades,fused_mlp,fused_mlp_many_blocks", "layer_and_savedmodel,threads")] + [
     ("volume_render", 1, {"TF_METAL_OPS_SYNC": "1"}),
 ]
 # Under the direct backend: the kernel launcher's thread orders and worker counts (msl_emu runs the metal backend's

@@ -743,6 +743,28 @@ def close_to_reference(got, ref, f16, what):
     close(got, ref, 1e-2 if f16 else 1e-4, (4e-3 if f16 else 1e-5) * scale, what)
 
 
+def check_fused_mlp_many_blocks(seed):
+    """More row blocks than the backward has threadgroups (1024): each threadgroup sums several blocks in order (the
+    weights resident in threadgroup memory for float16, copied per block and layer for float32), and a forward
+    threadgroup takes several blocks. y, dx and dparams against the float64 reference, dparams bitwise equal on a
+    second run. The activation is smooth: over this many rows float16 rounding moves some relu inputs across 0,
+    which changes a row of dx by a whole weight row against the reference."""
+    from tf_metal_ops.fused_mlp import reference as ref
+
+    rng = np.random.default_rng(seed)
+    for dtype in (np.float32, np.float16):
+        kw, x, p, dy = fused_mlp_case(rng, (64, 2, 32, 16, "softplus", "none", False, 33001), dtype)
+        what = f"{np.dtype(dtype).name} N={x.shape[0]}"
+        y, _, _, dx, dp = fused_mlp_run(GPU, kw, x, p, dy)
+        y_ref, _, _ = ref.forward(x, p, **kw)
+        dx_ref, dp_ref = ref.backward(dy, x, p, **kw)
+        for name, got, want in (("y", y, y_ref), ("dx", dx, dx_ref), ("dparams", dp, dp_ref)):
+            close_to_reference(got, want, dtype == np.float16, f"{name} {what}")
+        again = fused_mlp_run(GPU, kw, x, p, dy)[4]
+        assert np.asarray(dp).tobytes() == np.asarray(again).tobytes(), f"dparams differ run to run: {what}"
+    return "float32 and float16, 33001 rows"
+
+
 def check_fused_mlp(seed):
     """FusedMlp and FusedMlpGrad on /GPU:0 (metal_kernels/fused_mlp.metal) against the NumPy float64 reference
     (tf_metal_ops/fused_mlp/reference.py): y, the kept hidden activations, dx, dparams (its padding exactly 0);
